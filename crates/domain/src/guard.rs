@@ -1,0 +1,373 @@
+//! The debit guard: one small aggregate per (tenant, account, currency) for
+//! accounts that must not go negative (`customer:…`).
+//!
+//! Balances are derived from entries, but a projection lags and two
+//! transfers decided at once could each see enough money. So every entry that
+//! touches a guarded account also appends to that account's guard stream,
+//! with the guard's version as the exact expected version, in the same atomic
+//! append as the entry. Two concurrent debits cannot both win: the second
+//! append conflicts, is re-decided against the new balance, and is refused if
+//! the money is gone. Each guard event carries the balance after it, so the
+//! app needs to read only the last one ([`DebitGuard::from_last`]).
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::account::AccountName;
+use crate::entry::JournalEntry;
+use crate::ids::{EntryId, TenantId};
+use crate::money::{Amount, AmountError, Currency};
+use crate::stream::guard_stream;
+
+/// Who moves the money, which decides whether going below zero is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Asked of us (a transfer): may be refused with `InsufficientFunds`.
+    Command,
+    /// Already done by the provider (a refund, a lost dispute): always
+    /// recorded; an account taken below zero is flagged for review.
+    ProviderFact,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GuardRejection {
+    #[error("{account} has {balance} {currency}, cannot be debited {debit}")]
+    InsufficientFunds {
+        account: AccountName,
+        currency: Currency,
+        balance: Amount,
+        debit: Amount,
+    },
+    /// The caller did not load the guard of an account the entry touches:
+    /// a bug in the caller, reported as a value rather than a panic.
+    #[error("guard state of {account} {currency} was not provided")]
+    MissingGuard {
+        account: AccountName,
+        currency: Currency,
+    },
+    #[error("balance arithmetic overflowed")]
+    AmountOverflow,
+}
+
+impl GuardRejection {
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            GuardRejection::InsufficientFunds { .. } => "insufficient_funds",
+            GuardRejection::MissingGuard { .. } => "missing_guard",
+            GuardRejection::AmountOverflow => "amount_overflow",
+        }
+    }
+}
+
+impl From<AmountError> for GuardRejection {
+    fn from(_: AmountError) -> Self {
+        GuardRejection::AmountOverflow
+    }
+}
+
+/// Which guard: the stream is `account-{tenant}:{account}:{currency}`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GuardKey {
+    pub tenant: TenantId,
+    pub account: AccountName,
+    pub currency: Currency,
+}
+
+impl GuardKey {
+    #[must_use]
+    pub fn stream(&self) -> String {
+        guard_stream(&self.tenant, &self.account, self.currency)
+    }
+}
+
+/// A guard's state: its stream version (0 = no stream yet) and the balance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DebitGuard {
+    pub version: u64,
+    pub balance: Amount,
+    /// The balance went below zero through a provider fact at some point.
+    pub flagged: bool,
+}
+
+impl DebitGuard {
+    /// The state from the stream's last event alone: every event carries the
+    /// balance after it. (`flagged` is only known by a full replay.)
+    #[must_use]
+    pub fn from_last(version: u64, last: &GuardEvent) -> DebitGuard {
+        let balance = match last {
+            GuardEvent::BalanceChanged(e) => e.balance_minor,
+            GuardEvent::OverdraftFlagged(e) => e.balance_minor,
+        };
+        DebitGuard {
+            version,
+            balance,
+            flagged: matches!(last, GuardEvent::OverdraftFlagged(_)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BalanceChanged {
+    pub entry_id: EntryId,
+    pub delta_minor: Amount,
+    /// The balance after this change.
+    pub balance_minor: Amount,
+    pub at: DateTime<Utc>,
+}
+
+/// A provider fact took the account below zero; someone must look at it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OverdraftFlagged {
+    pub entry_id: EntryId,
+    pub balance_minor: Amount,
+    pub at: DateTime<Utc>,
+}
+
+crate::event::event_family! {
+    /// Events of an `account-…` guard stream.
+    GuardEvent {
+        BalanceChanged = 1,
+        OverdraftFlagged = 1,
+    }
+}
+
+#[must_use]
+pub fn evolve(mut guard: DebitGuard, event: &GuardEvent) -> DebitGuard {
+    guard.version += 1;
+    match event {
+        GuardEvent::BalanceChanged(e) => guard.balance = e.balance_minor,
+        GuardEvent::OverdraftFlagged(e) => {
+            guard.balance = e.balance_minor;
+            guard.flagged = true;
+        }
+    }
+    guard
+}
+
+/// What to append to one guard stream, expecting exactly `expected_version`
+/// (0 means the stream must not exist yet).
+#[derive(Debug, Clone, PartialEq)]
+#[must_use]
+pub struct GuardAppend {
+    pub key: GuardKey,
+    pub expected_version: u64,
+    pub events: Vec<GuardEvent>,
+}
+
+/// The guards an entry touches, so the caller knows which to load.
+#[must_use]
+pub fn guarded_keys(entry: &JournalEntry) -> Vec<GuardKey> {
+    let mut keys: Vec<GuardKey> = entry
+        .legs()
+        .iter()
+        .filter(|leg| leg.account.must_not_go_negative())
+        .map(|leg| GuardKey {
+            tenant: entry.tenant().clone(),
+            account: leg.account.clone(),
+            currency: leg.currency,
+        })
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// Decides the guard events of an entry, given the state of every guard it
+/// touches. A command debit that would leave a guarded account below zero is
+/// refused; a provider fact is recorded and flagged instead.
+pub fn decide_entry(
+    entry: &JournalEntry,
+    origin: Origin,
+    guards: &BTreeMap<GuardKey, DebitGuard>,
+    at: DateTime<Utc>,
+) -> Result<Vec<GuardAppend>, GuardRejection> {
+    let mut appends = Vec::new();
+    for ((account, currency), delta) in entry.net_changes()? {
+        if !account.must_not_go_negative() || delta.is_zero() {
+            continue;
+        }
+        let key = GuardKey {
+            tenant: entry.tenant().clone(),
+            account,
+            currency,
+        };
+        let Some(guard) = guards.get(&key) else {
+            return Err(GuardRejection::MissingGuard {
+                account: key.account,
+                currency: key.currency,
+            });
+        };
+        let balance = guard.balance.checked_add(delta)?;
+        let overdrawn = delta.is_negative() && balance.is_negative();
+        if overdrawn && origin == Origin::Command {
+            return Err(GuardRejection::InsufficientFunds {
+                account: key.account,
+                currency: key.currency,
+                balance: guard.balance,
+                debit: delta.checked_neg()?,
+            });
+        }
+        let mut events = vec![GuardEvent::BalanceChanged(BalanceChanged {
+            entry_id: entry.id(),
+            delta_minor: delta,
+            balance_minor: balance,
+            at,
+        })];
+        if overdrawn {
+            events.push(GuardEvent::OverdraftFlagged(OverdraftFlagged {
+                entry_id: entry.id(),
+                balance_minor: balance,
+                at,
+            }));
+        }
+        appends.push(GuardAppend {
+            key,
+            expected_version: guard.version,
+            events,
+        });
+    }
+    Ok(appends)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::Leg;
+
+    fn at() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_764_000_000, 0).unwrap()
+    }
+
+    fn tenant() -> TenantId {
+        TenantId::parse("t").unwrap()
+    }
+
+    fn usd() -> Currency {
+        Currency::parse("USD").unwrap()
+    }
+
+    fn entry(legs: &[(&str, i64)]) -> JournalEntry {
+        let legs = legs
+            .iter()
+            .map(|(a, n)| Leg::new(AccountName::parse(a).unwrap(), usd(), Amount::new(*n)))
+            .collect();
+        JournalEntry::new(EntryId::derived("e"), tenant(), legs, None).unwrap()
+    }
+
+    fn key(account: &str) -> GuardKey {
+        GuardKey {
+            tenant: tenant(),
+            account: AccountName::parse(account).unwrap(),
+            currency: usd(),
+        }
+    }
+
+    fn guards(states: &[(&str, u64, i64)]) -> BTreeMap<GuardKey, DebitGuard> {
+        states
+            .iter()
+            .map(|(a, v, b)| {
+                (
+                    key(a),
+                    DebitGuard {
+                        version: *v,
+                        balance: Amount::new(*b),
+                        flagged: false,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn only_customer_accounts_are_guarded() {
+        let e = entry(&[
+            ("customer:1:available", -5),
+            ("customer:2:available", 5),
+            ("revenue:fees", 1),
+            ("psp:sim:clearing", -1),
+        ]);
+        assert_eq!(
+            guarded_keys(&e),
+            vec![key("customer:1:available"), key("customer:2:available")]
+        );
+    }
+
+    #[test]
+    fn a_command_cannot_take_a_customer_below_zero() {
+        let e = entry(&[
+            ("customer:1:available", -500),
+            ("customer:2:available", 500),
+        ]);
+        let states = guards(&[
+            ("customer:1:available", 3, 499),
+            ("customer:2:available", 0, 0),
+        ]);
+        assert_eq!(
+            decide_entry(&e, Origin::Command, &states, at()),
+            Err(GuardRejection::InsufficientFunds {
+                account: AccountName::parse("customer:1:available").unwrap(),
+                currency: usd(),
+                balance: Amount::new(499),
+                debit: Amount::new(500),
+            })
+        );
+        let states = guards(&[
+            ("customer:1:available", 3, 500),
+            ("customer:2:available", 0, 0),
+        ]);
+        let appends = decide_entry(&e, Origin::Command, &states, at()).unwrap();
+        assert_eq!(appends.len(), 2);
+        assert_eq!(appends[0].expected_version, 3);
+        assert_eq!(
+            appends[0].key.stream(),
+            "account-t:customer:1:available:USD"
+        );
+        assert_eq!(
+            appends[0].events,
+            vec![GuardEvent::BalanceChanged(BalanceChanged {
+                entry_id: e.id(),
+                delta_minor: Amount::new(-500),
+                balance_minor: Amount::ZERO,
+                at: at(),
+            })]
+        );
+        assert_eq!(appends[1].expected_version, 0);
+    }
+
+    #[test]
+    fn a_provider_fact_is_recorded_below_zero_and_flagged() {
+        let e = entry(&[("customer:1:available", -500), ("psp:sim:clearing", 500)]);
+        let states = guards(&[("customer:1:available", 1, 100)]);
+        let appends = decide_entry(&e, Origin::ProviderFact, &states, at()).unwrap();
+        assert_eq!(appends.len(), 1);
+        let guard = appends[0]
+            .events
+            .iter()
+            .fold(states[&key("customer:1:available")], evolve);
+        assert_eq!(guard.balance, Amount::new(-400));
+        assert!(guard.flagged);
+        assert_eq!(guard.version, 3);
+        let last = appends[0].events.last().unwrap();
+        assert_eq!(DebitGuard::from_last(3, last), guard);
+    }
+
+    #[test]
+    fn a_missing_guard_is_an_error_not_a_panic() {
+        let e = entry(&[("customer:1:available", 5), ("psp:sim:clearing", -5)]);
+        assert!(matches!(
+            decide_entry(&e, Origin::ProviderFact, &BTreeMap::new(), at()),
+            Err(GuardRejection::MissingGuard { .. })
+        ));
+    }
+
+    #[test]
+    fn credits_to_an_overdrawn_account_are_accepted() {
+        let e = entry(&[("customer:1:available", 5), ("psp:sim:clearing", -5)]);
+        let states = guards(&[("customer:1:available", 2, -50)]);
+        let appends = decide_entry(&e, Origin::Command, &states, at()).unwrap();
+        assert_eq!(appends[0].events.len(), 1);
+    }
+}

@@ -1,0 +1,46 @@
+//! The rules of money for asiento: amounts and currencies, fees, account
+//! names, journal entries, the payment state machine, transfers and the
+//! debit guard, and the events they record.
+//!
+//! This crate is pure on purpose: no IO, no async, no clock, no randomness.
+//! Time and ids come in as arguments and every decision is a function of its
+//! inputs, so any stream can be replayed and every rule tested as data.
+//! The event store, the PSP and HTTP live in other crates and call in here.
+//!
+//! Map:
+//! - [`money`], [`fee`]: `Amount` (i64 minor units), `Currency` (ISO 4217),
+//!   the one fee function and its half-up rounding.
+//! - [`account`], [`ids`], [`stream`]: validated names and stream ids.
+//! - [`entry`]: zero-sum journal entries and reversals.
+//! - [`payment`]: `decide`/`evolve`, the transition table (`docs/payment-states.md`)
+//!   and the posting rules (`docs/ledger.md`).
+//! - [`transfer`], [`guard`]: transfers and the per-account debit guard.
+//! - [`event`]: type names, schema versions, encode/decode, upcasting.
+
+pub mod account;
+pub mod entry;
+pub mod event;
+pub mod fee;
+pub mod guard;
+pub mod ids;
+pub mod money;
+pub mod payment;
+pub mod stream;
+pub mod transfer;
+
+pub use account::{AccountError, AccountName};
+pub use entry::{EntryError, JournalEntry, Leg};
+pub use event::{upcast, DecodeError, EncodeError, Event};
+pub use fee::{fee, FeeError, FeeSchedule};
+pub use guard::{DebitGuard, GuardAppend, GuardEvent, GuardKey, GuardRejection, Origin};
+pub use ids::{
+    psp_capture_key, psp_charge_key, psp_refund_key, CustomerId, EntryId, IdError, PaymentId,
+    ProviderName, TenantId, TransferId,
+};
+pub use money::{Amount, AmountError, Currency, CurrencyError};
+pub use payment::{
+    decide as decide_payment, evolve as evolve_payment, CaptureMode, CreatePayment, Payment,
+    PaymentCommand, PaymentEvent, PaymentRecord, PaymentRejection, PaymentStatus, ProviderFact,
+};
+pub use stream::{guard_stream, payment_stream, transfer_stream, StreamKind};
+pub use transfer::{RequestTransfer, Transfer, TransferEvent, TransferRejection};

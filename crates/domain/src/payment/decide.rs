@@ -1,0 +1,650 @@
+//! `decide`: the payment's rules. Each command is checked against the
+//! transition table first, then against the amounts; events are built on a
+//! draft copy of the state so that a decision emitting several events (an
+//! implied capture followed by a refund) sees the effect of each.
+
+use chrono::{DateTime, Utc};
+
+use super::table::{rule, Outcome};
+use super::*;
+use crate::account::AccountName;
+use crate::entry::JournalEntry;
+use crate::fee::{fee, FeeSchedule};
+use crate::ids::{psp_capture_key, psp_charge_key, psp_refund_key, EntryId};
+
+/// Decides what a command means for a payment. `Ok(vec![])` means there is
+/// nothing new to record (a repeated fact, a repeated request).
+pub fn decide(
+    payment: &Payment,
+    command: PaymentCommand,
+) -> Result<Vec<PaymentEvent>, PaymentRejection> {
+    let Some(record) = payment.record.as_ref() else {
+        return match command {
+            PaymentCommand::Create(create) => decide_create(create),
+            _ => Err(PaymentRejection::NotFound),
+        };
+    };
+    if let PaymentCommand::Provider { fact, .. } = &command {
+        check_fact(fact)?;
+    }
+    let input = command.input();
+    let from = record.status;
+    match rule(Some(from), input).outcome {
+        Outcome::Reject => return Err(PaymentRejection::InvalidTransition { from, input }),
+        Outcome::Ignore => return Ok(Vec::new()),
+        Outcome::Apply | Outcome::Flag => {}
+    }
+    let mut draft = Draft {
+        record: record.clone(),
+        events: Vec::new(),
+    };
+    match command {
+        PaymentCommand::Create(_) => {
+            return Err(PaymentRejection::InvalidTransition { from, input })
+        }
+        PaymentCommand::RecordChargeRequest { at } => {
+            if !draft.record.charge_requested {
+                let psp_key = draft.record.psp_key.clone();
+                draft.push(PaymentEvent::ChargeRequested(ChargeRequested {
+                    psp_key,
+                    at,
+                }));
+            }
+        }
+        PaymentCommand::RequestCapture { amount, at } => request_capture(&mut draft, amount, at)?,
+        PaymentCommand::RequestRefund { amount, at } => request_refund(&mut draft, amount, at)?,
+        PaymentCommand::Expire { at } => {
+            draft.push(PaymentEvent::PaymentExpired(PaymentExpired { at }))
+        }
+        PaymentCommand::FlagForReview { note, at } => {
+            check_text("note", &note)?;
+            draft.flag(ReviewReason::Manual, note, at);
+        }
+        PaymentCommand::Provider { fact, fees, at } => {
+            if rule(Some(from), input).outcome == Outcome::Flag {
+                if let Some(detail) = contradiction(&draft.record, &fact) {
+                    draft.flag(ReviewReason::ContradictingFact, detail, at);
+                }
+            } else {
+                apply_fact(&mut draft, fact, fees, at)?;
+            }
+        }
+    }
+    Ok(draft.events)
+}
+
+/// The events decided so far, and the record as they leave it.
+struct Draft {
+    record: PaymentRecord,
+    events: Vec<PaymentEvent>,
+}
+
+impl Draft {
+    fn push(&mut self, event: PaymentEvent) {
+        apply(&mut self.record, &event);
+        self.events.push(event);
+    }
+
+    /// Flags once: the same reason with the same detail is already on record
+    /// when a fact arrives twice, and then nothing is added.
+    fn flag(&mut self, reason: ReviewReason, detail: String, at: DateTime<Utc>) {
+        let known = self
+            .record
+            .flags
+            .iter()
+            .any(|f| f.reason == reason && f.detail == detail);
+        if !known {
+            self.push(PaymentEvent::FlaggedForReview(FlaggedForReview {
+                reason,
+                detail,
+                at,
+            }));
+        }
+    }
+
+    fn post(
+        &mut self,
+        cause: &str,
+        legs: Vec<(AccountName, Amount)>,
+        at: DateTime<Utc>,
+    ) -> Result<(), PaymentRejection> {
+        let id = EntryId::derived(&format!("{}:{cause}", self.record.id));
+        let entry = JournalEntry::in_one_currency(
+            id,
+            self.record.tenant.clone(),
+            self.record.currency,
+            legs,
+        )
+        .map_err(|e| PaymentRejection::InvalidEntry(e.to_string()))?;
+        self.push(PaymentEvent::EntryPosted(EntryPosted { entry, at }));
+        Ok(())
+    }
+
+    fn customer(&self) -> AccountName {
+        AccountName::customer_available(&self.record.customer)
+    }
+
+    fn clearing(&self) -> AccountName {
+        AccountName::psp_clearing(&self.record.provider)
+    }
+}
+
+fn decide_create(create: CreatePayment) -> Result<Vec<PaymentEvent>, PaymentRejection> {
+    if !create.amount.is_positive() {
+        return Err(PaymentRejection::AmountMustBePositive);
+    }
+    if let Some(description) = &create.description {
+        if description.chars().count() > DESCRIPTION_CHARS_MAX {
+            return Err(PaymentRejection::DescriptionTooLong);
+        }
+    }
+    let metadata_bytes = serde_json::to_string(&create.metadata)
+        .map(|s| s.len())
+        .unwrap_or(usize::MAX);
+    if create.metadata.len() > METADATA_KEYS_MAX || metadata_bytes > METADATA_BYTES_MAX {
+        return Err(PaymentRejection::MetadataTooLarge);
+    }
+    Ok(vec![PaymentEvent::PaymentIntended(PaymentIntended {
+        payment_id: create.id,
+        tenant: create.tenant,
+        amount_minor: create.amount,
+        currency: create.currency,
+        customer: create.customer,
+        provider: create.provider,
+        capture: create.capture_mode,
+        description: create.description,
+        metadata: create.metadata,
+        psp_key: psp_charge_key(create.id),
+        at: create.at,
+    })])
+}
+
+fn request_capture(
+    draft: &mut Draft,
+    amount: Option<Amount>,
+    at: DateTime<Utc>,
+) -> Result<(), PaymentRejection> {
+    let authorized = draft.record.authorized;
+    let requested = amount.unwrap_or(authorized);
+    if !requested.is_positive() {
+        return Err(PaymentRejection::AmountMustBePositive);
+    }
+    if requested > authorized {
+        return Err(PaymentRejection::CaptureExceedsAuthorized {
+            requested,
+            authorized,
+        });
+    }
+    match draft.record.capture_requested {
+        Some(previous) if previous == requested => Ok(()),
+        Some(previous) => Err(PaymentRejection::CaptureAlreadyRequested {
+            requested: previous,
+        }),
+        None => {
+            let psp_key = psp_capture_key(draft.record.id);
+            draft.push(PaymentEvent::CaptureRequested(CaptureRequested {
+                amount_minor: requested,
+                psp_key,
+                at,
+            }));
+            Ok(())
+        }
+    }
+}
+
+fn request_refund(
+    draft: &mut Draft,
+    amount: Amount,
+    at: DateTime<Utc>,
+) -> Result<(), PaymentRejection> {
+    if !amount.is_positive() {
+        return Err(PaymentRejection::AmountMustBePositive);
+    }
+    // Requests still at the provider count as refunded already, so two quick
+    // requests cannot together exceed the capture.
+    let committed = draft.record.refund_requested.max(draft.record.refunded);
+    let refundable = draft.record.captured.checked_sub(committed)?;
+    if amount > refundable {
+        return Err(PaymentRejection::RefundExceedsCaptured {
+            requested: amount,
+            refundable,
+        });
+    }
+    let sequence = draft.record.refund_requests.saturating_add(1);
+    let psp_key = psp_refund_key(draft.record.id, sequence);
+    draft.push(PaymentEvent::RefundRequested(RefundRequested {
+        sequence,
+        amount_minor: amount,
+        requested_total_minor: committed.checked_add(amount)?,
+        psp_key,
+        at,
+    }));
+    Ok(())
+}
+
+fn check_text(field: &'static str, text: &str) -> Result<(), PaymentRejection> {
+    if text.is_empty() || text.chars().count() > TEXT_CHARS_MAX {
+        return Err(PaymentRejection::InvalidText { field });
+    }
+    Ok(())
+}
+
+/// Rejects malformed facts: these come from our own parsing of the
+/// provider's answer, so they are bugs or garbage, not facts.
+fn check_fact(fact: &ProviderFact) -> Result<(), PaymentRejection> {
+    let positive = |amount: Amount| {
+        if amount.is_positive() {
+            Ok(())
+        } else {
+            Err(PaymentRejection::AmountMustBePositive)
+        }
+    };
+    match fact {
+        ProviderFact::Authorized { charge_id, amount }
+        | ProviderFact::Captured { charge_id, amount } => {
+            check_text("charge_id", charge_id)?;
+            positive(*amount)
+        }
+        ProviderFact::Failed { charge_id, reason } => {
+            if let Some(charge_id) = charge_id {
+                check_text("charge_id", charge_id)?;
+            }
+            check_text("reason", reason)
+        }
+        ProviderFact::ActionRequired {
+            charge_id,
+            redirect_url,
+        } => {
+            check_text("charge_id", charge_id)?;
+            check_text("redirect_url", redirect_url)
+        }
+        ProviderFact::Refunded {
+            charge_id,
+            amount_refunded,
+        } => {
+            check_text("charge_id", charge_id)?;
+            if amount_refunded.is_negative() {
+                return Err(PaymentRejection::AmountMustBePositive);
+            }
+            Ok(())
+        }
+        ProviderFact::DisputeOpened {
+            charge_id,
+            dispute_id,
+            amount,
+        }
+        | ProviderFact::DisputeClosed {
+            charge_id,
+            dispute_id,
+            amount,
+            ..
+        } => {
+            check_text("charge_id", charge_id)?;
+            check_text("dispute_id", dispute_id)?;
+            positive(*amount)
+        }
+    }
+}
+
+/// For a fact arriving where the table says it contradicts the history:
+/// `None` when it only repeats what is already recorded (a capture of the
+/// amount already captured, a refund total already reached), otherwise what
+/// to tell the reviewer.
+fn contradiction(record: &PaymentRecord, fact: &ProviderFact) -> Option<String> {
+    let status = record.status;
+    match fact {
+        ProviderFact::Captured { amount, .. } if *amount == record.captured => None,
+        ProviderFact::Captured { amount, .. } => Some(format!(
+            "captured {amount} while {status} (captured {})",
+            record.captured
+        )),
+        ProviderFact::Authorized { amount, .. } => {
+            Some(format!("authorized {amount} while {status}"))
+        }
+        ProviderFact::Failed { reason, .. } => Some(format!("failed ({reason}) while {status}")),
+        ProviderFact::ActionRequired { .. } => None,
+        ProviderFact::Refunded {
+            amount_refunded, ..
+        } if *amount_refunded <= record.refunded => None,
+        ProviderFact::Refunded {
+            amount_refunded, ..
+        } => Some(format!(
+            "refunded total {amount_refunded} while {status} (refunded {} of {})",
+            record.refunded, record.captured
+        )),
+        ProviderFact::DisputeOpened { dispute_id, .. }
+        | ProviderFact::DisputeClosed {
+            dispute_id,
+            outcome: _,
+            ..
+        } if known_dispute(record, dispute_id, fact) => None,
+        ProviderFact::DisputeOpened { dispute_id, .. } => {
+            Some(format!("dispute {dispute_id} opened while {status}"))
+        }
+        ProviderFact::DisputeClosed {
+            dispute_id,
+            outcome,
+            ..
+        } => Some(format!(
+            "dispute {dispute_id} closed {outcome:?} while {status}"
+        )),
+    }
+}
+
+/// The dispute fact repeats what the record already says.
+fn known_dispute(record: &PaymentRecord, dispute_id: &str, fact: &ProviderFact) -> bool {
+    let Some(dispute) = record.dispute.as_ref().filter(|d| d.id == dispute_id) else {
+        return false;
+    };
+    match fact {
+        ProviderFact::DisputeClosed { outcome, .. } => dispute.outcome == Some(*outcome),
+        _ => true,
+    }
+}
+
+fn charge_mismatch(record: &PaymentRecord, charge_id: &str) -> Option<String> {
+    match &record.provider_charge_id {
+        Some(known) if known != charge_id => Some(format!(
+            "fact about charge {charge_id}, payment is charge {known}"
+        )),
+        _ => None,
+    }
+}
+
+fn apply_fact(
+    draft: &mut Draft,
+    fact: ProviderFact,
+    fees: FeeSchedule,
+    at: DateTime<Utc>,
+) -> Result<(), PaymentRejection> {
+    let charge_id = match &fact {
+        ProviderFact::Failed { charge_id, .. } => charge_id.clone(),
+        ProviderFact::Authorized { charge_id, .. }
+        | ProviderFact::Captured { charge_id, .. }
+        | ProviderFact::ActionRequired { charge_id, .. }
+        | ProviderFact::Refunded { charge_id, .. }
+        | ProviderFact::DisputeOpened { charge_id, .. }
+        | ProviderFact::DisputeClosed { charge_id, .. } => Some(charge_id.clone()),
+    };
+    if let Some(detail) = charge_id.and_then(|id| charge_mismatch(&draft.record, &id)) {
+        draft.flag(ReviewReason::ChargeMismatch, detail, at);
+        return Ok(());
+    }
+    match fact {
+        ProviderFact::ActionRequired {
+            charge_id,
+            redirect_url,
+        } => {
+            let same = draft.record.next_action
+                == Some(NextAction::Redirect {
+                    redirect_url: redirect_url.clone(),
+                });
+            if !same {
+                draft.push(PaymentEvent::ActionRequired(ActionRequired {
+                    charge_id,
+                    redirect_url,
+                    at,
+                }));
+            }
+        }
+        ProviderFact::Authorized { charge_id, amount } => {
+            if amount > draft.record.amount {
+                let detail = format!(
+                    "authorized {amount} beyond the payment's {}",
+                    draft.record.amount
+                );
+                draft.flag(ReviewReason::ContradictingFact, detail, at);
+            } else {
+                draft.push(PaymentEvent::ChargeAuthorized(ChargeAuthorized {
+                    charge_id,
+                    amount_minor: amount,
+                    at,
+                }));
+            }
+        }
+        ProviderFact::Captured { charge_id, amount } => {
+            let limit = capturable(&draft.record);
+            if amount > limit {
+                let detail = format!(
+                    "captured {amount} beyond the {limit} capturable while {}",
+                    draft.record.status
+                );
+                draft.flag(ReviewReason::ContradictingFact, detail, at);
+            } else {
+                capture(draft, charge_id, amount, fees, false, at)?;
+            }
+        }
+        ProviderFact::Failed { charge_id, reason } => {
+            draft.push(PaymentEvent::ChargeFailed(ChargeFailed {
+                charge_id,
+                reason,
+                at,
+            }));
+        }
+        ProviderFact::Refunded {
+            charge_id,
+            amount_refunded,
+        } => {
+            if amount_refunded <= draft.record.refunded {
+                return Ok(());
+            }
+            if !implied_capture(draft, &charge_id, amount_refunded, fees, at)? {
+                return Ok(());
+            }
+            if amount_refunded > draft.record.captured {
+                let detail = format!(
+                    "refunded total {amount_refunded} beyond the captured {}",
+                    draft.record.captured
+                );
+                draft.flag(ReviewReason::ContradictingFact, detail, at);
+                return Ok(());
+            }
+            settle_refund(draft, charge_id, amount_refunded, at)?;
+        }
+        ProviderFact::DisputeOpened {
+            charge_id,
+            dispute_id,
+            amount,
+        } => {
+            if known_dispute(
+                &draft.record,
+                &dispute_id,
+                &ProviderFact::DisputeOpened {
+                    charge_id: charge_id.clone(),
+                    dispute_id: dispute_id.clone(),
+                    amount,
+                },
+            ) {
+                return Ok(());
+            }
+            if implied_capture(draft, &charge_id, Amount::ZERO, fees, at)? {
+                open_dispute(draft, dispute_id, amount, at)?;
+            }
+        }
+        ProviderFact::DisputeClosed {
+            charge_id,
+            dispute_id,
+            amount,
+            outcome,
+        } => close_dispute(draft, charge_id, dispute_id, amount, outcome, fees, at)?,
+    }
+    Ok(())
+}
+
+/// The most a capture fact may capture: the authorization once there is
+/// one, the payment's amount before.
+fn capturable(record: &PaymentRecord) -> Amount {
+    if record.status == PaymentStatus::Authorized {
+        record.authorized
+    } else {
+        record.amount
+    }
+}
+
+/// Refunds and disputes exist only for captured charges, so one arriving
+/// before the capture fact implies it (the authorization's amount, or the
+/// payment's). Returns `false` (after flagging) when even that cannot cover
+/// `needed`.
+fn implied_capture(
+    draft: &mut Draft,
+    charge_id: &str,
+    needed: Amount,
+    fees: FeeSchedule,
+    at: DateTime<Utc>,
+) -> Result<bool, PaymentRejection> {
+    if !draft.record.status.is_before_capture() {
+        return Ok(true);
+    }
+    let amount = capturable(&draft.record);
+    if needed > amount {
+        let detail =
+            format!("refunded total {needed} before capture, beyond the capturable {amount}");
+        draft.flag(ReviewReason::ContradictingFact, detail, at);
+        return Ok(false);
+    }
+    capture(draft, charge_id.to_owned(), amount, fees, true, at)?;
+    Ok(true)
+}
+
+/// Capture posting: clearing −amount, customer +(amount − fee), fees +fee.
+fn capture(
+    draft: &mut Draft,
+    charge_id: String,
+    amount: Amount,
+    fees: FeeSchedule,
+    implied: bool,
+    at: DateTime<Utc>,
+) -> Result<(), PaymentRejection> {
+    let fee_minor = fee(amount, fees).map_err(|_| PaymentRejection::AmountOverflow)?;
+    draft.push(PaymentEvent::ChargeCaptured(ChargeCaptured {
+        charge_id,
+        amount_minor: amount,
+        fee_minor,
+        fees,
+        implied,
+        at,
+    }));
+    let legs = vec![
+        (draft.clearing(), amount.checked_neg()?),
+        (draft.customer(), amount.checked_sub(fee_minor)?),
+        (AccountName::revenue_fees(), fee_minor),
+    ];
+    draft.post("capture", legs, at)
+}
+
+/// Refund posting for the newly refunded `delta`, giving back the fee share
+/// telescopically: after a cumulative refund `r`, the fee reversed in total
+/// is `min(fee(r), fee charged)`, so the only rounding stays in `fee`, a full
+/// refund gives back exactly the fee, and the customer never pays more than
+/// what the refund takes from their credit.
+fn settle_refund(
+    draft: &mut Draft,
+    charge_id: String,
+    refunded_total: Amount,
+    at: DateTime<Utc>,
+) -> Result<(), PaymentRejection> {
+    let record = &draft.record;
+    let delta = refunded_total.checked_sub(record.refunded)?;
+    let schedule = record.fee_schedule.unwrap_or_default();
+    let reversed_total = fee(refunded_total, schedule)
+        .map_err(|_| PaymentRejection::AmountOverflow)?
+        .min(record.fee);
+    let fee_delta = reversed_total
+        .checked_sub(record.fee_reversed)?
+        .max(Amount::ZERO);
+    draft.push(PaymentEvent::RefundSettled(RefundSettled {
+        charge_id,
+        amount_minor: delta,
+        refunded_total_minor: refunded_total,
+        fee_reversed_minor: fee_delta,
+        at,
+    }));
+    let legs = vec![
+        (draft.clearing(), delta),
+        (draft.customer(), fee_delta.checked_sub(delta)?),
+        (AccountName::revenue_fees(), fee_delta.checked_neg()?),
+    ];
+    draft.post(&format!("refund:{refunded_total}"), legs, at)
+}
+
+fn open_dispute(
+    draft: &mut Draft,
+    dispute_id: String,
+    amount: Amount,
+    at: DateTime<Utc>,
+) -> Result<(), PaymentRejection> {
+    let open = draft.record.captured.checked_sub(draft.record.refunded)?;
+    let detail =
+        format!("dispute {dispute_id} of {amount} beyond the {open} captured and not refunded");
+    draft.push(PaymentEvent::DisputeOpened(DisputeOpened {
+        dispute_id,
+        amount_minor: amount,
+        at,
+    }));
+    if amount > open {
+        draft.flag(ReviewReason::ContradictingFact, detail, at);
+    }
+    Ok(())
+}
+
+fn close_dispute(
+    draft: &mut Draft,
+    charge_id: String,
+    dispute_id: String,
+    amount: Amount,
+    outcome: DisputeOutcome,
+    fees: FeeSchedule,
+    at: DateTime<Utc>,
+) -> Result<(), PaymentRejection> {
+    let known = draft.record.dispute.clone().filter(|d| d.id == dispute_id);
+    match known {
+        Some(dispute) => match dispute.outcome {
+            Some(previous) if previous == outcome => Ok(()),
+            Some(previous) => {
+                let detail = format!("dispute {dispute_id} closed {outcome:?} after {previous:?}");
+                draft.flag(ReviewReason::ContradictingFact, detail, at);
+                Ok(())
+            }
+            None => settle_dispute(draft, dispute_id, dispute.amount, outcome, at),
+        },
+        None if draft.record.status == PaymentStatus::Disputed => {
+            let detail = format!(
+                "dispute {dispute_id} closed {outcome:?} while another dispute is on record"
+            );
+            draft.flag(ReviewReason::ContradictingFact, detail, at);
+            Ok(())
+        }
+        // The close arrived before its open: it stands for both.
+        None => {
+            if implied_capture(draft, &charge_id, Amount::ZERO, fees, at)? {
+                open_dispute(draft, dispute_id.clone(), amount, at)?;
+                settle_dispute(draft, dispute_id, amount, outcome, at)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A lost dispute posts clearing +amount, customer −amount: the provider
+/// took the money back out of what it owed us, and it was the customer's.
+fn settle_dispute(
+    draft: &mut Draft,
+    dispute_id: String,
+    amount: Amount,
+    outcome: DisputeOutcome,
+    at: DateTime<Utc>,
+) -> Result<(), PaymentRejection> {
+    draft.push(PaymentEvent::DisputeClosed(DisputeClosed {
+        dispute_id: dispute_id.clone(),
+        outcome,
+        at,
+    }));
+    if outcome == DisputeOutcome::Lost {
+        let legs = vec![
+            (draft.clearing(), amount),
+            (draft.customer(), amount.checked_neg()?),
+        ];
+        draft.post(&format!("dispute:{dispute_id}:lost"), legs, at)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,694 @@
+//! The payment aggregate: its state, the commands and provider facts it
+//! accepts, the events it records, and the pure `decide`/`evolve` pair.
+//!
+//! A payment's stream (`payment-pay_…`) holds every event of this module,
+//! including the [`EntryPosted`] of each money movement, appended in the same
+//! decision as the fact that moves the money: there is no path that moves
+//! money without posting it. The transition table lives in [`table`] and is
+//! documented in `docs/payment-states.md`; the postings in `docs/ledger.md`.
+
+mod decide;
+pub mod table;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::entry::JournalEntry;
+use crate::fee::FeeSchedule;
+use crate::ids::{CustomerId, PaymentId, ProviderName, TenantId};
+use crate::money::{Amount, AmountError, Currency};
+
+pub use decide::decide;
+pub use table::{rule, Input, Outcome, Rule};
+
+/// The longest description a merchant may attach, in characters.
+pub const DESCRIPTION_CHARS_MAX: usize = 1_000;
+/// The most keys a payment's metadata may have.
+pub const METADATA_KEYS_MAX: usize = 50;
+/// The largest serialized metadata object, in bytes.
+pub const METADATA_BYTES_MAX: usize = 8_192;
+/// The longest free text a fact or command may carry (charge ids, reasons,
+/// redirect URLs, review notes), in characters.
+pub const TEXT_CHARS_MAX: usize = 2_048;
+
+/// The statuses of API.md. `Failed`, `Expired`, `Refunded` and a lost
+/// dispute are terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PaymentStatus {
+    Pending,
+    RequiresAction,
+    Authorized,
+    Captured,
+    PartiallyRefunded,
+    Refunded,
+    Failed,
+    Expired,
+    Disputed,
+}
+
+impl PaymentStatus {
+    pub const ALL: [PaymentStatus; 9] = [
+        PaymentStatus::Pending,
+        PaymentStatus::RequiresAction,
+        PaymentStatus::Authorized,
+        PaymentStatus::Captured,
+        PaymentStatus::PartiallyRefunded,
+        PaymentStatus::Refunded,
+        PaymentStatus::Failed,
+        PaymentStatus::Expired,
+        PaymentStatus::Disputed,
+    ];
+
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            PaymentStatus::Pending => "pending",
+            PaymentStatus::RequiresAction => "requires_action",
+            PaymentStatus::Authorized => "authorized",
+            PaymentStatus::Captured => "captured",
+            PaymentStatus::PartiallyRefunded => "partially_refunded",
+            PaymentStatus::Refunded => "refunded",
+            PaymentStatus::Failed => "failed",
+            PaymentStatus::Expired => "expired",
+            PaymentStatus::Disputed => "disputed",
+        }
+    }
+
+    /// Before the provider has captured anything.
+    #[must_use]
+    pub const fn is_before_capture(self) -> bool {
+        matches!(
+            self,
+            PaymentStatus::Pending | PaymentStatus::RequiresAction | PaymentStatus::Authorized
+        )
+    }
+}
+
+impl std::fmt::Display for PaymentStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CaptureMode {
+    #[default]
+    Automatic,
+    Manual,
+}
+
+/// What the customer must do next; exists only while `requires_action`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum NextAction {
+    Redirect { redirect_url: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DisputeOutcome {
+    Won,
+    Lost,
+}
+
+/// The payment's current or last dispute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dispute {
+    pub id: String,
+    pub amount: Amount,
+    /// `None` while the dispute is open.
+    pub outcome: Option<DisputeOutcome>,
+    /// Where a won dispute returns the payment to.
+    pub status_before: PaymentStatus,
+}
+
+/// Why a payment needs a person to look at it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReviewReason {
+    /// A provider fact that the payment's history says cannot be true
+    /// (captured after failed, refunded beyond the capture…). Facts are never
+    /// refused, so they are kept here instead of changing the state.
+    ContradictingFact,
+    /// A fact about a different provider charge than the one on record.
+    ChargeMismatch,
+    /// Flagged by a person or by reconciliation.
+    Manual,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReviewFlag {
+    pub reason: ReviewReason,
+    pub detail: String,
+    pub at: DateTime<Utc>,
+}
+
+/// Everything known about a payment that exists.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PaymentRecord {
+    pub id: PaymentId,
+    pub tenant: TenantId,
+    pub amount: Amount,
+    pub currency: Currency,
+    pub customer: CustomerId,
+    pub provider: ProviderName,
+    pub capture_mode: CaptureMode,
+    pub description: Option<String>,
+    pub metadata: Map<String, Value>,
+    /// The idempotency key of the charge at the provider (`psp_<uuid>`).
+    pub psp_key: String,
+    pub provider_charge_id: Option<String>,
+    pub status: PaymentStatus,
+    /// The charge request has been recorded as sent; used by the resume
+    /// path to know a provider lookup is needed.
+    pub charge_requested: bool,
+    pub authorized: Amount,
+    /// A merchant capture awaiting the provider's answer.
+    pub capture_requested: Option<Amount>,
+    pub captured: Amount,
+    /// The fee charged at capture, and the schedule it was computed with:
+    /// refunds reverse fee shares with the same schedule.
+    pub fee: Amount,
+    pub fee_schedule: Option<FeeSchedule>,
+    /// Cumulative merchant refund requests; guards against over-refunding
+    /// while earlier requests are still at the provider.
+    pub refund_requested: Amount,
+    pub refund_requests: u32,
+    /// Cumulative refunds the provider has settled.
+    pub refunded: Amount,
+    /// The part of `fee` given back by refunds so far.
+    pub fee_reversed: Amount,
+    pub next_action: Option<NextAction>,
+    pub failure_reason: Option<String>,
+    pub dispute: Option<Dispute>,
+    pub flags: Vec<ReviewFlag>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl PaymentRecord {
+    /// The fee the platform keeps after refunds: `fee_minor` of API.md.
+    pub fn fee_net(&self) -> Result<Amount, AmountError> {
+        self.fee.checked_sub(self.fee_reversed)
+    }
+
+    /// The customer's flag is up: someone must look at this payment.
+    #[must_use]
+    pub fn needs_review(&self) -> bool {
+        !self.flags.is_empty()
+    }
+}
+
+/// The aggregate: `record` is `None` until `PaymentIntended`. `version` counts
+/// the events applied, which is the stream version to expect when appending.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Payment {
+    pub version: u64,
+    pub record: Option<PaymentRecord>,
+}
+
+impl Payment {
+    /// Replays a stream from the start.
+    #[must_use]
+    pub fn replay<'a>(events: impl IntoIterator<Item = &'a PaymentEvent>) -> Payment {
+        events.into_iter().fold(Payment::default(), evolve)
+    }
+}
+
+// ---------------------------------------------------------------- commands
+
+/// The merchant's intent to be paid; becomes `PaymentIntended`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreatePayment {
+    pub id: PaymentId,
+    pub tenant: TenantId,
+    pub amount: Amount,
+    pub currency: Currency,
+    pub customer: CustomerId,
+    pub provider: ProviderName,
+    pub capture_mode: CaptureMode,
+    pub description: Option<String>,
+    pub metadata: Map<String, Value>,
+    pub at: DateTime<Utc>,
+}
+
+/// What the provider says happened. Facts may arrive late, twice or out of
+/// order; they are never refused for being inconvenient.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProviderFact {
+    /// The charge is authorized, awaiting capture (`requires_capture`).
+    Authorized { charge_id: String, amount: Amount },
+    /// The charge is captured (`succeeded`, `charge.captured`).
+    Captured { charge_id: String, amount: Amount },
+    Failed {
+        charge_id: Option<String>,
+        reason: String,
+    },
+    ActionRequired {
+        charge_id: String,
+        redirect_url: String,
+    },
+    /// `amount_refunded` is cumulative, as providers report it: a late or
+    /// repeated report posts only what is new.
+    Refunded {
+        charge_id: String,
+        amount_refunded: Amount,
+    },
+    DisputeOpened {
+        charge_id: String,
+        dispute_id: String,
+        amount: Amount,
+    },
+    /// Carries the amount so that a close arriving before its open can
+    /// stand for both.
+    DisputeClosed {
+        charge_id: String,
+        dispute_id: String,
+        amount: Amount,
+        outcome: DisputeOutcome,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PaymentCommand {
+    Create(CreatePayment),
+    /// The charge is about to be sent to the provider.
+    RecordChargeRequest {
+        at: DateTime<Utc>,
+    },
+    /// The merchant captures an authorized payment; `None` captures all.
+    RequestCapture {
+        amount: Option<Amount>,
+        at: DateTime<Utc>,
+    },
+    RequestRefund {
+        amount: Amount,
+        at: DateTime<Utc>,
+    },
+    /// The provider has no trace of the charge past its expiry.
+    Expire {
+        at: DateTime<Utc>,
+    },
+    FlagForReview {
+        note: String,
+        at: DateTime<Utc>,
+    },
+    /// `fees` is the provider's schedule, used if this fact captures money.
+    Provider {
+        fact: ProviderFact,
+        fees: FeeSchedule,
+        at: DateTime<Utc>,
+    },
+}
+
+impl PaymentCommand {
+    /// The row of the transition table this command belongs to.
+    #[must_use]
+    pub fn input(&self) -> Input {
+        match self {
+            PaymentCommand::Create(_) => Input::Create,
+            PaymentCommand::RecordChargeRequest { .. } => Input::RecordChargeRequest,
+            PaymentCommand::RequestCapture { .. } => Input::RequestCapture,
+            PaymentCommand::RequestRefund { .. } => Input::RequestRefund,
+            PaymentCommand::Expire { .. } => Input::Expire,
+            PaymentCommand::FlagForReview { .. } => Input::FlagForReview,
+            PaymentCommand::Provider { fact, .. } => match fact {
+                ProviderFact::Authorized { .. } => Input::FactAuthorized,
+                ProviderFact::Captured { .. } => Input::FactCaptured,
+                ProviderFact::Failed { .. } => Input::FactFailed,
+                ProviderFact::ActionRequired { .. } => Input::FactActionRequired,
+                ProviderFact::Refunded { .. } => Input::FactRefunded,
+                ProviderFact::DisputeOpened { .. } => Input::FactDisputeOpened,
+                ProviderFact::DisputeClosed { .. } => Input::FactDisputeClosed,
+            },
+        }
+    }
+}
+
+/// Why a payment command was refused. Provider facts are only refused when
+/// malformed (a negative amount): a well-formed fact is always recorded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PaymentRejection {
+    #[error("payment not found")]
+    NotFound,
+    #[error("{input} is not allowed when the payment is {from}")]
+    InvalidTransition { from: PaymentStatus, input: Input },
+    #[error("amount must be positive")]
+    AmountMustBePositive,
+    #[error("capture of {requested} exceeds the authorized {authorized}")]
+    CaptureExceedsAuthorized {
+        requested: Amount,
+        authorized: Amount,
+    },
+    #[error("a capture of {requested} is already in progress")]
+    CaptureAlreadyRequested { requested: Amount },
+    #[error("refund of {requested} exceeds what is left to refund ({refundable})")]
+    RefundExceedsCaptured {
+        requested: Amount,
+        refundable: Amount,
+    },
+    #[error("description is longer than {DESCRIPTION_CHARS_MAX} characters")]
+    DescriptionTooLong,
+    #[error("metadata has more than {METADATA_KEYS_MAX} keys or {METADATA_BYTES_MAX} bytes")]
+    MetadataTooLarge,
+    #[error("{field} is empty or longer than {TEXT_CHARS_MAX} characters")]
+    InvalidText { field: &'static str },
+    #[error("amount arithmetic overflowed")]
+    AmountOverflow,
+    /// A posting rule produced an invalid entry: a bug, reported as a value.
+    #[error("posting rule produced an invalid entry: {0}")]
+    InvalidEntry(String),
+}
+
+impl PaymentRejection {
+    /// The stable code the HTTP layer answers with.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            PaymentRejection::NotFound => "payment_not_found",
+            PaymentRejection::InvalidTransition { .. } => "invalid_transition",
+            PaymentRejection::AmountMustBePositive => "amount_must_be_positive",
+            PaymentRejection::CaptureExceedsAuthorized { .. } => "capture_exceeds_authorized",
+            PaymentRejection::CaptureAlreadyRequested { .. } => "capture_already_requested",
+            PaymentRejection::RefundExceedsCaptured { .. } => "refund_exceeds_captured",
+            PaymentRejection::DescriptionTooLong => "description_too_long",
+            PaymentRejection::MetadataTooLarge => "metadata_too_large",
+            PaymentRejection::InvalidText { .. } => "invalid_text",
+            PaymentRejection::AmountOverflow => "amount_overflow",
+            PaymentRejection::InvalidEntry(_) => "invalid_entry",
+        }
+    }
+}
+
+impl From<AmountError> for PaymentRejection {
+    fn from(_: AmountError) -> Self {
+        PaymentRejection::AmountOverflow
+    }
+}
+
+// ------------------------------------------------------------------ events
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PaymentIntended {
+    pub payment_id: PaymentId,
+    pub tenant: TenantId,
+    pub amount_minor: Amount,
+    pub currency: Currency,
+    pub customer: CustomerId,
+    pub provider: ProviderName,
+    pub capture: CaptureMode,
+    pub description: Option<String>,
+    pub metadata: Map<String, Value>,
+    pub psp_key: String,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChargeRequested {
+    pub psp_key: String,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionRequired {
+    pub charge_id: String,
+    pub redirect_url: String,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChargeAuthorized {
+    pub charge_id: String,
+    pub amount_minor: Amount,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaptureRequested {
+    pub amount_minor: Amount,
+    pub psp_key: String,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChargeCaptured {
+    pub charge_id: String,
+    pub amount_minor: Amount,
+    pub fee_minor: Amount,
+    pub fees: FeeSchedule,
+    /// Recorded because a later fact (refund, dispute) implied the capture
+    /// before the capture fact itself arrived.
+    pub implied: bool,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChargeFailed {
+    pub charge_id: Option<String>,
+    pub reason: String,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PaymentExpired {
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RefundRequested {
+    /// 1-based; names the refund at the provider (`psp_…_refund_{sequence}`).
+    pub sequence: u32,
+    pub amount_minor: Amount,
+    /// Cumulative requested after this one.
+    pub requested_total_minor: Amount,
+    pub psp_key: String,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RefundSettled {
+    pub charge_id: String,
+    /// What this event refunds: the new cumulative minus the old.
+    pub amount_minor: Amount,
+    /// The provider's cumulative refunded amount after this event.
+    pub refunded_total_minor: Amount,
+    /// The fee share given back by this event.
+    pub fee_reversed_minor: Amount,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DisputeOpened {
+    pub dispute_id: String,
+    pub amount_minor: Amount,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DisputeClosed {
+    pub dispute_id: String,
+    pub outcome: DisputeOutcome,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlaggedForReview {
+    pub reason: ReviewReason,
+    pub detail: String,
+    pub at: DateTime<Utc>,
+}
+
+/// A journal entry, posted in the stream of the aggregate whose decision
+/// moved the money (payment or transfer).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EntryPosted {
+    pub entry: JournalEntry,
+    pub at: DateTime<Utc>,
+}
+
+crate::event::event_family! {
+    /// Events of a `payment-…` stream.
+    PaymentEvent {
+        PaymentIntended = 2,
+        ChargeRequested = 1,
+        ActionRequired = 1,
+        ChargeAuthorized = 1,
+        CaptureRequested = 1,
+        ChargeCaptured = 1,
+        ChargeFailed = 1,
+        PaymentExpired = 1,
+        RefundRequested = 1,
+        RefundSettled = 1,
+        DisputeOpened = 1,
+        DisputeClosed = 1,
+        FlaggedForReview = 1,
+        EntryPosted = 1,
+    }
+}
+
+impl PaymentEvent {
+    #[must_use]
+    pub fn at(&self) -> DateTime<Utc> {
+        match self {
+            PaymentEvent::PaymentIntended(e) => e.at,
+            PaymentEvent::ChargeRequested(e) => e.at,
+            PaymentEvent::ActionRequired(e) => e.at,
+            PaymentEvent::ChargeAuthorized(e) => e.at,
+            PaymentEvent::CaptureRequested(e) => e.at,
+            PaymentEvent::ChargeCaptured(e) => e.at,
+            PaymentEvent::ChargeFailed(e) => e.at,
+            PaymentEvent::PaymentExpired(e) => e.at,
+            PaymentEvent::RefundRequested(e) => e.at,
+            PaymentEvent::RefundSettled(e) => e.at,
+            PaymentEvent::DisputeOpened(e) => e.at,
+            PaymentEvent::DisputeClosed(e) => e.at,
+            PaymentEvent::FlaggedForReview(e) => e.at,
+            PaymentEvent::EntryPosted(e) => e.at,
+        }
+    }
+}
+
+// ------------------------------------------------------------------ evolve
+
+/// Applies one recorded event. Never fails: events are facts already
+/// decided; an event that cannot apply (nothing before `PaymentIntended`) is
+/// a bug in whoever appended it and is asserted in debug builds.
+#[must_use]
+pub fn evolve(mut payment: Payment, event: &PaymentEvent) -> Payment {
+    payment.version += 1;
+    if let PaymentEvent::PaymentIntended(e) = event {
+        debug_assert!(payment.record.is_none(), "PaymentIntended twice");
+        payment.record = Some(PaymentRecord {
+            id: e.payment_id,
+            tenant: e.tenant.clone(),
+            amount: e.amount_minor,
+            currency: e.currency,
+            customer: e.customer.clone(),
+            provider: e.provider.clone(),
+            capture_mode: e.capture,
+            description: e.description.clone(),
+            metadata: e.metadata.clone(),
+            psp_key: e.psp_key.clone(),
+            provider_charge_id: None,
+            status: PaymentStatus::Pending,
+            charge_requested: false,
+            authorized: Amount::ZERO,
+            capture_requested: None,
+            captured: Amount::ZERO,
+            fee: Amount::ZERO,
+            fee_schedule: None,
+            refund_requested: Amount::ZERO,
+            refund_requests: 0,
+            refunded: Amount::ZERO,
+            fee_reversed: Amount::ZERO,
+            next_action: None,
+            failure_reason: None,
+            dispute: None,
+            flags: Vec::new(),
+            created_at: e.at,
+            updated_at: e.at,
+        });
+        return payment;
+    }
+    let Some(record) = payment.record.as_mut() else {
+        debug_assert!(false, "{} before PaymentIntended", event.event_type());
+        return payment;
+    };
+    apply(record, event);
+    payment
+}
+
+/// Applies an event to an existing record; shared by `evolve` and by the
+/// draft `decide` builds its events on.
+fn apply(record: &mut PaymentRecord, event: &PaymentEvent) {
+    apply_fields(record, event);
+    record.updated_at = event.at();
+    // API.md: next_action exists only while requires_action, whatever order
+    // the facts came in.
+    if record.status != PaymentStatus::RequiresAction {
+        record.next_action = None;
+    }
+}
+
+fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
+    match event {
+        PaymentEvent::PaymentIntended(_) => {}
+        PaymentEvent::ChargeRequested(_) => record.charge_requested = true,
+        PaymentEvent::ActionRequired(e) => {
+            record.provider_charge_id = Some(e.charge_id.clone());
+            record.status = PaymentStatus::RequiresAction;
+            record.next_action = Some(NextAction::Redirect {
+                redirect_url: e.redirect_url.clone(),
+            });
+        }
+        PaymentEvent::ChargeAuthorized(e) => {
+            record.provider_charge_id = Some(e.charge_id.clone());
+            record.status = PaymentStatus::Authorized;
+            record.authorized = e.amount_minor;
+        }
+        PaymentEvent::CaptureRequested(e) => record.capture_requested = Some(e.amount_minor),
+        PaymentEvent::ChargeCaptured(e) => {
+            record.provider_charge_id = Some(e.charge_id.clone());
+            record.status = PaymentStatus::Captured;
+            // A capture implies the authorization it consumed.
+            record.authorized = record.authorized.max(e.amount_minor);
+            record.capture_requested = None;
+            record.captured = e.amount_minor;
+            record.fee = e.fee_minor;
+            record.fee_schedule = Some(e.fees);
+        }
+        PaymentEvent::ChargeFailed(e) => {
+            if e.charge_id.is_some() {
+                record.provider_charge_id = e.charge_id.clone();
+            }
+            record.status = PaymentStatus::Failed;
+            record.failure_reason = Some(e.reason.clone());
+        }
+        PaymentEvent::PaymentExpired(_) => record.status = PaymentStatus::Expired,
+        PaymentEvent::RefundRequested(e) => {
+            record.refund_requests = e.sequence;
+            record.refund_requested = e.requested_total_minor;
+        }
+        PaymentEvent::RefundSettled(e) => {
+            record.refunded = e.refunded_total_minor;
+            record.fee_reversed = record
+                .fee_reversed
+                .checked_add(e.fee_reversed_minor)
+                .unwrap_or(record.fee);
+            record.status = if record.refunded >= record.captured {
+                PaymentStatus::Refunded
+            } else {
+                PaymentStatus::PartiallyRefunded
+            };
+        }
+        PaymentEvent::DisputeOpened(e) => {
+            record.dispute = Some(Dispute {
+                id: e.dispute_id.clone(),
+                amount: e.amount_minor,
+                outcome: None,
+                status_before: record.status,
+            });
+            record.status = PaymentStatus::Disputed;
+        }
+        PaymentEvent::DisputeClosed(e) => {
+            if let Some(dispute) = record.dispute.as_mut() {
+                dispute.outcome = Some(e.outcome);
+                record.status = match e.outcome {
+                    DisputeOutcome::Won => dispute.status_before,
+                    DisputeOutcome::Lost => PaymentStatus::Disputed,
+                };
+            }
+        }
+        PaymentEvent::FlaggedForReview(e) => record.flags.push(ReviewFlag {
+            reason: e.reason,
+            detail: e.detail.clone(),
+            at: e.at,
+        }),
+        // The entry is the ledger's business; the payment's amounts were
+        // already moved by the fact posted alongside it.
+        PaymentEvent::EntryPosted(_) => {}
+    }
+}

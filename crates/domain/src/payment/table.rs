@@ -1,0 +1,301 @@
+//! The payment transition table, as data.
+//!
+//! [`rule`] says, for every status and every command or provider fact, what
+//! may happen. `decide` is written against it and the tests check every
+//! decision against it, so the table cannot drift from the code; the table
+//! in `docs/payment-states.md` is generated from it by [`markdown`] and a
+//! test keeps the document in sync.
+
+use serde::{Deserialize, Serialize};
+
+use super::PaymentStatus::{self, *};
+
+/// What arrives at a payment: a merchant or system command, or a provider
+/// fact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Input {
+    Create,
+    RecordChargeRequest,
+    RequestCapture,
+    RequestRefund,
+    Expire,
+    FlagForReview,
+    FactActionRequired,
+    FactAuthorized,
+    FactCaptured,
+    FactFailed,
+    FactRefunded,
+    FactDisputeOpened,
+    FactDisputeClosed,
+}
+
+impl Input {
+    pub const ALL: [Input; 13] = [
+        Input::Create,
+        Input::RecordChargeRequest,
+        Input::RequestCapture,
+        Input::RequestRefund,
+        Input::Expire,
+        Input::FlagForReview,
+        Input::FactActionRequired,
+        Input::FactAuthorized,
+        Input::FactCaptured,
+        Input::FactFailed,
+        Input::FactRefunded,
+        Input::FactDisputeOpened,
+        Input::FactDisputeClosed,
+    ];
+
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Input::Create => "create",
+            Input::RecordChargeRequest => "record_charge_request",
+            Input::RequestCapture => "request_capture",
+            Input::RequestRefund => "request_refund",
+            Input::Expire => "expire",
+            Input::FlagForReview => "flag_for_review",
+            Input::FactActionRequired => "fact_action_required",
+            Input::FactAuthorized => "fact_authorized",
+            Input::FactCaptured => "fact_captured",
+            Input::FactFailed => "fact_failed",
+            Input::FactRefunded => "fact_refunded",
+            Input::FactDisputeOpened => "fact_dispute_opened",
+            Input::FactDisputeClosed => "fact_dispute_closed",
+        }
+    }
+
+    #[must_use]
+    pub const fn is_provider_fact(self) -> bool {
+        matches!(
+            self,
+            Input::FactActionRequired
+                | Input::FactAuthorized
+                | Input::FactCaptured
+                | Input::FactFailed
+                | Input::FactRefunded
+                | Input::FactDisputeOpened
+                | Input::FactDisputeClosed
+        )
+    }
+}
+
+impl std::fmt::Display for Input {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The kind of answer a cell of the table gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Accepted: events are recorded and the status ends in one of the
+    /// cell's targets. A repeat of something already recorded yields no
+    /// events, and a fact inconsistent in its details (an amount beyond the
+    /// capture) yields `FlaggedForReview`, never another status.
+    Apply,
+    /// Already true or superseded (a late `requires_action` after capture):
+    /// `Ok(vec![])`.
+    Ignore,
+    /// A provider fact contradicting the payment's history: recorded as
+    /// `FlaggedForReview` (once), the status does not change. A fact that
+    /// repeats what is already recorded yields nothing.
+    Flag,
+    /// A command the state machine forbids: `InvalidTransition`.
+    Reject,
+}
+
+/// One cell: the outcome and the statuses the payment may end in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    pub outcome: Outcome,
+    pub to: &'static [PaymentStatus],
+}
+
+const fn apply(to: &'static [PaymentStatus]) -> Rule {
+    Rule {
+        outcome: Outcome::Apply,
+        to,
+    }
+}
+const IGNORE: Rule = Rule {
+    outcome: Outcome::Ignore,
+    to: &[],
+};
+const FLAG: Rule = Rule {
+    outcome: Outcome::Flag,
+    to: &[],
+};
+const REJECT: Rule = Rule {
+    outcome: Outcome::Reject,
+    to: &[],
+};
+
+/// The transition table. `from` is `None` before the payment exists, where
+/// only `create` is accepted (anything else is `NotFound`).
+#[must_use]
+pub const fn rule(from: Option<PaymentStatus>, input: Input) -> Rule {
+    let Some(from) = from else {
+        return match input {
+            Input::Create => apply(&[Pending]),
+            _ => REJECT,
+        };
+    };
+    match (input, from) {
+        (Input::Create, _) => REJECT,
+
+        (Input::RecordChargeRequest, Pending) => apply(&[Pending]),
+        (Input::RecordChargeRequest, _) => REJECT,
+
+        (Input::RequestCapture, Authorized) => apply(&[Authorized]),
+        (Input::RequestCapture, _) => REJECT,
+
+        (Input::RequestRefund, Captured | PartiallyRefunded) => apply(one(from)),
+        (Input::RequestRefund, _) => REJECT,
+
+        (Input::Expire, Pending | RequiresAction) => apply(&[Expired]),
+        (Input::Expire, Expired) => IGNORE,
+        (Input::Expire, _) => REJECT,
+
+        (Input::FlagForReview, _) => FLAG,
+
+        (Input::FactActionRequired, Pending | RequiresAction) => apply(&[RequiresAction]),
+        (Input::FactActionRequired, _) => IGNORE,
+
+        (Input::FactAuthorized, Pending | RequiresAction) => apply(&[Authorized]),
+        (Input::FactAuthorized, Failed | Expired) => FLAG,
+        (Input::FactAuthorized, _) => IGNORE,
+
+        (Input::FactCaptured, Pending | RequiresAction | Authorized) => apply(&[Captured]),
+        (Input::FactCaptured, _) => FLAG,
+
+        (Input::FactFailed, Pending | RequiresAction | Authorized) => apply(&[Failed]),
+        (Input::FactFailed, Failed | Expired) => IGNORE,
+        (Input::FactFailed, _) => FLAG,
+
+        (
+            Input::FactRefunded,
+            Pending | RequiresAction | Authorized | Captured | PartiallyRefunded,
+        ) => apply(&[PartiallyRefunded, Refunded]),
+        (Input::FactRefunded, _) => FLAG,
+
+        (
+            Input::FactDisputeOpened,
+            Pending | RequiresAction | Authorized | Captured | PartiallyRefunded,
+        ) => apply(&[Disputed]),
+        (Input::FactDisputeOpened, _) => FLAG,
+
+        (Input::FactDisputeClosed, Pending | RequiresAction | Authorized) => {
+            apply(&[Disputed, Captured])
+        }
+        (Input::FactDisputeClosed, Captured) => apply(&[Disputed, Captured]),
+        (Input::FactDisputeClosed, PartiallyRefunded) => apply(&[Disputed, PartiallyRefunded]),
+        (Input::FactDisputeClosed, Disputed) => apply(&[Disputed, Captured, PartiallyRefunded]),
+        (Input::FactDisputeClosed, _) => FLAG,
+    }
+}
+
+/// `&[status]` as a `'static` slice, for the cells that keep the status.
+const fn one(status: PaymentStatus) -> &'static [PaymentStatus] {
+    match status {
+        Pending => &[Pending],
+        RequiresAction => &[RequiresAction],
+        Authorized => &[Authorized],
+        Captured => &[Captured],
+        PartiallyRefunded => &[PartiallyRefunded],
+        Refunded => &[Refunded],
+        Failed => &[Failed],
+        Expired => &[Expired],
+        Disputed => &[Disputed],
+    }
+}
+
+/// The table as markdown: one row per status (plus "none"), one column per
+/// input. `docs/payment-states.md` embeds this text verbatim.
+#[must_use]
+pub fn markdown() -> String {
+    let mut out = String::from("| from \\ input |");
+    for input in Input::ALL {
+        out.push_str(&format!(" `{input}` |"));
+    }
+    out.push_str("\n|---|");
+    for _ in Input::ALL {
+        out.push_str("---|");
+    }
+    out.push('\n');
+    let froms = std::iter::once(None).chain(PaymentStatus::ALL.into_iter().map(Some));
+    for from in froms {
+        match from {
+            None => out.push_str("| *(none)* |"),
+            Some(status) => out.push_str(&format!("| `{status}` |")),
+        }
+        for input in Input::ALL {
+            let cell = match (from, rule(from, input).outcome) {
+                (None, Outcome::Reject) => "not found".to_owned(),
+                (_, Outcome::Apply) => {
+                    let to: Vec<&str> = rule(from, input).to.iter().map(|s| s.as_str()).collect();
+                    format!("→ {}", to.join(" / "))
+                }
+                (_, Outcome::Ignore) => "ignore".to_owned(),
+                (_, Outcome::Flag) => "flag".to_owned(),
+                (_, Outcome::Reject) => "**reject**".to_owned(),
+            };
+            out.push_str(&format!(" {cell} |"));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn docs_embed_the_generated_table() {
+        let docs = include_str!("../../../../docs/payment-states.md");
+        assert!(
+            docs.contains(&markdown()),
+            "docs/payment-states.md is out of date; paste this table:\n{}",
+            markdown()
+        );
+    }
+
+    #[test]
+    fn every_apply_cell_names_a_target_and_no_other_cell_does() {
+        let froms = std::iter::once(None).chain(PaymentStatus::ALL.into_iter().map(Some));
+        for from in froms {
+            for input in Input::ALL {
+                let r = rule(from, input);
+                assert_eq!(
+                    r.outcome == Outcome::Apply,
+                    !r.to.is_empty(),
+                    "{from:?} {input}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn only_provider_facts_and_review_flags_are_never_rejected() {
+        for from in PaymentStatus::ALL {
+            for input in Input::ALL {
+                if input.is_provider_fact() || input == Input::FlagForReview {
+                    assert_ne!(
+                        rule(Some(from), input).outcome,
+                        Outcome::Reject,
+                        "{from} {input}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn one_is_total() {
+        for status in PaymentStatus::ALL {
+            assert_eq!(one(status), &[status]);
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! Stream names, in one place: every writer and reader of the log builds and
+//! parses them here.
+//!
+//! - `payment-{pay_…}`: a payment and the entries its facts post;
+//! - `transfer-{tr_…}`: a transfer and its entry;
+//! - `account-{tenant}:{account}:{currency}`: the debit guard of an account
+//!   that must not go negative.
+
+use crate::account::AccountName;
+use crate::ids::{PaymentId, TenantId, TransferId};
+use crate::money::Currency;
+
+pub const PAYMENT_PREFIX: &str = "payment-";
+pub const TRANSFER_PREFIX: &str = "transfer-";
+pub const GUARD_PREFIX: &str = "account-";
+
+#[must_use]
+pub fn payment_stream(id: PaymentId) -> String {
+    format!("{PAYMENT_PREFIX}{id}")
+}
+
+#[must_use]
+pub fn transfer_stream(id: TransferId) -> String {
+    format!("{TRANSFER_PREFIX}{id}")
+}
+
+#[must_use]
+pub fn guard_stream(tenant: &TenantId, account: &AccountName, currency: Currency) -> String {
+    format!("{GUARD_PREFIX}{tenant}:{account}:{currency}")
+}
+
+/// A parsed stream name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamKind {
+    Payment(PaymentId),
+    Transfer(TransferId),
+    Guard {
+        tenant: TenantId,
+        account: AccountName,
+        currency: Currency,
+    },
+}
+
+impl StreamKind {
+    #[must_use]
+    pub fn parse(stream_id: &str) -> Option<StreamKind> {
+        if let Some(id) = stream_id.strip_prefix(PAYMENT_PREFIX) {
+            return PaymentId::parse(id).ok().map(StreamKind::Payment);
+        }
+        if let Some(id) = stream_id.strip_prefix(TRANSFER_PREFIX) {
+            return TransferId::parse(id).ok().map(StreamKind::Transfer);
+        }
+        let rest = stream_id.strip_prefix(GUARD_PREFIX)?;
+        // Segments cannot contain ':', so the tenant ends at the first one
+        // and the currency starts after the last one.
+        let (tenant, rest) = rest.split_once(':')?;
+        let (account, currency) = rest.rsplit_once(':')?;
+        Some(StreamKind::Guard {
+            tenant: TenantId::parse(tenant).ok()?,
+            account: AccountName::parse(account).ok()?,
+            currency: Currency::parse(currency).ok()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uuid::Uuid;
+
+    #[test]
+    fn stream_names_round_trip() {
+        let pay = PaymentId::from_uuid(Uuid::from_u128(1));
+        let tr = TransferId::from_uuid(Uuid::from_u128(2));
+        let tenant = TenantId::parse("acme").unwrap();
+        let account = AccountName::parse("customer:42:available").unwrap();
+        let usd = Currency::parse("USD").unwrap();
+        assert_eq!(
+            payment_stream(pay),
+            "payment-pay_00000000000000000000000000000001"
+        );
+        assert_eq!(
+            StreamKind::parse(&payment_stream(pay)),
+            Some(StreamKind::Payment(pay))
+        );
+        assert_eq!(
+            StreamKind::parse(&transfer_stream(tr)),
+            Some(StreamKind::Transfer(tr))
+        );
+        let guard = guard_stream(&tenant, &account, usd);
+        assert_eq!(guard, "account-acme:customer:42:available:USD");
+        assert_eq!(
+            StreamKind::parse(&guard),
+            Some(StreamKind::Guard {
+                tenant,
+                account,
+                currency: usd
+            })
+        );
+        assert_eq!(StreamKind::parse("webhook-1"), None);
+        assert_eq!(StreamKind::parse("account-acme:USD"), None);
+    }
+}

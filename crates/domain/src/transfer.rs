@@ -1,0 +1,296 @@
+//! The transfer aggregate: a merchant moving money between two accounts of
+//! one currency with a two-leg entry.
+//!
+//! A transfer is a command, so a debit that would take a `customer:…`
+//! account below zero is refused; that check needs the guards' states, which
+//! live in other streams, hence [`decide_with_guards`]: the transfer's events
+//! and the guard appends come out of one decision and go into one atomic
+//! append.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::account::AccountName;
+use crate::entry::{EntryError, JournalEntry};
+use crate::guard::{decide_entry, DebitGuard, GuardAppend, GuardKey, GuardRejection, Origin};
+use crate::ids::{EntryId, TenantId, TransferId};
+use crate::money::{Amount, Currency};
+use crate::payment::{EntryPosted, DESCRIPTION_CHARS_MAX};
+
+/// A merchant's transfer request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestTransfer {
+    pub id: TransferId,
+    pub tenant: TenantId,
+    pub from: AccountName,
+    pub to: AccountName,
+    pub amount: Amount,
+    pub currency: Currency,
+    pub description: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransferRequested {
+    pub transfer_id: TransferId,
+    pub tenant: TenantId,
+    pub from: AccountName,
+    pub to: AccountName,
+    pub amount_minor: Amount,
+    pub currency: Currency,
+    pub description: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
+crate::event::event_family! {
+    /// Events of a `transfer-…` stream.
+    TransferEvent {
+        TransferRequested = 1,
+        EntryPosted = 1,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransferRecord {
+    pub requested: TransferRequested,
+    pub entry_id: Option<EntryId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Transfer {
+    pub version: u64,
+    pub record: Option<TransferRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransferRejection {
+    #[error("amount must be positive")]
+    AmountMustBePositive,
+    #[error("a transfer needs two different accounts")]
+    AccountsMustBeDifferent,
+    #[error("description is longer than {DESCRIPTION_CHARS_MAX} characters")]
+    DescriptionTooLong,
+    #[error("transfer {0} already exists with different details")]
+    TransferAlreadyExists(TransferId),
+    #[error(transparent)]
+    Guard(#[from] GuardRejection),
+    #[error("posting rule produced an invalid entry: {0}")]
+    InvalidEntry(String),
+}
+
+impl TransferRejection {
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            TransferRejection::AmountMustBePositive => "amount_must_be_positive",
+            TransferRejection::AccountsMustBeDifferent => "accounts_must_be_different",
+            TransferRejection::DescriptionTooLong => "description_too_long",
+            TransferRejection::TransferAlreadyExists(_) => "transfer_already_exists",
+            TransferRejection::Guard(rejection) => rejection.code(),
+            TransferRejection::InvalidEntry(_) => "invalid_entry",
+        }
+    }
+}
+
+impl From<EntryError> for TransferRejection {
+    fn from(e: EntryError) -> Self {
+        TransferRejection::InvalidEntry(e.to_string())
+    }
+}
+
+/// The transfer's own events: `TransferRequested` and its `EntryPosted`
+/// (`from` −amount, `to` +amount). A repeat of the same request yields
+/// nothing; the insufficient-funds rule is applied by
+/// [`decide_with_guards`].
+pub fn decide(
+    transfer: &Transfer,
+    request: RequestTransfer,
+) -> Result<Vec<TransferEvent>, TransferRejection> {
+    if !request.amount.is_positive() {
+        return Err(TransferRejection::AmountMustBePositive);
+    }
+    if request.from == request.to {
+        return Err(TransferRejection::AccountsMustBeDifferent);
+    }
+    if let Some(description) = &request.description {
+        if description.chars().count() > DESCRIPTION_CHARS_MAX {
+            return Err(TransferRejection::DescriptionTooLong);
+        }
+    }
+    let requested = TransferRequested {
+        transfer_id: request.id,
+        tenant: request.tenant,
+        from: request.from,
+        to: request.to,
+        amount_minor: request.amount,
+        currency: request.currency,
+        description: request.description,
+        at: request.at,
+    };
+    if let Some(existing) = &transfer.record {
+        return if existing.requested == requested {
+            Ok(Vec::new())
+        } else {
+            Err(TransferRejection::TransferAlreadyExists(request.id))
+        };
+    }
+    let entry = JournalEntry::in_one_currency(
+        EntryId::derived(&format!("{}:transfer", requested.transfer_id)),
+        requested.tenant.clone(),
+        requested.currency,
+        [
+            (
+                requested.from.clone(),
+                requested
+                    .amount_minor
+                    .checked_neg()
+                    .map_err(|_| TransferRejection::AmountMustBePositive)?,
+            ),
+            (requested.to.clone(), requested.amount_minor),
+        ],
+    )?;
+    let at = requested.at;
+    Ok(vec![
+        TransferEvent::TransferRequested(requested),
+        TransferEvent::EntryPosted(EntryPosted { entry, at }),
+    ])
+}
+
+/// A full transfer decision: what to append to the transfer's stream and to
+/// each guard stream, all in one atomic append.
+#[derive(Debug, Clone, PartialEq)]
+#[must_use]
+pub struct TransferDecision {
+    pub events: Vec<TransferEvent>,
+    pub guards: Vec<GuardAppend>,
+}
+
+/// [`decide`], then the debit guards of the entry's `customer:…` accounts
+/// (see [`crate::guard::guarded_keys`] for which states to load).
+pub fn decide_with_guards(
+    transfer: &Transfer,
+    request: RequestTransfer,
+    guards: &BTreeMap<GuardKey, DebitGuard>,
+) -> Result<TransferDecision, TransferRejection> {
+    let events = decide(transfer, request)?;
+    let mut appends = Vec::new();
+    for event in &events {
+        if let TransferEvent::EntryPosted(posted) = event {
+            appends.extend(decide_entry(
+                &posted.entry,
+                Origin::Command,
+                guards,
+                posted.at,
+            )?);
+        }
+    }
+    Ok(TransferDecision {
+        events,
+        guards: appends,
+    })
+}
+
+#[must_use]
+pub fn evolve(mut transfer: Transfer, event: &TransferEvent) -> Transfer {
+    transfer.version += 1;
+    match event {
+        TransferEvent::TransferRequested(e) => {
+            transfer.record = Some(TransferRecord {
+                requested: e.clone(),
+                entry_id: None,
+            });
+        }
+        TransferEvent::EntryPosted(e) => {
+            if let Some(record) = transfer.record.as_mut() {
+                record.entry_id = Some(e.entry.id());
+            }
+        }
+    }
+    transfer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guard::guarded_keys;
+
+    fn request(from: &str, to: &str, amount: i64) -> RequestTransfer {
+        RequestTransfer {
+            id: TransferId::from_uuid(uuid::Uuid::from_u128(9)),
+            tenant: TenantId::parse("t").unwrap(),
+            from: AccountName::parse(from).unwrap(),
+            to: AccountName::parse(to).unwrap(),
+            amount: Amount::new(amount),
+            currency: Currency::parse("USD").unwrap(),
+            description: None,
+            at: DateTime::from_timestamp(1_764_000_000, 0).unwrap(),
+        }
+    }
+
+    #[test]
+    fn rule_violations_are_named() {
+        let t = Transfer::default();
+        assert_eq!(
+            decide(&t, request("a", "b", 0)),
+            Err(TransferRejection::AmountMustBePositive)
+        );
+        assert_eq!(
+            decide(&t, request("a", "b", -1)),
+            Err(TransferRejection::AmountMustBePositive)
+        );
+        assert_eq!(
+            decide(&t, request("a", "a", 5)),
+            Err(TransferRejection::AccountsMustBeDifferent)
+        );
+        assert_eq!(
+            TransferRejection::AccountsMustBeDifferent.code(),
+            "accounts_must_be_different"
+        );
+    }
+
+    #[test]
+    fn a_transfer_posts_two_legs_and_repeats_are_idempotent() {
+        let events = decide(&Transfer::default(), request("a", "b", 5)).unwrap();
+        assert_eq!(events.len(), 2);
+        let TransferEvent::EntryPosted(posted) = &events[1] else {
+            panic!("no entry")
+        };
+        assert_eq!(posted.entry.legs().len(), 2);
+        let t = events.iter().fold(Transfer::default(), evolve);
+        assert_eq!(t.record.as_ref().unwrap().entry_id, Some(posted.entry.id()));
+        assert_eq!(decide(&t, request("a", "b", 5)), Ok(vec![]));
+        assert!(matches!(
+            decide(&t, request("a", "b", 6)),
+            Err(TransferRejection::TransferAlreadyExists(_))
+        ));
+    }
+
+    #[test]
+    fn insufficient_funds_refuses_the_whole_transfer() {
+        let r = request("customer:1:available", "customer:2:available", 500);
+        let events = decide(&Transfer::default(), r.clone()).unwrap();
+        let TransferEvent::EntryPosted(posted) = &events[1] else {
+            panic!("no entry")
+        };
+        let keys = guarded_keys(&posted.entry);
+        let mut guards: BTreeMap<GuardKey, DebitGuard> = keys
+            .iter()
+            .map(|k| (k.clone(), DebitGuard::default()))
+            .collect();
+        let refused = decide_with_guards(&Transfer::default(), r.clone(), &guards).unwrap_err();
+        assert_eq!(refused.code(), "insufficient_funds");
+        guards.insert(
+            keys[0].clone(),
+            DebitGuard {
+                version: 4,
+                balance: Amount::new(500),
+                flagged: false,
+            },
+        );
+        let decision = decide_with_guards(&Transfer::default(), r, &guards).unwrap();
+        assert_eq!(decision.guards.len(), 2);
+        assert_eq!(decision.guards[0].expected_version, 4);
+    }
+}

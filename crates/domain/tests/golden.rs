@@ -1,0 +1,343 @@
+//! Golden JSON, one fixture per stored event type: the exact payload each
+//! type is written as. A renamed type, a renamed or retyped field, or a
+//! schema bump without a fixture fails here, before it reaches a stored log.
+// Test code: a failed unwrap is a failed test, which is what we want.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use asiento_domain::guard::{BalanceChanged, GuardEvent, OverdraftFlagged};
+use asiento_domain::payment::*;
+use asiento_domain::transfer::{TransferEvent, TransferRequested};
+use asiento_domain::*;
+use common::*;
+use serde_json::{json, Value};
+
+const AT: &str = "2025-11-24T16:00:10Z";
+const PAY: &str = "pay_01900000000070008000000000000042";
+
+fn entry_json() -> Value {
+    json!({
+        "entry": {
+            "id": EntryId::derived(&format!("{PAY}:capture")).to_string(),
+            "tenant": "acme",
+            "legs": [
+                {"account": "psp:sim:clearing", "currency": "USD", "amount_minor": -10000},
+                {"account": "customer:42:available", "currency": "USD", "amount_minor": 9700},
+                {"account": "revenue:fees", "currency": "USD", "amount_minor": 300}
+            ],
+            "reverses": null
+        },
+        "at": AT
+    })
+}
+
+fn payment_fixtures() -> Vec<(PaymentEvent, Value)> {
+    vec![
+        (
+            PaymentEvent::PaymentIntended(PaymentIntended {
+                payment_id: pid(),
+                tenant: tenant(),
+                amount_minor: amt(10_000),
+                currency: usd(),
+                customer: CustomerId::parse("42").unwrap(),
+                provider: ProviderName::parse("sim").unwrap(),
+                capture: CaptureMode::Manual,
+                description: Some("order 1001".into()),
+                metadata: [("order".to_owned(), json!("1001"))].into_iter().collect(),
+                psp_key: "psp_01900000000070008000000000000042".into(),
+                at: at(10),
+            }),
+            json!({
+                "payment_id": PAY, "tenant": "acme", "amount_minor": 10000, "currency": "USD",
+                "customer": "42", "provider": "sim", "capture": "manual",
+                "description": "order 1001", "metadata": {"order": "1001"},
+                "psp_key": "psp_01900000000070008000000000000042", "at": AT
+            }),
+        ),
+        (
+            PaymentEvent::ChargeRequested(ChargeRequested {
+                psp_key: "psp_x".into(),
+                at: at(10),
+            }),
+            json!({"psp_key": "psp_x", "at": AT}),
+        ),
+        (
+            PaymentEvent::ActionRequired(ActionRequired {
+                charge_id: CHARGE.into(),
+                redirect_url: URL.into(),
+                at: at(10),
+            }),
+            json!({"charge_id": "ch_1", "redirect_url": URL, "at": AT}),
+        ),
+        (
+            PaymentEvent::ChargeAuthorized(ChargeAuthorized {
+                charge_id: CHARGE.into(),
+                amount_minor: amt(10_000),
+                at: at(10),
+            }),
+            json!({"charge_id": "ch_1", "amount_minor": 10000, "at": AT}),
+        ),
+        (
+            PaymentEvent::CaptureRequested(CaptureRequested {
+                amount_minor: amt(6_000),
+                psp_key: "psp_x_capture".into(),
+                at: at(10),
+            }),
+            json!({"amount_minor": 6000, "psp_key": "psp_x_capture", "at": AT}),
+        ),
+        (
+            e_captured(10_000, 300, false),
+            json!({
+                "charge_id": "ch_1", "amount_minor": 10000, "fee_minor": 300,
+                "fees": {"bps": 300, "fixed_minor": 0}, "implied": false, "at": AT
+            }),
+        ),
+        (
+            PaymentEvent::ChargeFailed(ChargeFailed {
+                charge_id: None,
+                reason: "card_declined".into(),
+                at: at(10),
+            }),
+            json!({"charge_id": null, "reason": "card_declined", "at": AT}),
+        ),
+        (
+            PaymentEvent::PaymentExpired(PaymentExpired { at: at(10) }),
+            json!({"at": AT}),
+        ),
+        (
+            PaymentEvent::RefundRequested(RefundRequested {
+                sequence: 2,
+                amount_minor: amt(2_500),
+                requested_total_minor: amt(5_000),
+                psp_key: "psp_x_refund_2".into(),
+                at: at(10),
+            }),
+            json!({
+                "sequence": 2, "amount_minor": 2500, "requested_total_minor": 5000,
+                "psp_key": "psp_x_refund_2", "at": AT
+            }),
+        ),
+        (
+            e_refund(2_500, 2_500, 75).remove(0),
+            json!({
+                "charge_id": "ch_1", "amount_minor": 2500, "refunded_total_minor": 2500,
+                "fee_reversed_minor": 75, "at": AT
+            }),
+        ),
+        (
+            e_dispute_opened("dp_1", 10_000),
+            json!({"dispute_id": "dp_1", "amount_minor": 10000, "at": AT}),
+        ),
+        (
+            e_dispute_closed("dp_1", DisputeOutcome::Lost),
+            json!({"dispute_id": "dp_1", "outcome": "lost", "at": AT}),
+        ),
+        (
+            e_flag(
+                ReviewReason::ContradictingFact,
+                "captured 10000 while failed (captured 0)",
+            ),
+            json!({"reason": "contradicting_fact", "detail": "captured 10000 while failed (captured 0)", "at": AT}),
+        ),
+        (e_capture_entry(10_000, 300), entry_json()),
+    ]
+}
+
+fn transfer_fixtures() -> Vec<(TransferEvent, Value)> {
+    let PaymentEvent::EntryPosted(posted) = e_capture_entry(10_000, 300) else {
+        unreachable!()
+    };
+    vec![
+        (
+            TransferEvent::TransferRequested(TransferRequested {
+                transfer_id: TransferId::from_uuid(uuid::Uuid::from_u128(5)),
+                tenant: tenant(),
+                from: customer(),
+                to: AccountName::parse("customer:7:available").unwrap(),
+                amount_minor: amt(500),
+                currency: usd(),
+                description: Some("rent".into()),
+                at: at(10),
+            }),
+            json!({
+                "transfer_id": "tr_00000000000000000000000000000005", "tenant": "acme",
+                "from": "customer:42:available", "to": "customer:7:available",
+                "amount_minor": 500, "currency": "USD", "description": "rent", "at": AT
+            }),
+        ),
+        (TransferEvent::EntryPosted(posted), entry_json()),
+    ]
+}
+
+fn guard_fixtures() -> Vec<(GuardEvent, Value)> {
+    let entry_id = EntryId::from_uuid(uuid::Uuid::from_u128(6));
+    vec![
+        (
+            GuardEvent::BalanceChanged(BalanceChanged {
+                entry_id,
+                delta_minor: amt(-500),
+                balance_minor: amt(9_200),
+                at: at(10),
+            }),
+            json!({
+                "entry_id": "je_00000000000000000000000000000006",
+                "delta_minor": -500, "balance_minor": 9200, "at": AT
+            }),
+        ),
+        (
+            GuardEvent::OverdraftFlagged(OverdraftFlagged {
+                entry_id,
+                balance_minor: amt(-300),
+                at: at(10),
+            }),
+            json!({"entry_id": "je_00000000000000000000000000000006", "balance_minor": -300, "at": AT}),
+        ),
+    ]
+}
+
+/// Checks the fixtures of one family: exact JSON, round trip, and that every
+/// type of the family has exactly one fixture.
+macro_rules! check_family {
+    ($family:ty, $fixtures:expr) => {{
+        let fixtures = $fixtures;
+        let mut covered = BTreeSet::new();
+        for (event, expected) in fixtures {
+            let data = event.encode().unwrap();
+            assert_eq!(
+                data,
+                expected,
+                "{} drifted from its golden JSON",
+                event.event_type()
+            );
+            let decoded =
+                <$family>::decode(event.event_type(), event.schema_version(), expected).unwrap();
+            assert_eq!(decoded, event);
+            assert!(
+                covered.insert(event.event_type()),
+                "two fixtures for {}",
+                event.event_type()
+            );
+        }
+        let declared: BTreeSet<&str> = <$family>::TYPES.iter().map(|(t, _)| *t).collect();
+        assert_eq!(covered, declared, "every event type needs a golden fixture");
+    }};
+}
+
+#[test]
+fn payment_events_match_their_golden_json() {
+    check_family!(PaymentEvent, payment_fixtures());
+}
+
+#[test]
+fn transfer_events_match_their_golden_json() {
+    check_family!(TransferEvent, transfer_fixtures());
+}
+
+#[test]
+fn guard_events_match_their_golden_json() {
+    check_family!(GuardEvent, guard_fixtures());
+}
+
+/// Type names and schema versions are part of the stored contract too.
+#[test]
+fn type_names_and_schemas_are_stable() {
+    assert_eq!(
+        PaymentEvent::TYPES,
+        &[
+            ("PaymentIntended", 2),
+            ("ChargeRequested", 1),
+            ("ActionRequired", 1),
+            ("ChargeAuthorized", 1),
+            ("CaptureRequested", 1),
+            ("ChargeCaptured", 1),
+            ("ChargeFailed", 1),
+            ("PaymentExpired", 1),
+            ("RefundRequested", 1),
+            ("RefundSettled", 1),
+            ("DisputeOpened", 1),
+            ("DisputeClosed", 1),
+            ("FlaggedForReview", 1),
+            ("EntryPosted", 1),
+        ]
+    );
+    assert_eq!(
+        TransferEvent::TYPES,
+        &[("TransferRequested", 1), ("EntryPosted", 1)]
+    );
+    assert_eq!(
+        GuardEvent::TYPES,
+        &[("BalanceChanged", 1), ("OverdraftFlagged", 1)]
+    );
+}
+
+#[test]
+fn payment_intended_v1_is_upcast_to_v2() {
+    // The shape written before providers and manual capture existed.
+    let v1 = json!({
+        "payment_id": PAY, "tenant": "acme", "amount": 10000, "currency": "USD",
+        "customer": "42", "description": null, "metadata": {},
+        "psp_key": "psp_01900000000070008000000000000042", "at": AT
+    });
+    let (schema, data) = upcast("PaymentIntended", 1, v1.clone()).unwrap();
+    assert_eq!(schema, 2);
+    assert_eq!(data["amount_minor"], json!(10000));
+    assert!(data.get("amount").is_none());
+    let decoded = PaymentEvent::decode("PaymentIntended", 1, v1).unwrap();
+    let PaymentEvent::PaymentIntended(intended) = decoded else {
+        panic!("wrong type")
+    };
+    assert_eq!(intended.amount_minor, amt(10_000));
+    assert_eq!(intended.provider.as_str(), "sim");
+    assert_eq!(intended.capture, CaptureMode::Automatic);
+    // Current payloads pass through the upcaster untouched.
+    let v2 = payment_fixtures().remove(0).1;
+    assert_eq!(upcast("PaymentIntended", 2, v2.clone()).unwrap(), (2, v2));
+    // A v1 payload that lacks the field it renames is an error, not a panic.
+    assert!(matches!(
+        PaymentEvent::decode("PaymentIntended", 1, json!({"tenant": "acme"})),
+        Err(DecodeError::Invalid { .. })
+    ));
+}
+
+#[test]
+fn unknown_types_schemas_and_bad_payloads_are_decode_errors() {
+    assert!(matches!(
+        PaymentEvent::decode("ChargeConfirmed", 1, json!({})),
+        Err(DecodeError::UnknownType { .. })
+    ));
+    assert!(matches!(
+        PaymentEvent::decode("PaymentExpired", 7, json!({"at": AT})),
+        Err(DecodeError::UnknownSchema { schema: 7, .. })
+    ));
+    // An unbalanced entry cannot come back from the log as a JournalEntry.
+    let mut bad = entry_json();
+    bad["entry"]["legs"][0]["amount_minor"] = json!(-9999);
+    assert!(matches!(
+        PaymentEvent::decode("EntryPosted", 1, bad),
+        Err(DecodeError::Invalid { .. })
+    ));
+}
+
+#[test]
+fn any_event_decodes_by_its_stream() {
+    let stream = payment_stream(pid());
+    let event = Event::decode(&stream, "EntryPosted", 1, entry_json()).unwrap();
+    assert_eq!(event.entry().unwrap().legs().len(), 3);
+    let guard = Event::decode(
+        "account-acme:customer:42:available:USD",
+        "OverdraftFlagged",
+        1,
+        guard_fixtures()[1].1.clone(),
+    );
+    assert!(matches!(
+        guard,
+        Ok(Event::Guard(GuardEvent::OverdraftFlagged(_)))
+    ));
+    assert!(matches!(
+        Event::decode("webhook-1", "X", 1, json!({})),
+        Err(DecodeError::UnknownStream(_))
+    ));
+}

@@ -1,0 +1,598 @@
+//! The transition table as data: every cell (status × command or fact) runs
+//! through one `check(given, when, then)` helper, accepted and rejected.
+//! The letter grid below is the specification written independently of the
+//! code's `rule()`, and a test holds the two equal.
+// Test code: a failed unwrap is a failed test, which is what we want.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use asiento_domain::payment::table::{rule, Input, Outcome};
+use asiento_domain::payment::*;
+use asiento_domain::*;
+use common::*;
+
+/// Replays `given`, decides `when`, and compares with `then`. Accepted
+/// events must also apply cleanly: the status stays inside the table and
+/// `next_action` exists only while `requires_action`.
+fn check(
+    given: Vec<PaymentEvent>,
+    when: PaymentCommand,
+    then: Result<Vec<PaymentEvent>, PaymentRejection>,
+) {
+    let payment = Payment::replay(&given);
+    let from = payment.record.as_ref().map(|r| r.status);
+    let got = decide(&payment, when.clone());
+    assert_eq!(got, then, "\nfrom {from:?}\nwhen {when:?}");
+    if let Ok(events) = got {
+        let after = events.iter().fold(payment, evolve);
+        let record = after.record.expect("a payment after an accepted command");
+        let r = rule(from, when.input());
+        if r.outcome == Outcome::Apply {
+            assert!(
+                from == Some(record.status) || r.to.contains(&record.status),
+                "{from:?} --{}--> {} is not in the table",
+                when.input(),
+                record.status
+            );
+        } else {
+            assert_eq!(
+                Some(record.status),
+                from,
+                "a {:?} cell changed the status",
+                r.outcome
+            );
+        }
+        assert_eq!(
+            record.next_action.is_some(),
+            record.status == PaymentStatus::RequiresAction
+        );
+    }
+}
+
+/// A = apply, I = ignore (no events), F = flag, R = InvalidTransition,
+/// N = not found. Columns follow `Input::ALL`.
+#[rustfmt::skip]
+const GRID: [(Option<PaymentStatus>, &str); 10] = {
+    use PaymentStatus::*;
+    [
+        //                          cre rcr cap ref exp flg act aut cpt fai rfd dop dcl
+        (None,                     "A   N   N   N   N   N   N   N   N   N   N   N   N"),
+        (Some(Pending),            "R   A   R   R   A   F   A   A   A   A   A   A   A"),
+        (Some(RequiresAction),     "R   R   R   R   A   F   A   A   A   A   A   A   A"),
+        (Some(Authorized),         "R   R   A   R   R   F   I   I   A   A   A   A   A"),
+        (Some(Captured),           "R   R   R   A   R   F   I   I   F   F   A   A   A"),
+        (Some(PartiallyRefunded),  "R   R   R   A   R   F   I   I   F   F   A   A   A"),
+        (Some(Refunded),           "R   R   R   R   R   F   I   I   F   F   F   F   F"),
+        (Some(Failed),             "R   R   R   R   R   F   I   F   F   I   F   F   F"),
+        (Some(Expired),            "R   R   R   R   I   F   I   F   F   I   F   F   F"),
+        (Some(Disputed),           "R   R   R   R   R   F   I   I   F   F   F   F   A"),
+    ]
+};
+
+const URL2: &str = "https://sim.example/redirect/2";
+
+/// The command each column is exercised with.
+fn when(input: Input) -> PaymentCommand {
+    match input {
+        Input::Create => create(),
+        Input::RecordChargeRequest => PaymentCommand::RecordChargeRequest { at: at(10) },
+        Input::RequestCapture => PaymentCommand::RequestCapture {
+            amount: None,
+            at: at(10),
+        },
+        Input::RequestRefund => PaymentCommand::RequestRefund {
+            amount: amt(2_500),
+            at: at(10),
+        },
+        Input::Expire => PaymentCommand::Expire { at: at(10) },
+        Input::FlagForReview => PaymentCommand::FlagForReview {
+            note: "looks odd".into(),
+            at: at(10),
+        },
+        Input::FactActionRequired => f_action(URL2),
+        Input::FactAuthorized => f_authorized(10_000),
+        Input::FactCaptured => f_captured(10_000),
+        Input::FactFailed => f_failed(),
+        Input::FactRefunded => f_refunded(10_000),
+        Input::FactDisputeOpened => f_dispute_opened("dp_2", 10_000),
+        Input::FactDisputeClosed => f_dispute_closed("dp_1", 10_000, DisputeOutcome::Lost),
+    }
+}
+
+fn implied_capture() -> Vec<PaymentEvent> {
+    vec![e_captured(10_000, 300, true), e_capture_entry(10_000, 300)]
+}
+
+fn contradiction(detail: &str) -> Vec<PaymentEvent> {
+    vec![e_flag(ReviewReason::ContradictingFact, detail)]
+}
+
+/// The expected answer of every A and F cell, written out.
+fn expected(from: PaymentStatus, input: Input) -> Vec<PaymentEvent> {
+    use DisputeOutcome::Lost;
+    use Input::*;
+    use PaymentStatus::*;
+    let s = from.as_str();
+    match (from, input) {
+        (_, FlagForReview) => vec![e_flag(ReviewReason::Manual, "looks odd")],
+        (Pending, RecordChargeRequest) => vec![PaymentEvent::ChargeRequested(ChargeRequested {
+            psp_key: psp_charge_key(pid()),
+            at: at(10),
+        })],
+        (Pending | RequiresAction, Expire) => {
+            vec![PaymentEvent::PaymentExpired(PaymentExpired { at: at(10) })]
+        }
+        (Pending | RequiresAction, FactActionRequired) => {
+            vec![PaymentEvent::ActionRequired(ActionRequired {
+                charge_id: CHARGE.into(),
+                redirect_url: URL2.into(),
+                at: at(10),
+            })]
+        }
+        (Pending | RequiresAction, FactAuthorized) => {
+            vec![PaymentEvent::ChargeAuthorized(ChargeAuthorized {
+                charge_id: CHARGE.into(),
+                amount_minor: amt(10_000),
+                at: at(10),
+            })]
+        }
+        (Pending | RequiresAction | Authorized, FactCaptured) => {
+            vec![e_captured(10_000, 300, false), e_capture_entry(10_000, 300)]
+        }
+        (Pending | RequiresAction | Authorized, FactFailed) => {
+            vec![PaymentEvent::ChargeFailed(ChargeFailed {
+                charge_id: Some(CHARGE.into()),
+                reason: "card_declined".into(),
+                at: at(10),
+            })]
+        }
+        (Pending | RequiresAction | Authorized, FactRefunded) => {
+            [implied_capture(), e_refund(10_000, 10_000, 300)].concat()
+        }
+        (Pending | RequiresAction | Authorized, FactDisputeOpened) => {
+            [implied_capture(), vec![e_dispute_opened("dp_2", 10_000)]].concat()
+        }
+        (Pending | RequiresAction | Authorized, FactDisputeClosed) => [
+            implied_capture(),
+            vec![
+                e_dispute_opened("dp_1", 10_000),
+                e_dispute_closed("dp_1", Lost),
+                e_lost_entry("dp_1", 10_000),
+            ],
+        ]
+        .concat(),
+        (Authorized, RequestCapture) => vec![PaymentEvent::CaptureRequested(CaptureRequested {
+            amount_minor: amt(10_000),
+            psp_key: psp_capture_key(pid()),
+            at: at(10),
+        })],
+        (Captured | PartiallyRefunded, RequestRefund) => {
+            let total = if from == Captured { 2_500 } else { 5_000 };
+            vec![PaymentEvent::RefundRequested(RefundRequested {
+                sequence: 1,
+                amount_minor: amt(2_500),
+                requested_total_minor: amt(total),
+                psp_key: psp_refund_key(pid(), 1),
+                at: at(10),
+            })]
+        }
+        // The same capture again: nothing new, nothing to flag.
+        (Captured | PartiallyRefunded | Refunded | Disputed, FactCaptured) => vec![],
+        (Captured | PartiallyRefunded | Refunded | Disputed, FactFailed) => {
+            contradiction(&format!("failed (card_declined) while {s}"))
+        }
+        (Captured, FactRefunded) => e_refund(10_000, 10_000, 300),
+        // 2500 refunded before with fee(2500) = 75 reversed: the rest of the
+        // fee is 300 - 75.
+        (PartiallyRefunded, FactRefunded) => e_refund(7_500, 10_000, 225),
+        (Captured, FactDisputeOpened) => vec![e_dispute_opened("dp_2", 10_000)],
+        (Captured, FactDisputeClosed) => vec![
+            e_dispute_opened("dp_1", 10_000),
+            e_dispute_closed("dp_1", Lost),
+            e_lost_entry("dp_1", 10_000),
+        ],
+        (PartiallyRefunded, FactDisputeOpened) => vec![
+            e_dispute_opened("dp_2", 10_000),
+            e_flag(
+                ReviewReason::ContradictingFact,
+                "dispute dp_2 of 10000 beyond the 7500 captured and not refunded",
+            ),
+        ],
+        (PartiallyRefunded, FactDisputeClosed) => vec![
+            e_dispute_opened("dp_1", 10_000),
+            e_flag(
+                ReviewReason::ContradictingFact,
+                "dispute dp_1 of 10000 beyond the 7500 captured and not refunded",
+            ),
+            e_dispute_closed("dp_1", Lost),
+            e_lost_entry("dp_1", 10_000),
+        ],
+        // Everything refunded already: the same total again is a repeat.
+        (Refunded, FactRefunded) => vec![],
+        (Disputed, FactRefunded) => {
+            contradiction("refunded total 10000 while disputed (refunded 0 of 10000)")
+        }
+        (Refunded | Failed | Expired | Disputed, FactDisputeOpened) => {
+            contradiction(&format!("dispute dp_2 opened while {s}"))
+        }
+        (Refunded | Failed | Expired, FactDisputeClosed) => {
+            contradiction(&format!("dispute dp_1 closed Lost while {s}"))
+        }
+        (Disputed, FactDisputeClosed) => {
+            vec![e_dispute_closed("dp_1", Lost), e_lost_entry("dp_1", 10_000)]
+        }
+        (Failed | Expired, FactAuthorized) => contradiction(&format!("authorized 10000 while {s}")),
+        (Failed | Expired, FactCaptured) => {
+            contradiction(&format!("captured 10000 while {s} (captured 0)"))
+        }
+        (Failed | Expired, FactRefunded) => {
+            contradiction(&format!("refunded total 10000 while {s} (refunded 0 of 0)"))
+        }
+        other => panic!("no expectation written for {other:?}"),
+    }
+}
+
+#[test]
+fn the_grid_is_the_table() {
+    for (from, row) in GRID {
+        let letters: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(letters.len(), Input::ALL.len());
+        for (input, letter) in Input::ALL.into_iter().zip(letters) {
+            let outcome = match letter {
+                "A" => Outcome::Apply,
+                "I" => Outcome::Ignore,
+                "F" => Outcome::Flag,
+                "R" | "N" => Outcome::Reject,
+                other => panic!("bad letter {other}"),
+            };
+            assert_eq!(rule(from, input).outcome, outcome, "{from:?} × {input}");
+        }
+    }
+}
+
+#[test]
+fn every_cell_of_the_table() {
+    let mut cells = 0;
+    for (from, row) in GRID {
+        for (input, letter) in Input::ALL.into_iter().zip(row.split_whitespace()) {
+            cells += 1;
+            let then = match (from, letter) {
+                (_, "N") => Err(PaymentRejection::NotFound),
+                (Some(from), "R") => Err(PaymentRejection::InvalidTransition { from, input }),
+                (_, "I") => Ok(vec![]),
+                (None, _) => Ok(vec![PaymentEvent::PaymentIntended(PaymentIntended {
+                    payment_id: pid(),
+                    tenant: tenant(),
+                    amount_minor: amt(10_000),
+                    currency: usd(),
+                    customer: CustomerId::parse("42").unwrap(),
+                    provider: ProviderName::parse("sim").unwrap(),
+                    capture: CaptureMode::Automatic,
+                    description: Some("order 1001".into()),
+                    metadata: [("order".to_owned(), serde_json::json!("1001"))]
+                        .into_iter()
+                        .collect(),
+                    psp_key: "psp_01900000000070008000000000000042".into(),
+                    at: at(0),
+                })]),
+                (Some(from), _) => Ok(expected(from, input)),
+            };
+            check(given(from), when(input), then);
+        }
+    }
+    assert_eq!(cells, 130);
+}
+
+// ------------------------------------------------------- rules within cells
+
+fn manual_authorized() -> Vec<PaymentEvent> {
+    given(Some(PaymentStatus::Authorized))
+}
+
+#[test]
+fn capture_at_most_the_authorized_amount() {
+    let capture = |amount: i64| PaymentCommand::RequestCapture {
+        amount: Some(amt(amount)),
+        at: at(10),
+    };
+    check(
+        manual_authorized(),
+        capture(10_001),
+        Err(PaymentRejection::CaptureExceedsAuthorized {
+            requested: amt(10_001),
+            authorized: amt(10_000),
+        }),
+    );
+    check(
+        manual_authorized(),
+        capture(0),
+        Err(PaymentRejection::AmountMustBePositive),
+    );
+    let requested = [
+        manual_authorized(),
+        history_from(manual_authorized(), vec![capture(6_000)]),
+    ]
+    .concat();
+    check(requested.clone(), capture(6_000), Ok(vec![]));
+    check(
+        requested.clone(),
+        capture(5_000),
+        Err(PaymentRejection::CaptureAlreadyRequested {
+            requested: amt(6_000),
+        }),
+    );
+    // The provider captures the partial amount: fee on 6000 only.
+    check(
+        requested,
+        f_captured(6_000),
+        Ok(vec![
+            e_captured(6_000, 180, false),
+            e_capture_entry(6_000, 180),
+        ]),
+    );
+    check(
+        manual_authorized(),
+        f_captured(10_001),
+        Ok(contradiction(
+            "captured 10001 beyond the 10000 capturable while authorized",
+        )),
+    );
+}
+
+/// Decides commands on top of an existing history, returning only the new
+/// events.
+fn history_from(given: Vec<PaymentEvent>, commands: Vec<PaymentCommand>) -> Vec<PaymentEvent> {
+    let mut payment = Payment::replay(&given);
+    let mut events = Vec::new();
+    for command in commands {
+        let new = decide(&payment, command).expect("accepted");
+        payment = new.iter().fold(payment, evolve);
+        events.extend(new);
+    }
+    events
+}
+
+#[test]
+fn refund_requests_accumulate_and_cannot_exceed_the_capture() {
+    let captured = given(Some(PaymentStatus::Captured));
+    let refund = |amount: i64| PaymentCommand::RequestRefund {
+        amount: amt(amount),
+        at: at(10),
+    };
+    check(
+        captured.clone(),
+        refund(10_001),
+        Err(PaymentRejection::RefundExceedsCaptured {
+            requested: amt(10_001),
+            refundable: amt(10_000),
+        }),
+    );
+    check(
+        captured.clone(),
+        refund(-1),
+        Err(PaymentRejection::AmountMustBePositive),
+    );
+    let after_two = [
+        captured.clone(),
+        history_from(captured, vec![refund(4_000), refund(5_000)]),
+    ]
+    .concat();
+    check(
+        after_two.clone(),
+        refund(1_001),
+        Err(PaymentRejection::RefundExceedsCaptured {
+            requested: amt(1_001),
+            refundable: amt(1_000),
+        }),
+    );
+    let third = history_from(after_two, vec![refund(1_000)]);
+    assert!(
+        matches!(&third[0], PaymentEvent::RefundRequested(r) if r.sequence == 3 && r.psp_key == psp_refund_key(pid(), 3))
+    );
+}
+
+#[test]
+fn cumulative_refund_facts_post_only_the_difference() {
+    let partially = given(Some(PaymentStatus::PartiallyRefunded)); // 2500 of 10000
+    check(partially.clone(), f_refunded(2_500), Ok(vec![]));
+    check(partially.clone(), f_refunded(1_000), Ok(vec![]));
+    // fee(4000) = 120, fee(2500) = 75: 45 more of the fee goes back.
+    check(
+        partially.clone(),
+        f_refunded(4_000),
+        Ok(e_refund(1_500, 4_000, 45)),
+    );
+    check(
+        partially,
+        f_refunded(10_001),
+        Ok(contradiction(
+            "refunded total 10001 beyond the captured 10000",
+        )),
+    );
+}
+
+#[test]
+fn captured_before_authorized_implies_it_and_the_late_authorization_changes_nothing() {
+    let captured = history(vec![
+        create_with(10_000, CaptureMode::Manual),
+        f_captured(10_000),
+    ]);
+    let payment = Payment::replay(&captured);
+    assert_eq!(payment.record.as_ref().unwrap().authorized, amt(10_000));
+    check(captured, f_authorized(10_000), Ok(vec![]));
+}
+
+#[test]
+fn a_contradicting_fact_is_flagged_once() {
+    let failed = given(Some(PaymentStatus::Failed));
+    let flagged = [
+        failed.clone(),
+        history_from(failed, vec![f_captured(10_000)]),
+    ]
+    .concat();
+    check(flagged, f_captured(10_000), Ok(vec![]));
+    // Captured after refunded, with another amount than the capture on record.
+    check(
+        given(Some(PaymentStatus::Refunded)),
+        f_captured(9_000),
+        Ok(contradiction(
+            "captured 9000 while refunded (captured 10000)",
+        )),
+    );
+}
+
+#[test]
+fn a_fact_about_another_charge_is_flagged() {
+    let other = fact(ProviderFact::Captured {
+        charge_id: "ch_other".into(),
+        amount: amt(10_000),
+    });
+    check(
+        given(Some(PaymentStatus::RequiresAction)),
+        other,
+        Ok(vec![e_flag(
+            ReviewReason::ChargeMismatch,
+            "fact about charge ch_other, payment is charge ch_1",
+        )]),
+    );
+}
+
+#[test]
+fn disputes_won_return_the_payment_and_repeats_change_nothing() {
+    let disputed = given(Some(PaymentStatus::Disputed));
+    let won = f_dispute_closed("dp_1", 10_000, DisputeOutcome::Won);
+    check(
+        disputed.clone(),
+        won.clone(),
+        Ok(vec![e_dispute_closed("dp_1", DisputeOutcome::Won)]),
+    );
+    let after = [disputed.clone(), history_from(disputed, vec![won.clone()])].concat();
+    assert_eq!(
+        Payment::replay(&after).record.unwrap().status,
+        PaymentStatus::Captured
+    );
+    check(after.clone(), won, Ok(vec![]));
+    check(after.clone(), f_dispute_opened("dp_1", 10_000), Ok(vec![]));
+    check(
+        after,
+        f_dispute_closed("dp_1", 10_000, DisputeOutcome::Lost),
+        Ok(contradiction("dispute dp_1 closed Lost after Won")),
+    );
+}
+
+#[test]
+fn a_disputed_payment_only_accepts_the_dispute_outcome() {
+    let disputed = given(Some(PaymentStatus::Disputed));
+    let from = PaymentStatus::Disputed;
+    for command in [
+        PaymentCommand::RequestRefund {
+            amount: amt(1),
+            at: at(10),
+        },
+        PaymentCommand::RequestCapture {
+            amount: None,
+            at: at(10),
+        },
+        PaymentCommand::Expire { at: at(10) },
+    ] {
+        let input = command.input();
+        check(
+            disputed.clone(),
+            command,
+            Err(PaymentRejection::InvalidTransition { from, input }),
+        );
+    }
+}
+
+#[test]
+fn a_close_before_its_open_stands_for_both() {
+    let captured = given(Some(PaymentStatus::Captured));
+    let lost = f_dispute_closed("dp_9", 4_000, DisputeOutcome::Lost);
+    let after = [captured.clone(), history_from(captured, vec![lost])].concat();
+    check(after, f_dispute_opened("dp_9", 4_000), Ok(vec![]));
+}
+
+#[test]
+fn next_action_disappears_once_the_payment_moves_on() {
+    let requires_action = given(Some(PaymentStatus::RequiresAction));
+    let payment = Payment::replay(&requires_action);
+    assert_eq!(
+        payment.record.as_ref().unwrap().next_action,
+        Some(NextAction::Redirect {
+            redirect_url: URL.into()
+        })
+    );
+    let captured = [
+        requires_action.clone(),
+        history_from(requires_action, vec![f_captured(10_000)]),
+    ]
+    .concat();
+    assert_eq!(Payment::replay(&captured).record.unwrap().next_action, None);
+    // A late requires_action after the capture does not bring it back.
+    check(captured, f_action(URL2), Ok(vec![]));
+}
+
+#[test]
+fn malformed_commands_are_refused() {
+    check(
+        vec![],
+        create_with(0, CaptureMode::Automatic),
+        Err(PaymentRejection::AmountMustBePositive),
+    );
+    let PaymentCommand::Create(mut long) = create() else {
+        unreachable!()
+    };
+    long.description = Some("x".repeat(DESCRIPTION_CHARS_MAX + 1));
+    check(
+        vec![],
+        PaymentCommand::Create(long),
+        Err(PaymentRejection::DescriptionTooLong),
+    );
+    let PaymentCommand::Create(mut big) = create() else {
+        unreachable!()
+    };
+    big.metadata = (0..=METADATA_KEYS_MAX)
+        .map(|i| (format!("k{i}"), serde_json::json!(i)))
+        .collect();
+    check(
+        vec![],
+        PaymentCommand::Create(big),
+        Err(PaymentRejection::MetadataTooLarge),
+    );
+    check(
+        given(Some(PaymentStatus::Pending)),
+        f_captured(0),
+        Err(PaymentRejection::AmountMustBePositive),
+    );
+    check(
+        given(Some(PaymentStatus::Pending)),
+        f_action(""),
+        Err(PaymentRejection::InvalidText {
+            field: "redirect_url",
+        }),
+    );
+}
+
+#[test]
+fn rejection_codes_are_stable() {
+    let from = PaymentStatus::Failed;
+    let input = Input::RequestRefund;
+    assert_eq!(
+        PaymentRejection::InvalidTransition { from, input }.code(),
+        "invalid_transition"
+    );
+    assert_eq!(
+        PaymentRejection::RefundExceedsCaptured {
+            requested: amt(1),
+            refundable: amt(0)
+        }
+        .code(),
+        "refund_exceeds_captured"
+    );
+    assert_eq!(PaymentRejection::NotFound.code(), "payment_not_found");
+    assert_eq!(
+        PaymentRejection::InvalidTransition { from, input }.to_string(),
+        "request_refund is not allowed when the payment is failed"
+    );
+}
