@@ -1,0 +1,89 @@
+//! The webhook event a provider sends when a charge changes, as API.md
+//! fixes it: `{"id": "evt_…", "type": "charge.succeeded", "created": <unix
+//! seconds>, "data": {"charge": {…}}}`. The simulator sends it and the
+//! ledger's webhook endpoint reads it with the same type.
+
+use serde::{Deserialize, Serialize};
+
+use crate::provider::Charge;
+
+/// What happened to the charge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EventType {
+    #[serde(rename = "charge.succeeded")]
+    ChargeSucceeded,
+    #[serde(rename = "charge.authorized")]
+    ChargeAuthorized,
+    #[serde(rename = "charge.captured")]
+    ChargeCaptured,
+    #[serde(rename = "charge.failed")]
+    ChargeFailed,
+    /// `data.charge.amount_refunded` is cumulative, so a late or repeated
+    /// event never undoes a later one.
+    #[serde(rename = "charge.refunded")]
+    ChargeRefunded,
+    #[serde(rename = "charge.dispute.created")]
+    ChargeDisputeCreated,
+    #[serde(rename = "charge.dispute.closed")]
+    ChargeDisputeClosed,
+    /// A type this version does not know. A provider adds event types
+    /// without asking; the receiver acknowledges and ignores them.
+    #[serde(other, rename = "unknown")]
+    Unknown,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::ChargeSucceeded => "charge.succeeded",
+            EventType::ChargeAuthorized => "charge.authorized",
+            EventType::ChargeCaptured => "charge.captured",
+            EventType::ChargeFailed => "charge.failed",
+            EventType::ChargeRefunded => "charge.refunded",
+            EventType::ChargeDisputeCreated => "charge.dispute.created",
+            EventType::ChargeDisputeClosed => "charge.dispute.closed",
+            EventType::Unknown => "unknown",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventData {
+    /// The charge as it stood right after the change.
+    pub charge: Charge,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookEvent {
+    /// Unique per event (`evt_…`); a duplicate delivery carries the same id.
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    /// Unix seconds.
+    pub created: i64,
+    pub data: EventData,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_types_use_the_dotted_names_of_api_md() {
+        for kind in [
+            EventType::ChargeSucceeded,
+            EventType::ChargeAuthorized,
+            EventType::ChargeCaptured,
+            EventType::ChargeFailed,
+            EventType::ChargeRefunded,
+            EventType::ChargeDisputeCreated,
+            EventType::ChargeDisputeClosed,
+        ] {
+            let json = serde_json::to_string(&kind).unwrap();
+            assert_eq!(json, format!("\"{}\"", kind.as_str()));
+            assert_eq!(serde_json::from_str::<EventType>(&json).unwrap(), kind);
+        }
+        let unknown: EventType = serde_json::from_str("\"charge.expired\"").unwrap();
+        assert_eq!(unknown, EventType::Unknown);
+    }
+}

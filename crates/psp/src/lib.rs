@@ -1,0 +1,32 @@
+//! Payment providers, seen from the ledger.
+//!
+//! - [`provider`]: the port, [`Provider`], in the provider's plain terms (i64
+//!   minor units, currency codes), with an outcome type that keeps "unknown"
+//!   apart from "declined" because a timed-out charge may exist.
+//! - [`client`]: [`HttpProvider`], the adapter production would use against a
+//!   Stripe-like provider: timeouts, bounded retries with full jitter on
+//!   transient failures only, the same idempotency key on every attempt.
+//! - [`signature`]: the `Psp-Signature` scheme of webhooks, shared by the
+//!   simulator (signs) and the ledger's webhook endpoint (verifies).
+//! - [`event`]: the webhook event body.
+//! - [`sim`]: a provider simulator that fails on demand over real HTTP, since
+//!   a real provider cannot be made to time out after charging, send a
+//!   webhook twice or refund from its dashboard on cue.
+//!
+//! This crate does not know the ledger's domain: the simulator plays someone
+//! else's system, and the client speaks the provider's protocol.
+
+pub mod client;
+pub mod event;
+pub mod provider;
+pub mod signature;
+pub mod sim;
+
+pub use client::{ClientConfig, ClientInitError, HttpProvider, RetrySleeper, TokioSleeper};
+pub use event::{EventType, WebhookEvent};
+pub use provider::{
+    Charge, ChargeOutcome, ChargeStatus, CreateCharge, Dispute, DisputeStatus, NextAction,
+    Provider, ProviderError, Refund, Rejection, ReportLine, SettlementReport,
+};
+pub use signature::{sign, verify, SignatureError, SIGNATURE_HEADER, TOLERANCE_S_DEFAULT};
+pub use sim::{SimConfig, Simulator};

@@ -1,0 +1,393 @@
+//! The simulator's HTTP surface. Provider routes go through
+//! [`provider_call`], which draws the call's fault and applies latency,
+//! slowness and hangs; control and truth routes never fail on purpose.
+//!
+//! Bodies are parsed by hand rather than with axum's `Json` extractor, so
+//! that every malformed request is a Stripe-like 400 with a code (axum would
+//! answer 415/422 with plain text).
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::header::{CONTENT_TYPE, HOST};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::faults::{CallFault, FaultsPatch};
+use super::state::{
+    check_idempotency_key, AnswerDelay, CaptureRequest, CreateChargeRequest, RefundRequest, Reply,
+    SimError, SimState,
+};
+use super::Simulator;
+use crate::client::IDEMPOTENCY_KEY_HEADER;
+use crate::provider::SettlementReport;
+
+/// Marks an answer replayed from an idempotency record.
+pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
+
+fn provider_routes() -> Router<Simulator> {
+    Router::new()
+        .route("/v1/charges", post(create_charge).get(find_charge_by_key))
+        .route("/v1/charges/{id}", get(get_charge))
+        .route("/v1/charges/{id}/capture", post(capture))
+        .route("/v1/refunds", post(refund))
+        .route("/v1/settlement_report", get(settlement_report))
+}
+
+/// Paths relative to `/sim`.
+fn control_routes() -> Router<Simulator> {
+    Router::new()
+        .route(
+            "/faults",
+            get(get_faults).post(post_faults).delete(reset_faults),
+        )
+        .route("/charges", get(list_charges))
+        .route("/events", get(list_events))
+        .route("/charges/{id}/authenticate", get(authenticate))
+        .route("/charges/{id}/complete", post(complete))
+        .route("/charges/{id}/refund_out_of_band", post(refund_out_of_band))
+        .route("/charges/{id}/dispute", post(open_dispute))
+        .route("/charges/{id}/dispute/close", post(close_dispute))
+        .route("/charges/{id}/amount", post(set_amount))
+}
+
+pub(super) fn standalone(sim: Simulator) -> Router {
+    provider_routes()
+        .nest("/sim", control_routes())
+        .with_state(sim)
+}
+
+pub(super) fn mounted(sim: Simulator) -> Router {
+    Router::new()
+        .nest("/sim", provider_routes().merge(control_routes()))
+        .with_state(sim)
+}
+
+impl IntoResponse for SimError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"type": self.kind(), "code": self.code(), "message": self.to_string()}});
+        (self.status(), axum::Json(body)).into_response()
+    }
+}
+
+impl IntoResponse for Reply {
+    fn into_response(self) -> Response {
+        let mut response = (
+            self.status,
+            [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+            self.body,
+        )
+            .into_response();
+        if self.replayed {
+            response
+                .headers_mut()
+                .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+        }
+        response
+    }
+}
+
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, SimError> {
+    serde_json::from_slice(body).map_err(|e| SimError::InvalidRequest(e.to_string()))
+}
+
+/// Like [`parse`], an empty body meaning `T::default()`.
+fn parse_or_default<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, SimError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        Ok(T::default())
+    } else {
+        parse(body)
+    }
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<String, SimError> {
+    let value = match headers.get(IDEMPOTENCY_KEY_HEADER) {
+        Some(v) => Some(v.to_str().map_err(|_| SimError::IdempotencyKeyInvalid)?),
+        None => None,
+    };
+    check_idempotency_key(value).map(str::to_string)
+}
+
+/// Runs `op` under the state lock after drawing the call's fault, then
+/// holds the answer as the fault, the payment method and `latency_ms` say.
+async fn provider_call(
+    sim: &Simulator,
+    op: impl FnOnce(&mut SimState) -> Result<Reply, SimError>,
+) -> Response {
+    let (fault, latency_ms, result) = {
+        let mut state = sim.state();
+        let fault = state.draw_fault();
+        let latency_ms = state.faults.latency_ms;
+        let result = match fault {
+            CallFault::ErrorBefore => None,
+            _ => Some(op(&mut state)),
+        };
+        (fault, latency_ms, result)
+    };
+    let config = sim.config();
+    let response = match (fault, result) {
+        (CallFault::ErrorBefore | CallFault::ErrorAfter, _) | (_, None) => {
+            SimError::Simulated.into_response()
+        }
+        (_, Some(Ok(reply))) => {
+            match reply.delay {
+                AnswerDelay::None => {}
+                AnswerDelay::Slow => sim.hold(config.slow_ms).await,
+                AnswerDelay::Hang => sim.hold(config.hang_ms).await,
+            }
+            reply.into_response()
+        }
+        (_, Some(Err(error))) => error.into_response(),
+    };
+    if fault == CallFault::Hang {
+        sim.hold(config.hang_ms).await;
+    }
+    if latency_ms > 0 {
+        sim.hold(latency_ms).await;
+    }
+    response
+}
+
+fn redirect_base(sim: &Simulator, headers: &HeaderMap) -> String {
+    if let Some(url) = &sim.config().public_url {
+        return url.clone();
+    }
+    let host = headers
+        .get(HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost");
+    format!("http://{host}")
+}
+
+async fn create_charge(State(sim): State<Simulator>, headers: HeaderMap, body: Bytes) -> Response {
+    let redirect = redirect_base(&sim, &headers);
+    provider_call(&sim, |state| {
+        let key = idempotency_key(&headers)?;
+        let req: CreateChargeRequest = parse(&body)?;
+        state.create_charge(&key, &req, Utc::now(), &redirect)
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct KeyQuery {
+    idempotency_key: Option<String>,
+}
+
+async fn find_charge_by_key(State(sim): State<Simulator>, query: Query<KeyQuery>) -> Response {
+    provider_call(&sim, |state| {
+        let key = query
+            .idempotency_key
+            .as_deref()
+            .ok_or_else(|| SimError::InvalidRequest("idempotency_key is required".to_string()))?;
+        state.find_by_key(key)
+    })
+    .await
+}
+
+async fn get_charge(State(sim): State<Simulator>, Path(id): Path<String>) -> Response {
+    provider_call(&sim, |state| state.get_charge(&id)).await
+}
+
+async fn capture(
+    State(sim): State<Simulator>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    provider_call(&sim, |state| {
+        let key = idempotency_key(&headers)?;
+        let req: CaptureRequest = parse_or_default(&body)?;
+        state.capture(&key, &id, &req, Utc::now())
+    })
+    .await
+}
+
+async fn refund(State(sim): State<Simulator>, headers: HeaderMap, body: Bytes) -> Response {
+    provider_call(&sim, |state| {
+        let key = idempotency_key(&headers)?;
+        let req: RefundRequest = parse(&body)?;
+        state.refund(&key, &req, Utc::now())
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct WindowQuery {
+    from: Option<String>,
+    to: Option<String>,
+}
+
+fn parse_time(name: &str, value: Option<&str>) -> Result<DateTime<Utc>, SimError> {
+    let value = value.ok_or_else(|| SimError::InvalidRequest(format!("{name} is required")))?;
+    DateTime::parse_from_rfc3339(value)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| SimError::InvalidRequest(format!("{name} is not RFC 3339: {e}")))
+}
+
+async fn settlement_report(State(sim): State<Simulator>, query: Query<WindowQuery>) -> Response {
+    provider_call(&sim, |state| {
+        let from = parse_time("from", query.from.as_deref())?;
+        let to = parse_time("to", query.to.as_deref())?;
+        let data = state.report(from, to)?;
+        let report = SettlementReport { from, to, data };
+        Ok(Reply {
+            status: StatusCode::OK,
+            body: Bytes::from(serde_json::to_vec(&report).map_err(|e| {
+                SimError::InvalidRequest(format!("report does not serialize: {e}"))
+            })?),
+            replayed: false,
+            delay: AnswerDelay::None,
+        })
+    })
+    .await
+}
+
+// --- control and truth ---
+
+fn with_body<T: DeserializeOwned>(body: &[u8], f: impl FnOnce(T) -> Response) -> Response {
+    match parse(body) {
+        Ok(value) => f(value),
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn get_faults(State(sim): State<Simulator>) -> Response {
+    axum::Json(sim.faults()).into_response()
+}
+
+async fn post_faults(State(sim): State<Simulator>, body: Bytes) -> Response {
+    let patch: FaultsPatch = match parse_or_default(&body) {
+        Ok(patch) => patch,
+        Err(error) => return error.into_response(),
+    };
+    match sim.set_faults(&patch) {
+        Ok(faults) => axum::Json(faults).into_response(),
+        Err(error) => SimError::InvalidRequest(error.to_string()).into_response(),
+    }
+}
+
+async fn reset_faults(State(sim): State<Simulator>) -> Response {
+    let mut state = sim.state();
+    state.faults = Default::default();
+    axum::Json(state.faults.clone()).into_response()
+}
+
+async fn list_charges(State(sim): State<Simulator>) -> Response {
+    axum::Json(json!({"data": sim.charges()})).into_response()
+}
+
+async fn list_events(State(sim): State<Simulator>) -> Response {
+    axum::Json(json!({"data": sim.events()})).into_response()
+}
+
+async fn authenticate(Path(id): Path<String>) -> Response {
+    // What a customer's browser would land on. A person (or a test) then
+    // decides the result through the control route.
+    let text = format!(
+        "Simulated authentication for charge {id}.\n\
+         Finish it with: POST /sim/charges/{id}/complete {{\"result\": \"succeeded\"|\"failed\"}}\n"
+    );
+    (StatusCode::OK, text).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompleteBody {
+    result: CompleteResult,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum CompleteResult {
+    Succeeded,
+    Failed,
+}
+
+async fn complete(State(sim): State<Simulator>, Path(id): Path<String>, body: Bytes) -> Response {
+    let sim = &sim;
+    with_body(&body, |b: CompleteBody| {
+        let succeeded = matches!(b.result, CompleteResult::Succeeded);
+        let result = sim.state().complete(&id, succeeded, Utc::now());
+        into_response(result)
+    })
+}
+
+fn into_response<T: serde::Serialize>(result: Result<T, SimError>) -> Response {
+    match result {
+        Ok(value) => axum::Json(value).into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AmountBody {
+    amount_minor: i64,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct DisputeBody {
+    #[serde(default)]
+    amount_minor: Option<i64>,
+}
+
+async fn refund_out_of_band(
+    State(sim): State<Simulator>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    with_body(&body, |b: AmountBody| {
+        into_response(
+            sim.state()
+                .refund_out_of_band(&id, b.amount_minor, Utc::now()),
+        )
+    })
+}
+
+async fn open_dispute(
+    State(sim): State<Simulator>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    match parse_or_default::<DisputeBody>(&body) {
+        Ok(b) => into_response(sim.state().open_dispute(&id, b.amount_minor, Utc::now())),
+        Err(error) => error.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CloseBody {
+    outcome: CloseOutcome,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum CloseOutcome {
+    Won,
+    Lost,
+}
+
+async fn close_dispute(
+    State(sim): State<Simulator>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    with_body(&body, |b: CloseBody| {
+        let won = matches!(b.outcome, CloseOutcome::Won);
+        into_response(sim.state().close_dispute(&id, won, Utc::now()))
+    })
+}
+
+async fn set_amount(State(sim): State<Simulator>, Path(id): Path<String>, body: Bytes) -> Response {
+    with_body(&body, |b: AmountBody| {
+        into_response(sim.state().set_amount(&id, b.amount_minor, Utc::now()))
+    })
+}

@@ -1,0 +1,217 @@
+//! The webhook dispatcher: what a real provider's event delivery does, with
+//! its faults.
+//!
+//! Each event is signed at every attempt (a fresh `t`, as Stripe does) and
+//! POSTed until a 2xx, with exponential backoff and full jitter, for at most
+//! `webhook_attempts_max` attempts; then it is dropped and logged.
+//! Deliveries run concurrently (bounded), so a receiver that is down for one
+//! event does not hold back the others — which also means that, as with a
+//! real provider, order is not guaranteed even without the reorder fault.
+//!
+//! Faults, drawn from the webhook random stream in event order:
+//! - drop: the event is never sent;
+//! - duplicate: the event is sent twice (same id, same body);
+//! - reorder: events are buffered (up to [`REORDER_WINDOW_LEN`], or until
+//!   [`REORDER_FLUSH_MS`] of quiet) and sent shuffled;
+//! - delay: every delivery waits `webhook_delay_ms` first.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::Retryable;
+use chrono::Utc;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use reqwest::header::CONTENT_TYPE;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinSet;
+
+use super::state::Outgoing;
+use super::Simulator;
+use crate::client::FullJitter;
+use crate::signature::{sign, SIGNATURE_HEADER};
+
+/// Events held back by the reorder fault before they are shuffled out.
+pub const REORDER_WINDOW_LEN: usize = 4;
+/// A partly filled reorder window leaves after this much quiet.
+pub const REORDER_FLUSH_MS: u64 = 50;
+/// Deliveries in flight at once.
+pub const DELIVERIES_IN_FLIGHT_MAX: usize = 64;
+/// Separates the webhook random stream from the call-fault stream.
+const WEBHOOK_SEED_SALT: u64 = 0x5745_4248_4f4f_4b53; // "WEBHOOKS"
+
+pub(super) struct Dispatcher {
+    sim: Simulator,
+    url: String,
+    secret: Arc<str>,
+    http: reqwest::Client,
+    rx: mpsc::Receiver<Outgoing>,
+    rng: StdRng,
+    attempts_max: u32,
+    backoff_base_ms: u64,
+    backoff_max_ms: u64,
+}
+
+#[derive(Debug)]
+enum DeliveryError {
+    Http(reqwest::Error),
+    Status(reqwest::StatusCode),
+}
+
+impl std::fmt::Display for DeliveryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeliveryError::Http(e) => write!(f, "{e}"),
+            DeliveryError::Status(s) => write!(f, "receiver answered {s}"),
+        }
+    }
+}
+
+impl Dispatcher {
+    /// `sim` is kept to read the live fault set.
+    pub(super) fn new(
+        sim: Simulator,
+        url: String,
+        rx: mpsc::Receiver<Outgoing>,
+    ) -> Result<Dispatcher, reqwest::Error> {
+        let config = sim.config().clone();
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_millis(config.webhook_timeout_ms))
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent("asiento-psp-sim/webhooks")
+            .build()?;
+        Ok(Dispatcher {
+            sim,
+            url,
+            secret: Arc::from(config.webhook_secret.as_str()),
+            http,
+            rx,
+            rng: StdRng::seed_from_u64(config.seed ^ WEBHOOK_SEED_SALT),
+            attempts_max: config.webhook_attempts_max.max(1),
+            backoff_base_ms: config.webhook_backoff_base_ms,
+            backoff_max_ms: config.webhook_backoff_max_ms,
+        })
+    }
+
+    pub(super) async fn run(mut self, stopped: impl Future<Output = ()> + Send) {
+        tokio::pin!(stopped);
+        let permits = Arc::new(Semaphore::new(DELIVERIES_IN_FLIGHT_MAX));
+        let mut deliveries = JoinSet::new();
+        let mut window: Vec<Outgoing> = Vec::new();
+        loop {
+            // Reap finished deliveries so the set stays as small as the work.
+            while deliveries.try_join_next().is_some() {}
+            let quiet = tokio::time::sleep(Duration::from_millis(REORDER_FLUSH_MS));
+            tokio::select! {
+                biased;
+                () = &mut stopped => break,
+                () = quiet, if !window.is_empty() => {
+                    self.flush(&mut window, &mut deliveries, &permits);
+                }
+                next = self.rx.recv() => {
+                    let Some(event) = next else { break };
+                    let faults = self.sim.faults();
+                    let drop_draw = self.rng.random::<f64>();
+                    let duplicate_draw = self.rng.random::<f64>();
+                    if drop_draw < faults.webhook_drop_rate {
+                        tracing::info!(event_id = %event.event_id, "webhook dropped by fault");
+                        continue;
+                    }
+                    let copies = if duplicate_draw < faults.webhook_duplicate_rate { 2 } else { 1 };
+                    for _ in 0..copies {
+                        window.push(event.clone());
+                    }
+                    if !faults.webhook_reorder || window.len() >= REORDER_WINDOW_LEN {
+                        self.flush(&mut window, &mut deliveries, &permits);
+                    }
+                }
+            }
+        }
+        // Deliveries in flight are abandoned, as by a provider that stops.
+        deliveries.shutdown().await;
+    }
+
+    fn flush(
+        &mut self,
+        window: &mut Vec<Outgoing>,
+        deliveries: &mut JoinSet<()>,
+        permits: &Arc<Semaphore>,
+    ) {
+        let faults = self.sim.faults();
+        if faults.webhook_reorder {
+            window.shuffle(&mut self.rng);
+        }
+        for event in window.drain(..) {
+            let delivery = Delivery {
+                http: self.http.clone(),
+                url: self.url.clone(),
+                secret: Arc::clone(&self.secret),
+                delay_ms: faults.webhook_delay_ms,
+                backoff: FullJitter::new(
+                    self.backoff_base_ms,
+                    self.backoff_max_ms,
+                    self.attempts_max - 1,
+                    self.rng.random(),
+                ),
+                event,
+            };
+            let permits = Arc::clone(permits);
+            deliveries.spawn(async move {
+                // The semaphore is never closed, so this only waits.
+                let Ok(_permit) = permits.acquire_owned().await else {
+                    return;
+                };
+                delivery.run().await;
+            });
+        }
+    }
+}
+
+struct Delivery {
+    http: reqwest::Client,
+    url: String,
+    secret: Arc<str>,
+    delay_ms: u64,
+    backoff: FullJitter,
+    event: Outgoing,
+}
+
+impl Delivery {
+    async fn run(self) {
+        if self.delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.delay_ms)).await;
+        }
+        let attempt = || async {
+            let header = sign(&self.secret, Utc::now().timestamp(), &self.event.body);
+            let response = self
+                .http
+                .post(&self.url)
+                .header(CONTENT_TYPE, "application/json")
+                .header(SIGNATURE_HEADER, header)
+                .body(self.event.body.clone())
+                .send()
+                .await
+                .map_err(DeliveryError::Http)?;
+            if response.status().is_success() {
+                Ok(())
+            } else {
+                Err(DeliveryError::Status(response.status()))
+            }
+        };
+        let event_id = &self.event.event_id;
+        let result = attempt
+            .retry(self.backoff)
+            .notify(|error, delay| {
+                tracing::debug!(%event_id, %error, delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "webhook delivery failed; retrying");
+            })
+            .await;
+        match result {
+            Ok(()) => tracing::debug!(%event_id, "webhook delivered"),
+            Err(error) => {
+                tracing::warn!(%event_id, %error, "webhook given up after its last attempt")
+            }
+        }
+    }
+}
