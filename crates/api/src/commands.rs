@@ -1,0 +1,254 @@
+//! The write routes (ⓘ in API.md): every one needs an `Idempotency-Key`, is answered from the
+//! key's record when the key was seen before, and otherwise parses its body into domain types and
+//! hands it to a use case of `asiento_app`.
+
+use asiento_app::idempotency::{
+    canonical_body_hash, IdempotencyKey, KeyError, Scope, StoredResponse,
+};
+use asiento_app::payments::{Idempotent, NewPayment};
+use asiento_app::reply::Answer;
+use asiento_app::transfers::NewTransfer;
+use asiento_domain::{CaptureMode, CustomerId, PaymentId, ProviderName, TenantId};
+use axum::{
+    extract::{Path, State},
+    http::{header, HeaderMap, HeaderValue, Method, StatusCode},
+    response::{IntoResponse, Response},
+};
+use serde_json::{Map, Value};
+
+use crate::auth::AuthenticatedTenant;
+use crate::body::{Fields, JsonObject};
+use crate::problem::{Problem, PROBLEM_CONTENT_TYPE};
+use crate::{request_id, AppState};
+
+/// The header API.md names.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+/// Set on every answer replayed from an idempotency record.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+/// The longest payment method name a client may send.
+pub const PAYMENT_METHOD_CHARS_MAX: usize = 128;
+
+/// Reads and validates the `Idempotency-Key` header, and fingerprints the body.
+fn idempotent(
+    headers: &HeaderMap,
+    tenant: &TenantId,
+    method: &Method,
+    route: String,
+    body: &Map<String, Value>,
+) -> Result<Idempotent, Problem> {
+    let raw = headers.get(IDEMPOTENCY_KEY_HEADER).ok_or_else(|| {
+        Problem::bad_request(
+            "idempotency_key_missing",
+            "this route needs an Idempotency-Key header",
+        )
+    })?;
+    let text = raw
+        .to_str()
+        .map_err(|_| key_problem(&KeyError::NotPrintableAscii))?;
+    let key = IdempotencyKey::parse(text).map_err(|error| key_problem(&error))?;
+    Ok(Idempotent {
+        scope: Scope {
+            tenant: tenant.to_string(),
+            method: method.as_str().to_owned(),
+            route,
+        },
+        key,
+        body: canonical_body_hash(&Value::Object(body.clone())),
+        correlation_id: request_id(headers),
+    })
+}
+
+fn key_problem(error: &KeyError) -> Problem {
+    Problem::bad_request("idempotency_key_invalid", error.to_string())
+}
+
+fn tenant_id(tenant: &AuthenticatedTenant) -> Result<TenantId, Problem> {
+    TenantId::parse(&tenant.0).map_err(|error| Problem::internal(&error))
+}
+
+/// Turns a use case's answer into the HTTP response; replays carry `Idempotent-Replayed: true`.
+pub fn answer_response(answer: Result<Answer, asiento_app::payments::FlowError>) -> Response {
+    match answer {
+        Ok(Answer::Done(stored)) => stored_response(stored, false),
+        Ok(Answer::Replayed(stored)) => stored_response(stored, true),
+        Ok(Answer::InProgress { retry_after_s }) => Problem::new(
+            StatusCode::CONFLICT,
+            "idempotency_request_in_progress",
+            "a request with this Idempotency-Key is still being processed",
+        )
+        .with_retry_after(retry_after_s)
+        .into_response(),
+        Ok(Answer::KeyReused) => Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_key_reused",
+            "this Idempotency-Key was used with a different request body",
+        )
+        .into_response(),
+        Err(error) => Problem::internal(&error).into_response(),
+    }
+}
+
+fn stored_response(stored: StoredResponse, replayed: bool) -> Response {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let content_type = if status.is_client_error() || status.is_server_error() {
+        PROBLEM_CONTENT_TYPE
+    } else {
+        "application/json"
+    };
+    let mut response = (status, stored.body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if replayed {
+        headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    }
+    response
+}
+
+/// `POST /v1/payments`
+pub async fn create_payment(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    method: Method,
+    headers: HeaderMap,
+    JsonObject(body): JsonObject,
+) -> Result<Response, Problem> {
+    let tenant = tenant_id(&tenant)?;
+    let request = idempotent(&headers, &tenant, &method, "/v1/payments".to_owned(), &body)?;
+    let fields = Fields(&body);
+    fields.only(&[
+        "amount_minor",
+        "currency",
+        "customer",
+        "provider",
+        "payment_method",
+        "capture",
+        "description",
+        "metadata",
+    ])?;
+    let provider = match fields.optional_string("provider")? {
+        None => ProviderName::parse("sim").map_err(|error| Problem::internal(&error))?,
+        Some(name) => ProviderName::parse(name)
+            .ok()
+            .filter(|name| state.payments.providers.get(name).is_some())
+            .ok_or_else(|| {
+                Problem::bad_request("unknown_provider", format!("no provider named {name:?}"))
+            })?,
+    };
+    let capture_mode = match fields.optional_string("capture")? {
+        None | Some("automatic") => CaptureMode::Automatic,
+        Some("manual") => CaptureMode::Manual,
+        Some(other) => {
+            return Err(Problem::bad_request(
+                "invalid_field",
+                format!("capture must be \"automatic\" or \"manual\", got {other:?}"),
+            ))
+        }
+    };
+    let payment_method = fields.string("payment_method")?;
+    if payment_method.is_empty() || payment_method.chars().count() > PAYMENT_METHOD_CHARS_MAX {
+        return Err(Problem::bad_request(
+            "invalid_field",
+            format!("payment_method must be 1 to {PAYMENT_METHOD_CHARS_MAX} characters"),
+        ));
+    }
+    let customer = CustomerId::parse(fields.string("customer")?)
+        .map_err(|error| Problem::bad_request("invalid_customer", error.to_string()))?;
+    let payment = NewPayment {
+        tenant,
+        amount: fields.positive_amount("amount_minor")?,
+        currency: fields.currency("currency")?,
+        customer,
+        provider,
+        payment_method: payment_method.to_owned(),
+        capture_mode,
+        description: fields.optional_string("description")?.map(str::to_owned),
+        metadata: fields.optional_object("metadata")?.unwrap_or_default(),
+    };
+    Ok(answer_response(
+        state.payments.create(&request, payment).await,
+    ))
+}
+
+/// A payment id from the path; a malformed one names no payment the tenant can see.
+pub fn payment_id(raw: &str) -> Result<PaymentId, Problem> {
+    PaymentId::parse(raw).map_err(|_| {
+        Problem::new(
+            StatusCode::NOT_FOUND,
+            "payment_not_found",
+            "payment not found",
+        )
+    })
+}
+
+/// `POST /v1/payments/{id}/capture`
+pub async fn capture_payment(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    Path(raw_id): Path<String>,
+    method: Method,
+    headers: HeaderMap,
+    JsonObject(body): JsonObject,
+) -> Result<Response, Problem> {
+    let tenant = tenant_id(&tenant)?;
+    let id = payment_id(&raw_id)?;
+    let route = format!("/v1/payments/{id}/capture");
+    let request = idempotent(&headers, &tenant, &method, route, &body)?;
+    let fields = Fields(&body);
+    fields.only(&["amount_minor"])?;
+    let amount = fields.optional_positive_amount("amount_minor")?;
+    Ok(answer_response(
+        state.payments.capture(&request, &tenant, id, amount).await,
+    ))
+}
+
+/// `POST /v1/payments/{id}/refunds`
+pub async fn refund_payment(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    Path(raw_id): Path<String>,
+    method: Method,
+    headers: HeaderMap,
+    JsonObject(body): JsonObject,
+) -> Result<Response, Problem> {
+    let tenant = tenant_id(&tenant)?;
+    let id = payment_id(&raw_id)?;
+    let route = format!("/v1/payments/{id}/refunds");
+    let request = idempotent(&headers, &tenant, &method, route, &body)?;
+    let fields = Fields(&body);
+    fields.only(&["amount_minor"])?;
+    let amount = fields.positive_amount("amount_minor")?;
+    Ok(answer_response(
+        state.payments.refund(&request, &tenant, id, amount).await,
+    ))
+}
+
+/// `POST /v1/transfers`
+pub async fn create_transfer(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    method: Method,
+    headers: HeaderMap,
+    JsonObject(body): JsonObject,
+) -> Result<Response, Problem> {
+    let tenant = tenant_id(&tenant)?;
+    let request = idempotent(
+        &headers,
+        &tenant,
+        &method,
+        "/v1/transfers".to_owned(),
+        &body,
+    )?;
+    let fields = Fields(&body);
+    fields.only(&["from", "to", "amount_minor", "currency", "description"])?;
+    let transfer = NewTransfer {
+        tenant,
+        from: fields.account("from")?,
+        to: fields.account("to")?,
+        amount: fields.positive_amount("amount_minor")?,
+        currency: fields.currency("currency")?,
+        description: fields.optional_string("description")?.map(str::to_owned),
+    };
+    Ok(answer_response(
+        state.transfers.transfer(&request, transfer).await,
+    ))
+}

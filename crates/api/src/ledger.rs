@@ -1,0 +1,186 @@
+//! Ledger reads from the balances read model: an account's balance (exact even while the projector
+//! lags: snapshot plus the entries after it; `min_position` for read-your-writes), its legs, and
+//! one journal entry.
+
+use std::collections::HashMap;
+
+use asiento_balances::BalanceError;
+use asiento_domain::{AccountName, Currency};
+use axum::{
+    extract::{rejection::QueryRejection, Path, Query, State},
+    http::StatusCode,
+    Json,
+};
+use serde_json::{json, Value};
+
+use crate::auth::AuthenticatedTenant;
+use crate::problem::Problem;
+use crate::AppState;
+
+/// Legs per page when the client names no limit.
+pub const ENTRIES_LIMIT_DEFAULT: usize = 100;
+
+type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
+
+fn params(query: Params) -> Result<HashMap<String, String>, Problem> {
+    query
+        .map(|Query(map)| map)
+        .map_err(|rejection| Problem::bad_request("invalid_query", rejection.body_text()))
+}
+
+fn account(raw: &str) -> Result<AccountName, Problem> {
+    AccountName::parse(raw)
+        .map_err(|error| Problem::bad_request("invalid_account", error.to_string()))
+}
+
+fn currency(params: &HashMap<String, String>) -> Result<Currency, Problem> {
+    let raw = params
+        .get("currency")
+        .ok_or_else(|| Problem::bad_request("missing_field", "currency is required"))?;
+    Currency::parse(raw)
+        .map_err(|error| Problem::bad_request("unknown_currency", error.to_string()))
+}
+
+/// A non-negative integer query parameter.
+fn position(params: &HashMap<String, String>, name: &str) -> Result<Option<i64>, Problem> {
+    match params.get(name) {
+        None => Ok(None),
+        Some(raw) => raw
+            .parse::<i64>()
+            .ok()
+            .filter(|value| *value >= 0)
+            .map(Some)
+            .ok_or_else(|| {
+                Problem::bad_request(
+                    "invalid_query",
+                    format!("{name} must be a non-negative integer"),
+                )
+            }),
+    }
+}
+
+fn balance_problem(error: BalanceError) -> Problem {
+    match error {
+        BalanceError::ProjectionLagging { waited_ms } => Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "projection_lagging",
+            format!("the balances read model did not reach the position in {waited_ms} ms; retry"),
+        )
+        .with_retry_after(1),
+        BalanceError::UnknownPosition { position } => Problem::bad_request(
+            "unknown_position",
+            format!("no event at position {position}"),
+        ),
+        other => Problem::internal(&other),
+    }
+}
+
+/// `GET /v1/accounts/{account}/balance?currency=USD[&min_position=N]`
+pub async fn balance(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    Path(raw_account): Path<String>,
+    query: Params,
+) -> Result<Json<Value>, Problem> {
+    let params = params(query)?;
+    let account = account(&raw_account)?;
+    let currency = currency(&params)?;
+    let min_position = position(&params, "min_position")?;
+    let balance = asiento_balances::read_balance(
+        &state.database,
+        state.payments.store.as_ref(),
+        &tenant.0,
+        account.as_str(),
+        currency.code(),
+        min_position,
+    )
+    .await
+    .map_err(balance_problem)?;
+    Ok(Json(json!({
+        "account": account.as_str(),
+        "currency": currency.code(),
+        "balance_minor": balance.balance_minor,
+        "as_of_position": balance.as_of_position,
+    })))
+}
+
+/// `GET /v1/accounts/{account}/entries?currency=USD&after=POS&limit=100`
+pub async fn entries(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    Path(raw_account): Path<String>,
+    query: Params,
+) -> Result<Json<Value>, Problem> {
+    let params = params(query)?;
+    let account = account(&raw_account)?;
+    let currency = currency(&params)?;
+    let after = position(&params, "after")?;
+    let min_position = position(&params, "min_position")?;
+    let limit = match position(&params, "limit")? {
+        None => ENTRIES_LIMIT_DEFAULT,
+        Some(limit) => usize::try_from(limit)
+            .ok()
+            .filter(|limit| (1..=asiento_balances::ENTRIES_LIMIT_MAX).contains(limit))
+            .ok_or_else(|| {
+                Problem::bad_request(
+                    "invalid_query",
+                    format!("limit must be 1 to {}", asiento_balances::ENTRIES_LIMIT_MAX),
+                )
+            })?,
+    };
+    let legs = asiento_balances::entries(
+        &state.database,
+        state.payments.store.as_ref(),
+        &tenant.0,
+        account.as_str(),
+        currency.code(),
+        after,
+        limit,
+        min_position,
+    )
+    .await
+    .map_err(balance_problem)?;
+    let next_after = if legs.len() == limit {
+        legs.last().map(|leg| leg.position)
+    } else {
+        None
+    };
+    Ok(Json(json!({
+        "account": account.as_str(),
+        "currency": currency.code(),
+        "data": legs,
+        "next_after": next_after,
+    })))
+}
+
+/// `GET /v1/journal/{entry_id}[?min_position=N]`
+pub async fn journal_entry(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    Path(entry_id): Path<String>,
+    query: Params,
+) -> Result<Json<Value>, Problem> {
+    let params = params(query)?;
+    let min_position = position(&params, "min_position")?;
+    let not_found = || {
+        Problem::new(
+            StatusCode::NOT_FOUND,
+            "entry_not_found",
+            "journal entry not found",
+        )
+    };
+    let entry_id = asiento_domain::EntryId::parse(&entry_id).map_err(|_| not_found())?;
+    let entry = asiento_balances::journal_entry(
+        &state.database,
+        state.payments.store.as_ref(),
+        &tenant.0,
+        &entry_id.to_string(),
+        min_position,
+    )
+    .await
+    .map_err(balance_problem)?
+    .ok_or_else(not_found)?;
+    Ok(Json(
+        serde_json::to_value(entry).map_err(|error| Problem::internal(&error))?,
+    ))
+}

@@ -1,0 +1,197 @@
+//! The HTTP face of asiento: axum routes, bearer-key auth, problem+json errors.
+//!
+//! `router(state)` builds the whole application, so that tests drive it in process and `serve`
+//! mounts exactly the same thing. Handlers parse their input into domain types at the edge and
+//! call the use cases of `asiento_app`; no handler talks SQL.
+
+pub mod auth;
+pub mod body;
+pub mod commands;
+pub mod ledger;
+pub mod problem;
+pub mod queries;
+pub mod render;
+
+use asiento_app::payments::PaymentFlow;
+use asiento_app::transfers::TransferFlow;
+use asiento_eventstore::Database;
+use axum::{
+    extract::{DefaultBodyLimit, State},
+    http::{HeaderMap, HeaderName, Request, StatusCode},
+    response::IntoResponse,
+    routing::{get, post},
+    Json, Router,
+};
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+use uuid::Uuid;
+
+use crate::problem::Problem;
+
+/// The request id header: set on every request that lacks one, echoed on every response, carried
+/// into the events a request writes as their correlation id.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// The request id of a request, if it is a uuid (ours always are).
+pub fn request_id(headers: &HeaderMap) -> Option<Uuid> {
+    headers
+        .get(REQUEST_ID_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| Uuid::parse_str(text).ok())
+}
+
+/// Request bodies larger than this are refused with 413 before they are read into memory.
+pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub database: Database,
+    pub payments: PaymentFlow,
+    pub transfers: TransferFlow,
+}
+
+impl auth::HasDatabase for AppState {
+    fn database(&self) -> &Database {
+        &self.database
+    }
+}
+
+/// The whole HTTP application of an API process: the `/v1` routes and the operational ones.
+pub fn router(state: AppState) -> Router {
+    let database = state.database.clone();
+    let v1 = Router::new()
+        .route("/v1/payments", post(commands::create_payment))
+        .route("/v1/payments/{id}", get(queries::get_payment))
+        .route("/v1/payments/{id}/events", get(queries::payment_events))
+        .route("/v1/payments/{id}/capture", post(commands::capture_payment))
+        .route("/v1/payments/{id}/refunds", post(commands::refund_payment))
+        .route("/v1/transfers", post(commands::create_transfer))
+        .route("/v1/accounts/{account}/balance", get(ledger::balance))
+        .route("/v1/accounts/{account}/entries", get(ledger::entries))
+        .route("/v1/journal/{entry_id}", get(ledger::journal_entry))
+        .with_state(state);
+    with_layers(v1.merge(ops_routes(database)))
+}
+
+/// What every process answers, whatever its role: `/healthz`, `/readyz`, `/metrics`.
+pub fn ops_router(database: Database) -> Router {
+    with_layers(ops_routes(database))
+}
+
+fn ops_routes(database: Database) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(database)
+}
+
+/// Problem+json for unknown routes and methods, body limits, request ids and tracing spans.
+fn with_layers(router: Router) -> Router {
+    let request_id = HeaderName::from_static(REQUEST_ID_HEADER);
+    router
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(REQUEST_BODY_BYTES_MAX))
+        .layer(axum::middleware::from_fn(refuse_declared_oversize))
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
+                let id = request
+                    .headers()
+                    .get(REQUEST_ID_HEADER)
+                    .and_then(|value| value.to_str().ok())
+                    .unwrap_or_default();
+                tracing::info_span!("request", method = %request.method(), path = %request.uri().path(), request_id = %id)
+            }),
+        )
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+}
+
+/// The Prometheus text of every metric recorded in this process.
+async fn metrics() -> impl IntoResponse {
+    let body = metrics_handle()
+        .map(|handle| handle.render())
+        .unwrap_or_default();
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        body,
+    )
+}
+
+static METRICS: std::sync::OnceLock<Option<metrics_exporter_prometheus::PrometheusHandle>> =
+    std::sync::OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder once; later calls return the same handle. `None`
+/// when another recorder was installed first (then `/metrics` answers empty).
+pub fn metrics_handle() -> Option<&'static metrics_exporter_prometheus::PrometheusHandle> {
+    METRICS
+        .get_or_init(|| {
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .map_err(|error| tracing::warn!(%error, "metrics recorder not installed"))
+                .ok()
+        })
+        .as_ref()
+}
+
+async fn healthz() -> impl IntoResponse {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+/// Ready means: the database answers and every migration this binary embeds is applied.
+async fn readyz(State(database): State<Database>) -> impl IntoResponse {
+    let ready = match database.ping().await {
+        Ok(()) => match database.migrations_pending().await {
+            Ok(false) => Ok(()),
+            Ok(true) => Err("migrations pending"),
+            Err(_) => Err("cannot read the migration state"),
+        },
+        Err(_) => Err("database unreachable"),
+    };
+    match ready {
+        Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
+        Err(reason) => {
+            Problem::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", reason).into_response()
+        }
+    }
+}
+
+/// Refuses a body whose declared length is over the limit before reading any of it, so that a
+/// client cannot hold a connection by announcing megabytes; bodies without a declared length are
+/// still cut off at the limit while they are read.
+async fn refuse_declared_oversize(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.parse::<u64>().ok());
+    match declared {
+        Some(length) if length > REQUEST_BODY_BYTES_MAX as u64 => Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the request body is larger than {REQUEST_BODY_BYTES_MAX} bytes"),
+        )
+        .into_response(),
+        _ => next.run(request).await,
+    }
+}
+
+async fn not_found() -> Problem {
+    Problem::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+async fn method_not_allowed() -> Problem {
+    Problem::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not accept that method",
+    )
+}

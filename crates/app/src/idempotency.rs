@@ -1,0 +1,518 @@
+//! Idempotency records: the client's `Idempotency-Key`, claimed insert-first.
+//!
+//! The primary key (tenant, method, route, key) is the lock: the first request inserts its record
+//! in the same transaction as the first event it appends, so a claimed key always has its work
+//! recorded and an unclaimed key has none. Every later request with the key finds the row and is
+//! answered from it: a replay of the stored response, 422 for another body, 409 while the first
+//! is in flight. A request whose process died leaves an in-flight record whose lease runs out; the
+//! next retry takes the lease over (compare-and-set on the old owner) and resumes the work of the
+//! `resource_id` the first request chose, so a key is never stuck and work is never done twice.
+
+use asiento_eventstore::Tx;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+/// Keys longer than this are refused (API.md: 1–255 printable ASCII characters).
+pub const KEY_LENGTH_MAX: usize = 255;
+
+/// A validated client idempotency key: 1–255 printable ASCII characters.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KeyError {
+    #[error("the Idempotency-Key header is empty")]
+    Empty,
+    #[error("the Idempotency-Key header is longer than {KEY_LENGTH_MAX} characters")]
+    TooLong,
+    #[error("the Idempotency-Key header may hold only printable ASCII characters")]
+    NotPrintableAscii,
+}
+
+impl IdempotencyKey {
+    pub fn parse(raw: &str) -> Result<Self, KeyError> {
+        if raw.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if !raw.bytes().all(|byte| (0x20..=0x7e).contains(&byte)) {
+            return Err(KeyError::NotPrintableAscii);
+        }
+        if raw.len() > KEY_LENGTH_MAX {
+            return Err(KeyError::TooLong);
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Keys are scoped by tenant, method and route: the same key on two routes is two keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scope {
+    pub tenant: String,
+    pub method: String,
+    /// The route template (`/v1/payments/{id}/refunds`) with the path's ids filled in, so that the
+    /// same key used against two payments is two keys.
+    pub route: String,
+}
+
+/// SHA-256 of a request body's canonical form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodyHash(pub [u8; 32]);
+
+/// Hashes the canonical form of a JSON body: objects with their keys sorted, no insignificant
+/// whitespace. Two bodies that differ only in key order or spacing hash the same.
+pub fn canonical_body_hash(body: &serde_json::Value) -> BodyHash {
+    let mut canonical = String::new();
+    write_canonical(body, &mut canonical);
+    BodyHash(Sha256::digest(canonical.as_bytes()).into())
+}
+
+/// Writes `value` with object keys in byte order, whatever order the map iterates in (serde_json
+/// keeps insertion order when any crate in the build enables its `preserve_order` feature).
+fn write_canonical(value: &serde_json::Value, out: &mut String) {
+    match value {
+        serde_json::Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_unstable_by_key(|(key, _)| *key);
+            out.push('{');
+            for (index, (key, item)) in entries.into_iter().enumerate() {
+                if index > 0 {
+                    out.push(',');
+                }
+                out.push_str(&serde_json::Value::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(item, out);
+            }
+            out.push('}');
+        }
+        serde_json::Value::Array(items) => {
+            out.push('[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// A response stored on a completed record and replayed byte for byte.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// Who holds an in-flight key, and until when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub owner: Uuid,
+    pub expires_ms: i64,
+}
+
+/// What a request may do with its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// The key is new: this request holds it and does the work for `resource_id`.
+    Fresh { lease: Lease },
+    /// An earlier request died mid-flight and its lease ran out: this request now holds the key and
+    /// resumes the work of `resource_id`, which the earlier request chose.
+    Resumed { lease: Lease, resource_id: String },
+    /// The work is done: replay its response.
+    Completed(StoredResponse),
+    /// Another request holds the key: answer 409 with `Retry-After`.
+    InProgress { retry_after_s: u64 },
+    /// The key was used with another body: answer 422.
+    KeyReused,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdempotencyError {
+    /// The lease ran out and another request took the key over; this one must not store anything.
+    #[error("the idempotency lease was lost to another request")]
+    LeaseLost,
+    #[error("idempotency record is inconsistent: {0}")]
+    Corrupt(&'static str),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+/// One stored record, as read back.
+#[derive(Clone, Debug)]
+struct Record {
+    body_sha256: Vec<u8>,
+    resource_id: String,
+    completed: bool,
+    lease_owner: Uuid,
+    lease_expires_ms: i64,
+    response_status: Option<i32>,
+    response_body: Option<Vec<u8>>,
+}
+
+/// Claims `key` inside `tx`, which the caller commits together with the first event of the work.
+/// `resource_id` is what a fresh claim records as its work (the payment id it will create).
+pub async fn claim(
+    tx: &mut Tx,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    body: BodyHash,
+    resource_id: &str,
+    now_ms: i64,
+    lease_ms: i64,
+) -> Result<Claim, IdempotencyError> {
+    let lease = Lease {
+        owner: Uuid::new_v4(),
+        expires_ms: now_ms + lease_ms,
+    };
+    let inserted = match tx {
+        Tx::Postgres(tx) => sqlx::query(
+            "insert into idempotency_keys (tenant, method, route, key, body_sha256, resource_id, \
+             state, lease_owner, lease_expires_ms, created_ms) \
+             values ($1, $2, $3, $4, $5, $6, 'in_flight', $7, $8, $9) on conflict do nothing",
+        )
+        .bind(&scope.tenant)
+        .bind(&scope.method)
+        .bind(&scope.route)
+        .bind(key.as_str())
+        .bind(&body.0[..])
+        .bind(resource_id)
+        .bind(lease.owner)
+        .bind(lease.expires_ms)
+        .bind(now_ms)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected(),
+        Tx::Sqlite(tx) => sqlx::query(
+            "insert into idempotency_keys (tenant, method, route, key, body_sha256, resource_id, \
+             state, lease_owner, lease_expires_ms, created_ms) \
+             values (?1, ?2, ?3, ?4, ?5, ?6, 'in_flight', ?7, ?8, ?9) on conflict do nothing",
+        )
+        .bind(&scope.tenant)
+        .bind(&scope.method)
+        .bind(&scope.route)
+        .bind(key.as_str())
+        .bind(&body.0[..])
+        .bind(resource_id)
+        .bind(lease.owner.to_string())
+        .bind(lease.expires_ms)
+        .bind(now_ms)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected(),
+    };
+    if inserted == 1 {
+        return Ok(Claim::Fresh { lease });
+    }
+    let record = read(tx, scope, key)
+        .await?
+        .ok_or(IdempotencyError::Corrupt("a conflicting record vanished"))?;
+    if record.body_sha256 != body.0 {
+        return Ok(Claim::KeyReused);
+    }
+    if record.completed {
+        let (Some(status), Some(body)) = (record.response_status, record.response_body) else {
+            return Err(IdempotencyError::Corrupt("completed without a response"));
+        };
+        let status = u16::try_from(status)
+            .map_err(|_| IdempotencyError::Corrupt("stored status out of range"))?;
+        return Ok(Claim::Completed(StoredResponse { status, body }));
+    }
+    if record.lease_expires_ms > now_ms {
+        let wait_ms = record.lease_expires_ms - now_ms;
+        let retry_after_s = u64::try_from(wait_ms.div_euclid(1000) + 1).unwrap_or(1);
+        return Ok(Claim::InProgress { retry_after_s });
+    }
+    // The holder's lease ran out: take the key over, but only from that holder, so that two
+    // retries racing for an expired key cannot both win.
+    let taken = take_over(tx, scope, key, record.lease_owner, lease).await?;
+    if taken {
+        Ok(Claim::Resumed {
+            lease,
+            resource_id: record.resource_id,
+        })
+    } else {
+        Ok(Claim::InProgress { retry_after_s: 1 })
+    }
+}
+
+async fn take_over(
+    tx: &mut Tx,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    previous_owner: Uuid,
+    lease: Lease,
+) -> Result<bool, IdempotencyError> {
+    let updated = match tx {
+        Tx::Postgres(tx) => sqlx::query(
+            "update idempotency_keys set lease_owner = $5, lease_expires_ms = $6 \
+             where tenant = $1 and method = $2 and route = $3 and key = $4 \
+             and state = 'in_flight' and lease_owner = $7",
+        )
+        .bind(&scope.tenant)
+        .bind(&scope.method)
+        .bind(&scope.route)
+        .bind(key.as_str())
+        .bind(lease.owner)
+        .bind(lease.expires_ms)
+        .bind(previous_owner)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected(),
+        Tx::Sqlite(tx) => sqlx::query(
+            "update idempotency_keys set lease_owner = ?5, lease_expires_ms = ?6 \
+             where tenant = ?1 and method = ?2 and route = ?3 and key = ?4 \
+             and state = 'in_flight' and lease_owner = ?7",
+        )
+        .bind(&scope.tenant)
+        .bind(&scope.method)
+        .bind(&scope.route)
+        .bind(key.as_str())
+        .bind(lease.owner.to_string())
+        .bind(lease.expires_ms)
+        .bind(previous_owner.to_string())
+        .execute(&mut **tx)
+        .await?
+        .rows_affected(),
+    };
+    Ok(updated == 1)
+}
+
+async fn read(
+    tx: &mut Tx,
+    scope: &Scope,
+    key: &IdempotencyKey,
+) -> Result<Option<Record>, IdempotencyError> {
+    use sqlx::Row as _;
+    const COLUMNS: &str = "body_sha256, resource_id, state, lease_owner, lease_expires_ms, \
+                           response_status, response_body";
+    let record = match tx {
+        Tx::Postgres(tx) => {
+            let row = sqlx::query(&format!(
+                "select {COLUMNS} from idempotency_keys \
+                 where tenant = $1 and method = $2 and route = $3 and key = $4"
+            ))
+            .bind(&scope.tenant)
+            .bind(&scope.method)
+            .bind(&scope.route)
+            .bind(key.as_str())
+            .fetch_optional(&mut **tx)
+            .await?;
+            match row {
+                None => None,
+                Some(row) => Some(Record {
+                    body_sha256: row.try_get("body_sha256")?,
+                    resource_id: row.try_get("resource_id")?,
+                    completed: row.try_get::<String, _>("state")? == "completed",
+                    lease_owner: row.try_get("lease_owner")?,
+                    lease_expires_ms: row.try_get("lease_expires_ms")?,
+                    response_status: row.try_get("response_status")?,
+                    response_body: row.try_get("response_body")?,
+                }),
+            }
+        }
+        Tx::Sqlite(tx) => {
+            let row = sqlx::query(&format!(
+                "select {COLUMNS} from idempotency_keys \
+                 where tenant = ?1 and method = ?2 and route = ?3 and key = ?4"
+            ))
+            .bind(&scope.tenant)
+            .bind(&scope.method)
+            .bind(&scope.route)
+            .bind(key.as_str())
+            .fetch_optional(&mut **tx)
+            .await?;
+            match row {
+                None => None,
+                Some(row) => {
+                    let owner: String = row.try_get("lease_owner")?;
+                    Some(Record {
+                        body_sha256: row.try_get("body_sha256")?,
+                        resource_id: row.try_get("resource_id")?,
+                        completed: row.try_get::<String, _>("state")? == "completed",
+                        lease_owner: Uuid::parse_str(&owner)
+                            .map_err(|_| IdempotencyError::Corrupt("lease owner is not a uuid"))?,
+                        lease_expires_ms: row.try_get("lease_expires_ms")?,
+                        response_status: row.try_get("response_status")?,
+                        response_body: row.try_get("response_body")?,
+                    })
+                }
+            }
+        }
+    };
+    Ok(record)
+}
+
+/// Stores the response on the record and marks it completed, inside the transaction that appends
+/// the work's last events. Fails with `LeaseLost` if another request took the key over meanwhile,
+/// so that the caller's transaction (and its events) roll back.
+pub async fn complete(
+    tx: &mut Tx,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    lease: Lease,
+    response: &StoredResponse,
+    now_ms: i64,
+) -> Result<(), IdempotencyError> {
+    let status = i32::from(response.status);
+    let updated = match tx {
+        Tx::Postgres(tx) => sqlx::query(
+            "update idempotency_keys set state = 'completed', response_status = $5, \
+             response_body = $6, completed_ms = $7 \
+             where tenant = $1 and method = $2 and route = $3 and key = $4 \
+             and state = 'in_flight' and lease_owner = $8",
+        )
+        .bind(&scope.tenant)
+        .bind(&scope.method)
+        .bind(&scope.route)
+        .bind(key.as_str())
+        .bind(status)
+        .bind(&response.body)
+        .bind(now_ms)
+        .bind(lease.owner)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected(),
+        Tx::Sqlite(tx) => sqlx::query(
+            "update idempotency_keys set state = 'completed', response_status = ?5, \
+             response_body = ?6, completed_ms = ?7 \
+             where tenant = ?1 and method = ?2 and route = ?3 and key = ?4 \
+             and state = 'in_flight' and lease_owner = ?8",
+        )
+        .bind(&scope.tenant)
+        .bind(&scope.method)
+        .bind(&scope.route)
+        .bind(key.as_str())
+        .bind(status)
+        .bind(&response.body)
+        .bind(now_ms)
+        .bind(lease.owner.to_string())
+        .execute(&mut **tx)
+        .await?
+        .rows_affected(),
+    };
+    if updated == 1 {
+        Ok(())
+    } else {
+        Err(IdempotencyError::LeaseLost)
+    }
+}
+
+/// Ends this request's lease at once (the work failed on our side and may be retried now), without
+/// storing a response. Only the current holder can release.
+pub async fn release(
+    tx: &mut Tx,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    lease: Lease,
+) -> Result<(), IdempotencyError> {
+    match tx {
+        Tx::Postgres(tx) => sqlx::query(
+            "update idempotency_keys set lease_expires_ms = 0 \
+             where tenant = $1 and method = $2 and route = $3 and key = $4 \
+             and state = 'in_flight' and lease_owner = $5",
+        )
+        .bind(&scope.tenant)
+        .bind(&scope.method)
+        .bind(&scope.route)
+        .bind(key.as_str())
+        .bind(lease.owner)
+        .execute(&mut **tx)
+        .await
+        .map(|_| ())?,
+        Tx::Sqlite(tx) => sqlx::query(
+            "update idempotency_keys set lease_expires_ms = 0 \
+             where tenant = ?1 and method = ?2 and route = ?3 and key = ?4 \
+             and state = 'in_flight' and lease_owner = ?5",
+        )
+        .bind(&scope.tenant)
+        .bind(&scope.method)
+        .bind(&scope.route)
+        .bind(key.as_str())
+        .bind(lease.owner.to_string())
+        .execute(&mut **tx)
+        .await
+        .map(|_| ())?,
+    }
+    Ok(())
+}
+
+/// Deletes completed records created before `created_before_ms` (API.md keeps keys at least 24
+/// hours). In-flight records are never purged: the sweeper finishes them first.
+pub async fn purge_completed(tx: &mut Tx, created_before_ms: i64) -> Result<u64, IdempotencyError> {
+    let deleted = match tx {
+        Tx::Postgres(tx) => sqlx::query(
+            "delete from idempotency_keys where state = 'completed' and created_ms < $1",
+        )
+        .bind(created_before_ms)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected(),
+        Tx::Sqlite(tx) => sqlx::query(
+            "delete from idempotency_keys where state = 'completed' and created_ms < ?1",
+        )
+        .bind(created_before_ms)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected(),
+    };
+    Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_parsing_follows_the_contract() {
+        let long = "k".repeat(KEY_LENGTH_MAX);
+        let too_long = "k".repeat(KEY_LENGTH_MAX + 1);
+        let table: [(&str, Result<(), KeyError>); 6] = [
+            ("order-1001", Ok(())),
+            (long.as_str(), Ok(())),
+            ("", Err(KeyError::Empty)),
+            (too_long.as_str(), Err(KeyError::TooLong)),
+            ("clé", Err(KeyError::NotPrintableAscii)),
+            ("tab\there", Err(KeyError::NotPrintableAscii)),
+        ];
+        for (raw, want) in table {
+            assert_eq!(IdempotencyKey::parse(raw).map(|_| ()), want, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn key_order_and_whitespace_do_not_change_the_hash() {
+        let a: serde_json::Value =
+            serde_json::from_str(r#"{"amount_minor": 100, "currency": "USD", "metadata": {"b": 1, "a": [1, {"y": 2, "x": 1}]}}"#)
+                .expect("json");
+        let b: serde_json::Value = serde_json::from_str(
+            r#"{"metadata":{"a":[1,{"x":1,"y":2}],"b":1},"currency":"USD","amount_minor":100}"#,
+        )
+        .expect("json");
+        assert_eq!(canonical_body_hash(&a), canonical_body_hash(&b));
+    }
+
+    #[test]
+    fn any_change_of_value_changes_the_hash() {
+        let base = serde_json::json!({"amount_minor": 100, "currency": "USD", "list": [1, 2]});
+        let changed = [
+            serde_json::json!({"amount_minor": 101, "currency": "USD", "list": [1, 2]}),
+            serde_json::json!({"amount_minor": 100, "currency": "EUR", "list": [1, 2]}),
+            serde_json::json!({"amount_minor": 100, "currency": "USD", "list": [2, 1]}),
+            serde_json::json!({"amount_minor": 100, "currency": "USD", "list": [1, 2], "x": null}),
+            serde_json::json!({"amount_minor": "100", "currency": "USD", "list": [1, 2]}),
+        ];
+        for other in changed {
+            assert_ne!(
+                canonical_body_hash(&base),
+                canonical_body_hash(&other),
+                "{other}"
+            );
+        }
+    }
+}

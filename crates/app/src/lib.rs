@@ -1,0 +1,13 @@
+//! Use cases of the ledger: what happens between an HTTP request (or a webhook, or a sweep) and the
+//! event log. This crate owns the rules that span systems sharing no transaction: idempotency
+//! keys, the payment flow and its one `finalize`, the webhook worker, reconciliation, invariants.
+//! It speaks to the database only through `asiento_eventstore` (the log and its unit of work).
+
+pub mod api_keys;
+pub mod clock;
+pub mod idempotency;
+pub mod log;
+pub mod payments;
+pub mod providers;
+pub mod reply;
+pub mod transfers;

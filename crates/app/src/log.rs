@@ -1,0 +1,281 @@
+//! Between the domain and the event log: loading aggregates by folding their streams, loading
+//! debit guards from their last event, and turning a decision (events for one aggregate plus the
+//! guard events of the entries it posts) into one atomic multi-stream append with exact expected
+//! versions. Every writer of money goes through [`decision_appends`], so no path can post an entry
+//! without its guards.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use asiento_domain::{
+    guard::{self, guarded_keys, GuardAppend},
+    payment_stream, transfer_stream, DebitGuard, DecodeError, EncodeError, GuardEvent, GuardKey,
+    JournalEntry, Payment, PaymentEvent, PaymentId, Transfer, TransferEvent, TransferId,
+};
+use asiento_eventstore::{
+    AppendError, EventStore, ExpectedVersion, Metadata, NewEvent, RecordedEvent, StoreError,
+    StreamAppend, READ_BATCH_MAX,
+};
+use uuid::Uuid;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("stored event does not decode: {0}")]
+    Decode(#[from] DecodeError),
+    #[error("event does not encode: {0}")]
+    Encode(#[from] EncodeError),
+    #[error("stream {stream_id} has a gap or a repeat at version {version}")]
+    BrokenStream { stream_id: String, version: u64 },
+}
+
+/// An aggregate folded from its stream, with the raw events it came from.
+#[derive(Debug, Clone)]
+pub struct Loaded<A, E> {
+    pub aggregate: A,
+    pub events: Vec<(RecordedEvent, E)>,
+}
+
+impl<A, E> Loaded<A, E> {
+    /// The global position of the stream's last event, if it has any.
+    pub fn last_position(&self) -> Option<i64> {
+        self.events.last().map(|(recorded, _)| recorded.position)
+    }
+}
+
+/// Reads a whole stream, checking that versions run 1, 2, 3 … without a gap (an invariant written
+/// by the store and checked again where it is read).
+async fn read_whole_stream(
+    store: &dyn EventStore,
+    stream_id: &str,
+) -> Result<Vec<RecordedEvent>, LogError> {
+    let mut events: Vec<RecordedEvent> = Vec::new();
+    loop {
+        let from_version = events.len() as u64 + 1;
+        let page = store
+            .read_stream(stream_id, from_version, READ_BATCH_MAX)
+            .await?;
+        let page_len = page.len();
+        for recorded in page {
+            let expected = events.len() as u64 + 1;
+            if recorded.version != expected {
+                return Err(LogError::BrokenStream {
+                    stream_id: stream_id.to_owned(),
+                    version: recorded.version,
+                });
+            }
+            events.push(recorded);
+        }
+        if page_len < READ_BATCH_MAX {
+            return Ok(events);
+        }
+    }
+}
+
+pub async fn load_payment(
+    store: &dyn EventStore,
+    id: PaymentId,
+) -> Result<Loaded<Payment, PaymentEvent>, LogError> {
+    let recorded = read_whole_stream(store, &payment_stream(id)).await?;
+    let mut payment = Payment::default();
+    let mut events = Vec::with_capacity(recorded.len());
+    for raw in recorded {
+        let event = PaymentEvent::decode(&raw.event_type, raw.schema, raw.data.clone())?;
+        payment = asiento_domain::evolve_payment(payment, &event);
+        events.push((raw, event));
+    }
+    Ok(Loaded {
+        aggregate: payment,
+        events,
+    })
+}
+
+pub async fn load_transfer(
+    store: &dyn EventStore,
+    id: TransferId,
+) -> Result<Loaded<Transfer, TransferEvent>, LogError> {
+    let recorded = read_whole_stream(store, &transfer_stream(id)).await?;
+    let mut transfer = Transfer::default();
+    let mut events = Vec::with_capacity(recorded.len());
+    for raw in recorded {
+        let event = TransferEvent::decode(&raw.event_type, raw.schema, raw.data.clone())?;
+        transfer = asiento_domain::transfer::evolve(transfer, &event);
+        events.push((raw, event));
+    }
+    Ok(Loaded {
+        aggregate: transfer,
+        events,
+    })
+}
+
+/// The state of one guard from its stream's last event (each carries the balance after it).
+pub async fn load_guard(store: &dyn EventStore, key: &GuardKey) -> Result<DebitGuard, LogError> {
+    let stream_id = key.stream();
+    let Some(version) = store.stream_version(&stream_id).await? else {
+        return Ok(DebitGuard::default());
+    };
+    let last = store.read_stream(&stream_id, version, 1).await?;
+    match last.into_iter().next() {
+        Some(raw) if raw.version == version => {
+            let event = GuardEvent::decode(&raw.event_type, raw.schema, raw.data)?;
+            Ok(DebitGuard::from_last(version, &event))
+        }
+        _ => Err(LogError::BrokenStream { stream_id, version }),
+    }
+}
+
+/// The guards every entry in `entries` touches, loaded.
+pub async fn load_guards<'a>(
+    store: &dyn EventStore,
+    entries: impl IntoIterator<Item = &'a JournalEntry>,
+) -> Result<BTreeMap<GuardKey, DebitGuard>, LogError> {
+    let mut guards = BTreeMap::new();
+    for entry in entries {
+        for key in guarded_keys(entry) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = guards.entry(key) {
+                let state = load_guard(store, slot.key()).await?;
+                slot.insert(state);
+            }
+        }
+    }
+    Ok(guards)
+}
+
+/// The entries a payment decision posts.
+pub fn payment_entries(events: &[PaymentEvent]) -> Vec<&JournalEntry> {
+    let mut entries = Vec::new();
+    for event in events {
+        if let PaymentEvent::EntryPosted(posted) = event {
+            entries.push(&posted.entry);
+        }
+    }
+    entries
+}
+
+/// The entries a transfer decision posts.
+pub fn transfer_entries(events: &[TransferEvent]) -> Vec<&JournalEntry> {
+    let mut entries = Vec::new();
+    for event in events {
+        if let TransferEvent::EntryPosted(posted) = event {
+            entries.push(&posted.entry);
+        }
+    }
+    entries
+}
+
+fn expected(version: u64) -> ExpectedVersion {
+    if version == 0 {
+        ExpectedVersion::NoStream
+    } else {
+        ExpectedVersion::Exact(version)
+    }
+}
+
+/// Encodes events for the store. Event ids are fresh: a decision is identified by the stream
+/// version it expects, never by its event ids, so that two different decisions for the same
+/// version can never be mistaken for a re-sent append.
+pub fn encode<'a, E: 'a>(
+    events: impl IntoIterator<Item = &'a E>,
+    metadata: &Metadata,
+    codec: impl Fn(&E) -> Result<(&'static str, i32, serde_json::Value), EncodeError>,
+) -> Result<Vec<NewEvent>, LogError> {
+    events
+        .into_iter()
+        .map(|event| {
+            let (event_type, schema, data) = codec(event)?;
+            Ok(NewEvent {
+                event_id: Uuid::now_v7(),
+                event_type: event_type.to_owned(),
+                schema,
+                data,
+                metadata: metadata.clone(),
+            })
+        })
+        .collect()
+}
+
+pub fn payment_codec(
+    event: &PaymentEvent,
+) -> Result<(&'static str, i32, serde_json::Value), EncodeError> {
+    Ok((event.event_type(), event.schema_version(), event.encode()?))
+}
+
+pub fn transfer_codec(
+    event: &TransferEvent,
+) -> Result<(&'static str, i32, serde_json::Value), EncodeError> {
+    Ok((event.event_type(), event.schema_version(), event.encode()?))
+}
+
+fn guard_codec(event: &GuardEvent) -> Result<(&'static str, i32, serde_json::Value), EncodeError> {
+    Ok((event.event_type(), event.schema_version(), event.encode()?))
+}
+
+/// One aggregate's stream, its expected version and its new events, plus the guard appends of the
+/// entries among them: everything one decision writes, as one atomic append.
+pub fn decision_appends(
+    stream_id: String,
+    stream_version: u64,
+    events: Vec<NewEvent>,
+    guards: &[GuardAppend],
+    metadata: &Metadata,
+) -> Result<Vec<StreamAppend>, LogError> {
+    let mut appends = Vec::with_capacity(1 + guards.len());
+    appends.push(StreamAppend {
+        stream_id,
+        expected: expected(stream_version),
+        events,
+    });
+    for guard in guards {
+        appends.push(StreamAppend {
+            stream_id: guard.key.stream(),
+            expected: expected(guard.expected_version),
+            events: encode(&guard.events, metadata, guard_codec)?,
+        });
+    }
+    Ok(appends)
+}
+
+/// The guard appends for the entries a payment decision posts. Provider facts are never refused:
+/// an account they take below zero is flagged instead.
+pub fn payment_guard_appends(
+    events: &[PaymentEvent],
+    guards: &BTreeMap<GuardKey, DebitGuard>,
+) -> Result<Vec<GuardAppend>, guard::GuardRejection> {
+    let mut appends: Vec<GuardAppend> = Vec::new();
+    // Two entries of one decision touching one guard must chain: the second sees the first's
+    // balance and version.
+    let mut guards = guards.clone();
+    for event in events {
+        if let PaymentEvent::EntryPosted(posted) = event {
+            for append in guard::decide_entry(
+                &posted.entry,
+                asiento_domain::Origin::ProviderFact,
+                &guards,
+                posted.at,
+            )? {
+                let state = append.events.iter().fold(
+                    guards.get(&append.key).copied().unwrap_or_default(),
+                    guard::evolve,
+                );
+                guards.insert(append.key.clone(), state);
+                match appends
+                    .iter_mut()
+                    .find(|existing| existing.key == append.key)
+                {
+                    Some(existing) => existing.events.extend(append.events),
+                    None => appends.push(append),
+                }
+            }
+        }
+    }
+    Ok(appends)
+}
+
+/// Whether an append error is a lost version race (re-read and re-decide) rather than a failure.
+pub fn is_conflict(error: &AppendError) -> bool {
+    matches!(error, AppendError::Conflict { .. })
+}
+
+/// The store as the use cases hold it.
+pub type Store = Arc<dyn EventStore>;

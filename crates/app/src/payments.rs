@@ -1,0 +1,807 @@
+//! The payment flow across three systems that share no transaction: our database, the provider
+//! and our workers.
+//!
+//! 1. Claim the client's idempotency key and append the intent (`PaymentIntended`,
+//!    `ChargeRequested`) in one short transaction, before any network call.
+//! 2. Call the provider outside any transaction, with the PSP key derived from the payment id, so
+//!    every retry, resume or lookup names the same charge.
+//! 3. Apply the outcome through [`PaymentFlow::finalize`], the one path every provider fact takes
+//!    (this request's answer, a webhook, the reconciler): load, decide, append with the exact
+//!    expected version, and on a lost race re-read and re-decide. The idempotency response is
+//!    stored in the same transaction, so a replay can never disagree with the ledger.
+//! 4. An unknown outcome leaves the payment pending (202); a webhook or the reconciler settles it.
+//!
+//! A request whose process died after step 1 leaves its key in flight; once the lease runs out,
+//! a retry takes the key over and resumes at step 2 with the same payment and the same PSP key.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use asiento_domain::{
+    psp_capture_key, psp_refund_key, Amount, CaptureMode, CreatePayment, Currency, CustomerId,
+    Payment, PaymentCommand, PaymentEvent, PaymentId, PaymentRecord, PaymentRejection,
+    PaymentStatus, ProviderFact, ProviderName, TenantId,
+};
+use asiento_eventstore::{AppendError, Database, Metadata, Tx};
+use asiento_psp::{Charge, ChargeOutcome, ChargeStatus, CreateCharge, ProviderError};
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+use crate::clock::Clock;
+use crate::idempotency::{self, BodyHash, Claim, IdempotencyError, IdempotencyKey, Lease, Scope};
+use crate::log::{self, LogError, Store};
+use crate::providers::{ConfiguredProvider, Providers};
+use crate::reply::{Answer, PaymentCommandKind, Rejected, Render, Reply};
+
+/// How many times a decision is re-read and re-decided after losing a version race before the
+/// request gives up (the key stays in flight and a retry resumes it).
+pub const CONFLICT_RETRIES_MAX: u32 = 16;
+
+/// How long an in-flight idempotency key is held before a retry may take it over. Longer than
+/// the provider client's worst case (attempts × request timeout), so that a live request is never
+/// taken over.
+pub const IDEMPOTENCY_LEASE_MS_DEFAULT: i64 = 60_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FlowError {
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error(transparent)]
+    Idempotency(#[from] IdempotencyError),
+    #[error("append failed: {0}")]
+    Append(AppendError),
+    #[error("payment {0} kept losing version races")]
+    TooManyConflicts(PaymentId),
+    #[error("stored state is inconsistent: {0}")]
+    Inconsistent(String),
+}
+
+impl From<asiento_eventstore::StoreError> for FlowError {
+    fn from(error: asiento_eventstore::StoreError) -> Self {
+        FlowError::Log(LogError::Store(error))
+    }
+}
+
+/// A payment request, validated at the edge.
+#[derive(Debug, Clone)]
+pub struct NewPayment {
+    pub tenant: TenantId,
+    pub amount: Amount,
+    pub currency: Currency,
+    pub customer: CustomerId,
+    pub provider: ProviderName,
+    pub payment_method: String,
+    pub capture_mode: CaptureMode,
+    pub description: Option<String>,
+    pub metadata: Map<String, Value>,
+}
+
+/// The idempotency context of a command: who asked, with which key and body.
+#[derive(Debug, Clone)]
+pub struct Idempotent {
+    pub scope: Scope,
+    pub key: IdempotencyKey,
+    pub body: BodyHash,
+    /// Carried into every event's metadata, so the log says which request caused what.
+    pub correlation_id: Option<Uuid>,
+}
+
+/// What `finalize` must also do in its transaction: complete the request's idempotency record.
+struct Completion<'a> {
+    request: &'a Idempotent,
+    lease: Lease,
+    kind: PaymentCommandKind,
+}
+
+/// Work that must commit in the same transaction as a finalisation's events (or, when the fact
+/// changes nothing, on its own): the webhook worker marks its inbox row processed this way, so a
+/// row is processed exactly when its effect is recorded.
+#[async_trait::async_trait]
+pub trait InTransaction: Send + Sync {
+    async fn run(&self, tx: &mut Tx, finalized: &Finalized) -> Result<(), FlowError>;
+}
+
+/// What `finalize` did.
+#[derive(Debug, Clone)]
+pub struct Finalized {
+    pub payment: PaymentRecord,
+    /// The position of the last event the call wrote, or of the stream's last event if it wrote
+    /// none (someone else had already recorded the fact).
+    pub position: i64,
+    pub events_appended: usize,
+}
+
+#[derive(Clone)]
+pub struct PaymentFlow {
+    pub database: Database,
+    pub store: Store,
+    pub providers: Providers,
+    pub clock: Arc<dyn Clock>,
+    pub render: Arc<dyn Render>,
+    pub idempotency_lease_ms: i64,
+}
+
+impl PaymentFlow {
+    fn metadata(&self, tenant: &TenantId, request: Option<&Idempotent>) -> Metadata {
+        Metadata {
+            tenant: Some(tenant.to_string()),
+            correlation_id: request.and_then(|request| request.correlation_id),
+            causation_id: None,
+            idempotency_key: request.map(|request| request.key.as_str().to_owned()),
+        }
+    }
+
+    fn provider(&self, name: &ProviderName) -> Result<&ConfiguredProvider, FlowError> {
+        self.providers
+            .get(name)
+            .ok_or_else(|| FlowError::Inconsistent(format!("provider {name} is not configured")))
+    }
+
+    /// `POST /v1/payments`.
+    #[tracing::instrument(skip_all, fields(tenant = %payment.tenant, key = request.key.as_str()))]
+    pub async fn create(
+        &self,
+        request: &Idempotent,
+        payment: NewPayment,
+    ) -> Result<Answer, FlowError> {
+        let id = PaymentId::from_uuid(Uuid::now_v7());
+        let now = self.clock.now();
+        let create = CreatePayment {
+            id,
+            tenant: payment.tenant.clone(),
+            amount: payment.amount,
+            currency: payment.currency,
+            customer: payment.customer.clone(),
+            provider: payment.provider.clone(),
+            capture_mode: payment.capture_mode,
+            description: payment.description.clone(),
+            metadata: payment.metadata.clone(),
+            at: now,
+        };
+        // Every rejection of a new payment is a validation of its request: answered before the
+        // key is claimed, so it is not stored (API.md).
+        let events = match decide_all(
+            Payment::default(),
+            [
+                PaymentCommand::Create(create),
+                PaymentCommand::RecordChargeRequest { at: now },
+            ],
+        ) {
+            Ok(events) => events,
+            Err(rejection) => {
+                return Ok(Answer::Done(
+                    self.render
+                        .render(&Reply::Rejected(Rejected::Payment(rejection))),
+                ))
+            }
+        };
+        let mut tx = self.database.begin().await?;
+        let claim = idempotency::claim(
+            &mut tx,
+            &request.scope,
+            &request.key,
+            request.body,
+            &id.to_string(),
+            now.timestamp_millis(),
+            self.idempotency_lease_ms,
+        )
+        .await?;
+        let (id, lease) = match claim {
+            Claim::Fresh { lease } => {
+                let metadata = self.metadata(&payment.tenant, Some(request));
+                let appends = log::decision_appends(
+                    asiento_domain::payment_stream(id),
+                    0,
+                    log::encode(&events, &metadata, log::payment_codec)?,
+                    &[],
+                    &metadata,
+                )?;
+                self.store
+                    .append_in(&mut tx, &appends)
+                    .await
+                    .map_err(FlowError::Append)?;
+                tx.commit().await?;
+                (id, lease)
+            }
+            Claim::Resumed { lease, resource_id } => {
+                tx.commit().await?;
+                let id = PaymentId::parse(&resource_id).map_err(|_| {
+                    FlowError::Inconsistent(format!("resource {resource_id} is not a payment id"))
+                })?;
+                tracing::info!(payment = %id, "resuming a payment whose request died mid-flight");
+                (id, lease)
+            }
+            other => return Ok(answer_without_work(other)),
+        };
+        self.charge_and_finalize(id, &payment.payment_method, request, lease)
+            .await
+    }
+
+    /// Step 2 and 3: ask the provider (again, with the same key, if resuming) unless the payment
+    /// already has the provider's answer, then finalize with it.
+    async fn charge_and_finalize(
+        &self,
+        id: PaymentId,
+        payment_method: &str,
+        request: &Idempotent,
+        lease: Lease,
+    ) -> Result<Answer, FlowError> {
+        let loaded = log::load_payment(self.store.as_ref(), id).await?;
+        let record = loaded
+            .aggregate
+            .record
+            .as_ref()
+            .ok_or_else(|| FlowError::Inconsistent(format!("payment {id} has no intent")))?;
+        let fact = if record.status == PaymentStatus::Pending {
+            let provider = self.provider(&record.provider)?;
+            let outcome = provider
+                .adapter
+                .create_charge(&CreateCharge {
+                    idempotency_key: record.psp_key.clone(),
+                    amount_minor: record.amount.minor(),
+                    currency: record.currency.code().to_owned(),
+                    payment_method: payment_method.to_owned(),
+                    capture: record.capture_mode == CaptureMode::Automatic,
+                    reference: Some(id.to_string()),
+                    metadata: string_metadata(&record.metadata),
+                })
+                .await;
+            fact_from_outcome(outcome)
+        } else {
+            None
+        };
+        let completion = Completion {
+            request,
+            lease,
+            kind: PaymentCommandKind::Create,
+        };
+        let finalized = self
+            .finalize_with(id, fact, Some(&completion), None)
+            .await?;
+        Ok(Answer::Done(self.render.render(&reply_for(
+            PaymentCommandKind::Create,
+            &finalized,
+        ))))
+    }
+
+    /// Applies one provider fact (or none: just answer with the current state) to a payment, once,
+    /// whoever calls: the synchronous path, the webhook worker, the reconciler.
+    pub async fn finalize(
+        &self,
+        id: PaymentId,
+        fact: Option<ProviderFact>,
+    ) -> Result<Finalized, FlowError> {
+        self.finalize_with(id, fact, None, None).await
+    }
+
+    /// [`PaymentFlow::finalize`], with `also` committed in the same transaction.
+    pub async fn finalize_and(
+        &self,
+        id: PaymentId,
+        fact: Option<ProviderFact>,
+        also: &dyn InTransaction,
+    ) -> Result<Finalized, FlowError> {
+        self.finalize_with(id, fact, None, Some(also)).await
+    }
+
+    async fn finalize_with(
+        &self,
+        id: PaymentId,
+        fact: Option<ProviderFact>,
+        completion: Option<&Completion<'_>>,
+        also: Option<&dyn InTransaction>,
+    ) -> Result<Finalized, FlowError> {
+        for _ in 0..CONFLICT_RETRIES_MAX {
+            let loaded = log::load_payment(self.store.as_ref(), id).await?;
+            let payment = loaded.aggregate.clone();
+            let record = payment
+                .record
+                .clone()
+                .ok_or_else(|| FlowError::Inconsistent(format!("payment {id} not found")))?;
+            let now = self.clock.now();
+            let events = match &fact {
+                None => Vec::new(),
+                Some(fact) => {
+                    let fees = self.provider(&record.provider)?.fees;
+                    match asiento_domain::decide_payment(
+                        &payment,
+                        PaymentCommand::Provider {
+                            fact: fact.clone(),
+                            fees,
+                            at: now,
+                        },
+                    ) {
+                        Ok(events) => events,
+                        // A malformed fact (negative amount) is a provider bug; record that it
+                        // needs a person rather than inventing a state.
+                        Err(rejection) => flag_events(&payment, &rejection, now)?,
+                    }
+                }
+            };
+            let after = events
+                .iter()
+                .fold(payment.clone(), asiento_domain::evolve_payment);
+            let after_record = after
+                .record
+                .clone()
+                .ok_or_else(|| FlowError::Inconsistent(format!("payment {id} lost its record")))?;
+            // Every read through the pool happens before the transaction begins: on SQLite a
+            // transaction holds the one write lock, and a holder waiting for a pool connection
+            // that other waiters for the lock occupy would deadlock until the busy timeout.
+            let guards =
+                log::load_guards(self.store.as_ref(), log::payment_entries(&events)).await?;
+            let mut tx = self.database.begin().await?;
+            let position = if events.is_empty() {
+                loaded.last_position().unwrap_or(0)
+            } else {
+                let guard_appends = log::payment_guard_appends(&events, &guards)
+                    .map_err(|rejection| FlowError::Inconsistent(rejection.to_string()))?;
+                let metadata = self.metadata(&record.tenant, completion.map(|c| c.request));
+                let appends = log::decision_appends(
+                    asiento_domain::payment_stream(id),
+                    payment.version,
+                    log::encode(&events, &metadata, log::payment_codec)?,
+                    &guard_appends,
+                    &metadata,
+                )?;
+                match self.store.append_in(&mut tx, &appends).await {
+                    Ok(appended) => appended.last_position,
+                    Err(error) if log::is_conflict(&error) => {
+                        metrics::counter!("asiento_finalize_conflicts_total").increment(1);
+                        drop(tx);
+                        continue;
+                    }
+                    Err(error) => return Err(FlowError::Append(error)),
+                }
+            };
+            let finalized = Finalized {
+                payment: after_record,
+                position,
+                events_appended: events.len(),
+            };
+            if let Some(completion) = completion {
+                let response = self.render.render(&reply_for(completion.kind, &finalized));
+                idempotency::complete(
+                    &mut tx,
+                    &completion.request.scope,
+                    &completion.request.key,
+                    completion.lease,
+                    &response,
+                    now.timestamp_millis(),
+                )
+                .await?;
+            }
+            if let Some(also) = also {
+                also.run(&mut tx, &finalized).await?;
+            }
+            tx.commit().await?;
+            return Ok(finalized);
+        }
+        Err(FlowError::TooManyConflicts(id))
+    }
+
+    /// `POST /v1/payments/{id}/capture`: the merchant captures an authorized payment.
+    pub async fn capture(
+        &self,
+        request: &Idempotent,
+        tenant: &TenantId,
+        id: PaymentId,
+        amount: Option<Amount>,
+    ) -> Result<Answer, FlowError> {
+        let (lease, resource) = match self
+            .request_step(request, tenant, id, |at| PaymentCommand::RequestCapture {
+                amount,
+                at,
+            })
+            .await?
+        {
+            Step::Work { lease, resource } => (lease, resource),
+            Step::Answered(answer) => return Ok(answer),
+        };
+        let loaded = log::load_payment(self.store.as_ref(), resource.payment).await?;
+        let record = found(&loaded.aggregate, id)?;
+        let fact = match (&record.provider_charge_id, record.capture_requested) {
+            (Some(charge_id), Some(requested)) if record.status == PaymentStatus::Authorized => {
+                let provider = self.provider(&record.provider)?;
+                let answer = provider
+                    .adapter
+                    .capture(charge_id, Some(requested.minor()), &psp_capture_key(id))
+                    .await;
+                fact_from_charge_answer(answer)
+            }
+            _ => None,
+        };
+        let completion = Completion {
+            request,
+            lease,
+            kind: PaymentCommandKind::Capture,
+        };
+        let finalized = self
+            .finalize_with(id, fact, Some(&completion), None)
+            .await?;
+        Ok(Answer::Done(self.render.render(&reply_for(
+            PaymentCommandKind::Capture,
+            &finalized,
+        ))))
+    }
+
+    /// `POST /v1/payments/{id}/refunds`: a partial or full refund.
+    pub async fn refund(
+        &self,
+        request: &Idempotent,
+        tenant: &TenantId,
+        id: PaymentId,
+        amount: Amount,
+    ) -> Result<Answer, FlowError> {
+        let (lease, resource) = match self
+            .request_step(request, tenant, id, |at| PaymentCommand::RequestRefund {
+                amount,
+                at,
+            })
+            .await?
+        {
+            Step::Work { lease, resource } => (lease, resource),
+            Step::Answered(answer) => return Ok(answer),
+        };
+        let loaded = log::load_payment(self.store.as_ref(), resource.payment).await?;
+        let record = found(&loaded.aggregate, id)?;
+        // The refund this request asked for: its sequence names it at the provider, and its amount
+        // must be sent again unchanged when resuming.
+        let requested = loaded.events.iter().find_map(|(_, event)| match event {
+            PaymentEvent::RefundRequested(e) if Some(e.sequence) == resource.refund_sequence => {
+                Some(e.amount_minor)
+            }
+            _ => None,
+        });
+        let fact = match (
+            &record.provider_charge_id,
+            requested,
+            resource.refund_sequence,
+        ) {
+            (Some(charge_id), Some(amount), Some(sequence)) => {
+                let provider = self.provider(&record.provider)?;
+                let answer = provider
+                    .adapter
+                    .refund(charge_id, amount.minor(), &psp_refund_key(id, sequence))
+                    .await;
+                match answer {
+                    Ok(refund) => Some(ProviderFact::Refunded {
+                        charge_id: refund.charge,
+                        amount_refunded: Amount::new(refund.charge_amount_refunded),
+                    }),
+                    Err(error) => {
+                        log_provider_error("refund", id, &error);
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let completion = Completion {
+            request,
+            lease,
+            kind: PaymentCommandKind::Refund,
+        };
+        let finalized = self
+            .finalize_with(id, fact, Some(&completion), None)
+            .await?;
+        Ok(Answer::Done(self.render.render(&reply_for(
+            PaymentCommandKind::Refund,
+            &finalized,
+        ))))
+    }
+
+    /// The first, transactional step of a merchant request on an existing payment: decide the
+    /// request, claim the key naming what it created, append; or store the rejection; or answer
+    /// from the key's record. A lost version race retries from the read.
+    async fn request_step(
+        &self,
+        request: &Idempotent,
+        tenant: &TenantId,
+        id: PaymentId,
+        command: impl Fn(chrono::DateTime<chrono::Utc>) -> PaymentCommand,
+    ) -> Result<Step, FlowError> {
+        for _ in 0..CONFLICT_RETRIES_MAX {
+            let loaded = log::load_payment(self.store.as_ref(), id).await?;
+            let payment = &loaded.aggregate;
+            let now = self.clock.now();
+            let decided = match &payment.record {
+                // Another tenant's payment is as absent as one that does not exist.
+                Some(record) if &record.tenant == tenant => {
+                    asiento_domain::decide_payment(payment, command(now))
+                }
+                _ => Err(PaymentRejection::NotFound),
+            };
+            let refund_sequence = decided.as_ref().ok().and_then(|events| {
+                events.iter().find_map(|event| match event {
+                    PaymentEvent::RefundRequested(e) => Some(e.sequence),
+                    _ => None,
+                })
+            });
+            let resource = Resource {
+                payment: id,
+                refund_sequence,
+            };
+            let mut tx = self.database.begin().await?;
+            let claim = idempotency::claim(
+                &mut tx,
+                &request.scope,
+                &request.key,
+                request.body,
+                &resource.to_string(),
+                now.timestamp_millis(),
+                self.idempotency_lease_ms,
+            )
+            .await?;
+            match claim {
+                Claim::Fresh { lease } => match decided {
+                    Err(PaymentRejection::NotFound) => {
+                        // Not stored: an unknown payment is the client's mistake, not work done.
+                        drop(tx);
+                        return Ok(Step::Answered(Answer::Done(self.render.render(
+                            &Reply::Rejected(Rejected::Payment(PaymentRejection::NotFound)),
+                        ))));
+                    }
+                    Err(rejection) => {
+                        let answer = self
+                            .store_rejection(tx, request, lease, Rejected::Payment(rejection))
+                            .await?;
+                        return Ok(Step::Answered(answer));
+                    }
+                    Ok(events) => {
+                        let metadata = self.metadata(tenant, Some(request));
+                        let appends = log::decision_appends(
+                            asiento_domain::payment_stream(id),
+                            payment.version,
+                            log::encode(&events, &metadata, log::payment_codec)?,
+                            &[],
+                            &metadata,
+                        )?;
+                        match self.store.append_in(&mut tx, &appends).await {
+                            Ok(_) => {
+                                tx.commit().await?;
+                                return Ok(Step::Work { lease, resource });
+                            }
+                            Err(error) if log::is_conflict(&error) => {
+                                drop(tx);
+                                continue;
+                            }
+                            Err(error) => return Err(FlowError::Append(error)),
+                        }
+                    }
+                },
+                Claim::Resumed { lease, resource_id } => {
+                    tx.commit().await?;
+                    let resource = resource_id.parse::<Resource>().map_err(|()| {
+                        FlowError::Inconsistent(format!("resource {resource_id} is unreadable"))
+                    })?;
+                    return Ok(Step::Work { lease, resource });
+                }
+                other => return Ok(Step::Answered(answer_without_work(other))),
+            }
+        }
+        Err(FlowError::TooManyConflicts(id))
+    }
+
+    /// Stores a business rejection as the key's response (it is replayed like a success) and
+    /// answers with it.
+    async fn store_rejection(
+        &self,
+        mut tx: Tx,
+        request: &Idempotent,
+        lease: Lease,
+        rejected: Rejected,
+    ) -> Result<Answer, FlowError> {
+        let response = self.render.render(&Reply::Rejected(rejected));
+        idempotency::complete(
+            &mut tx,
+            &request.scope,
+            &request.key,
+            lease,
+            &response,
+            self.clock.now_ms(),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Answer::Done(response))
+    }
+}
+
+/// What an idempotency record of a payment request names as its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Resource {
+    payment: PaymentId,
+    refund_sequence: Option<u32>,
+}
+
+impl std::fmt::Display for Resource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.refund_sequence {
+            None => write!(f, "{}", self.payment),
+            Some(sequence) => write!(f, "{}/refunds/{sequence}", self.payment),
+        }
+    }
+}
+
+impl std::str::FromStr for Resource {
+    type Err = ();
+
+    fn from_str(text: &str) -> Result<Self, ()> {
+        let (payment, refund_sequence) = match text.split_once("/refunds/") {
+            None => (text, None),
+            Some((payment, sequence)) => (payment, Some(sequence.parse().map_err(|_| ())?)),
+        };
+        Ok(Resource {
+            payment: PaymentId::parse(payment).map_err(|_| ())?,
+            refund_sequence,
+        })
+    }
+}
+
+enum Step {
+    /// The key is ours and the request's first events are recorded: call the provider.
+    Work { lease: Lease, resource: Resource },
+    /// Answered without (further) work.
+    Answered(Answer),
+}
+
+fn answer_without_work(claim: Claim) -> Answer {
+    match claim {
+        Claim::Completed(response) => Answer::Replayed(response),
+        Claim::InProgress { retry_after_s } => Answer::InProgress { retry_after_s },
+        Claim::KeyReused => Answer::KeyReused,
+        // Callers handle Fresh and Resumed themselves; reaching here is a bug, answered as a
+        // retryable in-progress rather than a panic.
+        Claim::Fresh { .. } | Claim::Resumed { .. } => Answer::InProgress { retry_after_s: 1 },
+    }
+}
+
+fn found(payment: &Payment, id: PaymentId) -> Result<&PaymentRecord, FlowError> {
+    payment
+        .record
+        .as_ref()
+        .ok_or_else(|| FlowError::Inconsistent(format!("payment {id} not found")))
+}
+
+/// Decides several commands in a row, each against the state the previous ones left.
+fn decide_all(
+    mut payment: Payment,
+    commands: impl IntoIterator<Item = PaymentCommand>,
+) -> Result<Vec<PaymentEvent>, PaymentRejection> {
+    let mut all = Vec::new();
+    for command in commands {
+        let events = asiento_domain::decide_payment(&payment, command)?;
+        payment = events.iter().fold(payment, asiento_domain::evolve_payment);
+        all.extend(events);
+    }
+    Ok(all)
+}
+
+/// A refused fact is recorded as a review flag: facts are never silently dropped.
+fn flag_events(
+    payment: &Payment,
+    rejection: &PaymentRejection,
+    at: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<PaymentEvent>, FlowError> {
+    tracing::error!(%rejection, "provider fact refused by the domain; flagging for review");
+    metrics::counter!("asiento_facts_flagged_total").increment(1);
+    asiento_domain::decide_payment(
+        payment,
+        PaymentCommand::FlagForReview {
+            note: format!("provider fact refused: {rejection}"),
+            at,
+        },
+    )
+    .map_err(|error| FlowError::Inconsistent(error.to_string()))
+}
+
+/// What a provider's answer to a charge creation means for the payment; `None` when unknown.
+pub fn fact_from_outcome(outcome: ChargeOutcome) -> Option<ProviderFact> {
+    match outcome {
+        ChargeOutcome::Succeeded(charge)
+        | ChargeOutcome::Authorized(charge)
+        | ChargeOutcome::RequiresAction(charge)
+        | ChargeOutcome::Declined(charge) => Some(fact_from_charge(&charge)),
+        ChargeOutcome::Rejected(rejection) => Some(ProviderFact::Failed {
+            charge_id: None,
+            reason: format!("rejected by the provider: {}", rejection.code),
+        }),
+        ChargeOutcome::Unknown { reason } => {
+            tracing::warn!(%reason, "provider outcome unknown; the payment stays pending");
+            None
+        }
+    }
+}
+
+/// The fact a charge, as the provider holds it now, stands for.
+pub fn fact_from_charge(charge: &Charge) -> ProviderFact {
+    match charge.status {
+        ChargeStatus::Succeeded if charge.amount_refunded > 0 => ProviderFact::Refunded {
+            charge_id: charge.id.clone(),
+            amount_refunded: Amount::new(charge.amount_refunded),
+        },
+        ChargeStatus::Succeeded => ProviderFact::Captured {
+            charge_id: charge.id.clone(),
+            amount: Amount::new(charge.amount_captured),
+        },
+        ChargeStatus::RequiresCapture => ProviderFact::Authorized {
+            charge_id: charge.id.clone(),
+            amount: Amount::new(charge.amount_minor),
+        },
+        ChargeStatus::RequiresAction => ProviderFact::ActionRequired {
+            charge_id: charge.id.clone(),
+            redirect_url: charge
+                .next_action
+                .as_ref()
+                .map(|action| action.redirect_url.clone())
+                .unwrap_or_default(),
+        },
+        ChargeStatus::Failed => ProviderFact::Failed {
+            charge_id: Some(charge.id.clone()),
+            reason: charge
+                .failure_code
+                .clone()
+                .unwrap_or_else(|| "declined".to_owned()),
+        },
+    }
+}
+
+fn fact_from_charge_answer(answer: Result<Charge, ProviderError>) -> Option<ProviderFact> {
+    match answer {
+        Ok(charge) => Some(fact_from_charge(&charge)),
+        Err(error) => {
+            tracing::warn!(%error, "capture answer unknown or refused; the payment stays authorized");
+            None
+        }
+    }
+}
+
+fn log_provider_error(what: &str, id: PaymentId, error: &ProviderError) {
+    tracing::warn!(payment = %id, %error, "{what}: provider answer unknown or refused");
+}
+
+/// Provider metadata is string to string (as Stripe's is): other JSON values travel as JSON text.
+fn string_metadata(metadata: &Map<String, Value>) -> BTreeMap<String, String> {
+    metadata
+        .iter()
+        .map(|(key, value)| {
+            let text = match value {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            (key.clone(), text)
+        })
+        .collect()
+}
+
+fn reply_for(kind: PaymentCommandKind, finalized: &Finalized) -> Reply<'_> {
+    Reply::Payment {
+        kind,
+        payment: &finalized.payment,
+        position: finalized.position,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_round_trip() {
+        let payment = PaymentId::from_uuid(Uuid::from_u128(7));
+        for resource in [
+            Resource {
+                payment,
+                refund_sequence: None,
+            },
+            Resource {
+                payment,
+                refund_sequence: Some(3),
+            },
+        ] {
+            assert_eq!(resource.to_string().parse::<Resource>(), Ok(resource));
+        }
+        assert!("pay_nope".parse::<Resource>().is_err());
+        assert!(format!("{payment}/refunds/x").parse::<Resource>().is_err());
+    }
+}

@@ -1,0 +1,61 @@
+//! What a command answers, before it is HTTP. The use cases decide *what* to answer; the API crate
+//! decides how it looks (`Render`). Rendering happens inside the command's last transaction,
+//! because the rendered bytes are what the idempotency record stores and replays: the first answer
+//! and every replay are the same bytes by construction.
+
+use asiento_domain::transfer::TransferRecord;
+use asiento_domain::{GuardRejection, PaymentRecord, PaymentRejection, TransferRejection};
+
+use crate::idempotency::StoredResponse;
+
+/// A business rejection of a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejected {
+    Payment(PaymentRejection),
+    Transfer(TransferRejection),
+    Guard(GuardRejection),
+}
+
+/// The state a command leaves behind, to be rendered.
+/// Which command a payment reply answers: it decides the status code of a settled answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaymentCommandKind {
+    Create,
+    Capture,
+    Refund,
+    /// A read, or a fact applied by a worker.
+    Read,
+}
+
+#[derive(Debug, Clone)]
+pub enum Reply<'a> {
+    Payment {
+        kind: PaymentCommandKind,
+        payment: &'a PaymentRecord,
+        /// The global position of the last event the command wrote: a read-your-writes token.
+        position: i64,
+    },
+    Transfer {
+        transfer: &'a TransferRecord,
+        position: i64,
+    },
+    Rejected(Rejected),
+}
+
+/// Renders replies as stored responses (status and exact body bytes).
+pub trait Render: Send + Sync {
+    fn render(&self, reply: &Reply<'_>) -> StoredResponse;
+}
+
+/// How a command ended, for the HTTP layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// This request did the work (or stored its rejection); answer with it.
+    Done(StoredResponse),
+    /// An earlier request with the same key and body did; replay its answer.
+    Replayed(StoredResponse),
+    /// Another request holds the key.
+    InProgress { retry_after_s: u64 },
+    /// The key was used with another body.
+    KeyReused,
+}

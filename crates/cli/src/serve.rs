@@ -1,0 +1,387 @@
+//! `asiento serve`: one process that answers HTTP until it is told to stop.
+//!
+//! It connects, migrates, registers API keys, configures the providers (by default a simulator
+//! mounted in process under `/sim`) and serves the API until Ctrl-C or SIGTERM.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use asiento_app::clock::SystemClock;
+use asiento_app::payments::{PaymentFlow, IDEMPOTENCY_LEASE_MS_DEFAULT};
+use asiento_app::transfers::TransferFlow;
+use asiento_domain::ProviderName;
+use asiento_eventstore::Database;
+use asiento_psp::{sim::SimConfig, ClientConfig, Simulator};
+use tokio::sync::watch;
+
+use crate::providers::{parse_fees, parse_provider_urls, Fees, ProviderUrls, DEFAULT_PROVIDER};
+use crate::DatabaseArgs;
+
+/// Which parts of the system this process runs. Several processes with different roles may share
+/// one PostgreSQL database; every role answers `/healthz`, `/readyz` and `/metrics`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Everything in one process (the embedded default).
+    All,
+    /// The command and query API (and the in-process simulator, if no provider URL is given).
+    Api,
+    /// The projectors that build the read models.
+    Projector,
+    /// The background workers.
+    Worker,
+}
+
+impl Role {
+    fn serves_api(self) -> bool {
+        matches!(self, Role::All | Role::Api)
+    }
+
+    fn runs_projectors(self) -> bool {
+        matches!(self, Role::All | Role::Projector)
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// What this process runs.
+    #[arg(long, env = "ASIENTO_ROLE", value_enum, default_value = "all")]
+    pub role: Role,
+
+    /// Address to listen on for HTTP.
+    #[arg(long, env = "ASIENTO_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// API keys as `tenant:key,tenant:key`. Without any key registered, a `demo` tenant is created
+    /// and its key printed once.
+    #[arg(long, env = "ASIENTO_API_KEYS", value_parser = parse_api_keys, hide_env_values = true)]
+    pub api_keys: Option<ApiKeys>,
+
+    /// Base URL of provider `sim` (e.g. a separate `asiento psp-sim`). Unset, and without
+    /// `--providers`: a simulator is mounted in process under `/sim` and serves as `sim`.
+    #[arg(long, env = "ASIENTO_PSP_URL")]
+    pub psp_url: Option<String>,
+
+    /// Several providers at once: `name=url,name=url` (each a Stripe-like API such as psp-sim).
+    #[arg(long, env = "ASIENTO_PROVIDERS", value_parser = parse_provider_urls, conflicts_with = "psp_url")]
+    pub providers: Option<ProviderUrls>,
+
+    /// Platform fees: `300` basis points for every provider, or `name:bps[+fixed],…`.
+    #[arg(long, env = "ASIENTO_FEES", value_parser = parse_fees, default_value = "300")]
+    pub fees: Fees,
+
+    /// How long one provider request may take before its outcome counts as unknown.
+    #[arg(long, env = "ASIENTO_PSP_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
+    pub psp_timeout: Duration,
+
+    /// How long an in-flight Idempotency-Key is held before a retry may take it over and resume
+    /// the work (after a crash). Must exceed the provider client's worst case.
+    #[arg(long, env = "ASIENTO_IDEMPOTENCY_LEASE", value_parser = humantime::parse_duration, default_value = "60s")]
+    pub idempotency_lease: Duration,
+}
+
+/// `tenant:key` pairs from `--api-keys`.
+#[derive(Clone, Debug)]
+pub struct ApiKeys(pub Vec<(String, String)>);
+
+/// Keys shorter than this are refused: a key is a secret, not a password to remember.
+const API_KEY_CHARS_MIN: usize = 16;
+
+fn parse_api_keys(raw: &str) -> Result<ApiKeys, String> {
+    let mut pairs = Vec::new();
+    for item in raw
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+    {
+        let (tenant, key) = item
+            .split_once(':')
+            .ok_or_else(|| format!("expected tenant:key, got {item:?}"))?;
+        asiento_domain::TenantId::parse(tenant).map_err(|error| error.to_string())?;
+        if key.len() < API_KEY_CHARS_MIN || !key.bytes().all(|byte| byte.is_ascii_graphic()) {
+            return Err(format!(
+                "the key for tenant {tenant:?} must be at least {API_KEY_CHARS_MIN} printable ASCII characters"
+            ));
+        }
+        pairs.push((tenant.to_owned(), key.to_owned()));
+    }
+    if pairs.is_empty() {
+        return Err("no tenant:key pair given".to_owned());
+    }
+    Ok(ApiKeys(pairs))
+}
+
+/// Registers the configured keys; on a database with no key at all, creates the `demo` tenant with
+/// a random key and returns it so that it can be printed once.
+async fn bootstrap_api_keys(
+    database: &Database,
+    configured: Option<&ApiKeys>,
+) -> anyhow::Result<Option<String>> {
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    if let Some(ApiKeys(pairs)) = configured {
+        for (tenant, key) in pairs {
+            asiento_app::api_keys::register(database, tenant, key, now_ms)
+                .await
+                .with_context(|| format!("registering the API key of tenant {tenant}"))?;
+        }
+        return Ok(None);
+    }
+    if asiento_app::api_keys::any_registered(database)
+        .await
+        .context("reading API keys")?
+    {
+        return Ok(None);
+    }
+    let key = format!("sk_demo_{}", uuid::Uuid::new_v4().simple());
+    asiento_app::api_keys::register(database, "demo", &key, now_ms)
+        .await
+        .context("creating the demo tenant")?;
+    Ok(Some(key))
+}
+
+/// Connects to the database, applies the embedded migrations and registers the projections, so
+/// that every subcommand that touches the database finds the schema it was built for.
+pub async fn connect(url: &str) -> anyhow::Result<Database> {
+    let database = Database::connect(url)
+        .await
+        .with_context(|| format!("connecting to {}", redact(url)))?;
+    database
+        .migrate()
+        .await
+        .context("applying database migrations")?;
+    for projection in crate::projections::all() {
+        asiento_projector::install(&database, projection.as_ref())
+            .await
+            .with_context(|| format!("installing projection {}", projection.name()))?;
+    }
+    Ok(database)
+}
+
+/// Who holds a lease: unique per process, readable by an operator.
+pub fn lease_owner(role: &str) -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".to_owned());
+    format!(
+        "{host}:{role}:{}:{}",
+        std::process::id(),
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+/// Drops the password from a database URL before it is printed.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let credentials = &url[scheme_end + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _password)) => {
+                    format!("{}{}:***{}", &url[..scheme_end + 3], user, &url[at..])
+                }
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    // Installed before anything records a metric.
+    asiento_api::metrics_handle();
+    let database = connect(&args.database.database_url).await?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let address = listener.local_addr().context("reading the bound address")?;
+    let (stop, stopped) = watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+
+    let app = if args.role.serves_api() {
+        api_router(&args, &database, address, &stopped).await?
+    } else {
+        asiento_api::ops_router(database.clone())
+    };
+    if args.role.runs_projectors() {
+        let owner = lease_owner("projector");
+        for projection in crate::projections::all() {
+            let runner = asiento_projector::Runner::new(
+                database.clone(),
+                database.event_store(),
+                projection,
+                asiento_projector::RunnerConfig::new(owner.clone()),
+            );
+            tasks.spawn(runner.run(wait_for(stopped.clone())));
+        }
+        println!("projectors running as {owner}");
+    }
+
+    println!(
+        "asiento listening on http://{address} ({:?}, role {:?})",
+        database.backend(),
+        args.role
+    );
+    tracing::info!(%address, role = ?args.role, backend = ?database.backend(), "serving");
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("serving HTTP");
+    stop.send_replace(true);
+    while tasks.join_next().await.is_some() {}
+    served
+}
+
+/// The API process's router: API keys, providers (the in-process simulator unless a provider URL
+/// is given), the use cases, and the printed hints for a first request.
+async fn api_router(
+    args: &ServeArgs,
+    database: &Database,
+    address: SocketAddr,
+    stopped: &watch::Receiver<bool>,
+) -> anyhow::Result<axum::Router> {
+    let demo_key = bootstrap_api_keys(database, args.api_keys.as_ref()).await?;
+    let client = ClientConfig {
+        request_timeout_ms: u64::try_from(args.psp_timeout.as_millis()).unwrap_or(u64::MAX),
+        ..ClientConfig::default()
+    };
+    let (urls, simulator) = match (&args.providers, &args.psp_url) {
+        (Some(urls), _) => (urls.clone(), None),
+        (None, Some(url)) => (ProviderUrls(vec![(default_provider()?, url.clone())]), None),
+        (None, None) => {
+            let simulator = Simulator::new(SimConfig {
+                seed: asiento_psp::sim::random_seed(),
+                webhook_secret: asiento_psp::sim::random_webhook_secret(),
+                ..SimConfig::default()
+            });
+            simulator
+                .spawn_webhook_dispatcher(wait_for(stopped.clone()))
+                .context("starting the simulator's webhook dispatcher")?;
+            let url = format!("http://{address}/sim");
+            (
+                ProviderUrls(vec![(default_provider()?, url)]),
+                Some(simulator),
+            )
+        }
+    };
+    let providers = crate::providers::build(&urls, &args.fees, &client)?;
+    let clock = Arc::new(SystemClock);
+    let render = Arc::new(asiento_api::render::JsonRender);
+    let store = database.event_store();
+    let lease_ms =
+        i64::try_from(args.idempotency_lease.as_millis()).unwrap_or(IDEMPOTENCY_LEASE_MS_DEFAULT);
+    let state = asiento_api::AppState {
+        payments: PaymentFlow {
+            database: database.clone(),
+            store: store.clone(),
+            providers,
+            clock: clock.clone(),
+            render: render.clone(),
+            idempotency_lease_ms: lease_ms,
+        },
+        transfers: TransferFlow {
+            database: database.clone(),
+            store,
+            clock,
+            render,
+            idempotency_lease_ms: lease_ms,
+        },
+        database: database.clone(),
+    };
+    let mut app = asiento_api::router(state);
+    if let Some(simulator) = &simulator {
+        app = app.merge(simulator.mounted_router());
+    }
+
+    for (name, url) in &urls.0 {
+        println!("provider {name}: {url}");
+    }
+    let key = match demo_key {
+        Some(key) => {
+            println!("created tenant `demo`; its API key (shown once): {key}");
+            key
+        }
+        None => "$API_KEY".to_owned(),
+    };
+    println!(
+        "try: curl -s -X POST http://{address}/v1/payments -H 'Authorization: Bearer {key}' \\\n  \
+         -H 'Idempotency-Key: order-1001' -H 'Content-Type: application/json' \\\n  \
+         -d '{{\"amount_minor\": 10000, \"currency\": \"USD\", \"customer\": \"42\", \"payment_method\": \"pm_card_ok\"}}'"
+    );
+    Ok(app)
+}
+
+fn default_provider() -> anyhow::Result<ProviderName> {
+    ProviderName::parse(DEFAULT_PROVIDER).context("the default provider name")
+}
+
+/// Resolves when `stopped` flips to true (or its sender is gone).
+async fn wait_for(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stopped| *stopped).await;
+}
+
+/// Resolves on Ctrl-C or SIGTERM, so that `serve` drains in-flight requests before exiting.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutting down");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn api_keys_flag_is_validated() {
+        let ok =
+            super::parse_api_keys("acme:sk_live_0123456789abcdef, beta:sk_live_fedcba9876543210")
+                .expect("valid");
+        assert_eq!(ok.0.len(), 2);
+        for bad in [
+            "",
+            "acme",
+            "Acme:sk_live_0123456789abcdef",
+            "acme:short",
+            "acme:sk live 0123456789abc",
+        ] {
+            assert!(super::parse_api_keys(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn redact_hides_only_the_password() {
+        let table = [
+            (
+                "postgres://u:secret@h:5432/db",
+                "postgres://u:***@h:5432/db",
+            ),
+            ("postgres://u@h/db", "postgres://u@h/db"),
+            ("sqlite://data/asiento.db", "sqlite://data/asiento.db"),
+        ];
+        for (url, want) in table {
+            assert_eq!(redact(url), want, "{url}");
+        }
+    }
+}

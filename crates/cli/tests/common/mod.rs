@@ -1,0 +1,379 @@
+//! Black-box harness: runs the real `asiento` binary (and, where a test needs a provider that
+//! outlives the server, a real `asiento psp-sim`) on port 0, and talks to it over HTTP.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_asiento");
+/// How long a process may take to print its address.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Which database a test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A database for one test: a SQLite file in a temp dir, or a fresh PostgreSQL database.
+pub struct TestDatabase {
+    pub url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDatabase {
+    pub async fn new(backend: Backend) -> Self {
+        match backend {
+            Backend::Sqlite => {
+                let (dir, url) = asiento_eventstore::testing::temp_sqlite_url();
+                Self {
+                    url,
+                    _dir: Some(dir),
+                }
+            }
+            Backend::Postgres => Self {
+                url: asiento_eventstore::testing::fresh_postgres_url().await,
+                _dir: None,
+            },
+        }
+    }
+}
+
+/// A running process whose stdout lines are collected.
+pub struct Process {
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+    pub seen: Vec<String>,
+}
+
+impl Process {
+    pub fn spawn(args: &[&str], envs: &[(&str, &str)]) -> Self {
+        let mut command = Command::new(BIN);
+        command
+            .args(args)
+            .env("ASIENTO_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (key, value) in envs {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().expect("spawn asiento");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a stdout line containing `needle` and returns it.
+    pub fn wait_for_line(&mut self, needle: &str) -> String {
+        if let Some(line) = self.seen.iter().find(|line| line.contains(needle)) {
+            return line.clone();
+        }
+        let deadline = std::time::Instant::now() + START_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!("no line with {needle:?} in time; saw {:?}", self.seen),
+            }
+        }
+    }
+
+    /// SIGKILL: the process gets no chance to clean up.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn url_after(line: &str, marker: &str) -> String {
+    let start = line.find(marker).expect("marker") + marker.len();
+    line[start..]
+        .split_whitespace()
+        .next()
+        .expect("url")
+        .to_owned()
+}
+
+/// A running `asiento serve`.
+pub struct Server {
+    pub process: Process,
+    pub base: String,
+    pub key: String,
+    pub database_url: String,
+    extra: Vec<String>,
+}
+
+impl Server {
+    fn spawn_process(database_url: &str, extra: &[String]) -> Process {
+        let mut args = vec![
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            database_url,
+            "--api-keys",
+            "acme:sk_test_acme_0123456789abcdef,beta:sk_test_beta_0123456789abcdef",
+        ];
+        args.extend(extra.iter().map(String::as_str));
+        Process::spawn(&args, &[])
+    }
+
+    /// Starts the server with tenants `acme` and `beta`; the client uses `acme`'s key.
+    pub fn start(database_url: &str, extra: &[&str]) -> Self {
+        let extra_owned: Vec<String> = extra.iter().map(|arg| (*arg).to_owned()).collect();
+        let mut process = Self::spawn_process(database_url, &extra_owned);
+        let base = url_after(
+            &process.wait_for_line("asiento listening on "),
+            "listening on ",
+        );
+        Self {
+            process,
+            base,
+            key: "sk_test_acme_0123456789abcdef".to_owned(),
+            database_url: database_url.to_owned(),
+            extra: extra_owned,
+        }
+    }
+
+    /// SIGKILLs the server and starts it again on the same database (a new port).
+    pub fn crash_and_restart(&mut self) {
+        self.process.kill();
+        let mut process = Self::spawn_process(&self.database_url, &self.extra);
+        self.base = url_after(
+            &process.wait_for_line("asiento listening on "),
+            "listening on ",
+        );
+        self.process = process;
+    }
+
+    pub fn client(&self) -> Client {
+        Client {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("client"),
+            base: self.base.clone(),
+            key: self.key.clone(),
+        }
+    }
+}
+
+/// A standalone `asiento psp-sim`, for tests where the provider must outlive the server.
+pub struct Simulator {
+    pub process: Process,
+    pub base: String,
+}
+
+impl Simulator {
+    pub fn start(extra: &[&str]) -> Self {
+        let mut args = vec!["psp-sim", "--listen", "127.0.0.1:0", "--seed", "7"];
+        args.extend_from_slice(extra);
+        let mut process = Process::spawn(&args, &[]);
+        let base = url_after(
+            &process.wait_for_line("psp-sim listening on "),
+            "listening on ",
+        );
+        Self { process, base }
+    }
+
+    pub async fn charges(&self) -> Vec<Value> {
+        let answer: Value = reqwest::get(format!("{}/sim/charges", self.base))
+            .await
+            .expect("sim charges")
+            .json()
+            .await
+            .expect("json");
+        match answer {
+            Value::Array(items) => items,
+            Value::Object(mut map) => match map.remove("data") {
+                Some(Value::Array(items)) => items,
+                other => panic!("unexpected /sim/charges body {other:?}"),
+            },
+            other => panic!("unexpected /sim/charges body {other}"),
+        }
+    }
+}
+
+/// A response as the test sees it.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn code(&self) -> String {
+        self.json()["code"].as_str().unwrap_or_default().to_owned()
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|value| value == "true")
+    }
+}
+
+#[derive(Clone)]
+pub struct Client {
+    pub http: reqwest::Client,
+    pub base: String,
+    pub key: String,
+}
+
+impl Client {
+    /// A client that opens a new connection per request: a server may close a connection whose
+    /// body it refused to read (413), and a pooled client would then reuse a dead connection.
+    pub fn unpooled(&self) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .pool_max_idle_per_host(0)
+                .build()
+                .expect("client"),
+            ..self.clone()
+        }
+    }
+
+    pub fn with_key(&self, key: &str) -> Self {
+        Self {
+            key: key.to_owned(),
+            ..self.clone()
+        }
+    }
+
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> Answer {
+        let response = request.send().await.expect("request");
+        Answer {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            body: response.bytes().await.expect("body").to_vec(),
+        }
+    }
+
+    /// POSTs raw bytes with an idempotency key (or none).
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        key: Option<&str>,
+        body: impl Into<Vec<u8>>,
+    ) -> Answer {
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.key)
+            .header("content-type", "application/json")
+            .body(body.into());
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        self.send(request).await
+    }
+
+    pub async fn post(&self, path: &str, key: &str, body: &Value) -> Answer {
+        self.post_raw(path, Some(key), serde_json::to_vec(body).unwrap())
+            .await
+    }
+
+    pub async fn get(&self, path: &str) -> Answer {
+        self.send(
+            self.http
+                .get(format!("{}{path}", self.base))
+                .bearer_auth(&self.key),
+        )
+        .await
+    }
+
+    /// The payment's journal entries, from its own event history.
+    pub async fn entries_of(&self, payment_id: &str) -> Vec<Value> {
+        let events = self.get(&format!("/v1/payments/{payment_id}/events")).await;
+        assert_eq!(
+            events.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&events.body)
+        );
+        events
+            .json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|event| event["type"] == "EntryPosted")
+            .map(|event| event["data"]["entry"].clone())
+            .collect()
+    }
+}
+
+pub fn payment_body(amount_minor: i64, method: &str) -> Value {
+    serde_json::json!({
+        "amount_minor": amount_minor,
+        "currency": "USD",
+        "customer": "42",
+        "payment_method": method,
+    })
+}
+
+/// Sends a POST's headers, declaring `content_length` bytes but sending none, and returns the
+/// status and body of the answer.
+pub async fn raw_post_headers_only(
+    base: &str,
+    path: &str,
+    key: &str,
+    content_length: usize,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let address = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {key}\r\n\
+         Idempotency-Key: big\r\nContent-Type: application/json\r\n\
+         Content-Length: {content_length}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "no answer to a too-large body");
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    (status, body)
+}

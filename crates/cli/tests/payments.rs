@@ -1,0 +1,530 @@
+//! The command API through the real binary over real HTTP, on SQLite and PostgreSQL: idempotency
+//! under concurrency, byte-identical replays, a crash between the provider's charge and our
+//! finalisation, provider outcomes and their postings, transfers racing for the same money, and
+//! bad input that must never produce a 5xx.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{payment_body, Backend, Server, Simulator, TestDatabase};
+use serde_json::{json, Value};
+
+/// One key, twenty requests at once: the provider holds one charge, and every answer is either the
+/// one success (the same bytes each time) or 409 while it was in flight.
+async fn one_key_many_concurrent_requests_charge_once(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let server = Server::start(&database.url, &[]);
+    let client = server.client();
+    let body = payment_body(10_000, "pm_card_ok");
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let client = client.clone();
+        let body = body.clone();
+        tasks.push(tokio::spawn(async move {
+            client.post("/v1/payments", "same-key", &body).await
+        }));
+    }
+    let mut successes = Vec::new();
+    for task in tasks {
+        let answer = task.await.unwrap();
+        match answer.status {
+            201 => successes.push(answer.body),
+            409 => assert_eq!(answer.code(), "idempotency_request_in_progress"),
+            other => panic!(
+                "unexpected {other}: {}",
+                String::from_utf8_lossy(&answer.body)
+            ),
+        }
+    }
+    assert!(!successes.is_empty());
+    assert!(
+        successes.windows(2).all(|pair| pair[0] == pair[1]),
+        "bodies differ"
+    );
+    let charges = client.get("/sim/charges").await.json();
+    let charges = charges
+        .as_array()
+        .or(charges["data"].as_array())
+        .unwrap()
+        .clone();
+    assert_eq!(
+        charges.len(),
+        1,
+        "the provider must hold exactly one charge: {charges:?}"
+    );
+}
+
+/// Replays are byte for byte with `Idempotent-Replayed: true`, whatever the original answer was;
+/// the same JSON with its keys reordered is the same request; another body is 422.
+async fn replays_are_byte_identical(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let server = Server::start(&database.url, &[]);
+    let client = server.client();
+
+    let first = client
+        .post_raw(
+            "/v1/payments",
+            Some("order-1"),
+            r#"{"amount_minor": 10000, "currency": "USD", "customer": "42", "payment_method": "pm_card_ok"}"#,
+        )
+        .await;
+    assert_eq!(first.status, 201);
+    assert!(!first.replayed());
+    let reordered = client
+        .post_raw(
+            "/v1/payments",
+            Some("order-1"),
+            r#"{"payment_method":"pm_card_ok","customer":"42","currency":"USD","amount_minor":10000}"#,
+        )
+        .await;
+    assert_eq!(reordered.status, 201);
+    assert!(reordered.replayed());
+    assert_eq!(reordered.body, first.body, "a replay is byte-identical");
+
+    let other = client
+        .post(
+            "/v1/payments",
+            "order-1",
+            &payment_body(10_001, "pm_card_ok"),
+        )
+        .await;
+    assert_eq!(
+        (other.status, other.code().as_str()),
+        (422, "idempotency_key_reused")
+    );
+
+    let missing = client
+        .post_raw(
+            "/v1/payments",
+            None,
+            serde_json::to_vec(&payment_body(1, "pm_card_ok")).unwrap(),
+        )
+        .await;
+    assert_eq!(
+        (missing.status, missing.code().as_str()),
+        (400, "idempotency_key_missing")
+    );
+
+    // A business rejection is stored and replayed like a success.
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/payments/{id}/refunds");
+    let refused = client
+        .post(&path, "refund-1", &json!({"amount_minor": 20_000}))
+        .await;
+    assert_eq!(
+        (refused.status, refused.code().as_str()),
+        (422, "refund_exceeds_captured")
+    );
+    let again = client
+        .post(&path, "refund-1", &json!({"amount_minor": 20_000}))
+        .await;
+    assert_eq!(again.status, 422);
+    assert!(again.replayed());
+    assert_eq!(again.body, refused.body);
+
+    // Another tenant sees nothing of it.
+    let beta = client.with_key("sk_test_beta_0123456789abcdef");
+    let hidden = beta.get(&format!("/v1/payments/{id}")).await;
+    assert_eq!(
+        (hidden.status, hidden.code().as_str()),
+        (404, "payment_not_found")
+    );
+    let hidden = beta
+        .post(&path, "refund-2", &json!({"amount_minor": 1}))
+        .await;
+    assert_eq!(hidden.status, 404);
+}
+
+/// The process dies after the provider charged and before we finalised: after a restart, a retry
+/// with the same key finishes the payment with exactly one charge and one posting.
+async fn crash_between_charge_and_finalisation_resumes_once(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    // The provider outlives the server, as a real one does.
+    let simulator = Simulator::start(&["--slow-ms", "4000"]);
+    let mut server = Server::start(
+        &database.url,
+        &["--psp-url", &simulator.base, "--idempotency-lease", "1s"],
+    );
+    let client = server.client();
+    let body = payment_body(10_000, "pm_card_slow");
+    let in_flight = {
+        let client = client.clone();
+        let body = body.clone();
+        tokio::spawn(async move {
+            client
+                .http
+                .post(format!("{}/v1/payments", client.base))
+                .bearer_auth(&client.key)
+                .header("idempotency-key", "crashy")
+                .json(&body)
+                .send()
+                .await
+        })
+    };
+    // Wait until the provider has charged, then kill the server while the answer is held.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while simulator.charges().await.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the provider never saw the charge"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    server.crash_and_restart();
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the killed server cannot have answered"
+    );
+
+    let client = server.client();
+    // Past the lease, the retry takes the key over and resumes the same payment.
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    let resumed = client.post("/v1/payments", "crashy", &body).await;
+    assert_eq!(
+        resumed.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&resumed.body)
+    );
+    let payment = resumed.json();
+    assert_eq!(payment["status"], "captured");
+    assert_eq!(
+        simulator.charges().await.len(),
+        1,
+        "one charge at the provider"
+    );
+    let entries = client.entries_of(payment["id"].as_str().unwrap()).await;
+    assert_eq!(entries.len(), 1, "one posting: {entries:?}");
+    let replay = client.post("/v1/payments", "crashy", &body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, resumed.body);
+}
+
+fn legs(entry: &Value) -> Vec<(String, i64)> {
+    let mut legs: Vec<(String, i64)> = entry["legs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|leg| {
+            (
+                leg["account"].as_str().unwrap().to_owned(),
+                leg["amount_minor"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    legs.sort();
+    legs
+}
+
+/// Timeout → 202 pending with nothing posted; declined → failed with nothing posted; a capture
+/// posts exactly API.md's entry with the 3% fee.
+async fn provider_outcomes_and_their_postings(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let server = Server::start(&database.url, &["--psp-timeout", "300ms"]);
+    let client = server.client();
+
+    let pending = client
+        .post(
+            "/v1/payments",
+            "t-1",
+            &payment_body(5_000, "pm_card_timeout"),
+        )
+        .await;
+    assert_eq!(
+        pending.status,
+        202,
+        "{}",
+        String::from_utf8_lossy(&pending.body)
+    );
+    assert_eq!(pending.json()["status"], "pending");
+    let id = pending.json()["id"].as_str().unwrap().to_owned();
+    assert!(client.entries_of(&id).await.is_empty());
+    let replay = client
+        .post(
+            "/v1/payments",
+            "t-1",
+            &payment_body(5_000, "pm_card_timeout"),
+        )
+        .await;
+    assert_eq!((replay.status, replay.replayed()), (202, true));
+
+    let declined = client
+        .post(
+            "/v1/payments",
+            "d-1",
+            &payment_body(5_000, "pm_card_declined"),
+        )
+        .await;
+    assert_eq!(declined.status, 201);
+    assert_eq!(declined.json()["status"], "failed");
+    assert!(client
+        .entries_of(declined.json()["id"].as_str().unwrap())
+        .await
+        .is_empty());
+
+    let captured = client
+        .post("/v1/payments", "ok-1", &payment_body(10_000, "pm_card_ok"))
+        .await;
+    let payment = captured.json();
+    assert_eq!(
+        (payment["status"].as_str(), payment["fee_minor"].as_i64()),
+        (Some("captured"), Some(300))
+    );
+    let entries = client.entries_of(payment["id"].as_str().unwrap()).await;
+    assert_eq!(entries.len(), 1);
+    assert_eq!(
+        legs(&entries[0]),
+        vec![
+            ("customer:42:available".to_owned(), 9_700),
+            ("psp:sim:clearing".to_owned(), -10_000),
+            ("revenue:fees".to_owned(), 300),
+        ]
+    );
+}
+
+/// Transfers racing for one customer's money: exactly those that fit succeed.
+async fn concurrent_transfers_never_overdraw(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let server = Server::start(&database.url, &[]);
+    let client = server.client();
+    // 10000 captured → 9700 available to customer 42.
+    let funded = client
+        .post("/v1/payments", "fund", &payment_body(10_000, "pm_card_ok"))
+        .await;
+    assert_eq!(funded.status, 201);
+    let mut tasks = Vec::new();
+    for index in 0..20 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            client
+                .post(
+                    "/v1/transfers",
+                    &format!("transfer-{index}"),
+                    &json!({"from": "customer:42:available", "to": "customer:7:available",
+                            "amount_minor": 1_000, "currency": "USD"}),
+                )
+                .await
+        }));
+    }
+    let (mut accepted, mut refused) = (0, 0);
+    for task in tasks {
+        let answer = task.await.unwrap();
+        match (answer.status, answer.code().as_str()) {
+            (201, _) => accepted += 1,
+            (422, "insufficient_funds") => refused += 1,
+            (status, code) => panic!("unexpected {status} {code}"),
+        }
+    }
+    assert_eq!(
+        (accepted, refused),
+        (9, 11),
+        "9700 fits nine transfers of 1000"
+    );
+}
+
+/// Bad input answers 4xx with a stable code and changes nothing; the server stays healthy.
+async fn bad_input_is_a_4xx_with_a_code(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let server = Server::start(&database.url, &[]);
+    let client = server.client().unpooled();
+    let ok = r#"{"amount_minor": 100, "currency": "USD", "customer": "42", "payment_method": "pm_card_ok"}"#;
+    let long_key = "k".repeat(300);
+    // (what, path, idempotency key, body, status, code)
+    type Case<'a> = (&'a str, &'a str, Option<&'a str>, String, u16, &'a str);
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "float",
+            "/v1/payments",
+            Some("a"),
+            ok.replace("100", "100.5"),
+            400,
+            "amount_must_be_integer",
+        ),
+        (
+            "negative",
+            "/v1/payments",
+            Some("a"),
+            ok.replace("100", "-100"),
+            400,
+            "amount_must_be_positive",
+        ),
+        (
+            "over i64",
+            "/v1/payments",
+            Some("a"),
+            ok.replace("100", "9223372036854775808"),
+            400,
+            "amount_out_of_range",
+        ),
+        (
+            "string amount",
+            "/v1/payments",
+            Some("a"),
+            ok.replace("100", "\"100\""),
+            400,
+            "amount_must_be_integer",
+        ),
+        (
+            "unknown currency",
+            "/v1/payments",
+            Some("a"),
+            ok.replace("USD", "XYZ"),
+            400,
+            "unknown_currency",
+        ),
+        (
+            "unknown provider",
+            "/v1/payments",
+            Some("a"),
+            ok.replace("\"customer\"", "\"provider\": \"nope\", \"customer\""),
+            400,
+            "unknown_provider",
+        ),
+        (
+            "malformed json",
+            "/v1/payments",
+            Some("a"),
+            "{\"amount_minor\": ".to_owned(),
+            400,
+            "malformed_json",
+        ),
+        (
+            "not an object",
+            "/v1/payments",
+            Some("a"),
+            "[1, 2]".to_owned(),
+            400,
+            "invalid_body",
+        ),
+        (
+            "bad account",
+            "/v1/transfers",
+            Some("a"),
+            r#"{"from": "Customer:42", "to": "customer:7", "amount_minor": 1, "currency": "USD"}"#
+                .to_owned(),
+            400,
+            "invalid_account",
+        ),
+        (
+            "300-character key",
+            "/v1/payments",
+            Some(&long_key),
+            ok.to_owned(),
+            400,
+            "idempotency_key_invalid",
+        ),
+        (
+            "unknown field",
+            "/v1/payments",
+            Some("a"),
+            ok.replace("\"customer\"", "\"ammount\": 1, \"customer\""),
+            400,
+            "unknown_field",
+        ),
+        (
+            "unknown route",
+            "/v1/nothing",
+            Some("a"),
+            ok.to_owned(),
+            404,
+            "not_found",
+        ),
+        (
+            "bad payment id",
+            "/v1/payments/pay_nope/refunds",
+            Some("a"),
+            r#"{"amount_minor": 1}"#.to_owned(),
+            404,
+            "payment_not_found",
+        ),
+    ];
+    for (name, path, key, body, status, code) in cases {
+        let answer = client.post_raw(path, key, body.into_bytes()).await;
+        assert_eq!(
+            (answer.status, answer.code().as_str()),
+            (status, code),
+            "{name}"
+        );
+        assert_eq!(
+            answer.headers.get("content-type").unwrap(),
+            "application/problem+json",
+            "{name}"
+        );
+    }
+    // A 2 MB body is refused from its declared length, before it is read: the server may close
+    // the connection while a client still writes, so this sends the headers alone.
+    let (status, body) =
+        common::raw_post_headers_only(&client.base, "/v1/payments", &client.key, 2 * 1024 * 1024)
+            .await;
+    assert_eq!(status, 413, "{body}");
+    assert!(body.contains("\"code\":\"body_too_large\""), "{body}");
+
+    // A non-ASCII key cannot even be sent by reqwest as a str header; send it as raw bytes.
+    let answer = client
+        .send(
+            client
+                .http
+                .post(format!("{}/v1/payments", client.base))
+                .bearer_auth(&client.key)
+                .header(
+                    "idempotency-key",
+                    reqwest::header::HeaderValue::from_bytes("clé".as_bytes()).unwrap(),
+                )
+                .body(ok),
+        )
+        .await;
+    assert_eq!(
+        (answer.status, answer.code().as_str()),
+        (400, "idempotency_key_invalid")
+    );
+    let wrong_method = client
+        .send(client.http.delete(format!("{}/v1/payments", client.base)))
+        .await;
+    assert_eq!(
+        (wrong_method.status, wrong_method.code().as_str()),
+        (405, "method_not_allowed")
+    );
+    let unauthenticated = client
+        .send(client.http.post(format!("{}/v1/payments", client.base)))
+        .await;
+    assert_eq!(unauthenticated.status, 401);
+
+    // Nothing of it was recorded, and the server still works.
+    let health = client.get("/healthz").await;
+    assert_eq!(health.status, 200);
+    let fine = client.post_raw("/v1/payments", Some("a"), ok).await;
+    assert_eq!(
+        fine.status, 201,
+        "the key refused by validation was not stored"
+    );
+}
+
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Sqlite).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Postgres).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    one_key_many_concurrent_requests_charge_once,
+    replays_are_byte_identical,
+    crash_between_charge_and_finalisation_resumes_once,
+    provider_outcomes_and_their_postings,
+    concurrent_transfers_never_overdraw,
+    bad_input_is_a_4xx_with_a_code,
+);

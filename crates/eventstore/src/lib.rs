@@ -1,0 +1,666 @@
+//! The append-only event log: one [`EventStore`] trait, a PostgreSQL backend
+//! (production) and a SQLite backend (the embedded default), both on sqlx.
+//!
+//! Why it is shaped this way:
+//!
+//! - **Atomic multi-stream appends with per-stream expectations.** A journal
+//!   entry and the guard on an account commit together or not at all, so one
+//!   append may touch several streams, each with its own [`ExpectedVersion`].
+//!   A mismatch is [`AppendError::Conflict`] and nothing of the append is
+//!   written.
+//! - **Idempotent appends.** Re-sending the same event ids with the same
+//!   expectation answers the original [`Appended`] instead of a conflict or a
+//!   second copy, so a client retrying after a lost answer is safe.
+//! - **A gap-free global order.** PostgreSQL hands out identity values before
+//!   commit, so tailing by `position` alone can skip an event whose
+//!   transaction commits late. Readers therefore move along a [`Cursor`]
+//!   (commit-order key, position) and only read what can no longer be
+//!   overtaken; see `postgres.rs` for the argument.
+//! - **Round trips are the cost.** A single-stream append on PostgreSQL is one
+//!   statement in autocommit (no BEGIN/COMMIT), the pool does not ping on
+//!   acquire, and batches go as one UNNEST insert.
+//!
+//! Architecture invariant: rows of `events` are never updated or deleted; a
+//! trigger rejects it on both backends.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use uuid::Uuid;
+
+mod classify;
+mod postgres;
+mod sqlite;
+mod subscription;
+pub mod testing;
+
+pub use postgres::PgEventStore;
+pub use sqlite::SqliteEventStore;
+
+/// Connections in a PostgreSQL pool. Subscriptions do not take from it (each
+/// LISTENs on its own connection).
+pub const PG_POOL_CONNECTIONS_MAX: u32 = 16;
+/// Connections in a SQLite pool: WAL lets readers run beside the one writer.
+pub const SQLITE_POOL_CONNECTIONS_MAX: u32 = 8;
+/// How long a SQLite writer waits for the write lock before giving up.
+pub const SQLITE_BUSY_TIMEOUT_MS: u64 = 10_000;
+/// Events in one append, across all its streams. Bounds the statement size.
+pub const EVENTS_PER_APPEND_MAX: usize = 10_000;
+/// Rows one `read_all`/`read_stream` call or one subscription batch may return.
+pub const READ_BATCH_MAX: usize = 10_000;
+
+static PG_MIGRATOR: Migrator = sqlx::migrate!("../../migrations/postgres");
+static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("../../migrations/sqlite");
+
+/// Which database a [`Database`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+/// Errors of the store itself (as opposed to rejections of an append).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("unsupported database url: expected postgres://… or sqlite://…")]
+    UnsupportedUrl,
+    #[error("could not create the directory for the SQLite file: {0}")]
+    CreateDir(#[source] std::io::Error),
+    #[error("a transaction of one backend was given to the store of the other")]
+    BackendMismatch,
+    #[error("stored event at position {position} is malformed: {reason}")]
+    Corrupt { position: i64, reason: &'static str },
+}
+
+/// What the writer believes about a stream's current version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ExpectedVersion {
+    /// No expectation: append at the end, whatever it is. Races are retried
+    /// internally, so this never conflicts in [`EventStore::append`].
+    Any,
+    /// The stream must not exist yet.
+    NoStream,
+    /// The stream must have at least one event.
+    StreamExists,
+    /// The stream's last version must be exactly this (0 = does not exist).
+    /// Behind *and* ahead are both conflicts: versions never have gaps.
+    Exact(u64),
+}
+
+impl ExpectedVersion {
+    /// Whether the expectation holds for a stream whose last version is
+    /// `current` (0 = the stream does not exist).
+    pub fn holds(self, current: u64) -> bool {
+        match self {
+            ExpectedVersion::Any => true,
+            ExpectedVersion::NoStream => current == 0,
+            ExpectedVersion::StreamExists => current > 0,
+            ExpectedVersion::Exact(n) => current == n,
+        }
+    }
+}
+
+/// Context carried with each event. Serialised as a JSON object without the
+/// absent fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Metadata {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub causation_id: Option<Uuid>,
+    /// The client's Idempotency-Key of the request that caused the event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+}
+
+/// An event to append.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    /// Chosen by the writer, so that a re-sent append is recognised.
+    pub event_id: Uuid,
+    pub event_type: String,
+    /// Version of the payload's shape, for [`Upcaster`]s.
+    pub schema: i32,
+    pub data: serde_json::Value,
+    pub metadata: Metadata,
+}
+
+/// The events for one stream within an append, with the writer's expectation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamAppend {
+    pub stream_id: String,
+    pub expected: ExpectedVersion,
+    pub events: Vec<NewEvent>,
+}
+
+/// A point in the gap-free global order. Ordered by (commit-order key,
+/// position); [`Cursor::START`] precedes every event.
+///
+/// On PostgreSQL the key is the writing transaction's id; on SQLite, where
+/// writers are serialised and positions already follow commit order, it is 0.
+/// Projections store both numbers as their checkpoint.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct Cursor {
+    xact: i64,
+    position: i64,
+}
+
+impl Cursor {
+    /// Before every event.
+    pub const START: Cursor = Cursor {
+        xact: 0,
+        position: 0,
+    };
+
+    /// Rebuilds a cursor from its two parts (e.g. a stored checkpoint).
+    pub const fn new(xact: i64, position: i64) -> Cursor {
+        Cursor { xact, position }
+    }
+
+    /// The commit-order key (PostgreSQL transaction id; 0 on SQLite).
+    pub const fn xact(self) -> i64 {
+        self.xact
+    }
+
+    /// The global position of the event this cursor points at.
+    pub const fn position(self) -> i64 {
+        self.position
+    }
+}
+
+/// `xact.position`, e.g. `7412.1033`; parsed back by [`FromStr`], so a
+/// cursor can travel as an opaque string.
+impl fmt::Display for Cursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.xact, self.position)
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("a cursor is written as <xact>.<position>")]
+pub struct CursorParseError;
+
+impl FromStr for Cursor {
+    type Err = CursorParseError;
+    fn from_str(s: &str) -> Result<Cursor, CursorParseError> {
+        let (xact, position) = s.split_once('.').ok_or(CursorParseError)?;
+        Ok(Cursor {
+            xact: xact.parse().map_err(|_| CursorParseError)?,
+            position: position.parse().map_err(|_| CursorParseError)?,
+        })
+    }
+}
+
+/// An event as stored, after upcasting.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedEvent {
+    /// Unique and increasing in the order appends *started*; an API client's
+    /// read-your-writes token. Not a safe tailing key: use `cursor`.
+    pub position: i64,
+    pub cursor: Cursor,
+    pub stream_id: String,
+    pub version: u64,
+    pub event_id: Uuid,
+    pub event_type: String,
+    pub schema: i32,
+    pub data: serde_json::Value,
+    pub metadata: Metadata,
+    pub recorded_at: DateTime<Utc>,
+}
+
+/// The outcome of a successful (or successfully replayed) append.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    /// Each stream of the request, in request order, with its new last version.
+    pub streams: Vec<(String, u64)>,
+    /// Smallest and largest position written by the append.
+    pub first_position: i64,
+    pub last_position: i64,
+    /// The cursor of the append's last event in the global order: a
+    /// projection whose checkpoint reached it has seen the whole append.
+    pub last_cursor: Cursor,
+}
+
+/// Why an append was refused. Nothing of a refused append is written.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    /// The stream's version did not match the expectation.
+    #[error("stream {stream_id}: expected {expected:?}, actual version {actual:?}")]
+    Conflict {
+        stream_id: String,
+        expected: ExpectedVersion,
+        /// The stream's last version when the conflict was seen; None = no stream.
+        actual: Option<u64>,
+    },
+    /// An event id is already stored, and the request is not an identical
+    /// re-send of the append that stored it.
+    #[error("event id {event_id} is already stored by another append")]
+    EventIdTaken { event_id: Uuid },
+    /// The request has no streams, or a stream without events.
+    #[error("an append needs at least one event in each stream")]
+    NoEvents,
+    #[error("an append has more than {EVENTS_PER_APPEND_MAX} events")]
+    TooManyEvents,
+    #[error("stream {stream_id} appears twice in one append")]
+    StreamRepeated { stream_id: String },
+    #[error("event id {event_id} appears twice in one append")]
+    EventIdRepeated { event_id: Uuid },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for AppendError {
+    fn from(e: sqlx::Error) -> AppendError {
+        AppendError::Store(StoreError::Database(e))
+    }
+}
+
+/// Rewrites old payload versions into the current one as events are read.
+/// Stored events are never changed; upcasting happens on every read.
+pub trait Upcaster: Send + Sync {
+    fn upcast(
+        &self,
+        event_type: &str,
+        schema: i32,
+        data: serde_json::Value,
+    ) -> (i32, serde_json::Value);
+}
+
+/// The upcaster that changes nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoUpcast;
+
+impl Upcaster for NoUpcast {
+    fn upcast(
+        &self,
+        _event_type: &str,
+        schema: i32,
+        data: serde_json::Value,
+    ) -> (i32, serde_json::Value) {
+        (schema, data)
+    }
+}
+
+/// The event log.
+#[async_trait::async_trait]
+pub trait EventStore: Send + Sync {
+    /// Appends atomically to all streams of the request, in its own short
+    /// transaction (or one autocommit statement where that alone is atomic).
+    async fn append(&self, streams: &[StreamAppend]) -> Result<Appended, AppendError>;
+
+    /// Appends inside the caller's unit of work. On any error the caller must
+    /// roll back (or drop) `tx`: part of the append may be written in it.
+    /// Events appended here are seen by subscribers once `tx` commits; the
+    /// wake-up may lag up to a subscriber's poll interval.
+    async fn append_in(
+        &self,
+        tx: &mut Tx,
+        streams: &[StreamAppend],
+    ) -> Result<Appended, AppendError>;
+
+    /// Up to `limit` events of one stream with `version >= from_version`, in
+    /// version order.
+    async fn read_stream(
+        &self,
+        stream_id: &str,
+        from_version: u64,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError>;
+
+    /// The stream's last version; None if it has no events.
+    async fn stream_version(&self, stream_id: &str) -> Result<Option<u64>, StoreError>;
+
+    /// Up to `limit` events strictly after `after` in the gap-free global
+    /// order. An event not returned now can never later appear before the
+    /// last event returned.
+    async fn read_all(&self, after: Cursor, limit: usize)
+        -> Result<Vec<RecordedEvent>, StoreError>;
+
+    /// The cursor of the last event `read_all` can currently return
+    /// ([`Cursor::START`] for an empty log); for measuring lag.
+    async fn head(&self) -> Result<Cursor, StoreError>;
+
+    /// The cursor of the event at `position`, if it is committed. A reader whose
+    /// cursor reached it has seen that event (read-your-writes for API clients).
+    async fn cursor_of_position(&self, position: i64) -> Result<Option<Cursor>, StoreError>;
+
+    /// Events after `from` in batches of at most `batch_size`: first catching
+    /// up, then tailing live. Never ends by itself; drop it to stop. After an
+    /// `Err` item the stream keeps going (it retries after a short pause).
+    fn subscribe(
+        &self,
+        from: Cursor,
+        batch_size: usize,
+    ) -> BoxStream<'static, Result<Vec<RecordedEvent>, StoreError>>;
+}
+
+/// A connection pool to one of the two backends.
+#[derive(Debug, Clone)]
+pub enum Database {
+    Postgres(sqlx::PgPool),
+    Sqlite(sqlx::SqlitePool),
+}
+
+/// A unit of work spanning the event log and other tables of the same
+/// database (the idempotency record, the webhook-inbox row and projection
+/// checkpoints commit in the same transaction as the events).
+#[derive(Debug)]
+pub enum Tx {
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    /// Begun with `BEGIN IMMEDIATE`: it takes the write lock up front, so it
+    /// never fails half-way upgrading a read lock (`SQLITE_BUSY_SNAPSHOT`).
+    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+}
+
+impl Tx {
+    pub async fn commit(self) -> Result<(), StoreError> {
+        match self {
+            Tx::Postgres(tx) => tx.commit().await?,
+            Tx::Sqlite(tx) => tx.commit().await?,
+        }
+        Ok(())
+    }
+
+    pub async fn rollback(self) -> Result<(), StoreError> {
+        match self {
+            Tx::Postgres(tx) => tx.rollback().await?,
+            Tx::Sqlite(tx) => tx.rollback().await?,
+        }
+        Ok(())
+    }
+}
+
+impl Database {
+    /// Opens a pool for `postgres://…` or `sqlite://path` (also `sqlite:path`).
+    ///
+    /// SQLite: the file and its parent directory are created if missing; WAL
+    /// journal, `synchronous=FULL` (a committed payment event must survive a
+    /// power cut, which NORMAL does not promise in WAL mode), a busy timeout
+    /// of [`SQLITE_BUSY_TIMEOUT_MS`], foreign keys on.
+    pub async fn connect(url: &str) -> Result<Database, StoreError> {
+        let pool_size = if url.starts_with("sqlite:") {
+            SQLITE_POOL_CONNECTIONS_MAX
+        } else {
+            PG_POOL_CONNECTIONS_MAX
+        };
+        Database::connect_with_pool_size(url, pool_size).await
+    }
+
+    /// [`Database::connect`] with a chosen number of pooled connections.
+    pub async fn connect_with_pool_size(
+        url: &str,
+        connections_max: u32,
+    ) -> Result<Database, StoreError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let options = PgConnectOptions::from_str(url)?;
+            let pool = PgPoolOptions::new()
+                .max_connections(connections_max)
+                // A ping per acquire is a round trip per command; a broken
+                // connection surfaces as an error on first use instead.
+                .test_before_acquire(false)
+                .connect_with(options)
+                .await?;
+            Ok(Database::Postgres(pool))
+        } else if url.starts_with("sqlite:") {
+            let options = SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+                .busy_timeout(Duration::from_millis(SQLITE_BUSY_TIMEOUT_MS))
+                .foreign_keys(true);
+            if let Some(dir) = options.get_filename().parent() {
+                if !dir.as_os_str().is_empty() {
+                    std::fs::create_dir_all(dir).map_err(StoreError::CreateDir)?;
+                }
+            }
+            let pool = SqlitePoolOptions::new()
+                .max_connections(connections_max)
+                .test_before_acquire(false)
+                .connect_with(options)
+                .await?;
+            Ok(Database::Sqlite(pool))
+        } else {
+            Err(StoreError::UnsupportedUrl)
+        }
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self {
+            Database::Postgres(_) => Backend::Postgres,
+            Database::Sqlite(_) => Backend::Sqlite,
+        }
+    }
+
+    /// Applies the migrations embedded in the binary for this backend.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        match self {
+            Database::Postgres(pool) => PG_MIGRATOR.run(pool).await?,
+            Database::Sqlite(pool) => SQLITE_MIGRATOR.run(pool).await?,
+        }
+        Ok(())
+    }
+
+    /// One round trip to the database (for `/readyz`).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            Database::Postgres(pool) => {
+                sqlx::query("SELECT 1").execute(pool).await?;
+            }
+            Database::Sqlite(pool) => {
+                sqlx::query("SELECT 1").execute(pool).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether an embedded migration has not been applied (successfully) yet.
+    pub async fn migrations_pending(&self) -> Result<bool, StoreError> {
+        let (migrator, applied) = match self {
+            Database::Postgres(pool) => {
+                let exists: bool =
+                    sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+                        .fetch_one(pool)
+                        .await?;
+                if !exists {
+                    return Ok(true);
+                }
+                let applied: Vec<i64> =
+                    sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                        .fetch_all(pool)
+                        .await?;
+                (&PG_MIGRATOR, applied)
+            }
+            Database::Sqlite(pool) => {
+                let exists: bool = sqlx::query_scalar(
+                    "SELECT count(*) > 0 FROM sqlite_master \
+                     WHERE type = 'table' AND name = '_sqlx_migrations'",
+                )
+                .fetch_one(pool)
+                .await?;
+                if !exists {
+                    return Ok(true);
+                }
+                let applied: Vec<i64> =
+                    sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                        .fetch_all(pool)
+                        .await?;
+                (&SQLITE_MIGRATOR, applied)
+            }
+        };
+        Ok(migrator
+            .iter()
+            .filter(|m| m.migration_type.is_up_migration())
+            .any(|m| !applied.contains(&m.version)))
+    }
+
+    /// Starts a unit of work (see [`Tx`]).
+    pub async fn begin(&self) -> Result<Tx, StoreError> {
+        match self {
+            Database::Postgres(pool) => Ok(Tx::Postgres(pool.begin().await?)),
+            Database::Sqlite(pool) => Ok(Tx::Sqlite(pool.begin_with("BEGIN IMMEDIATE").await?)),
+        }
+    }
+
+    /// The event log on this database, reading payloads as stored.
+    pub fn event_store(&self) -> Arc<dyn EventStore> {
+        self.event_store_with(Arc::new(NoUpcast))
+    }
+
+    /// The event log on this database, upcasting payloads on read.
+    pub fn event_store_with(&self, upcaster: Arc<dyn Upcaster>) -> Arc<dyn EventStore> {
+        match self {
+            Database::Postgres(pool) => Arc::new(PgEventStore::new(pool.clone(), upcaster)),
+            Database::Sqlite(pool) => Arc::new(SqliteEventStore::new(pool.clone(), upcaster)),
+        }
+    }
+}
+
+/// Checks what both backends refuse before touching the database.
+fn validate(streams: &[StreamAppend]) -> Result<(), AppendError> {
+    if streams.is_empty() || streams.iter().any(|s| s.events.is_empty()) {
+        return Err(AppendError::NoEvents);
+    }
+    let total: usize = streams.iter().map(|s| s.events.len()).sum();
+    if total > EVENTS_PER_APPEND_MAX {
+        return Err(AppendError::TooManyEvents);
+    }
+    let mut stream_ids = std::collections::HashSet::with_capacity(streams.len());
+    let mut event_ids = std::collections::HashSet::with_capacity(total);
+    for s in streams {
+        if !stream_ids.insert(s.stream_id.as_str()) {
+            return Err(AppendError::StreamRepeated {
+                stream_id: s.stream_id.clone(),
+            });
+        }
+        for e in &s.events {
+            if !event_ids.insert(e.event_id) {
+                return Err(AppendError::EventIdRepeated {
+                    event_id: e.event_id,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Versions are `u64` in the API and `bigint` in the database.
+fn version_from_db(position: i64, version: i64) -> Result<u64, StoreError> {
+    u64::try_from(version).map_err(|_| StoreError::Corrupt {
+        position,
+        reason: "negative version",
+    })
+}
+
+/// The caller's limit, clamped to what one round trip may carry.
+fn clamp_limit(limit: usize) -> i64 {
+    // READ_BATCH_MAX is far below i64::MAX, so the cast cannot truncate.
+    limit.clamp(1, READ_BATCH_MAX) as i64
+}
+
+/// One stored event as both backends select it, columns in this order:
+/// position, xact, stream_id, version, event_id, event_type, schema, data,
+/// metadata, recorded_at (SQLite selects `0 AS xact`). Decoded by index: a
+/// by-name lookup per column per row is measurable on a million-event replay.
+struct EventRow {
+    position: i64,
+    xact: i64,
+    stream_id: String,
+    version: i64,
+    event_id: Uuid,
+    event_type: String,
+    schema: i32,
+    data: sqlx::types::Json<serde_json::Value>,
+    metadata: sqlx::types::Json<Metadata>,
+    recorded_at: DateTime<Utc>,
+}
+
+impl<'r, R> sqlx::FromRow<'r, R> for EventRow
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Uuid: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    sqlx::types::Json<serde_json::Value>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    sqlx::types::Json<Metadata>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    DateTime<Utc>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    fn from_row(row: &'r R) -> Result<EventRow, sqlx::Error> {
+        Ok(EventRow {
+            position: row.try_get(0)?,
+            xact: row.try_get(1)?,
+            stream_id: row.try_get(2)?,
+            version: row.try_get(3)?,
+            event_id: row.try_get(4)?,
+            event_type: row.try_get(5)?,
+            schema: row.try_get(6)?,
+            data: row.try_get(7)?,
+            metadata: row.try_get(8)?,
+            recorded_at: row.try_get(9)?,
+        })
+    }
+}
+
+impl EventRow {
+    fn into_recorded(self, upcaster: &dyn Upcaster) -> Result<RecordedEvent, StoreError> {
+        let version = version_from_db(self.position, self.version)?;
+        let (schema, data) = upcaster.upcast(&self.event_type, self.schema, self.data.0);
+        Ok(RecordedEvent {
+            position: self.position,
+            cursor: Cursor::new(self.xact, self.position),
+            stream_id: self.stream_id,
+            version,
+            event_id: self.event_id,
+            event_type: self.event_type,
+            schema,
+            data,
+            metadata: self.metadata.0,
+            recorded_at: self.recorded_at,
+        })
+    }
+}
+
+/// Merges the per-stream results of one append into the caller's answer.
+fn merge(results: Vec<classify::StreamResult>) -> Appended {
+    let first_position = results
+        .iter()
+        .map(|r| r.first_position)
+        .min()
+        .unwrap_or_default();
+    let last_position = results
+        .iter()
+        .map(|r| r.last_position)
+        .max()
+        .unwrap_or_default();
+    let last_cursor = results
+        .iter()
+        .map(|r| r.last_cursor)
+        .max()
+        .unwrap_or_default();
+    Appended {
+        streams: results
+            .into_iter()
+            .map(|r| (r.stream_id, r.version))
+            .collect(),
+        first_position,
+        last_position,
+        last_cursor,
+    }
+}

@@ -1,0 +1,562 @@
+//! The PostgreSQL backend: the production store.
+//!
+//! **Gap-free order.** Identity values are taken before commit, so positions
+//! do not follow commit order. Each row records its transaction id (`xact`),
+//! and readers take only rows with `xact < pg_snapshot_xmin(current snapshot)`,
+//! ordered by (xact, position). Every transaction below the snapshot's xmin
+//! has finished, and a new transaction always gets a larger id than xmin, so
+//! no row can ever appear behind a cursor that was handed out. The price: one
+//! long-open writing transaction holds back what readers see (never what they
+//! eventually get).
+//!
+//! **Round trips.** A single-stream append is one autocommit statement: it
+//! computes the next version, checks the expectation and inserts all events
+//! (UNNEST) at once; the unique (stream_id, version) index decides races. If
+//! it writes nothing or hits a unique violation, a second look tells a
+//! re-send from a conflict. Multi-stream appends run one such statement per
+//! stream in one transaction.
+//!
+//! **Wake-ups.** A NOTIFY inside the writing transaction would serialise all
+//! committing writers on PostgreSQL's notify queue lock (and with it their
+//! WAL flushes, defeating group commit). Instead, a successful append
+//! schedules one NOTIFY after it, coalescing all appends of a few
+//! milliseconds; subscribers also poll on a short timer, which covers events
+//! that are committed but still above the xmin horizon.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::classify::{self, Stored, StreamResult, Verdict};
+use crate::subscription::{self, Tail};
+use crate::{
+    AppendError, Appended, Cursor, EventRow, EventStore, ExpectedVersion, RecordedEvent,
+    StoreError, StreamAppend, Tx, Upcaster,
+};
+
+/// The LISTEN/NOTIFY channel announcing new events.
+pub const NOTIFY_CHANNEL: &str = "asiento_events";
+/// Appends within this window share one NOTIFY.
+const NOTIFY_COALESCE_MS: u64 = 5;
+/// A subscriber re-reads at least this often even without a NOTIFY: an event
+/// may be committed but not yet readable (an older transaction still open).
+pub const PG_POLL_INTERVAL_MS: u64 = 100;
+/// Attempts for an append whose expectation still holds after losing a race
+/// (only `Any`, or a statement that ran on a just-outdated snapshot).
+const APPEND_ATTEMPTS_MAX: usize = 32;
+
+/// Next version = last version + ordinal; the WHERE clause is the expectation
+/// ($7: 0 Any, 1 NoStream, 2 StreamExists, 3 Exact($8)). No ON CONFLICT: in
+/// autocommit a unique violation undoes the whole statement, so a batch is
+/// all-or-nothing.
+const INSERT_AUTOCOMMIT: &str = r#"
+WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM events WHERE stream_id = $1)
+INSERT INTO events (stream_id, version, event_id, event_type, schema, data, metadata)
+SELECT $1, cur.v + e.ord, e.event_id, e.event_type, e.schema, e.data, e.metadata
+FROM cur, unnest($2::uuid[], $3::text[], $4::int4[], $5::jsonb[], $6::jsonb[])
+     WITH ORDINALITY AS e(event_id, event_type, schema, data, metadata, ord)
+WHERE CASE $7::int4 WHEN 0 THEN true WHEN 1 THEN cur.v = 0 WHEN 2 THEN cur.v > 0
+                    ELSE cur.v = $8::int8 END
+ORDER BY e.ord
+RETURNING position, version, xact
+"#;
+
+/// The same inside a caller's transaction, where an error would poison the
+/// whole transaction: conflicting rows are skipped instead, and a short row
+/// count tells the caller to roll back.
+const INSERT_IN_TX: &str = r#"
+WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM events WHERE stream_id = $1)
+INSERT INTO events (stream_id, version, event_id, event_type, schema, data, metadata)
+SELECT $1, cur.v + e.ord, e.event_id, e.event_type, e.schema, e.data, e.metadata
+FROM cur, unnest($2::uuid[], $3::text[], $4::int4[], $5::jsonb[], $6::jsonb[])
+     WITH ORDINALITY AS e(event_id, event_type, schema, data, metadata, ord)
+WHERE CASE $7::int4 WHEN 0 THEN true WHEN 1 THEN cur.v = 0 WHEN 2 THEN cur.v > 0
+                    ELSE cur.v = $8::int8 END
+ORDER BY e.ord
+ON CONFLICT DO NOTHING
+RETURNING position, version, xact
+"#;
+
+const SELECT_EVENT: &str = "SELECT position, xact, stream_id, version, event_id, event_type, \
+                            schema, data, metadata, recorded_at FROM events";
+
+/// The xid below which every transaction has finished, in this statement's snapshot.
+const HORIZON: &str = "pg_snapshot_xmin(pg_current_snapshot())::text::bigint";
+
+/// The event log on PostgreSQL.
+#[derive(Clone)]
+pub struct PgEventStore {
+    pool: PgPool,
+    upcaster: Arc<dyn Upcaster>,
+    notifier: Arc<Notifier>,
+}
+
+impl PgEventStore {
+    pub fn new(pool: PgPool, upcaster: Arc<dyn Upcaster>) -> PgEventStore {
+        PgEventStore {
+            notifier: Arc::new(Notifier {
+                pool: pool.clone(),
+                scheduled: AtomicBool::new(false),
+            }),
+            pool,
+            upcaster,
+        }
+    }
+
+    fn decode(&self, rows: Vec<EventRow>) -> Result<Vec<RecordedEvent>, StoreError> {
+        rows.into_iter()
+            .map(|r| r.into_recorded(self.upcaster.as_ref()))
+            .collect()
+    }
+
+    /// One single-stream append as one autocommit statement.
+    async fn append_one(&self, append: &StreamAppend) -> Result<Appended, AppendError> {
+        let mut conn = self.pool.acquire().await.map_err(StoreError::from)?;
+        for _ in 0..APPEND_ATTEMPTS_MAX {
+            let inserted: Result<Vec<(i64, i64, i64)>, sqlx::Error> =
+                bind_insert(INSERT_AUTOCOMMIT, append)
+                    .fetch_all(&mut *conn)
+                    .await;
+            match inserted {
+                Ok(rows) if rows.len() == append.events.len() => {
+                    self.notifier.poke();
+                    let result = classify::result_of(&append.stream_id, &rows)?;
+                    return Ok(crate::merge(vec![result]));
+                }
+                // Zero rows: the expectation did not hold.
+                Ok(_) => {}
+                Err(e) if is_unique_violation(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
+            match classify_on(&mut conn, append).await? {
+                Verdict::Replayed(result) => return Ok(crate::merge(vec![result])),
+                Verdict::Refused(e) => return Err(e),
+                Verdict::Retry => continue,
+            }
+        }
+        Err(conflict_now(&mut conn, append).await)
+    }
+
+    /// A multi-stream append in its own transaction, retried as a whole when
+    /// an `Any` stream lost a race.
+    async fn append_many(&self, streams: &[StreamAppend]) -> Result<Appended, AppendError> {
+        for _ in 0..APPEND_ATTEMPTS_MAX {
+            let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
+            match append_streams(&mut tx, streams).await {
+                Ok(Outcome::Written(appended)) => {
+                    tx.commit().await.map_err(StoreError::from)?;
+                    self.notifier.poke();
+                    return Ok(appended);
+                }
+                Ok(Outcome::Replayed(appended)) => {
+                    tx.rollback().await.map_err(StoreError::from)?;
+                    return Ok(appended);
+                }
+                Err(Failure::Retry) => {
+                    tx.rollback().await.map_err(StoreError::from)?;
+                }
+                Err(Failure::Refused(e)) => {
+                    tx.rollback().await.map_err(StoreError::from)?;
+                    return Err(e);
+                }
+            }
+        }
+        let mut conn = self.pool.acquire().await.map_err(StoreError::from)?;
+        Err(conflict_now(&mut conn, &streams[0]).await)
+    }
+}
+
+/// Sends at most one NOTIFY per coalescing window, always after the appends
+/// that asked for it.
+struct Notifier {
+    pool: PgPool,
+    scheduled: AtomicBool,
+}
+
+impl Notifier {
+    fn poke(self: &Arc<Self>) {
+        if self.scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(NOTIFY_COALESCE_MS)).await;
+            // Cleared before sending: an append landing after this point asks
+            // for (and gets) a NOTIFY of its own.
+            this.scheduled.store(false, Ordering::Release);
+            let sent = sqlx::query("SELECT pg_notify($1, '')")
+                .bind(NOTIFY_CHANNEL)
+                .execute(&this.pool)
+                .await;
+            if let Err(e) = sent {
+                // Subscribers poll as well; a lost wake-up only adds latency.
+                tracing::debug!(error = %e, "event notification not sent");
+            }
+        });
+    }
+}
+
+enum Outcome {
+    Written(Appended),
+    Replayed(Appended),
+}
+
+enum Failure {
+    /// Nothing useful was written; the whole append may be tried again.
+    Retry,
+    Refused(AppendError),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Failure {
+        Failure::Refused(AppendError::Store(e))
+    }
+}
+
+impl From<sqlx::Error> for Failure {
+    fn from(e: sqlx::Error) -> Failure {
+        Failure::Refused(e.into())
+    }
+}
+
+/// Appends every stream inside an open transaction. A stream that was
+/// already stored by an identical append counts as replayed; a request that
+/// mixes replayed and new streams is not a re-send and is refused.
+async fn append_streams(
+    conn: &mut PgConnection,
+    streams: &[StreamAppend],
+) -> Result<Outcome, Failure> {
+    let mut written = Vec::with_capacity(streams.len());
+    let mut replayed = Vec::with_capacity(streams.len());
+    for append in streams {
+        match append_stream_in_tx(conn, append).await? {
+            StreamOutcome::Written(r) => written.push(r),
+            StreamOutcome::Replayed(r) => replayed.push(r),
+        }
+    }
+    match (written.is_empty(), replayed.first()) {
+        (true, _) => Ok(Outcome::Replayed(crate::merge(replayed))),
+        (false, None) => Ok(Outcome::Written(crate::merge(written))),
+        (false, Some(r)) => {
+            let event_id = streams
+                .iter()
+                .find(|s| s.stream_id == r.stream_id)
+                .and_then(|s| s.events.first())
+                .map_or(Uuid::nil(), |e| e.event_id);
+            Err(Failure::Refused(AppendError::EventIdTaken { event_id }))
+        }
+    }
+}
+
+enum StreamOutcome {
+    Written(StreamResult),
+    Replayed(StreamResult),
+}
+
+async fn append_stream_in_tx(
+    conn: &mut PgConnection,
+    append: &StreamAppend,
+) -> Result<StreamOutcome, Failure> {
+    for _ in 0..APPEND_ATTEMPTS_MAX {
+        let rows: Vec<(i64, i64, i64)> = bind_insert(INSERT_IN_TX, append)
+            .fetch_all(&mut *conn)
+            .await?;
+        if rows.len() == append.events.len() {
+            return Ok(StreamOutcome::Written(classify::result_of(
+                &append.stream_id,
+                &rows,
+            )?));
+        }
+        if !rows.is_empty() {
+            // Part of the batch collided with a concurrent writer; the rest
+            // is written in this transaction and must be rolled back.
+            return Err(Failure::Retry);
+        }
+        // Nothing written: the transaction is still clean, look and decide.
+        match classify_on(conn, append).await? {
+            Verdict::Replayed(r) => return Ok(StreamOutcome::Replayed(r)),
+            Verdict::Refused(e) => return Err(Failure::Refused(e)),
+            Verdict::Retry => continue,
+        }
+    }
+    Err(Failure::Retry)
+}
+
+fn bind_insert<'q>(
+    sql: &'q str,
+    append: &'q StreamAppend,
+) -> sqlx::query::QueryAs<'q, sqlx::Postgres, (i64, i64, i64), sqlx::postgres::PgArguments> {
+    let events = &append.events;
+    let ids: Vec<Uuid> = events.iter().map(|e| e.event_id).collect();
+    let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    let schemas: Vec<i32> = events.iter().map(|e| e.schema).collect();
+    let data: Vec<Json<&serde_json::Value>> = events.iter().map(|e| Json(&e.data)).collect();
+    let metadata: Vec<Json<&crate::Metadata>> = events.iter().map(|e| Json(&e.metadata)).collect();
+    let (kind, exact): (i32, i64) = match append.expected {
+        ExpectedVersion::Any => (0, 0),
+        ExpectedVersion::NoStream => (1, 0),
+        ExpectedVersion::StreamExists => (2, 0),
+        // A version beyond i64 can never be current: -1 never matches.
+        ExpectedVersion::Exact(n) => (3, i64::try_from(n).unwrap_or(-1)),
+    };
+    sqlx::query_as(sql)
+        .bind(append.stream_id.as_str())
+        .bind(ids)
+        .bind(types)
+        .bind(schemas)
+        .bind(data)
+        .bind(metadata)
+        .bind(kind)
+        .bind(exact)
+}
+
+fn is_unique_violation(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .is_some_and(|d| d.kind() == sqlx::error::ErrorKind::UniqueViolation)
+}
+
+async fn stream_version_on(conn: &mut PgConnection, stream_id: &str) -> Result<u64, StoreError> {
+    let v: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM events WHERE stream_id = $1")
+        .bind(stream_id)
+        .fetch_one(&mut *conn)
+        .await?;
+    match v {
+        None => Ok(0),
+        Some(v) => crate::version_from_db(0, v),
+    }
+}
+
+async fn classify_on(
+    conn: &mut PgConnection,
+    append: &StreamAppend,
+) -> Result<Verdict, StoreError> {
+    let ids: Vec<Uuid> = append.events.iter().map(|e| e.event_id).collect();
+    let stored: Vec<(Uuid, String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT event_id, stream_id, version, position, xact FROM events WHERE event_id = ANY($1)",
+    )
+    .bind(ids)
+    .fetch_all(&mut *conn)
+    .await?;
+    let stored: Vec<Stored> = stored
+        .into_iter()
+        .map(|(event_id, stream_id, version, position, xact)| Stored {
+            event_id,
+            stream_id,
+            version,
+            position,
+            xact,
+        })
+        .collect();
+    let actual = stream_version_on(conn, &append.stream_id).await?;
+    classify::classify(append, &stored, actual)
+}
+
+/// The conflict to report once retries are exhausted.
+async fn conflict_now(conn: &mut PgConnection, append: &StreamAppend) -> AppendError {
+    match stream_version_on(conn, &append.stream_id).await {
+        Ok(actual) => AppendError::Conflict {
+            stream_id: append.stream_id.clone(),
+            expected: append.expected,
+            actual: (actual > 0).then_some(actual),
+        },
+        Err(e) => e.into(),
+    }
+}
+
+#[async_trait::async_trait]
+impl EventStore for PgEventStore {
+    #[tracing::instrument(skip_all, fields(streams = streams.len()))]
+    async fn append(&self, streams: &[StreamAppend]) -> Result<Appended, AppendError> {
+        crate::validate(streams)?;
+        match streams {
+            [one] => self.append_one(one).await,
+            _ => self.append_many(streams).await,
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(streams = streams.len()))]
+    async fn append_in(
+        &self,
+        tx: &mut Tx,
+        streams: &[StreamAppend],
+    ) -> Result<Appended, AppendError> {
+        crate::validate(streams)?;
+        let Tx::Postgres(tx) = tx else {
+            return Err(StoreError::BackendMismatch.into());
+        };
+        let appended = match append_streams(tx, streams).await {
+            Ok(Outcome::Written(a)) => {
+                // Usually the caller commits within the coalescing window;
+                // if not, subscribers find the events on their next poll.
+                self.notifier.poke();
+                a
+            }
+            Ok(Outcome::Replayed(a)) => a,
+            Err(Failure::Refused(e)) => return Err(e),
+            Err(Failure::Retry) => {
+                let actual = stream_version_on(tx, &streams[0].stream_id).await?;
+                return Err(AppendError::Conflict {
+                    stream_id: streams[0].stream_id.clone(),
+                    expected: streams[0].expected,
+                    actual: (actual > 0).then_some(actual),
+                });
+            }
+        };
+        Ok(appended)
+    }
+
+    async fn read_stream(
+        &self,
+        stream_id: &str,
+        from_version: u64,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let from = i64::try_from(from_version).unwrap_or(i64::MAX);
+        let rows: Vec<EventRow> = sqlx::query_as(&format!(
+            "{SELECT_EVENT} WHERE stream_id = $1 AND version >= $2 ORDER BY version LIMIT $3"
+        ))
+        .bind(stream_id)
+        .bind(from)
+        .bind(crate::clamp_limit(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        self.decode(rows)
+    }
+
+    async fn stream_version(&self, stream_id: &str) -> Result<Option<u64>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let v = stream_version_on(&mut conn, stream_id).await?;
+        Ok((v > 0).then_some(v))
+    }
+
+    async fn read_all(
+        &self,
+        after: Cursor,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let rows: Vec<EventRow> = sqlx::query_as(&format!(
+            "{SELECT_EVENT} WHERE (xact, position) > ($1, $2) AND xact < {HORIZON} \
+             ORDER BY xact, position LIMIT $3"
+        ))
+        .bind(after.xact())
+        .bind(after.position())
+        .bind(crate::clamp_limit(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        self.decode(rows)
+    }
+
+    async fn head(&self) -> Result<Cursor, StoreError> {
+        let last: Option<(i64, i64)> = sqlx::query_as(&format!(
+            "SELECT xact, position FROM events WHERE xact < {HORIZON} \
+             ORDER BY xact DESC, position DESC LIMIT 1"
+        ))
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(last.map_or(Cursor::START, |(x, p)| Cursor::new(x, p)))
+    }
+
+    async fn cursor_of_position(&self, position: i64) -> Result<Option<Cursor>, StoreError> {
+        let xact: Option<i64> = sqlx::query_scalar("SELECT xact FROM events WHERE position = $1")
+            .bind(position)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(xact.map(|x| Cursor::new(x, position)))
+    }
+
+    fn subscribe(
+        &self,
+        from: Cursor,
+        batch_size: usize,
+    ) -> BoxStream<'static, Result<Vec<RecordedEvent>, StoreError>> {
+        subscription::subscribe(
+            PgTail {
+                store: self.clone(),
+                listener: None,
+            },
+            from,
+            batch_size,
+        )
+    }
+}
+
+/// Live tail on PostgreSQL: LISTEN on a connection of its own (so a
+/// subscription never holds one of the pool's), plus polling.
+struct PgTail {
+    store: PgEventStore,
+    listener: Option<PgListener>,
+}
+
+#[async_trait::async_trait]
+impl Tail for PgTail {
+    async fn read(
+        &mut self,
+        after: Cursor,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        self.store.read_all(after, limit).await
+    }
+
+    fn read_ahead(&self, after: Cursor, batch_size: usize) -> subscription::Batches {
+        let (tx, rx) = tokio::sync::mpsc::channel(subscription::READ_AHEAD_BATCHES_MAX);
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let sql = format!(
+                "{SELECT_EVENT} WHERE (xact, position) > ($1, $2) AND xact < {HORIZON} \
+                 ORDER BY xact, position LIMIT $3"
+            );
+            let upcaster = Arc::clone(&store.upcaster);
+            let rows = sqlx::query_as::<_, EventRow>(&sql)
+                .bind(after.xact())
+                .bind(after.position())
+                // READ_AHEAD_ROWS_MAX is far below i64::MAX.
+                .bind(subscription::READ_AHEAD_ROWS_MAX as i64)
+                .fetch(&store.pool)
+                .map(|row| row?.into_recorded(upcaster.as_ref()));
+            subscription::send_batches(rows, batch_size, tx).await;
+        });
+        rx
+    }
+
+    async fn arm(&mut self) -> Result<(), StoreError> {
+        let options = (*self.store.pool.connect_options()).clone();
+        let own = PgPoolOptions::new()
+            .max_connections(1)
+            .test_before_acquire(false)
+            .connect_lazy_with(options);
+        let mut listener = PgListener::connect_with(&own).await?;
+        listener.listen(NOTIFY_CHANNEL).await?;
+        self.listener = Some(listener);
+        Ok(())
+    }
+
+    async fn wait(&mut self) -> bool {
+        let poll = tokio::time::sleep(Duration::from_millis(PG_POLL_INTERVAL_MS));
+        let Some(listener) = self.listener.as_mut() else {
+            poll.await;
+            return false;
+        };
+        tokio::select! {
+            received = listener.recv() => match received {
+                Ok(_) => {
+                    // One read covers every wake-up that is already queued.
+                    while listener.next_buffered().is_some() {}
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "event subscription lost its LISTEN connection");
+                    self.listener = None;
+                    false
+                }
+            },
+            () = poll => true,
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! What every test binary of this crate needs: a fresh database of either
+//! backend, migrated, and small builders for events.
+#![allow(dead_code)] // each test binary uses a different part
+#![allow(clippy::unwrap_used)] // test code
+
+use std::sync::Arc;
+
+use asiento_eventstore::{
+    testing, Database, EventStore, Metadata, NewEvent, StreamAppend, Upcaster,
+};
+use asiento_eventstore::{Backend, Cursor, ExpectedVersion};
+use uuid::Uuid;
+
+pub struct Harness {
+    pub db: Database,
+    pub store: Arc<dyn EventStore>,
+    pg_url: Option<String>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Harness {
+    pub async fn sqlite() -> Harness {
+        let (dir, url) = testing::temp_sqlite_url();
+        Harness::open(url, Some(dir), None).await
+    }
+
+    pub async fn postgres() -> Harness {
+        let url = testing::fresh_postgres_url().await;
+        Harness::open(url.clone(), None, Some(url)).await
+    }
+
+    async fn open(url: String, dir: Option<tempfile::TempDir>, pg_url: Option<String>) -> Harness {
+        let db = Database::connect_with_pool_size(&url, 24).await.unwrap();
+        db.migrate().await.unwrap();
+        Harness {
+            store: db.event_store(),
+            db,
+            pg_url,
+            _dir: dir,
+        }
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.db.backend()
+    }
+
+    pub fn store_with(&self, upcaster: Arc<dyn Upcaster>) -> Arc<dyn EventStore> {
+        self.db.event_store_with(upcaster)
+    }
+
+    /// Waits until `read_all` can return everything up to `cursor`. On
+    /// PostgreSQL a committed event becomes readable only once every older
+    /// transaction in the cluster has finished (other tests run beside us).
+    pub async fn settled(&self, cursor: Cursor) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.store.head().await.unwrap() < cursor {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "log never reached {cursor}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Runs one statement that returns nothing, on either backend.
+    pub async fn execute(&self, sql: &str) -> Result<(), sqlx::Error> {
+        match &self.db {
+            Database::Postgres(pool) => sqlx::query(sql).execute(pool).await.map(|_| ()),
+            Database::Sqlite(pool) => sqlx::query(sql).execute(pool).await.map(|_| ()),
+        }
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        match &self.db {
+            Database::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await.unwrap(),
+            Database::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await.unwrap(),
+        }
+    }
+
+    /// Drops the PostgreSQL test database (a panicking test leaves it to the
+    /// stale-database sweep of `testing::fresh_postgres_url`).
+    pub async fn cleanup(self) {
+        match self.db {
+            Database::Postgres(pool) => pool.close().await,
+            Database::Sqlite(pool) => pool.close().await,
+        }
+        if let Some(url) = self.pg_url {
+            testing::drop_postgres_database(&url).await;
+        }
+    }
+}
+
+pub fn event(event_type: &str, data: serde_json::Value) -> NewEvent {
+    NewEvent {
+        event_id: Uuid::new_v4(),
+        event_type: event_type.to_owned(),
+        schema: 1,
+        data,
+        metadata: Metadata::default(),
+    }
+}
+
+pub fn events(n: usize) -> Vec<NewEvent> {
+    (0..n)
+        .map(|i| event("Tested", serde_json::json!({ "i": i })))
+        .collect()
+}
+
+pub fn to(stream_id: &str, expected: ExpectedVersion, events: Vec<NewEvent>) -> StreamAppend {
+    StreamAppend {
+        stream_id: stream_id.to_owned(),
+        expected,
+        events,
+    }
+}

@@ -1,0 +1,113 @@
+//! The balances read model: the CQRS read side for money.
+//!
+//! Balances are derived, never stored as truth: the tables here are caches of the log that a
+//! rebuild can throw away and refill, and [`verify`] proves they match a full recomputation.
+//!
+//! - **Exact while lagging.** A balance read takes the snapshot row and the projection's
+//!   checkpoint in one statement, then adds the legs of every journal entry the log holds
+//!   after that checkpoint (read through the log's gap-free order). The answer is exact up to
+//!   the newest event the log can serve, whether the projector is current, behind or stopped.
+//! - **Read-your-writes.** With `min_position` (the `position` a command answered), a read waits
+//!   (polling, at most [`READ_WAIT_MS_MAX`]) until it includes that event, then fails with
+//!   [`BalanceError::ProjectionLagging`] (HTTP 503 `projection_lagging`).
+//! - **Legs and entries** (`/v1/accounts/{a}/entries`, `/v1/journal/{id}`) come from the
+//!   projected tables only; with `min_position` they wait for the projector's checkpoint.
+//!
+//! The lead process must call [`install`] once at startup (after migrations) so that the views
+//! exist before the first read, and run a [`asiento_projector::Runner`] with [`projection`].
+
+use std::sync::Arc;
+
+use asiento_eventstore::{Database, StoreError};
+use asiento_projector::{Projection, ProjectionError, ProjectorError};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+mod decode;
+mod projection;
+mod read;
+mod verify;
+
+pub use asiento_projector::READ_WAIT_MS_MAX;
+pub use projection::{Balances, FINGERPRINT, NAME};
+pub use read::{entries, journal_entry, read_balance, ENTRIES_LIMIT_MAX, TAIL_EVENTS_MAX};
+pub use verify::{recompute_all, snapshot_all, verify, BalanceMismatch};
+
+/// The balances projection, for a [`asiento_projector::Runner`] or a rebuild.
+pub fn projection() -> Arc<dyn Projection> {
+    Arc::new(Balances)
+}
+
+/// Registers the projection and creates its views if this database has none yet.
+pub async fn install(db: &Database) -> Result<(), ProjectorError> {
+    asiento_projector::install(db, &Balances).await
+}
+
+/// Which balance: money is kept per tenant, account and currency.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct BalanceKey {
+    pub tenant: String,
+    pub account: String,
+    pub currency: String,
+}
+
+/// `GET /v1/accounts/{account}/balance`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Balance {
+    pub balance_minor: i64,
+    /// The position of the newest event (in commit order) the balance includes; 0 for an empty
+    /// log. Passing it back as `min_position` never waits.
+    pub as_of_position: i64,
+}
+
+/// One leg of a journal entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LegView {
+    pub account: String,
+    pub currency: String,
+    pub amount_minor: i64,
+}
+
+/// One line of `GET /v1/accounts/{account}/entries`: a leg on the account.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountLeg {
+    pub entry_id: String,
+    pub amount_minor: i64,
+    /// The log position of the `EntryPosted` event; the `after` of the next page.
+    pub position: i64,
+    pub recorded_at: DateTime<Utc>,
+}
+
+/// `GET /v1/journal/{entry_id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalEntryView {
+    pub entry_id: String,
+    pub tenant: String,
+    pub position: i64,
+    /// The entry this one reverses, if it is a correction.
+    pub reverses: Option<String>,
+    pub legs: Vec<LegView>,
+    pub recorded_at: DateTime<Utc>,
+}
+
+/// Why a read of the balances read model failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BalanceError {
+    /// The read could not include `min_position` in time (HTTP 503 `projection_lagging`), or
+    /// the unprojected tail is longer than [`TAIL_EVENTS_MAX`].
+    #[error("the balances projection is lagging (waited {waited_ms} ms)")]
+    ProjectionLagging { waited_ms: u64 },
+    /// `after` names no committed event (HTTP 400).
+    #[error("no event at position {position}")]
+    UnknownPosition { position: i64 },
+    /// [`install`] was never called on this database.
+    #[error("the balances projection is not installed")]
+    NotInstalled,
+    /// A journal entry in the log cannot be read (a bug upstream; ours, HTTP 500).
+    #[error(transparent)]
+    Projection(#[from] ProjectionError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}

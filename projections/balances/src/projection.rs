@@ -1,0 +1,422 @@
+//! The projection: journal entries from the log into three tables per generation.
+//!
+//! - `balances_g{n}`: one row per (tenant, account, currency) with the balance and the position
+//!   of the last event that changed it;
+//! - `balance_legs_g{n}`: every leg, per (tenant, account, currency), in log order;
+//! - `journal_entries_g{n}`: every entry by id, with all its legs.
+//!
+//! Readers use the views `balances`, `balance_legs` and `journal_entries`, which point at the
+//! active generation.
+
+use std::collections::BTreeMap;
+
+use asiento_eventstore::{Cursor, RecordedEvent, Tx};
+use asiento_projector::{on_tx, Projection, ProjectionError};
+use chrono::{DateTime, Utc};
+
+use crate::decode::{self, Posted};
+
+/// The registry name, and the argument of `asiento projections rebuild balances`.
+pub const NAME: &str = "balances";
+/// Bump when the tables or the way they are filled change: runners then refuse the old data
+/// until `asiento projections rebuild balances`.
+pub const FINGERPRINT: &str = "balances-v1";
+
+/// The balances read model. Stateless: everything lives in the database.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Balances;
+
+const VIEWS: [(&str, &str); 3] = [
+    ("balances", "balances_g"),
+    ("balance_legs", "balance_legs_g"),
+    ("journal_entries", "journal_entries_g"),
+];
+
+fn ddl_postgres(g: i64) -> Vec<String> {
+    vec![
+        format!(
+            "CREATE TABLE balances_g{g} (
+                tenant        TEXT   NOT NULL,
+                account       TEXT   NOT NULL,
+                currency      TEXT   NOT NULL,
+                balance_minor BIGINT NOT NULL,
+                last_position BIGINT NOT NULL,
+                PRIMARY KEY (tenant, account, currency))"
+        ),
+        // Keyed in log order (xact, position) so that pages by `after` never miss a leg that
+        // committed late: rows are only ever added after every existing one.
+        format!(
+            "CREATE TABLE balance_legs_g{g} (
+                tenant       TEXT        NOT NULL,
+                account      TEXT        NOT NULL,
+                currency     TEXT        NOT NULL,
+                xact         BIGINT      NOT NULL,
+                position     BIGINT      NOT NULL,
+                leg          INTEGER     NOT NULL,
+                entry_id     TEXT        NOT NULL,
+                amount_minor BIGINT      NOT NULL,
+                recorded_at  TIMESTAMPTZ NOT NULL,
+                PRIMARY KEY (tenant, account, currency, xact, position, leg))"
+        ),
+        format!(
+            "CREATE TABLE journal_entries_g{g} (
+                tenant      TEXT        NOT NULL,
+                entry_id    TEXT        NOT NULL,
+                xact        BIGINT      NOT NULL,
+                position    BIGINT      NOT NULL,
+                reverses    TEXT,
+                legs        JSONB       NOT NULL,
+                recorded_at TIMESTAMPTZ NOT NULL,
+                PRIMARY KEY (tenant, entry_id))"
+        ),
+    ]
+}
+
+fn ddl_sqlite(g: i64) -> Vec<String> {
+    vec![
+        // SQLite turns an integer overflow into a float; the CHECK turns it into an error.
+        format!(
+            "CREATE TABLE balances_g{g} (
+                tenant        TEXT    NOT NULL,
+                account       TEXT    NOT NULL,
+                currency      TEXT    NOT NULL,
+                balance_minor INTEGER NOT NULL CHECK (typeof(balance_minor) = 'integer'),
+                last_position INTEGER NOT NULL,
+                PRIMARY KEY (tenant, account, currency)) WITHOUT ROWID"
+        ),
+        format!(
+            "CREATE TABLE balance_legs_g{g} (
+                tenant       TEXT    NOT NULL,
+                account      TEXT    NOT NULL,
+                currency     TEXT    NOT NULL,
+                xact         INTEGER NOT NULL,
+                position     INTEGER NOT NULL,
+                leg          INTEGER NOT NULL,
+                entry_id     TEXT    NOT NULL,
+                amount_minor INTEGER NOT NULL,
+                recorded_at  TEXT    NOT NULL,
+                PRIMARY KEY (tenant, account, currency, xact, position, leg)) WITHOUT ROWID"
+        ),
+        format!(
+            "CREATE TABLE journal_entries_g{g} (
+                tenant      TEXT    NOT NULL,
+                entry_id    TEXT    NOT NULL,
+                xact        INTEGER NOT NULL,
+                position    INTEGER NOT NULL,
+                reverses    TEXT,
+                legs        TEXT    NOT NULL,
+                recorded_at TEXT    NOT NULL,
+                PRIMARY KEY (tenant, entry_id)) WITHOUT ROWID"
+        ),
+    ]
+}
+
+/// The writes of one batch, gathered first so that each table gets one statement per batch on
+/// PostgreSQL (UNNEST) and each balance row is touched once.
+#[derive(Default)]
+struct BatchWrites {
+    /// (tenant, account, currency) -> (change, position of the last event changing it).
+    deltas: BTreeMap<(String, String, String), (i64, i64)>,
+    legs: Vec<LegRow>,
+    entries: Vec<EntryRow>,
+}
+
+struct LegRow {
+    tenant: String,
+    account: String,
+    currency: String,
+    cursor: Cursor,
+    leg: i32,
+    entry_id: String,
+    amount_minor: i64,
+    recorded_at: DateTime<Utc>,
+}
+
+struct EntryRow {
+    tenant: String,
+    entry_id: String,
+    cursor: Cursor,
+    reverses: Option<String>,
+    legs: sqlx::types::Json<Vec<crate::LegView>>,
+    recorded_at: DateTime<Utc>,
+}
+
+impl BatchWrites {
+    fn add(&mut self, event: &RecordedEvent, posted: Posted) -> Result<(), ProjectionError> {
+        let overflow = || ProjectionError::Malformed {
+            position: event.position,
+            reason: "a balance overflows i64".to_owned(),
+        };
+        let mut views = Vec::with_capacity(posted.legs.len());
+        for (index, leg) in posted.legs.into_iter().enumerate() {
+            let key = (
+                posted.tenant.clone(),
+                leg.account.clone(),
+                leg.currency.clone(),
+            );
+            let slot = self.deltas.entry(key).or_insert((0, event.position));
+            slot.0 = slot.0.checked_add(leg.amount_minor).ok_or_else(overflow)?;
+            slot.1 = event.position;
+            self.legs.push(LegRow {
+                tenant: posted.tenant.clone(),
+                account: leg.account.clone(),
+                currency: leg.currency.clone(),
+                cursor: event.cursor,
+                leg: i32::try_from(index).map_err(|_| overflow())?,
+                entry_id: posted.entry_id.clone(),
+                amount_minor: leg.amount_minor,
+                recorded_at: event.recorded_at,
+            });
+            views.push(leg);
+        }
+        self.entries.push(EntryRow {
+            tenant: posted.tenant,
+            entry_id: posted.entry_id,
+            cursor: event.cursor,
+            reverses: posted.reverses,
+            legs: sqlx::types::Json(views),
+            recorded_at: event.recorded_at,
+        });
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Projection for Balances {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn fingerprint(&self) -> &'static str {
+        FINGERPRINT
+    }
+
+    async fn create_generation(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
+        let statements = match tx {
+            Tx::Postgres(_) => ddl_postgres(g),
+            Tx::Sqlite(_) => ddl_sqlite(g),
+        };
+        for statement in statements {
+            on_tx!(tx, conn => sqlx::query(&statement).execute(conn).await?.rows_affected());
+        }
+        Ok(())
+    }
+
+    async fn point_views(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
+        for (view, table) in VIEWS {
+            let select = format!("SELECT * FROM {table}{g}");
+            match tx {
+                // Transactional, and the column lists of all generations are identical, which
+                // CREATE OR REPLACE VIEW requires.
+                Tx::Postgres(t) => {
+                    sqlx::query(&format!("CREATE OR REPLACE VIEW {view} AS {select}"))
+                        .execute(&mut **t)
+                        .await?;
+                }
+                // SQLite has no CREATE OR REPLACE VIEW; both statements are in one transaction.
+                Tx::Sqlite(t) => {
+                    sqlx::query(&format!("DROP VIEW IF EXISTS {view}"))
+                        .execute(&mut **t)
+                        .await?;
+                    sqlx::query(&format!("CREATE VIEW {view} AS {select}"))
+                        .execute(&mut **t)
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn drop_generation(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
+        for (_, table) in VIEWS {
+            let statement = format!("DROP TABLE IF EXISTS {table}{g}");
+            on_tx!(tx, conn => sqlx::query(&statement).execute(conn).await?.rows_affected());
+        }
+        Ok(())
+    }
+
+    async fn apply(
+        &self,
+        tx: &mut Tx,
+        g: i64,
+        events: &[RecordedEvent],
+    ) -> Result<(), ProjectionError> {
+        let mut writes = BatchWrites::default();
+        for event in events {
+            if let Some(posted) = decode::entry_posted(event)? {
+                writes.add(event, posted)?;
+            }
+        }
+        if writes.entries.is_empty() {
+            return Ok(());
+        }
+        match tx {
+            Tx::Postgres(t) => write_postgres(t, g, writes).await?,
+            Tx::Sqlite(t) => write_sqlite(t, g, writes).await?,
+        }
+        Ok(())
+    }
+}
+
+async fn write_postgres(
+    conn: &mut sqlx::PgConnection,
+    g: i64,
+    w: BatchWrites,
+) -> Result<(), sqlx::Error> {
+    let (mut tenants, mut accounts, mut currencies, mut changes, mut positions) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for ((tenant, account, currency), (change, position)) in w.deltas {
+        tenants.push(tenant);
+        accounts.push(account);
+        currencies.push(currency);
+        changes.push(change);
+        positions.push(position);
+    }
+    // Keys are unique within the batch (gathered above), as ON CONFLICT DO UPDATE requires.
+    sqlx::query(&format!(
+        "INSERT INTO balances_g{g} AS b (tenant, account, currency, balance_minor, last_position)
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[])
+         ON CONFLICT (tenant, account, currency) DO UPDATE
+         SET balance_minor = b.balance_minor + excluded.balance_minor,
+             last_position = excluded.last_position"
+    ))
+    .bind(tenants)
+    .bind(accounts)
+    .bind(currencies)
+    .bind(changes)
+    .bind(positions)
+    .execute(&mut *conn)
+    .await?;
+
+    let mut legs = PgLegColumns::default();
+    for l in w.legs {
+        legs.push(l);
+    }
+    sqlx::query(&format!(
+        "INSERT INTO balance_legs_g{g}
+             (tenant, account, currency, xact, position, leg, entry_id, amount_minor, recorded_at)
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
+                              $6::int4[], $7::text[], $8::int8[], $9::timestamptz[])"
+    ))
+    .bind(legs.tenant)
+    .bind(legs.account)
+    .bind(legs.currency)
+    .bind(legs.xact)
+    .bind(legs.position)
+    .bind(legs.leg)
+    .bind(legs.entry_id)
+    .bind(legs.amount_minor)
+    .bind(legs.recorded_at)
+    .execute(&mut *conn)
+    .await?;
+
+    // An entry id is derived from what caused it, so a second EntryPosted with the same id is
+    // a bug upstream; its legs still count (the log is the truth) but the lookup keeps the first.
+    let insert = format!(
+        "INSERT INTO journal_entries_g{g}
+             (tenant, entry_id, xact, position, reverses, legs, recorded_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (tenant, entry_id) DO NOTHING"
+    );
+    for e in w.entries {
+        sqlx::query(&insert)
+            .bind(e.tenant)
+            .bind(e.entry_id)
+            .bind(e.cursor.xact())
+            .bind(e.cursor.position())
+            .bind(e.reverses)
+            .bind(e.legs)
+            .bind(e.recorded_at)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct PgLegColumns {
+    tenant: Vec<String>,
+    account: Vec<String>,
+    currency: Vec<String>,
+    xact: Vec<i64>,
+    position: Vec<i64>,
+    leg: Vec<i32>,
+    entry_id: Vec<String>,
+    amount_minor: Vec<i64>,
+    recorded_at: Vec<DateTime<Utc>>,
+}
+
+impl PgLegColumns {
+    fn push(&mut self, l: LegRow) {
+        self.tenant.push(l.tenant);
+        self.account.push(l.account);
+        self.currency.push(l.currency);
+        self.xact.push(l.cursor.xact());
+        self.position.push(l.cursor.position());
+        self.leg.push(l.leg);
+        self.entry_id.push(l.entry_id);
+        self.amount_minor.push(l.amount_minor);
+        self.recorded_at.push(l.recorded_at);
+    }
+}
+
+/// SQLite is in-process: a statement per row costs no round trip.
+async fn write_sqlite(
+    conn: &mut sqlx::SqliteConnection,
+    g: i64,
+    w: BatchWrites,
+) -> Result<(), sqlx::Error> {
+    let upsert = format!(
+        "INSERT INTO balances_g{g} (tenant, account, currency, balance_minor, last_position)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (tenant, account, currency) DO UPDATE
+         SET balance_minor = balance_minor + excluded.balance_minor,
+             last_position = excluded.last_position"
+    );
+    for ((tenant, account, currency), (change, position)) in w.deltas {
+        sqlx::query(&upsert)
+            .bind(tenant)
+            .bind(account)
+            .bind(currency)
+            .bind(change)
+            .bind(position)
+            .execute(&mut *conn)
+            .await?;
+    }
+    let insert_leg = format!(
+        "INSERT INTO balance_legs_g{g}
+             (tenant, account, currency, xact, position, leg, entry_id, amount_minor, recorded_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+    );
+    for l in w.legs {
+        sqlx::query(&insert_leg)
+            .bind(l.tenant)
+            .bind(l.account)
+            .bind(l.currency)
+            .bind(l.cursor.xact())
+            .bind(l.cursor.position())
+            .bind(l.leg)
+            .bind(l.entry_id)
+            .bind(l.amount_minor)
+            .bind(l.recorded_at)
+            .execute(&mut *conn)
+            .await?;
+    }
+    let insert_entry = format!(
+        "INSERT INTO journal_entries_g{g}
+             (tenant, entry_id, xact, position, reverses, legs, recorded_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (tenant, entry_id) DO NOTHING"
+    );
+    for e in w.entries {
+        sqlx::query(&insert_entry)
+            .bind(e.tenant)
+            .bind(e.entry_id)
+            .bind(e.cursor.xact())
+            .bind(e.cursor.position())
+            .bind(e.reverses)
+            .bind(e.legs)
+            .bind(e.recorded_at)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
