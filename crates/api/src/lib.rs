@@ -61,7 +61,10 @@ impl auth::HasDatabase for AppState {
 pub fn router(state: AppState) -> Router {
     let database = state.database.clone();
     let v1 = Router::new()
-        .route("/v1/payments", post(commands::create_payment))
+        .route(
+            "/v1/payments",
+            post(commands::create_payment).get(queries::list_payments),
+        )
         .route("/v1/payments/{id}", get(queries::get_payment))
         .route("/v1/payments/{id}/events", get(queries::payment_events))
         .route("/v1/payments/{id}/capture", post(commands::capture_payment))

@@ -89,3 +89,98 @@ fn visible<'a>(
         _ => Err(not_found()),
     }
 }
+
+/// `GET /v1/payments?status=&customer=&created_gte=&created_lt=&limit=50&cursor=[&min_position=N]`:
+/// the tenant's payments, newest first, from the payments read model.
+pub async fn list_payments(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    query: Result<
+        axum::extract::Query<std::collections::HashMap<String, String>>,
+        axum::extract::rejection::QueryRejection,
+    >,
+) -> Result<Response, Problem> {
+    use asiento_payments_view::{PaymentFilter, ViewError};
+    let axum::extract::Query(params) =
+        query.map_err(|rejection| Problem::bad_request("invalid_query", rejection.body_text()))?;
+    let tenant = TenantId::parse(&tenant.0).map_err(|error| Problem::internal(&error))?;
+    let invalid = |name: &str, detail: String| {
+        Problem::bad_request("invalid_query", format!("{name}: {detail}"))
+    };
+    let time = |name: &str| -> Result<Option<chrono::DateTime<chrono::Utc>>, Problem> {
+        params
+            .get(name)
+            .map(|raw| {
+                chrono::DateTime::parse_from_rfc3339(raw)
+                    .map(|time| time.with_timezone(&chrono::Utc))
+                    .map_err(|error| invalid(name, error.to_string()))
+            })
+            .transpose()
+    };
+    let status = params
+        .get("status")
+        .map(|raw| {
+            asiento_domain::PaymentStatus::ALL
+                .into_iter()
+                .find(|status| status.as_str() == raw)
+                .ok_or_else(|| invalid("status", format!("unknown status {raw:?}")))
+        })
+        .transpose()?;
+    let customer = params
+        .get("customer")
+        .map(|raw| {
+            asiento_domain::CustomerId::parse(raw)
+                .map_err(|error| invalid("customer", error.to_string()))
+        })
+        .transpose()?;
+    let limit = params
+        .get("limit")
+        .map(|raw| {
+            raw.parse::<u32>()
+                .map_err(|error| invalid("limit", error.to_string()))
+        })
+        .transpose()?
+        .unwrap_or(asiento_payments_view::LIST_LIMIT_DEFAULT);
+    let min_position = params
+        .get("min_position")
+        .map(|raw| {
+            raw.parse::<i64>()
+                .ok()
+                .filter(|position| *position >= 0)
+                .ok_or_else(|| invalid("min_position", "must be a non-negative integer".to_owned()))
+        })
+        .transpose()?;
+    let filter = PaymentFilter {
+        status,
+        customer,
+        created_gte: time("created_gte")?,
+        created_lt: time("created_lt")?,
+        limit,
+        cursor: params.get("cursor").cloned(),
+    };
+    let view_problem = |error: ViewError| match error {
+        ViewError::InvalidCursor | ViewError::LimitOutOfRange { .. } => {
+            Problem::bad_request("invalid_query", error.to_string())
+        }
+        ViewError::ProjectionLagging { .. } => Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "projection_lagging",
+            error.to_string(),
+        )
+        .with_retry_after(1),
+        other => Problem::internal(&other),
+    };
+    if let Some(position) = min_position {
+        asiento_payments_view::wait_for_position(
+            &state.database,
+            state.payments.store.as_ref(),
+            position,
+        )
+        .await
+        .map_err(view_problem)?;
+    }
+    let page = asiento_payments_view::list_payments(&state.database, &tenant, filter)
+        .await
+        .map_err(view_problem)?;
+    Ok(Json(json!({"data": page.data, "next_cursor": page.next_cursor})).into_response())
+}

@@ -9,7 +9,10 @@ use crate::DatabaseArgs;
 
 /// Every projection, in the order they are installed and run.
 pub fn all() -> Vec<Arc<dyn Projection>> {
-    vec![asiento_balances::projection()]
+    vec![
+        asiento_balances::projection(),
+        asiento_payments_view::projection(),
+    ]
 }
 
 #[derive(clap::Subcommand, Debug)]

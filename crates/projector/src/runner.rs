@@ -198,8 +198,10 @@ impl Runner {
             };
             let started = Instant::now();
             let mut tx = self.db.begin().await?;
-            // On an error the transaction is dropped, which rolls it back.
-            self.projection.apply(&mut tx, generation, &batch).await?;
+            // The registry guard comes first: its row lock (PostgreSQL; SQLite's transaction holds
+            // the write lock anyway) serialises this batch with a rebuild's swap, so a batch never
+            // writes into a generation that was swapped out and is about to be dropped. On an
+            // error the transaction is dropped, which rolls it back.
             let advanced = registry::advance(
                 &mut tx,
                 name,
@@ -214,6 +216,7 @@ impl Runner {
                 tx.rollback().await?;
                 return Ok(Turn::LeaseLost);
             }
+            self.projection.apply(&mut tx, generation, &batch).await?;
             tx.commit().await?;
             checkpoint = last;
             metrics::histogram!("asiento_projection_batch_seconds", "projection" => name)

@@ -1,0 +1,283 @@
+//! Folding a payment stream into a row, through the domain's own decoder and `evolve`.
+//!
+//! Pure (no IO), so the projection's `apply` and the checker `verify` share exactly one
+//! definition of what a row must be: the fold of the stream's contiguous prefix of versions.
+
+use asiento_domain::{evolve_payment, Payment, PaymentEvent, StreamKind};
+use asiento_eventstore::RecordedEvent;
+use asiento_projector::ProjectionError;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::PaymentRow;
+
+/// One event of a payment stream as the read model keeps it: the stored form, so that replaying
+/// it goes through the domain's decoder (and its upcaster) exactly as reading the log does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Kept {
+    pub version: u64,
+    pub position: i64,
+    pub event_type: String,
+    pub schema: i32,
+    pub data: serde_json::Value,
+}
+
+impl Kept {
+    pub fn from_recorded(event: &RecordedEvent) -> Kept {
+        Kept {
+            version: event.version,
+            position: event.position,
+            event_type: event.event_type.clone(),
+            schema: event.schema,
+            data: event.data.clone(),
+        }
+    }
+}
+
+/// The payment id of a payment stream's event; None for every other stream.
+pub(crate) fn payment_stream(event: &RecordedEvent) -> Option<String> {
+    match StreamKind::parse(&event.stream_id) {
+        Some(StreamKind::Payment(id)) => Some(id.to_string()),
+        _ => None,
+    }
+}
+
+fn malformed(position: i64, reason: impl Into<String>) -> ProjectionError {
+    ProjectionError::Malformed {
+        position,
+        reason: reason.into(),
+    }
+}
+
+/// Merges newly seen events into a stream's history. `history` holds versions 1..=n in order;
+/// `waiting` holds events seen ahead of a gap. Afterwards `history` has grown by every event
+/// that became contiguous and `waiting` keeps the rest, sorted by version. A version seen twice
+/// is a bug (the runtime applies each event once), and stops the projection rather than
+/// guessing which copy is right.
+pub(crate) fn merge(
+    history: &mut Vec<Kept>,
+    waiting: &mut Vec<Kept>,
+    incoming: Vec<Kept>,
+) -> Result<(), ProjectionError> {
+    waiting.extend(incoming);
+    waiting.sort_by_key(|k| k.version);
+    let applied = u64::try_from(history.len()).unwrap_or(u64::MAX);
+    for (index, kept) in waiting.iter().enumerate() {
+        let repeated = index > 0 && waiting[index - 1].version == kept.version;
+        if kept.version <= applied || repeated || kept.version == 0 {
+            return Err(malformed(
+                kept.position,
+                format!("payment stream version {} seen twice", kept.version),
+            ));
+        }
+    }
+    let mut next = applied + 1;
+    let contiguous = waiting.iter().take_while(|k| {
+        let fits = k.version == next;
+        next += 1;
+        fits
+    });
+    let count = contiguous.count();
+    history.extend(waiting.drain(..count));
+    Ok(())
+}
+
+/// A payment folded event by event, in version order, through the domain's `evolve`.
+#[derive(Debug, Default)]
+pub(crate) struct Folder {
+    payment: Payment,
+    /// The position of the last event folded in.
+    position: i64,
+}
+
+impl Folder {
+    /// The stream version folded so far.
+    pub fn version(&self) -> u64 {
+        self.payment.version
+    }
+
+    /// Folds the next event of the stream (its version must be the next one).
+    pub fn push(&mut self, kept: &Kept) -> Result<(), ProjectionError> {
+        let event = PaymentEvent::decode(&kept.event_type, kept.schema, kept.data.clone())
+            .map_err(|e| malformed(kept.position, e.to_string()))?;
+        // `evolve` asserts these in debug builds; here they are a stored stream that is wrong,
+        // reported as a value so the projection stops at it instead of panicking.
+        let intended = matches!(event, PaymentEvent::PaymentIntended(_));
+        if intended == self.payment.record.is_some() {
+            return Err(malformed(
+                kept.position,
+                "a payment stream must start with PaymentIntended, and only once",
+            ));
+        }
+        if kept.version != self.payment.version + 1 {
+            return Err(malformed(
+                kept.position,
+                format!(
+                    "payment stream version {} follows version {}",
+                    kept.version, self.payment.version
+                ),
+            ));
+        }
+        self.payment = evolve_payment(std::mem::take(&mut self.payment), &event);
+        self.position = kept.position;
+        Ok(())
+    }
+
+    /// The row the events so far fold to; None before `PaymentIntended`.
+    pub fn row(&self) -> Result<Option<PaymentRow>, ProjectionError> {
+        let Some(record) = self.payment.record.as_ref() else {
+            return Ok(None);
+        };
+        let fee = record
+            .fee_net()
+            .map_err(|e| malformed(self.position, format!("net fee: {e}")))?;
+        Ok(Some(PaymentRow {
+            id: record.id,
+            tenant: record.tenant.as_str().to_owned(),
+            status: record.status,
+            amount_minor: record.amount.minor(),
+            currency: record.currency.code().to_owned(),
+            customer: record.customer.as_str().to_owned(),
+            provider: record.provider.as_str().to_owned(),
+            captured_minor: record.captured.minor(),
+            refunded_minor: record.refunded.minor(),
+            fee_minor: fee.minor(),
+            created_at: record.created_at,
+            updated_at: record.updated_at,
+            next_action: record.next_action.clone(),
+            version: self.payment.version,
+            position: self.position,
+        }))
+    }
+}
+
+/// The row a payment's history (versions 1..=n, in order) folds to; None for an empty history.
+pub(crate) fn fold(history: &[Kept]) -> Result<Option<PaymentRow>, ProjectionError> {
+    let mut folder = Folder::default();
+    for kept in history {
+        folder.push(kept)?;
+    }
+    folder.row()
+}
+
+/// Unix nanoseconds, the stored form of a row's timestamps. Exact from 1677 to 2262.
+pub(crate) fn to_ns(at: DateTime<Utc>) -> Option<i64> {
+    at.timestamp_nanos_opt()
+}
+
+/// A filter bound as nanoseconds: a time outside the representable range lies before or after
+/// every stored row, which is what clamping to the extremes says.
+pub(crate) fn bound_ns(at: DateTime<Utc>) -> i64 {
+    to_ns(at).unwrap_or(if at.timestamp() < 0 {
+        i64::MIN
+    } else {
+        i64::MAX
+    })
+}
+
+pub(crate) fn from_ns(ns: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_nanos(ns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(version: u64) -> Kept {
+        Kept {
+            version,
+            position: i64::try_from(version).unwrap_or(0) * 10,
+            event_type: "ChargeRequested".into(),
+            schema: 1,
+            data: serde_json::Value::Null,
+        }
+    }
+
+    fn versions(events: &[Kept]) -> Vec<u64> {
+        events.iter().map(|k| k.version).collect()
+    }
+
+    /// (already applied, waiting before, incoming) -> (history after, waiting after).
+    #[test]
+    fn merge_takes_the_contiguous_prefix_and_keeps_the_rest_waiting() {
+        type Case = (u64, &'static [u64], &'static [u64], u64, &'static [u64]);
+        let cases: &[Case] = &[
+            (0, &[], &[1, 2, 3], 3, &[]),
+            (0, &[], &[2, 3], 0, &[2, 3]),
+            (0, &[2, 3], &[1], 3, &[]),
+            (2, &[], &[4, 3, 6], 4, &[6]),
+            (2, &[6], &[5], 2, &[5, 6]),
+            (2, &[5, 6], &[3, 4], 6, &[]),
+            (1, &[], &[], 1, &[]),
+        ];
+        for &(applied, before, incoming, after, left) in cases {
+            let mut history: Vec<Kept> = (1..=applied).map(kept).collect();
+            let mut waiting: Vec<Kept> = before.iter().copied().map(kept).collect();
+            merge(
+                &mut history,
+                &mut waiting,
+                incoming.iter().copied().map(kept).collect(),
+            )
+            .unwrap_or_else(|e| panic!("{applied} {before:?} {incoming:?}: {e}"));
+            assert_eq!(
+                versions(&history),
+                (1..=after).collect::<Vec<_>>(),
+                "{applied} {before:?} {incoming:?}"
+            );
+            assert_eq!(
+                versions(&waiting),
+                left,
+                "{applied} {before:?} {incoming:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn merge_refuses_a_version_seen_twice() {
+        let cases: &[(u64, &[u64], &[u64])] = &[
+            (2, &[], &[2]),
+            (0, &[3], &[3]),
+            (0, &[], &[1, 1]),
+            (0, &[], &[0]),
+        ];
+        for &(applied, before, incoming) in cases {
+            let mut history: Vec<Kept> = (1..=applied).map(kept).collect();
+            let mut waiting: Vec<Kept> = before.iter().copied().map(kept).collect();
+            let result = merge(
+                &mut history,
+                &mut waiting,
+                incoming.iter().copied().map(kept).collect(),
+            );
+            assert!(
+                matches!(result, Err(ProjectionError::Malformed { .. })),
+                "{applied} {before:?} {incoming:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stream_that_does_not_start_with_payment_intended_is_malformed() {
+        let result = fold(&[Kept {
+            version: 1,
+            position: 7,
+            event_type: "ChargeRequested".into(),
+            schema: 1,
+            data: serde_json::json!({"psp_key": "psp_x", "at": "2025-01-01T00:00:00Z"}),
+        }]);
+        assert!(matches!(
+            result,
+            Err(ProjectionError::Malformed { position: 7, .. })
+        ));
+        assert_eq!(fold(&[]).ok(), Some(None));
+    }
+
+    #[test]
+    fn nanosecond_bounds_clamp_outside_the_representable_range() {
+        let far_past = DateTime::<Utc>::MIN_UTC;
+        let far_future = DateTime::<Utc>::MAX_UTC;
+        assert_eq!(bound_ns(far_past), i64::MIN);
+        assert_eq!(bound_ns(far_future), i64::MAX);
+        let now = from_ns(1_764_000_000_123_456_789);
+        assert_eq!(to_ns(now), Some(1_764_000_000_123_456_789));
+    }
+}

@@ -1,0 +1,363 @@
+//! The projection: payment streams from the log into two tables per generation.
+//!
+//! - `payments_g{n}`: one row per payment whose `PaymentIntended` has been applied: the
+//!   columns the list filters and shows, and `history`, the stream's events 1..=version that
+//!   the next batch re-folds from (see the crate docs for why the row carries them);
+//! - `payment_pending_g{n}`: events seen ahead of a gap in their stream's versions, waiting for
+//!   the missing one (PostgreSQL's gap-free order is by transaction id, not by stream version).
+//!
+//! Readers use the view `payments`, which points at the active generation.
+
+use std::collections::{BTreeMap, HashMap};
+
+use asiento_eventstore::{RecordedEvent, Tx};
+use asiento_projector::{on_tx, Projection, ProjectionError};
+use sqlx::types::Json;
+
+use crate::fold::{fold, merge, payment_stream, to_ns, Kept};
+use crate::PaymentRow;
+
+/// The registry name, and the argument of `asiento projections rebuild payments`.
+pub const NAME: &str = "payments";
+/// Bump when the tables or the way they are filled change: runners then refuse the old data
+/// until `asiento projections rebuild payments`.
+pub const FINGERPRINT: &str = "payments-v1";
+
+/// The payments read model. Stateless: everything lives in the database.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Payments;
+
+/// The stable view readers query, and the generation table behind it.
+const VIEW: &str = "payments";
+const TABLE: &str = "payments_g";
+const PENDING_TABLE: &str = "payment_pending_g";
+
+/// The list's three access paths (API.md filters), newest first within a tenant. Each ends with
+/// the payment id so that the keyset (created, id) is read straight from the index.
+fn indexes(g: i64) -> Vec<String> {
+    [
+        ("by_created", ""),
+        ("by_status", "status, "),
+        ("by_customer", "customer, "),
+    ]
+    .iter()
+    .map(|(name, column)| {
+        format!(
+            "CREATE INDEX {TABLE}{g}_{name} ON {TABLE}{g} \
+             (tenant, {column}created_ns DESC, payment_id DESC)"
+        )
+    })
+    .collect()
+}
+
+fn ddl_postgres(g: i64) -> Vec<String> {
+    let mut statements = vec![
+        format!(
+            "CREATE TABLE {TABLE}{g} (
+                payment_id     TEXT   PRIMARY KEY,
+                tenant         TEXT   NOT NULL,
+                status         TEXT   NOT NULL,
+                amount_minor   BIGINT NOT NULL,
+                currency       TEXT   NOT NULL,
+                customer       TEXT   NOT NULL,
+                provider       TEXT   NOT NULL,
+                captured_minor BIGINT NOT NULL,
+                refunded_minor BIGINT NOT NULL,
+                fee_minor      BIGINT NOT NULL,
+                created_ns     BIGINT NOT NULL,
+                updated_ns     BIGINT NOT NULL,
+                next_action    JSONB,
+                version        BIGINT NOT NULL CHECK (version >= 1),
+                position       BIGINT NOT NULL,
+                history        JSONB  NOT NULL)"
+        ),
+        format!(
+            "CREATE TABLE {PENDING_TABLE}{g} (
+                payment_id TEXT   NOT NULL,
+                version    BIGINT NOT NULL,
+                event      JSONB  NOT NULL,
+                PRIMARY KEY (payment_id, version))"
+        ),
+    ];
+    statements.extend(indexes(g));
+    statements
+}
+
+fn ddl_sqlite(g: i64) -> Vec<String> {
+    let mut statements = vec![
+        format!(
+            "CREATE TABLE {TABLE}{g} (
+                payment_id     TEXT    PRIMARY KEY,
+                tenant         TEXT    NOT NULL,
+                status         TEXT    NOT NULL,
+                amount_minor   INTEGER NOT NULL,
+                currency       TEXT    NOT NULL,
+                customer       TEXT    NOT NULL,
+                provider       TEXT    NOT NULL,
+                captured_minor INTEGER NOT NULL,
+                refunded_minor INTEGER NOT NULL,
+                fee_minor      INTEGER NOT NULL,
+                created_ns     INTEGER NOT NULL,
+                updated_ns     INTEGER NOT NULL,
+                next_action    TEXT,
+                version        INTEGER NOT NULL CHECK (version >= 1),
+                position       INTEGER NOT NULL,
+                history        TEXT    NOT NULL) WITHOUT ROWID"
+        ),
+        format!(
+            "CREATE TABLE {PENDING_TABLE}{g} (
+                payment_id TEXT    NOT NULL,
+                version    INTEGER NOT NULL,
+                event      TEXT    NOT NULL,
+                PRIMARY KEY (payment_id, version)) WITHOUT ROWID"
+        ),
+    ];
+    statements.extend(indexes(g));
+    statements
+}
+
+/// What a batch found stored for the payments it touches.
+#[derive(Default)]
+struct Stored {
+    histories: HashMap<String, Vec<Kept>>,
+    pending: HashMap<String, Vec<Kept>>,
+}
+
+#[async_trait::async_trait]
+impl Projection for Payments {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn fingerprint(&self) -> &'static str {
+        FINGERPRINT
+    }
+
+    async fn create_generation(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
+        let statements = match tx {
+            Tx::Postgres(_) => ddl_postgres(g),
+            Tx::Sqlite(_) => ddl_sqlite(g),
+        };
+        for statement in statements {
+            on_tx!(tx, conn => sqlx::query(&statement).execute(conn).await?.rows_affected());
+        }
+        Ok(())
+    }
+
+    async fn point_views(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
+        let select = format!("SELECT * FROM {TABLE}{g}");
+        match tx {
+            // Transactional, and every generation has the same columns, which CREATE OR
+            // REPLACE VIEW requires.
+            Tx::Postgres(t) => {
+                sqlx::query(&format!("CREATE OR REPLACE VIEW {VIEW} AS {select}"))
+                    .execute(&mut **t)
+                    .await?;
+            }
+            // SQLite has no CREATE OR REPLACE VIEW; both statements are in one transaction.
+            Tx::Sqlite(t) => {
+                sqlx::query(&format!("DROP VIEW IF EXISTS {VIEW}"))
+                    .execute(&mut **t)
+                    .await?;
+                sqlx::query(&format!("CREATE VIEW {VIEW} AS {select}"))
+                    .execute(&mut **t)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn drop_generation(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
+        for table in [TABLE, PENDING_TABLE] {
+            let statement = format!("DROP TABLE IF EXISTS {table}{g}");
+            on_tx!(tx, conn => sqlx::query(&statement).execute(conn).await?.rows_affected());
+        }
+        Ok(())
+    }
+
+    async fn apply(
+        &self,
+        tx: &mut Tx,
+        g: i64,
+        events: &[RecordedEvent],
+    ) -> Result<(), ProjectionError> {
+        // Grouped per payment so that each touched row is read, folded and written once.
+        let mut incoming: BTreeMap<String, Vec<Kept>> = BTreeMap::new();
+        for event in events {
+            if let Some(id) = payment_stream(event) {
+                incoming
+                    .entry(id)
+                    .or_default()
+                    .push(Kept::from_recorded(event));
+            }
+        }
+        if incoming.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<String> = incoming.keys().cloned().collect();
+        let mut stored = load(tx, g, &ids).await?;
+        for (id, events) in incoming {
+            let mut history = stored.histories.remove(&id).unwrap_or_default();
+            let had_pending = stored.pending.get(&id).is_some_and(|p| !p.is_empty());
+            let mut waiting = stored.pending.remove(&id).unwrap_or_default();
+            let applied = history.len();
+            merge(&mut history, &mut waiting, events)?;
+            if history.len() > applied {
+                if let Some(row) = fold(&history)? {
+                    upsert(tx, g, &row, &history).await?;
+                }
+            }
+            if had_pending || !waiting.is_empty() {
+                replace_pending(tx, g, &id, &waiting).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A stored row's history, and one waiting event, each with its payment id.
+type HistoryRow = (String, Json<Vec<Kept>>);
+type PendingRow = (String, Json<Kept>);
+
+async fn load(tx: &mut Tx, g: i64, ids: &[String]) -> Result<Stored, ProjectionError> {
+    let mut stored = Stored::default();
+    let (rows, pending): (Vec<HistoryRow>, Vec<PendingRow>) = match tx {
+        // One round trip per table for the whole batch.
+        Tx::Postgres(t) => {
+            let rows = sqlx::query_as(&format!(
+                "SELECT payment_id, history FROM {TABLE}{g} WHERE payment_id = ANY($1)"
+            ))
+            .bind(ids)
+            .fetch_all(&mut **t)
+            .await?;
+            let pending = sqlx::query_as(&format!(
+                "SELECT payment_id, event FROM {PENDING_TABLE}{g} WHERE payment_id = ANY($1)"
+            ))
+            .bind(ids)
+            .fetch_all(&mut **t)
+            .await?;
+            (rows, pending)
+        }
+        // SQLite is in-process: a statement per payment costs no round trip.
+        Tx::Sqlite(t) => {
+            let (mut rows, mut pending) = (Vec::new(), Vec::new());
+            let select_row =
+                format!("SELECT payment_id, history FROM {TABLE}{g} WHERE payment_id = $1");
+            let select_pending =
+                format!("SELECT payment_id, event FROM {PENDING_TABLE}{g} WHERE payment_id = $1");
+            for id in ids {
+                rows.extend(
+                    sqlx::query_as(&select_row)
+                        .bind(id)
+                        .fetch_optional(&mut **t)
+                        .await?,
+                );
+                pending.extend(
+                    sqlx::query_as(&select_pending)
+                        .bind(id)
+                        .fetch_all(&mut **t)
+                        .await?,
+                );
+            }
+            (rows, pending)
+        }
+    };
+    for (id, Json(history)) in rows {
+        stored.histories.insert(id, history);
+    }
+    for (id, Json(kept)) in pending {
+        stored.pending.entry(id).or_default().push(kept);
+    }
+    Ok(stored)
+}
+
+async fn upsert(
+    tx: &mut Tx,
+    g: i64,
+    row: &PaymentRow,
+    history: &[Kept],
+) -> Result<(), ProjectionError> {
+    let at_position = |reason: &str| ProjectionError::Malformed {
+        position: row.position,
+        reason: reason.to_owned(),
+    };
+    let created_ns =
+        to_ns(row.created_at).ok_or_else(|| at_position("created_at is outside 1677..2262"))?;
+    let updated_ns =
+        to_ns(row.updated_at).ok_or_else(|| at_position("updated_at is outside 1677..2262"))?;
+    let version =
+        i64::try_from(row.version).map_err(|_| at_position("stream version overflows i64"))?;
+    let statement = format!(
+        "INSERT INTO {TABLE}{g} (payment_id, tenant, status, amount_minor, currency, customer,
+             provider, captured_minor, refunded_minor, fee_minor, created_ns, updated_ns,
+             next_action, version, position, history)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+         ON CONFLICT (payment_id) DO UPDATE SET
+             tenant = excluded.tenant, status = excluded.status,
+             amount_minor = excluded.amount_minor, currency = excluded.currency,
+             customer = excluded.customer, provider = excluded.provider,
+             captured_minor = excluded.captured_minor, refunded_minor = excluded.refunded_minor,
+             fee_minor = excluded.fee_minor, created_ns = excluded.created_ns,
+             updated_ns = excluded.updated_ns, next_action = excluded.next_action,
+             version = excluded.version, position = excluded.position,
+             history = excluded.history"
+    );
+    on_tx!(tx, conn => {
+        sqlx::query(&statement)
+            .bind(row.id.to_string())
+            .bind(&row.tenant)
+            .bind(row.status.as_str())
+            .bind(row.amount_minor)
+            .bind(&row.currency)
+            .bind(&row.customer)
+            .bind(&row.provider)
+            .bind(row.captured_minor)
+            .bind(row.refunded_minor)
+            .bind(row.fee_minor)
+            .bind(created_ns)
+            .bind(updated_ns)
+            .bind(row.next_action.as_ref().map(Json))
+            .bind(version)
+            .bind(row.position)
+            .bind(Json(history))
+            .execute(conn)
+            .await?
+            .rows_affected()
+    });
+    Ok(())
+}
+
+/// Makes the stored waiting events of one payment exactly `waiting`. Rarely runs: only when a
+/// stream's versions arrived out of order.
+async fn replace_pending(
+    tx: &mut Tx,
+    g: i64,
+    id: &str,
+    waiting: &[Kept],
+) -> Result<(), ProjectionError> {
+    let delete = format!("DELETE FROM {PENDING_TABLE}{g} WHERE payment_id = $1");
+    on_tx!(tx, conn => sqlx::query(&delete).bind(id).execute(conn).await?.rows_affected());
+    let insert =
+        format!("INSERT INTO {PENDING_TABLE}{g} (payment_id, version, event) VALUES ($1, $2, $3)");
+    for kept in waiting {
+        let version = i64::try_from(kept.version).map_err(|_| ProjectionError::Malformed {
+            position: kept.position,
+            reason: "stream version overflows i64".to_owned(),
+        })?;
+        on_tx!(tx, conn => {
+            sqlx::query(&insert)
+                .bind(id)
+                .bind(version)
+                .bind(Json(kept))
+                .execute(conn)
+                .await?
+                .rows_affected()
+        });
+    }
+    tracing::debug!(
+        payment_id = id,
+        waiting = waiting.len(),
+        "payment events wait for an earlier version"
+    );
+    Ok(())
+}

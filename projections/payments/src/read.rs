@@ -1,0 +1,298 @@
+//! The read side of payments: one payment, the filtered list with keyset pages, and
+//! read-your-writes waits.
+
+use asiento_domain::payment::NextAction;
+use asiento_domain::{CustomerId, PaymentId, PaymentStatus, TenantId};
+use asiento_eventstore::{Database, EventStore};
+use asiento_projector::{on_db, WaitError, READ_WAIT_MS_MAX};
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use crate::fold::{bound_ns, from_ns};
+use crate::{Page, PaymentRow, ViewError, NAME};
+
+/// The most payments one page may hold (API.md `limit`).
+pub const LIST_LIMIT_MAX: u32 = 100;
+/// The page size when the client names none.
+pub const LIST_LIMIT_DEFAULT: u32 = 50;
+
+/// The view every read goes through (the active generation's table).
+const VIEW: &str = "payments";
+/// Every column a [`PaymentRow`] needs; never `history`, which only the projector reads.
+const COLUMNS: &str = "payment_id, tenant, status, amount_minor, currency, customer, provider, \
+     captured_minor, refunded_minor, fee_minor, created_ns, updated_ns, next_action, version, \
+     position";
+/// Hex digits of a cursor: 16 for the creation time, 32 for the payment id's uuid.
+const CURSOR_HEX_CHARS: usize = 48;
+
+/// `GET /v1/payments` query parameters, validated except for `limit` and `cursor`, which
+/// [`list_payments`] checks (both are 400s).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaymentFilter {
+    pub status: Option<PaymentStatus>,
+    pub customer: Option<CustomerId>,
+    /// Created at or after.
+    pub created_gte: Option<DateTime<Utc>>,
+    /// Created strictly before.
+    pub created_lt: Option<DateTime<Utc>>,
+    /// 1..=[`LIST_LIMIT_MAX`].
+    pub limit: u32,
+    /// The `next_cursor` of the previous page; None for the first (newest) page.
+    pub cursor: Option<String>,
+}
+
+impl Default for PaymentFilter {
+    fn default() -> Self {
+        PaymentFilter {
+            status: None,
+            customer: None,
+            created_gte: None,
+            created_lt: None,
+            limit: LIST_LIMIT_DEFAULT,
+            cursor: None,
+        }
+    }
+}
+
+/// Where a page ends: the last row's (created, id), the keyset the next page starts after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Keyset {
+    created_ns: i64,
+    id: PaymentId,
+}
+
+impl Keyset {
+    /// Opaque to clients: fixed-width hex, so any edit is either rejected or names another
+    /// point in the same order (never another tenant's data: every query is tenant-scoped).
+    fn encode(self) -> String {
+        // The bits of the i64, so that times before 1970 survive the round trip.
+        format!(
+            "{:016x}{}",
+            u64::from_ne_bytes(self.created_ns.to_ne_bytes()),
+            self.id.as_uuid().simple()
+        )
+    }
+
+    fn decode(cursor: &str) -> Result<Keyset, ViewError> {
+        if cursor.len() != CURSOR_HEX_CHARS || !cursor.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(ViewError::InvalidCursor);
+        }
+        let (created, id) = cursor.split_at(16);
+        let created = u64::from_str_radix(created, 16).map_err(|_| ViewError::InvalidCursor)?;
+        let id = Uuid::try_parse(id).map_err(|_| ViewError::InvalidCursor)?;
+        Ok(Keyset {
+            created_ns: i64::from_ne_bytes(created.to_ne_bytes()),
+            id: PaymentId::from_uuid(id),
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct Row {
+    payment_id: String,
+    tenant: String,
+    status: String,
+    amount_minor: i64,
+    currency: String,
+    customer: String,
+    provider: String,
+    captured_minor: i64,
+    refunded_minor: i64,
+    fee_minor: i64,
+    created_ns: i64,
+    updated_ns: i64,
+    next_action: Option<Json<NextAction>>,
+    version: i64,
+    position: i64,
+}
+
+impl Row {
+    pub(crate) fn into_payment(self) -> Result<PaymentRow, ViewError> {
+        let corrupt = |reason: &str| ViewError::CorruptRow {
+            payment_id: self.payment_id.clone(),
+            reason: reason.to_owned(),
+        };
+        let id = PaymentId::parse(&self.payment_id).map_err(|_| corrupt("malformed id"))?;
+        let status = PaymentStatus::ALL
+            .into_iter()
+            .find(|s| s.as_str() == self.status)
+            .ok_or_else(|| corrupt("unknown status"))?;
+        let version = u64::try_from(self.version).map_err(|_| corrupt("negative version"))?;
+        Ok(PaymentRow {
+            id,
+            tenant: self.tenant,
+            status,
+            amount_minor: self.amount_minor,
+            currency: self.currency,
+            customer: self.customer,
+            provider: self.provider,
+            captured_minor: self.captured_minor,
+            refunded_minor: self.refunded_minor,
+            fee_minor: self.fee_minor,
+            created_at: from_ns(self.created_ns),
+            updated_at: from_ns(self.updated_ns),
+            next_action: self.next_action.map(|Json(a)| a),
+            version,
+            position: self.position,
+        })
+    }
+}
+
+/// A bind parameter of a query assembled from the filters that are present.
+enum Param {
+    Text(String),
+    Int(i64),
+}
+
+/// The tenant's payments, newest first (created_at, then id, descending), filtered; at most
+/// `filter.limit`. Pages by keyset: a payment created after the first page was read never
+/// shifts later pages.
+#[tracing::instrument(skip(db))]
+pub async fn list_payments(
+    db: &Database,
+    tenant: &TenantId,
+    filter: PaymentFilter,
+) -> Result<Page, ViewError> {
+    if !(1..=LIST_LIMIT_MAX).contains(&filter.limit) {
+        return Err(ViewError::LimitOutOfRange {
+            limit: filter.limit,
+        });
+    }
+    let after = filter.cursor.as_deref().map(Keyset::decode).transpose()?;
+
+    let mut sql = format!("SELECT {COLUMNS} FROM {VIEW} WHERE tenant = $1");
+    let mut params = vec![Param::Text(tenant.as_str().to_owned())];
+    if let Some(status) = filter.status {
+        params.push(Param::Text(status.as_str().to_owned()));
+        sql.push_str(&format!(" AND status = ${}", params.len()));
+    }
+    if let Some(customer) = &filter.customer {
+        params.push(Param::Text(customer.as_str().to_owned()));
+        sql.push_str(&format!(" AND customer = ${}", params.len()));
+    }
+    if let Some(gte) = filter.created_gte {
+        params.push(Param::Int(bound_ns(gte)));
+        sql.push_str(&format!(" AND created_ns >= ${}", params.len()));
+    }
+    if let Some(lt) = filter.created_lt {
+        params.push(Param::Int(bound_ns(lt)));
+        sql.push_str(&format!(" AND created_ns < ${}", params.len()));
+    }
+    if let Some(after) = after {
+        params.push(Param::Int(after.created_ns));
+        params.push(Param::Text(after.id.to_string()));
+        sql.push_str(&format!(
+            " AND (created_ns, payment_id) < (${}, ${})",
+            params.len() - 1,
+            params.len()
+        ));
+    }
+    // One more than the page: whether it exists says if there is a next page, so the last
+    // page never hands out a cursor to an empty one.
+    params.push(Param::Int(i64::from(filter.limit) + 1));
+    sql.push_str(&format!(
+        " ORDER BY created_ns DESC, payment_id DESC LIMIT ${}",
+        params.len()
+    ));
+
+    let rows: Vec<Row> = on_db!(db, pool => {
+        let mut query = sqlx::query_as(&sql);
+        for param in &params {
+            query = match param {
+                Param::Text(text) => query.bind(text.as_str()),
+                Param::Int(int) => query.bind(*int),
+            };
+        }
+        query.fetch_all(pool).await?
+    });
+    let limit = usize::try_from(filter.limit).unwrap_or(usize::MAX);
+    let more = rows.len() > limit;
+    let data = rows
+        .into_iter()
+        .take(limit)
+        .map(Row::into_payment)
+        .collect::<Result<Vec<_>, _>>()?;
+    let next_cursor = match data.last() {
+        Some(last) if more => Some(
+            Keyset {
+                created_ns: last.created_at.timestamp_nanos_opt().unwrap_or(i64::MAX),
+                id: last.id,
+            }
+            .encode(),
+        ),
+        _ => None,
+    };
+    Ok(Page { data, next_cursor })
+}
+
+/// One payment of `tenant`; None if the tenant has no such payment (another tenant's id is
+/// None too, so the API answers 404), or if the projector has not reached it yet (call
+/// [`wait_for_position`] first for read-your-writes).
+#[tracing::instrument(skip(db))]
+pub async fn get_payment(
+    db: &Database,
+    tenant: &TenantId,
+    id: PaymentId,
+) -> Result<Option<PaymentRow>, ViewError> {
+    let row: Option<Row> = on_db!(db, pool => {
+        sqlx::query_as(&format!(
+            "SELECT {COLUMNS} FROM {VIEW} WHERE payment_id = $1 AND tenant = $2"
+        ))
+        .bind(id.to_string())
+        .bind(tenant.as_str())
+        .fetch_optional(pool)
+        .await?
+    });
+    row.map(Row::into_payment).transpose()
+}
+
+/// Waits (at most [`READ_WAIT_MS_MAX`]) until the payments projection has applied the event at
+/// `position` (a command's `position`, passed back as `min_position`).
+#[tracing::instrument(skip(db, store))]
+pub async fn wait_for_position(
+    db: &Database,
+    store: &dyn EventStore,
+    position: i64,
+) -> Result<(), ViewError> {
+    match asiento_projector::wait_for_position(db, store, NAME, position, READ_WAIT_MS_MAX).await {
+        Ok(_) => Ok(()),
+        Err(WaitError::Lagging { waited_ms, .. }) => {
+            Err(ViewError::ProjectionLagging { waited_ms })
+        }
+        Err(WaitError::NotInstalled { .. }) => Err(ViewError::NotInstalled),
+        Err(WaitError::Store(e)) => Err(e.into()),
+        Err(WaitError::Database(e)) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_anything_else_is_invalid() {
+        let id = PaymentId::from_uuid(Uuid::from_u128(0xabc));
+        for created_ns in [0, 1, -1, i64::MIN, i64::MAX, 1_764_000_000_123_456_789] {
+            let keyset = Keyset { created_ns, id };
+            let encoded = keyset.encode();
+            assert_eq!(encoded.len(), CURSOR_HEX_CHARS);
+            assert_eq!(Keyset::decode(&encoded).ok(), Some(keyset), "{created_ns}");
+        }
+        let good = Keyset { created_ns: 5, id }.encode();
+        let bad = [
+            String::new(),
+            "zz".repeat(24),
+            good[1..].to_owned(),
+            format!("{good}0"),
+            format!("{}é", &good[..46]),
+            "pay_".repeat(12),
+        ];
+        for cursor in bad {
+            assert!(
+                matches!(Keyset::decode(&cursor), Err(ViewError::InvalidCursor)),
+                "{cursor:?}"
+            );
+        }
+    }
+}
