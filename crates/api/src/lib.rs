@@ -11,6 +11,7 @@ pub mod ledger;
 pub mod problem;
 pub mod queries;
 pub mod render;
+pub mod webhooks;
 
 use asiento_app::payments::PaymentFlow;
 use asiento_app::transfers::TransferFlow;
@@ -49,6 +50,13 @@ pub struct AppState {
     pub database: Database,
     pub payments: PaymentFlow,
     pub transfers: TransferFlow,
+    pub webhooks: asiento_app::webhooks::WebhookReceiver,
+}
+
+impl webhooks::HasWebhooks for AppState {
+    fn webhooks(&self) -> &asiento_app::webhooks::WebhookReceiver {
+        &self.webhooks
+    }
 }
 
 impl auth::HasDatabase for AppState {
@@ -73,6 +81,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/accounts/{account}/balance", get(ledger::balance))
         .route("/v1/accounts/{account}/entries", get(ledger::entries))
         .route("/v1/journal/{entry_id}", get(ledger::journal_entry))
+        // Authenticated by the provider's signature, not by an API key.
+        .route("/webhooks/{provider}", post(webhooks::receive::<AppState>))
         .with_state(state);
     with_layers(v1.merge(ops_routes(database)))
 }

@@ -6,8 +6,10 @@
 pub mod api_keys;
 pub mod clock;
 pub mod idempotency;
+pub mod leases;
 pub mod log;
 pub mod payments;
 pub mod providers;
 pub mod reply;
 pub mod transfers;
+pub mod webhooks;

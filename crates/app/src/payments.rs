@@ -29,6 +29,7 @@ use uuid::Uuid;
 
 use crate::clock::Clock;
 use crate::idempotency::{self, BodyHash, Claim, IdempotencyError, IdempotencyKey, Lease, Scope};
+use crate::leases;
 use crate::log::{self, LogError, Store};
 use crate::providers::{ConfiguredProvider, Providers};
 use crate::reply::{Answer, PaymentCommandKind, Rejected, Render, Reply};
@@ -54,6 +55,15 @@ pub enum FlowError {
     TooManyConflicts(PaymentId),
     #[error("stored state is inconsistent: {0}")]
     Inconsistent(String),
+    /// The state machine refused a command of ours (a fact is never refused).
+    #[error("refused: {0}")]
+    Rejected(PaymentRejection),
+    /// A lease this work relied on (an inbox row's, a payment's) was taken over meanwhile: the
+    /// transaction rolls back and the new holder does the work.
+    #[error("lease lost: {0}")]
+    LeaseLost(String),
+    #[error(transparent)]
+    Lease(#[from] crate::leases::LeaseError),
 }
 
 impl From<asiento_eventstore::StoreError> for FlowError {
@@ -91,6 +101,23 @@ struct Completion<'a> {
     request: &'a Idempotent,
     lease: Lease,
     kind: PaymentCommandKind,
+}
+
+/// What a finalisation applies to a payment.
+#[derive(Debug, Clone)]
+enum Change {
+    /// Nothing new: answer with the current state.
+    Nothing,
+    /// A provider fact (never refused: a contradicting one is flagged).
+    Fact(ProviderFact),
+    /// A command of ours (an expiry, a review flag); its rejection is returned.
+    Command(PaymentCommand),
+}
+
+impl From<Option<ProviderFact>> for Change {
+    fn from(fact: Option<ProviderFact>) -> Self {
+        fact.map_or(Change::Nothing, Change::Fact)
+    }
 }
 
 /// Work that must commit in the same transaction as a finalisation's events (or, when the fact
@@ -209,12 +236,47 @@ impl PaymentFlow {
                     FlowError::Inconsistent(format!("resource {resource_id} is not a payment id"))
                 })?;
                 tracing::info!(payment = %id, "resuming a payment whose request died mid-flight");
-                (id, lease)
+                return self
+                    .with_payment_lease(id, request, lease, || {
+                        self.charge_and_finalize(id, &payment.payment_method, request, lease)
+                    })
+                    .await;
             }
             other => return Ok(answer_without_work(other)),
         };
         self.charge_and_finalize(id, &payment.payment_method, request, lease)
             .await
+    }
+
+    /// Runs the recovery of a request that died mid-flight while holding the payment's lease, so
+    /// that it never works on the payment at the same time as the webhook worker or the
+    /// reconciler (the version check stays: a lease can run out under a slow holder). If another
+    /// holder has the payment, the key is released for an immediate retry and the client told so.
+    async fn with_payment_lease<F, Fut>(
+        &self,
+        id: PaymentId,
+        request: &Idempotent,
+        key_lease: Lease,
+        work: F,
+    ) -> Result<Answer, FlowError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Answer, FlowError>>,
+    {
+        let now_ms = self.clock.now_ms();
+        let Some(payment_lease) =
+            leases::acquire(&self.database, id, now_ms, leases::PAYMENT_LEASE_MS_DEFAULT).await?
+        else {
+            let mut tx = self.database.begin().await?;
+            idempotency::release(&mut tx, &request.scope, &request.key, key_lease).await?;
+            tx.commit().await?;
+            return Ok(Answer::InProgress { retry_after_s: 1 });
+        };
+        let answer = work().await;
+        if let Err(error) = leases::release(&self.database, &payment_lease).await {
+            tracing::warn!(payment = %id, %error, "payment lease not released; it will run out");
+        }
+        answer
     }
 
     /// Step 2 and 3: ask the provider (again, with the same key, if resuming) unless the payment
@@ -256,7 +318,7 @@ impl PaymentFlow {
             kind: PaymentCommandKind::Create,
         };
         let finalized = self
-            .finalize_with(id, fact, Some(&completion), None)
+            .finalize_with(id, fact.into(), Some(&completion), None)
             .await?;
         Ok(Answer::Done(self.render.render(&reply_for(
             PaymentCommandKind::Create,
@@ -271,7 +333,19 @@ impl PaymentFlow {
         id: PaymentId,
         fact: Option<ProviderFact>,
     ) -> Result<Finalized, FlowError> {
-        self.finalize_with(id, fact, None, None).await
+        self.finalize_with(id, fact.into(), None, None).await
+    }
+
+    /// Applies a command of ours (`Expire`, `FlagForReview` …) through the same guarded path as
+    /// provider facts: exact versions, re-read and re-decide on a lost race. A command the state
+    /// machine refuses is `FlowError::Rejected`.
+    pub async fn apply(
+        &self,
+        id: PaymentId,
+        command: PaymentCommand,
+    ) -> Result<Finalized, FlowError> {
+        self.finalize_with(id, Change::Command(command), None, None)
+            .await
     }
 
     /// [`PaymentFlow::finalize`], with `also` committed in the same transaction.
@@ -281,13 +355,13 @@ impl PaymentFlow {
         fact: Option<ProviderFact>,
         also: &dyn InTransaction,
     ) -> Result<Finalized, FlowError> {
-        self.finalize_with(id, fact, None, Some(also)).await
+        self.finalize_with(id, fact.into(), None, Some(also)).await
     }
 
     async fn finalize_with(
         &self,
         id: PaymentId,
-        fact: Option<ProviderFact>,
+        change: Change,
         completion: Option<&Completion<'_>>,
         also: Option<&dyn InTransaction>,
     ) -> Result<Finalized, FlowError> {
@@ -299,9 +373,13 @@ impl PaymentFlow {
                 .clone()
                 .ok_or_else(|| FlowError::Inconsistent(format!("payment {id} not found")))?;
             let now = self.clock.now();
-            let events = match &fact {
-                None => Vec::new(),
-                Some(fact) => {
+            let events = match &change {
+                Change::Nothing => Vec::new(),
+                Change::Command(command) => {
+                    asiento_domain::decide_payment(&payment, command.clone())
+                        .map_err(FlowError::Rejected)?
+                }
+                Change::Fact(fact) => {
                     let fees = self.provider(&record.provider)?.fees;
                     match asiento_domain::decide_payment(
                         &payment,
@@ -388,16 +466,40 @@ impl PaymentFlow {
         id: PaymentId,
         amount: Option<Amount>,
     ) -> Result<Answer, FlowError> {
-        let (lease, resource) = match self
+        match self
             .request_step(request, tenant, id, |at| PaymentCommand::RequestCapture {
                 amount,
                 at,
             })
             .await?
         {
-            Step::Work { lease, resource } => (lease, resource),
-            Step::Answered(answer) => return Ok(answer),
-        };
+            Step::Work {
+                lease,
+                resource,
+                resumed: false,
+            } => self.finish_capture(request, id, lease, resource).await,
+            Step::Work {
+                lease,
+                resource,
+                resumed: true,
+            } => {
+                self.with_payment_lease(id, request, lease, || {
+                    self.finish_capture(request, id, lease, resource)
+                })
+                .await
+            }
+            Step::Answered(answer) => Ok(answer),
+        }
+    }
+
+    /// After the request is recorded: ask the provider, then finalize with its answer.
+    async fn finish_capture(
+        &self,
+        request: &Idempotent,
+        id: PaymentId,
+        lease: Lease,
+        resource: Resource,
+    ) -> Result<Answer, FlowError> {
         let loaded = log::load_payment(self.store.as_ref(), resource.payment).await?;
         let record = found(&loaded.aggregate, id)?;
         let fact = match (&record.provider_charge_id, record.capture_requested) {
@@ -417,7 +519,7 @@ impl PaymentFlow {
             kind: PaymentCommandKind::Capture,
         };
         let finalized = self
-            .finalize_with(id, fact, Some(&completion), None)
+            .finalize_with(id, fact.into(), Some(&completion), None)
             .await?;
         Ok(Answer::Done(self.render.render(&reply_for(
             PaymentCommandKind::Capture,
@@ -433,16 +535,40 @@ impl PaymentFlow {
         id: PaymentId,
         amount: Amount,
     ) -> Result<Answer, FlowError> {
-        let (lease, resource) = match self
+        match self
             .request_step(request, tenant, id, |at| PaymentCommand::RequestRefund {
                 amount,
                 at,
             })
             .await?
         {
-            Step::Work { lease, resource } => (lease, resource),
-            Step::Answered(answer) => return Ok(answer),
-        };
+            Step::Work {
+                lease,
+                resource,
+                resumed: false,
+            } => self.finish_refund(request, id, lease, resource).await,
+            Step::Work {
+                lease,
+                resource,
+                resumed: true,
+            } => {
+                self.with_payment_lease(id, request, lease, || {
+                    self.finish_refund(request, id, lease, resource)
+                })
+                .await
+            }
+            Step::Answered(answer) => Ok(answer),
+        }
+    }
+
+    /// After the request is recorded: ask the provider, then finalize with its answer.
+    async fn finish_refund(
+        &self,
+        request: &Idempotent,
+        id: PaymentId,
+        lease: Lease,
+        resource: Resource,
+    ) -> Result<Answer, FlowError> {
         let loaded = log::load_payment(self.store.as_ref(), resource.payment).await?;
         let record = found(&loaded.aggregate, id)?;
         // The refund this request asked for: its sequence names it at the provider, and its amount
@@ -483,7 +609,7 @@ impl PaymentFlow {
             kind: PaymentCommandKind::Refund,
         };
         let finalized = self
-            .finalize_with(id, fact, Some(&completion), None)
+            .finalize_with(id, fact.into(), Some(&completion), None)
             .await?;
         Ok(Answer::Done(self.render.render(&reply_for(
             PaymentCommandKind::Refund,
@@ -560,7 +686,11 @@ impl PaymentFlow {
                         match self.store.append_in(&mut tx, &appends).await {
                             Ok(_) => {
                                 tx.commit().await?;
-                                return Ok(Step::Work { lease, resource });
+                                return Ok(Step::Work {
+                                    lease,
+                                    resource,
+                                    resumed: false,
+                                });
                             }
                             Err(error) if log::is_conflict(&error) => {
                                 drop(tx);
@@ -575,7 +705,11 @@ impl PaymentFlow {
                     let resource = resource_id.parse::<Resource>().map_err(|()| {
                         FlowError::Inconsistent(format!("resource {resource_id} is unreadable"))
                     })?;
-                    return Ok(Step::Work { lease, resource });
+                    return Ok(Step::Work {
+                        lease,
+                        resource,
+                        resumed: true,
+                    });
                 }
                 other => return Ok(Step::Answered(answer_without_work(other))),
             }
@@ -640,7 +774,12 @@ impl std::str::FromStr for Resource {
 
 enum Step {
     /// The key is ours and the request's first events are recorded: call the provider.
-    Work { lease: Lease, resource: Resource },
+    /// `resumed`: an earlier request with this key died mid-flight and this one took over.
+    Work {
+        lease: Lease,
+        resource: Resource,
+        resumed: bool,
+    },
     /// Answered without (further) work.
     Answered(Answer),
 }

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use asiento_app::clock::SystemClock;
-use asiento_app::payments::{PaymentFlow, IDEMPOTENCY_LEASE_MS_DEFAULT};
+use asiento_app::payments::PaymentFlow;
 use asiento_app::transfers::TransferFlow;
+use asiento_app::webhooks::{WebhookReceiver, WebhookSecrets, Worker, WorkerConfig};
 use asiento_domain::ProviderName;
 use asiento_eventstore::Database;
 use asiento_psp::{sim::SimConfig, ClientConfig, Simulator};
@@ -40,6 +41,10 @@ impl Role {
 
     fn runs_projectors(self) -> bool {
         matches!(self, Role::All | Role::Projector)
+    }
+
+    fn runs_workers(self) -> bool {
+        matches!(self, Role::All | Role::Worker)
     }
 }
 
@@ -82,6 +87,32 @@ pub struct ServeArgs {
     /// the work (after a crash). Must exceed the provider client's worst case.
     #[arg(long, env = "ASIENTO_IDEMPOTENCY_LEASE", value_parser = humantime::parse_duration, default_value = "60s")]
     pub idempotency_lease: Duration,
+
+    /// How long completed Idempotency-Key records are kept (and replayed) before they are purged.
+    #[arg(long, env = "ASIENTO_IDEMPOTENCY_RETENTION", value_parser = parse_retention, default_value = "24h")]
+    pub idempotency_retention: Duration,
+
+    /// Webhook signing secrets per provider: `name:secret,…`.
+    #[arg(long, env = "ASIENTO_WEBHOOK_SECRETS", hide_env_values = true)]
+    pub webhook_secrets: Option<WebhookSecrets>,
+
+    /// The webhook signing secret of provider `sim` (random for the in-process simulator).
+    #[arg(long, env = "ASIENTO_WEBHOOK_SECRET", hide_env_values = true)]
+    pub webhook_secret: Option<String>,
+
+    /// How long the webhook worker (and the reconciler) hold a payment while finalising it; longer
+    /// than the slowest finalisation, so that two of them never work on one payment at once.
+    #[arg(long, env = "ASIENTO_PAYMENT_LEASE", value_parser = humantime::parse_duration, default_value = "30s")]
+    pub payment_lease: Duration,
+}
+
+/// API.md promises keys are kept at least 24 hours.
+fn parse_retention(raw: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(raw).map_err(|error| error.to_string())?;
+    if duration < Duration::from_secs(24 * 3600) {
+        return Err("idempotency keys are kept at least 24h".to_owned());
+    }
+    Ok(duration)
 }
 
 /// `tenant:key` pairs from `--api-keys`.
@@ -198,10 +229,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (stop, stopped) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
 
-    let app = if args.role.serves_api() {
-        api_router(&args, &database, address, &stopped).await?
+    let core = if args.role.serves_api() || args.role.runs_workers() {
+        Some(Core::build(&args, &database, address, &stopped)?)
     } else {
-        asiento_api::ops_router(database.clone())
+        None
+    };
+    let app = match &core {
+        Some(core) if args.role.serves_api() => core.router(&args, &database, address).await?,
+        _ => asiento_api::ops_router(database.clone()),
     };
     if args.role.runs_projectors() {
         let owner = lease_owner("projector");
@@ -215,6 +250,24 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             tasks.spawn(runner.run(wait_for(stopped.clone())));
         }
         println!("projectors running as {owner}");
+    }
+    if let (Some(core), true) = (&core, args.role.runs_workers()) {
+        let worker = Worker::new(
+            core.payments.clone(),
+            WorkerConfig {
+                payment_lease_ms: duration_ms(args.payment_lease),
+                ..WorkerConfig::default()
+            },
+        );
+        let shutdown = wait_for(stopped.clone());
+        tasks.spawn(async move { worker.run(shutdown).await });
+        let purger = IdempotencyPurger {
+            database: database.clone(),
+            clock: core.payments.clock.clone(),
+            keep_ms: duration_ms(args.idempotency_retention),
+        };
+        tasks.spawn(purger.run(wait_for(stopped.clone())));
+        println!("webhook worker and idempotency-key purger running");
     }
 
     println!(
@@ -232,83 +285,179 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     served
 }
 
-/// The API process's router: API keys, providers (the in-process simulator unless a provider URL
-/// is given), the use cases, and the printed hints for a first request.
-async fn api_router(
-    args: &ServeArgs,
-    database: &Database,
-    address: SocketAddr,
-    stopped: &watch::Receiver<bool>,
-) -> anyhow::Result<axum::Router> {
-    let demo_key = bootstrap_api_keys(database, args.api_keys.as_ref()).await?;
-    let client = ClientConfig {
-        request_timeout_ms: u64::try_from(args.psp_timeout.as_millis()).unwrap_or(u64::MAX),
-        ..ClientConfig::default()
-    };
-    let (urls, simulator) = match (&args.providers, &args.psp_url) {
-        (Some(urls), _) => (urls.clone(), None),
-        (None, Some(url)) => (ProviderUrls(vec![(default_provider()?, url.clone())]), None),
-        (None, None) => {
-            let simulator = Simulator::new(SimConfig {
-                seed: asiento_psp::sim::random_seed(),
-                webhook_secret: asiento_psp::sim::random_webhook_secret(),
-                ..SimConfig::default()
-            });
-            simulator
-                .spawn_webhook_dispatcher(wait_for(stopped.clone()))
-                .context("starting the simulator's webhook dispatcher")?;
-            let url = format!("http://{address}/sim");
-            (
-                ProviderUrls(vec![(default_provider()?, url)]),
-                Some(simulator),
-            )
+fn duration_ms(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// What the API and the workers share: the providers, the use cases and the webhook secrets.
+struct Core {
+    payments: PaymentFlow,
+    transfers: TransferFlow,
+    urls: ProviderUrls,
+    /// The in-process simulator, when no provider URL was given.
+    simulator: Option<Simulator>,
+    secrets: WebhookSecrets,
+}
+
+impl Core {
+    fn build(
+        args: &ServeArgs,
+        database: &Database,
+        address: SocketAddr,
+        stopped: &watch::Receiver<bool>,
+    ) -> anyhow::Result<Core> {
+        let client = ClientConfig {
+            request_timeout_ms: u64::try_from(args.psp_timeout.as_millis()).unwrap_or(u64::MAX),
+            ..ClientConfig::default()
+        };
+        let mut secrets = args.webhook_secrets.clone().unwrap_or_default();
+        let sim_name = default_provider()?;
+        if let Some(secret) = &args.webhook_secret {
+            secrets.set(&sim_name, secret).context("--webhook-secret")?;
         }
-    };
-    let providers = crate::providers::build(&urls, &args.fees, &client)?;
-    let clock = Arc::new(SystemClock);
-    let render = Arc::new(asiento_api::render::JsonRender);
-    let store = database.event_store();
-    let lease_ms =
-        i64::try_from(args.idempotency_lease.as_millis()).unwrap_or(IDEMPOTENCY_LEASE_MS_DEFAULT);
-    let state = asiento_api::AppState {
-        payments: PaymentFlow {
-            database: database.clone(),
-            store: store.clone(),
-            providers,
-            clock: clock.clone(),
-            render: render.clone(),
-            idempotency_lease_ms: lease_ms,
-        },
-        transfers: TransferFlow {
-            database: database.clone(),
-            store,
-            clock,
-            render,
-            idempotency_lease_ms: lease_ms,
-        },
-        database: database.clone(),
-    };
-    let mut app = asiento_api::router(state);
-    if let Some(simulator) = &simulator {
-        app = app.merge(simulator.mounted_router());
+        let (urls, simulator) = match (&args.providers, &args.psp_url) {
+            (Some(urls), _) => (urls.clone(), None),
+            (None, Some(url)) => (ProviderUrls(vec![(sim_name, url.clone())]), None),
+            (None, None) if args.role.serves_api() => {
+                // The in-process simulator signs with `sim`'s secret (random unless given) and
+                // delivers to this very process.
+                let secret = match secrets.get(sim_name.as_str()) {
+                    Some(secret) => secret.to_owned(),
+                    None => {
+                        let secret = asiento_psp::sim::random_webhook_secret();
+                        secrets.set(&sim_name, &secret).context("webhook secret")?;
+                        println!("webhook secret of provider sim (generated, dev only): {secret}");
+                        secret
+                    }
+                };
+                let simulator = Simulator::new(SimConfig {
+                    seed: asiento_psp::sim::random_seed(),
+                    webhook_url: Some(format!("http://{address}/webhooks/sim")),
+                    webhook_secret: secret,
+                    ..SimConfig::default()
+                });
+                simulator
+                    .spawn_webhook_dispatcher(wait_for(stopped.clone()))
+                    .context("starting the simulator's webhook dispatcher")?;
+                let url = format!("http://{address}/sim");
+                (ProviderUrls(vec![(sim_name, url)]), Some(simulator))
+            }
+            (None, None) => anyhow::bail!(
+                "--role {:?} needs --psp-url or --providers: the in-process simulator lives in the \
+                 api process",
+                args.role
+            ),
+        };
+        for (name, _) in &urls.0 {
+            if secrets.get(name.as_str()).is_none() {
+                tracing::warn!(provider = %name, "no webhook secret: its webhooks will be refused");
+            }
+        }
+        let providers = crate::providers::build(&urls, &args.fees, &client)?;
+        let clock = Arc::new(SystemClock);
+        let render = Arc::new(asiento_api::render::JsonRender);
+        let store = database.event_store();
+        let lease_ms = duration_ms(args.idempotency_lease);
+        Ok(Core {
+            payments: PaymentFlow {
+                database: database.clone(),
+                store: store.clone(),
+                providers,
+                clock: clock.clone(),
+                render: render.clone(),
+                idempotency_lease_ms: lease_ms,
+            },
+            transfers: TransferFlow {
+                database: database.clone(),
+                store,
+                clock,
+                render,
+                idempotency_lease_ms: lease_ms,
+            },
+            urls,
+            simulator,
+            secrets,
+        })
     }
 
-    for (name, url) in &urls.0 {
-        println!("provider {name}: {url}");
-    }
-    let key = match demo_key {
-        Some(key) => {
-            println!("created tenant `demo`; its API key (shown once): {key}");
-            key
+    /// The API process's router: API keys, the use cases, the webhook endpoint, the in-process
+    /// simulator, and the printed hints for a first request.
+    async fn router(
+        &self,
+        args: &ServeArgs,
+        database: &Database,
+        address: SocketAddr,
+    ) -> anyhow::Result<axum::Router> {
+        let demo_key = bootstrap_api_keys(database, args.api_keys.as_ref()).await?;
+        let state = asiento_api::AppState {
+            payments: self.payments.clone(),
+            transfers: self.transfers.clone(),
+            webhooks: WebhookReceiver {
+                database: database.clone(),
+                secrets: self.secrets.clone(),
+                clock: self.payments.clock.clone(),
+                tolerance_s: asiento_app::webhooks::TOLERANCE_S_DEFAULT,
+            },
+            database: database.clone(),
+        };
+        let mut app = asiento_api::router(state);
+        if let Some(simulator) = &self.simulator {
+            app = app.merge(simulator.mounted_router());
         }
-        None => "$API_KEY".to_owned(),
-    };
-    println!(
-        "try: curl -s -X POST http://{address}/v1/payments -H 'Authorization: Bearer {key}' \\\n  \
-         -H 'Idempotency-Key: order-1001' -H 'Content-Type: application/json' \\\n  \
-         -d '{{\"amount_minor\": 10000, \"currency\": \"USD\", \"customer\": \"42\", \"payment_method\": \"pm_card_ok\"}}'"
-    );
-    Ok(app)
+        for (name, url) in &self.urls.0 {
+            println!("provider {name}: {url}");
+        }
+        let key = match demo_key {
+            Some(key) => {
+                println!("created tenant `demo`; its API key (shown once): {key}");
+                key
+            }
+            None => "$API_KEY".to_owned(),
+        };
+        println!(
+            "try: curl -s -X POST http://{address}/v1/payments -H 'Authorization: Bearer {key}' \\\n  \
+             -H 'Idempotency-Key: order-1001' -H 'Content-Type: application/json' \\\n  \
+             -d '{{\"amount_minor\": 10000, \"currency\": \"USD\", \"customer\": \"42\", \"payment_method\": \"pm_card_ok\"}}'"
+        );
+        Ok(app)
+    }
+}
+
+/// Deletes completed idempotency records older than the retention, once a minute. In-flight ones
+/// are never purged: their retry resumes them.
+struct IdempotencyPurger {
+    database: Database,
+    clock: Arc<dyn asiento_app::clock::Clock>,
+    keep_ms: i64,
+}
+
+/// How often old idempotency records are purged.
+const IDEMPOTENCY_PURGE_INTERVAL_MS: u64 = 60_000;
+
+impl IdempotencyPurger {
+    async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut tick = tokio::time::interval(Duration::from_millis(IDEMPOTENCY_PURGE_INTERVAL_MS));
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return,
+                _ = tick.tick() => {}
+            }
+            let before_ms = self.clock.now_ms() - self.keep_ms;
+            let purged = async {
+                let mut tx = self.database.begin().await?;
+                let purged = asiento_app::idempotency::purge_completed(&mut tx, before_ms).await?;
+                tx.commit().await?;
+                Ok::<u64, anyhow::Error>(purged)
+            }
+            .await;
+            match purged {
+                Ok(0) => {}
+                Ok(count) => tracing::info!(count, "purged old idempotency records"),
+                Err(error) => tracing::warn!(%error, "idempotency purge failed; retrying later"),
+            }
+        }
+    }
 }
 
 fn default_provider() -> anyhow::Result<ProviderName> {

@@ -216,12 +216,23 @@ fn legs(entry: &Value) -> Vec<(String, i64)> {
     legs
 }
 
-/// Timeout → 202 pending with nothing posted; declined → failed with nothing posted; a capture
-/// posts exactly API.md's entry with the 3% fee.
+/// Timeout → 202 pending with nothing posted, and the outcome arriving later posts once;
+/// declined → failed with nothing posted; a capture posts exactly API.md's entry with the 3% fee.
 async fn provider_outcomes_and_their_postings(backend: Backend) {
     let database = TestDatabase::new(backend).await;
     let server = Server::start(&database.url, &["--psp-timeout", "300ms"]);
     let client = server.client();
+    // The provider's webhook for the timed-out charge must come after our answer, as it would
+    // from a provider that is slow to notify.
+    let delayed = client
+        .send(
+            client
+                .http
+                .post(format!("{}/sim/faults", client.base))
+                .json(&json!({"webhook_delay_ms": 1_500})),
+        )
+        .await;
+    assert_eq!(delayed.status, 200);
 
     let pending = client
         .post(
@@ -247,6 +258,27 @@ async fn provider_outcomes_and_their_postings(backend: Backend) {
         )
         .await;
     assert_eq!((replay.status, replay.replayed()), (202, true));
+    // The outcome arrives later (the provider's webhook): posted once.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while client.get(&format!("/v1/payments/{id}")).await.json()["status"] != "captured" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the late outcome never arrived"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(client.entries_of(&id).await.len(), 1);
+    let replay = client
+        .post(
+            "/v1/payments",
+            "t-1",
+            &payment_body(5_000, "pm_card_timeout"),
+        )
+        .await;
+    assert_eq!(
+        replay.status, 202,
+        "the stored answer is replayed as it was"
+    );
 
     let declined = client
         .post(

@@ -1,0 +1,323 @@
+//! Webhooks through the real binary: the in-process simulator delivers its own signed events with
+//! duplicates and reordering switched on, and every payment converges to the provider's truth with
+//! nothing posted twice; the endpoint refuses what is not signed right and stores nothing then.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::{payment_body, Backend, Client, Server, TestDatabase};
+use serde_json::{json, Value};
+
+const SECRET: &str = "whsec_test_0123456789";
+
+/// The provider's charges, by our payment id (their `reference`).
+async fn provider_truth(client: &Client) -> BTreeMap<String, Value> {
+    let charges = client.get("/sim/charges").await.json();
+    let charges = charges
+        .as_array()
+        .or(charges["data"].as_array())
+        .unwrap()
+        .clone();
+    charges
+        .into_iter()
+        .filter_map(|charge| Some((charge["reference"].as_str()?.to_owned(), charge)))
+        .collect()
+}
+
+/// The status a payment must have, given the provider's charge.
+fn expected_status(charge: &Value) -> &'static str {
+    let captured = charge["amount_captured"].as_i64().unwrap();
+    let refunded = charge["amount_refunded"].as_i64().unwrap();
+    match charge["status"].as_str().unwrap() {
+        "succeeded" if refunded == 0 => "captured",
+        "succeeded" if refunded < captured => "partially_refunded",
+        "succeeded" => "refunded",
+        "requires_capture" => "authorized",
+        "requires_action" => "requires_action",
+        _ => "failed",
+    }
+}
+
+async fn converged(client: &Client, truth: &BTreeMap<String, Value>) -> Result<(), String> {
+    for (payment_id, charge) in truth {
+        let payment = client
+            .get(&format!("/v1/payments/{payment_id}"))
+            .await
+            .json();
+        let want = (
+            expected_status(charge),
+            charge["amount_captured"].as_i64().unwrap(),
+            charge["amount_refunded"].as_i64().unwrap(),
+        );
+        let have = (
+            payment["status"].as_str().unwrap_or_default(),
+            payment["captured_minor"].as_i64().unwrap_or_default(),
+            payment["refunded_minor"].as_i64().unwrap_or_default(),
+        );
+        if want != have {
+            return Err(format!(
+                "{payment_id}: provider says {want:?}, we say {have:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Mixed payments (ok, declined, redirect completed either way, refunded in parts) settle with the
+/// simulator duplicating half its webhooks and reordering them.
+async fn payments_converge_under_duplicated_and_reordered_webhooks(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let server = Server::start(&database.url, &["--webhook-secret", SECRET]);
+    let client = server.client();
+    let faults = client
+        .send(
+            client
+                .http
+                .post(format!("{}/sim/faults", client.base))
+                .json(&json!({"webhook_duplicate_rate": 0.5, "webhook_reorder": true})),
+        )
+        .await;
+    assert_eq!(
+        faults.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&faults.body)
+    );
+
+    let methods = [
+        "pm_card_ok",
+        "pm_card_declined",
+        "pm_redirect",
+        "pm_card_ok",
+    ];
+    for index in 0..40 {
+        let method = methods[index % methods.len()];
+        let mut body = payment_body(1_000 + index as i64 * 10, method);
+        body["customer"] = json!(format!("c{}", index % 5));
+        let created = client
+            .post("/v1/payments", &format!("p-{index}"), &body)
+            .await;
+        assert_eq!(
+            created.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&created.body)
+        );
+        let payment = created.json();
+        let id = payment["id"].as_str().unwrap().to_owned();
+        if method == "pm_redirect" {
+            let charge = payment["next_action"]["redirect_url"].as_str().unwrap();
+            let charge_id = charge
+                .split('/')
+                .find(|part| part.starts_with("ch_"))
+                .unwrap();
+            let result = if index % 8 == 2 {
+                "succeeded"
+            } else {
+                "failed"
+            };
+            let completed = client
+                .send(
+                    client
+                        .http
+                        .post(format!("{}/sim/charges/{charge_id}/complete", client.base))
+                        .json(&json!({"result": result})),
+                )
+                .await;
+            assert_eq!(completed.status, 200);
+        }
+        if index % 4 == 3 {
+            // Refunded in two parts through our API.
+            for part in 0..2 {
+                let refund = client
+                    .post(
+                        &format!("/v1/payments/{id}/refunds"),
+                        &format!("r-{index}-{part}"),
+                        &json!({"amount_minor": 300}),
+                    )
+                    .await;
+                assert_eq!(
+                    refund.status,
+                    201,
+                    "{}",
+                    String::from_utf8_lossy(&refund.body)
+                );
+            }
+        }
+    }
+
+    let truth = provider_truth(&client).await;
+    assert_eq!(truth.len(), 40);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match converged(&client, &truth).await {
+            Ok(()) => break,
+            Err(difference) => {
+                assert!(Instant::now() < deadline, "never converged: {difference}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    // Nothing posted twice: each captured payment has one capture, and the provider's clearing
+    // account is exactly what the provider's truth implies.
+    let mut owed = 0;
+    for (payment_id, charge) in &truth {
+        let events = client
+            .get(&format!("/v1/payments/{payment_id}/events"))
+            .await
+            .json();
+        let captures = events
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|event| event["type"] == "ChargeCaptured")
+            .count();
+        let captured = charge["amount_captured"].as_i64().unwrap();
+        assert_eq!(
+            captures,
+            usize::from(captured > 0),
+            "{payment_id}: {captures} captures"
+        );
+        owed += captured - charge["amount_refunded"].as_i64().unwrap();
+    }
+    let clearing = client
+        .get("/v1/accounts/psp:sim:clearing/balance?currency=USD")
+        .await
+        .json();
+    assert_eq!(clearing["balance_minor"].as_i64().unwrap(), -owed);
+}
+
+/// Only correctly signed, fresh events from a configured provider are stored; a repeat of one is
+/// acknowledged and changes nothing.
+async fn the_endpoint_refuses_what_is_not_signed_right(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let server = Server::start(&database.url, &["--webhook-secret", SECRET]);
+    let client = server.client();
+    let created = client
+        .post("/v1/payments", "w-1", &payment_body(10_000, "pm_card_ok"))
+        .await
+        .json();
+    let id = created["id"].as_str().unwrap();
+    let truth = provider_truth(&client).await;
+    let charge_id = truth[id]["id"].as_str().unwrap();
+    let body = serde_json::to_vec(&json!({
+        "id": "evt_test_1", "type": "charge.refunded", "created": 1_764_000_000,
+        "data": {"charge": {
+            "id": charge_id, "status": "succeeded", "amount_minor": 10_000, "currency": "USD",
+            "amount_captured": 10_000, "amount_refunded": 1_000, "reference": id,
+            "idempotency_key": "k", "payment_method": "pm_card_ok", "capture": true,
+            "metadata": {}, "created": "2026-01-01T00:00:00Z", "updated": "2026-01-01T00:00:00Z"
+        }}
+    }))
+    .unwrap();
+    let now = chrono::Utc::now().timestamp();
+    let post = |provider: &str, signature: String, body: Vec<u8>| {
+        client.send(
+            client
+                .http
+                .post(format!("{}/webhooks/{provider}", client.base))
+                .header("psp-signature", signature)
+                .body(body),
+        )
+    };
+    let cases = [
+        (
+            "sim",
+            asiento_psp::sign("wrong-secret", now, &body),
+            400,
+            "signature_invalid",
+        ),
+        (
+            "sim",
+            asiento_psp::sign(SECRET, now - 3_600, &body),
+            400,
+            "signature_stale",
+        ),
+        (
+            "other",
+            asiento_psp::sign(SECRET, now, &body),
+            400,
+            "unknown_provider",
+        ),
+        (
+            "sim",
+            asiento_psp::sign(SECRET, now, b"{not json"),
+            400,
+            "invalid_body",
+        ),
+    ];
+    for (provider, signature, status, code) in cases {
+        let raw = if code == "invalid_body" {
+            b"{not json".to_vec()
+        } else {
+            body.clone()
+        };
+        let answer = post(provider, signature, raw).await;
+        assert_eq!((answer.status, answer.code().as_str()), (status, code));
+    }
+    let first = post("sim", asiento_psp::sign(SECRET, now, &body), body.clone()).await;
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    assert_eq!(first.json()["duplicate"], false);
+    let again = post("sim", asiento_psp::sign(SECRET, now, &body), body.clone()).await;
+    assert_eq!(
+        (again.status, again.json()["duplicate"].clone()),
+        (200, json!(true))
+    );
+
+    // The one stored event is applied once: refunded 1000 of 10000, one refund entry.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let payment = client.get(&format!("/v1/payments/{id}")).await.json();
+        if payment["refunded_minor"] == 1_000 {
+            assert_eq!(payment["status"], "partially_refunded");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the refund webhook was never applied: {payment}"
+        );
+        assert_eq!(payment["needs_review"], false, "{payment}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let entries = client.entries_of(id).await;
+    assert_eq!(
+        entries.len(),
+        2,
+        "one capture entry and one refund entry: {entries:?}"
+    );
+}
+
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Sqlite).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Postgres).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    payments_converge_under_duplicated_and_reordered_webhooks,
+    the_endpoint_refuses_what_is_not_signed_right,
+);
