@@ -105,6 +105,20 @@ fn stored_response(stored: StoredResponse, replayed: bool) -> Response {
 }
 
 /// `POST /v1/payments`
+#[utoipa::path(
+    post, path = "/v1/payments", tag = "payments",
+    params(("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; scoped by tenant, method and route")),
+    request_body = crate::openapi::CreatePaymentRequest,
+    responses(
+        (status = 201, description = "The provider answered (captured, authorized, failed or requires action)", body = crate::openapi::Payment),
+        (status = 202, description = "The provider's answer is unknown: pending until a webhook or the reconciler settles it", body = crate::openapi::Payment),
+        (status = 400, description = "Invalid body or key", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or unknown API key", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "The key's first request is still in flight", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with another body", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
 pub async fn create_payment(
     State(state): State<AppState>,
     tenant: AuthenticatedTenant,
@@ -181,6 +195,18 @@ pub fn payment_id(raw: &str) -> Result<PaymentId, Problem> {
 }
 
 /// `POST /v1/payments/{id}/capture`
+#[utoipa::path(
+    post, path = "/v1/payments/{id}/capture", tag = "payments",
+    params(("id" = String, Path, description = "pay_…"), ("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; scoped by tenant, method and route")),
+    request_body = crate::openapi::CaptureRequest,
+    responses(
+        (status = 200, description = "Captured", body = crate::openapi::Payment),
+        (status = 202, description = "The provider's answer is unknown", body = crate::openapi::Payment),
+        (status = 404, description = "No such payment for this tenant", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "invalid_transition, or the key is in flight", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "capture_exceeds_authorized, or the key was reused", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
 pub async fn capture_payment(
     State(state): State<AppState>,
     tenant: AuthenticatedTenant,
@@ -202,6 +228,18 @@ pub async fn capture_payment(
 }
 
 /// `POST /v1/payments/{id}/refunds`
+#[utoipa::path(
+    post, path = "/v1/payments/{id}/refunds", tag = "payments",
+    params(("id" = String, Path, description = "pay_…"), ("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; scoped by tenant, method and route")),
+    request_body = crate::openapi::RefundRequest,
+    responses(
+        (status = 201, description = "Refunded", body = crate::openapi::Payment),
+        (status = 202, description = "The provider's answer is unknown", body = crate::openapi::Payment),
+        (status = 404, description = "No such payment for this tenant", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "invalid_transition, or the key is in flight", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "refund_exceeds_captured, or the key was reused", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
 pub async fn refund_payment(
     State(state): State<AppState>,
     tenant: AuthenticatedTenant,
@@ -223,6 +261,17 @@ pub async fn refund_payment(
 }
 
 /// `POST /v1/transfers`
+#[utoipa::path(
+    post, path = "/v1/transfers", tag = "ledger",
+    params(("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; scoped by tenant, method and route")),
+    request_body = crate::openapi::TransferRequest,
+    responses(
+        (status = 201, description = "Posted", body = crate::openapi::Transfer),
+        (status = 400, description = "Invalid body, account or key", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "The key's first request is still in flight", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "insufficient_funds, or the key was reused", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
 pub async fn create_transfer(
     State(state): State<AppState>,
     tenant: AuthenticatedTenant,

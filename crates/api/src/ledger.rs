@@ -76,6 +76,19 @@ fn balance_problem(error: BalanceError) -> Problem {
 }
 
 /// `GET /v1/accounts/{account}/balance?currency=USD[&min_position=N]`
+#[utoipa::path(
+    get, path = "/v1/accounts/{account}/balance", tag = "ledger",
+    params(
+        ("account" = String, Path, description = "segment(:segment)*"),
+        ("currency" = String, Query),
+        ("min_position" = Option<i64>, Query, description = "Wait (up to 5 s) until the balance includes this position"),
+    ),
+    responses(
+        (status = 200, description = "Snapshot plus the entries after it: exact even while the projector lags", body = crate::openapi::Balance),
+        (status = 400, description = "Invalid account, currency or position", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "projection_lagging", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
 pub async fn balance(
     State(state): State<AppState>,
     tenant: AuthenticatedTenant,
@@ -105,6 +118,21 @@ pub async fn balance(
 }
 
 /// `GET /v1/accounts/{account}/entries?currency=USD&after=POS&limit=100`
+#[utoipa::path(
+    get, path = "/v1/accounts/{account}/entries", tag = "ledger",
+    params(
+        ("account" = String, Path),
+        ("currency" = String, Query),
+        ("after" = Option<i64>, Query, description = "next_after of the previous page"),
+        ("limit" = Option<u32>, Query, description = "1 to 1000, default 100"),
+        ("min_position" = Option<i64>, Query),
+    ),
+    responses(
+        (status = 200, description = "The account's legs, oldest first", body = crate::openapi::AccountEntries),
+        (status = 400, description = "Invalid query", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "projection_lagging", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
 pub async fn entries(
     State(state): State<AppState>,
     tenant: AuthenticatedTenant,
@@ -154,6 +182,15 @@ pub async fn entries(
 }
 
 /// `GET /v1/journal/{entry_id}[?min_position=N]`
+#[utoipa::path(
+    get, path = "/v1/journal/{entry_id}", tag = "ledger",
+    params(("entry_id" = String, Path, description = "je_…"), ("min_position" = Option<i64>, Query)),
+    responses(
+        (status = 200, description = "One journal entry with all its legs", body = crate::openapi::JournalEntry),
+        (status = 404, description = "No such entry for this tenant", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "projection_lagging", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
 pub async fn journal_entry(
     State(state): State<AppState>,
     tenant: AuthenticatedTenant,

@@ -8,6 +8,7 @@ pub mod auth;
 pub mod body;
 pub mod commands;
 pub mod ledger;
+pub mod openapi;
 pub mod problem;
 pub mod queries;
 pub mod render;
@@ -97,6 +98,7 @@ fn ops_routes(database: Database) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi::document))
         .with_state(database)
 }
 

@@ -28,6 +28,14 @@ fn not_found() -> Problem {
 }
 
 /// `GET /v1/payments/{id}`
+#[utoipa::path(
+    get, path = "/v1/payments/{id}", tag = "payments",
+    params(("id" = String, Path, description = "pay_…")),
+    responses(
+        (status = 200, description = "The payment, from its own stream (never stale)", body = crate::openapi::Payment),
+        (status = 404, description = "No such payment for this tenant", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
 pub async fn get_payment(
     State(state): State<AppState>,
     tenant: AuthenticatedTenant,
@@ -52,6 +60,14 @@ pub async fn get_payment(
 }
 
 /// `GET /v1/payments/{id}/events`: the payment's history, oldest first.
+#[utoipa::path(
+    get, path = "/v1/payments/{id}/events", tag = "payments",
+    params(("id" = String, Path, description = "pay_…")),
+    responses(
+        (status = 200, description = "Its event history, oldest first", body = Vec<crate::openapi::PaymentEventView>),
+        (status = 404, description = "No such payment for this tenant", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
 pub async fn payment_events(
     State(state): State<AppState>,
     tenant: AuthenticatedTenant,
@@ -92,6 +108,23 @@ fn visible<'a>(
 
 /// `GET /v1/payments?status=&customer=&created_gte=&created_lt=&limit=50&cursor=[&min_position=N]`:
 /// the tenant's payments, newest first, from the payments read model.
+#[utoipa::path(
+    get, path = "/v1/payments", tag = "payments",
+    params(
+        ("status" = Option<String>, Query, description = "Only payments in this status"),
+        ("customer" = Option<String>, Query),
+        ("created_gte" = Option<String>, Query, description = "RFC 3339"),
+        ("created_lt" = Option<String>, Query, description = "RFC 3339"),
+        ("limit" = Option<u32>, Query, description = "1 to 100, default 50"),
+        ("cursor" = Option<String>, Query, description = "next_cursor of the previous page"),
+        ("min_position" = Option<i64>, Query, description = "Wait (up to 5 s) until the list includes this position"),
+    ),
+    responses(
+        (status = 200, description = "The tenant's payments, newest first", body = crate::openapi::PaymentList),
+        (status = 400, description = "Invalid query", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "projection_lagging", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
 pub async fn list_payments(
     State(state): State<AppState>,
     tenant: AuthenticatedTenant,

@@ -165,13 +165,17 @@ impl PaymentFlow {
     }
 
     /// `POST /v1/payments`.
-    #[tracing::instrument(skip_all, fields(tenant = %payment.tenant, key = request.key.as_str()))]
+    #[tracing::instrument(
+        skip_all,
+        fields(tenant = %payment.tenant, key = request.key.as_str(), payment = tracing::field::Empty)
+    )]
     pub async fn create(
         &self,
         request: &Idempotent,
         payment: NewPayment,
     ) -> Result<Answer, FlowError> {
         let id = PaymentId::from_uuid(Uuid::now_v7());
+        tracing::Span::current().record("payment", tracing::field::display(id));
         let now = self.clock.now();
         let create = CreatePayment {
             id,
@@ -235,6 +239,7 @@ impl PaymentFlow {
                 let id = PaymentId::parse(&resource_id).map_err(|_| {
                     FlowError::Inconsistent(format!("resource {resource_id} is not a payment id"))
                 })?;
+                tracing::Span::current().record("payment", tracing::field::display(id));
                 tracing::info!(payment = %id, "resuming a payment whose request died mid-flight");
                 return self
                     .with_payment_lease(id, request, lease, || {
@@ -358,6 +363,7 @@ impl PaymentFlow {
         self.finalize_with(id, fact.into(), None, Some(also)).await
     }
 
+    #[tracing::instrument(skip_all, fields(payment = %id))]
     async fn finalize_with(
         &self,
         id: PaymentId,
@@ -459,6 +465,7 @@ impl PaymentFlow {
     }
 
     /// `POST /v1/payments/{id}/capture`: the merchant captures an authorized payment.
+    #[tracing::instrument(skip_all, fields(tenant = %tenant, payment = %id, key = request.key.as_str()))]
     pub async fn capture(
         &self,
         request: &Idempotent,
@@ -528,6 +535,7 @@ impl PaymentFlow {
     }
 
     /// `POST /v1/payments/{id}/refunds`: a partial or full refund.
+    #[tracing::instrument(skip_all, fields(tenant = %tenant, payment = %id, key = request.key.as_str()))]
     pub async fn refund(
         &self,
         request: &Idempotent,

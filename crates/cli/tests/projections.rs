@@ -285,9 +285,17 @@ async fn corrupted_snapshot_is_found_and_repaired(backend: Backend) {
     let database = TestDatabase::new(backend).await;
     let server = Server::start(&database.url, &[]);
     let client = server.client();
+    let mut last = 0;
     for index in 0..3 {
-        pay(&client, &format!("c-{index}"), "5", 2_000).await;
+        last = pay(&client, &format!("c-{index}"), "5", 2_000).await;
     }
+    // Read-your-writes: the projection includes the last payment before it is corrupted.
+    let seen = client
+        .get(&format!(
+            "/v1/accounts/customer:5:available/balance?currency=USD&min_position={last}"
+        ))
+        .await;
+    assert_eq!(seen.json()["balance_minor"], 3 * 1_940);
     assert_balances_match_the_log(&database.url).await;
     let db = Database::connect(&database.url).await.unwrap();
     let corrupt = "UPDATE balances_g1 SET balance_minor = balance_minor + 1 WHERE account = 'customer:5:available'";
@@ -321,7 +329,9 @@ async fn corrupted_snapshot_is_found_and_repaired(backend: Backend) {
     ]);
     assert_balances_match_the_log(&database.url).await;
     let balance = client
-        .get("/v1/accounts/customer:5:available/balance?currency=USD")
+        .get(&format!(
+            "/v1/accounts/customer:5:available/balance?currency=USD&min_position={last}"
+        ))
         .await;
     assert_eq!(balance.json()["balance_minor"], 3 * 1_940);
 }

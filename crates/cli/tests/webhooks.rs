@@ -164,7 +164,13 @@ async fn payments_converge_under_duplicated_and_reordered_webhooks(backend: Back
     // Nothing posted twice: each captured payment has one capture, and the provider's clearing
     // account is exactly what the provider's truth implies.
     let mut owed = 0;
+    let mut last_position = 0;
     for (payment_id, charge) in &truth {
+        let payment = client
+            .get(&format!("/v1/payments/{payment_id}"))
+            .await
+            .json();
+        last_position = last_position.max(payment["position"].as_i64().unwrap());
         let events = client
             .get(&format!("/v1/payments/{payment_id}/events"))
             .await
@@ -183,8 +189,11 @@ async fn payments_converge_under_duplicated_and_reordered_webhooks(backend: Back
         );
         owed += captured - charge["amount_refunded"].as_i64().unwrap();
     }
+    // Read-your-writes: the balance includes every event of these payments.
     let clearing = client
-        .get("/v1/accounts/psp:sim:clearing/balance?currency=USD")
+        .get(&format!(
+            "/v1/accounts/psp:sim:clearing/balance?currency=USD&min_position={last_position}"
+        ))
         .await
         .json();
     assert_eq!(clearing["balance_minor"].as_i64().unwrap(), -owed);

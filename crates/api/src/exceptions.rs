@@ -1,0 +1,129 @@
+//! `GET /v1/reconciliation/exceptions?status=open|resolved&limit=` and
+//! `POST /v1/reconciliation/exceptions/{id}/resolve` `{"note": "…"}`.
+//!
+//! A tenant sees and resolves only its own exceptions: another tenant's id (or one of the platform
+//! scope, which names no payment of ours) answers 404, never 403. Resolving is recorded as an
+//! `ExceptionResolved` event; resolving twice is 409 `exception_already_resolved`.
+
+use asiento_app::exceptions::{self, ExceptionError, ExceptionView, Scope, EXCEPTIONS_PAGE_MAX};
+use asiento_domain::exception::{ExceptionRejection, ExceptionStatus, NOTE_CHARS_MAX};
+use asiento_domain::{ExceptionId, TenantId};
+use axum::{
+    extract::{Path, Query, State},
+    http::StatusCode,
+    Json,
+};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::auth::AuthenticatedTenant;
+use crate::body::{Fields, JsonObject};
+use crate::problem::Problem;
+use crate::AppState;
+
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    pub status: Option<String>,
+    pub limit: Option<i64>,
+}
+
+/// The JSON of API.md: `{"id", "payment_id", "kind", "local", "provider", "difference",
+/// "resolution", "status"}`, plus the note and times.
+pub fn render(view: &ExceptionView) -> Value {
+    json!({
+        "id": view.id,
+        "payment_id": view.payment_id,
+        "kind": view.kind,
+        "local": view.local,
+        "provider": view.provider_state,
+        "provider_name": view.provider,
+        "charge_id": view.charge_id,
+        "difference": view.difference,
+        "resolution": view.resolution,
+        "status": view.status,
+        "note": view.note,
+        "recorded_at_ms": view.recorded_ms,
+        "resolved_at_ms": view.resolved_ms,
+    })
+}
+
+fn scope(tenant: &AuthenticatedTenant) -> Result<Scope, Problem> {
+    TenantId::parse(&tenant.0)
+        .map(Scope::Tenant)
+        .map_err(|error| Problem::internal(&error))
+}
+
+fn not_found() -> Problem {
+    Problem::new(
+        StatusCode::NOT_FOUND,
+        "exception_not_found",
+        "exception not found",
+    )
+}
+
+fn problem(error: ExceptionError) -> Problem {
+    match error {
+        ExceptionError::Rejected(ExceptionRejection::NotFound) => not_found(),
+        ExceptionError::Rejected(rejection @ ExceptionRejection::AlreadyResolved) => Problem::new(
+            StatusCode::CONFLICT,
+            rejection.code(),
+            rejection.to_string(),
+        ),
+        ExceptionError::Rejected(rejection @ ExceptionRejection::NoteInvalid) => {
+            Problem::bad_request(rejection.code(), rejection.to_string())
+        }
+        other => Problem::internal(&other),
+    }
+}
+
+/// `GET /v1/reconciliation/exceptions`
+pub async fn list(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<Value>, Problem> {
+    let status = match query.status.as_deref() {
+        None => None,
+        Some(raw) => Some(ExceptionStatus::parse(raw).ok_or_else(|| {
+            Problem::bad_request("invalid_status", "status must be open or resolved")
+        })?),
+    };
+    let limit = query.limit.unwrap_or(EXCEPTIONS_PAGE_MAX);
+    if !(1..=EXCEPTIONS_PAGE_MAX).contains(&limit) {
+        return Err(Problem::bad_request(
+            "invalid_limit",
+            format!("limit must be between 1 and {EXCEPTIONS_PAGE_MAX}"),
+        ));
+    }
+    let listed = exceptions::list(&state.database, &scope(&tenant)?, status, limit)
+        .await
+        .map_err(problem)?;
+    Ok(Json(Value::Array(listed.iter().map(render).collect())))
+}
+
+/// `POST /v1/reconciliation/exceptions/{id}/resolve`
+pub async fn resolve(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    Path(raw_id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> Result<Json<Value>, Problem> {
+    // A malformed id names no exception: 404, like an unknown one.
+    let id = ExceptionId::parse(&raw_id).map_err(|_| not_found())?;
+    let fields = Fields(&body);
+    fields.only(&["note"])?;
+    let note = fields
+        .optional_text("note", NOTE_CHARS_MAX)?
+        .ok_or_else(|| Problem::bad_request("note_invalid", "note is required"))?;
+    let view = exceptions::resolve(
+        &state.database,
+        state.payments.store.as_ref(),
+        &scope(&tenant)?,
+        id,
+        note,
+        state.payments.clock.now(),
+    )
+    .await
+    .map_err(problem)?;
+    Ok(Json(render(&view)))
+}
