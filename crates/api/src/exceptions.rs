@@ -77,6 +77,17 @@ fn problem(error: ExceptionError) -> Problem {
 }
 
 /// `GET /v1/reconciliation/exceptions`
+#[utoipa::path(
+    get, path = "/v1/reconciliation/exceptions", tag = "reconciliation",
+    params(
+        ("status" = Option<String>, Query, description = "open or resolved"),
+        ("limit" = Option<u32>, Query, description = "1 to 500"),
+    ),
+    responses(
+        (status = 200, description = "The tenant's reconciliation exceptions", body = Vec<crate::openapi::ReconciliationException>),
+        (status = 400, description = "Invalid query", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
 pub async fn list(
     State(state): State<AppState>,
     tenant: AuthenticatedTenant,
@@ -102,6 +113,17 @@ pub async fn list(
 }
 
 /// `POST /v1/reconciliation/exceptions/{id}/resolve`
+#[utoipa::path(
+    post, path = "/v1/reconciliation/exceptions/{id}/resolve", tag = "reconciliation",
+    params(("id" = String, Path, description = "exc_…")),
+    request_body = crate::openapi::ResolveRequest,
+    responses(
+        (status = 200, description = "Resolved", body = crate::openapi::ReconciliationException),
+        (status = 400, description = "note_invalid", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 404, description = "exception_not_found", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "exception_already_resolved", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
 pub async fn resolve(
     State(state): State<AppState>,
     tenant: AuthenticatedTenant,

@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod body;
 pub mod commands;
+pub mod exceptions;
 pub mod ledger;
 pub mod openapi;
 pub mod problem;
@@ -82,6 +83,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/accounts/{account}/balance", get(ledger::balance))
         .route("/v1/accounts/{account}/entries", get(ledger::entries))
         .route("/v1/journal/{entry_id}", get(ledger::journal_entry))
+        .route("/v1/reconciliation/exceptions", get(exceptions::list))
+        .route(
+            "/v1/reconciliation/exceptions/{id}/resolve",
+            post(exceptions::resolve),
+        )
         // Authenticated by the provider's signature, not by an API key.
         .route("/webhooks/{provider}", post(webhooks::receive::<AppState>))
         .with_state(state);

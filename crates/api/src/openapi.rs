@@ -180,6 +180,32 @@ pub struct JournalEntry {
     pub recorded_at: String,
 }
 
+/// A difference between our ledger and a provider's, found by reconciliation.
+#[derive(Serialize, ToSchema)]
+pub struct ReconciliationException {
+    pub id: String,
+    pub payment_id: Option<String>,
+    /// `refunded_out_of_band`, `amount_mismatch`, `unknown_charge` … (docs/reconciliation.md).
+    pub kind: String,
+    #[schema(value_type = Object)]
+    pub local: serde_json::Value,
+    #[schema(value_type = Object)]
+    pub provider: serde_json::Value,
+    #[schema(value_type = Object)]
+    pub difference: serde_json::Value,
+    /// `auto` (fixed by the sweep) or `manual` (needs a person).
+    pub resolution: String,
+    /// `open` or `resolved`.
+    pub status: String,
+    pub note: Option<String>,
+}
+
+/// `POST /v1/reconciliation/exceptions/{id}/resolve`.
+#[derive(Serialize, ToSchema)]
+pub struct ResolveRequest {
+    pub note: String,
+}
+
 struct BearerAuth;
 
 impl Modify for BearerAuth {
@@ -206,6 +232,8 @@ impl Modify for BearerAuth {
         crate::ledger::balance,
         crate::ledger::entries,
         crate::ledger::journal_entry,
+        crate::exceptions::list,
+        crate::exceptions::resolve,
     ),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
@@ -253,6 +281,8 @@ mod tests {
                 "/v1/payments/{id}/capture",
                 "/v1/payments/{id}/events",
                 "/v1/payments/{id}/refunds",
+                "/v1/reconciliation/exceptions",
+                "/v1/reconciliation/exceptions/{id}/resolve",
                 "/v1/transfers",
             ]
         );

@@ -5,11 +5,14 @@
 
 pub mod api_keys;
 pub mod clock;
+pub mod exceptions;
 pub mod idempotency;
+pub mod invariants;
 pub mod leases;
 pub mod log;
 pub mod payments;
 pub mod providers;
+pub mod reconcile;
 pub mod reply;
 pub mod transfers;
 pub mod webhooks;

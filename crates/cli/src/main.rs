@@ -6,7 +6,9 @@ mod bench;
 mod projections;
 mod providers;
 mod psp_sim;
+mod reconcile;
 mod serve;
+mod verify;
 
 use clap::{Parser, Subcommand};
 
@@ -50,6 +52,10 @@ enum Command {
     /// Read models: status, and rebuild without downtime.
     #[command(subcommand)]
     Projections(projections::ProjectionsCommand),
+    /// Run one reconciliation sweep now and print its summary.
+    Reconcile(reconcile::ReconcileArgs),
+    /// Check every ledger invariant: exit 0 when all hold, 1 with one line per violation.
+    Verify(verify::VerifyArgs),
     /// Benchmark workloads.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -88,5 +94,13 @@ async fn main() -> anyhow::Result<()> {
         Command::PspSim(args) => psp_sim::run(args).await,
         Command::Projections(command) => projections::run(command).await,
         Command::Bench(command) => bench::run(command).await,
+        Command::Reconcile(args) => reconcile::run(args).await,
+        Command::Verify(args) => {
+            if verify::run(args).await? {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
+        }
     }
 }

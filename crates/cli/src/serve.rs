@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use asiento_app::clock::SystemClock;
+use asiento_app::invariants::Sealer;
 use asiento_app::payments::PaymentFlow;
+use asiento_app::reconcile::{Reconciler, ReconcilerConfig};
 use asiento_app::transfers::TransferFlow;
 use asiento_app::webhooks::{WebhookReceiver, WebhookSecrets, Worker, WorkerConfig};
 use asiento_domain::ProviderName;
@@ -104,6 +106,19 @@ pub struct ServeArgs {
     /// than the slowest finalisation, so that two of them never work on one payment at once.
     #[arg(long, env = "ASIENTO_PAYMENT_LEASE", value_parser = humantime::parse_duration, default_value = "30s")]
     pub payment_lease: Duration,
+
+    /// Payments pending (or requiring action) longer than this are looked up at the provider by
+    /// the reconciler.
+    #[arg(long, env = "ASIENTO_PENDING_TIMEOUT", value_parser = humantime::parse_duration, default_value = "15m")]
+    pub pending_timeout: Duration,
+
+    /// How often the reconciler sweeps (stale payments, stuck keys, the settlement report).
+    #[arg(long, env = "ASIENTO_RECONCILE_INTERVAL", value_parser = humantime::parse_duration, default_value = "1m")]
+    pub reconcile_interval: Duration,
+
+    /// How often the invariant checker runs inside serve (exported as metrics).
+    #[arg(long, env = "ASIENTO_VERIFY_INTERVAL", value_parser = humantime::parse_duration, default_value = "10m")]
+    pub verify_interval: Duration,
 }
 
 /// API.md promises keys are kept at least 24 hours.
@@ -261,13 +276,30 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
         let shutdown = wait_for(stopped.clone());
         tasks.spawn(async move { worker.run(shutdown).await });
+        let reconciler = Reconciler::new(
+            core.payments.clone(),
+            ReconcilerConfig {
+                pending_timeout_ms: duration_ms(args.pending_timeout),
+                interval_ms: u64::try_from(args.reconcile_interval.as_millis()).unwrap_or(u64::MAX),
+                payment_lease_ms: duration_ms(args.payment_lease),
+                ..ReconcilerConfig::default()
+            },
+        );
+        let shutdown = wait_for(stopped.clone());
+        tasks.spawn(async move { reconciler.run(shutdown).await });
+        let sealer = Sealer::new(database.clone(), core.payments.clock.clone());
+        let shutdown = wait_for(stopped.clone());
+        tasks.spawn(async move { sealer.run(shutdown).await });
+        let checker = crate::verify::checker(&database);
+        let (interval, shutdown) = (args.verify_interval, wait_for(stopped.clone()));
+        tasks.spawn(async move { checker.run(interval, shutdown).await });
         let purger = IdempotencyPurger {
             database: database.clone(),
             clock: core.payments.clock.clone(),
             keep_ms: duration_ms(args.idempotency_retention),
         };
         tasks.spawn(purger.run(wait_for(stopped.clone())));
-        println!("webhook worker and idempotency-key purger running");
+        println!("webhook worker, reconciler, sealer, invariant checker and key purger running");
     }
 
     println!(

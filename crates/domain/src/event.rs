@@ -9,6 +9,7 @@
 use serde_json::Value;
 
 use crate::entry::JournalEntry;
+use crate::exception::ExceptionEvent;
 use crate::guard::GuardEvent;
 use crate::payment::PaymentEvent;
 use crate::stream::StreamKind;
@@ -158,6 +159,7 @@ pub enum Event {
     Payment(PaymentEvent),
     Transfer(TransferEvent),
     Guard(GuardEvent),
+    Exception(ExceptionEvent),
 }
 
 impl Event {
@@ -177,6 +179,9 @@ impl Event {
             Some(StreamKind::Guard { .. }) => {
                 GuardEvent::decode(event_type, schema, data).map(Event::Guard)
             }
+            Some(StreamKind::Exception(_)) => {
+                ExceptionEvent::decode(event_type, schema, data).map(Event::Exception)
+            }
             None => Err(DecodeError::UnknownStream(stream_id.to_owned())),
         }
     }
@@ -187,6 +192,7 @@ impl Event {
             Event::Payment(e) => e.event_type(),
             Event::Transfer(e) => e.event_type(),
             Event::Guard(e) => e.event_type(),
+            Event::Exception(e) => e.event_type(),
         }
     }
 
@@ -196,6 +202,7 @@ impl Event {
             Event::Payment(e) => e.schema_version(),
             Event::Transfer(e) => e.schema_version(),
             Event::Guard(e) => e.schema_version(),
+            Event::Exception(e) => e.schema_version(),
         }
     }
 
@@ -204,6 +211,7 @@ impl Event {
             Event::Payment(e) => e.encode(),
             Event::Transfer(e) => e.encode(),
             Event::Guard(e) => e.encode(),
+            Event::Exception(e) => e.encode(),
         }
     }
 

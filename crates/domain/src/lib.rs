@@ -15,11 +15,13 @@
 //! - [`payment`]: `decide`/`evolve`, the transition table (`docs/payment-states.md`)
 //!   and the posting rules (`docs/ledger.md`).
 //! - [`transfer`], [`guard`]: transfers and the per-account debit guard.
+//! - [`exception`]: reconciliation exceptions (findings against a provider's truth).
 //! - [`event`]: type names, schema versions, encode/decode, upcasting.
 
 pub mod account;
 pub mod entry;
 pub mod event;
+pub mod exception;
 pub mod fee;
 pub mod guard;
 pub mod ids;
@@ -31,6 +33,7 @@ pub mod transfer;
 pub use account::{AccountError, AccountName};
 pub use entry::{EntryError, JournalEntry, Leg};
 pub use event::{upcast, DecodeError, EncodeError, Event};
+pub use exception::{ExceptionEvent, ExceptionId, ExceptionKind};
 pub use fee::{fee, FeeError, FeeSchedule};
 pub use guard::{DebitGuard, GuardAppend, GuardEvent, GuardKey, GuardRejection, Origin};
 pub use ids::{
@@ -42,5 +45,5 @@ pub use payment::{
     decide as decide_payment, evolve as evolve_payment, CaptureMode, CreatePayment, Payment,
     PaymentCommand, PaymentEvent, PaymentRecord, PaymentRejection, PaymentStatus, ProviderFact,
 };
-pub use stream::{guard_stream, payment_stream, transfer_stream, StreamKind};
+pub use stream::{exception_stream, guard_stream, payment_stream, transfer_stream, StreamKind};
 pub use transfer::{RequestTransfer, Transfer, TransferEvent, TransferRejection};

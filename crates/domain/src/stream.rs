@@ -4,15 +4,18 @@
 //! - `payment-{pay_…}`: a payment and the entries its facts post;
 //! - `transfer-{tr_…}`: a transfer and its entry;
 //! - `account-{tenant}:{account}:{currency}`: the debit guard of an account
-//!   that must not go negative.
+//!   that must not go negative;
+//! - `exception-{exc_…}`: a reconciliation exception.
 
 use crate::account::AccountName;
+use crate::exception::ExceptionId;
 use crate::ids::{PaymentId, TenantId, TransferId};
 use crate::money::Currency;
 
 pub const PAYMENT_PREFIX: &str = "payment-";
 pub const TRANSFER_PREFIX: &str = "transfer-";
 pub const GUARD_PREFIX: &str = "account-";
+pub const EXCEPTION_PREFIX: &str = "exception-";
 
 #[must_use]
 pub fn payment_stream(id: PaymentId) -> String {
@@ -22,6 +25,11 @@ pub fn payment_stream(id: PaymentId) -> String {
 #[must_use]
 pub fn transfer_stream(id: TransferId) -> String {
     format!("{TRANSFER_PREFIX}{id}")
+}
+
+#[must_use]
+pub fn exception_stream(id: ExceptionId) -> String {
+    format!("{EXCEPTION_PREFIX}{id}")
 }
 
 #[must_use]
@@ -39,6 +47,7 @@ pub enum StreamKind {
         account: AccountName,
         currency: Currency,
     },
+    Exception(ExceptionId),
 }
 
 impl StreamKind {
@@ -49,6 +58,9 @@ impl StreamKind {
         }
         if let Some(id) = stream_id.strip_prefix(TRANSFER_PREFIX) {
             return TransferId::parse(id).ok().map(StreamKind::Transfer);
+        }
+        if let Some(id) = stream_id.strip_prefix(EXCEPTION_PREFIX) {
+            return ExceptionId::parse(id).ok().map(StreamKind::Exception);
         }
         let rest = stream_id.strip_prefix(GUARD_PREFIX)?;
         // Segments cannot contain ':', so the tenant ends at the first one
@@ -96,6 +108,15 @@ mod tests {
                 account,
                 currency: usd
             })
+        );
+        let exc = ExceptionId::from_uuid(Uuid::from_u128(3));
+        assert_eq!(
+            exception_stream(exc),
+            "exception-exc_00000000000000000000000000000003"
+        );
+        assert_eq!(
+            StreamKind::parse(&exception_stream(exc)),
+            Some(StreamKind::Exception(exc))
         );
         assert_eq!(StreamKind::parse("webhook-1"), None);
         assert_eq!(StreamKind::parse("account-acme:USD"), None);

@@ -8,6 +8,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
+use asiento_domain::exception::{ExceptionEvent, ExceptionRecorded, ExceptionResolved, Resolution};
 use asiento_domain::guard::{BalanceChanged, GuardEvent, OverdraftFlagged};
 use asiento_domain::payment::*;
 use asiento_domain::transfer::{TransferEvent, TransferRequested};
@@ -198,6 +199,42 @@ fn guard_fixtures() -> Vec<(GuardEvent, Value)> {
     ]
 }
 
+fn exception_fixtures() -> Vec<(ExceptionEvent, Value)> {
+    let exception_id = ExceptionId::from_uuid(uuid::Uuid::from_u128(8));
+    vec![
+        (
+            ExceptionEvent::ExceptionRecorded(ExceptionRecorded {
+                exception_id,
+                tenant: Some(tenant()),
+                payment_id: Some(pid()),
+                provider: ProviderName::parse("sim").unwrap(),
+                charge_id: Some(CHARGE.into()),
+                kind: ExceptionKind::AmountMismatch,
+                local: json!({"status": "captured", "amount_minor": 10000}),
+                provider_state: json!({"status": "succeeded", "amount_minor": 9999}),
+                difference: json!({"amount_minor": -1}),
+                resolution: Resolution::Manual,
+                at: at(10),
+            }),
+            json!({
+                "exception_id": "exc_00000000000000000000000000000008", "tenant": "acme",
+                "payment_id": PAY, "provider": "sim", "charge_id": "ch_1",
+                "kind": "amount_mismatch",
+                "local": {"status": "captured", "amount_minor": 10000},
+                "provider_state": {"status": "succeeded", "amount_minor": 9999},
+                "difference": {"amount_minor": -1}, "resolution": "manual", "at": AT
+            }),
+        ),
+        (
+            ExceptionEvent::ExceptionResolved(ExceptionResolved {
+                note: "refunded the difference by hand".into(),
+                at: at(10),
+            }),
+            json!({"note": "refunded the difference by hand", "at": AT}),
+        ),
+    ]
+}
+
 /// Checks the fixtures of one family: exact JSON, round trip, and that every
 /// type of the family has exactly one fixture.
 macro_rules! check_family {
@@ -241,6 +278,11 @@ fn guard_events_match_their_golden_json() {
     check_family!(GuardEvent, guard_fixtures());
 }
 
+#[test]
+fn exception_events_match_their_golden_json() {
+    check_family!(ExceptionEvent, exception_fixtures());
+}
+
 /// Type names and schema versions are part of the stored contract too.
 #[test]
 fn type_names_and_schemas_are_stable() {
@@ -270,6 +312,10 @@ fn type_names_and_schemas_are_stable() {
     assert_eq!(
         GuardEvent::TYPES,
         &[("BalanceChanged", 1), ("OverdraftFlagged", 1)]
+    );
+    assert_eq!(
+        ExceptionEvent::TYPES,
+        &[("ExceptionRecorded", 1), ("ExceptionResolved", 1)]
     );
 }
 
@@ -335,6 +381,16 @@ fn any_event_decodes_by_its_stream() {
     assert!(matches!(
         guard,
         Ok(Event::Guard(GuardEvent::OverdraftFlagged(_)))
+    ));
+    let exception = Event::decode(
+        "exception-exc_00000000000000000000000000000008",
+        "ExceptionResolved",
+        1,
+        exception_fixtures()[1].1.clone(),
+    );
+    assert!(matches!(
+        exception,
+        Ok(Event::Exception(ExceptionEvent::ExceptionResolved(_)))
     ));
     assert!(matches!(
         Event::decode("webhook-1", "X", 1, json!({})),

@@ -1,0 +1,348 @@
+//! The invariant checker and the seal chain, on both backends: a healthy log passes; then each
+//! corruption a test can make by hand (triggers disabled by the test) is found and named: an
+//! edited payload (the hash chain, by stream), an unbalanced entry (by entry id), a deleted event
+//! (by stream), a duplicated capture posting (by payment), a stuck idempotency key, and an events
+//! table that accepts UPDATE again.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use asiento_app::clock::{Clock, SystemClock};
+use asiento_app::invariants::{Check, Checker, Report, Sealer};
+use asiento_domain::{
+    payment_stream, psp_charge_key, Amount, CaptureMode, Currency, CustomerId, EntryId,
+    FeeSchedule, PaymentCommand, PaymentEvent, PaymentId, ProviderFact, ProviderName, TenantId,
+};
+use asiento_eventstore::{Database, Metadata, NewEvent, StreamAppend};
+
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+struct Db {
+    database: Database,
+    /// One sealer for the whole test: it holds the sealer's job lease once it has sealed.
+    sealer: Sealer,
+    pg_url: Option<String>,
+    _dir: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+async fn start(backend: Backend) -> Db {
+    let (url, dir): (String, Option<Box<dyn std::any::Any + Send + Sync>>) = match backend {
+        Backend::Sqlite => {
+            let (dir, url) = asiento_eventstore::testing::temp_sqlite_url();
+            (url, Some(Box::new(dir)))
+        }
+        Backend::Postgres => (
+            asiento_eventstore::testing::fresh_postgres_url().await,
+            None,
+        ),
+    };
+    let database = Database::connect(&url).await.unwrap();
+    database.migrate().await.unwrap();
+    Db {
+        sealer: Sealer::new(database.clone(), clock()),
+        database,
+        pg_url: matches!(backend, Backend::Postgres).then_some(url),
+        _dir: dir,
+    }
+}
+
+impl Db {
+    async fn finish(self) {
+        if let Some(url) = &self.pg_url {
+            if let Database::Postgres(pool) = &self.database {
+                pool.close().await;
+            }
+            asiento_eventstore::testing::drop_postgres_database(url).await;
+        }
+    }
+
+    /// Runs SQL as written (the test's own tampering).
+    async fn exec(&self, sql: &str) {
+        match &self.database {
+            Database::Postgres(pool) => sqlx::query(sql).execute(pool).await.map(|_| ()),
+            Database::Sqlite(pool) => sqlx::query(sql).execute(pool).await.map(|_| ()),
+        }
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    async fn check(&self, grace_ms: i64) -> Report {
+        let mut checker = Checker::new(self.database.clone(), clock());
+        checker.idempotency_grace_ms = grace_ms;
+        checker.check_once().await.unwrap()
+    }
+
+    async fn seal(&self) -> u64 {
+        self.sealer.seal_once().await.unwrap().unwrap()
+    }
+
+    /// Lets the test edit and delete events: the triggers are disabled (and restored by
+    /// [`Db::protect`]).
+    async fn unprotect(&self) {
+        match &self.database {
+            Database::Postgres(_) => {
+                self.exec("alter table events disable trigger events_immutable")
+                    .await
+            }
+            Database::Sqlite(_) => {
+                self.exec("drop trigger events_no_update").await;
+                self.exec("drop trigger events_no_delete").await;
+            }
+        }
+    }
+
+    async fn protect(&self) {
+        match &self.database {
+            Database::Postgres(_) => {
+                self.exec("alter table events enable trigger events_immutable")
+                    .await
+            }
+            Database::Sqlite(_) => {
+                self.exec(
+                    "create trigger events_no_update before update on events begin \
+                     select raise(abort, 'events are immutable: UPDATE on events is not allowed'); end",
+                )
+                .await;
+                self.exec(
+                    "create trigger events_no_delete before delete on events begin \
+                     select raise(abort, 'events are immutable: DELETE on events is not allowed'); end",
+                )
+                .await;
+            }
+        }
+    }
+}
+
+fn clock() -> Arc<dyn Clock> {
+    Arc::new(SystemClock)
+}
+
+/// Appends a captured payment's stream the way the flow would (decided by the domain).
+async fn captured_payment(database: &Database, n: u128, amount: i64) -> PaymentId {
+    let id = PaymentId::from_uuid(uuid::Uuid::from_u128(n));
+    let now = chrono::Utc::now();
+    let mut payment = asiento_domain::Payment::default();
+    let mut events = Vec::new();
+    for command in [
+        PaymentCommand::Create(asiento_domain::CreatePayment {
+            id,
+            tenant: TenantId::parse("acme").unwrap(),
+            amount: Amount::new(amount),
+            currency: Currency::parse("USD").unwrap(),
+            customer: CustomerId::parse("42").unwrap(),
+            provider: ProviderName::parse("sim").unwrap(),
+            capture_mode: CaptureMode::Automatic,
+            description: Some("order".into()),
+            metadata: serde_json::Map::new(),
+            at: now,
+        }),
+        PaymentCommand::RecordChargeRequest { at: now },
+        PaymentCommand::Provider {
+            fact: ProviderFact::Captured {
+                charge_id: format!("ch_{n}"),
+                amount: Amount::new(amount),
+            },
+            fees: FeeSchedule::new(300, Amount::ZERO).unwrap(),
+            at: now,
+        },
+    ] {
+        let decided = asiento_domain::decide_payment(&payment, command).unwrap();
+        payment = decided.iter().fold(payment, asiento_domain::evolve_payment);
+        events.extend(decided);
+    }
+    assert_eq!(psp_charge_key(id).len(), 36);
+    let appends = asiento_app::log::decision_appends(
+        payment_stream(id),
+        0,
+        asiento_app::log::encode(
+            &events,
+            &Metadata::default(),
+            asiento_app::log::payment_codec,
+        )
+        .unwrap(),
+        &[],
+        &Metadata::default(),
+    )
+    .unwrap();
+    database.event_store().append(&appends).await.unwrap();
+    id
+}
+
+fn subjects(report: &Report, check: Check) -> Vec<String> {
+    report
+        .violations
+        .iter()
+        .filter(|v| v.check == check)
+        .map(|v| v.subject.clone())
+        .collect()
+}
+
+async fn corruptions(backend: Backend) {
+    let db = start(backend).await;
+    let a = captured_payment(&db.database, 1, 10_000).await;
+    let b = captured_payment(&db.database, 2, 5_000).await;
+    let c = captured_payment(&db.database, 3, 7_000).await;
+
+    // Healthy, before and after sealing.
+    let report = db.check(0).await;
+    assert!(report.is_ok(), "{:?}", report.violations);
+    assert_eq!(report.unsealed, report.events_checked);
+    assert_eq!(db.seal().await, report.events_checked);
+    assert_eq!(db.seal().await, 0, "seals are written once");
+    let report = db.check(0).await;
+    assert!(report.is_ok(), "{:?}", report.violations);
+    assert_eq!(report.unsealed, 0);
+
+    // 1. An edited payload that still decodes: only the chain can tell.
+    db.unprotect().await;
+    let stream_a = payment_stream(a);
+    db.exec(&format!(
+        "update events set data = {} where stream_id = '{stream_a}' and version = 1",
+        match backend {
+            Backend::Postgres => "jsonb_set(data, '{description}', '\"tampered\"')",
+            Backend::Sqlite => "json_set(data, '$.description', 'tampered')",
+        }
+    ))
+    .await;
+    let report = db.check(0).await;
+    assert_eq!(subjects(&report, Check::HashChain), vec![stream_a.clone()]);
+    // Besides the triggers being off, nothing else is wrong.
+    assert_eq!(
+        report.violations.len(),
+        1 + report.count(Check::EventsImmutable),
+        "{:?}",
+        report.violations
+    );
+
+    // 2. An unbalanced entry: named by its entry id.
+    let stream_b = payment_stream(b);
+    let entry_b = EntryId::derived(&format!("{b}:capture")).to_string();
+    let leg = match backend {
+        Backend::Postgres => "jsonb_set(data, '{entry,legs,0,amount_minor}', '-4999')".to_owned(),
+        Backend::Sqlite => "json_set(data, '$.entry.legs[0].amount_minor', -4999)".to_owned(),
+    };
+    db.exec(&format!(
+        "update events set data = {leg} where stream_id = '{stream_b}' and event_type = 'EntryPosted'"
+    ))
+    .await;
+    let report = db.check(0).await;
+    assert_eq!(
+        subjects(&report, Check::EntryZeroSum),
+        vec![entry_b.clone()]
+    );
+    assert!(subjects(&report, Check::HashChain).contains(&stream_b));
+
+    // 3. A deleted event: the last one of c's stream (its seal outlives it).
+    let stream_c = payment_stream(c);
+    db.exec(&format!(
+        "delete from events where stream_id = '{stream_c}' and version = \
+         (select max(version) from events where stream_id = '{stream_c}')"
+    ))
+    .await;
+    // And one from the middle of a's: versions are no longer contiguous.
+    db.exec(&format!(
+        "delete from events where stream_id = '{stream_a}' and version = 2"
+    ))
+    .await;
+    let report = db.check(0).await;
+    assert!(
+        subjects(&report, Check::HashChain).contains(&stream_c),
+        "{:?}",
+        report.violations
+    );
+    assert_eq!(
+        subjects(&report, Check::StreamVersions),
+        vec![stream_a.clone()]
+    );
+    // c lost its capture posting (the last event), and b's no longer reads as an entry: each has
+    // a capture and no posting.
+    assert_eq!(
+        subjects(&report, Check::CapturePosting),
+        vec![b.to_string(), c.to_string()]
+    );
+
+    // 4. The table accepts UPDATE again while the trigger is off: found.
+    assert_eq!(
+        report.count(Check::EventsImmutable),
+        2,
+        "{:?}",
+        report.violations
+    );
+    db.protect().await;
+    let report = db.check(0).await;
+    assert_eq!(report.count(Check::EventsImmutable), 0);
+
+    // 5. A second capture posting appended to a healthy payment.
+    let d = captured_payment(&db.database, 4, 3_000).await;
+    let stream_d = payment_stream(d);
+    let posted = db
+        .database
+        .event_store()
+        .read_stream(&stream_d, 1, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.event_type == "EntryPosted")
+        .unwrap();
+    db.database
+        .event_store()
+        .append(&[StreamAppend {
+            stream_id: stream_d.clone(),
+            expected: asiento_eventstore::ExpectedVersion::Any,
+            events: vec![NewEvent {
+                event_id: uuid::Uuid::new_v4(),
+                event_type: posted.event_type.clone(),
+                schema: posted.schema,
+                data: posted.data.clone(),
+                metadata: Metadata::default(),
+            }],
+        }])
+        .await
+        .unwrap();
+    let report = db.check(0).await;
+    assert!(subjects(&report, Check::CapturePosting).contains(&d.to_string()));
+
+    // 6. An idempotency record in flight past its lease (and past the grace).
+    let mut tx = db.database.begin().await.unwrap();
+    let scope = asiento_app::idempotency::Scope {
+        tenant: "acme".into(),
+        method: "POST".into(),
+        route: "/v1/payments".into(),
+    };
+    let key = asiento_app::idempotency::IdempotencyKey::parse("k-1").unwrap();
+    asiento_app::idempotency::claim(
+        &mut tx,
+        &scope,
+        &key,
+        asiento_app::idempotency::canonical_body_hash(&serde_json::json!({})),
+        &d.to_string(),
+        clock().now_ms() - 10_000,
+        1_000,
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let report = db.check(0).await;
+    assert_eq!(
+        subjects(&report, Check::IdempotencyLease),
+        vec!["acme POST /v1/payments k-1".to_owned()]
+    );
+    // Within the grace the reconciler has to finish it, it is not (yet) a violation.
+    let report = db.check(60_000).await;
+    assert_eq!(report.count(Check::IdempotencyLease), 0);
+    assert!(PaymentEvent::TYPES.len() > 1);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn every_corruption_is_found_and_named_sqlite() {
+    corruptions(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn every_corruption_is_found_and_named_postgres() {
+    corruptions(Backend::Postgres).await;
+}

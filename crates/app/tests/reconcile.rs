@@ -1,0 +1,631 @@
+//! The reconciler against a real simulator over HTTP, on both backends, with no webhook ever
+//! delivered (the worker is not running here: everything converges through the sweep alone):
+//! a refund made in the provider's dashboard is found, posted once and listed as an auto-resolved
+//! exception, and a second sweep changes nothing; 100 mixed payments (ok, declined, timeout,
+//! redirect completed) converge to the provider's truth; an amount changed at the provider
+//! becomes an open manual exception that moves no money and that a person resolves; a charge
+//! naming no payment of ours lands in the platform scope; a charge the provider never got expires;
+//! a request that died mid-flight has its key finished; one sweep at a time holds the lease.
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use asiento_app::clock::{Clock, SystemClock};
+use asiento_app::exceptions::{self, ExceptionError, Scope as ExceptionScope};
+use asiento_app::idempotency::{canonical_body_hash, IdempotencyKey, Scope, StoredResponse};
+use asiento_app::log;
+use asiento_app::payments::{Idempotent, NewPayment, PaymentFlow};
+use asiento_app::providers::{ConfiguredProvider, Providers};
+use asiento_app::reconcile::{acquire_job, Reconciler, ReconcilerConfig, RECONCILER_JOB};
+use asiento_app::reply::{Answer, Render, Reply};
+use asiento_domain::exception::{ExceptionRejection, ExceptionStatus};
+use asiento_domain::{
+    Amount, CaptureMode, Currency, CustomerId, ExceptionId, FeeSchedule, PaymentEvent, PaymentId,
+    PaymentStatus, ProviderName, TenantId,
+};
+use asiento_eventstore::Database;
+use asiento_psp::{Charge, ChargeStatus, ClientConfig, HttpProvider, SimConfig, Simulator};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+const FEE_BPS: u32 = 300;
+
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+struct TestRender;
+
+impl Render for TestRender {
+    fn render(&self, reply: &Reply<'_>) -> StoredResponse {
+        let body = match reply {
+            Reply::Payment { payment, .. } => json!({
+                "id": payment.id.to_string(),
+                "status": payment.status.as_str(),
+            }),
+            Reply::Transfer { .. } => json!({}),
+            Reply::Rejected(rejected) => json!({"rejected": format!("{rejected:?}")}),
+        };
+        StoredResponse {
+            status: 201,
+            body: serde_json::to_vec(&body).unwrap(),
+        }
+    }
+}
+
+struct Harness {
+    database: Database,
+    flow: PaymentFlow,
+    sim: Simulator,
+    sim_addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    pg_url: Option<String>,
+    _dir: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+fn config() -> ReconcilerConfig {
+    ReconcilerConfig {
+        // Everything is stale at once, and reports reach up to now.
+        pending_timeout_ms: 0,
+        report_settle_ms: 0,
+        ..ReconcilerConfig::default()
+    }
+}
+
+impl Harness {
+    async fn start(backend: Backend) -> Harness {
+        let (url, dir): (String, Option<Box<dyn std::any::Any + Send + Sync>>) = match backend {
+            Backend::Sqlite => {
+                let (dir, url) = asiento_eventstore::testing::temp_sqlite_url();
+                (url, Some(Box::new(dir)))
+            }
+            Backend::Postgres => (
+                asiento_eventstore::testing::fresh_postgres_url().await,
+                None,
+            ),
+        };
+        let database = Database::connect(&url).await.unwrap();
+        database.migrate().await.unwrap();
+        let sim = Simulator::new(SimConfig {
+            seed: 11,
+            ..SimConfig::default()
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sim_addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(asiento_psp::sim::run(listener, sim.clone(), async move {
+            let _ = stopped.await;
+        }));
+        let provider = HttpProvider::new(
+            "sim",
+            &format!("http://{sim_addr}"),
+            ClientConfig {
+                // pm_card_timeout hangs: give up fast, the sweep settles it (not so fast that a
+                // loaded test machine turns ordinary lookups into timeouts).
+                request_timeout_ms: 1_000,
+                attempts_max: 1,
+                ..ClientConfig::default()
+            },
+        )
+        .unwrap();
+        let providers = Providers::new([(
+            ProviderName::parse("sim").unwrap(),
+            ConfiguredProvider {
+                adapter: Arc::new(provider),
+                fees: FeeSchedule::new(FEE_BPS, Amount::ZERO).unwrap(),
+            },
+        )]);
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let flow = PaymentFlow {
+            database: database.clone(),
+            store: database.event_store(),
+            providers,
+            clock,
+            render: Arc::new(TestRender),
+            idempotency_lease_ms: 60_000,
+        };
+        Harness {
+            database,
+            flow,
+            sim,
+            sim_addr,
+            stop: Some(stop),
+            pg_url: matches!(backend, Backend::Postgres).then_some(url),
+            _dir: dir,
+        }
+    }
+
+    async fn finish(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(url) = self.pg_url.take() {
+            if let Database::Postgres(pool) = &self.database {
+                pool.close().await;
+            }
+            asiento_eventstore::testing::drop_postgres_database(&url).await;
+        }
+    }
+
+    fn reconciler(&self) -> Reconciler {
+        Reconciler::new(self.flow.clone(), config())
+    }
+
+    fn request(&self, key: &str) -> Idempotent {
+        Idempotent {
+            scope: Scope {
+                tenant: "acme".into(),
+                method: "POST".into(),
+                route: "/v1/payments".into(),
+            },
+            key: IdempotencyKey::parse(key).unwrap(),
+            body: canonical_body_hash(&json!({ "key": key })),
+            correlation_id: None,
+        }
+    }
+
+    fn new_payment(method: &str, amount: i64) -> NewPayment {
+        NewPayment {
+            tenant: TenantId::parse("acme").unwrap(),
+            amount: Amount::new(amount),
+            currency: Currency::parse("USD").unwrap(),
+            customer: CustomerId::parse("42").unwrap(),
+            provider: ProviderName::parse("sim").unwrap(),
+            payment_method: method.to_owned(),
+            capture_mode: CaptureMode::Automatic,
+            description: None,
+            metadata: serde_json::Map::new(),
+        }
+    }
+
+    async fn create(&self, method: &str, amount: i64) -> PaymentId {
+        let key = uuid::Uuid::new_v4().to_string();
+        let answer = self
+            .flow
+            .create(&self.request(&key), Self::new_payment(method, amount))
+            .await
+            .unwrap();
+        let Answer::Done(response) = answer else {
+            panic!("unexpected answer {answer:?}")
+        };
+        let body: Value = serde_json::from_slice(&response.body).unwrap();
+        PaymentId::parse(body["id"].as_str().unwrap()).unwrap()
+    }
+
+    fn charge_of(&self, payment: PaymentId) -> Charge {
+        let reference = payment.to_string();
+        self.sim
+            .charges()
+            .into_iter()
+            .find(|charge| charge.reference.as_deref() == Some(reference.as_str()))
+            .unwrap()
+    }
+
+    async fn status(&self, payment: PaymentId) -> PaymentStatus {
+        self.record(payment).await.status
+    }
+
+    async fn record(&self, payment: PaymentId) -> asiento_domain::PaymentRecord {
+        log::load_payment(self.flow.store.as_ref(), payment)
+            .await
+            .unwrap()
+            .aggregate
+            .record
+            .unwrap()
+    }
+
+    async fn events(&self, payment: PaymentId) -> Vec<PaymentEvent> {
+        log::load_payment(self.flow.store.as_ref(), payment)
+            .await
+            .unwrap()
+            .events
+            .into_iter()
+            .map(|(_, event)| event)
+            .collect()
+    }
+
+    /// A POST to the simulator over plain HTTP/1.1 (its control routes).
+    async fn sim_post(&self, path: &str, body: Value) -> (u16, Value) {
+        let body = body.to_string();
+        let mut stream = tokio::net::TcpStream::connect(self.sim_addr).await.unwrap();
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\n\
+             Idempotency-Key: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            uuid::Uuid::new_v4(),
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.unwrap();
+        let text = String::from_utf8_lossy(&raw);
+        let status: u16 = text[9..12].parse().unwrap();
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    }
+
+    async fn open_exceptions(&self, scope: ExceptionScope) -> Vec<exceptions::ExceptionView> {
+        exceptions::list(&self.database, &scope, Some(ExceptionStatus::Open), 500)
+            .await
+            .unwrap()
+    }
+
+    async fn all_exceptions(&self) -> Vec<exceptions::ExceptionView> {
+        exceptions::list(&self.database, &ExceptionScope::All, None, 500)
+            .await
+            .unwrap()
+    }
+}
+
+fn acme() -> ExceptionScope {
+    ExceptionScope::Tenant(TenantId::parse("acme").unwrap())
+}
+
+// ------------------------------------------------------------------------ out-of-band refund
+
+async fn out_of_band_refund(backend: Backend) {
+    let h = Harness::start(backend).await;
+    let id = h.create("pm_card_ok", 10_000).await;
+    assert_eq!(h.status(id).await, PaymentStatus::Captured);
+    let charge = h.charge_of(id);
+    let (status, _) = h
+        .sim_post(
+            &format!("/sim/charges/{}/refund_out_of_band", charge.id),
+            json!({"amount_minor": 2_500}),
+        )
+        .await;
+    assert_eq!(status, 200);
+
+    let reconciler = h.reconciler();
+    let summary = reconciler.sweep_once().await.unwrap();
+    assert_eq!(summary.exceptions_total(), 1, "{summary}");
+    let record = h.record(id).await;
+    assert_eq!(record.status, PaymentStatus::PartiallyRefunded);
+    assert_eq!(record.refunded, Amount::new(2_500));
+    let events = h.events(id).await;
+    let refunds = events
+        .iter()
+        .filter(|e| matches!(e, PaymentEvent::RefundSettled(_)))
+        .count();
+    let entries = events
+        .iter()
+        .filter(|e| matches!(e, PaymentEvent::EntryPosted(_)))
+        .count();
+    assert_eq!((refunds, entries), (1, 2), "capture + refund entries");
+
+    let listed = h.all_exceptions().await;
+    assert_eq!(listed.len(), 1);
+    let exception = &listed[0];
+    assert_eq!(exception.kind, "refunded_out_of_band");
+    assert_eq!(exception.resolution, "auto");
+    assert_eq!(exception.status, "resolved");
+    assert_eq!(
+        exception.payment_id.as_deref(),
+        Some(id.to_string().as_str())
+    );
+    assert_eq!(exception.difference["refunded_minor"], json!(2_500));
+    assert!(h.open_exceptions(acme()).await.is_empty());
+
+    // Again: nothing new, anywhere.
+    let version = events.len();
+    let again = reconciler.sweep_once().await.unwrap();
+    assert_eq!(again.exceptions_total(), 0, "{again}");
+    assert_eq!(h.events(id).await.len(), version);
+    assert_eq!(h.all_exceptions().await.len(), 1);
+    // A fresh reconciler (no cursor in memory, same database) agrees.
+    let third = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(third.exceptions_total(), 0, "{third}");
+    assert_eq!(h.events(id).await.len(), version);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn out_of_band_refund_is_posted_once_and_auto_resolved_sqlite() {
+    out_of_band_refund(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn out_of_band_refund_is_posted_once_and_auto_resolved_postgres() {
+    out_of_band_refund(Backend::Postgres).await;
+}
+
+// ------------------------------------------------------------------------ convergence
+
+async fn convergence(backend: Backend) {
+    let h = Harness::start(backend).await;
+    let methods = [
+        "pm_card_ok",
+        "pm_card_declined",
+        "pm_card_timeout",
+        "pm_redirect",
+    ];
+    let mut payments = Vec::new();
+    for i in 0..100 {
+        let method = methods[i % methods.len()];
+        payments.push((h.create(method, 1_000 + i as i64).await, method));
+    }
+    // Customers finish their redirects at the provider; no webhook reaches us.
+    for (i, (id, method)) in payments.iter().enumerate() {
+        if *method == "pm_redirect" {
+            let charge = h.charge_of(*id);
+            let result = if i % 8 == 3 { "succeeded" } else { "failed" };
+            let (status, _) = h
+                .sim_post(
+                    &format!("/sim/charges/{}/complete", charge.id),
+                    json!({ "result": result }),
+                )
+                .await;
+            assert_eq!(status, 200);
+        }
+    }
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(summary.errors, 0, "{summary}");
+    for (id, method) in &payments {
+        let charge = h.charge_of(*id);
+        let expected = match charge.status {
+            ChargeStatus::Succeeded => PaymentStatus::Captured,
+            ChargeStatus::Failed => PaymentStatus::Failed,
+            other => panic!("{method}: the provider left {other:?}"),
+        };
+        let record = h.record(*id).await;
+        assert_eq!(record.status, expected, "{id} ({method})");
+        if expected == PaymentStatus::Captured {
+            assert_eq!(record.captured.minor(), charge.amount_captured);
+        }
+        assert!(!record.needs_review(), "{id} ({method}) flagged");
+    }
+    // Converged: a second sweep has nothing to do.
+    let again = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(
+        (again.settled, again.expired, again.exceptions_total()),
+        (0, 0, 0),
+        "{again}"
+    );
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_payments_converge_through_the_sweep_alone_sqlite() {
+    convergence(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_payments_converge_through_the_sweep_alone_postgres() {
+    convergence(Backend::Postgres).await;
+}
+
+// ------------------------------------------------------------------------ amount mismatch
+
+async fn amount_mismatch(backend: Backend) {
+    let h = Harness::start(backend).await;
+    let id = h.create("pm_card_ok", 10_000).await;
+    let charge = h.charge_of(id);
+    let before = h.events(id).await;
+    let (status, _) = h
+        .sim_post(
+            &format!("/sim/charges/{}/amount", charge.id),
+            json!({"amount_minor": 9_999}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(summary.flagged, 1, "{summary}");
+
+    let open = h.open_exceptions(acme()).await;
+    assert_eq!(open.len(), 1);
+    let exception = &open[0];
+    assert_eq!(exception.kind, "amount_mismatch");
+    assert_eq!(exception.resolution, "manual");
+    assert_eq!(exception.difference["amount_minor"], json!(-1));
+    assert_eq!(exception.local["amount_minor"], json!(10_000));
+    assert_eq!(exception.provider_state["amount_minor"], json!(9_999));
+    // No money moved: the only new event is the review flag.
+    let after = h.events(id).await;
+    assert_eq!(after.len(), before.len() + 1);
+    assert!(matches!(
+        after.last(),
+        Some(PaymentEvent::FlaggedForReview(_))
+    ));
+    let record = h.record(id).await;
+    assert_eq!(record.captured, Amount::new(10_000));
+    assert!(record.needs_review());
+
+    // The same sweep again records nothing and flags nothing twice.
+    let again = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(again.exceptions_total(), 0, "{again}");
+    assert_eq!(h.events(id).await.len(), after.len());
+
+    // Another tenant cannot see or resolve it; acme can, once.
+    let exception_id = ExceptionId::parse(&exception.id).unwrap();
+    let other = ExceptionScope::Tenant(TenantId::parse("globex").unwrap());
+    assert!(h.open_exceptions(other.clone()).await.is_empty());
+    let store = h.flow.store.clone();
+    let refused = exceptions::resolve(
+        &h.database,
+        store.as_ref(),
+        &other,
+        exception_id,
+        "not mine".into(),
+        chrono::Utc::now(),
+    )
+    .await;
+    assert!(matches!(
+        refused,
+        Err(ExceptionError::Rejected(ExceptionRejection::NotFound))
+    ));
+    let resolved = exceptions::resolve(
+        &h.database,
+        store.as_ref(),
+        &acme(),
+        exception_id,
+        "the provider fixed its amount".into(),
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resolved.status, "resolved");
+    assert_eq!(
+        resolved.note.as_deref(),
+        Some("the provider fixed its amount")
+    );
+    assert!(h.open_exceptions(acme()).await.is_empty());
+    let twice = exceptions::resolve(
+        &h.database,
+        store.as_ref(),
+        &acme(),
+        exception_id,
+        "again".into(),
+        chrono::Utc::now(),
+    )
+    .await;
+    assert!(matches!(
+        twice,
+        Err(ExceptionError::Rejected(
+            ExceptionRejection::AlreadyResolved
+        ))
+    ));
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn an_amount_mismatch_is_an_open_manual_exception_that_moves_no_money_sqlite() {
+    amount_mismatch(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn an_amount_mismatch_is_an_open_manual_exception_that_moves_no_money_postgres() {
+    amount_mismatch(Backend::Postgres).await;
+}
+
+// ------------------------------------------------------------------------ the rest
+
+async fn unknown_expired_stuck_and_lease(backend: Backend) {
+    let h = Harness::start(backend).await;
+    // A charge made at the provider by someone else: no payment of ours.
+    let (status, _) = h
+        .sim_post(
+            "/v1/charges",
+            json!({"amount_minor": 700, "currency": "USD", "payment_method": "pm_card_ok",
+                   "capture": true, "reference": "order-77"}),
+        )
+        .await;
+    assert!(
+        status == 200 || status == 201,
+        "the simulator took the foreign charge: {status}"
+    );
+
+    // A payment whose charge never reached the provider: every call fails.
+    h.sim
+        .set_faults(&serde_json::from_value(json!({"error_rate": 1.0})).unwrap())
+        .unwrap();
+    // Half the failures happen after the effect (the provider charged, then answered 500): keep
+    // creating until one really never reached it.
+    let mut never_sent = None;
+    for _ in 0..40 {
+        let id = h.create("pm_card_ok", 1_234).await;
+        let reference = id.to_string();
+        if !h
+            .sim
+            .charges()
+            .iter()
+            .any(|c| c.reference.as_deref() == Some(reference.as_str()))
+        {
+            never_sent = Some(id);
+            break;
+        }
+    }
+    let never_sent = never_sent.expect("a charge that never reached the provider");
+    h.sim
+        .set_faults(&serde_json::from_value(json!({"error_rate": 0.0})).unwrap())
+        .unwrap();
+    assert_eq!(h.status(never_sent).await, PaymentStatus::Pending);
+
+    // A request that died after its intent: its key is in flight past its lease. (The payment's
+    // own request answered 202 pending; this second key stands for a request whose process died
+    // before it could answer.)
+    let died = h.create("pm_card_timeout", 4_321).await;
+    assert_eq!(h.status(died).await, PaymentStatus::Pending);
+    let stuck = h.request("died-mid-flight");
+    let mut tx = h.database.begin().await.unwrap();
+    let claim = asiento_app::idempotency::claim(
+        &mut tx,
+        &stuck.scope,
+        &stuck.key,
+        stuck.body,
+        &died.to_string(),
+        h.flow.clock.now_ms(),
+        -1,
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        claim,
+        asiento_app::idempotency::Claim::Fresh { .. }
+    ));
+    tx.commit().await.unwrap();
+
+    // Another process holds the sweep lease: this sweep does nothing.
+    let holder = uuid::Uuid::new_v4();
+    let now_ms = h.flow.clock.now_ms();
+    acquire_job(&h.database, RECONCILER_JOB, holder, now_ms, 60_000)
+        .await
+        .unwrap()
+        .unwrap();
+    let busy = h.reconciler().sweep_once().await.unwrap();
+    assert!(busy.lease_busy);
+    assert_eq!(h.status(never_sent).await, PaymentStatus::Pending);
+    asiento_app::reconcile::release_job(&h.database, RECONCILER_JOB, holder)
+        .await
+        .unwrap();
+
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(
+        h.status(never_sent).await,
+        PaymentStatus::Expired,
+        "{summary}"
+    );
+    assert_eq!(h.status(died).await, PaymentStatus::Captured, "{summary}");
+    assert_eq!(summary.keys_finished, 1, "{summary}");
+    let mut tx = h.database.begin().await.unwrap();
+    let replay = asiento_app::idempotency::claim(
+        &mut tx,
+        &stuck.scope,
+        &stuck.key,
+        stuck.body,
+        "unused",
+        h.flow.clock.now_ms(),
+        60_000,
+    )
+    .await
+    .unwrap();
+    drop(tx);
+    let asiento_app::idempotency::Claim::Completed(response) = replay else {
+        panic!("the stuck key was not finished: {replay:?}")
+    };
+    let body: Value = serde_json::from_slice(&response.body).unwrap();
+    assert_eq!(body["status"], json!("captured"));
+
+    let platform = h.open_exceptions(ExceptionScope::Platform).await;
+    assert_eq!(platform.len(), 1, "{platform:?}");
+    assert_eq!(platform[0].kind, "unknown_charge");
+    assert_eq!(platform[0].tenant, None);
+    // Platform exceptions are not any tenant's.
+    assert!(h
+        .open_exceptions(acme())
+        .await
+        .iter()
+        .all(|e| e.kind != "unknown_charge"));
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn unknown_charges_expiry_and_the_sweep_lease_sqlite() {
+    unknown_expired_stuck_and_lease(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn unknown_charges_expiry_and_the_sweep_lease_postgres() {
+    unknown_expired_stuck_and_lease(Backend::Postgres).await;
+}

@@ -1,0 +1,135 @@
+//! `asiento reconcile`: one reconciliation sweep of every kind, now, and its summary; with
+//! `--list`, every open exception of every scope (the platform scope included: charges and
+//! webhooks that name no payment of ours, which no tenant's API key can see).
+//!
+//! The sweep takes the same job lease as the reconciler inside `serve`, so running this while a
+//! server sweeps is safe: one of the two finds the lease busy and says so.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use asiento_app::clock::SystemClock;
+use asiento_app::exceptions::{self, Scope, EXCEPTIONS_PAGE_MAX};
+use asiento_app::payments::{PaymentFlow, IDEMPOTENCY_LEASE_MS_DEFAULT};
+use asiento_app::reconcile::{Reconciler, ReconcilerConfig};
+use asiento_domain::exception::ExceptionStatus;
+use asiento_psp::ClientConfig;
+
+use crate::providers::{parse_fees, parse_provider_urls, Fees, ProviderUrls, DEFAULT_PROVIDER};
+use crate::DatabaseArgs;
+
+/// How long `reconcile` waits for a sweep running elsewhere to release the lease.
+const LEASE_WAIT_MS_MAX: u64 = 120_000;
+/// How often it looks again meanwhile.
+const LEASE_WAIT_POLL_MS: u64 = 250;
+
+/// Where a default `asiento serve` mounts its in-process simulator.
+const IN_PROCESS_SIM_URL_DEFAULT: &str = "http://127.0.0.1:8080/sim";
+
+#[derive(clap::Args, Debug)]
+pub struct ReconcileArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// Base URL of provider `sim`; unset (and without `--providers`), the simulator mounted by a
+    /// default `asiento serve` at 127.0.0.1:8080/sim.
+    #[arg(long, env = "ASIENTO_PSP_URL")]
+    pub psp_url: Option<String>,
+
+    /// Several providers at once: `name=url,name=url`.
+    #[arg(long, env = "ASIENTO_PROVIDERS", value_parser = parse_provider_urls, conflicts_with = "psp_url")]
+    pub providers: Option<ProviderUrls>,
+
+    /// Platform fees: `300` basis points for every provider, or `name:bps[+fixed],…`.
+    #[arg(long, env = "ASIENTO_FEES", value_parser = parse_fees, default_value = "300")]
+    pub fees: Fees,
+
+    /// Payments pending longer than this are looked up at their provider.
+    #[arg(long, env = "ASIENTO_PENDING_TIMEOUT", value_parser = humantime::parse_duration, default_value = "15m")]
+    pub pending_timeout: Duration,
+
+    /// Report windows end this long before now (answers and webhooks still on their way).
+    #[arg(long, env = "ASIENTO_RECONCILE_SETTLE", value_parser = humantime::parse_duration, default_value = "1m")]
+    pub settle: Duration,
+
+    /// After the sweep, print every open exception of every scope.
+    #[arg(long)]
+    pub list: bool,
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
+    let database = crate::serve::connect(&args.database.database_url).await?;
+    let urls = match (args.providers, args.psp_url) {
+        (Some(urls), _) => urls,
+        (None, url) => ProviderUrls(vec![(
+            asiento_domain::ProviderName::parse(DEFAULT_PROVIDER)
+                .context("the default provider name")?,
+            url.unwrap_or_else(|| IN_PROCESS_SIM_URL_DEFAULT.to_owned()),
+        )]),
+    };
+    let providers = crate::providers::build(&urls, &args.fees, &ClientConfig::default())?;
+    let flow = PaymentFlow {
+        database: database.clone(),
+        store: database.event_store(),
+        providers,
+        clock: Arc::new(SystemClock),
+        render: Arc::new(asiento_api::render::JsonRender),
+        idempotency_lease_ms: IDEMPOTENCY_LEASE_MS_DEFAULT,
+    };
+    let reconciler = Reconciler::new(
+        flow,
+        ReconcilerConfig {
+            pending_timeout_ms: millis(args.pending_timeout),
+            report_settle_ms: millis(args.settle),
+            ..ReconcilerConfig::default()
+        },
+    );
+    // A sweep running elsewhere (a `serve` worker) holds the lease; wait for it to finish rather
+    // than report "nothing done" to an operator who asked for a sweep now.
+    let deadline = std::time::Instant::now() + Duration::from_millis(LEASE_WAIT_MS_MAX);
+    let summary = loop {
+        let summary = reconciler
+            .sweep_once()
+            .await
+            .context("running the reconciliation sweep")?;
+        if !summary.lease_busy || std::time::Instant::now() >= deadline {
+            break summary;
+        }
+        tokio::time::sleep(Duration::from_millis(LEASE_WAIT_POLL_MS)).await;
+    };
+    println!("{summary}");
+    if summary.lease_busy {
+        anyhow::bail!("another sweep kept the lease for {LEASE_WAIT_MS_MAX} ms; try again later");
+    }
+    let open = exceptions::open_count(&database)
+        .await
+        .context("counting open exceptions")?;
+    println!("open exceptions: {open}");
+    if args.list {
+        let listed = exceptions::list(
+            &database,
+            &Scope::All,
+            Some(ExceptionStatus::Open),
+            EXCEPTIONS_PAGE_MAX,
+        )
+        .await
+        .context("listing open exceptions")?;
+        for e in listed {
+            println!(
+                "{} {} tenant={} payment={} charge={} difference={}",
+                e.id,
+                e.kind,
+                e.tenant.as_deref().unwrap_or("(platform)"),
+                e.payment_id.as_deref().unwrap_or("-"),
+                e.charge_id.as_deref().unwrap_or("-"),
+                e.difference
+            );
+        }
+    }
+    Ok(())
+}

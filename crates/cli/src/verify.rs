@@ -1,0 +1,110 @@
+//! `asiento verify`: every ledger invariant, once. Exit 0 when all hold; exit 1 with one line per
+//! violation (check, then the entry id, stream id, snapshot key, payment or key it is about).
+//!
+//! The checks of the log live in `asiento_app::invariants`; the two that need a read model
+//! (balance snapshots, the payment list) are passed in from here, where the projections are
+//! known, so that `app` does not depend on projections. `serve` builds the same [`checker`] and
+//! runs it on a schedule (`Checker::run`), exporting `asiento_invariant_violations{check}`.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use asiento_app::clock::SystemClock;
+use asiento_app::invariants::{Check, Checker, ExtraCheck, ExtraFuture, Violation};
+use asiento_eventstore::Database;
+
+use crate::DatabaseArgs;
+
+#[derive(clap::Args, Debug)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+/// Balance snapshots equal the recomputation from the entries up to their checkpoint.
+struct Snapshots;
+
+impl ExtraCheck for Snapshots {
+    fn check(&self) -> Check {
+        Check::Snapshot
+    }
+
+    fn violations<'a>(&'a self, database: &'a Database) -> ExtraFuture<'a> {
+        Box::pin(async move {
+            let store = database.event_store();
+            let mismatches = asiento_balances::verify(database, store.as_ref())
+                .await
+                .map_err(|error| error.to_string())?;
+            Ok(mismatches
+                .into_iter()
+                .map(|m| Violation {
+                    check: Check::Snapshot,
+                    subject: format!("{}:{}:{}", m.key.tenant, m.key.account, m.key.currency),
+                    detail: format!(
+                        "snapshot says {}, the entries say {}",
+                        m.snapshot_minor, m.recomputed_minor
+                    ),
+                })
+                .collect())
+        })
+    }
+}
+
+/// Every payment's read-model row equals the fold of its stream.
+struct PaymentRows;
+
+impl ExtraCheck for PaymentRows {
+    fn check(&self) -> Check {
+        Check::PaymentReadModel
+    }
+
+    fn violations<'a>(&'a self, database: &'a Database) -> ExtraFuture<'a> {
+        Box::pin(async move {
+            let store = database.event_store();
+            let mismatches = asiento_payments_view::verify(database, store.as_ref())
+                .await
+                .map_err(|error| error.to_string())?;
+            Ok(mismatches
+                .into_iter()
+                .map(|m| Violation {
+                    check: Check::PaymentReadModel,
+                    subject: m.payment_id.clone(),
+                    detail: format!(
+                        "read model {:?}, fold of the stream {:?}",
+                        m.stored, m.recomputed
+                    ),
+                })
+                .collect())
+        })
+    }
+}
+
+/// The checker with every check, as `verify` and `serve` run it.
+pub fn checker(database: &Database) -> Checker {
+    Checker::new(database.clone(), Arc::new(SystemClock))
+        .with(Arc::new(Snapshots))
+        .with(Arc::new(PaymentRows))
+}
+
+/// Runs every check; `Ok(true)` when all hold.
+pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
+    let database = crate::serve::connect(&args.database.database_url).await?;
+    let report = checker(&database)
+        .check_once()
+        .await
+        .context("running the invariant checks")?;
+    for violation in &report.violations {
+        println!("{violation}");
+    }
+    for (check, count) in &report.omitted {
+        println!("{check}: {count} more violations not listed");
+    }
+    println!(
+        "{} events in {} streams checked; {} not sealed yet; {} violations",
+        report.events_checked,
+        report.streams_checked,
+        report.unsealed,
+        report.violations.len() + report.omitted.values().sum::<usize>()
+    );
+    Ok(report.is_ok())
+}
