@@ -59,6 +59,22 @@ fn position(params: &HashMap<String, String>, name: &str) -> Result<Option<i64>,
     }
 }
 
+/// A `min_position` must name an event the log has: waiting for one it never had would hold the
+/// request for the whole wait and end in a 503 that no retry can fix.
+pub(crate) async fn known_position(state: &AppState, position: Option<i64>) -> Result<(), Problem> {
+    let Some(position) = position else {
+        return Ok(());
+    };
+    match state.payments.store.cursor_of_position(position).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(Problem::bad_request(
+            "unknown_position",
+            format!("no event at position {position}: pass a position a command returned"),
+        )),
+        Err(error) => Err(Problem::internal(&error)),
+    }
+}
+
 fn balance_problem(error: BalanceError) -> Problem {
     match error {
         BalanceError::ProjectionLagging { waited_ms } => Problem::new(
@@ -99,6 +115,7 @@ pub async fn balance(
     let account = account(&raw_account)?;
     let currency = currency(&params)?;
     let min_position = position(&params, "min_position")?;
+    known_position(&state, min_position).await?;
     let balance = asiento_balances::read_balance(
         &state.database,
         state.payments.store.as_ref(),
@@ -144,6 +161,7 @@ pub async fn entries(
     let currency = currency(&params)?;
     let after = position(&params, "after")?;
     let min_position = position(&params, "min_position")?;
+    known_position(&state, min_position).await?;
     let limit = match position(&params, "limit")? {
         None => ENTRIES_LIMIT_DEFAULT,
         Some(limit) => usize::try_from(limit)
@@ -199,6 +217,7 @@ pub async fn journal_entry(
 ) -> Result<Json<Value>, Problem> {
     let params = params(query)?;
     let min_position = position(&params, "min_position")?;
+    known_position(&state, min_position).await?;
     let not_found = || {
         Problem::new(
             StatusCode::NOT_FOUND,

@@ -114,6 +114,7 @@ fn with_layers(router: Router) -> Router {
     router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::map_response(problem::ensure_problem))
         .layer(DefaultBodyLimit::max(REQUEST_BODY_BYTES_MAX))
         .layer(axum::middleware::from_fn(refuse_declared_oversize))
         .layer(

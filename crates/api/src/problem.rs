@@ -79,3 +79,108 @@ impl IntoResponse for Problem {
         response
     }
 }
+
+/// The largest plain-text error body `ensure_problem` reads to quote it in a problem's detail.
+const PLAIN_ERROR_BYTES_MAX: usize = 4 * 1024;
+
+/// Every error leaving the router is problem+json, including the rejections axum's own extractors
+/// write as plain text (a path parameter that is not UTF-8, a query string that does not parse, a
+/// chunked body over the limit). Handlers map their own errors; this is the net under them.
+pub async fn ensure_problem(response: Response) -> Response {
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| {
+            value
+                .as_bytes()
+                .starts_with(PROBLEM_CONTENT_TYPE.as_bytes())
+        });
+    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, PLAIN_ERROR_BYTES_MAX)
+        .await
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .unwrap_or_default();
+    let code = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        _ if text.contains("query string") => "invalid_query",
+        _ if text.contains("URL") || text.contains("path") => "invalid_path",
+        _ if status.is_server_error() => return Problem::internal(&text).into_response(),
+        _ => "invalid_request",
+    };
+    let detail = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    let mut problem = Problem::new(status, code, detail).into_response();
+    // Keep what the layers below set (request id, Retry-After), bar the body's type and length.
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            problem.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    problem
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn body_of(response: Response) -> serde_json::Value {
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .expect("body");
+        serde_json::from_slice(&bytes).expect("problem json")
+    }
+
+    #[tokio::test]
+    async fn plain_text_errors_become_problems() {
+        let table = [
+            (
+                StatusCode::BAD_REQUEST,
+                "Invalid URL: Invalid UTF-8 in `id`",
+                "invalid_path",
+            ),
+            (
+                StatusCode::BAD_REQUEST,
+                "Failed to deserialize query string: x",
+                "invalid_query",
+            ),
+            (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "length limit exceeded",
+                "body_too_large",
+            ),
+            (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "",
+                "unsupported_media_type",
+            ),
+        ];
+        for (status, text, code) in table {
+            let plain = (status, text.to_owned()).into_response();
+            let converted = ensure_problem(plain).await;
+            assert_eq!(converted.status(), status);
+            assert_eq!(
+                converted.headers().get(header::CONTENT_TYPE).expect("type"),
+                PROBLEM_CONTENT_TYPE
+            );
+            assert_eq!(body_of(converted).await["code"], code, "{text}");
+        }
+        // Problems and successes pass through untouched.
+        let ok = ensure_problem((StatusCode::OK, "fine").into_response()).await;
+        assert_eq!(ok.status(), StatusCode::OK);
+        let problem = Problem::bad_request("x_code", "d").into_response();
+        assert_eq!(
+            body_of(ensure_problem(problem).await).await["code"],
+            "x_code"
+        );
+    }
+}

@@ -203,6 +203,7 @@ pub async fn list_payments(
         .with_retry_after(1),
         other => Problem::internal(&other),
     };
+    crate::ledger::known_position(&state, min_position).await?;
     if let Some(position) = min_position {
         asiento_payments_view::wait_for_position(
             &state.database,

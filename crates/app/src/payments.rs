@@ -682,6 +682,17 @@ impl PaymentFlow {
                             .await?;
                         return Ok(Step::Answered(answer));
                     }
+                    // Nothing new to record (the same capture is already awaiting the
+                    // provider): the key is ours, so ask the provider again with the same PSP
+                    // key, which is safe, instead of appending an empty decision.
+                    Ok(events) if events.is_empty() => {
+                        tx.commit().await?;
+                        return Ok(Step::Work {
+                            lease,
+                            resource,
+                            resumed: false,
+                        });
+                    }
                     Ok(events) => {
                         let metadata = self.metadata(tenant, Some(request));
                         let appends = log::decision_appends(

@@ -11,6 +11,7 @@ use crate::DatabaseArgs;
 pub fn all() -> Vec<Arc<dyn Projection>> {
     vec![
         asiento_balances::projection(),
+        asiento_balances::entries_projection(),
         asiento_payments_view::projection(),
     ]
 }

@@ -531,6 +531,44 @@ async fn bad_input_is_a_4xx_with_a_code(backend: Backend) {
     );
 }
 
+/// Regression (found by the simulation, seed 329): a second capture request for the amount of a
+/// capture still awaiting the provider's answer decided nothing new, and the empty decision was
+/// appended: a 500 on every retry. It must ask the provider again and capture.
+async fn repeated_capture_after_a_lost_answer_captures(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let server = Server::start(&database.url, &["--psp-timeout", "300ms"]);
+    let client = server.client();
+    let mut body = payment_body(5_000, "pm_card_ok");
+    body["capture"] = json!("manual");
+    let authorized = client.post("/v1/payments", "m-1", &body).await.json();
+    assert_eq!(authorized["status"], "authorized");
+    let id = authorized["id"].as_str().unwrap();
+    let faults = |rate: f64| {
+        client.send(
+            client
+                .http
+                .post(format!("{}/sim/faults", client.base))
+                // Webhooks dropped: only our own second request can learn the outcome.
+                .json(&json!({"timeout_rate": rate, "webhook_drop_rate": 1.0})),
+        )
+    };
+    // The provider captures, but its answer never arrives.
+    assert_eq!(faults(1.0).await.status, 200);
+    let path = format!("/v1/payments/{id}/capture");
+    let lost = client.post(&path, "c-1", &json!({})).await;
+    assert_eq!(lost.status, 202, "{}", String::from_utf8_lossy(&lost.body));
+    assert_eq!(faults(0.0).await.status, 200);
+    let again = client.post(&path, "c-2", &json!({})).await;
+    assert_eq!(
+        again.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&again.body)
+    );
+    assert_eq!(again.json()["status"], "captured");
+    assert_eq!(client.entries_of(id).await.len(), 1, "captured once");
+}
+
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -559,4 +597,5 @@ on_both_backends!(
     provider_outcomes_and_their_postings,
     concurrent_transfers_never_overdraw,
     bad_input_is_a_4xx_with_a_code,
+    repeated_capture_after_a_lost_answer_captures,
 );

@@ -29,7 +29,9 @@ mod read;
 mod verify;
 
 pub use asiento_projector::READ_WAIT_MS_MAX;
-pub use projection::{Balances, FINGERPRINT, NAME};
+pub use projection::{
+    Balances, LedgerEntries, ENTRIES_FINGERPRINT, ENTRIES_NAME, FINGERPRINT, NAME,
+};
 pub use read::{entries, journal_entry, read_balance, ENTRIES_LIMIT_MAX, TAIL_EVENTS_MAX};
 pub use verify::{recompute_all, snapshot_all, verify, BalanceMismatch};
 
@@ -38,9 +40,15 @@ pub fn projection() -> Arc<dyn Projection> {
     Arc::new(Balances)
 }
 
-/// Registers the projection and creates its views if this database has none yet.
+/// The legs-and-journal-entries projection (`/entries`, `/journal`), rebuilt on its own.
+pub fn entries_projection() -> Arc<dyn Projection> {
+    Arc::new(LedgerEntries)
+}
+
+/// Registers both projections and creates their views if this database has none yet.
 pub async fn install(db: &Database) -> Result<(), ProjectorError> {
-    asiento_projector::install(db, &Balances).await
+    asiento_projector::install(db, &Balances).await?;
+    asiento_projector::install(db, &LedgerEntries).await
 }
 
 /// Which balance: money is kept per tenant, account and currency.

@@ -1,12 +1,14 @@
-//! The projection: journal entries from the log into three tables per generation.
+//! Two projections of the log's journal entries, each with its own tables per generation:
 //!
-//! - `balances_g{n}`: one row per (tenant, account, currency) with the balance and the position
-//!   of the last event that changed it;
-//! - `balance_legs_g{n}`: every leg, per (tenant, account, currency), in log order;
-//! - `journal_entries_g{n}`: every entry by id, with all its legs.
+//! - [`Balances`]: `balances_g{n}`, one row per (tenant, account, currency) with the balance and
+//!   the position of the last event that changed it;
+//! - [`LedgerEntries`]: `balance_legs_g{n}`, every leg per (tenant, account, currency) in log
+//!   order, and `journal_entries_g{n}`, every entry by id with all its legs.
 //!
-//! Readers use the views `balances`, `balance_legs` and `journal_entries`, which point at the
-//! active generation.
+//! They are separate read models so that each rebuilds on its own: a balances rebuild maintains a
+//! few thousand sums instead of writing four indexed rows per event. Readers use the views
+//! `balances`, `balance_legs` and `journal_entries`, which point at each projection's active
+//! generation.
 
 use std::collections::BTreeMap;
 
@@ -20,33 +22,52 @@ use crate::decode::{self, Posted};
 pub const NAME: &str = "balances";
 /// Bump when the tables or the way they are filled change: runners then refuse the old data
 /// until `asiento projections rebuild balances`.
-pub const FINGERPRINT: &str = "balances-v1";
+pub const FINGERPRINT: &str = "balances-v2";
+/// The registry name of the legs and journal entries (`asiento projections rebuild ledger_entries`).
+pub const ENTRIES_NAME: &str = "ledger_entries";
+pub const ENTRIES_FINGERPRINT: &str = "ledger-entries-v1";
 
 /// The balances read model. Stateless: everything lives in the database.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Balances;
 
-const VIEWS: [(&str, &str); 3] = [
-    ("balances", "balances_g"),
-    ("balance_legs", "balance_legs_g"),
-    ("journal_entries", "journal_entries_g"),
+/// The legs and journal entries read model.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LedgerEntries;
+
+/// Which read model a statement, view or write belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Balances,
+    Entries,
+}
+
+const VIEWS: [(Part, &str, &str); 3] = [
+    (Part::Balances, "balances", "balances_g"),
+    (Part::Entries, "balance_legs", "balance_legs_g"),
+    (Part::Entries, "journal_entries", "journal_entries_g"),
 ];
 
-fn ddl_postgres(g: i64) -> Vec<String> {
+fn ddl_postgres(g: i64) -> Vec<(Part, String)> {
     vec![
-        format!(
-            "CREATE TABLE balances_g{g} (
+        (
+            Part::Balances,
+            format!(
+                "CREATE TABLE balances_g{g} (
                 tenant        TEXT   NOT NULL,
                 account       TEXT   NOT NULL,
                 currency      TEXT   NOT NULL,
                 balance_minor BIGINT NOT NULL,
                 last_position BIGINT NOT NULL,
                 PRIMARY KEY (tenant, account, currency))"
+            ),
         ),
         // Keyed in log order (xact, position) so that pages by `after` never miss a leg that
         // committed late: rows are only ever added after every existing one.
-        format!(
-            "CREATE TABLE balance_legs_g{g} (
+        (
+            Part::Entries,
+            format!(
+                "CREATE TABLE balance_legs_g{g} (
                 tenant       TEXT        NOT NULL,
                 account      TEXT        NOT NULL,
                 currency     TEXT        NOT NULL,
@@ -57,9 +78,12 @@ fn ddl_postgres(g: i64) -> Vec<String> {
                 amount_minor BIGINT      NOT NULL,
                 recorded_at  TIMESTAMPTZ NOT NULL,
                 PRIMARY KEY (tenant, account, currency, xact, position, leg))"
+            ),
         ),
-        format!(
-            "CREATE TABLE journal_entries_g{g} (
+        (
+            Part::Entries,
+            format!(
+                "CREATE TABLE journal_entries_g{g} (
                 tenant      TEXT        NOT NULL,
                 entry_id    TEXT        NOT NULL,
                 xact        BIGINT      NOT NULL,
@@ -68,24 +92,30 @@ fn ddl_postgres(g: i64) -> Vec<String> {
                 legs        JSONB       NOT NULL,
                 recorded_at TIMESTAMPTZ NOT NULL,
                 PRIMARY KEY (tenant, entry_id))"
+            ),
         ),
     ]
 }
 
-fn ddl_sqlite(g: i64) -> Vec<String> {
+fn ddl_sqlite(g: i64) -> Vec<(Part, String)> {
     vec![
         // SQLite turns an integer overflow into a float; the CHECK turns it into an error.
-        format!(
-            "CREATE TABLE balances_g{g} (
+        (
+            Part::Balances,
+            format!(
+                "CREATE TABLE balances_g{g} (
                 tenant        TEXT    NOT NULL,
                 account       TEXT    NOT NULL,
                 currency      TEXT    NOT NULL,
                 balance_minor INTEGER NOT NULL CHECK (typeof(balance_minor) = 'integer'),
                 last_position INTEGER NOT NULL,
                 PRIMARY KEY (tenant, account, currency)) WITHOUT ROWID"
+            ),
         ),
-        format!(
-            "CREATE TABLE balance_legs_g{g} (
+        (
+            Part::Entries,
+            format!(
+                "CREATE TABLE balance_legs_g{g} (
                 tenant       TEXT    NOT NULL,
                 account      TEXT    NOT NULL,
                 currency     TEXT    NOT NULL,
@@ -96,9 +126,12 @@ fn ddl_sqlite(g: i64) -> Vec<String> {
                 amount_minor INTEGER NOT NULL,
                 recorded_at  TEXT    NOT NULL,
                 PRIMARY KEY (tenant, account, currency, xact, position, leg)) WITHOUT ROWID"
+            ),
         ),
-        format!(
-            "CREATE TABLE journal_entries_g{g} (
+        (
+            Part::Entries,
+            format!(
+                "CREATE TABLE journal_entries_g{g} (
                 tenant      TEXT    NOT NULL,
                 entry_id    TEXT    NOT NULL,
                 xact        INTEGER NOT NULL,
@@ -107,6 +140,7 @@ fn ddl_sqlite(g: i64) -> Vec<String> {
                 legs        TEXT    NOT NULL,
                 recorded_at TEXT    NOT NULL,
                 PRIMARY KEY (tenant, entry_id)) WITHOUT ROWID"
+            ),
         ),
     ]
 }
@@ -142,7 +176,12 @@ struct EntryRow {
 }
 
 impl BatchWrites {
-    fn add(&mut self, event: &RecordedEvent, posted: Posted) -> Result<(), ProjectionError> {
+    fn add(
+        &mut self,
+        part: Part,
+        event: &RecordedEvent,
+        posted: Posted,
+    ) -> Result<(), ProjectionError> {
         let overflow = || ProjectionError::Malformed {
             position: event.position,
             reason: "a balance overflows i64".to_owned(),
@@ -154,9 +193,12 @@ impl BatchWrites {
                 leg.account.clone(),
                 leg.currency.clone(),
             );
-            let slot = self.deltas.entry(key).or_insert((0, event.position));
-            slot.0 = slot.0.checked_add(leg.amount_minor).ok_or_else(overflow)?;
-            slot.1 = event.position;
+            if part == Part::Balances {
+                let slot = self.deltas.entry(key).or_insert((0, event.position));
+                slot.0 = slot.0.checked_add(leg.amount_minor).ok_or_else(overflow)?;
+                slot.1 = event.position;
+                continue;
+            }
             self.legs.push(LegRow {
                 tenant: posted.tenant.clone(),
                 account: leg.account.clone(),
@@ -168,6 +210,9 @@ impl BatchWrites {
                 recorded_at: event.recorded_at,
             });
             views.push(leg);
+        }
+        if part == Part::Balances {
+            return Ok(());
         }
         self.entries.push(EntryRow {
             tenant: posted.tenant,
@@ -181,91 +226,152 @@ impl BatchWrites {
     }
 }
 
-#[async_trait::async_trait]
-impl Projection for Balances {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn fingerprint(&self) -> &'static str {
-        FINGERPRINT
-    }
-
-    async fn create_generation(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
-        let statements = match tx {
-            Tx::Postgres(_) => ddl_postgres(g),
-            Tx::Sqlite(_) => ddl_sqlite(g),
-        };
-        for statement in statements {
+async fn create_tables(tx: &mut Tx, part: Part, g: i64) -> Result<(), ProjectionError> {
+    let statements = match tx {
+        Tx::Postgres(_) => ddl_postgres(g),
+        Tx::Sqlite(_) => ddl_sqlite(g),
+    };
+    for (of, statement) in statements {
+        if of == part {
             on_tx!(tx, conn => sqlx::query(&statement).execute(conn).await?.rows_affected());
         }
-        Ok(())
     }
+    Ok(())
+}
 
-    async fn point_views(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
-        for (view, table) in VIEWS {
-            let select = format!("SELECT * FROM {table}{g}");
-            match tx {
-                // Transactional, and the column lists of all generations are identical, which
-                // CREATE OR REPLACE VIEW requires.
-                Tx::Postgres(t) => {
-                    sqlx::query(&format!("CREATE OR REPLACE VIEW {view} AS {select}"))
-                        .execute(&mut **t)
-                        .await?;
-                }
-                // SQLite has no CREATE OR REPLACE VIEW; both statements are in one transaction.
-                Tx::Sqlite(t) => {
-                    sqlx::query(&format!("DROP VIEW IF EXISTS {view}"))
-                        .execute(&mut **t)
-                        .await?;
-                    sqlx::query(&format!("CREATE VIEW {view} AS {select}"))
-                        .execute(&mut **t)
-                        .await?;
-                }
+async fn point_views(tx: &mut Tx, part: Part, g: i64) -> Result<(), ProjectionError> {
+    for (of, view, table) in VIEWS {
+        if of != part {
+            continue;
+        }
+        let select = format!("SELECT * FROM {table}{g}");
+        match tx {
+            // Transactional, and the column lists of all generations are identical, which
+            // CREATE OR REPLACE VIEW requires.
+            Tx::Postgres(t) => {
+                sqlx::query(&format!("CREATE OR REPLACE VIEW {view} AS {select}"))
+                    .execute(&mut **t)
+                    .await?;
+            }
+            // SQLite has no CREATE OR REPLACE VIEW; both statements are in one transaction.
+            Tx::Sqlite(t) => {
+                sqlx::query(&format!("DROP VIEW IF EXISTS {view}"))
+                    .execute(&mut **t)
+                    .await?;
+                sqlx::query(&format!("CREATE VIEW {view} AS {select}"))
+                    .execute(&mut **t)
+                    .await?;
             }
         }
-        Ok(())
     }
+    Ok(())
+}
 
-    async fn drop_generation(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
-        for (_, table) in VIEWS {
+async fn drop_tables(tx: &mut Tx, part: Part, g: i64) -> Result<(), ProjectionError> {
+    for (of, _, table) in VIEWS {
+        if of == part {
             let statement = format!("DROP TABLE IF EXISTS {table}{g}");
             on_tx!(tx, conn => sqlx::query(&statement).execute(conn).await?.rows_affected());
         }
-        Ok(())
     }
+    Ok(())
+}
 
-    async fn apply(
-        &self,
-        tx: &mut Tx,
-        g: i64,
-        events: &[RecordedEvent],
-    ) -> Result<(), ProjectionError> {
-        let mut writes = BatchWrites::default();
-        for event in events {
-            if let Some(posted) = decode::entry_posted(event)? {
-                writes.add(event, posted)?;
+async fn apply_part(
+    tx: &mut Tx,
+    part: Part,
+    g: i64,
+    events: &[RecordedEvent],
+) -> Result<(), ProjectionError> {
+    let mut writes = BatchWrites::default();
+    let mut any = false;
+    for event in events {
+        if let Some(posted) = decode::entry_posted(event)? {
+            writes.add(part, event, posted)?;
+            any = true;
+        }
+    }
+    if !any {
+        return Ok(());
+    }
+    match tx {
+        Tx::Postgres(t) => write_postgres(t, g, writes).await?,
+        Tx::Sqlite(t) => write_sqlite(t, g, writes).await?,
+    }
+    Ok(())
+}
+
+/// One `Projection` impl per part, all by delegation.
+macro_rules! projection_part {
+    ($type:ty, $part:expr, $name:expr, $fingerprint:expr) => {
+        #[async_trait::async_trait]
+        impl Projection for $type {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn fingerprint(&self) -> &'static str {
+                $fingerprint
+            }
+
+            async fn create_generation(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
+                create_tables(tx, $part, g).await
+            }
+
+            async fn point_views(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
+                point_views(tx, $part, g).await
+            }
+
+            async fn drop_generation(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
+                drop_tables(tx, $part, g).await
+            }
+
+            async fn apply(
+                &self,
+                tx: &mut Tx,
+                g: i64,
+                events: &[RecordedEvent],
+            ) -> Result<(), ProjectionError> {
+                apply_part(tx, $part, g, events).await
             }
         }
-        if writes.entries.is_empty() {
-            return Ok(());
-        }
-        match tx {
-            Tx::Postgres(t) => write_postgres(t, g, writes).await?,
-            Tx::Sqlite(t) => write_sqlite(t, g, writes).await?,
-        }
-        Ok(())
-    }
+    };
 }
+
+projection_part!(Balances, Part::Balances, NAME, FINGERPRINT);
+projection_part!(
+    LedgerEntries,
+    Part::Entries,
+    ENTRIES_NAME,
+    ENTRIES_FINGERPRINT
+);
 
 async fn write_postgres(
     conn: &mut sqlx::PgConnection,
     g: i64,
     w: BatchWrites,
 ) -> Result<(), sqlx::Error> {
+    // Each projection fills only its own part of the batch; an empty part costs nothing.
+    if !w.deltas.is_empty() {
+        write_pg_balances(conn, g, w.deltas).await?;
+    }
+    if !w.legs.is_empty() {
+        write_pg_legs(conn, g, w.legs).await?;
+    }
+    if !w.entries.is_empty() {
+        write_pg_entries(conn, g, w.entries).await?;
+    }
+    Ok(())
+}
+
+async fn write_pg_balances(
+    conn: &mut sqlx::PgConnection,
+    g: i64,
+    deltas: BTreeMap<(String, String, String), (i64, i64)>,
+) -> Result<(), sqlx::Error> {
     let (mut tenants, mut accounts, mut currencies, mut changes, mut positions) =
         (vec![], vec![], vec![], vec![], vec![]);
-    for ((tenant, account, currency), (change, position)) in w.deltas {
+    for ((tenant, account, currency), (change, position)) in deltas {
         tenants.push(tenant);
         accounts.push(account);
         currencies.push(currency);
@@ -287,9 +393,16 @@ async fn write_postgres(
     .bind(positions)
     .execute(&mut *conn)
     .await?;
+    Ok(())
+}
 
+async fn write_pg_legs(
+    conn: &mut sqlx::PgConnection,
+    g: i64,
+    rows: Vec<LegRow>,
+) -> Result<(), sqlx::Error> {
     let mut legs = PgLegColumns::default();
-    for l in w.legs {
+    for l in rows {
         legs.push(l);
     }
     sqlx::query(&format!(
@@ -309,27 +422,66 @@ async fn write_postgres(
     .bind(legs.recorded_at)
     .execute(&mut *conn)
     .await?;
+    Ok(())
+}
 
+async fn write_pg_entries(
+    conn: &mut sqlx::PgConnection,
+    g: i64,
+    rows: Vec<EntryRow>,
+) -> Result<(), sqlx::Error> {
     // An entry id is derived from what caused it, so a second EntryPosted with the same id is
     // a bug upstream; its legs still count (the log is the truth) but the lookup keeps the first.
-    let insert = format!(
+    // One statement for the whole batch: a round trip per entry made rebuilds ten times slower.
+    let mut entries = PgEntryColumns::default();
+    for e in rows {
+        entries.push(e)?;
+    }
+    sqlx::query(&format!(
         "INSERT INTO journal_entries_g{g}
              (tenant, entry_id, xact, position, reverses, legs, recorded_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (tenant, entry_id) DO NOTHING"
-    );
-    for e in w.entries {
-        sqlx::query(&insert)
-            .bind(e.tenant)
-            .bind(e.entry_id)
-            .bind(e.cursor.xact())
-            .bind(e.cursor.position())
-            .bind(e.reverses)
-            .bind(e.legs)
-            .bind(e.recorded_at)
-            .execute(&mut *conn)
-            .await?;
-    }
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[],
+                              $6::jsonb[], $7::timestamptz[])
+         ON CONFLICT (tenant, entry_id) DO NOTHING"
+    ))
+    .bind(entries.tenant)
+    .bind(entries.entry_id)
+    .bind(entries.xact)
+    .bind(entries.position)
+    .bind(entries.reverses)
+    .bind(entries.legs)
+    .bind(entries.recorded_at)
+    .execute(&mut *conn)
+    .await?;
     Ok(())
+}
+
+/// Journal entries as columns, for one UNNEST insert.
+#[derive(Default)]
+struct PgEntryColumns {
+    tenant: Vec<String>,
+    entry_id: Vec<String>,
+    xact: Vec<i64>,
+    position: Vec<i64>,
+    reverses: Vec<Option<String>>,
+    legs: Vec<serde_json::Value>,
+    recorded_at: Vec<DateTime<Utc>>,
+}
+
+impl PgEntryColumns {
+    fn push(&mut self, e: EntryRow) -> Result<(), sqlx::Error> {
+        self.tenant.push(e.tenant);
+        self.entry_id.push(e.entry_id);
+        self.xact.push(e.cursor.xact());
+        self.position.push(e.cursor.position());
+        self.reverses.push(e.reverses);
+        self.legs.push(
+            serde_json::to_value(&e.legs.0)
+                .map_err(|error| sqlx::Error::Encode(Box::new(error)))?,
+        );
+        self.recorded_at.push(e.recorded_at);
+        Ok(())
+    }
 }
 
 #[derive(Default)]

@@ -7,7 +7,7 @@ use asiento_projector::{on_db, wait_for_position, WaitError, READ_WAIT_MS_MAX};
 use chrono::{DateTime, Utc};
 
 use crate::decode::entry_posted;
-use crate::{AccountLeg, Balance, BalanceError, JournalEntryView, LegView, NAME};
+use crate::{AccountLeg, Balance, BalanceError, JournalEntryView, LegView, ENTRIES_NAME, NAME};
 
 /// Events after the snapshot a balance read is willing to add up itself. Past this the
 /// projector is far behind (or stopped) and the read answers `projection_lagging` rather than
@@ -252,7 +252,8 @@ pub async fn journal_entry(
 }
 
 async fn wait(db: &Database, store: &dyn EventStore, position: i64) -> Result<(), BalanceError> {
-    match wait_for_position(db, store, NAME, position, READ_WAIT_MS_MAX).await {
+    // Legs and journal entries come from their own projection.
+    match wait_for_position(db, store, ENTRIES_NAME, position, READ_WAIT_MS_MAX).await {
         Ok(_) => Ok(()),
         Err(WaitError::Lagging { waited_ms, .. }) => {
             Err(BalanceError::ProjectionLagging { waited_ms })

@@ -153,16 +153,31 @@ impl Harness {
         }
     }
 
+    /// The balances projection has applied the whole log.
     async fn caught_up(&self) {
+        self.caught_up_to(&["balances"]).await;
+    }
+
+    /// Both projections of this crate have applied the whole log (tests that run both).
+    async fn caught_up_all(&self) {
+        self.caught_up_to(&["balances", asiento_balances::ENTRIES_NAME])
+            .await;
+    }
+
+    async fn caught_up_to(&self, names: &[&str]) {
         self.settle().await;
         let started = Instant::now();
         loop {
             let head = self.store.head().await.unwrap();
-            let at = asiento_projector::checkpoint(&self.db, "balances")
-                .await
-                .unwrap()
-                .unwrap();
-            if at.cursor == head {
+            let mut behind = false;
+            for name in names {
+                let at = asiento_projector::checkpoint(&self.db, name)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                behind |= at.cursor != head;
+            }
+            if !behind {
                 return;
             }
             assert!(
@@ -317,8 +332,11 @@ async fn reads_are_exact_whether_the_projector_is_current_behind_or_stopped(h: H
     assert_reads_match(&h, &expected).await;
 
     let (stop, handle) = start(h.runner(asiento_balances::projection(), "a"));
+    // Held to the end of the test: dropping the sender stops the runner.
+    let (_stop_entries, _entries_handle) =
+        start(h.runner(asiento_balances::entries_projection(), "e"));
     h.post_random(2, 120).await;
-    h.caught_up().await;
+    h.caught_up_all().await;
     let expected = h.recompute().await;
     assert_eq!(snapshot_all(&h.db).await.unwrap().1, expected);
     assert!(verify(&h.db, h.store.as_ref()).await.unwrap().is_empty());
@@ -414,7 +432,10 @@ async fn entries_page_in_log_order_and_journal_entries_are_per_tenant(h: Harness
         .await;
     h.post_random(6, 30).await;
     let (stop, handle) = start(h.runner(asiento_balances::projection(), "a"));
-    h.caught_up().await;
+    // Held to the end of the test: dropping the sender stops the runner.
+    let (_stop_entries, _entries_handle) =
+        start(h.runner(asiento_balances::entries_projection(), "e"));
+    h.caught_up_all().await;
 
     // All legs of acme's customer 1 in USD, page by page.
     let mut all = Vec::new();
@@ -528,7 +549,10 @@ async fn entries_page_in_log_order_and_journal_entries_are_per_tenant(h: Harness
 async fn a_corrupted_snapshot_is_detected_and_repaired_by_a_rebuild(h: Harness) {
     h.post_random(7, 80).await;
     let (stop, handle) = start(h.runner(asiento_balances::projection(), "a"));
-    h.caught_up().await;
+    // Held to the end of the test: dropping the sender stops the runner.
+    let (_stop_entries, _entries_handle) =
+        start(h.runner(asiento_balances::entries_projection(), "e"));
+    h.caught_up_all().await;
     assert!(verify(&h.db, h.store.as_ref()).await.unwrap().is_empty());
 
     let corrupted = h
@@ -557,7 +581,7 @@ async fn a_corrupted_snapshot_is_detected_and_repaired_by_a_rebuild(h: Harness) 
     .unwrap();
     assert_eq!(report.generation, 2);
     assert!(verify(&h.db, h.store.as_ref()).await.unwrap().is_empty());
-    h.caught_up().await;
+    h.caught_up_all().await;
     let expected = h.recompute().await;
     assert_eq!(snapshot_all(&h.db).await.unwrap().1, expected);
     assert_reads_match(&h, &expected).await;
@@ -569,7 +593,10 @@ async fn a_rebuild_under_load_never_fails_a_read_and_ends_exact(h: Harness) {
     let h = Arc::new(h);
     h.post_random(8, 300).await;
     let (stop, handle) = start(h.runner(asiento_balances::projection(), "a"));
-    h.caught_up().await;
+    // Held to the end of the test: dropping the sender stops the runner.
+    let (_stop_entries, _entries_handle) =
+        start(h.runner(asiento_balances::entries_projection(), "e"));
+    h.caught_up_all().await;
 
     let running = Arc::new(AtomicBool::new(true));
     let writer = {
@@ -622,7 +649,7 @@ async fn a_rebuild_under_load_never_fails_a_read_and_ends_exact(h: Harness) {
     writer.await.unwrap();
     assert!(reader.await.unwrap() > 0);
 
-    h.caught_up().await;
+    h.caught_up_all().await;
     let expected = h.recompute().await;
     assert_eq!(snapshot_all(&h.db).await.unwrap().1, expected);
     assert!(verify(&h.db, h.store.as_ref()).await.unwrap().is_empty());
