@@ -317,18 +317,8 @@ impl PaymentFlow {
         } else {
             None
         };
-        let completion = Completion {
-            request,
-            lease,
-            kind: PaymentCommandKind::Create,
-        };
-        let finalized = self
-            .finalize_with(id, fact.into(), Some(&completion), None)
-            .await?;
-        Ok(Answer::Done(self.render.render(&reply_for(
-            PaymentCommandKind::Create,
-            &finalized,
-        ))))
+        self.settle(request, id, lease, PaymentCommandKind::Create, fact)
+            .await
     }
 
     /// Applies one provider fact (or none: just answer with the current state) to a payment, once,
@@ -473,30 +463,14 @@ impl PaymentFlow {
         id: PaymentId,
         amount: Option<Amount>,
     ) -> Result<Answer, FlowError> {
-        match self
-            .request_step(request, tenant, id, |at| PaymentCommand::RequestCapture {
-                amount,
-                at,
-            })
-            .await?
-        {
-            Step::Work {
-                lease,
-                resource,
-                resumed: false,
-            } => self.finish_capture(request, id, lease, resource).await,
-            Step::Work {
-                lease,
-                resource,
-                resumed: true,
-            } => {
-                self.with_payment_lease(id, request, lease, || {
-                    self.finish_capture(request, id, lease, resource)
-                })
-                .await
-            }
-            Step::Answered(answer) => Ok(answer),
-        }
+        self.merchant_request(
+            request,
+            tenant,
+            id,
+            |at| PaymentCommand::RequestCapture { amount, at },
+            |lease, resource| self.finish_capture(request, id, lease, resource),
+        )
+        .await
     }
 
     /// After the request is recorded: ask the provider, then finalize with its answer.
@@ -520,18 +494,8 @@ impl PaymentFlow {
             }
             _ => None,
         };
-        let completion = Completion {
-            request,
-            lease,
-            kind: PaymentCommandKind::Capture,
-        };
-        let finalized = self
-            .finalize_with(id, fact.into(), Some(&completion), None)
-            .await?;
-        Ok(Answer::Done(self.render.render(&reply_for(
-            PaymentCommandKind::Capture,
-            &finalized,
-        ))))
+        self.settle(request, id, lease, PaymentCommandKind::Capture, fact)
+            .await
     }
 
     /// `POST /v1/payments/{id}/refunds`: a partial or full refund.
@@ -543,30 +507,14 @@ impl PaymentFlow {
         id: PaymentId,
         amount: Amount,
     ) -> Result<Answer, FlowError> {
-        match self
-            .request_step(request, tenant, id, |at| PaymentCommand::RequestRefund {
-                amount,
-                at,
-            })
-            .await?
-        {
-            Step::Work {
-                lease,
-                resource,
-                resumed: false,
-            } => self.finish_refund(request, id, lease, resource).await,
-            Step::Work {
-                lease,
-                resource,
-                resumed: true,
-            } => {
-                self.with_payment_lease(id, request, lease, || {
-                    self.finish_refund(request, id, lease, resource)
-                })
-                .await
-            }
-            Step::Answered(answer) => Ok(answer),
-        }
+        self.merchant_request(
+            request,
+            tenant,
+            id,
+            |at| PaymentCommand::RequestRefund { amount, at },
+            |lease, resource| self.finish_refund(request, id, lease, resource),
+        )
+        .await
     }
 
     /// After the request is recorded: ask the provider, then finalize with its answer.
@@ -611,18 +559,63 @@ impl PaymentFlow {
             }
             _ => None,
         };
+        self.settle(request, id, lease, PaymentCommandKind::Refund, fact)
+            .await
+    }
+
+    /// A merchant's request on an existing payment: record it (or answer from the key), then
+    /// `finish` it with the provider, holding the payment's lease when resuming after a crash.
+    async fn merchant_request<F, Fut>(
+        &self,
+        request: &Idempotent,
+        tenant: &TenantId,
+        id: PaymentId,
+        command: impl Fn(chrono::DateTime<chrono::Utc>) -> PaymentCommand,
+        finish: F,
+    ) -> Result<Answer, FlowError>
+    where
+        F: Fn(Lease, Resource) -> Fut,
+        Fut: std::future::Future<Output = Result<Answer, FlowError>>,
+    {
+        match self.request_step(request, tenant, id, command).await? {
+            Step::Work {
+                lease,
+                resource,
+                resumed: false,
+            } => finish(lease, resource).await,
+            Step::Work {
+                lease,
+                resource,
+                resumed: true,
+            } => {
+                self.with_payment_lease(id, request, lease, || finish(lease, resource))
+                    .await
+            }
+            Step::Answered(answer) => Ok(answer),
+        }
+    }
+
+    /// Applies what the provider answered (or nothing, when unknown) and completes the key with
+    /// the rendered answer, in one transaction.
+    async fn settle(
+        &self,
+        request: &Idempotent,
+        id: PaymentId,
+        lease: Lease,
+        kind: PaymentCommandKind,
+        fact: Option<ProviderFact>,
+    ) -> Result<Answer, FlowError> {
         let completion = Completion {
             request,
             lease,
-            kind: PaymentCommandKind::Refund,
+            kind,
         };
         let finalized = self
             .finalize_with(id, fact.into(), Some(&completion), None)
             .await?;
-        Ok(Answer::Done(self.render.render(&reply_for(
-            PaymentCommandKind::Refund,
-            &finalized,
-        ))))
+        Ok(Answer::Done(
+            self.render.render(&reply_for(kind, &finalized)),
+        ))
     }
 
     /// The first, transactional step of a merchant request on an existing payment: decide the

@@ -451,9 +451,10 @@ async fn race(backend: Backend) {
         tasks.push(tokio::spawn(async move {
             let mut ids = Vec::new();
             for i in 0..payments_total / creators {
-                // A little provider latency on some calls hands the webhook a head start, so that
-                // both sides win some of the races.
-                let latency_ms = if (i + creator) % 3 == 0 { 60 } else { 0 };
+                // Provider latency on some calls hands the webhook a head start, so that both
+                // sides win some of the races; long enough to survive a loaded machine (60 ms did
+                // not: a CI run saw the webhook win none of 400).
+                let latency_ms = if (i + creator) % 3 == 0 { 250 } else { 0 };
                 h.sim
                     .set_faults(&FaultsPatch {
                         latency_ms: Some(latency_ms),
