@@ -404,16 +404,18 @@ pub async fn complete(
 }
 
 /// Ends this request's lease at once (the work failed on our side and may be retried now), without
-/// storing a response. Only the current holder can release.
+/// storing a response. Only the current holder can release. The lease is marked as ending `now_ms`
+/// (not at 0), so the stuck-key check counts its grace from the release, not from 1970.
 pub async fn release(
     tx: &mut Tx,
     scope: &Scope,
     key: &IdempotencyKey,
     lease: Lease,
+    now_ms: i64,
 ) -> Result<(), IdempotencyError> {
     match tx {
         Tx::Postgres(tx) => sqlx::query(
-            "update idempotency_keys set lease_expires_ms = 0 \
+            "update idempotency_keys set lease_expires_ms = $6 \
              where tenant = $1 and method = $2 and route = $3 and key = $4 \
              and state = 'in_flight' and lease_owner = $5",
         )
@@ -422,11 +424,12 @@ pub async fn release(
         .bind(&scope.route)
         .bind(key.as_str())
         .bind(lease.owner)
+        .bind(now_ms)
         .execute(&mut **tx)
         .await
         .map(|_| ())?,
         Tx::Sqlite(tx) => sqlx::query(
-            "update idempotency_keys set lease_expires_ms = 0 \
+            "update idempotency_keys set lease_expires_ms = ?6 \
              where tenant = ?1 and method = ?2 and route = ?3 and key = ?4 \
              and state = 'in_flight' and lease_owner = ?5",
         )
@@ -435,6 +438,7 @@ pub async fn release(
         .bind(&scope.route)
         .bind(key.as_str())
         .bind(lease.owner.to_string())
+        .bind(now_ms)
         .execute(&mut **tx)
         .await
         .map(|_| ())?,

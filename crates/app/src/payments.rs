@@ -273,7 +273,7 @@ impl PaymentFlow {
             leases::acquire(&self.database, id, now_ms, leases::PAYMENT_LEASE_MS_DEFAULT).await?
         else {
             let mut tx = self.database.begin().await?;
-            idempotency::release(&mut tx, &request.scope, &request.key, key_lease).await?;
+            idempotency::release(&mut tx, &request.scope, &request.key, key_lease, now_ms).await?;
             tx.commit().await?;
             return Ok(Answer::InProgress { retry_after_s: 1 });
         };

@@ -115,7 +115,7 @@ async fn takeover_after_lease_expiry(database: Database) {
 
     // A release lets the next retry take over at once.
     let mut tx = database.begin().await.expect("begin");
-    idempotency::release(&mut tx, &scope(), &k, lease)
+    idempotency::release(&mut tx, &scope(), &k, lease, after)
         .await
         .expect("release");
     tx.commit().await.expect("commit");

@@ -282,6 +282,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 pending_timeout_ms: duration_ms(args.pending_timeout),
                 interval_ms: u64::try_from(args.reconcile_interval.as_millis()).unwrap_or(u64::MAX),
                 payment_lease_ms: duration_ms(args.payment_lease),
+                // A sweep killed mid-run holds the lease until it runs out: scale it with the
+                // interval (a chaos run saw a 10-minute default stall convergence). Overlapping
+                // sweeps after a slow one are safe: payments are leased and versioned.
+                sweep_lease_ms: duration_ms(args.reconcile_interval)
+                    .saturating_mul(3)
+                    .max(SWEEP_LEASE_MS_MIN),
                 ..ReconcilerConfig::default()
             },
         );
@@ -462,6 +468,9 @@ struct IdempotencyPurger {
     clock: Arc<dyn asiento_app::clock::Clock>,
     keep_ms: i64,
 }
+
+/// The shortest reconciler sweep lease, whatever the interval.
+const SWEEP_LEASE_MS_MIN: i64 = 30_000;
 
 /// How often old idempotency records are purged.
 const IDEMPOTENCY_PURGE_INTERVAL_MS: u64 = 60_000;

@@ -305,6 +305,193 @@ async fn the_endpoint_refuses_what_is_not_signed_right(backend: Backend) {
     );
 }
 
+/// Two `serve --role worker` processes drain one PostgreSQL inbox of 1,000 events: every event is
+/// applied exactly once, and both processes did some of the work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_worker_processes_drain_one_inbox_exactly_once() {
+    const PAYMENTS: usize = 100;
+    const REFUNDS_PER_PAYMENT: i64 = 10;
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let sim = common::Simulator::start(&[]);
+    let api = Server::start(
+        &database.url,
+        &[
+            "--role",
+            "api",
+            "--psp-url",
+            &sim.base,
+            "--webhook-secret",
+            SECRET,
+        ],
+    );
+    let client = api.client();
+    let mut ids = Vec::new();
+    for index in 0..PAYMENTS {
+        let payment = client
+            .post(
+                "/v1/payments",
+                &format!("p-{index}"),
+                &payment_body(1_000, "pm_card_ok"),
+            )
+            .await
+            .json();
+        assert_eq!(payment["status"], "captured");
+        ids.push(payment["id"].as_str().unwrap().to_owned());
+    }
+    let charges: BTreeMap<String, Value> = sim
+        .charges()
+        .await
+        .into_iter()
+        .map(|charge| (charge["reference"].as_str().unwrap().to_owned(), charge))
+        .collect();
+
+    let mut workers: Vec<common::Process> = (0..2)
+        .map(|_| {
+            let mut worker = common::Process::spawn(
+                &[
+                    "serve",
+                    "--role",
+                    "worker",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--database-url",
+                    &database.url,
+                    "--psp-url",
+                    &sim.base,
+                ],
+                &[],
+            );
+            worker.wait_for_line("webhook worker");
+            worker
+        })
+        .collect();
+
+    // Ten cumulative refunds per payment (10, 20 … 100), delivered in a scrambled order.
+    let mut events = Vec::new();
+    for id in &ids {
+        for step in 1..=REFUNDS_PER_PAYMENT {
+            let mut charge = charges[id].clone();
+            charge["amount_refunded"] = json!(step * 10);
+            events.push(
+                serde_json::to_vec(&json!({
+                    "id": format!("evt_{id}_{step}"), "type": "charge.refunded",
+                    "created": 1_764_000_000, "data": {"charge": charge}
+                }))
+                .unwrap(),
+            );
+        }
+    }
+    let mut order: Vec<usize> = (0..events.len()).collect();
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    for index in (1..order.len()).rev() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        order.swap(index, (state % (index as u64 + 1)) as usize);
+    }
+    let events = std::sync::Arc::new(events);
+    let mut senders = Vec::new();
+    for lane in 0..8 {
+        let (client, events, order) = (client.clone(), events.clone(), order.clone());
+        senders.push(tokio::spawn(async move {
+            for &index in order.iter().skip(lane).step_by(8) {
+                let body = events[index].clone();
+                let signature = asiento_psp::sign(SECRET, chrono::Utc::now().timestamp(), &body);
+                let answer = client
+                    .send(
+                        client
+                            .http
+                            .post(format!("{}/webhooks/sim", client.base))
+                            .header("psp-signature", signature)
+                            .body(body),
+                    )
+                    .await;
+                assert_eq!(
+                    answer.status,
+                    200,
+                    "{}",
+                    String::from_utf8_lossy(&answer.body)
+                );
+            }
+        }));
+    }
+    for sender in senders {
+        sender.await.unwrap();
+    }
+
+    let db = asiento_eventstore::Database::connect(&database.url)
+        .await
+        .unwrap();
+    let asiento_eventstore::Database::Postgres(pool) = &db else {
+        panic!("postgres expected");
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE status = 'pending'")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        if pending == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{pending} events still pending");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (processed, dead): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'processed' AND outcome = 'applied'), \
+                count(*) FILTER (WHERE status = 'dead') FROM webhook_inbox",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (processed, dead),
+        (PAYMENTS as i64 * REFUNDS_PER_PAYMENT, 0)
+    );
+    // Each process counts the rows it applied: both worked, and together exactly once each.
+    let mut per_worker = Vec::new();
+    for worker in &mut workers {
+        let line = worker.wait_for_line("asiento listening on ");
+        let base = line.split_whitespace().nth(3).unwrap().to_owned();
+        let metrics = reqwest::get(format!("{base}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let applied: f64 = metrics
+            .lines()
+            .find(|line| {
+                line.starts_with("asiento_webhook_events_processed_total{outcome=\"applied\"}")
+            })
+            .and_then(|line| line.split_whitespace().last())
+            .map_or(0.0, |value| value.parse().unwrap());
+        per_worker.push(applied as i64);
+    }
+    assert!(
+        per_worker.iter().all(|applied| *applied > 0),
+        "both worked: {per_worker:?}"
+    );
+    assert_eq!(per_worker.iter().sum::<i64>(), processed, "{per_worker:?}");
+    for id in &ids {
+        let payment = client.get(&format!("/v1/payments/{id}")).await.json();
+        assert_eq!(payment["refunded_minor"], 100, "{payment}");
+        // The refunds posted exactly what the provider refunded, once: 100 back to clearing.
+        let refunded_to_clearing: i64 = client
+            .entries_of(id)
+            .await
+            .iter()
+            .flat_map(|entry| entry["legs"].as_array().unwrap().clone())
+            .filter(|leg| leg["account"] == "psp:sim:clearing")
+            .map(|leg| leg["amount_minor"].as_i64().unwrap())
+            .filter(|amount| *amount > 0)
+            .sum();
+        assert_eq!(refunded_to_clearing, 100, "{id}");
+    }
+    drop(workers);
+}
+
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
