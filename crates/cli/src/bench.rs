@@ -18,6 +18,9 @@
 //! (`asiento_projector::rebuild` of the balances projection from position
 //! zero, timed whole, then checked against a recomputation from the log).
 
+#[path = "bench_e2e.rs"]
+mod bench_e2e;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -79,6 +82,11 @@ pub enum BenchCommand {
     /// sum (W3-read), and a rebuild of the balances projection (W3-rebuild),
     /// each next to a plain streaming SELECT of the same log.
     Replay(ReplayArgs),
+    /// E2E: the real server over HTTP (payments and refunds), next to its
+    /// HTTP floor (`/healthz`) and database floor (plain SQL transactions).
+    E2e(bench_e2e::E2eArgs),
+    /// The transfer command path without HTTP, among funded customer accounts.
+    Command(bench_e2e::CommandArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -142,6 +150,8 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Append(args) => append(args).await,
         BenchCommand::Replay(args) => replay(args).await,
+        BenchCommand::E2e(args) => bench_e2e::e2e(args).await,
+        BenchCommand::Command(args) => bench_e2e::command(args).await,
     }
 }
 

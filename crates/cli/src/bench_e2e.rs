@@ -1,0 +1,916 @@
+//! `asiento bench e2e|command`: the whole path of a payment over HTTP, and the
+//! command path of a transfer without HTTP.
+//!
+//! `e2e` starts the real server as a child process (this binary, `serve`, the
+//! in-process simulator, `pm_card_ok`), drives it with `--clients` concurrent
+//! HTTP clients creating payments (every `--refund-every`-th one also
+//! refunded) with unique Idempotency-Keys, and reports accepted payments/s,
+//! latency percentiles, answers by status and the server's peak RSS. In the
+//! same run it measures two floors: the HTTP floor (`GET /healthz` requests/s
+//! with the same clients) and the database floor (plain single-row INSERT
+//! transactions/s on the same database, with the same clients, divided by the
+//! transactions one payment takes, counted in this run). It prints
+//! `E2E-<backend> asiento=<payments/s> limit=<database floor> ratio=<x>`.
+//!
+//! `command` runs `TransferFlow::transfer` (load guards, decide, append with
+//! `Exact` versions, retry on conflict) in process among `--accounts`
+//! customer accounts funded from `treasury:main`.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use asiento_app::clock::SystemClock;
+use asiento_app::idempotency::{canonical_body_hash, IdempotencyKey, Scope};
+use asiento_app::payments::Idempotent;
+use asiento_app::reply::Answer;
+use asiento_app::transfers::{NewTransfer, TransferFlow};
+use asiento_domain::{AccountName, Amount, Currency, TenantId};
+use asiento_eventstore::{Backend, Database};
+use hdrhistogram::Histogram;
+use sqlx::types::Json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use uuid::Uuid;
+
+use super::{new_histogram, record, Target, PLAIN_INSERT_PG};
+
+const BENCH_TENANT: &str = "bench";
+const BENCH_API_KEY: &str = "sk_bench_0123456789abcdef";
+/// How long the server may take to print its listening line.
+const SERVER_START_MAX_S: u64 = 120;
+/// How long the server may take to stop after SIGTERM.
+const SERVER_STOP_MAX_S: u64 = 20;
+/// After the load: wait until the webhook worker and the projectors are idle
+/// (their counters unchanged for this long), at most `SETTLE_MAX_S`.
+const SETTLE_QUIET_MS: u64 = 1_500;
+const SETTLE_MAX_S: u64 = 60;
+const SETTLE_POLL_MS: u64 = 250;
+const CLOCK_TICKS_PER_S: f64 = 100.0;
+const PAYMENT_AMOUNT_MINOR: i64 = 10_000;
+const REFUND_AMOUNT_MINOR: i64 = 2_500;
+/// Payments are spread over this many customers.
+const E2E_CUSTOMERS: u64 = 1_000;
+/// Write transactions of one create (claim + intent, finalize) and of one
+/// refund (claim + refund requested, finalize); see `TxCount`.
+const TX_PER_CREATE: f64 = 2.0;
+const TX_PER_REFUND: f64 = 2.0;
+/// Write transactions per webhook: stored by the handler, applied and marked
+/// processed by the worker.
+const TX_PER_WEBHOOK: f64 = 2.0;
+/// Funding of each customer account in `bench command`, in minor units.
+const COMMAND_FUNDING_MINOR: i64 = 1_000_000_000;
+const COMMAND_TRANSFER_MAX_MINOR: u64 = 1_000;
+const COMMAND_POOL_EXTRA: u32 = 4;
+
+#[derive(clap::Args, Debug)]
+pub struct E2eArgs {
+    /// Database the server uses (postgres://… or sqlite://…); must hold no
+    /// events. Default: a fresh PostgreSQL test database, dropped afterwards.
+    #[arg(long, env = super::BENCH_DATABASE_URL_ENV)]
+    pub database_url: Option<String>,
+    /// Concurrent HTTP clients (also for both floors).
+    #[arg(long, default_value_t = 16)]
+    pub clients: usize,
+    /// Payments to create.
+    #[arg(long, default_value_t = 5_000)]
+    pub payments: u64,
+    /// Every n-th payment is also refunded (partially); 0: none.
+    #[arg(long, default_value_t = 5)]
+    pub refund_every: u64,
+    /// `GET /healthz` requests of the HTTP floor.
+    #[arg(long, default_value_t = 20_000)]
+    pub healthz_requests: u64,
+    /// Plain INSERT transactions of the database floor.
+    #[arg(long, default_value_t = 20_000)]
+    pub floor_transactions: u64,
+    /// The server binary (default: this executable).
+    #[arg(long)]
+    pub server_bin: Option<std::path::PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CommandArgs {
+    /// Database to use (postgres://… or sqlite://…); must hold no events.
+    /// Default: a fresh PostgreSQL test database, dropped afterwards.
+    #[arg(long, env = super::BENCH_DATABASE_URL_ENV)]
+    pub database_url: Option<String>,
+    /// Customer accounts the transfers move money among.
+    #[arg(long, default_value_t = 1_000)]
+    pub accounts: u64,
+    /// Concurrent tasks.
+    #[arg(long, default_value_t = 8)]
+    pub tasks: usize,
+    /// Transfers to make (after funding).
+    #[arg(long, default_value_t = 20_000)]
+    pub commands: u64,
+}
+
+// ------------------------------------------------------------------ the server
+
+/// The server under test, a child process.
+struct Server {
+    child: tokio::process::Child,
+    pid: u32,
+    base: String,
+}
+
+impl Server {
+    async fn start(bin: &std::path::Path, database_url: &str) -> anyhow::Result<Server> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut child = tokio::process::Command::new(bin)
+            .args(["serve", "--listen", &listen, "--database-url", database_url])
+            .args(["--api-keys", &format!("{BENCH_TENANT}:{BENCH_API_KEY}")])
+            .env("ASIENTO_LOG", "warn,sqlx=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let pid = child.id().context("the server exited at once")?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let listening = tokio::time::timeout(Duration::from_secs(SERVER_START_MAX_S), async {
+            while let Some(line) = lines.next_line().await? {
+                if line.contains("asiento listening on") {
+                    return anyhow::Ok(());
+                }
+            }
+            bail!("the server exited before listening")
+        })
+        .await;
+        match listening {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => bail!("the server did not listen within {SERVER_START_MAX_S}s"),
+        }
+        // Keep draining stdout, so the server never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        eprintln!("e2e server pid {pid} on http://{listen}");
+        Ok(Server {
+            child,
+            pid,
+            base: format!("http://{listen}"),
+        })
+    }
+
+    /// SIGTERM (a graceful stop), then SIGKILL if it takes too long.
+    async fn stop(mut self) -> anyhow::Result<()> {
+        let _ = tokio::process::Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status()
+            .await;
+        match tokio::time::timeout(Duration::from_secs(SERVER_STOP_MAX_S), self.child.wait()).await
+        {
+            Ok(status) => {
+                status?;
+            }
+            Err(_) => {
+                eprintln!("e2e server did not stop within {SERVER_STOP_MAX_S}s: killing it");
+                self.child.kill().await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A line of /proc/<pid>/status in kB (0 where there is no procfs).
+fn proc_kb(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// CPU seconds (user + system) a process has used, from /proc/<pid>/stat
+/// (clock ticks at the usual 100 Hz; 0 where there is no procfs).
+fn cpu_s(pid: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // Fields after the command name, which is in parentheses.
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let utime: u64 = fields.get(11)?.parse().ok()?;
+            let stime: u64 = fields.get(12)?.parse().ok()?;
+            Some((utime + stime) as f64 / CLOCK_TICKS_PER_S)
+        })
+        .unwrap_or(0.0)
+}
+
+/// The server's counters the transaction count needs, from `/metrics`.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Counters {
+    projector_batches: f64,
+    webhooks_received: f64,
+    webhooks_processed: f64,
+}
+
+impl Counters {
+    fn parse(text: &str) -> Counters {
+        let mut c = Counters::default();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let Some((name, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            let metric = name.split('{').next().unwrap_or(name);
+            match metric {
+                "asiento_projection_batch_seconds_count" => c.projector_batches += value,
+                "asiento_webhooks_received_total" => c.webhooks_received += value,
+                "asiento_webhook_events_processed_total" => c.webhooks_processed += value,
+                _ => {}
+            }
+        }
+        c
+    }
+
+    fn minus(self, before: Counters) -> Counters {
+        Counters {
+            projector_batches: self.projector_batches - before.projector_batches,
+            webhooks_received: self.webhooks_received - before.webhooks_received,
+            webhooks_processed: self.webhooks_processed - before.webhooks_processed,
+        }
+    }
+}
+
+async fn scrape(client: &reqwest::Client, base: &str) -> anyhow::Result<Counters> {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await?;
+    Ok(Counters::parse(&text))
+}
+
+/// Write transactions per payment, counted in this run: every create takes
+/// two (the claim + `PaymentIntended`/`ChargeRequested`, the finalize), every
+/// refund two (the claim + `RefundRequested`, the finalize), every webhook the
+/// simulator sends two (stored by the handler; applied and marked processed
+/// by the worker), and every projector batch one.
+#[derive(Debug, Clone, Copy)]
+struct TxCount {
+    payments: u64,
+    refunds: u64,
+    counters: Counters,
+}
+
+impl TxCount {
+    fn total(&self) -> f64 {
+        self.payments as f64 * TX_PER_CREATE
+            + self.refunds as f64 * TX_PER_REFUND
+            + self
+                .counters
+                .webhooks_received
+                .max(self.counters.webhooks_processed)
+                * TX_PER_WEBHOOK
+            + self.counters.projector_batches
+    }
+
+    fn per_payment(&self) -> f64 {
+        self.total() / (self.payments.max(1) as f64)
+    }
+}
+
+// -------------------------------------------------------------------- the load
+
+#[derive(Debug, Default)]
+struct LoadResult {
+    accepted: u64,
+    refunds: u64,
+    statuses: BTreeMap<u16, u64>,
+    create_latency: Option<Histogram<u64>>,
+    refund_latency: Option<Histogram<u64>>,
+}
+
+fn merge(into: &mut Option<Histogram<u64>>, h: Histogram<u64>) -> anyhow::Result<()> {
+    match into {
+        Some(total) => total.add(h)?,
+        None => *into = Some(h),
+    }
+    Ok(())
+}
+
+async fn run_load(
+    client: &reqwest::Client,
+    base: &str,
+    args: &E2eArgs,
+    run_id: &str,
+) -> anyhow::Result<(Duration, LoadResult)> {
+    let next = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(args.clients);
+    for _ in 0..args.clients {
+        let (client, base, next) = (client.clone(), base.to_owned(), Arc::clone(&next));
+        let (payments, refund_every, run_id) =
+            (args.payments, args.refund_every, run_id.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let mut out = LoadResult::default();
+            let (mut create, mut refund) = (new_histogram()?, new_histogram()?);
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= payments {
+                    break;
+                }
+                let body = serde_json::json!({
+                    "amount_minor": PAYMENT_AMOUNT_MINOR,
+                    "currency": "USD",
+                    "customer": format!("c{}", i % E2E_CUSTOMERS),
+                    "provider": "sim",
+                    "payment_method": "pm_card_ok",
+                    "description": format!("bench {i}"),
+                });
+                let t = Instant::now();
+                let answer = client
+                    .post(format!("{base}/v1/payments"))
+                    .bearer_auth(BENCH_API_KEY)
+                    .header("Idempotency-Key", format!("{run_id}-pay-{i}"))
+                    .json(&body)
+                    .send()
+                    .await;
+                let (status, id) = match answer {
+                    Ok(response) => {
+                        let status = response.status().as_u16();
+                        let json: serde_json::Value = response.json().await.unwrap_or_default();
+                        let id = json["id"].as_str().map(str::to_owned);
+                        (status, id)
+                    }
+                    Err(_) => (0, None),
+                };
+                record(&mut create, t);
+                *out.statuses.entry(status).or_default() += 1;
+                if !(status == 201 || status == 202) {
+                    continue;
+                }
+                out.accepted += 1;
+                let (Some(id), true) = (id, refund_every > 0 && (i + 1) % refund_every == 0) else {
+                    continue;
+                };
+                let t = Instant::now();
+                let answer = client
+                    .post(format!("{base}/v1/payments/{id}/refunds"))
+                    .bearer_auth(BENCH_API_KEY)
+                    .header("Idempotency-Key", format!("{run_id}-refund-{i}"))
+                    .json(&serde_json::json!({ "amount_minor": REFUND_AMOUNT_MINOR }))
+                    .send()
+                    .await;
+                let status = match answer {
+                    Ok(response) => {
+                        let status = response.status().as_u16();
+                        let _ = response.bytes().await;
+                        status
+                    }
+                    Err(_) => 0,
+                };
+                record(&mut refund, t);
+                *out.statuses.entry(status).or_default() += 1;
+                if status == 201 || status == 202 {
+                    out.refunds += 1;
+                }
+            }
+            out.create_latency = Some(create);
+            out.refund_latency = Some(refund);
+            anyhow::Ok(out)
+        }));
+    }
+    let mut total = LoadResult::default();
+    for task in tasks {
+        let r = task.await??;
+        total.accepted += r.accepted;
+        total.refunds += r.refunds;
+        for (status, n) in r.statuses {
+            *total.statuses.entry(status).or_default() += n;
+        }
+        if let Some(h) = r.create_latency {
+            merge(&mut total.create_latency, h)?;
+        }
+        if let Some(h) = r.refund_latency {
+            merge(&mut total.refund_latency, h)?;
+        }
+    }
+    Ok((started.elapsed(), total))
+}
+
+/// The HTTP floor: `GET /healthz` with the same clients.
+async fn run_healthz(
+    client: &reqwest::Client,
+    base: &str,
+    clients: usize,
+    requests: u64,
+) -> anyhow::Result<(f64, u64)> {
+    let next = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let (client, url, next) = (client.clone(), format!("{base}/healthz"), Arc::clone(&next));
+        tasks.push(tokio::spawn(async move {
+            let mut failed = 0u64;
+            while next.fetch_add(1, Ordering::Relaxed) < requests {
+                match client.get(&url).send().await {
+                    Ok(r) if r.status().is_success() => {
+                        let _ = r.bytes().await;
+                    }
+                    _ => failed += 1,
+                }
+            }
+            failed
+        }));
+    }
+    let mut failed = 0;
+    for task in tasks {
+        failed += task.await?;
+    }
+    Ok((
+        requests as f64 / started.elapsed().as_secs_f64().max(f64::EPSILON),
+        failed,
+    ))
+}
+
+/// The database floor's numerator: single-row INSERT transactions (an
+/// event-sized row into `bench_plain`, the shape and constraints of
+/// `events`) with `clients` concurrent connections.
+async fn run_plain_transactions(
+    db: &Database,
+    clients: usize,
+    transactions: u64,
+) -> anyhow::Result<f64> {
+    super::create_plain_table(db).await?;
+    let next = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let (db, next) = (db.clone(), Arc::clone(&next));
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= transactions {
+                    break;
+                }
+                let e = super::bench_event(i);
+                let stream = format!("floor-{i}");
+                match &db {
+                    Database::Postgres(pool) => {
+                        sqlx::query(PLAIN_INSERT_PG)
+                            .bind(&stream)
+                            .bind(1i64)
+                            .bind(e.event_id)
+                            .bind(&e.event_type)
+                            .bind(e.schema)
+                            .bind(Json(&e.data))
+                            .bind(Json(&e.metadata))
+                            .execute(pool)
+                            .await?;
+                    }
+                    Database::Sqlite(pool) => {
+                        sqlx::query(
+                            "INSERT INTO bench_plain \
+                             (stream_id, version, event_id, event_type, schema, data, metadata) \
+                             VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        )
+                        .bind(&stream)
+                        .bind(1i64)
+                        .bind(e.event_id)
+                        .bind(&e.event_type)
+                        .bind(e.schema)
+                        .bind(Json(&e.data))
+                        .bind(Json(&e.metadata))
+                        .execute(pool)
+                        .await?;
+                    }
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(transactions as f64 / started.elapsed().as_secs_f64().max(f64::EPSILON))
+}
+
+/// Waits until the webhook worker and the projectors have finished what the
+/// load left them (their counters still for a while).
+async fn settle(client: &reqwest::Client, base: &str) -> anyhow::Result<Counters> {
+    let deadline = Instant::now() + Duration::from_secs(SETTLE_MAX_S);
+    let mut last = scrape(client, base).await?;
+    let mut still_since = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(SETTLE_POLL_MS)).await;
+        let now = scrape(client, base).await?;
+        if now != last {
+            last = now;
+            still_since = Instant::now();
+        } else if still_since.elapsed() >= Duration::from_millis(SETTLE_QUIET_MS) {
+            return Ok(now);
+        }
+        if Instant::now() > deadline {
+            eprintln!("e2e: the server was still busy {SETTLE_MAX_S}s after the load");
+            return Ok(now);
+        }
+    }
+}
+
+fn backend_name(db: &Database) -> &'static str {
+    match db.backend() {
+        Backend::Postgres => "postgres",
+        Backend::Sqlite => "sqlite",
+    }
+}
+
+pub async fn e2e(args: E2eArgs) -> anyhow::Result<()> {
+    if args.clients == 0 || args.payments == 0 {
+        bail!("need at least one client and one payment");
+    }
+    let bin = match &args.server_bin {
+        Some(bin) => bin.clone(),
+        None => std::env::current_exe()?,
+    };
+    let pool_size = u32::try_from(args.clients)?.saturating_add(super::POOL_CONNECTIONS_EXTRA);
+    let target = Target::open(args.database_url.clone(), pool_size).await?;
+    let url = match (&args.database_url, &target.fresh_url) {
+        (Some(url), _) | (None, Some(url)) => url.clone(),
+        (None, None) => bail!("no database"),
+    };
+    let backend = backend_name(&target.db);
+    let result = e2e_on(&target.db, &url, &bin, &args, backend).await;
+    target.close().await;
+    result
+}
+
+async fn e2e_on(
+    db: &Database,
+    url: &str,
+    bin: &std::path::Path,
+    args: &E2eArgs,
+    backend: &str,
+) -> anyhow::Result<()> {
+    let server = Server::start(bin, url).await?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.clients)
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    let outcome = async {
+        let rss_idle_kb = proc_kb(server.pid, "VmRSS");
+        let before = scrape(&client, &server.base).await?;
+        let run_id = Uuid::new_v4().simple().to_string();
+        let server_pid = server.pid.to_string();
+        let cpu_before = (cpu_s(&server_pid), cpu_s("self"));
+        let (elapsed, load) = run_load(&client, &server.base, args, &run_id).await?;
+        let cpu = (
+            cpu_s(&server_pid) - cpu_before.0,
+            cpu_s("self") - cpu_before.1,
+        );
+        let rss_peak_load_kb = proc_kb(server.pid, "VmHWM");
+        let after = settle(&client, &server.base).await?;
+        let (healthz_rate, healthz_failed) =
+            run_healthz(&client, &server.base, args.clients, args.healthz_requests).await?;
+        let rss_peak_kb = proc_kb(server.pid, "VmHWM");
+        anyhow::Ok((
+            cpu,
+            rss_idle_kb,
+            rss_peak_load_kb,
+            rss_peak_kb,
+            after.minus(before),
+            elapsed,
+            load,
+            healthz_rate,
+            healthz_failed,
+        ))
+    }
+    .await;
+    server.stop().await?;
+    let (
+        (cpu_server_s, cpu_client_s),
+        rss_idle_kb,
+        rss_peak_load_kb,
+        rss_peak_kb,
+        counters,
+        elapsed,
+        load,
+        healthz_rate,
+        healthz_failed,
+    ) = outcome?;
+
+    // The database floor, on the same database, with the server stopped.
+    let plain_rate = run_plain_transactions(db, args.clients, args.floor_transactions).await?;
+    let tx = TxCount {
+        payments: load.accepted,
+        refunds: load.refunds,
+        counters,
+    };
+    let floor = plain_rate / tx.per_payment();
+    let rate = load.accepted as f64 / elapsed.as_secs_f64().max(f64::EPSILON);
+    let name = format!("E2E-{backend}");
+    println!(
+        "{name} asiento={rate:.0} limit={floor:.0} ratio={:.2}",
+        rate / floor
+    );
+    let statuses: Vec<String> = load
+        .statuses
+        .iter()
+        .map(|(status, n)| {
+            if *status == 0 {
+                format!("io_error={n}")
+            } else {
+                format!("{status}={n}")
+            }
+        })
+        .collect();
+    eprintln!(
+        "{name} clients={} payments={} accepted={} refunds={} in {:.1}s; answers {}",
+        args.clients,
+        args.payments,
+        load.accepted,
+        load.refunds,
+        elapsed.as_secs_f64(),
+        statuses.join(" ")
+    );
+    for (side, h) in [
+        ("create", &load.create_latency),
+        ("refund", &load.refund_latency),
+    ] {
+        if let Some(h) = h.as_ref().filter(|h| !h.is_empty()) {
+            eprintln!(
+                "{name} {side} latency_us p50={} p99={} p99.9={} max={}",
+                h.value_at_quantile(0.5),
+                h.value_at_quantile(0.99),
+                h.value_at_quantile(0.999),
+                h.max()
+            );
+        }
+    }
+    eprintln!(
+        "{name} http_floor healthz/s={healthz_rate:.0} (failed {healthz_failed}) \
+         ratio_to_http_floor={:.3}",
+        rate / healthz_rate
+    );
+    eprintln!(
+        "{name} db_floor plain_tx/s={plain_rate:.0} tx_per_payment={:.2} \
+         (creates {} x{TX_PER_CREATE}, refunds {} x{TX_PER_REFUND}, webhooks received {} / \
+         processed {} x{TX_PER_WEBHOOK}, projector batches {})",
+        tx.per_payment(),
+        tx.payments,
+        tx.refunds,
+        counters.webhooks_received,
+        counters.webhooks_processed,
+        counters.projector_batches
+    );
+    eprintln!(
+        "{name} cpu during the load: server {cpu_server_s:.1}s, load generator \
+         {cpu_client_s:.1}s, wall {:.1}s",
+        elapsed.as_secs_f64()
+    );
+    eprintln!(
+        "{name} server rss_kb idle={rss_idle_kb} peak_after_load={rss_peak_load_kb} \
+         peak={rss_peak_kb}"
+    );
+    let server_errors: u64 = load
+        .statuses
+        .iter()
+        .filter(|(status, _)| **status >= 500 || **status == 0)
+        .map(|(_, n)| n)
+        .sum();
+    if server_errors > 0 {
+        eprintln!("{name} !!! {server_errors} answers were 5xx or transport errors !!!");
+        bail!("{server_errors} requests failed with 5xx or a transport error");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- bench command
+
+fn idempotent(key: &str, body: &serde_json::Value) -> anyhow::Result<Idempotent> {
+    Ok(Idempotent {
+        scope: Scope {
+            tenant: BENCH_TENANT.to_owned(),
+            method: "POST".to_owned(),
+            route: "/v1/transfers".to_owned(),
+        },
+        key: IdempotencyKey::parse(key).map_err(|e| anyhow::anyhow!("{e:?}"))?,
+        body: canonical_body_hash(body),
+        correlation_id: None,
+    })
+}
+
+fn customer(i: u64) -> anyhow::Result<AccountName> {
+    Ok(AccountName::parse(&format!("customer:{i}:available"))?)
+}
+
+/// One transfer through the flow; the answer's status (201 posted).
+async fn transfer(
+    flow: &TransferFlow,
+    key: &str,
+    from: AccountName,
+    to: AccountName,
+    amount_minor: i64,
+) -> anyhow::Result<u16> {
+    let body = serde_json::json!({
+        "from": from.as_str(), "to": to.as_str(), "amount_minor": amount_minor, "currency": "USD"
+    });
+    let request = idempotent(key, &body)?;
+    let answer = flow
+        .transfer(
+            &request,
+            NewTransfer {
+                tenant: TenantId::parse(BENCH_TENANT)?,
+                from,
+                to,
+                amount: Amount::new(amount_minor),
+                currency: Currency::parse("USD")?,
+                description: None,
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("transfer failed: {e:?}"))?;
+    Ok(match answer {
+        Answer::Done(response) | Answer::Replayed(response) => response.status,
+        Answer::InProgress { .. } => 409,
+        Answer::KeyReused => 422,
+    })
+}
+
+/// A small xorshift, so that each task picks its own pairs reproducibly.
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+pub async fn command(args: CommandArgs) -> anyhow::Result<()> {
+    if args.tasks == 0 || args.accounts < 2 {
+        bail!("need at least one task and two accounts");
+    }
+    let pool_size = u32::try_from(args.tasks)?.saturating_add(COMMAND_POOL_EXTRA);
+    let target = Target::open(args.database_url.clone(), pool_size).await?;
+    let result = command_on(&target.db, &args).await;
+    target.close().await;
+    result
+}
+
+async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
+    let flow = TransferFlow {
+        database: db.clone(),
+        store: db.event_store(),
+        clock: Arc::new(SystemClock),
+        render: Arc::new(asiento_api::render::JsonRender),
+        idempotency_lease_ms: 60_000,
+    };
+    let run_id = Uuid::new_v4().simple().to_string();
+    let treasury = AccountName::parse("treasury:main")?;
+    let funding = Instant::now();
+    for i in 0..args.accounts {
+        let status = transfer(
+            &flow,
+            &format!("{run_id}-fund-{i}"),
+            treasury.clone(),
+            customer(i)?,
+            COMMAND_FUNDING_MINOR,
+        )
+        .await?;
+        if status != 201 {
+            bail!("funding customer {i} answered {status}");
+        }
+    }
+    eprintln!(
+        "command funded {} accounts in {:.1}s",
+        args.accounts,
+        funding.elapsed().as_secs_f64()
+    );
+
+    let next = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(args.tasks);
+    for task in 0..args.tasks {
+        let (flow, next, run_id) = (flow.clone(), Arc::clone(&next), run_id.clone());
+        let (accounts, commands) = (args.accounts, args.commands);
+        tasks.push(tokio::spawn(async move {
+            let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (task as u64 + 1);
+            let mut latency = new_histogram()?;
+            let mut statuses = BTreeMap::<u16, u64>::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= commands {
+                    break;
+                }
+                let from = xorshift(&mut rng) % accounts;
+                let to = (from + 1 + xorshift(&mut rng) % (accounts - 1)) % accounts;
+                let amount = 1 + xorshift(&mut rng) % COMMAND_TRANSFER_MAX_MINOR;
+                let t = Instant::now();
+                let status = transfer(
+                    &flow,
+                    &format!("{run_id}-t-{i}"),
+                    customer(from)?,
+                    customer(to)?,
+                    i64::try_from(amount)?,
+                )
+                .await?;
+                record(&mut latency, t);
+                *statuses.entry(status).or_default() += 1;
+            }
+            anyhow::Ok((latency, statuses))
+        }));
+    }
+    let mut latency = new_histogram()?;
+    let mut statuses = BTreeMap::<u16, u64>::new();
+    for task in tasks {
+        let (h, s) = task.await??;
+        latency.add(h)?;
+        for (status, n) in s {
+            *statuses.entry(status).or_default() += n;
+        }
+    }
+    let elapsed = started.elapsed();
+    let name = format!("COMMAND-{}", backend_name(db));
+    println!(
+        "{name} commands/s={:.0} p50_us={} p99_us={}",
+        args.commands as f64 / elapsed.as_secs_f64().max(f64::EPSILON),
+        latency.value_at_quantile(0.5),
+        latency.value_at_quantile(0.99)
+    );
+    eprintln!(
+        "{name} tasks={} accounts={} commands={} in {:.1}s; answers {:?}; max_us={}",
+        args.tasks,
+        args.accounts,
+        args.commands,
+        elapsed.as_secs_f64(),
+        statuses,
+        latency.max()
+    );
+    let posted = statuses.get(&201).copied().unwrap_or(0);
+    if posted != args.commands {
+        bail!(
+            "{} of {} transfers were not posted",
+            args.commands - posted,
+            args.commands
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use asiento_eventstore::testing;
+
+    #[test]
+    fn metrics_are_read() {
+        let text = "# TYPE x summary\n\
+            asiento_projection_batch_seconds_count{projection=\"balances\"} 3\n\
+            asiento_projection_batch_seconds_count{projection=\"payments\"} 4\n\
+            asiento_webhooks_received_total{outcome=\"stored\"} 10\n\
+            asiento_webhook_events_processed_total{outcome=\"applied\"} 9\n\
+            asiento_projection_batch_seconds_sum{projection=\"balances\"} 0.5\n";
+        let c = Counters::parse(text);
+        assert_eq!(c.projector_batches, 7.0);
+        assert_eq!(c.webhooks_received, 10.0);
+        assert_eq!(c.webhooks_processed, 9.0);
+        let tx = TxCount {
+            payments: 10,
+            refunds: 2,
+            counters: c,
+        };
+        assert!((tx.per_payment() - (20.0 + 4.0 + 20.0 + 7.0) / 10.0).abs() < 1e-9);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn command_runs_small_on_sqlite() {
+        let (_dir, url) = testing::temp_sqlite_url();
+        command(CommandArgs {
+            database_url: Some(url),
+            accounts: 20,
+            tasks: 3,
+            commands: 150,
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn command_runs_small_on_postgres() {
+        command(CommandArgs {
+            database_url: None,
+            accounts: 20,
+            tasks: 4,
+            commands: 150,
+        })
+        .await
+        .unwrap();
+    }
+}
