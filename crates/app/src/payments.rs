@@ -343,6 +343,17 @@ impl PaymentFlow {
             .await
     }
 
+    /// [`PaymentFlow::apply`], with `also` committed in the same transaction.
+    pub async fn apply_and(
+        &self,
+        id: PaymentId,
+        command: PaymentCommand,
+        also: &dyn InTransaction,
+    ) -> Result<Finalized, FlowError> {
+        self.finalize_with(id, Change::Command(command), None, Some(also))
+            .await
+    }
+
     /// [`PaymentFlow::finalize`], with `also` committed in the same transaction.
     pub async fn finalize_and(
         &self,

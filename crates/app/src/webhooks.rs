@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use asiento_domain::{
     payment::DisputeOutcome, Amount, PaymentCommand, PaymentId, ProviderFact, ProviderName,
 };
-use asiento_eventstore::{Database, Metadata, StoreError, Tx};
+use asiento_eventstore::{Database, StoreError, Tx};
 use asiento_psp::{Charge, DisputeStatus, EventType, SignatureError, WebhookEvent};
 /// The header carrying a webhook's signature, re-exported for the HTTP layer.
 pub use asiento_psp::{SIGNATURE_HEADER, TOLERANCE_S_DEFAULT};
@@ -47,9 +47,7 @@ use uuid::Uuid;
 use crate::clock::Clock;
 use crate::leases;
 use crate::log::{self, LogError};
-use crate::payments::{
-    fact_from_charge, Finalized, FlowError, InTransaction, PaymentFlow, CONFLICT_RETRIES_MAX,
-};
+use crate::payments::{fact_from_charge, Finalized, FlowError, InTransaction, PaymentFlow};
 
 /// Provider event ids longer than this are refused as malformed (Stripe's are ~30 characters).
 pub const EVENT_ID_LEN_MAX: usize = 255;
@@ -458,7 +456,7 @@ pub enum WorkerError {
     #[error(transparent)]
     Log(#[from] LogError),
     #[error("flagging the payment failed: {0}")]
-    Append(asiento_eventstore::AppendError),
+    Flow(Box<FlowError>),
 }
 
 /// What one [`Worker::drain_once`] did.
@@ -807,10 +805,11 @@ impl Worker {
         for fact in facts {
             self.flow.finalize(payment, Some(fact)).await?;
         }
-        let mark = MarkProcessed {
+        let mark = FinishRow {
             row: row.id,
             owner: self.owner,
             clock: self.flow.clock.as_ref(),
+            how: Finish::Processed { outcome: "applied" },
         };
         self.flow.finalize_and(payment, Some(last), &mark).await?;
         Ok(())
@@ -883,70 +882,37 @@ impl Worker {
             truncate(error, ERROR_TEXT_CHARS_MAX)
         );
         let reason = DeadReason::AttemptsExhausted;
-        for _ in 0..CONFLICT_RETRIES_MAX {
-            // Every pool read before `begin` (SQLite: the transaction holds the write lock).
-            let loaded = log::load_payment(self.flow.store.as_ref(), payment).await?;
-            let now = self.flow.clock.now();
-            let decided = asiento_domain::decide_payment(
-                &loaded.aggregate,
-                PaymentCommand::FlagForReview {
-                    note: note.clone(),
-                    at: now,
-                },
-            );
-            let (events, tenant) = match (decided, &loaded.aggregate.record) {
-                (Ok(events), Some(record)) => (events, record.tenant.to_string()),
-                (decided, _) => {
-                    tracing::error!(%payment, ?decided, "cannot flag the payment; dead-lettering the row alone");
-                    return self.bury(row, reason, error).await;
-                }
-            };
-            let metadata = Metadata {
-                tenant: Some(tenant),
-                ..Metadata::default()
-            };
-            let mut tx = self.flow.database.begin().await?;
-            if !events.is_empty() {
-                let appends = log::decision_appends(
-                    asiento_domain::payment_stream(payment),
-                    loaded.aggregate.version,
-                    log::encode(&events, &metadata, log::payment_codec)?,
-                    &[],
-                    &metadata,
-                )?;
-                match self.flow.store.append_in(&mut tx, &appends).await {
-                    Ok(_) => {}
-                    Err(conflict) if log::is_conflict(&conflict) => {
-                        drop(tx);
-                        continue;
-                    }
-                    Err(other) => {
-                        drop(tx);
-                        return Err(WorkerError::Append(other));
-                    }
-                }
+        // The flag goes through the flow like any command (exact version, re-decided on a lost
+        // race); the row is dead-lettered in the same transaction.
+        let bury = FinishRow {
+            row: row.id,
+            owner: self.owner,
+            clock: self.flow.clock.as_ref(),
+            how: Finish::Dead { reason, error },
+        };
+        let command = PaymentCommand::FlagForReview {
+            note,
+            at: self.flow.clock.now(),
+        };
+        match self.flow.apply_and(payment, command, &bury).await {
+            Ok(_) => {
+                dead_lettered(row, reason, error);
+                tracing::error!(%payment, "payment flagged for review: its webhook was dead-lettered");
+                Ok(Done::Dead)
             }
-            let now_ms = self.flow.clock.now_ms();
-            if !finish(
-                &mut tx,
-                row.id,
-                self.owner,
-                &Finish::Dead { reason, error },
-                now_ms,
-            )
-            .await?
-            {
-                drop(tx);
-                return Ok(Done::Lost);
+            Err(FlowError::LeaseLost(_)) => Ok(Done::Lost),
+            // The payment kept changing under us: leave the row to its lease, the next claim
+            // retries.
+            Err(FlowError::TooManyConflicts(_)) => {
+                tracing::warn!(%payment, "flagging kept losing version races; the row will be retried");
+                Ok(Done::Lost)
             }
-            tx.commit().await?;
-            dead_lettered(row, reason, error);
-            tracing::error!(%payment, "payment flagged for review: its webhook was dead-lettered");
-            return Ok(Done::Dead);
+            Err(cannot @ (FlowError::Rejected(_) | FlowError::Inconsistent(_))) => {
+                tracing::error!(%payment, error = %cannot, "cannot flag the payment; dead-lettering the row alone");
+                self.bury(row, reason, error).await
+            }
+            Err(other) => Err(WorkerError::Flow(Box::new(other))),
         }
-        // The payment kept changing under us: leave the row to its lease, the next claim retries.
-        tracing::warn!(%payment, "flagging kept losing version races; the row will be retried");
-        Ok(Done::Lost)
     }
 
     /// Finishes a row in a transaction of its own; `false` when the row is no longer ours.
@@ -997,19 +963,20 @@ fn dead_lettered(row: &Row, reason: DeadReason, error: &str) {
     }
 }
 
-/// Marks the row processed inside the finalisation's transaction, only if this worker still
-/// holds it: a row taken over by another worker rolls the whole finalisation back.
-struct MarkProcessed<'a> {
+/// Finishes the row (processed, or dead-lettered) inside the finalisation's transaction, only if
+/// this worker still holds it: a row taken over by another worker rolls the whole finalisation
+/// back, so a row is finished exactly when its effect is recorded.
+struct FinishRow<'a> {
     row: i64,
     owner: Uuid,
     clock: &'a dyn Clock,
+    how: Finish<'a>,
 }
 
 #[async_trait::async_trait]
-impl InTransaction for MarkProcessed<'_> {
+impl InTransaction for FinishRow<'_> {
     async fn run(&self, tx: &mut Tx, _finalized: &Finalized) -> Result<(), FlowError> {
-        let how = Finish::Processed { outcome: "applied" };
-        let kept = finish(tx, self.row, self.owner, &how, self.clock.now_ms())
+        let kept = finish(tx, self.row, self.owner, &self.how, self.clock.now_ms())
             .await
             .map_err(|error| FlowError::from(StoreError::Database(error)))?;
         if kept {
