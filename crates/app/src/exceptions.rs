@@ -189,7 +189,7 @@ async fn load(
             }
             .into());
         }
-        let event = ExceptionEvent::decode(&recorded.event_type, recorded.schema, recorded.data)
+        let event = ExceptionEvent::decode(&recorded.event_type, recorded.schema, &recorded.data)
             .map_err(LogError::Decode)?;
         exception = evolve(exception, &event);
         last_position = Some(recorded.position);

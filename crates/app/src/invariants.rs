@@ -423,7 +423,7 @@ impl Checker {
             &event.stream_id,
             &event.event_type,
             event.schema,
-            event.data.clone(),
+            &event.data,
         );
         let decoded = match decoded {
             Ok(decoded) => decoded,

@@ -12,6 +12,11 @@ mod verify;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of the system allocator: decoding the log allocates a few dozen small
+/// objects per event, often freed on another thread than the one that made them.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The SQLite file used when no database URL is given: the embedded default.
 const DATABASE_URL_DEFAULT: &str = "sqlite://data/asiento.db";
 

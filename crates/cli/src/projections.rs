@@ -24,6 +24,9 @@ pub enum ProjectionsCommand {
     Rebuild {
         /// The projection to rebuild (see `status`).
         name: String,
+        /// Events per rebuild batch (one transaction each; up to 10,000).
+        #[arg(long, env = "ASIENTO_REBUILD_BATCH_SIZE", default_value_t = asiento_projector::REBUILD_BATCH_SIZE_MAX_DEFAULT)]
+        batch_size: usize,
         #[command(flatten)]
         database: DatabaseArgs,
     },
@@ -32,7 +35,11 @@ pub enum ProjectionsCommand {
 pub async fn run(command: ProjectionsCommand) -> anyhow::Result<()> {
     match command {
         ProjectionsCommand::Status(database) => status(&database).await,
-        ProjectionsCommand::Rebuild { name, database } => rebuild(&name, &database).await,
+        ProjectionsCommand::Rebuild {
+            name,
+            batch_size,
+            database,
+        } => rebuild(&name, batch_size, &database).await,
     }
 }
 
@@ -79,7 +86,13 @@ async fn status(args: &DatabaseArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn rebuild(name: &str, args: &DatabaseArgs) -> anyhow::Result<()> {
+async fn rebuild(name: &str, batch_size: usize, args: &DatabaseArgs) -> anyhow::Result<()> {
+    if !(1..=asiento_eventstore::READ_BATCH_MAX).contains(&batch_size) {
+        anyhow::bail!(
+            "--batch-size must be between 1 and {}",
+            asiento_eventstore::READ_BATCH_MAX
+        );
+    }
     let projection = all()
         .into_iter()
         .find(|projection| projection.name() == name)
@@ -94,7 +107,10 @@ async fn rebuild(name: &str, args: &DatabaseArgs) -> anyhow::Result<()> {
         &database,
         &store,
         projection.as_ref(),
-        &asiento_projector::RebuildConfig::new(owner),
+        &asiento_projector::RebuildConfig {
+            batch_size_max: batch_size,
+            ..asiento_projector::RebuildConfig::new(owner)
+        },
         crate::serve::shutdown_signal(),
     )
     .await

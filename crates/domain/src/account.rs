@@ -45,6 +45,11 @@ pub struct AccountName(String);
 
 impl AccountName {
     pub fn parse(name: &str) -> Result<Self, AccountError> {
+        AccountName::check(name)?;
+        Ok(AccountName(name.to_owned()))
+    }
+
+    fn check(name: &str) -> Result<(), AccountError> {
         let segments = name.split(':');
         let mut count = 0;
         for segment in segments {
@@ -53,7 +58,7 @@ impl AccountName {
                 return Err(AccountError::Invalid(name.to_owned()));
             }
         }
-        Ok(AccountName(name.to_owned()))
+        Ok(())
     }
 
     #[must_use]
@@ -103,7 +108,8 @@ impl FromStr for AccountName {
 impl TryFrom<String> for AccountName {
     type Error = AccountError;
     fn try_from(value: String) -> Result<Self, Self::Error> {
-        AccountName::parse(&value)
+        AccountName::check(&value)?;
+        Ok(AccountName(value))
     }
 }
 

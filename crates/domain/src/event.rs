@@ -6,6 +6,8 @@
 //! are a contract with every event ever written, which is why each event
 //! type has a golden JSON test (`tests/golden.rs`).
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 
 use crate::entry::JournalEntry;
@@ -79,13 +81,14 @@ macro_rules! event_family {
                 })
             }
 
-            /// Decodes a stored event, upcasting older schemas first.
+            /// Decodes a stored event, upcasting older schemas first. Reads the payload in
+            /// place: only an event that needs upcasting is copied.
             pub fn decode(
                 event_type: &str,
                 schema: i32,
-                data: serde_json::Value,
+                data: &serde_json::Value,
             ) -> Result<Self, $crate::event::DecodeError> {
-                let (schema, data) = $crate::event::upcast(event_type, schema, data)?;
+                let (schema, data) = $crate::event::upcast_ref(event_type, schema, data)?;
                 match event_type {
                     $(stringify!($variant) => {
                         if schema != $schema {
@@ -94,13 +97,13 @@ macro_rules! event_family {
                                 schema,
                             });
                         }
-                        serde_json::from_value(data).map($family::$variant).map_err(|e| {
-                            $crate::event::DecodeError::Invalid {
+                        <$variant as serde::Deserialize>::deserialize(data.as_ref())
+                            .map($family::$variant)
+                            .map_err(|e| $crate::event::DecodeError::Invalid {
                                 event_type: event_type.to_owned(),
                                 schema,
                                 message: e.to_string(),
-                            }
-                        })
+                            })
                     })*
                     other => Err($crate::event::DecodeError::UnknownType {
                         event_type: other.to_owned(),
@@ -130,6 +133,20 @@ pub(crate) use event_family;
 ///   `provider` (`"sim"`, the only provider then) and `capture`
 ///   (`"automatic"`, the only mode then) were added.
 pub fn upcast(event_type: &str, schema: i32, data: Value) -> Result<(i32, Value), DecodeError> {
+    let (schema, lifted) = match upcast_ref(event_type, schema, &data)? {
+        (schema, Cow::Owned(lifted)) => (schema, Some(lifted)),
+        (schema, Cow::Borrowed(_)) => (schema, None),
+    };
+    Ok((schema, lifted.unwrap_or(data)))
+}
+
+/// [`upcast`] on a borrowed payload: borrowed back unchanged when it is current, copied only
+/// when it has to change.
+pub fn upcast_ref<'a>(
+    event_type: &str,
+    schema: i32,
+    data: &'a Value,
+) -> Result<(i32, Cow<'a, Value>), DecodeError> {
     match (event_type, schema) {
         ("PaymentIntended", 1) => {
             let invalid = |message: &str| DecodeError::Invalid {
@@ -137,18 +154,19 @@ pub fn upcast(event_type: &str, schema: i32, data: Value) -> Result<(i32, Value)
                 schema,
                 message: message.to_owned(),
             };
-            let Value::Object(mut object) = data else {
+            let Value::Object(object) = data else {
                 return Err(invalid("payload is not an object"));
             };
+            let mut object = object.clone();
             let amount = object
                 .remove("amount")
                 .ok_or_else(|| invalid("missing field `amount`"))?;
             object.insert("amount_minor".to_owned(), amount);
             object.insert("provider".to_owned(), Value::from("sim"));
             object.insert("capture".to_owned(), Value::from("automatic"));
-            Ok((2, Value::Object(object)))
+            Ok((2, Cow::Owned(Value::Object(object))))
         }
-        _ => Ok((schema, data)),
+        _ => Ok((schema, Cow::Borrowed(data))),
     }
 }
 
@@ -167,7 +185,7 @@ impl Event {
         stream_id: &str,
         event_type: &str,
         schema: i32,
-        data: Value,
+        data: &Value,
     ) -> Result<Event, DecodeError> {
         match StreamKind::parse(stream_id) {
             Some(StreamKind::Payment(_)) => {

@@ -158,7 +158,11 @@ macro_rules! segment_name {
         impl TryFrom<String> for $name {
             type Error = IdError;
             fn try_from(value: String) -> Result<Self, Self::Error> {
-                $name::parse(&value)
+                if is_valid_segment(&value) {
+                    Ok($name(value))
+                } else {
+                    Err(IdError::InvalidName { kind: $kind, value })
+                }
             }
         }
 

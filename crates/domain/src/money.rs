@@ -105,9 +105,12 @@ impl Currency {
     /// Parses an upper-case ISO 4217 code. Lower case is rejected rather than
     /// normalised so that a stored code is always written one way.
     pub fn parse(code: &str) -> Result<Self, CurrencyError> {
+        // CURRENCIES is sorted by code (a test checks), so this is a binary search: every leg
+        // of every entry read from the log parses its currency.
         CURRENCIES
-            .iter()
-            .find(|(known, _)| *known == code)
+            .binary_search_by(|(known, _)| (*known).cmp(code))
+            .ok()
+            .and_then(|index| CURRENCIES.get(index))
             .and_then(|(known, exponent)| {
                 let bytes: [u8; 3] = known.as_bytes().try_into().ok()?;
                 Some(Currency {
@@ -158,8 +161,17 @@ impl Serialize for Currency {
 
 impl<'de> Deserialize<'de> for Currency {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let code = String::deserialize(deserializer)?;
-        Currency::parse(&code).map_err(serde::de::Error::custom)
+        struct Code;
+        impl serde::de::Visitor<'_> for Code {
+            type Value = Currency;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an ISO 4217 currency code")
+            }
+            fn visit_str<E: serde::de::Error>(self, code: &str) -> Result<Currency, E> {
+                Currency::parse(code).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_str(Code)
     }
 }
 
@@ -226,6 +238,22 @@ mod tests {
             assert!(code.len() == 3 && code.bytes().all(|b| b.is_ascii_uppercase()));
             assert!(seen.insert(*code), "duplicate {code}");
         }
+    }
+
+    #[test]
+    fn currency_table_is_sorted_so_every_code_is_found() {
+        assert!(
+            CURRENCIES.windows(2).all(|pair| pair[0].0 < pair[1].0),
+            "CURRENCIES must stay sorted by code: parse searches it by halves"
+        );
+        for (code, exponent) in CURRENCIES {
+            let parsed = Currency::parse(code).unwrap();
+            assert_eq!((parsed.code(), parsed.exponent()), (*code, *exponent));
+            let decoded: Currency = serde_json::from_value(serde_json::json!(code)).unwrap();
+            assert_eq!(decoded, parsed);
+        }
+        assert!(serde_json::from_value::<Currency>(serde_json::json!("usd")).is_err());
+        assert!(serde_json::from_value::<Currency>(serde_json::json!(840)).is_err());
     }
 
     #[test]

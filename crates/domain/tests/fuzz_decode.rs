@@ -435,13 +435,13 @@ proptest! {
     ) {
         macro_rules! family {
             ($family:ty) => {
-                match <$family>::decode(&event_type, schema, data.clone()) {
+                match <$family>::decode(&event_type, schema, &data) {
                     Ok(event) => {
                         prop_assert_eq!(event.event_type(), event_type.as_str());
                         let again = <$family>::decode(
                             event.event_type(),
                             event.schema_version(),
-                            event.encode().unwrap(),
+                            &event.encode().unwrap(),
                         );
                         prop_assert_eq!(again, Ok(event));
                     }
@@ -453,14 +453,14 @@ proptest! {
         family!(TransferEvent);
         family!(GuardEvent);
         family!(ExceptionEvent);
-        match Event::decode(&stream_id, &event_type, schema, data.clone()) {
+        match Event::decode(&stream_id, &event_type, schema, &data) {
             Ok(event) => {
                 prop_assert_eq!(event.event_type(), event_type.as_str());
                 let again = Event::decode(
                     &stream_id,
                     event.event_type(),
                     event.schema_version(),
-                    event.encode().unwrap(),
+                    &event.encode().unwrap(),
                 );
                 prop_assert_eq!(again, Ok(event));
             }
@@ -503,9 +503,9 @@ proptest! {
         for event in payment_history(&input, &steps) {
             let (name, schema) = (event.event_type(), event.schema_version());
             let data = through_text(name, schema, &event.encode().unwrap());
-            prop_assert_eq!(PaymentEvent::decode(name, schema, data.clone()), Ok(event.clone()));
+            prop_assert_eq!(PaymentEvent::decode(name, schema, &data), Ok(event.clone()));
             prop_assert_eq!(
-                Event::decode(&stream, name, schema, data),
+                Event::decode(&stream, name, schema, &data),
                 Ok(Event::Payment(event))
             );
         }
@@ -524,9 +524,9 @@ proptest! {
         for event in transfers {
             let (name, schema) = (event.event_type(), event.schema_version());
             let data = through_text(name, schema, &event.encode().unwrap());
-            prop_assert_eq!(TransferEvent::decode(name, schema, data.clone()), Ok(event.clone()));
+            prop_assert_eq!(TransferEvent::decode(name, schema, &data), Ok(event.clone()));
             prop_assert_eq!(
-                Event::decode(&transfer_stream, name, schema, data),
+                Event::decode(&transfer_stream, name, schema, &data),
                 Ok(Event::Transfer(event))
             );
         }
@@ -538,9 +538,9 @@ proptest! {
         for event in guards {
             let (name, schema) = (event.event_type(), event.schema_version());
             let data = through_text(name, schema, &event.encode().unwrap());
-            prop_assert_eq!(GuardEvent::decode(name, schema, data.clone()), Ok(event.clone()));
+            prop_assert_eq!(GuardEvent::decode(name, schema, &data), Ok(event.clone()));
             prop_assert_eq!(
-                Event::decode(&guard_stream, name, schema, data),
+                Event::decode(&guard_stream, name, schema, &data),
                 Ok(Event::Guard(event))
             );
         }

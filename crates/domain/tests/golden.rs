@@ -250,7 +250,7 @@ macro_rules! check_family {
                 event.event_type()
             );
             let decoded =
-                <$family>::decode(event.event_type(), event.schema_version(), expected).unwrap();
+                <$family>::decode(event.event_type(), event.schema_version(), &expected).unwrap();
             assert_eq!(decoded, event);
             assert!(
                 covered.insert(event.event_type()),
@@ -331,7 +331,7 @@ fn payment_intended_v1_is_upcast_to_v2() {
     assert_eq!(schema, 2);
     assert_eq!(data["amount_minor"], json!(10000));
     assert!(data.get("amount").is_none());
-    let decoded = PaymentEvent::decode("PaymentIntended", 1, v1).unwrap();
+    let decoded = PaymentEvent::decode("PaymentIntended", 1, &v1).unwrap();
     let PaymentEvent::PaymentIntended(intended) = decoded else {
         panic!("wrong type")
     };
@@ -343,7 +343,7 @@ fn payment_intended_v1_is_upcast_to_v2() {
     assert_eq!(upcast("PaymentIntended", 2, v2.clone()).unwrap(), (2, v2));
     // A v1 payload that lacks the field it renames is an error, not a panic.
     assert!(matches!(
-        PaymentEvent::decode("PaymentIntended", 1, json!({"tenant": "acme"})),
+        PaymentEvent::decode("PaymentIntended", 1, &json!({"tenant": "acme"})),
         Err(DecodeError::Invalid { .. })
     ));
 }
@@ -351,18 +351,18 @@ fn payment_intended_v1_is_upcast_to_v2() {
 #[test]
 fn unknown_types_schemas_and_bad_payloads_are_decode_errors() {
     assert!(matches!(
-        PaymentEvent::decode("ChargeConfirmed", 1, json!({})),
+        PaymentEvent::decode("ChargeConfirmed", 1, &json!({})),
         Err(DecodeError::UnknownType { .. })
     ));
     assert!(matches!(
-        PaymentEvent::decode("PaymentExpired", 7, json!({"at": AT})),
+        PaymentEvent::decode("PaymentExpired", 7, &json!({"at": AT})),
         Err(DecodeError::UnknownSchema { schema: 7, .. })
     ));
     // An unbalanced entry cannot come back from the log as a JournalEntry.
     let mut bad = entry_json();
     bad["entry"]["legs"][0]["amount_minor"] = json!(-9999);
     assert!(matches!(
-        PaymentEvent::decode("EntryPosted", 1, bad),
+        PaymentEvent::decode("EntryPosted", 1, &bad),
         Err(DecodeError::Invalid { .. })
     ));
 }
@@ -370,13 +370,13 @@ fn unknown_types_schemas_and_bad_payloads_are_decode_errors() {
 #[test]
 fn any_event_decodes_by_its_stream() {
     let stream = payment_stream(pid());
-    let event = Event::decode(&stream, "EntryPosted", 1, entry_json()).unwrap();
+    let event = Event::decode(&stream, "EntryPosted", 1, &entry_json()).unwrap();
     assert_eq!(event.entry().unwrap().legs().len(), 3);
     let guard = Event::decode(
         "account-acme:customer:42:available:USD",
         "OverdraftFlagged",
         1,
-        guard_fixtures()[1].1.clone(),
+        &guard_fixtures()[1].1,
     );
     assert!(matches!(
         guard,
@@ -386,14 +386,14 @@ fn any_event_decodes_by_its_stream() {
         "exception-exc_00000000000000000000000000000008",
         "ExceptionResolved",
         1,
-        exception_fixtures()[1].1.clone(),
+        &exception_fixtures()[1].1,
     );
     assert!(matches!(
         exception,
         Ok(Event::Exception(ExceptionEvent::ExceptionResolved(_)))
     ));
     assert!(matches!(
-        Event::decode("webhook-1", "X", 1, json!({})),
+        Event::decode("webhook-1", "X", 1, &json!({})),
         Err(DecodeError::UnknownStream(_))
     ));
 }

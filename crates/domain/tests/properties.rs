@@ -251,7 +251,7 @@ proptest! {
         prop_assert_eq!(&Payment::replay(&all), &payment);
         let stored: Vec<PaymentEvent> = all
             .iter()
-            .map(|e| PaymentEvent::decode(e.event_type(), e.schema_version(), e.encode().unwrap()).unwrap())
+            .map(|e| PaymentEvent::decode(e.event_type(), e.schema_version(), &e.encode().unwrap()).unwrap())
             .collect();
         prop_assert_eq!(&Payment::replay(&stored), &payment);
     }

@@ -70,7 +70,7 @@ mod status;
 mod wait;
 
 pub use clock::now_ms_sql;
-pub use rebuild::{rebuild, RebuildConfig, RebuildReport};
+pub use rebuild::{rebuild, RebuildConfig, RebuildReport, REBUILD_BATCH_SIZE_MAX_DEFAULT};
 pub use registry::{checkpoint, install, Checkpoint};
 pub use runner::{Runner, RunnerConfig};
 pub use status::{status, ProjectionStatus, RebuildStatus};

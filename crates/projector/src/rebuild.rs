@@ -17,14 +17,16 @@ use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
 
-use asiento_eventstore::{Cursor, Database, EventStore, Tx};
+use asiento_eventstore::{Cursor, Database, EventStore, RecordedEvent, StoreError, Tx};
 
 use crate::clock::sql;
 use crate::registry::{self, backend_of};
 use crate::{ms_i64, Projection, ProjectorError};
 
-/// Events per rebuild batch unless configured otherwise.
-pub const REBUILD_BATCH_SIZE_MAX_DEFAULT: usize = 2_000;
+/// Events per rebuild batch unless configured otherwise: the most one read returns. A rebuild
+/// batch is private to its generation and commits asynchronously, so it can be large; what it
+/// saves is one write of every touched row (a balance) per batch (docs/benchmarks.md).
+pub const REBUILD_BATCH_SIZE_MAX_DEFAULT: usize = asiento_eventstore::READ_BATCH_MAX;
 /// A rebuild whose process died can be taken over after this long without progress.
 pub const REBUILD_LEASE_MS_DEFAULT: u64 = 30_000;
 
@@ -74,7 +76,10 @@ pub async fn rebuild(
 ) -> Result<RebuildReport, ProjectorError> {
     let name = projection.name();
     let owner = config.owner.as_str();
-    let batch_size = config.batch_size_max.max(1);
+    // A page never holds more than the store reads at once; a shorter one would read as the tail.
+    let batch_size = config
+        .batch_size_max
+        .clamp(1, asiento_eventstore::READ_BATCH_MAX);
     registry::install(db, projection).await?;
     let claim = claim(db, projection, config).await?;
     if let Err(e) = registry::drop_retired(db, projection).await {
@@ -85,6 +90,11 @@ pub async fn rebuild(
     let mut events_applied: u64 = 0;
     tracing::info!(projection = name, generation, resumed = claim.resumed, from = %checkpoint, "rebuild started");
 
+    // Pages are read one ahead while a batch applies; each is its own short query, so no
+    // snapshot stays open across batches (a long one would keep PostgreSQL from pruning the
+    // balance rows every batch updates). A short page means we are at the tail: the swap applies
+    // what is left, under the registry lock, and the runner whatever comes after.
+    let mut pages = Prefetch::start(Arc::clone(store), checkpoint, batch_size);
     let mut shutdown = pin!(shutdown);
     loop {
         let batch = tokio::select! {
@@ -93,16 +103,16 @@ pub async fn rebuild(
                 give_up(db, name, owner).await;
                 return Err(ProjectorError::Interrupted { name: name.to_owned() });
             }
-            batch = store.read_all(checkpoint, batch_size) => batch?,
+            batch = pages.next() => batch?,
         };
-        // A short batch means we are at the tail: the swap applies what is left.
-        if batch.len() < batch_size {
+        let Some(batch) = batch else {
             break;
-        }
+        };
         let Some(last) = batch.last().map(|e| e.cursor) else {
             break;
         };
         let mut tx = db.begin().await?;
+        relax_durability(&mut tx).await?;
         projection.apply(&mut tx, generation, &batch).await?;
         if !advance(
             &mut tx,
@@ -125,6 +135,7 @@ pub async fn rebuild(
         events_applied += batch.len() as u64;
         tracing::info!(projection = name, generation, checkpoint = %checkpoint, events_applied, "rebuild progress");
     }
+    drop(pages);
 
     // The swap.
     let mut tx = db.begin().await?;
@@ -195,6 +206,50 @@ pub async fn rebuild(
         events_applied,
         resumed: claim.resumed,
     })
+}
+
+/// Reads the log page by page, one page ahead of the consumer, and ends after the first page
+/// shorter than `batch_size` (that page is not handed out: it is the tail, read again by the
+/// swap). The reading task stops when this is dropped.
+struct Prefetch {
+    pages: tokio::sync::mpsc::Receiver<Result<Vec<RecordedEvent>, StoreError>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Prefetch {
+    fn start(store: Arc<dyn EventStore>, from: Cursor, batch_size: usize) -> Prefetch {
+        let (tx, pages) = tokio::sync::mpsc::channel(1);
+        let reader = tokio::spawn(async move {
+            let mut after = from;
+            loop {
+                let page = store.read_all(after, batch_size).await;
+                let full = match &page {
+                    Ok(events) if events.len() >= batch_size => events.last().map(|e| e.cursor),
+                    Ok(_) => return,
+                    Err(_) => None,
+                };
+                if tx.send(page).await.is_err() {
+                    return;
+                }
+                match full {
+                    Some(last) => after = last,
+                    None => return,
+                }
+            }
+        });
+        Prefetch { pages, reader }
+    }
+
+    /// The next full page, `None` at the tail.
+    async fn next(&mut self) -> Result<Option<Vec<RecordedEvent>>, StoreError> {
+        self.pages.recv().await.transpose()
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
 }
 
 struct Claim {
@@ -317,6 +372,19 @@ async fn lock_registry(tx: &mut Tx, name: &str) -> Result<i64, ProjectorError> {
     generation.ok_or_else(|| ProjectorError::NotInstalled {
         name: name.to_owned(),
     })
+}
+
+/// A rebuild batch commits without waiting for its WAL flush (PostgreSQL). Safe: its rows and
+/// the rebuild's checkpoint commit together, so a batch lost in a server crash is lost whole and
+/// the resumed rebuild reads it again; nothing is served from the generation before the swap,
+/// which commits durably. SQLite has no per-transaction equivalent.
+async fn relax_durability(tx: &mut Tx) -> Result<(), sqlx::Error> {
+    if let Tx::Postgres(t) = tx {
+        sqlx::query("SET LOCAL synchronous_commit = off")
+            .execute(&mut **t)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Moves the rebuild's checkpoint and renews its lease; false if another process took it over.

@@ -1,7 +1,7 @@
 //! Reading journal entries out of the log, through the domain's own decoder (so upcasting and
 //! the zero-sum rule are the domain's, checked again here where the entry is read).
 
-use asiento_domain::Event;
+use asiento_domain::{Event, JournalEntry, PaymentEvent, TransferEvent};
 use asiento_eventstore::RecordedEvent;
 use asiento_projector::ProjectionError;
 
@@ -13,37 +13,17 @@ pub(crate) const ENTRY_POSTED: &str = "EntryPosted";
 /// One posted journal entry, reduced to what the read model keeps.
 pub(crate) struct Posted {
     pub tenant: String,
-    pub entry_id: String,
-    pub reverses: Option<String>,
     pub legs: Vec<LegView>,
 }
 
 /// The journal entry an event posts; None for every other event. An `EntryPosted` that does not
 /// decode is an error, never skipped: a skipped entry is a wrong balance.
 pub(crate) fn entry_posted(event: &RecordedEvent) -> Result<Option<Posted>, ProjectionError> {
-    if event.event_type != ENTRY_POSTED {
+    let Some(entry) = journal_entry(event)? else {
         return Ok(None);
-    }
-    let decoded = Event::decode(
-        &event.stream_id,
-        &event.event_type,
-        event.schema,
-        event.data.clone(),
-    )
-    .map_err(|e| ProjectionError::Malformed {
-        position: event.position,
-        reason: e.to_string(),
-    })?;
-    let Some(entry) = decoded.entry() else {
-        return Err(ProjectionError::Malformed {
-            position: event.position,
-            reason: "an EntryPosted without a journal entry".to_owned(),
-        });
     };
     Ok(Some(Posted {
         tenant: entry.tenant().as_str().to_owned(),
-        entry_id: entry.id().to_string(),
-        reverses: entry.reverses().map(|id| id.to_string()),
         legs: entry
             .legs()
             .iter()
@@ -54,4 +34,31 @@ pub(crate) fn entry_posted(event: &RecordedEvent) -> Result<Option<Posted>, Proj
             })
             .collect(),
     }))
+}
+
+/// [`entry_posted`] as the domain's entry, for callers that copy out only what they keep.
+pub(crate) fn journal_entry(
+    event: &RecordedEvent,
+) -> Result<Option<JournalEntry>, ProjectionError> {
+    if event.event_type != ENTRY_POSTED {
+        return Ok(None);
+    }
+    let decoded = Event::decode(
+        &event.stream_id,
+        &event.event_type,
+        event.schema,
+        &event.data,
+    )
+    .map_err(|e| ProjectionError::Malformed {
+        position: event.position,
+        reason: e.to_string(),
+    })?;
+    match decoded {
+        Event::Payment(PaymentEvent::EntryPosted(posted))
+        | Event::Transfer(TransferEvent::EntryPosted(posted)) => Ok(Some(posted.entry)),
+        _ => Err(ProjectionError::Malformed {
+            position: event.position,
+            reason: "an EntryPosted without a journal entry".to_owned(),
+        }),
+    }
 }

@@ -12,11 +12,13 @@
 
 use std::collections::BTreeMap;
 
+use asiento_domain::JournalEntry;
 use asiento_eventstore::{Cursor, RecordedEvent, Tx};
 use asiento_projector::{on_tx, Projection, ProjectionError};
 use chrono::{DateTime, Utc};
 
-use crate::decode::{self, Posted};
+use crate::decode;
+use crate::LegView;
 
 /// The registry name, and the argument of `asiento projections rebuild balances`.
 pub const NAME: &str = "balances";
@@ -149,8 +151,7 @@ fn ddl_sqlite(g: i64) -> Vec<(Part, String)> {
 /// PostgreSQL (UNNEST) and each balance row is touched once.
 #[derive(Default)]
 struct BatchWrites {
-    /// (tenant, account, currency) -> (change, position of the last event changing it).
-    deltas: BTreeMap<(String, String, String), (i64, i64)>,
+    deltas: Deltas,
     legs: Vec<LegRow>,
     entries: Vec<EntryRow>,
 }
@@ -175,50 +176,95 @@ struct EntryRow {
     recorded_at: DateTime<Utc>,
 }
 
+/// Per (tenant, account, currency), nested so that a lookup borrows the names and only a
+/// balance new to the batch allocates: (change, position of the last event changing it).
+#[derive(Default)]
+struct Deltas(BTreeMap<String, AccountDeltas>);
+/// Account -> currency -> (change, position).
+type AccountDeltas = BTreeMap<String, BTreeMap<String, (i64, i64)>>;
+
+impl Deltas {
+    fn slot(&mut self, tenant: &str, account: &str, currency: &str) -> &mut (i64, i64) {
+        fn level<'a, V: Default>(map: &'a mut BTreeMap<String, V>, key: &str) -> &'a mut V {
+            if !map.contains_key(key) {
+                map.insert(key.to_owned(), V::default());
+            }
+            map.get_mut(key).expect("inserted just above")
+        }
+        let accounts = level(&mut self.0, tenant);
+        let currencies = level(accounts, account);
+        level(currencies, currency)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// (tenant, account, currency, change, position) in key order.
+    fn into_rows(self) -> impl Iterator<Item = (String, String, String, i64, i64)> {
+        self.0.into_iter().flat_map(|(tenant, accounts)| {
+            accounts.into_iter().flat_map(move |(account, currencies)| {
+                let tenant = tenant.clone();
+                currencies
+                    .into_iter()
+                    .map(move |(currency, (change, position))| {
+                        (tenant.clone(), account.clone(), currency, change, position)
+                    })
+            })
+        })
+    }
+}
+
 impl BatchWrites {
     fn add(
         &mut self,
         part: Part,
         event: &RecordedEvent,
-        posted: Posted,
+        entry: JournalEntry,
     ) -> Result<(), ProjectionError> {
         let overflow = || ProjectionError::Malformed {
             position: event.position,
             reason: "a balance overflows i64".to_owned(),
         };
-        let mut views = Vec::with_capacity(posted.legs.len());
-        for (index, leg) in posted.legs.into_iter().enumerate() {
-            let key = (
-                posted.tenant.clone(),
-                leg.account.clone(),
-                leg.currency.clone(),
-            );
-            if part == Part::Balances {
-                let slot = self.deltas.entry(key).or_insert((0, event.position));
-                slot.0 = slot.0.checked_add(leg.amount_minor).ok_or_else(overflow)?;
-                slot.1 = event.position;
-                continue;
-            }
-            self.legs.push(LegRow {
-                tenant: posted.tenant.clone(),
-                account: leg.account.clone(),
-                currency: leg.currency.clone(),
-                cursor: event.cursor,
-                leg: i32::try_from(index).map_err(|_| overflow())?,
-                entry_id: posted.entry_id.clone(),
-                amount_minor: leg.amount_minor,
-                recorded_at: event.recorded_at,
-            });
-            views.push(leg);
-        }
+        let tenant = entry.tenant().as_str();
         if part == Part::Balances {
+            for leg in entry.legs() {
+                let slot = self
+                    .deltas
+                    .slot(tenant, leg.account.as_str(), leg.currency.code());
+                slot.0 = slot
+                    .0
+                    .checked_add(leg.amount.minor())
+                    .ok_or_else(overflow)?;
+                slot.1 = event.position;
+            }
             return Ok(());
         }
+        let entry_id = entry.id().to_string();
+        let mut views = Vec::with_capacity(entry.legs().len());
+        for (index, leg) in entry.legs().iter().enumerate() {
+            let view = LegView {
+                account: leg.account.as_str().to_owned(),
+                currency: leg.currency.code().to_owned(),
+                amount_minor: leg.amount.minor(),
+            };
+            self.legs.push(LegRow {
+                tenant: tenant.to_owned(),
+                account: view.account.clone(),
+                currency: view.currency.clone(),
+                cursor: event.cursor,
+                leg: i32::try_from(index).map_err(|_| overflow())?,
+                entry_id: entry_id.clone(),
+                amount_minor: view.amount_minor,
+                recorded_at: event.recorded_at,
+            });
+            views.push(view);
+        }
         self.entries.push(EntryRow {
-            tenant: posted.tenant,
-            entry_id: posted.entry_id,
+            tenant: tenant.to_owned(),
+            entry_id,
             cursor: event.cursor,
-            reverses: posted.reverses,
+            reverses: entry.reverses().map(|id| id.to_string()),
             legs: sqlx::types::Json(views),
             recorded_at: event.recorded_at,
         });
@@ -286,8 +332,8 @@ async fn apply_part(
     let mut writes = BatchWrites::default();
     let mut any = false;
     for event in events {
-        if let Some(posted) = decode::entry_posted(event)? {
-            writes.add(part, event, posted)?;
+        if let Some(entry) = decode::journal_entry(event)? {
+            writes.add(part, event, entry)?;
             any = true;
         }
     }
@@ -367,11 +413,11 @@ async fn write_postgres(
 async fn write_pg_balances(
     conn: &mut sqlx::PgConnection,
     g: i64,
-    deltas: BTreeMap<(String, String, String), (i64, i64)>,
+    deltas: Deltas,
 ) -> Result<(), sqlx::Error> {
     let (mut tenants, mut accounts, mut currencies, mut changes, mut positions) =
         (vec![], vec![], vec![], vec![], vec![]);
-    for ((tenant, account, currency), (change, position)) in deltas {
+    for (tenant, account, currency, change, position) in deltas.into_rows() {
         tenants.push(tenant);
         accounts.push(account);
         currencies.push(currency);
@@ -524,7 +570,7 @@ async fn write_sqlite(
          SET balance_minor = balance_minor + excluded.balance_minor,
              last_position = excluded.last_position"
     );
-    for ((tenant, account, currency), (change, position)) in w.deltas {
+    for (tenant, account, currency, change, position) in w.deltas.into_rows() {
         sqlx::query(&upsert)
             .bind(tenant)
             .bind(account)

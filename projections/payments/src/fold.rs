@@ -98,7 +98,7 @@ impl Folder {
 
     /// Folds the next event of the stream (its version must be the next one).
     pub fn push(&mut self, kept: &Kept) -> Result<(), ProjectionError> {
-        let event = PaymentEvent::decode(&kept.event_type, kept.schema, kept.data.clone())
+        let event = PaymentEvent::decode(&kept.event_type, kept.schema, &kept.data)
             .map_err(|e| malformed(kept.position, e.to_string()))?;
         // `evolve` asserts these in debug builds; here they are a stored stream that is wrong,
         // reported as a value so the projection stops at it instead of panicking.
