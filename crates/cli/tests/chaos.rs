@@ -21,7 +21,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Backend, Process, TestDatabase, BIN};
+use common::{asiento, expected_status, url_after, Backend, Process, TestDatabase, BIN};
 use serde_json::{json, Value};
 
 const SECRET: &str = "whsec_chaos_0123456789";
@@ -91,15 +91,6 @@ impl Knobs {
             converge: Duration::from_secs(env_or("CHAOS_CONVERGE_SECONDS", 90)),
         }
     }
-}
-
-fn url_after(line: &str, marker: &str) -> String {
-    let start = line.find(marker).expect("marker") + marker.len();
-    line[start..]
-        .split_whitespace()
-        .next()
-        .expect("url")
-        .to_owned()
 }
 
 /// A port that was free a moment ago: the server must come back on the same address after every
@@ -371,20 +362,6 @@ async fn sim_charges(http: &reqwest::Client, sim: &str) -> Vec<Value> {
     }
 }
 
-/// The status a payment must have, given the provider's charge (as in tests/webhooks.rs).
-fn expected_status(charge: &Value) -> &'static str {
-    let captured = charge["amount_captured"].as_i64().unwrap_or_default();
-    let refunded = charge["amount_refunded"].as_i64().unwrap_or_default();
-    match charge["status"].as_str().unwrap_or_default() {
-        "succeeded" if refunded == 0 => "captured",
-        "succeeded" if refunded < captured => "partially_refunded",
-        "succeeded" => "refunded",
-        "requires_capture" => "authorized",
-        "requires_action" => "requires_action",
-        _ => "failed",
-    }
-}
-
 async fn get_json(http: &reqwest::Client, url: &str) -> (u16, Value) {
     for _ in 0..50 {
         if let Ok(response) = http.get(url).bearer_auth(API_KEY).send().await {
@@ -622,20 +599,6 @@ async fn job_leases(url: &str) -> String {
         Ok(text) => text.unwrap_or_default(),
         Err(error) => format!("? ({error})"),
     }
-}
-
-fn asiento(args: &[&str]) -> (bool, String) {
-    let output = std::process::Command::new(BIN)
-        .args(args)
-        .env("ASIENTO_LOG", "warn")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.success(), text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -9,22 +9,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use asiento_eventstore::Database;
-use common::{payment_body, Backend, Client, Server, TestDatabase};
+use common::{asiento, payment_body, Backend, Client, Server, TestDatabase};
 use serde_json::{json, Value};
-
-fn asiento(args: &[&str]) -> (bool, String) {
-    let output = std::process::Command::new(common::BIN)
-        .args(args)
-        .env("ASIENTO_LOG", "warn")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.success(), text)
-}
 
 async fn sim(client: &Client, path: &str, body: Value) -> Value {
     let answer = client

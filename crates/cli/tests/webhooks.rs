@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{payment_body, Backend, Client, Server, TestDatabase};
+use common::{expected_status, payment_body, Backend, Client, Server, TestDatabase};
 use serde_json::{json, Value};
 
 const SECRET: &str = "whsec_test_0123456789";
@@ -25,20 +25,6 @@ async fn provider_truth(client: &Client) -> BTreeMap<String, Value> {
         .into_iter()
         .filter_map(|charge| Some((charge["reference"].as_str()?.to_owned(), charge)))
         .collect()
-}
-
-/// The status a payment must have, given the provider's charge.
-fn expected_status(charge: &Value) -> &'static str {
-    let captured = charge["amount_captured"].as_i64().unwrap();
-    let refunded = charge["amount_refunded"].as_i64().unwrap();
-    match charge["status"].as_str().unwrap() {
-        "succeeded" if refunded == 0 => "captured",
-        "succeeded" if refunded < captured => "partially_refunded",
-        "succeeded" => "refunded",
-        "requires_capture" => "authorized",
-        "requires_action" => "requires_action",
-        _ => "failed",
-    }
 }
 
 async fn converged(client: &Client, truth: &BTreeMap<String, Value>) -> Result<(), String> {

@@ -157,6 +157,31 @@ pub enum ProjectorError {
     SubscriptionEnded,
 }
 
+/// Points the stable view `view` at one generation's table (`SELECT * FROM {table}`), inside the
+/// caller's transaction: what a projection's `point_views` does for each of its views.
+pub async fn point_view(tx: &mut Tx, view: &str, table: &str) -> Result<(), ProjectionError> {
+    let select = format!("SELECT * FROM {table}");
+    match tx {
+        // Transactional, and every generation has the same columns, which CREATE OR REPLACE
+        // VIEW requires.
+        Tx::Postgres(t) => {
+            sqlx::query(&format!("CREATE OR REPLACE VIEW {view} AS {select}"))
+                .execute(&mut **t)
+                .await?;
+        }
+        // SQLite has no CREATE OR REPLACE VIEW; both statements are in the caller's transaction.
+        Tx::Sqlite(t) => {
+            sqlx::query(&format!("DROP VIEW IF EXISTS {view}"))
+                .execute(&mut **t)
+                .await?;
+            sqlx::query(&format!("CREATE VIEW {view} AS {select}"))
+                .execute(&mut **t)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
 /// A lease or limit in milliseconds as the database's `bigint`.
 pub(crate) fn ms_i64(ms: u64) -> i64 {
     i64::try_from(ms).unwrap_or(i64::MAX)

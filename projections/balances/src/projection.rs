@@ -287,27 +287,8 @@ async fn create_tables(tx: &mut Tx, part: Part, g: i64) -> Result<(), Projection
 
 async fn point_views(tx: &mut Tx, part: Part, g: i64) -> Result<(), ProjectionError> {
     for (of, view, table) in VIEWS {
-        if of != part {
-            continue;
-        }
-        let select = format!("SELECT * FROM {table}{g}");
-        match tx {
-            // Transactional, and the column lists of all generations are identical, which
-            // CREATE OR REPLACE VIEW requires.
-            Tx::Postgres(t) => {
-                sqlx::query(&format!("CREATE OR REPLACE VIEW {view} AS {select}"))
-                    .execute(&mut **t)
-                    .await?;
-            }
-            // SQLite has no CREATE OR REPLACE VIEW; both statements are in one transaction.
-            Tx::Sqlite(t) => {
-                sqlx::query(&format!("DROP VIEW IF EXISTS {view}"))
-                    .execute(&mut **t)
-                    .await?;
-                sqlx::query(&format!("CREATE VIEW {view} AS {select}"))
-                    .execute(&mut **t)
-                    .await?;
-            }
+        if of == part {
+            asiento_projector::point_view(tx, view, &format!("{table}{g}")).await?;
         }
     }
     Ok(())

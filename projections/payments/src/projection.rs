@@ -145,26 +145,7 @@ impl Projection for Payments {
     }
 
     async fn point_views(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
-        let select = format!("SELECT * FROM {TABLE}{g}");
-        match tx {
-            // Transactional, and every generation has the same columns, which CREATE OR
-            // REPLACE VIEW requires.
-            Tx::Postgres(t) => {
-                sqlx::query(&format!("CREATE OR REPLACE VIEW {VIEW} AS {select}"))
-                    .execute(&mut **t)
-                    .await?;
-            }
-            // SQLite has no CREATE OR REPLACE VIEW; both statements are in one transaction.
-            Tx::Sqlite(t) => {
-                sqlx::query(&format!("DROP VIEW IF EXISTS {VIEW}"))
-                    .execute(&mut **t)
-                    .await?;
-                sqlx::query(&format!("CREATE VIEW {VIEW} AS {select}"))
-                    .execute(&mut **t)
-                    .await?;
-            }
-        }
-        Ok(())
+        asiento_projector::point_view(tx, VIEW, &format!("{TABLE}{g}")).await
     }
 
     async fn drop_generation(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {

@@ -113,7 +113,7 @@ impl Drop for Process {
     }
 }
 
-fn url_after(line: &str, marker: &str) -> String {
+pub fn url_after(line: &str, marker: &str) -> String {
     let start = line.find(marker).expect("marker") + marker.len();
     line[start..]
         .split_whitespace()
@@ -376,4 +376,33 @@ pub async fn raw_post_headers_only(
         .unwrap_or(0);
     let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
     (status, body)
+}
+
+/// Runs `asiento ARGS` to the end: whether it succeeded, and its stdout and stderr together.
+pub fn asiento(args: &[&str]) -> (bool, String) {
+    let output = Command::new(BIN)
+        .args(args)
+        .env("ASIENTO_LOG", "warn")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// The status a payment must have, given the provider's charge (from the simulator's truth).
+pub fn expected_status(charge: &Value) -> &'static str {
+    let captured = charge["amount_captured"].as_i64().unwrap();
+    let refunded = charge["amount_refunded"].as_i64().unwrap();
+    match charge["status"].as_str().unwrap() {
+        "succeeded" if refunded == 0 => "captured",
+        "succeeded" if refunded < captured => "partially_refunded",
+        "succeeded" => "refunded",
+        "requires_capture" => "authorized",
+        "requires_action" => "requires_action",
+        _ => "failed",
+    }
 }
