@@ -87,7 +87,7 @@ pub async fn payment_events(
                 "version": recorded.version,
                 "type": recorded.event_type,
                 "recorded_at": recorded.recorded_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-                "data": event.encode().unwrap_or_else(|_| recorded.data.clone()),
+                "data": event.encode().unwrap_or_else(|_| recorded.data.value().clone()),
             })
         })
         .collect();

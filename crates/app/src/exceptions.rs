@@ -189,8 +189,9 @@ async fn load(
             }
             .into());
         }
-        let event = ExceptionEvent::decode(&recorded.event_type, recorded.schema, &recorded.data)
-            .map_err(LogError::Decode)?;
+        let event =
+            ExceptionEvent::decode_raw(&recorded.event_type, recorded.schema, recorded.data.raw())
+                .map_err(LogError::Decode)?;
         exception = evolve(exception, &event);
         last_position = Some(recorded.position);
     }

@@ -419,11 +419,11 @@ impl Checker {
         captures: &mut HashMap<String, CaptureCount>,
         report: &mut Report,
     ) {
-        let decoded = Event::decode(
+        let decoded = Event::decode_raw(
             &event.stream_id,
             &event.event_type,
             event.schema,
-            &event.data,
+            event.data.raw(),
         );
         let decoded = match decoded {
             Ok(decoded) => decoded,

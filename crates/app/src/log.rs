@@ -81,7 +81,7 @@ pub async fn load_payment(
     let mut payment = Payment::default();
     let mut events = Vec::with_capacity(recorded.len());
     for raw in recorded {
-        let event = PaymentEvent::decode(&raw.event_type, raw.schema, &raw.data)?;
+        let event = PaymentEvent::decode_raw(&raw.event_type, raw.schema, raw.data.raw())?;
         payment = asiento_domain::evolve_payment(payment, &event);
         events.push((raw, event));
     }
@@ -99,7 +99,7 @@ pub async fn load_transfer(
     let mut transfer = Transfer::default();
     let mut events = Vec::with_capacity(recorded.len());
     for raw in recorded {
-        let event = TransferEvent::decode(&raw.event_type, raw.schema, &raw.data)?;
+        let event = TransferEvent::decode_raw(&raw.event_type, raw.schema, raw.data.raw())?;
         transfer = asiento_domain::transfer::evolve(transfer, &event);
         events.push((raw, event));
     }
@@ -118,7 +118,7 @@ pub async fn load_guard(store: &dyn EventStore, key: &GuardKey) -> Result<DebitG
     let last = store.read_stream(&stream_id, version, 1).await?;
     match last.into_iter().next() {
         Some(raw) if raw.version == version => {
-            let event = GuardEvent::decode(&raw.event_type, raw.schema, &raw.data)?;
+            let event = GuardEvent::decode_raw(&raw.event_type, raw.schema, raw.data.raw())?;
             Ok(DebitGuard::from_last(version, &event))
         }
         _ => Err(LogError::BrokenStream { stream_id, version }),

@@ -677,9 +677,12 @@ impl Reconciler {
                 };
                 match event.event_type.as_str() {
                     "PaymentIntended" => {
-                        let decoded =
-                            PaymentEvent::decode(&event.event_type, event.schema, &event.data)
-                                .map_err(LogError::Decode)?;
+                        let decoded = PaymentEvent::decode_raw(
+                            &event.event_type,
+                            event.schema,
+                            event.data.raw(),
+                        )
+                        .map_err(LogError::Decode)?;
                         changes.push((id.to_string(), Some(decoded.at().timestamp_millis())));
                     }
                     "ChargeAuthorized" | "ChargeCaptured" | "ChargeFailed" | "PaymentExpired"

@@ -317,7 +317,7 @@ async fn corruptions(backend: Backend) {
                 event_id: uuid::Uuid::new_v4(),
                 event_type: posted.event_type.clone(),
                 schema: posted.schema,
-                data: posted.data.clone(),
+                data: posted.data.value().clone(),
                 metadata: Metadata::default(),
             }],
         }])

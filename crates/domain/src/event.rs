@@ -7,6 +7,7 @@
 //! type has a golden JSON test (`tests/golden.rs`).
 
 use std::borrow::Cow;
+use std::fmt;
 
 use serde_json::Value;
 
@@ -31,6 +32,16 @@ pub enum DecodeError {
     },
     #[error("stream {0:?} belongs to no event family")]
     UnknownStream(String),
+}
+
+impl DecodeError {
+    pub(crate) fn invalid(event_type: &str, schema: i32, error: impl fmt::Display) -> DecodeError {
+        DecodeError::Invalid {
+            event_type: event_type.to_owned(),
+            schema,
+            message: error.to_string(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -89,6 +100,35 @@ macro_rules! event_family {
                 data: &serde_json::Value,
             ) -> Result<Self, $crate::event::DecodeError> {
                 let (schema, data) = $crate::event::upcast_ref(event_type, schema, data)?;
+                Self::decode_current(event_type, schema, data.as_ref())
+            }
+
+            /// [`Self::decode`] from the payload's JSON text: one typed parse, no
+            /// `serde_json::Value` on the way unless the event needs upcasting.
+            pub fn decode_raw(
+                event_type: &str,
+                schema: i32,
+                raw: &str,
+            ) -> Result<Self, $crate::event::DecodeError> {
+                if $crate::event::needs_upcast(event_type, schema) {
+                    let data = $crate::event::parse_payload(event_type, schema, raw)?;
+                    return Self::decode(event_type, schema, &data);
+                }
+                let mut parser = serde_json::Deserializer::from_str(raw);
+                let decoded = Self::decode_current(event_type, schema, &mut parser)?;
+                parser.end().map_err(|e| $crate::event::DecodeError::invalid(event_type, schema, e))?;
+                Ok(decoded)
+            }
+
+            /// Decodes a payload already in the current schema of its type.
+            fn decode_current<'de, D>(
+                event_type: &str,
+                schema: i32,
+                data: D,
+            ) -> Result<Self, $crate::event::DecodeError>
+            where
+                D: serde::Deserializer<'de, Error = serde_json::Error>,
+            {
                 match event_type {
                     $(stringify!($variant) => {
                         if schema != $schema {
@@ -97,13 +137,9 @@ macro_rules! event_family {
                                 schema,
                             });
                         }
-                        <$variant as serde::Deserialize>::deserialize(data.as_ref())
+                        <$variant as serde::Deserialize>::deserialize(data)
                             .map($family::$variant)
-                            .map_err(|e| $crate::event::DecodeError::Invalid {
-                                event_type: event_type.to_owned(),
-                                schema,
-                                message: e.to_string(),
-                            })
+                            .map_err(|e| $crate::event::DecodeError::invalid(event_type, schema, e))
                     })*
                     other => Err($crate::event::DecodeError::UnknownType {
                         event_type: other.to_owned(),
@@ -147,6 +183,9 @@ pub fn upcast_ref<'a>(
     schema: i32,
     data: &'a Value,
 ) -> Result<(i32, Cow<'a, Value>), DecodeError> {
+    if !needs_upcast(event_type, schema) {
+        return Ok((schema, Cow::Borrowed(data)));
+    }
     match (event_type, schema) {
         ("PaymentIntended", 1) => {
             let invalid = |message: &str| DecodeError::Invalid {
@@ -168,6 +207,21 @@ pub fn upcast_ref<'a>(
         }
         _ => Ok((schema, Cow::Borrowed(data))),
     }
+}
+
+/// Whether [`upcast_ref`] changes payloads of this type and schema.
+#[must_use]
+pub fn needs_upcast(event_type: &str, schema: i32) -> bool {
+    matches!((event_type, schema), ("PaymentIntended", 1))
+}
+
+/// A stored payload's text as a JSON tree.
+pub(crate) fn parse_payload(
+    event_type: &str,
+    schema: i32,
+    raw: &str,
+) -> Result<Value, DecodeError> {
+    serde_json::from_str(raw).map_err(|e| DecodeError::invalid(event_type, schema, e))
 }
 
 /// Any event of any stream, for readers of the whole log (projections,
@@ -199,6 +253,30 @@ impl Event {
             }
             Some(StreamKind::Exception(_)) => {
                 ExceptionEvent::decode(event_type, schema, data).map(Event::Exception)
+            }
+            None => Err(DecodeError::UnknownStream(stream_id.to_owned())),
+        }
+    }
+
+    /// [`Event::decode`] from the payload's JSON text.
+    pub fn decode_raw(
+        stream_id: &str,
+        event_type: &str,
+        schema: i32,
+        raw: &str,
+    ) -> Result<Event, DecodeError> {
+        match StreamKind::parse(stream_id) {
+            Some(StreamKind::Payment(_)) => {
+                PaymentEvent::decode_raw(event_type, schema, raw).map(Event::Payment)
+            }
+            Some(StreamKind::Transfer(_)) => {
+                TransferEvent::decode_raw(event_type, schema, raw).map(Event::Transfer)
+            }
+            Some(StreamKind::Guard { .. }) => {
+                GuardEvent::decode_raw(event_type, schema, raw).map(Event::Guard)
+            }
+            Some(StreamKind::Exception(_)) => {
+                ExceptionEvent::decode_raw(event_type, schema, raw).map(Event::Exception)
             }
             None => Err(DecodeError::UnknownStream(stream_id.to_owned())),
         }

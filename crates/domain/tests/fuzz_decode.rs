@@ -433,9 +433,22 @@ proptest! {
         data in payload(),
         stream_id in stream_id(),
     ) {
+        let raw = data.to_string();
         macro_rules! family {
             ($family:ty) => {
-                match <$family>::decode(&event_type, schema, &data) {
+                let decoded = <$family>::decode(&event_type, schema, &data);
+                // From the stored text, the same event or an error as well.
+                match (<$family>::decode_raw(&event_type, schema, &raw), &decoded) {
+                    (Ok(from_text), Ok(from_value)) => prop_assert_eq!(&from_text, from_value),
+                    (Err(error), Err(_)) => check_error(&error, &event_type, None),
+                    (from_text, from_value) => prop_assert!(
+                        false,
+                        "text and tree disagree: {:?} against {:?}",
+                        from_text,
+                        from_value
+                    ),
+                }
+                match decoded {
                     Ok(event) => {
                         prop_assert_eq!(event.event_type(), event_type.as_str());
                         let again = <$family>::decode(
@@ -453,7 +466,12 @@ proptest! {
         family!(TransferEvent);
         family!(GuardEvent);
         family!(ExceptionEvent);
-        match Event::decode(&stream_id, &event_type, schema, &data) {
+        let decoded = Event::decode(&stream_id, &event_type, schema, &data);
+        prop_assert_eq!(
+            Event::decode_raw(&stream_id, &event_type, schema, &raw).ok(),
+            decoded.clone().ok()
+        );
+        match decoded {
             Ok(event) => {
                 prop_assert_eq!(event.event_type(), event_type.as_str());
                 let again = Event::decode(
@@ -504,6 +522,10 @@ proptest! {
             let (name, schema) = (event.event_type(), event.schema_version());
             let data = through_text(name, schema, &event.encode().unwrap());
             prop_assert_eq!(PaymentEvent::decode(name, schema, &data), Ok(event.clone()));
+            prop_assert_eq!(
+                Event::decode_raw(&stream, name, schema, &data.to_string()),
+                Ok(Event::Payment(event.clone()))
+            );
             prop_assert_eq!(
                 Event::decode(&stream, name, schema, &data),
                 Ok(Event::Payment(event))

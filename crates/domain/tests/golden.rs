@@ -332,6 +332,11 @@ fn payment_intended_v1_is_upcast_to_v2() {
     assert_eq!(data["amount_minor"], json!(10000));
     assert!(data.get("amount").is_none());
     let decoded = PaymentEvent::decode("PaymentIntended", 1, &v1).unwrap();
+    assert_eq!(
+        PaymentEvent::decode_raw("PaymentIntended", 1, &v1.to_string()),
+        Ok(decoded.clone()),
+        "from the stored text, the same upcast"
+    );
     let PaymentEvent::PaymentIntended(intended) = decoded else {
         panic!("wrong type")
     };

@@ -36,12 +36,15 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use uuid::Uuid;
 
+mod append_connections;
 mod classify;
+mod data;
 mod postgres;
 mod sqlite;
 mod subscription;
 pub mod testing;
 
+pub use data::EventData;
 pub use postgres::PgEventStore;
 pub use sqlite::SqliteEventStore;
 
@@ -219,7 +222,7 @@ pub struct RecordedEvent {
     pub event_id: Uuid,
     pub event_type: String,
     pub schema: i32,
-    pub data: serde_json::Value,
+    pub data: EventData,
     pub metadata: Metadata,
     pub recorded_at: DateTime<Utc>,
 }
@@ -274,6 +277,13 @@ impl From<sqlx::Error> for AppendError {
 /// Rewrites old payload versions into the current one as events are read.
 /// Stored events are never changed; upcasting happens on every read.
 pub trait Upcaster: Send + Sync {
+    /// Whether [`Upcaster::upcast`] may change events of this type and
+    /// schema; when it says no, the stored payload is handed out as it is,
+    /// without parsing it.
+    fn applies(&self, _event_type: &str, _schema: i32) -> bool {
+        true
+    }
+
     fn upcast(
         &self,
         event_type: &str,
@@ -287,6 +297,10 @@ pub trait Upcaster: Send + Sync {
 pub struct NoUpcast;
 
 impl Upcaster for NoUpcast {
+    fn applies(&self, _event_type: &str, _schema: i32) -> bool {
+        false
+    }
+
     fn upcast(
         &self,
         _event_type: &str,
@@ -513,7 +527,13 @@ impl Database {
     pub async fn begin(&self) -> Result<Tx, StoreError> {
         match self {
             Database::Postgres(pool) => Ok(Tx::Postgres(pool.begin().await?)),
-            Database::Sqlite(pool) => Ok(Tx::Sqlite(pool.begin_with("BEGIN IMMEDIATE").await?)),
+            Database::Sqlite(pool) => {
+                let pool = pool.clone();
+                let begun = tokio::spawn(async move { begin_sqlite(&pool).await });
+                Ok(Tx::Sqlite(begun.await.map_err(|_| {
+                    StoreError::from(sqlx::Error::WorkerCrashed)
+                })??))
+            }
         }
     }
 
@@ -559,6 +579,21 @@ fn validate(streams: &[StreamAppend]) -> Result<(), AppendError> {
     Ok(())
 }
 
+/// `BEGIN IMMEDIATE` on a pooled SQLite connection, run in a task of its own
+/// by every caller so that it always completes. sqlx-sqlite (0.8) executes the
+/// BEGIN on its worker thread and hands the result back through a rendezvous
+/// channel; a caller that stops waiting at the wrong moment (a client that
+/// disconnects, a timeout) can leave the BEGIN acknowledged with no
+/// `Transaction` to roll it back: the connection goes back to the pool inside
+/// a transaction that holds the write lock, and every later write fails with
+/// "database is locked" (the conformance test
+/// `appends_abandoned_mid_flight_write_all_or_nothing` caught this).
+async fn begin_sqlite(
+    pool: &sqlx::SqlitePool,
+) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
+    Ok(pool.begin_with("BEGIN IMMEDIATE").await?)
+}
+
 /// Versions are `u64` in the API and `bigint` in the database.
 fn version_from_db(position: i64, version: i64) -> Result<u64, StoreError> {
     u64::try_from(version).map_err(|_| StoreError::Corrupt {
@@ -585,7 +620,7 @@ struct EventRow {
     event_id: Uuid,
     event_type: String,
     schema: i32,
-    data: sqlx::types::Json<serde_json::Value>,
+    data: sqlx::types::Json<Box<serde_json::value::RawValue>>,
     metadata: sqlx::types::Json<Metadata>,
     recorded_at: DateTime<Utc>,
 }
@@ -598,7 +633,8 @@ where
     i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     Uuid: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    sqlx::types::Json<serde_json::Value>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    sqlx::types::Json<Box<serde_json::value::RawValue>>:
+        sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     sqlx::types::Json<Metadata>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     DateTime<Utc>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
@@ -621,7 +657,13 @@ where
 impl EventRow {
     fn into_recorded(self, upcaster: &dyn Upcaster) -> Result<RecordedEvent, StoreError> {
         let version = version_from_db(self.position, self.version)?;
-        let (schema, data) = upcaster.upcast(&self.event_type, self.schema, self.data.0);
+        let (schema, data) = if upcaster.applies(&self.event_type, self.schema) {
+            let data = EventData::from_raw(self.data.0).into_value();
+            let (schema, data) = upcaster.upcast(&self.event_type, self.schema, data);
+            (schema, EventData::from(data))
+        } else {
+            (self.schema, EventData::from_raw(self.data.0))
+        };
         Ok(RecordedEvent {
             position: self.position,
             cursor: Cursor::new(self.xact, self.position),

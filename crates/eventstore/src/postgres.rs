@@ -34,6 +34,7 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use crate::append_connections::AppendConnections;
 use crate::classify::{self, Stored, StreamResult, Verdict};
 use crate::subscription::{self, Tail};
 use crate::{
@@ -43,6 +44,9 @@ use crate::{
 
 /// The LISTEN/NOTIFY channel announcing new events.
 pub const NOTIFY_CHANNEL: &str = "asiento_events";
+/// A wake-up needs no durability: it commits without waiting for its WAL
+/// flush (`set_config(…, true)` lasts for this statement's own transaction).
+const NOTIFY_SQL: &str = "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, '')";
 /// Appends within this window share one NOTIFY.
 const NOTIFY_COALESCE_MS: u64 = 5;
 /// A subscriber re-reads at least this often even without a NOTIFY: an event
@@ -52,37 +56,61 @@ pub const PG_POLL_INTERVAL_MS: u64 = 100;
 /// (only `Any`, or a statement that ran on a just-outdated snapshot).
 const APPEND_ATTEMPTS_MAX: usize = 32;
 
-/// Next version = last version + ordinal; the WHERE clause is the expectation
-/// ($7: 0 Any, 1 NoStream, 2 StreamExists, 3 Exact($8)). No ON CONFLICT: in
-/// autocommit a unique violation undoes the whole statement, so a batch is
-/// all-or-nothing.
-const INSERT_AUTOCOMMIT: &str = r#"
-WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM events WHERE stream_id = $1)
-INSERT INTO events (stream_id, version, event_id, event_type, schema, data, metadata)
-SELECT $1, cur.v + e.ord, e.event_id, e.event_type, e.schema, e.data, e.metadata
-FROM cur, unnest($2::uuid[], $3::text[], $4::int4[], $5::jsonb[], $6::jsonb[])
-     WITH ORDINALITY AS e(event_id, event_type, schema, data, metadata, ord)
-WHERE CASE $7::int4 WHEN 0 THEN true WHEN 1 THEN cur.v = 0 WHEN 2 THEN cur.v > 0
-                    ELSE cur.v = $8::int8 END
-ORDER BY e.ord
-RETURNING position, version, xact
-"#;
+/// The shared shape of an append statement: next version = last version +
+/// ordinal; the WHERE clause is the expectation ($7: 0 Any, 1 NoStream,
+/// 2 StreamExists, 3 Exact($8)). A batch comes as arrays ($2–$6, UNNEST); a
+/// single event as scalars, which spares PostgreSQL five array decodes, a
+/// function scan and a sort per append.
+macro_rules! insert_sql {
+    (many, $conflict:literal) => {
+        concat!(
+            "WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM events WHERE stream_id = $1) ",
+            "INSERT INTO events (stream_id, version, event_id, event_type, schema, data, metadata) ",
+            "SELECT $1, cur.v + e.ord, e.event_id, e.event_type, e.schema, e.data, e.metadata ",
+            "FROM cur, unnest($2::uuid[], $3::text[], $4::int4[], $5::jsonb[], $6::jsonb[]) ",
+            "WITH ORDINALITY AS e(event_id, event_type, schema, data, metadata, ord) ",
+            insert_sql!(expectation),
+            "ORDER BY e.ord ",
+            $conflict,
+            "RETURNING position, version, xact"
+        )
+    };
+    (one, $conflict:literal) => {
+        concat!(
+            "WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM events WHERE stream_id = $1) ",
+            "INSERT INTO events (stream_id, version, event_id, event_type, schema, data, metadata) ",
+            "SELECT $1, cur.v + 1, $2::uuid, $3::text, $4::int4, $5::jsonb, $6::jsonb FROM cur ",
+            insert_sql!(expectation),
+            $conflict,
+            "RETURNING position, version, xact"
+        )
+    };
+    (expectation) => {
+        "WHERE CASE $7::int4 WHEN 0 THEN true WHEN 1 THEN cur.v = 0 WHEN 2 THEN cur.v > 0 \
+         ELSE cur.v = $8::int8 END "
+    };
+}
+
+/// One append statement in autocommit. No ON CONFLICT: a unique violation
+/// undoes the whole statement, so a batch is all-or-nothing.
+const INSERT_AUTOCOMMIT: Insert = Insert {
+    many: insert_sql!(many, ""),
+    one: insert_sql!(one, ""),
+};
 
 /// The same inside a caller's transaction, where an error would poison the
 /// whole transaction: conflicting rows are skipped instead, and a short row
 /// count tells the caller to roll back.
-const INSERT_IN_TX: &str = r#"
-WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM events WHERE stream_id = $1)
-INSERT INTO events (stream_id, version, event_id, event_type, schema, data, metadata)
-SELECT $1, cur.v + e.ord, e.event_id, e.event_type, e.schema, e.data, e.metadata
-FROM cur, unnest($2::uuid[], $3::text[], $4::int4[], $5::jsonb[], $6::jsonb[])
-     WITH ORDINALITY AS e(event_id, event_type, schema, data, metadata, ord)
-WHERE CASE $7::int4 WHEN 0 THEN true WHEN 1 THEN cur.v = 0 WHEN 2 THEN cur.v > 0
-                    ELSE cur.v = $8::int8 END
-ORDER BY e.ord
-ON CONFLICT DO NOTHING
-RETURNING position, version, xact
-"#;
+const INSERT_IN_TX: Insert = Insert {
+    many: insert_sql!(many, "ON CONFLICT DO NOTHING "),
+    one: insert_sql!(one, "ON CONFLICT DO NOTHING "),
+};
+
+/// An append statement for batches and for single events.
+struct Insert {
+    many: &'static str,
+    one: &'static str,
+}
 
 const SELECT_EVENT: &str = "SELECT position, xact, stream_id, version, event_id, event_type, \
                             schema, data, metadata, recorded_at FROM events";
@@ -96,15 +124,19 @@ pub struct PgEventStore {
     pool: PgPool,
     upcaster: Arc<dyn Upcaster>,
     notifier: Arc<Notifier>,
+    append_connections: Arc<AppendConnections>,
 }
 
 impl PgEventStore {
     pub fn new(pool: PgPool, upcaster: Arc<dyn Upcaster>) -> PgEventStore {
+        let append_connections = Arc::new(AppendConnections::default());
         PgEventStore {
             notifier: Arc::new(Notifier {
                 pool: pool.clone(),
+                connections: Arc::clone(&append_connections),
                 scheduled: AtomicBool::new(false),
             }),
+            append_connections,
             pool,
             upcaster,
         }
@@ -117,31 +149,24 @@ impl PgEventStore {
     }
 
     /// One single-stream append as one autocommit statement.
+    /// One single-stream append as one autocommit statement, on one of the
+    /// store's own connections where one is free (see `append_connections`).
     async fn append_one(&self, append: &StreamAppend) -> Result<Appended, AppendError> {
-        let mut conn = self.pool.acquire().await.map_err(StoreError::from)?;
-        for _ in 0..APPEND_ATTEMPTS_MAX {
-            let inserted: Result<Vec<(i64, i64, i64)>, sqlx::Error> =
-                bind_insert(INSERT_AUTOCOMMIT, append)
-                    .fetch_all(&mut *conn)
-                    .await;
-            match inserted {
-                Ok(rows) if rows.len() == append.events.len() => {
-                    self.notifier.poke();
-                    let result = classify::result_of(&append.stream_id, &rows)?;
-                    return Ok(crate::merge(vec![result]));
-                }
-                // Zero rows: the expectation did not hold.
-                Ok(_) => {}
-                Err(e) if is_unique_violation(&e) => {}
-                Err(e) => return Err(e.into()),
-            }
-            match classify_on(&mut conn, append).await? {
-                Verdict::Replayed(result) => return Ok(crate::merge(vec![result])),
-                Verdict::Refused(e) => return Err(e),
-                Verdict::Retry => continue,
-            }
+        let mut conn = self
+            .append_connections
+            .lease(&self.pool)
+            .await
+            .map_err(StoreError::from)?;
+        let verdict = append_on(&mut conn, append).await;
+        if verdict.is_ok() {
+            self.notifier.poke();
         }
-        Err(conflict_now(&mut conn, append).await)
+        // Every answer the database gave leaves the connection idle; only a
+        // transport error (returned before this point) may not.
+        if !matches!(verdict, Err(AppendError::Store(StoreError::Database(_)))) {
+            conn.keep();
+        }
+        verdict.map(|result| crate::merge(vec![result]))
     }
 
     /// A multi-stream append in its own transaction, retried as a whole when
@@ -177,6 +202,7 @@ impl PgEventStore {
 /// that asked for it.
 struct Notifier {
     pool: PgPool,
+    connections: Arc<AppendConnections>,
     scheduled: AtomicBool,
 }
 
@@ -191,11 +217,16 @@ impl Notifier {
             // Cleared before sending: an append landing after this point asks
             // for (and gets) a NOTIFY of its own.
             this.scheduled.store(false, Ordering::Release);
-            let sent = sqlx::query("SELECT pg_notify($1, '')")
-                .bind(NOTIFY_CHANNEL)
-                .execute(&this.pool)
-                .await;
-            if let Err(e) = sent {
+            let sent = async {
+                let mut conn = this.connections.lease(&this.pool).await?;
+                sqlx::query(NOTIFY_SQL)
+                    .bind(NOTIFY_CHANNEL)
+                    .execute(&mut *conn)
+                    .await?;
+                conn.keep();
+                Ok::<_, sqlx::Error>(())
+            };
+            if let Err(e) = sent.await {
                 // Subscribers poll as well; a lost wake-up only adds latency.
                 tracing::debug!(error = %e, "event notification not sent");
             }
@@ -224,6 +255,36 @@ impl From<sqlx::Error> for Failure {
     fn from(e: sqlx::Error) -> Failure {
         Failure::Refused(e.into())
     }
+}
+
+/// [`PgEventStore::append_one`] on a given connection: insert, and if the
+/// expectation did not hold, look and decide between a re-send, a refusal
+/// and another attempt.
+async fn append_on(
+    conn: &mut PgConnection,
+    append: &StreamAppend,
+) -> Result<StreamResult, AppendError> {
+    for _ in 0..APPEND_ATTEMPTS_MAX {
+        let inserted: Result<Vec<(i64, i64, i64)>, sqlx::Error> =
+            bind_insert(&INSERT_AUTOCOMMIT, append)
+                .fetch_all(&mut *conn)
+                .await;
+        match inserted {
+            Ok(rows) if rows.len() == append.events.len() => {
+                return Ok(classify::result_of(&append.stream_id, &rows)?);
+            }
+            // Zero rows: the expectation did not hold.
+            Ok(_) => {}
+            Err(e) if is_unique_violation(&e) => {}
+            Err(e) => return Err(e.into()),
+        }
+        match classify_on(conn, append).await? {
+            Verdict::Replayed(result) => return Ok(result),
+            Verdict::Refused(e) => return Err(e),
+            Verdict::Retry => continue,
+        }
+    }
+    Err(conflict_now(conn, append).await)
 }
 
 /// Appends every stream inside an open transaction. A stream that was
@@ -265,7 +326,7 @@ async fn append_stream_in_tx(
     append: &StreamAppend,
 ) -> Result<StreamOutcome, Failure> {
     for _ in 0..APPEND_ATTEMPTS_MAX {
-        let rows: Vec<(i64, i64, i64)> = bind_insert(INSERT_IN_TX, append)
+        let rows: Vec<(i64, i64, i64)> = bind_insert(&INSERT_IN_TX, append)
             .fetch_all(&mut *conn)
             .await?;
         if rows.len() == append.events.len() {
@@ -290,15 +351,9 @@ async fn append_stream_in_tx(
 }
 
 fn bind_insert<'q>(
-    sql: &'q str,
+    sql: &Insert,
     append: &'q StreamAppend,
 ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, (i64, i64, i64), sqlx::postgres::PgArguments> {
-    let events = &append.events;
-    let ids: Vec<Uuid> = events.iter().map(|e| e.event_id).collect();
-    let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
-    let schemas: Vec<i32> = events.iter().map(|e| e.schema).collect();
-    let data: Vec<Json<&serde_json::Value>> = events.iter().map(|e| Json(&e.data)).collect();
-    let metadata: Vec<Json<&crate::Metadata>> = events.iter().map(|e| Json(&e.metadata)).collect();
     let (kind, exact): (i32, i64) = match append.expected {
         ExpectedVersion::Any => (0, 0),
         ExpectedVersion::NoStream => (1, 0),
@@ -306,15 +361,30 @@ fn bind_insert<'q>(
         // A version beyond i64 can never be current: -1 never matches.
         ExpectedVersion::Exact(n) => (3, i64::try_from(n).unwrap_or(-1)),
     };
-    sqlx::query_as(sql)
-        .bind(append.stream_id.as_str())
-        .bind(ids)
-        .bind(types)
-        .bind(schemas)
-        .bind(data)
-        .bind(metadata)
-        .bind(kind)
-        .bind(exact)
+    let query = if let [event] = append.events.as_slice() {
+        sqlx::query_as(sql.one)
+            .bind(append.stream_id.as_str())
+            .bind(event.event_id)
+            .bind(event.event_type.as_str())
+            .bind(event.schema)
+            .bind(Json(&event.data))
+            .bind(Json(&event.metadata))
+    } else {
+        let events = &append.events;
+        sqlx::query_as(sql.many)
+            .bind(append.stream_id.as_str())
+            .bind(events.iter().map(|e| e.event_id).collect::<Vec<_>>())
+            .bind(
+                events
+                    .iter()
+                    .map(|e| e.event_type.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(events.iter().map(|e| e.schema).collect::<Vec<_>>())
+            .bind(events.iter().map(|e| Json(&e.data)).collect::<Vec<_>>())
+            .bind(events.iter().map(|e| Json(&e.metadata)).collect::<Vec<_>>())
+    };
+    query.bind(kind).bind(exact)
 }
 
 fn is_unique_violation(e: &sqlx::Error) -> bool {

@@ -47,6 +47,7 @@ macro_rules! suite_tests {
                 migrations_are_reported_applied,
                 race_sixteen_exact_writers_one_stream,
                 race_slow_writers_under_a_tailing_subscriber,
+                appends_abandoned_mid_flight_write_all_or_nothing,
             );
         )*
     };
@@ -615,15 +616,15 @@ mod suite {
         let check = |got: &[RecordedEvent]| {
             assert_eq!(got.len(), 3);
             assert_eq!(
-                (got[0].schema, &got[0].data),
+                (got[0].schema, got[0].data.value()),
                 (2, &serde_json::json!({"amount_minor": 7}))
             );
             assert_eq!(
-                (got[1].schema, &got[1].data),
+                (got[1].schema, got[1].data.value()),
                 (2, &serde_json::json!({"amount_minor": 8}))
             );
             assert_eq!(
-                (got[2].schema, &got[2].data),
+                (got[2].schema, got[2].data.value()),
                 (1, &serde_json::json!({"amount": 9}))
             );
         };
@@ -828,6 +829,52 @@ mod suite {
             .map(|e| e.version)
             .collect();
         assert_eq!(stored, (1..=n).collect::<Vec<_>>());
+    }
+
+    /// Appends whose callers give up at random moments (the future dropped
+    /// mid-statement, as a timed-out request does): each is written whole or
+    /// not at all, and the connections they were on serve later appends
+    /// correctly (on PostgreSQL, the store's own append connections).
+    pub async fn appends_abandoned_mid_flight_write_all_or_nothing(h: &Harness) {
+        const ROUNDS: usize = 200;
+        const EVENTS: usize = 5;
+        let mut rng = rand::thread_rng();
+        let mut abandoned = 0;
+        for round in 0..ROUNDS {
+            let stream = format!("abandoned-{round}");
+            // Every fourth caller gives up after the first poll, the others within 3 ms.
+            let patience = match round % 4 {
+                0 => Duration::ZERO,
+                _ => Duration::from_micros(rng.gen_range(0..3_000)),
+            };
+            let request = [to(&stream, ExpectedVersion::NoStream, events(EVENTS))];
+            if tokio::time::timeout(patience, h.store.append(&request))
+                .await
+                .is_err()
+            {
+                abandoned += 1;
+            }
+        }
+        // Later appends (on whatever connections are left) see exact versions.
+        for round in 0..ROUNDS {
+            let stream = format!("abandoned-{round}");
+            let version = h.store.stream_version(&stream).await.unwrap();
+            assert!(
+                matches!(version, None | Some(5)),
+                "{stream}: half an append is stored ({version:?})"
+            );
+            let next = to(
+                &stream,
+                ExpectedVersion::Exact(version.unwrap_or(0)),
+                events(1),
+            );
+            let appended = h.store.append(&[next]).await.unwrap();
+            assert_eq!(appended.streams[0].1, version.unwrap_or(0) + 1);
+        }
+        assert!(
+            abandoned > 0,
+            "no append was abandoned: the test proves nothing"
+        );
     }
 
     /// Writers hold their transactions open for random times while a

@@ -43,11 +43,11 @@ pub(crate) fn journal_entry(
     if event.event_type != ENTRY_POSTED {
         return Ok(None);
     }
-    let decoded = Event::decode(
+    let decoded = Event::decode_raw(
         &event.stream_id,
         &event.event_type,
         event.schema,
-        &event.data,
+        event.data.raw(),
     )
     .map_err(|e| ProjectionError::Malformed {
         position: event.position,

@@ -29,7 +29,7 @@ impl Kept {
             position: event.position,
             event_type: event.event_type.clone(),
             schema: event.schema,
-            data: event.data.clone(),
+            data: event.data.value().clone(),
         }
     }
 }

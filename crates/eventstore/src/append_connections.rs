@@ -1,0 +1,117 @@
+//! Connections of the PostgreSQL append path, kept outside sqlx's pool.
+//!
+//! sqlx pings every connection on its way back into its pool (a `Sync` round
+//! trip, and one more wake-up of a server process). A single-stream append is
+//! one autocommit statement, so through the pool every append cost that
+//! statement plus the ping, and the connection stayed out of reach until the
+//! ping came back. Here the store opens up to
+//! [`APPEND_CONNECTIONS_MAX`] connections of its own, on demand, with the
+//! pool's connect options, and keeps each one after an append that completed.
+//! A connection whose statement did not complete (an error other than the
+//! database's answer, or a future dropped mid-way) is closed, never reused.
+//! When all are busy the append borrows from the pool, as before.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
+
+/// Connections a store keeps for appends, beyond its pool's.
+pub(crate) const APPEND_CONNECTIONS_MAX: usize = 8;
+
+/// The store's own append connections: the idle ones, and how many are open.
+#[derive(Default)]
+pub(crate) struct AppendConnections {
+    idle: Mutex<Vec<PgConnection>>,
+    open: AtomicUsize,
+}
+
+/// A connection lent to one append.
+pub(crate) struct Lease<'a> {
+    owner: &'a AppendConnections,
+    conn: Option<Leased>,
+}
+
+enum Leased {
+    Own(PgConnection),
+    Pooled(PoolConnection<Postgres>),
+}
+
+impl AppendConnections {
+    /// An idle connection of the store's own, a new one while fewer than
+    /// [`APPEND_CONNECTIONS_MAX`] are open, or else one from the pool.
+    pub(crate) async fn lease(&self, pool: &PgPool) -> Result<Lease<'_>, sqlx::Error> {
+        let lease = |conn| Lease {
+            owner: self,
+            conn: Some(conn),
+        };
+        if pool.is_closed() {
+            let closed = std::mem::take(&mut *self.lock());
+            self.open.fetch_sub(closed.len(), Ordering::AcqRel);
+            return Err(sqlx::Error::PoolClosed);
+        }
+        if let Some(conn) = self.lock().pop() {
+            return Ok(lease(Leased::Own(conn)));
+        }
+        if self.open.fetch_add(1, Ordering::AcqRel) < APPEND_CONNECTIONS_MAX {
+            match PgConnection::connect_with(&pool.connect_options()).await {
+                Ok(conn) => return Ok(lease(Leased::Own(conn))),
+                Err(e) => {
+                    tracing::debug!(error = %e, "append connection not opened; using the pool")
+                }
+            }
+        }
+        self.open.fetch_sub(1, Ordering::AcqRel);
+        Ok(lease(Leased::Pooled(pool.acquire().await?)))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<PgConnection>> {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Lease<'_> {
+    /// The append completed (whatever its verdict): the connection is clean
+    /// and serves the next append.
+    pub(crate) fn keep(mut self) {
+        match self.conn.take() {
+            Some(Leased::Own(conn)) => self.owner.lock().push(conn),
+            // Back to the pool, which tests it on the way.
+            Some(Leased::Pooled(conn)) => drop(conn),
+            None => {}
+        }
+    }
+}
+
+impl Drop for Lease<'_> {
+    /// Not kept: the connection may be mid-statement, so it is closed.
+    fn drop(&mut self) {
+        if let Some(Leased::Own(conn)) = self.conn.take() {
+            self.owner.open.fetch_sub(1, Ordering::AcqRel);
+            drop(conn);
+        }
+    }
+}
+
+impl Deref for Lease<'_> {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        match &self.conn {
+            Some(Leased::Own(conn)) => conn,
+            Some(Leased::Pooled(conn)) => conn,
+            None => unreachable!("a lease holds its connection until kept or dropped"),
+        }
+    }
+}
+
+impl DerefMut for Lease<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        match &mut self.conn {
+            Some(Leased::Own(conn)) => conn,
+            Some(Leased::Pooled(conn)) => conn,
+            None => unreachable!("a lease holds its connection until kept or dropped"),
+        }
+    }
+}
