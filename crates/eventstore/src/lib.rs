@@ -36,8 +36,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use uuid::Uuid;
 
-mod append_connections;
 mod classify;
+mod connections;
 mod data;
 mod postgres;
 mod sqlite;

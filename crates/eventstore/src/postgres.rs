@@ -34,8 +34,8 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::append_connections::AppendConnections;
 use crate::classify::{self, Stored, StreamResult, Verdict};
+use crate::connections::StoreConnections;
 use crate::subscription::{self, Tail};
 use crate::{
     AppendError, Appended, Cursor, EventRow, EventStore, ExpectedVersion, RecordedEvent,
@@ -124,19 +124,19 @@ pub struct PgEventStore {
     pool: PgPool,
     upcaster: Arc<dyn Upcaster>,
     notifier: Arc<Notifier>,
-    append_connections: Arc<AppendConnections>,
+    connections: Arc<StoreConnections>,
 }
 
 impl PgEventStore {
     pub fn new(pool: PgPool, upcaster: Arc<dyn Upcaster>) -> PgEventStore {
-        let append_connections = Arc::new(AppendConnections::default());
+        let connections = Arc::new(StoreConnections::default());
         PgEventStore {
             notifier: Arc::new(Notifier {
                 pool: pool.clone(),
-                connections: Arc::clone(&append_connections),
+                connections: Arc::clone(&connections),
                 scheduled: AtomicBool::new(false),
             }),
-            append_connections,
+            connections,
             pool,
             upcaster,
         }
@@ -150,10 +150,10 @@ impl PgEventStore {
 
     /// One single-stream append as one autocommit statement.
     /// One single-stream append as one autocommit statement, on one of the
-    /// store's own connections where one is free (see `append_connections`).
+    /// store's own connections where one is free (see `connections`).
     async fn append_one(&self, append: &StreamAppend) -> Result<Appended, AppendError> {
         let mut conn = self
-            .append_connections
+            .connections
             .lease(&self.pool)
             .await
             .map_err(StoreError::from)?;
@@ -202,7 +202,7 @@ impl PgEventStore {
 /// that asked for it.
 struct Notifier {
     pool: PgPool,
-    connections: Arc<AppendConnections>,
+    connections: Arc<StoreConnections>,
     scheduled: AtomicBool,
 }
 
@@ -489,20 +489,23 @@ impl EventStore for PgEventStore {
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
         let from = i64::try_from(from_version).unwrap_or(i64::MAX);
+        let mut conn = self.connections.lease(&self.pool).await?;
         let rows: Vec<EventRow> = sqlx::query_as(&format!(
             "{SELECT_EVENT} WHERE stream_id = $1 AND version >= $2 ORDER BY version LIMIT $3"
         ))
         .bind(stream_id)
         .bind(from)
         .bind(crate::clamp_limit(limit))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *conn)
         .await?;
+        conn.keep();
         self.decode(rows)
     }
 
     async fn stream_version(&self, stream_id: &str) -> Result<Option<u64>, StoreError> {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.connections.lease(&self.pool).await?;
         let v = stream_version_on(&mut conn, stream_id).await?;
+        conn.keep();
         Ok((v > 0).then_some(v))
     }
 
@@ -511,6 +514,7 @@ impl EventStore for PgEventStore {
         after: Cursor,
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let mut conn = self.connections.lease(&self.pool).await?;
         let rows: Vec<EventRow> = sqlx::query_as(&format!(
             "{SELECT_EVENT} WHERE (xact, position) > ($1, $2) AND xact < {HORIZON} \
              ORDER BY xact, position LIMIT $3"
@@ -518,26 +522,31 @@ impl EventStore for PgEventStore {
         .bind(after.xact())
         .bind(after.position())
         .bind(crate::clamp_limit(limit))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *conn)
         .await?;
+        conn.keep();
         self.decode(rows)
     }
 
     async fn head(&self) -> Result<Cursor, StoreError> {
+        let mut conn = self.connections.lease(&self.pool).await?;
         let last: Option<(i64, i64)> = sqlx::query_as(&format!(
             "SELECT xact, position FROM events WHERE xact < {HORIZON} \
              ORDER BY xact DESC, position DESC LIMIT 1"
         ))
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *conn)
         .await?;
+        conn.keep();
         Ok(last.map_or(Cursor::START, |(x, p)| Cursor::new(x, p)))
     }
 
     async fn cursor_of_position(&self, position: i64) -> Result<Option<Cursor>, StoreError> {
+        let mut conn = self.connections.lease(&self.pool).await?;
         let xact: Option<i64> = sqlx::query_scalar("SELECT xact FROM events WHERE position = $1")
             .bind(position)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *conn)
             .await?;
+        conn.keep();
         Ok(xact.map(|x| Cursor::new(x, position)))
     }
 

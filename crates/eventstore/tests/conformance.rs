@@ -838,14 +838,14 @@ mod suite {
     pub async fn appends_abandoned_mid_flight_write_all_or_nothing(h: &Harness) {
         const ROUNDS: usize = 200;
         const EVENTS: usize = 5;
-        let mut rng = rand::thread_rng();
+        let mut rng = rand::rng();
         let mut abandoned = 0;
         for round in 0..ROUNDS {
             let stream = format!("abandoned-{round}");
             // Every fourth caller gives up after the first poll, the others within 3 ms.
             let patience = match round % 4 {
                 0 => Duration::ZERO,
-                _ => Duration::from_micros(rng.gen_range(0..3_000)),
+                _ => Duration::from_micros(rng.random_range(0..3_000)),
             };
             let request = [to(&stream, ExpectedVersion::NoStream, events(EVENTS))];
             if tokio::time::timeout(patience, h.store.append(&request))
