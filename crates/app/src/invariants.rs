@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use asiento_domain::{EntryId, Event, PaymentEvent, StreamKind};
-use asiento_eventstore::{Cursor, Database, RecordedEvent, Tx};
+use asiento_eventstore::{Cursor, Database, EventStore, RecordedEvent, Tx};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -607,6 +607,8 @@ impl Checker {
 /// Writes the seals of new events (see the module docs).
 pub struct Sealer {
     pub database: Database,
+    /// One store for the sealer's life: on PostgreSQL it keeps its own connections.
+    store: Arc<dyn EventStore>,
     pub clock: Arc<dyn Clock>,
     /// Fresh per sealer: the job lease it holds carries it.
     pub owner: Uuid,
@@ -617,6 +619,7 @@ pub struct Sealer {
 impl Sealer {
     pub fn new(database: Database, clock: Arc<dyn Clock>) -> Self {
         Sealer {
+            store: database.event_store(),
             database,
             clock,
             owner: Uuid::new_v4(),
@@ -659,23 +662,20 @@ impl Sealer {
         {
             return Ok(None);
         }
-        let store = self.database.event_store();
         let mut cursor = seal_cursor(&self.database).await?;
         let mut sealed = 0u64;
         loop {
-            let events = store.read_all(cursor, EVENTS_PER_BATCH_MAX).await?;
+            let events = self.store.read_all(cursor, EVENTS_PER_BATCH_MAX).await?;
             let Some(last) = events.last() else {
                 break;
             };
             let next = last.cursor;
-            // Heads are read before the transaction begins; within the batch they chain.
-            let mut heads: HashMap<String, (u64, [u8; 32])> = HashMap::new();
+            // Heads are read before the transaction begins (one query for the batch's streams);
+            // within the batch they chain.
+            let mut heads = self.heads(&events).await?;
             let mut rows: Vec<(i64, String, i64, [u8; 32])> = Vec::with_capacity(events.len());
             for event in &events {
-                let head = match heads.get(&event.stream_id) {
-                    Some(head) => Some(*head),
-                    None => self.head(&event.stream_id).await?,
-                };
+                let head = heads.get(&event.stream_id).copied();
                 let (version, previous) = head.map_or((0, None), |(v, h)| (v, Some(h)));
                 if event.version != version + 1 {
                     return Err(InvariantError::Unsealable {
@@ -702,29 +702,53 @@ impl Sealer {
         Ok(Some(sealed))
     }
 
-    async fn head(&self, stream_id: &str) -> Result<Option<(u64, [u8; 32])>, InvariantError> {
-        let sql = "select version, hash from event_seals where stream_id = $1 \
-                   order by version desc limit 1";
-        let row: Option<(i64, Vec<u8>)> = match &self.database {
+    /// The last seal of every stream among `events` that has one.
+    async fn heads(
+        &self,
+        events: &[RecordedEvent],
+    ) -> Result<HashMap<String, (u64, [u8; 32])>, InvariantError> {
+        let mut streams: Vec<&str> = events.iter().map(|e| e.stream_id.as_str()).collect();
+        streams.sort_unstable();
+        streams.dedup();
+        let rows: Vec<(String, i64, Vec<u8>)> = match &self.database {
             Database::Postgres(pool) => {
-                sqlx::query_as(sql)
-                    .bind(stream_id)
-                    .fetch_optional(pool)
-                    .await?
+                sqlx::query_as(
+                    "select distinct on (stream_id) stream_id, version, hash from event_seals \
+                     where stream_id = any($1) order by stream_id, version desc",
+                )
+                .bind(&streams)
+                .fetch_all(pool)
+                .await?
             }
             Database::Sqlite(pool) => {
-                sqlx::query_as(&sqlite(sql))
+                // In process: a statement per stream costs no round trip.
+                let mut conn = pool.acquire().await?;
+                let mut rows = Vec::with_capacity(streams.len());
+                for stream_id in streams {
+                    let row: Option<(String, i64, Vec<u8>)> = sqlx::query_as(
+                        "select stream_id, version, hash from event_seals where stream_id = ? \
+                         order by version desc limit 1",
+                    )
                     .bind(stream_id)
-                    .fetch_optional(pool)
-                    .await?
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                    rows.extend(row);
+                }
+                rows
             }
         };
-        Ok(row.and_then(|(version, hash)| {
-            Some((
-                u64::try_from(version).ok()?,
-                <[u8; 32]>::try_from(hash).ok()?,
-            ))
-        }))
+        Ok(rows
+            .into_iter()
+            .filter_map(|(stream_id, version, hash)| {
+                Some((
+                    stream_id,
+                    (
+                        u64::try_from(version).ok()?,
+                        <[u8; 32]>::try_from(hash).ok()?,
+                    ),
+                ))
+            })
+            .collect())
     }
 }
 
@@ -740,15 +764,17 @@ async fn insert_seals(
                    position = excluded.position";
     match tx {
         Tx::Postgres(tx) => {
-            for (position, stream, version, hash) in rows {
-                sqlx::query(insert)
-                    .bind(position)
-                    .bind(stream)
-                    .bind(version)
-                    .bind(&hash[..])
-                    .execute(&mut **tx)
-                    .await?;
-            }
+            // One statement for the batch.
+            sqlx::query(
+                "insert into event_seals (position, stream_id, version, hash) \
+                 select * from unnest($1::int8[], $2::text[], $3::int8[], $4::bytea[])",
+            )
+            .bind(rows.iter().map(|r| r.0).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.1.as_str()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.2).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| &r.3[..]).collect::<Vec<_>>())
+            .execute(&mut **tx)
+            .await?;
             sqlx::query(advance)
                 .bind(cursor.xact())
                 .bind(cursor.position())

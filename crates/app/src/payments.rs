@@ -138,6 +138,9 @@ pub struct Finalized {
     pub events_appended: usize,
 }
 
+/// A payment folded from its stream, with the events it came from.
+pub type LoadedPayment = log::Loaded<Payment, PaymentEvent>;
+
 #[derive(Clone)]
 pub struct PaymentFlow {
     pub database: Database,
@@ -317,8 +320,15 @@ impl PaymentFlow {
         } else {
             None
         };
-        self.settle(request, id, lease, PaymentCommandKind::Create, fact)
-            .await
+        self.settle(
+            request,
+            id,
+            lease,
+            PaymentCommandKind::Create,
+            fact,
+            Some(loaded),
+        )
+        .await
     }
 
     /// Applies one provider fact (or none: just answer with the current state) to a payment, once,
@@ -328,7 +338,7 @@ impl PaymentFlow {
         id: PaymentId,
         fact: Option<ProviderFact>,
     ) -> Result<Finalized, FlowError> {
-        self.finalize_with(id, fact.into(), None, None).await
+        self.finalize_with(id, fact.into(), None, None, None).await
     }
 
     /// Applies a command of ours (`Expire`, `FlagForReview` …) through the same guarded path as
@@ -339,7 +349,7 @@ impl PaymentFlow {
         id: PaymentId,
         command: PaymentCommand,
     ) -> Result<Finalized, FlowError> {
-        self.finalize_with(id, Change::Command(command), None, None)
+        self.finalize_with(id, Change::Command(command), None, None, None)
             .await
     }
 
@@ -350,7 +360,7 @@ impl PaymentFlow {
         command: PaymentCommand,
         also: &dyn InTransaction,
     ) -> Result<Finalized, FlowError> {
-        self.finalize_with(id, Change::Command(command), None, Some(also))
+        self.finalize_with(id, Change::Command(command), None, Some(also), None)
             .await
     }
 
@@ -361,7 +371,23 @@ impl PaymentFlow {
         fact: Option<ProviderFact>,
         also: &dyn InTransaction,
     ) -> Result<Finalized, FlowError> {
-        self.finalize_with(id, fact.into(), None, Some(also)).await
+        self.finalize_with(id, fact.into(), None, Some(also), None)
+            .await
+    }
+
+    /// [`PaymentFlow::finalize`] (or [`PaymentFlow::finalize_and`]) starting from a payment the
+    /// caller has just loaded, to save reading it again. Loaded before any transaction began, as
+    /// every decision must be; if it is outdated by now, the append's exact version refuses it
+    /// and the flow reads again.
+    pub async fn finalize_loaded(
+        &self,
+        loaded: LoadedPayment,
+        id: PaymentId,
+        fact: Option<ProviderFact>,
+        also: Option<&dyn InTransaction>,
+    ) -> Result<Finalized, FlowError> {
+        self.finalize_with(id, fact.into(), None, also, Some(loaded))
+            .await
     }
 
     #[tracing::instrument(skip_all, fields(payment = %id))]
@@ -371,9 +397,13 @@ impl PaymentFlow {
         change: Change,
         completion: Option<&Completion<'_>>,
         also: Option<&dyn InTransaction>,
+        mut preloaded: Option<LoadedPayment>,
     ) -> Result<Finalized, FlowError> {
         for _ in 0..CONFLICT_RETRIES_MAX {
-            let loaded = log::load_payment(self.store.as_ref(), id).await?;
+            let loaded = match preloaded.take() {
+                Some(loaded) => loaded,
+                None => log::load_payment(self.store.as_ref(), id).await?,
+            };
             let payment = loaded.aggregate.clone();
             let record = payment
                 .record
@@ -410,6 +440,14 @@ impl PaymentFlow {
                 .record
                 .clone()
                 .ok_or_else(|| FlowError::Inconsistent(format!("payment {id} lost its record")))?;
+            if events.is_empty() && completion.is_none() && also.is_none() {
+                // Nothing to write and nothing to commit with it: no transaction at all.
+                return Ok(Finalized {
+                    payment: after_record,
+                    position: loaded.last_position().unwrap_or(0),
+                    events_appended: 0,
+                });
+            }
             // Every read through the pool happens before the transaction begins: on SQLite a
             // transaction holds the one write lock, and a holder waiting for a pool connection
             // that other waiters for the lock occupy would deadlock until the busy timeout.
@@ -505,7 +543,7 @@ impl PaymentFlow {
             }
             _ => None,
         };
-        self.settle(request, id, lease, PaymentCommandKind::Capture, fact)
+        self.settle(request, id, lease, PaymentCommandKind::Capture, fact, None)
             .await
     }
 
@@ -570,7 +608,7 @@ impl PaymentFlow {
             }
             _ => None,
         };
-        self.settle(request, id, lease, PaymentCommandKind::Refund, fact)
+        self.settle(request, id, lease, PaymentCommandKind::Refund, fact, None)
             .await
     }
 
@@ -615,6 +653,7 @@ impl PaymentFlow {
         lease: Lease,
         kind: PaymentCommandKind,
         fact: Option<ProviderFact>,
+        loaded: Option<LoadedPayment>,
     ) -> Result<Answer, FlowError> {
         let completion = Completion {
             request,
@@ -622,7 +661,7 @@ impl PaymentFlow {
             kind,
         };
         let finalized = self
-            .finalize_with(id, fact.into(), Some(&completion), None)
+            .finalize_with(id, fact.into(), Some(&completion), None, loaded)
             .await?;
         Ok(Answer::Done(
             self.render.render(&reply_for(kind, &finalized)),

@@ -47,7 +47,9 @@ use uuid::Uuid;
 use crate::clock::Clock;
 use crate::leases;
 use crate::log::{self, LogError};
-use crate::payments::{fact_from_charge, Finalized, FlowError, InTransaction, PaymentFlow};
+use crate::payments::{
+    fact_from_charge, Finalized, FlowError, InTransaction, LoadedPayment, PaymentFlow,
+};
 
 /// Provider event ids longer than this are refused as malformed (Stripe's are ~30 characters).
 pub const EVENT_ID_LEN_MAX: usize = 255;
@@ -714,7 +716,7 @@ impl Worker {
             Ok(loaded) => loaded,
             Err(error) => return self.failed(row, None, &error.to_string()).await,
         };
-        let Some(record) = loaded.aggregate.record else {
+        let Some(record) = loaded.aggregate.record.as_ref() else {
             if now_ms.saturating_sub(row.received_ms) < self.config.unknown_payment_retry_ms {
                 tracing::info!(%payment, "webhook for a payment not known yet; retrying later");
                 let next_attempt_ms = now_ms.saturating_add(self.backoff_ms(row.attempts));
@@ -769,7 +771,7 @@ impl Worker {
             }
             Err(error) => return self.failed(row, Some(payment), &error.to_string()).await,
         };
-        let applied = self.apply(row, payment, facts).await;
+        let applied = self.apply(row, payment, loaded, facts).await;
         if let Err(error) = leases::release(&self.flow.database, &lease).await {
             tracing::warn!(%payment, %error, "payment lease not released; it will run out");
         }
@@ -792,18 +794,29 @@ impl Worker {
 
     /// The implied facts each in their own finalisation (they are idempotent, so a crash between
     /// them only repeats one), the event's own fact together with marking the row processed.
+    /// The first finalisation starts from the payment `process` loaded; the later ones read it
+    /// again (the earlier ones may have changed it).
     async fn apply(
         &self,
         row: &Row,
         payment: PaymentId,
+        loaded: LoadedPayment,
         facts: Vec<ProviderFact>,
     ) -> Result<(), FlowError> {
         let mut facts = facts;
         let Some(last) = facts.pop() else {
             return Ok(());
         };
+        let mut loaded = Some(loaded);
         for fact in facts {
-            self.flow.finalize(payment, Some(fact)).await?;
+            match loaded.take() {
+                Some(first) => {
+                    self.flow
+                        .finalize_loaded(first, payment, Some(fact), None)
+                        .await?
+                }
+                None => self.flow.finalize(payment, Some(fact)).await?,
+            };
         }
         let mark = FinishRow {
             row: row.id,
@@ -811,7 +824,14 @@ impl Worker {
             clock: self.flow.clock.as_ref(),
             how: Finish::Processed { outcome: "applied" },
         };
-        self.flow.finalize_and(payment, Some(last), &mark).await?;
+        match loaded {
+            Some(first) => {
+                self.flow
+                    .finalize_loaded(first, payment, Some(last), Some(&mark))
+                    .await?
+            }
+            None => self.flow.finalize_and(payment, Some(last), &mark).await?,
+        };
         Ok(())
     }
 
