@@ -60,7 +60,7 @@ impl StoreConnections {
             match PgConnection::connect_with(&pool.connect_options()).await {
                 Ok(conn) => return Ok(lease(Leased::Own(conn))),
                 Err(e) => {
-                    tracing::debug!(error = %e, "append connection not opened; using the pool")
+                    tracing::debug!(error = %e, "store connection not opened; using the pool")
                 }
             }
         }

@@ -14,7 +14,9 @@
 //! (UNNEST) at once; the unique (stream_id, version) index decides races. If
 //! it writes nothing or hits a unique violation, a second look tells a
 //! re-send from a conflict. Multi-stream appends run one such statement per
-//! stream in one transaction.
+//! stream in one transaction. A single event is bound as scalars rather than
+//! arrays. Single-stream appends and reads run on the store's own connections
+//! (`connections.rs`), which spares each statement sqlx's ping on release.
 //!
 //! **Wake-ups.** A NOTIFY inside the writing transaction would serialise all
 //! committing writers on PostgreSQL's notify queue lock (and with it their
@@ -148,7 +150,6 @@ impl PgEventStore {
             .collect()
     }
 
-    /// One single-stream append as one autocommit statement.
     /// One single-stream append as one autocommit statement, on one of the
     /// store's own connections where one is free (see `connections`).
     async fn append_one(&self, append: &StreamAppend) -> Result<Appended, AppendError> {
