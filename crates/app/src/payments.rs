@@ -390,6 +390,46 @@ impl PaymentFlow {
             .await
     }
 
+    /// The events a provider fact adds to a payment. Never a refusal: a malformed fact (a
+    /// negative amount) is a provider bug, recorded as needing a person rather than inventing a
+    /// state.
+    fn decide_fact(
+        &self,
+        payment: &Payment,
+        record: &PaymentRecord,
+        fact: &ProviderFact,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<PaymentEvent>, FlowError> {
+        let fees = self.provider(&record.provider)?.fees;
+        let command = PaymentCommand::Provider {
+            fact: fact.clone(),
+            fees,
+            at: now,
+        };
+        match asiento_domain::decide_payment(payment, command) {
+            Ok(events) => Ok(events),
+            Err(rejection) => flag_events(payment, &rejection, now),
+        }
+    }
+
+    /// Whether `payment` already reflects every one of `facts`, in order: finalizing them would
+    /// append nothing. The decision `finalize` makes, without its transaction. Provider facts
+    /// only ever add to a payment, so what a payment read earlier already reflects, every later
+    /// state of it does too (`finalize` relies on the same when it commits work beside a fact
+    /// that changed nothing).
+    pub fn reflects(&self, payment: &Payment, facts: &[ProviderFact]) -> Result<bool, FlowError> {
+        let Some(record) = payment.record.as_ref() else {
+            return Ok(false);
+        };
+        let now = self.clock.now();
+        for fact in facts {
+            if !self.decide_fact(payment, record, fact, now)?.is_empty() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     #[tracing::instrument(skip_all, fields(payment = %id))]
     async fn finalize_with(
         &self,
@@ -416,22 +456,7 @@ impl PaymentFlow {
                     asiento_domain::decide_payment(&payment, command.clone())
                         .map_err(FlowError::Rejected)?
                 }
-                Change::Fact(fact) => {
-                    let fees = self.provider(&record.provider)?.fees;
-                    match asiento_domain::decide_payment(
-                        &payment,
-                        PaymentCommand::Provider {
-                            fact: fact.clone(),
-                            fees,
-                            at: now,
-                        },
-                    ) {
-                        Ok(events) => events,
-                        // A malformed fact (negative amount) is a provider bug; record that it
-                        // needs a person rather than inventing a state.
-                        Err(rejection) => flag_events(&payment, &rejection, now)?,
-                    }
-                }
+                Change::Fact(fact) => self.decide_fact(&payment, &record, fact, now)?,
             };
             let after = events
                 .iter()

@@ -746,6 +746,23 @@ impl Worker {
             );
             return self.bury(row, DeadReason::ProviderMismatch, &error).await;
         }
+        // The common case: the synchronous answer (or an earlier copy of this event) already
+        // recorded what the event says. Only the row is left to mark: no payment lease, no
+        // transaction around nothing.
+        match self.flow.reflects(&loaded.aggregate, &facts) {
+            Ok(true) => {
+                let kept = self
+                    .finish_alone(row, Finish::Processed { outcome: "applied" })
+                    .await?;
+                if !kept {
+                    return Ok(Done::Lost);
+                }
+                self.record_lag(row);
+                return Ok(Done::Applied);
+            }
+            Ok(false) => {}
+            Err(error) => return self.failed(row, Some(payment), &error.to_string()).await,
+        }
         let lease = match leases::acquire(
             &self.flow.database,
             payment,
@@ -777,9 +794,7 @@ impl Worker {
         }
         match applied {
             Ok(()) => {
-                let lag_ms = self.flow.clock.now_ms().saturating_sub(row.received_ms);
-                metrics::histogram!("asiento_webhook_processing_lag_seconds")
-                    .record(lag_ms as f64 / 1000.0);
+                self.record_lag(row);
                 metrics::counter!("asiento_webhook_events_processed_total", "outcome" => "applied")
                     .increment(1);
                 Ok(Done::Applied)
@@ -790,6 +805,12 @@ impl Worker {
             }
             Err(error) => self.failed(row, Some(payment), &error.to_string()).await,
         }
+    }
+
+    fn record_lag(&self, row: &Row) {
+        let lag_ms = self.flow.clock.now_ms().saturating_sub(row.received_ms);
+        metrics::histogram!("asiento_webhook_processing_lag_seconds")
+            .record(lag_ms as f64 / 1000.0);
     }
 
     /// The implied facts each in their own finalisation (they are idempotent, so a crash between

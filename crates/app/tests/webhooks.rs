@@ -1089,7 +1089,9 @@ async fn payment_lease(backend: Backend) {
         .unwrap()
         .is_some());
 
-    // A worker finding the payment's lease held defers the row without counting an attempt.
+    let worker = h.worker(fast_config());
+    // An event the payment already reflects (the synchronous answer recorded the capture) needs
+    // no lease: the row is marked processed even while someone holds the payment.
     let (payment, _) = h.create("pm_card_ok", 1_000, CaptureMode::Automatic).await;
     let now = h.flow.clock.now_ms();
     let held = leases::acquire(&h.database, payment, now, 60_000)
@@ -1099,11 +1101,37 @@ async fn payment_lease(backend: Backend) {
     for event in h.new_events() {
         h.deliver(&event).await;
     }
-    let worker = h.worker(fast_config());
+    let report = worker.drain_once().await.unwrap();
+    assert_eq!((report.applied, report.deferred), (1, 0));
+    leases::release(&h.database, &held).await.unwrap();
+
+    // An event that changes the payment (a redirect completed at the provider) waits for the
+    // lease: the worker defers the row without counting an attempt, and applies it once free.
+    let (payment, body) = h.create("pm_redirect", 1_000, CaptureMode::Automatic).await;
+    assert_eq!(body["status"], "requires_action");
+    let charge = h.charge_of(payment);
+    h.sim_post(
+        &format!("/sim/charges/{}/complete", charge.id),
+        &json!({"result": "succeeded"}),
+    )
+    .await;
+    let now = h.flow.clock.now_ms();
+    let held = leases::acquire(&h.database, payment, now, 60_000)
+        .await
+        .unwrap()
+        .unwrap();
+    for event in h.new_events() {
+        h.deliver(&event).await;
+    }
     assert_eq!(worker.drain_once().await.unwrap().deferred, 1);
+    assert_eq!(
+        h.load(payment).await.0.status,
+        PaymentStatus::RequiresAction
+    );
     leases::release(&h.database, &held).await.unwrap();
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(worker.drain().await.unwrap().applied, 1);
+    assert_eq!(h.load(payment).await.0.status, PaymentStatus::Captured);
     h.finish().await;
 }
 
