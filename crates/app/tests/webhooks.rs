@@ -1061,6 +1061,19 @@ async fn redirect_finished_by_webhook_has_no_next_action_postgres() {
 
 // ----------------------------------------------------------------------------- payment lease
 
+/// Takes the payment's lease as another holder would, then delivers the provider's new events.
+async fn hold_and_deliver(h: &Harness, payment: PaymentId) -> leases::PaymentLease {
+    let now = h.flow.clock.now_ms();
+    let held = leases::acquire(&h.database, payment, now, 60_000)
+        .await
+        .unwrap()
+        .unwrap();
+    for event in h.new_events() {
+        h.deliver(&event).await;
+    }
+    held
+}
+
 async fn payment_lease(backend: Backend) {
     let h = Harness::start(backend, system_clock()).await;
     let id = PaymentId::from_uuid(uuid::Uuid::now_v7());
@@ -1093,14 +1106,7 @@ async fn payment_lease(backend: Backend) {
     // An event the payment already reflects (the synchronous answer recorded the capture) needs
     // no lease: the row is marked processed even while someone holds the payment.
     let (payment, _) = h.create("pm_card_ok", 1_000, CaptureMode::Automatic).await;
-    let now = h.flow.clock.now_ms();
-    let held = leases::acquire(&h.database, payment, now, 60_000)
-        .await
-        .unwrap()
-        .unwrap();
-    for event in h.new_events() {
-        h.deliver(&event).await;
-    }
+    let held = hold_and_deliver(&h, payment).await;
     let report = worker.drain_once().await.unwrap();
     assert_eq!((report.applied, report.deferred), (1, 0));
     leases::release(&h.database, &held).await.unwrap();
@@ -1115,14 +1121,7 @@ async fn payment_lease(backend: Backend) {
         &json!({"result": "succeeded"}),
     )
     .await;
-    let now = h.flow.clock.now_ms();
-    let held = leases::acquire(&h.database, payment, now, 60_000)
-        .await
-        .unwrap()
-        .unwrap();
-    for event in h.new_events() {
-        h.deliver(&event).await;
-    }
+    let held = hold_and_deliver(&h, payment).await;
     assert_eq!(worker.drain_once().await.unwrap().deferred, 1);
     assert_eq!(
         h.load(payment).await.0.status,
