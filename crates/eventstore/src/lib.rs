@@ -527,13 +527,7 @@ impl Database {
     pub async fn begin(&self) -> Result<Tx, StoreError> {
         match self {
             Database::Postgres(pool) => Ok(Tx::Postgres(pool.begin().await?)),
-            Database::Sqlite(pool) => {
-                let pool = pool.clone();
-                let begun = tokio::spawn(async move { begin_sqlite(&pool).await });
-                Ok(Tx::Sqlite(begun.await.map_err(|_| {
-                    StoreError::from(sqlx::Error::WorkerCrashed)
-                })??))
-            }
+            Database::Sqlite(pool) => Ok(Tx::Sqlite(begin_sqlite(pool).await?)),
         }
     }
 
@@ -579,19 +573,25 @@ fn validate(streams: &[StreamAppend]) -> Result<(), AppendError> {
     Ok(())
 }
 
-/// `BEGIN IMMEDIATE` on a pooled SQLite connection, run in a task of its own
-/// by every caller so that it always completes. sqlx-sqlite (0.8) executes the
+/// `BEGIN IMMEDIATE` on a pooled SQLite connection, in a task of its own so
+/// that it always completes, whoever stops waiting for it. sqlx-sqlite (0.8) executes the
 /// BEGIN on its worker thread and hands the result back through a rendezvous
 /// channel; a caller that stops waiting at the wrong moment (a client that
 /// disconnects, a timeout) can leave the BEGIN acknowledged with no
 /// `Transaction` to roll it back: the connection goes back to the pool inside
 /// a transaction that holds the write lock, and every later write fails with
 /// "database is locked" (the conformance test
-/// `appends_abandoned_mid_flight_write_all_or_nothing` caught this).
+/// `appends_abandoned_mid_flight_write_all_or_nothing` caught this). Once
+/// begun, the `Transaction` rolls back when dropped, so the rest of the work
+/// may be abandoned safely.
 async fn begin_sqlite(
     pool: &sqlx::SqlitePool,
 ) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
-    Ok(pool.begin_with("BEGIN IMMEDIATE").await?)
+    let pool = pool.clone();
+    tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await })
+        .await
+        .map_err(|_| StoreError::from(sqlx::Error::WorkerCrashed))?
+        .map_err(StoreError::from)
 }
 
 /// Versions are `u64` in the API and `bigint` in the database.

@@ -207,30 +207,22 @@ impl EventStore for SqliteEventStore {
     #[tracing::instrument(skip_all, fields(streams = streams.len()))]
     async fn append(&self, streams: &[StreamAppend]) -> Result<Appended, AppendError> {
         crate::validate(streams)?;
-        // Runs to its end even if the caller stops waiting (see `crate::begin_sqlite`): an
-        // append whose answer nobody reads is a lost answer, which a re-send recognises.
-        let store = self.clone();
-        let streams = streams.to_vec();
-        tokio::spawn(async move {
-            let mut tx = crate::begin_sqlite(&store.pool).await?;
-            match append_streams(&mut tx, &streams).await {
-                Ok((appended, true)) => {
-                    tx.commit().await.map_err(StoreError::from)?;
-                    store.wake();
-                    Ok(appended)
-                }
-                Ok((appended, false)) => {
-                    tx.rollback().await.map_err(StoreError::from)?;
-                    Ok(appended)
-                }
-                Err(e) => {
-                    tx.rollback().await.map_err(StoreError::from)?;
-                    Err(e)
-                }
+        let mut tx = crate::begin_sqlite(&self.pool).await?;
+        match append_streams(&mut tx, streams).await {
+            Ok((appended, true)) => {
+                tx.commit().await.map_err(StoreError::from)?;
+                self.wake();
+                Ok(appended)
             }
-        })
-        .await
-        .map_err(|_| StoreError::from(sqlx::Error::WorkerCrashed))?
+            Ok((appended, false)) => {
+                tx.rollback().await.map_err(StoreError::from)?;
+                Ok(appended)
+            }
+            Err(e) => {
+                tx.rollback().await.map_err(StoreError::from)?;
+                Err(e)
+            }
+        }
     }
 
     #[tracing::instrument(skip_all, fields(streams = streams.len()))]

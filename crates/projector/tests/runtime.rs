@@ -65,23 +65,7 @@ impl Projection for Counts {
     }
 
     async fn point_views(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
-        let select = format!("SELECT * FROM stream_counts_g{g}");
-        match tx {
-            Tx::Postgres(t) => {
-                sqlx::query(&format!("CREATE OR REPLACE VIEW stream_counts AS {select}"))
-                    .execute(&mut **t)
-                    .await?;
-            }
-            Tx::Sqlite(t) => {
-                sqlx::query("DROP VIEW IF EXISTS stream_counts")
-                    .execute(&mut **t)
-                    .await?;
-                sqlx::query(&format!("CREATE VIEW stream_counts AS {select}"))
-                    .execute(&mut **t)
-                    .await?;
-            }
-        }
-        Ok(())
+        asiento_projector::point_view(tx, "stream_counts", &format!("stream_counts_g{g}")).await
     }
 
     async fn drop_generation(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
