@@ -1,6 +1,7 @@
 //! Bearer-key authentication. Every `/v1` route takes an `AuthenticatedTenant` argument, so a route
 //! cannot be written that forgets to authenticate.
 
+use asiento_app::api_keys::KeyCache;
 use asiento_eventstore::Database;
 use axum::{extract::FromRequestParts, http::request::Parts, http::StatusCode};
 
@@ -10,9 +11,10 @@ use crate::problem::Problem;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuthenticatedTenant(pub String);
 
-/// State the extractor needs: anything that can hand out the database.
+/// State the extractor needs: the database and the keys recently found in it.
 pub trait HasDatabase {
     fn database(&self) -> &Database;
+    fn key_cache(&self) -> &KeyCache;
 }
 
 impl<S> FromRequestParts<S> for AuthenticatedTenant
@@ -37,7 +39,11 @@ where
             .map(str::trim)
             .filter(|key| !key.is_empty())
             .ok_or_else(|| unauthorized("expected Authorization: Bearer <key>"))?;
-        match asiento_app::api_keys::tenant_for_key(state.database(), key).await {
+        match state
+            .key_cache()
+            .tenant_for_key(state.database(), key)
+            .await
+        {
             Ok(Some(tenant)) => Ok(Self(tenant)),
             Ok(None) => Err(unauthorized("unknown API key")),
             Err(error) => Err(Problem::internal(&error)),

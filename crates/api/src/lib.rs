@@ -53,6 +53,8 @@ pub struct AppState {
     pub payments: PaymentFlow,
     pub transfers: TransferFlow,
     pub webhooks: asiento_app::webhooks::WebhookReceiver,
+    /// API keys found recently (`auth`).
+    pub key_cache: std::sync::Arc<asiento_app::api_keys::KeyCache>,
 }
 
 impl webhooks::HasWebhooks for AppState {
@@ -64,6 +66,10 @@ impl webhooks::HasWebhooks for AppState {
 impl auth::HasDatabase for AppState {
     fn database(&self) -> &Database {
         &self.database
+    }
+
+    fn key_cache(&self) -> &asiento_app::api_keys::KeyCache {
+        &self.key_cache
     }
 }
 

@@ -447,6 +447,7 @@ async fn app() -> (tempdir::Guard, Router) {
             clock,
             tolerance_s: 300,
         },
+        key_cache: Default::default(),
     };
     (dir, asiento_api::router(state))
 }

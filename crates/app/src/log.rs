@@ -111,17 +111,12 @@ pub async fn load_transfer(
 
 /// The state of one guard from its stream's last event (each carries the balance after it).
 pub async fn load_guard(store: &dyn EventStore, key: &GuardKey) -> Result<DebitGuard, LogError> {
-    let stream_id = key.stream();
-    let Some(version) = store.stream_version(&stream_id).await? else {
-        return Ok(DebitGuard::default());
-    };
-    let last = store.read_stream(&stream_id, version, 1).await?;
-    match last.into_iter().next() {
-        Some(raw) if raw.version == version => {
+    match store.last_event(&key.stream()).await? {
+        None => Ok(DebitGuard::default()),
+        Some(raw) => {
             let event = GuardEvent::decode_raw(&raw.event_type, raw.schema, raw.data.raw())?;
-            Ok(DebitGuard::from_last(version, &event))
+            Ok(DebitGuard::from_last(raw.version, &event))
         }
-        _ => Err(LogError::BrokenStream { stream_id, version }),
     }
 }
 

@@ -141,6 +141,23 @@ pub struct Finalized {
 /// A payment folded from its stream, with the events it came from.
 pub type LoadedPayment = log::Loaded<Payment, PaymentEvent>;
 
+/// What a decision on a payment starts from: its state (whose `version` the append expects) and
+/// the position of its last event. Read from the log, or known from an append just made.
+#[derive(Debug, Clone)]
+pub struct CurrentPayment {
+    pub payment: Payment,
+    pub last_position: Option<i64>,
+}
+
+impl From<LoadedPayment> for CurrentPayment {
+    fn from(loaded: LoadedPayment) -> Self {
+        CurrentPayment {
+            last_position: loaded.last_position(),
+            payment: loaded.aggregate,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct PaymentFlow {
     pub database: Database,
@@ -209,7 +226,7 @@ impl PaymentFlow {
                 ))
             }
         };
-        let mut tx = self.database.begin().await?;
+        let mut tx = self.store.begin().await?;
         let claim = idempotency::claim(
             &mut tx,
             &request.scope,
@@ -220,7 +237,7 @@ impl PaymentFlow {
             self.idempotency_lease_ms,
         )
         .await?;
-        let (id, lease) = match claim {
+        let (id, lease, current) = match claim {
             Claim::Fresh { lease } => {
                 let metadata = self.metadata(&payment.tenant, Some(request));
                 let appends = log::decision_appends(
@@ -230,12 +247,20 @@ impl PaymentFlow {
                     &[],
                     &metadata,
                 )?;
-                self.store
+                let appended = self
+                    .store
                     .append_in(&mut tx, &appends)
                     .await
                     .map_err(FlowError::Append)?;
                 tx.commit().await?;
-                (id, lease)
+                // The payment as the log now holds it, without reading it back.
+                let current = CurrentPayment {
+                    payment: events
+                        .iter()
+                        .fold(Payment::default(), asiento_domain::evolve_payment),
+                    last_position: Some(appended.last_position),
+                };
+                (id, lease, current)
             }
             Claim::Resumed { lease, resource_id } => {
                 tx.commit().await?;
@@ -246,13 +271,13 @@ impl PaymentFlow {
                 tracing::info!(payment = %id, "resuming a payment whose request died mid-flight");
                 return self
                     .with_payment_lease(id, request, lease, || {
-                        self.charge_and_finalize(id, &payment.payment_method, request, lease)
+                        self.charge_and_finalize(id, &payment.payment_method, request, lease, None)
                     })
                     .await;
             }
             other => return Ok(answer_without_work(other)),
         };
-        self.charge_and_finalize(id, &payment.payment_method, request, lease)
+        self.charge_and_finalize(id, &payment.payment_method, request, lease, Some(current))
             .await
     }
 
@@ -275,7 +300,7 @@ impl PaymentFlow {
         let Some(payment_lease) =
             leases::acquire(&self.database, id, now_ms, leases::PAYMENT_LEASE_MS_DEFAULT).await?
         else {
-            let mut tx = self.database.begin().await?;
+            let mut tx = self.store.begin().await?;
             idempotency::release(&mut tx, &request.scope, &request.key, key_lease, now_ms).await?;
             tx.commit().await?;
             return Ok(Answer::InProgress { retry_after_s: 1 });
@@ -288,17 +313,22 @@ impl PaymentFlow {
     }
 
     /// Step 2 and 3: ask the provider (again, with the same key, if resuming) unless the payment
-    /// already has the provider's answer, then finalize with it.
+    /// already has the provider's answer, then finalize with it. `current` is the payment as the
+    /// intent's append left it; when resuming it is read from the log.
     async fn charge_and_finalize(
         &self,
         id: PaymentId,
         payment_method: &str,
         request: &Idempotent,
         lease: Lease,
+        current: Option<CurrentPayment>,
     ) -> Result<Answer, FlowError> {
-        let loaded = log::load_payment(self.store.as_ref(), id).await?;
-        let record = loaded
-            .aggregate
+        let current = match current {
+            Some(current) => current,
+            None => log::load_payment(self.store.as_ref(), id).await?.into(),
+        };
+        let record = current
+            .payment
             .record
             .as_ref()
             .ok_or_else(|| FlowError::Inconsistent(format!("payment {id} has no intent")))?;
@@ -326,7 +356,7 @@ impl PaymentFlow {
             lease,
             PaymentCommandKind::Create,
             fact,
-            Some(loaded),
+            Some(current),
         )
         .await
     }
@@ -386,7 +416,7 @@ impl PaymentFlow {
         fact: Option<ProviderFact>,
         also: Option<&dyn InTransaction>,
     ) -> Result<Finalized, FlowError> {
-        self.finalize_with(id, fact.into(), None, also, Some(loaded))
+        self.finalize_with(id, fact.into(), None, also, Some(loaded.into()))
             .await
     }
 
@@ -437,14 +467,14 @@ impl PaymentFlow {
         change: Change,
         completion: Option<&Completion<'_>>,
         also: Option<&dyn InTransaction>,
-        mut preloaded: Option<LoadedPayment>,
+        mut preloaded: Option<CurrentPayment>,
     ) -> Result<Finalized, FlowError> {
         for _ in 0..CONFLICT_RETRIES_MAX {
-            let loaded = match preloaded.take() {
-                Some(loaded) => loaded,
-                None => log::load_payment(self.store.as_ref(), id).await?,
+            let current = match preloaded.take() {
+                Some(current) => current,
+                None => log::load_payment(self.store.as_ref(), id).await?.into(),
             };
-            let payment = loaded.aggregate.clone();
+            let payment = current.payment;
             let record = payment
                 .record
                 .clone()
@@ -469,7 +499,7 @@ impl PaymentFlow {
                 // Nothing to write and nothing to commit with it: no transaction at all.
                 return Ok(Finalized {
                     payment: after_record,
-                    position: loaded.last_position().unwrap_or(0),
+                    position: current.last_position.unwrap_or(0),
                     events_appended: 0,
                 });
             }
@@ -478,9 +508,9 @@ impl PaymentFlow {
             // that other waiters for the lock occupy would deadlock until the busy timeout.
             let guards =
                 log::load_guards(self.store.as_ref(), log::payment_entries(&events)).await?;
-            let mut tx = self.database.begin().await?;
+            let mut tx = self.store.begin().await?;
             let position = if events.is_empty() {
-                loaded.last_position().unwrap_or(0)
+                current.last_position.unwrap_or(0)
             } else {
                 let guard_appends = log::payment_guard_appends(&events, &guards)
                     .map_err(|rejection| FlowError::Inconsistent(rejection.to_string()))?;
@@ -496,7 +526,7 @@ impl PaymentFlow {
                     Ok(appended) => appended.last_position,
                     Err(error) if log::is_conflict(&error) => {
                         metrics::counter!("asiento_finalize_conflicts_total").increment(1);
-                        drop(tx);
+                        tx.rollback().await?;
                         continue;
                     }
                     Err(error) => return Err(FlowError::Append(error)),
@@ -568,8 +598,16 @@ impl PaymentFlow {
             }
             _ => None,
         };
-        self.settle(request, id, lease, PaymentCommandKind::Capture, fact, None)
-            .await
+        let current = Some(loaded.into());
+        self.settle(
+            request,
+            id,
+            lease,
+            PaymentCommandKind::Capture,
+            fact,
+            current,
+        )
+        .await
     }
 
     /// `POST /v1/payments/{id}/refunds`: a partial or full refund.
@@ -633,8 +671,16 @@ impl PaymentFlow {
             }
             _ => None,
         };
-        self.settle(request, id, lease, PaymentCommandKind::Refund, fact, None)
-            .await
+        let current = Some(loaded.into());
+        self.settle(
+            request,
+            id,
+            lease,
+            PaymentCommandKind::Refund,
+            fact,
+            current,
+        )
+        .await
     }
 
     /// A merchant's request on an existing payment: record it (or answer from the key), then
@@ -678,7 +724,7 @@ impl PaymentFlow {
         lease: Lease,
         kind: PaymentCommandKind,
         fact: Option<ProviderFact>,
-        loaded: Option<LoadedPayment>,
+        current: Option<CurrentPayment>,
     ) -> Result<Answer, FlowError> {
         let completion = Completion {
             request,
@@ -686,7 +732,7 @@ impl PaymentFlow {
             kind,
         };
         let finalized = self
-            .finalize_with(id, fact.into(), Some(&completion), None, loaded)
+            .finalize_with(id, fact.into(), Some(&completion), None, current)
             .await?;
         Ok(Answer::Done(
             self.render.render(&reply_for(kind, &finalized)),
@@ -724,7 +770,7 @@ impl PaymentFlow {
                 payment: id,
                 refund_sequence,
             };
-            let mut tx = self.database.begin().await?;
+            let mut tx = self.store.begin().await?;
             let claim = idempotency::claim(
                 &mut tx,
                 &request.scope,
@@ -739,7 +785,7 @@ impl PaymentFlow {
                 Claim::Fresh { lease } => match decided {
                     Err(PaymentRejection::NotFound) => {
                         // Not stored: an unknown payment is the client's mistake, not work done.
-                        drop(tx);
+                        tx.rollback().await?;
                         return Ok(Step::Answered(Answer::Done(self.render.render(
                             &Reply::Rejected(Rejected::Payment(PaymentRejection::NotFound)),
                         ))));
@@ -780,7 +826,7 @@ impl PaymentFlow {
                                 });
                             }
                             Err(error) if log::is_conflict(&error) => {
-                                drop(tx);
+                                tx.rollback().await?;
                                 continue;
                             }
                             Err(error) => return Err(FlowError::Append(error)),

@@ -85,7 +85,7 @@ impl TransferFlow {
                 log::load_guards(self.store.as_ref(), log::transfer_entries(&entries)).await?;
             let decided = decide_with_guards(&Transfer::default(), command, &guards);
 
-            let mut tx = self.database.begin().await?;
+            let mut tx = self.store.begin().await?;
             let claim = idempotency::claim(
                 &mut tx,
                 &request.scope,
@@ -140,7 +140,7 @@ impl TransferFlow {
                 Ok(appended) => appended,
                 Err(error) if log::is_conflict(&error) => {
                     metrics::counter!("asiento_transfer_conflicts_total").increment(1);
-                    drop(tx);
+                    tx.rollback().await?;
                     continue;
                 }
                 Err(error) => return Err(FlowError::Append(error)),

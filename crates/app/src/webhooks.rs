@@ -956,12 +956,11 @@ impl Worker {
         }
     }
 
-    /// Finishes a row in a transaction of its own; `false` when the row is no longer ours.
+    /// Finishes a row with one autocommit statement; `false` when the row is no longer ours.
     async fn finish_alone(&self, row: &Row, how: Finish<'_>) -> Result<bool, WorkerError> {
-        let mut tx = self.flow.database.begin().await?;
-        let kept = finish(&mut tx, row.id, self.owner, &how, self.flow.clock.now_ms()).await?;
+        let on = On::Database(&self.flow.database);
+        let kept = finish(on, row.id, self.owner, &how, self.flow.clock.now_ms()).await?;
         if kept {
-            tx.commit().await?;
             if let Finish::Processed { outcome } = how {
                 metrics::counter!("asiento_webhook_events_processed_total", "outcome" => outcome)
                     .increment(1);
@@ -1017,9 +1016,15 @@ struct FinishRow<'a> {
 #[async_trait::async_trait]
 impl InTransaction for FinishRow<'_> {
     async fn run(&self, tx: &mut Tx, _finalized: &Finalized) -> Result<(), FlowError> {
-        let kept = finish(tx, self.row, self.owner, &self.how, self.clock.now_ms())
-            .await
-            .map_err(|error| FlowError::from(StoreError::Database(error)))?;
+        let kept = finish(
+            On::Tx(tx),
+            self.row,
+            self.owner,
+            &self.how,
+            self.clock.now_ms(),
+        )
+        .await
+        .map_err(|error| FlowError::from(StoreError::Database(error)))?;
         if kept {
             Ok(())
         } else {
@@ -1031,9 +1036,15 @@ impl InTransaction for FinishRow<'_> {
     }
 }
 
+/// Where a row is finished: inside a finalisation's transaction, or alone in one statement.
+enum On<'a> {
+    Tx(&'a mut Tx),
+    Database(&'a Database),
+}
+
 /// Ends (or reschedules) a row this worker holds; `false` when it no longer holds it.
 async fn finish(
-    tx: &mut Tx,
+    on: On<'_>,
     row: i64,
     owner: Uuid,
     how: &Finish<'_>,
@@ -1077,31 +1088,33 @@ async fn finish(
                next_attempt_ms = coalesce($7, next_attempt_ms), attempts = attempts - $8, \
                finished_ms = $9, lease_owner = null, lease_expires_ms = null \
                where id = $1 and lease_owner = $2 and status = 'pending'";
-    let updated = match tx {
-        Tx::Postgres(tx) => sqlx::query(sql)
-            .bind(row)
-            .bind(owner)
-            .bind(status)
-            .bind(outcome)
-            .bind(dead_reason)
-            .bind(error)
-            .bind(next_attempt_ms)
-            .bind(uncount)
-            .bind(finished_ms)
+    // The same binds on every backend and executor; only the owner's type differs.
+    macro_rules! bound {
+        ($sql:expr, $owner:expr) => {
+            sqlx::query($sql)
+                .bind(row)
+                .bind($owner)
+                .bind(status)
+                .bind(outcome)
+                .bind(dead_reason)
+                .bind(error)
+                .bind(next_attempt_ms)
+                .bind(uncount)
+                .bind(finished_ms)
+        };
+    }
+    let sqlite_sql = sqlite(sql);
+    let updated = match on {
+        On::Tx(Tx::Postgres(tx)) => bound!(sql, owner).execute(&mut **tx).await?.rows_affected(),
+        On::Tx(Tx::Sqlite(tx)) => bound!(&sqlite_sql, owner.to_string())
             .execute(&mut **tx)
             .await?
             .rows_affected(),
-        Tx::Sqlite(tx) => sqlx::query(&sqlite(sql))
-            .bind(row)
-            .bind(owner.to_string())
-            .bind(status)
-            .bind(outcome)
-            .bind(dead_reason)
-            .bind(error)
-            .bind(next_attempt_ms)
-            .bind(uncount)
-            .bind(finished_ms)
-            .execute(&mut **tx)
+        On::Database(Database::Postgres(pool)) => {
+            bound!(sql, owner).execute(pool).await?.rows_affected()
+        }
+        On::Database(Database::Sqlite(pool)) => bound!(&sqlite_sql, owner.to_string())
+            .execute(pool)
             .await?
             .rows_affected(),
     };

@@ -437,6 +437,7 @@ impl Core {
                 tolerance_s: asiento_app::webhooks::TOLERANCE_S_DEFAULT,
             },
             database: database.clone(),
+            key_cache: Default::default(),
         };
         let mut app = asiento_api::router(state);
         if let Some(simulator) = &self.simulator {

@@ -11,13 +11,18 @@
 //! statement that completed. A connection whose statement did not complete (a
 //! transport error, or a future dropped mid-way) is closed, never reused.
 //! When all are busy the work borrows from the pool, as before.
+//!
+//! [`PgTx`] is a unit of work on such a connection (or on a pooled one, for
+//! [`crate::Database::begin`]): BEGIN and COMMIT through sqlx's own
+//! transaction manager, the connection kept after a COMMIT or ROLLBACK that
+//! completed, closed (so PostgreSQL rolls back) when dropped still open.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use sqlx::pool::PoolConnection;
-use sqlx::{Connection, PgConnection, PgPool, Postgres};
+use sqlx::{Connection, PgConnection, PgPool, Postgres, TransactionManager};
 
 /// Connections a store keeps for itself, beyond its pool's.
 pub(crate) const STORE_CONNECTIONS_MAX: usize = 8;
@@ -29,9 +34,11 @@ pub(crate) struct StoreConnections {
     open: AtomicUsize,
 }
 
-/// A connection lent to one statement (or one append and its follow-up reads).
-pub(crate) struct Lease<'a> {
-    owner: &'a StoreConnections,
+/// A connection lent to one statement (or one append and its follow-up
+/// reads, or one transaction). `owner` is where an own connection goes back;
+/// a lease with no owner holds a pooled connection.
+pub(crate) struct Lease {
+    owner: Option<Arc<StoreConnections>>,
     conn: Option<Leased>,
 }
 
@@ -43,9 +50,9 @@ enum Leased {
 impl StoreConnections {
     /// An idle connection of the store's own, a new one while fewer than
     /// [`STORE_CONNECTIONS_MAX`] are open, or else one from the pool.
-    pub(crate) async fn lease(&self, pool: &PgPool) -> Result<Lease<'_>, sqlx::Error> {
+    pub(crate) async fn lease(self: &Arc<Self>, pool: &PgPool) -> Result<Lease, sqlx::Error> {
         let lease = |conn| Lease {
-            owner: self,
+            owner: Some(Arc::clone(self)),
             conn: Some(conn),
         };
         if pool.is_closed() {
@@ -73,30 +80,117 @@ impl StoreConnections {
     }
 }
 
-impl Lease<'_> {
+impl Lease {
+    /// A connection of the pool's, in a lease of its own.
+    pub(crate) async fn pooled(pool: &PgPool) -> Result<Lease, sqlx::Error> {
+        Ok(Lease {
+            owner: None,
+            conn: Some(Leased::Pooled(pool.acquire().await?)),
+        })
+    }
+
     /// The work completed (whatever its verdict): the connection is idle and
     /// serves the next statement.
     pub(crate) fn keep(mut self) {
-        match self.conn.take() {
-            Some(Leased::Own(conn)) => self.owner.lock().push(conn),
+        match (self.conn.take(), &self.owner) {
+            (Some(Leased::Own(conn)), Some(owner)) => owner.lock().push(conn),
             // Back to the pool, which tests it on the way.
-            Some(Leased::Pooled(conn)) => drop(conn),
-            None => {}
+            (Some(Leased::Pooled(conn)), _) => drop(conn),
+            _ => {}
         }
     }
 }
 
-impl Drop for Lease<'_> {
-    /// Not kept: the connection may be mid-statement, so it is closed.
+impl Drop for Lease {
+    /// Not kept: the connection may be mid-statement, so it is closed. (A
+    /// pooled one goes back to the pool, which tests it on the way.)
     fn drop(&mut self) {
         if let Some(Leased::Own(conn)) = self.conn.take() {
-            self.owner.open.fetch_sub(1, Ordering::AcqRel);
+            if let Some(owner) = &self.owner {
+                owner.open.fetch_sub(1, Ordering::AcqRel);
+            }
             drop(conn);
         }
     }
 }
 
-impl Deref for Lease<'_> {
+/// A transaction on a leased connection. Derefs to the connection, as
+/// `sqlx::Transaction` does, so statements run on `&mut **tx`.
+pub struct PgTx {
+    lease: Option<Lease>,
+}
+
+impl PgTx {
+    pub(crate) async fn begin(mut lease: Lease) -> Result<PgTx, sqlx::Error> {
+        <Postgres as sqlx::Database>::TransactionManager::begin(&mut lease, None).await?;
+        Ok(PgTx { lease: Some(lease) })
+    }
+
+    pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
+        self.finish(true).await
+    }
+
+    pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
+        self.finish(false).await
+    }
+
+    async fn finish(&mut self, commit: bool) -> Result<(), sqlx::Error> {
+        let Some(mut lease) = self.lease.take() else {
+            return Ok(());
+        };
+        type Manager = <Postgres as sqlx::Database>::TransactionManager;
+        if commit {
+            Manager::commit(&mut lease).await?;
+        } else {
+            Manager::rollback(&mut lease).await?;
+        }
+        // Dropped on an error above: closed, and PostgreSQL rolls back.
+        lease.keep();
+        Ok(())
+    }
+}
+
+impl Drop for PgTx {
+    /// Dropped open: an own connection is closed with its transaction (it may
+    /// be mid-statement); a pooled one gets a ROLLBACK queued, as
+    /// `sqlx::Transaction` does, which the pool's test on return sends.
+    fn drop(&mut self) {
+        if let Some(mut lease) = self.lease.take() {
+            if matches!(lease.conn, Some(Leased::Pooled(_))) {
+                <Postgres as sqlx::Database>::TransactionManager::start_rollback(&mut lease);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for PgTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgTx")
+            .field("open", &self.lease.is_some())
+            .finish()
+    }
+}
+
+impl Deref for PgTx {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        match &self.lease {
+            Some(lease) => lease,
+            None => unreachable!("a transaction holds its connection until it ends"),
+        }
+    }
+}
+
+impl DerefMut for PgTx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        match &mut self.lease {
+            Some(lease) => lease,
+            None => unreachable!("a transaction holds its connection until it ends"),
+        }
+    }
+}
+
+impl Deref for Lease {
     type Target = PgConnection;
     fn deref(&self) -> &PgConnection {
         match &self.conn {
@@ -107,7 +201,7 @@ impl Deref for Lease<'_> {
     }
 }
 
-impl DerefMut for Lease<'_> {
+impl DerefMut for Lease {
     fn deref_mut(&mut self) -> &mut PgConnection {
         match &mut self.conn {
             Some(Leased::Own(conn)) => conn,

@@ -44,6 +44,7 @@ mod sqlite;
 mod subscription;
 pub mod testing;
 
+pub use connections::PgTx;
 pub use data::EventData;
 pub use postgres::PgEventStore;
 pub use sqlite::SqliteEventStore;
@@ -328,6 +329,10 @@ pub trait EventStore: Send + Sync {
         streams: &[StreamAppend],
     ) -> Result<Appended, AppendError>;
 
+    /// A unit of work on this store's database, as [`Database::begin`], but on
+    /// PostgreSQL on one of the store's own connections where one is free.
+    async fn begin(&self) -> Result<Tx, StoreError>;
+
     /// Up to `limit` events of one stream with `version >= from_version`, in
     /// version order.
     async fn read_stream(
@@ -336,6 +341,9 @@ pub trait EventStore: Send + Sync {
         from_version: u64,
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError>;
+
+    /// The stream's last event, if it has any (one statement: a guard's state).
+    async fn last_event(&self, stream_id: &str) -> Result<Option<RecordedEvent>, StoreError>;
 
     /// The stream's last version; None if it has no events.
     async fn stream_version(&self, stream_id: &str) -> Result<Option<u64>, StoreError>;
@@ -376,7 +384,7 @@ pub enum Database {
 /// checkpoints commit in the same transaction as the events).
 #[derive(Debug)]
 pub enum Tx {
-    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    Postgres(PgTx),
     /// Begun with `BEGIN IMMEDIATE`: it takes the write lock up front, so it
     /// never fails half-way upgrading a read lock (`SQLITE_BUSY_SNAPSHOT`).
     Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
@@ -526,7 +534,9 @@ impl Database {
     /// Starts a unit of work (see [`Tx`]).
     pub async fn begin(&self) -> Result<Tx, StoreError> {
         match self {
-            Database::Postgres(pool) => Ok(Tx::Postgres(pool.begin().await?)),
+            Database::Postgres(pool) => Ok(Tx::Postgres(
+                PgTx::begin(connections::Lease::pooled(pool).await?).await?,
+            )),
             Database::Sqlite(pool) => Ok(Tx::Sqlite(begin_sqlite(pool).await?)),
         }
     }

@@ -37,7 +37,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::classify::{self, Stored, StreamResult, Verdict};
-use crate::connections::StoreConnections;
+use crate::connections::{PgTx, StoreConnections};
 use crate::subscription::{self, Tail};
 use crate::{
     AppendError, Appended, Cursor, EventRow, EventStore, ExpectedVersion, RecordedEvent,
@@ -481,6 +481,23 @@ impl EventStore for PgEventStore {
             }
         };
         Ok(appended)
+    }
+
+    async fn begin(&self) -> Result<Tx, StoreError> {
+        let lease = self.connections.lease(&self.pool).await?;
+        Ok(Tx::Postgres(PgTx::begin(lease).await?))
+    }
+
+    async fn last_event(&self, stream_id: &str) -> Result<Option<RecordedEvent>, StoreError> {
+        let mut conn = self.connections.lease(&self.pool).await?;
+        let rows: Vec<EventRow> = sqlx::query_as(&format!(
+            "{SELECT_EVENT} WHERE stream_id = $1 ORDER BY version DESC LIMIT 1"
+        ))
+        .bind(stream_id)
+        .fetch_all(&mut *conn)
+        .await?;
+        conn.keep();
+        Ok(self.decode(rows)?.pop())
     }
 
     async fn read_stream(

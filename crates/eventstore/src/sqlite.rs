@@ -240,6 +240,20 @@ impl EventStore for SqliteEventStore {
             .map(|(appended, _)| appended)
     }
 
+    async fn begin(&self) -> Result<Tx, StoreError> {
+        Ok(Tx::Sqlite(crate::begin_sqlite(&self.pool).await?))
+    }
+
+    async fn last_event(&self, stream_id: &str) -> Result<Option<RecordedEvent>, StoreError> {
+        let rows: Vec<EventRow> = sqlx::query_as(&format!(
+            "{SELECT_EVENT} WHERE stream_id = ? ORDER BY version DESC LIMIT 1"
+        ))
+        .bind(stream_id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(self.decode(rows)?.pop())
+    }
+
     async fn read_stream(
         &self,
         stream_id: &str,

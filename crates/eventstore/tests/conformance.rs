@@ -44,6 +44,8 @@ macro_rules! suite_tests {
                 append_in_commits_with_other_work,
                 append_in_rolled_back_leaves_nothing,
                 append_in_conflict_then_rollback,
+                store_units_of_work_end_cleanly_and_reuse_connections,
+                last_event_is_the_streams_last,
                 migrations_are_reported_applied,
                 race_sixteen_exact_writers_one_stream,
                 race_slow_writers_under_a_tailing_subscriber,
@@ -667,7 +669,7 @@ mod suite {
     pub async fn append_in_commits_with_other_work(h: &Harness) {
         use ExpectedVersion::*;
         side_table(h).await;
-        let mut tx = h.db.begin().await.unwrap();
+        let mut tx = h.store.begin().await.unwrap();
         insert_side(&mut tx, "request-1").await;
         let appended = h
             .store
@@ -697,8 +699,8 @@ mod suite {
             .await
             .unwrap();
         tx.rollback().await.unwrap();
-        // Dropping a unit of work rolls it back as well.
-        let mut tx = h.db.begin().await.unwrap();
+        // Dropping a unit of work rolls it back as well (one the store began, too).
+        let mut tx = h.store.begin().await.unwrap();
         h.store
             .append_in(&mut tx, &[to("w", NoStream, events(1))])
             .await
@@ -759,6 +761,55 @@ mod suite {
                 asiento_eventstore::StoreError::BackendMismatch
             ))
         ));
+    }
+
+    /// Units of work the store begins (on PostgreSQL, on its own connections) end as asked,
+    /// however they end, and what a dropped or rolled-back one did never leaks into the next one
+    /// that gets its connection: more rounds than the store keeps connections.
+    pub async fn store_units_of_work_end_cleanly_and_reuse_connections(h: &Harness) {
+        use ExpectedVersion::*;
+        side_table(h).await;
+        for round in 0..24 {
+            let key = format!("k{round}");
+            let mut tx = h.store.begin().await.unwrap();
+            insert_side(&mut tx, &key).await;
+            h.store
+                .append_in(&mut tx, &[to(&key, NoStream, events(1))])
+                .await
+                .unwrap();
+            match round % 3 {
+                0 => tx.rollback().await.unwrap(),
+                1 => drop(tx),
+                _ => tx.commit().await.unwrap(),
+            }
+            // The same work again: it conflicts only with a committed round.
+            let mut tx = h.store.begin().await.unwrap();
+            let again = h
+                .store
+                .append_in(&mut tx, &[to(&key, NoStream, events(1))])
+                .await;
+            assert_eq!(again.is_ok(), round % 3 != 2, "round {round}: {again:?}");
+            tx.rollback().await.unwrap();
+        }
+        assert_eq!(h.count("SELECT count(*) FROM side_effects").await, 8);
+        assert_eq!(h.count("SELECT count(*) FROM events").await, 8);
+    }
+
+    pub async fn last_event_is_the_streams_last(h: &Harness) {
+        use ExpectedVersion::*;
+        assert!(h.store.last_event("g").await.unwrap().is_none());
+        h.store
+            .append(&[to("g", NoStream, events(3))])
+            .await
+            .unwrap();
+        h.store
+            .append(&[to("other", Any, events(2))])
+            .await
+            .unwrap();
+        let last = h.store.last_event("g").await.unwrap().unwrap();
+        assert_eq!((last.stream_id.as_str(), last.version), ("g", 3));
+        let read = h.store.read_stream("g", 3, 1).await.unwrap();
+        assert_eq!(read[0].event_id, last.event_id);
     }
 
     pub async fn migrations_are_reported_applied(h: &Harness) {
