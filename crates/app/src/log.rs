@@ -4,7 +4,7 @@
 //! versions. Every writer of money goes through [`decision_appends`], so no path can post an entry
 //! without its guards.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use asiento_domain::{
@@ -44,8 +44,21 @@ impl<A, E> Loaded<A, E> {
     }
 }
 
-/// Reads a whole stream, checking that versions run 1, 2, 3 … without a gap (an invariant written
+/// Checks that a stream's events run at versions 1, 2, 3 … without a gap (an invariant written
 /// by the store and checked again where it is read).
+fn check_versions(stream_id: &str, events: &[RecordedEvent]) -> Result<(), LogError> {
+    for (i, recorded) in events.iter().enumerate() {
+        if recorded.version != i as u64 + 1 {
+            return Err(LogError::BrokenStream {
+                stream_id: stream_id.to_owned(),
+                version: recorded.version,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Reads a whole stream, checking its versions.
 async fn read_whole_stream(
     store: &dyn EventStore,
     stream_id: &str,
@@ -57,27 +70,15 @@ async fn read_whole_stream(
             .read_stream(stream_id, from_version, READ_BATCH_MAX)
             .await?;
         let page_len = page.len();
-        for recorded in page {
-            let expected = events.len() as u64 + 1;
-            if recorded.version != expected {
-                return Err(LogError::BrokenStream {
-                    stream_id: stream_id.to_owned(),
-                    version: recorded.version,
-                });
-            }
-            events.push(recorded);
-        }
+        events.extend(page);
+        check_versions(stream_id, &events)?;
         if page_len < READ_BATCH_MAX {
             return Ok(events);
         }
     }
 }
 
-pub async fn load_payment(
-    store: &dyn EventStore,
-    id: PaymentId,
-) -> Result<Loaded<Payment, PaymentEvent>, LogError> {
-    let recorded = read_whole_stream(store, &payment_stream(id)).await?;
+fn fold_payment(recorded: Vec<RecordedEvent>) -> Result<Loaded<Payment, PaymentEvent>, LogError> {
     let mut payment = Payment::default();
     let mut events = Vec::with_capacity(recorded.len());
     for raw in recorded {
@@ -89,6 +90,39 @@ pub async fn load_payment(
         aggregate: payment,
         events,
     })
+}
+
+pub async fn load_payment(
+    store: &dyn EventStore,
+    id: PaymentId,
+) -> Result<Loaded<Payment, PaymentEvent>, LogError> {
+    fold_payment(read_whole_stream(store, &payment_stream(id)).await?)
+}
+
+/// [`load_payment`] for several payments, read together (one round trip on PostgreSQL). A
+/// payment with no events maps to an empty one, as `load_payment` gives.
+pub async fn load_payments(
+    store: &dyn EventStore,
+    ids: &[PaymentId],
+) -> Result<HashMap<PaymentId, Loaded<Payment, PaymentEvent>>, LogError> {
+    let mut ids = ids.to_vec();
+    ids.sort();
+    ids.dedup();
+    let streams: Vec<String> = ids.iter().map(|id| payment_stream(*id)).collect();
+    let mut by_stream: HashMap<String, Vec<RecordedEvent>> = HashMap::new();
+    for recorded in store.read_streams(&streams).await? {
+        by_stream
+            .entry(recorded.stream_id.clone())
+            .or_default()
+            .push(recorded);
+    }
+    let mut loaded = HashMap::with_capacity(ids.len());
+    for (id, stream_id) in ids.iter().zip(streams) {
+        let recorded = by_stream.remove(&stream_id).unwrap_or_default();
+        check_versions(&stream_id, &recorded)?;
+        loaded.insert(*id, fold_payment(recorded)?);
+    }
+    Ok(loaded)
 }
 
 pub async fn load_transfer(

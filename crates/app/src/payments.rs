@@ -275,7 +275,12 @@ impl PaymentFlow {
                     })
                     .await;
             }
-            other => return Ok(answer_without_work(other)),
+            other => {
+                // A replay, a key in flight or reused: the claim wrote nothing. Ended rather than
+                // dropped, so that the store keeps the connection.
+                tx.rollback().await?;
+                return Ok(answer_without_work(other));
+            }
         };
         self.charge_and_finalize(id, &payment.payment_method, request, lease, Some(current))
             .await
@@ -844,7 +849,11 @@ impl PaymentFlow {
                         resumed: true,
                     });
                 }
-                other => return Ok(Step::Answered(answer_without_work(other))),
+                other => {
+                    // As in `create`: nothing was written.
+                    tx.rollback().await?;
+                    return Ok(Step::Answered(answer_without_work(other)));
+                }
             }
         }
         Err(FlowError::TooManyConflicts(id))
@@ -917,7 +926,7 @@ enum Step {
     Answered(Answer),
 }
 
-fn answer_without_work(claim: Claim) -> Answer {
+pub(crate) fn answer_without_work(claim: Claim) -> Answer {
     match claim {
         Claim::Completed(response) => Answer::Replayed(response),
         Claim::InProgress { retry_after_s } => Answer::InProgress { retry_after_s },

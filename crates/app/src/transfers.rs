@@ -102,11 +102,12 @@ impl TransferFlow {
                 // flight by a crash; an expired one can only come from a failed commit. Deciding
                 // again under the taken-over lease is then safe.
                 Claim::Resumed { lease, .. } => lease,
-                Claim::Completed(response) => return Ok(Answer::Replayed(response)),
-                Claim::InProgress { retry_after_s } => {
-                    return Ok(Answer::InProgress { retry_after_s })
+                other => {
+                    // The claim wrote nothing: ended rather than dropped, so that the store keeps
+                    // the connection.
+                    tx.rollback().await?;
+                    return Ok(crate::payments::answer_without_work(other));
                 }
-                Claim::KeyReused => return Ok(Answer::KeyReused),
             };
             let TransferDecision { events, guards } = match decided {
                 Ok(decision) => decision,

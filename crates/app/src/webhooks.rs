@@ -29,7 +29,7 @@
 //! a capture of `amount_captured`), the implied facts are applied first, so a partial capture is
 //! never guessed from the authorization.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -576,8 +576,15 @@ impl Worker {
             claimed: rows.len(),
             ..DrainReport::default()
         };
-        for row in &rows {
-            match self.process(row).await {
+        let events: Vec<Result<WebhookEvent, serde_json::Error>> = rows
+            .iter()
+            .map(|row| serde_json::from_slice(&row.payload))
+            .collect();
+        let mut payments = self.load_payments(&events).await;
+        let mut reflected: Vec<&Row> = Vec::new();
+        for (row, event) in rows.iter().zip(events) {
+            match self.process(row, event, &mut payments).await {
+                Ok(Done::Reflected) => reflected.push(row),
                 Ok(Done::Applied) => report.applied += 1,
                 Ok(Done::Ignored) => report.ignored += 1,
                 Ok(Done::Retried) => report.retried += 1,
@@ -589,7 +596,84 @@ impl Worker {
                 }
             }
         }
+        match self.finish_reflected(&reflected).await {
+            Ok(kept) => {
+                for row in &reflected {
+                    if kept.contains(&row.id) {
+                        report.applied += 1;
+                        self.record_lag(row);
+                        metrics::counter!(
+                            "asiento_webhook_events_processed_total",
+                            "outcome" => "applied"
+                        )
+                        .increment(1);
+                    } else {
+                        report.lost += 1;
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::error!(rows = reflected.len(), %error, "webhook rows left to their lease");
+            }
+        }
         Ok(report)
+    }
+
+    /// The payments the batch's events name, read together before any row is processed. If
+    /// that fails, each row reads its payment itself.
+    async fn load_payments(
+        &self,
+        events: &[Result<WebhookEvent, serde_json::Error>],
+    ) -> HashMap<PaymentId, LoadedPayment> {
+        let ids: Vec<PaymentId> = events
+            .iter()
+            .filter_map(|event| event.as_ref().ok())
+            .filter_map(|event| PaymentId::parse(event.data.charge.reference.as_deref()?).ok())
+            .collect();
+        if ids.is_empty() {
+            return HashMap::new();
+        }
+        match log::load_payments(self.flow.store.as_ref(), &ids).await {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                tracing::warn!(%error, "reading the batch's payments failed; reading them one by one");
+                HashMap::new()
+            }
+        }
+    }
+
+    /// Marks the rows whose payment already reflected their event processed, with one statement
+    /// on PostgreSQL; the ids of those this worker still held.
+    async fn finish_reflected(&self, rows: &[&Row]) -> Result<HashSet<i64>, WorkerError> {
+        let now_ms = self.flow.clock.now_ms();
+        match &self.flow.database {
+            Database::Postgres(pool) if !rows.is_empty() => {
+                let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
+                let kept: Vec<i64> = sqlx::query_scalar(
+                    "update webhook_inbox set status = 'processed', outcome = 'applied', \
+                     finished_ms = $3, lease_owner = null, lease_expires_ms = null \
+                     where id = any($1) and lease_owner = $2 and status = 'pending' returning id",
+                )
+                .bind(ids)
+                .bind(self.owner)
+                .bind(now_ms)
+                .fetch_all(pool)
+                .await?;
+                Ok(kept.into_iter().collect())
+            }
+            _ => {
+                // SQLite: in process, a statement per row costs no round trip.
+                let mut kept = HashSet::new();
+                for row in rows {
+                    let how = Finish::Processed { outcome: "applied" };
+                    let on = On::Database(&self.flow.database);
+                    if finish(on, row.id, self.owner, &how, now_ms).await? {
+                        kept.insert(row.id);
+                    }
+                }
+                Ok(kept)
+            }
+        }
     }
 
     /// Calls [`Worker::drain_once`] until a batch claims nothing: every row due now is finished
@@ -683,9 +767,14 @@ impl Worker {
     }
 
     #[tracing::instrument(skip_all, fields(row = row.id, provider = %row.provider, event_id = %row.event_id, attempt = row.attempts))]
-    async fn process(&self, row: &Row) -> Result<Done, WorkerError> {
+    async fn process(
+        &self,
+        row: &Row,
+        event: Result<WebhookEvent, serde_json::Error>,
+        payments: &mut HashMap<PaymentId, LoadedPayment>,
+    ) -> Result<Done, WorkerError> {
         let now_ms = self.flow.clock.now_ms();
-        let event: WebhookEvent = match serde_json::from_slice(&row.payload) {
+        let event = match event {
             Ok(event) => event,
             Err(error) => {
                 return self
@@ -712,9 +801,14 @@ impl Worker {
             );
             return self.bury(row, DeadReason::NoPaymentReference, &error).await;
         };
-        let loaded = match log::load_payment(self.flow.store.as_ref(), payment).await {
-            Ok(loaded) => loaded,
-            Err(error) => return self.failed(row, None, &error.to_string()).await,
+        // Read with the batch; a second row for the same payment reads it again (the first may
+        // have changed it).
+        let loaded = match payments.remove(&payment) {
+            Some(loaded) => loaded,
+            None => match log::load_payment(self.flow.store.as_ref(), payment).await {
+                Ok(loaded) => loaded,
+                Err(error) => return self.failed(row, None, &error.to_string()).await,
+            },
         };
         let Some(record) = loaded.aggregate.record.as_ref() else {
             if now_ms.saturating_sub(row.received_ms) < self.config.unknown_payment_retry_ms {
@@ -747,19 +841,10 @@ impl Worker {
             return self.bury(row, DeadReason::ProviderMismatch, &error).await;
         }
         // The common case: the synchronous answer (or an earlier copy of this event) already
-        // recorded what the event says. Only the row is left to mark: no payment lease, no
-        // transaction around nothing.
+        // recorded what the event says. Only the row is left to mark, with the batch's others:
+        // no payment lease, no transaction around nothing.
         match self.flow.reflects(&loaded.aggregate, &facts) {
-            Ok(true) => {
-                let kept = self
-                    .finish_alone(row, Finish::Processed { outcome: "applied" })
-                    .await?;
-                if !kept {
-                    return Ok(Done::Lost);
-                }
-                self.record_lag(row);
-                return Ok(Done::Applied);
-            }
+            Ok(true) => return Ok(Done::Reflected),
             Ok(false) => {}
             Err(error) => return self.failed(row, Some(payment), &error.to_string()).await,
         }
@@ -983,6 +1068,8 @@ fn backoff_ms(config: &WorkerConfig, attempts: i32) -> i64 {
 }
 
 enum Done {
+    /// The payment already reflects the event: the row is to be marked processed.
+    Reflected,
     Applied,
     Ignored,
     Retried,

@@ -342,6 +342,32 @@ pub trait EventStore: Send + Sync {
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError>;
 
+    /// Every event of each of `stream_ids`, each stream's events together and
+    /// in version order (the order of the streams is the backend's): the
+    /// streams of a batch of work with as few round trips as the backend
+    /// allows (one per [`READ_BATCH_MAX`] events on PostgreSQL).
+    async fn read_streams(&self, stream_ids: &[String]) -> Result<Vec<RecordedEvent>, StoreError> {
+        let mut ids: Vec<&String> = stream_ids.iter().collect();
+        ids.sort();
+        ids.dedup();
+        let mut events = Vec::new();
+        for id in ids {
+            loop {
+                let from = events
+                    .last()
+                    .filter(|last: &&RecordedEvent| &last.stream_id == id)
+                    .map_or(1, |last| last.version + 1);
+                let page = self.read_stream(id, from, READ_BATCH_MAX).await?;
+                let full = page.len() == READ_BATCH_MAX;
+                events.extend(page);
+                if !full {
+                    break;
+                }
+            }
+        }
+        Ok(events)
+    }
+
     /// The stream's last event, if it has any (one statement: a guard's state).
     async fn last_event(&self, stream_id: &str) -> Result<Option<RecordedEvent>, StoreError>;
 

@@ -41,7 +41,7 @@ use crate::connections::{PgTx, StoreConnections};
 use crate::subscription::{self, Tail};
 use crate::{
     AppendError, Appended, Cursor, EventRow, EventStore, ExpectedVersion, RecordedEvent,
-    StoreError, StreamAppend, Tx, Upcaster,
+    StoreError, StreamAppend, Tx, Upcaster, READ_BATCH_MAX,
 };
 
 /// The LISTEN/NOTIFY channel announcing new events.
@@ -486,6 +486,33 @@ impl EventStore for PgEventStore {
     async fn begin(&self) -> Result<Tx, StoreError> {
         let lease = self.connections.lease(&self.pool).await?;
         Ok(Tx::Postgres(PgTx::begin(lease).await?))
+    }
+
+    async fn read_streams(&self, stream_ids: &[String]) -> Result<Vec<RecordedEvent>, StoreError> {
+        let mut conn = self.connections.lease(&self.pool).await?;
+        let mut events: Vec<RecordedEvent> = Vec::new();
+        loop {
+            // Keyset paging on the (stream_id, version) index.
+            let (after_stream, after_version) = events
+                .last()
+                .map_or(("", 0), |last| (last.stream_id.as_str(), last.version));
+            let rows: Vec<EventRow> = sqlx::query_as(&format!(
+                "{SELECT_EVENT} WHERE stream_id = ANY($1) AND (stream_id, version) > ($2, $3) \
+                 ORDER BY stream_id, version LIMIT $4"
+            ))
+            .bind(stream_ids)
+            .bind(after_stream)
+            .bind(i64::try_from(after_version).unwrap_or(i64::MAX))
+            .bind(crate::clamp_limit(READ_BATCH_MAX))
+            .fetch_all(&mut *conn)
+            .await?;
+            let full = rows.len() == READ_BATCH_MAX;
+            events.extend(self.decode(rows)?);
+            if !full {
+                conn.keep();
+                return Ok(events);
+            }
+        }
     }
 
     async fn last_event(&self, stream_id: &str) -> Result<Option<RecordedEvent>, StoreError> {

@@ -46,6 +46,7 @@ macro_rules! suite_tests {
                 append_in_conflict_then_rollback,
                 store_units_of_work_end_cleanly_and_reuse_connections,
                 last_event_is_the_streams_last,
+                read_streams_reads_each_stream_whole,
                 migrations_are_reported_applied,
                 race_sixteen_exact_writers_one_stream,
                 race_slow_writers_under_a_tailing_subscriber,
@@ -810,6 +811,55 @@ mod suite {
         assert_eq!((last.stream_id.as_str(), last.version), ("g", 3));
         let read = h.store.read_stream("g", 3, 1).await.unwrap();
         assert_eq!(read[0].event_id, last.event_id);
+    }
+
+    /// Several streams at once, one of them longer than a page: each whole, in version order,
+    /// nothing of other streams, a repeated or unknown id adding nothing.
+    pub async fn read_streams_reads_each_stream_whole(h: &Harness) {
+        use ExpectedVersion::*;
+        let long = asiento_eventstore::READ_BATCH_MAX + 3;
+        let mut written = 0;
+        while written < long {
+            let n = asiento_eventstore::EVENTS_PER_APPEND_MAX.min(long - written);
+            let expected = if written == 0 {
+                NoStream
+            } else {
+                Exact(written as u64)
+            };
+            h.store
+                .append(&[to("b-long", expected, events(n))])
+                .await
+                .unwrap();
+            written += n;
+        }
+        h.store
+            .append(&[to("a", NoStream, events(2))])
+            .await
+            .unwrap();
+        h.store
+            .append(&[to("c", NoStream, events(1))])
+            .await
+            .unwrap();
+        h.store
+            .append(&[to("not-asked", NoStream, events(1))])
+            .await
+            .unwrap();
+        let ids = ["c", "b-long", "a", "a", "unknown"].map(String::from);
+        let read = h.store.read_streams(&ids).await.unwrap();
+        assert_eq!(read.len(), long + 3);
+        let mut streams: Vec<(String, Vec<u64>)> = Vec::new();
+        for event in &read {
+            match streams.last_mut() {
+                Some((id, versions)) if *id == event.stream_id => versions.push(event.version),
+                _ => streams.push((event.stream_id.clone(), vec![event.version])),
+            }
+        }
+        streams.sort();
+        let want: Vec<(String, Vec<u64>)> = [("a", 2), ("b-long", long), ("c", 1)]
+            .into_iter()
+            .map(|(id, n)| (id.to_owned(), (1..=n as u64).collect()))
+            .collect();
+        assert_eq!(streams, want, "each stream once, whole, in version order");
     }
 
     pub async fn migrations_are_reported_applied(h: &Harness) {

@@ -177,6 +177,7 @@ impl Projection for Payments {
         }
         let ids: Vec<String> = incoming.keys().cloned().collect();
         let mut stored = load(tx, g, &ids).await?;
+        let mut changed = Vec::with_capacity(ids.len());
         for (id, events) in incoming {
             let mut history = stored.histories.remove(&id).unwrap_or_default();
             let had_pending = stored.pending.get(&id).is_some_and(|p| !p.is_empty());
@@ -185,14 +186,14 @@ impl Projection for Payments {
             merge(&mut history, &mut waiting, events)?;
             if history.len() > applied {
                 if let Some(row) = fold(&history)? {
-                    upsert(tx, g, &row, &history).await?;
+                    changed.push(Columns::of(row, history)?);
                 }
             }
             if had_pending || !waiting.is_empty() {
                 replace_pending(tx, g, &id, &waiting).await?;
             }
         }
-        Ok(())
+        upsert(tx, g, changed).await
     }
 }
 
@@ -252,28 +253,39 @@ async fn load(tx: &mut Tx, g: i64, ids: &[String]) -> Result<Stored, ProjectionE
     Ok(stored)
 }
 
-async fn upsert(
-    tx: &mut Tx,
-    g: i64,
-    row: &PaymentRow,
-    history: &[Kept],
-) -> Result<(), ProjectionError> {
-    let at_position = |reason: &str| ProjectionError::Malformed {
-        position: row.position,
-        reason: reason.to_owned(),
-    };
-    let created_ns =
-        to_ns(row.created_at).ok_or_else(|| at_position("created_at is outside 1677..2262"))?;
-    let updated_ns =
-        to_ns(row.updated_at).ok_or_else(|| at_position("updated_at is outside 1677..2262"))?;
-    let version =
-        i64::try_from(row.version).map_err(|_| at_position("stream version overflows i64"))?;
-    let statement = format!(
-        "INSERT INTO {TABLE}{g} (payment_id, tenant, status, amount_minor, currency, customer,
+/// A row as its columns are stored.
+struct Columns {
+    row: PaymentRow,
+    created_ns: i64,
+    updated_ns: i64,
+    version: i64,
+    history: Vec<Kept>,
+}
+
+impl Columns {
+    fn of(row: PaymentRow, history: Vec<Kept>) -> Result<Columns, ProjectionError> {
+        let at_position = |reason: &str| ProjectionError::Malformed {
+            position: row.position,
+            reason: reason.to_owned(),
+        };
+        Ok(Columns {
+            created_ns: to_ns(row.created_at)
+                .ok_or_else(|| at_position("created_at is outside 1677..2262"))?,
+            updated_ns: to_ns(row.updated_at)
+                .ok_or_else(|| at_position("updated_at is outside 1677..2262"))?,
+            version: i64::try_from(row.version)
+                .map_err(|_| at_position("stream version overflows i64"))?,
+            row,
+            history,
+        })
+    }
+}
+
+const UPSERT_COLUMNS: &str = "(payment_id, tenant, status, amount_minor, currency, customer,
              provider, captured_minor, refunded_minor, fee_minor, created_ns, updated_ns,
-             next_action, version, position, history)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
-         ON CONFLICT (payment_id) DO UPDATE SET
+             next_action, version, position, history)";
+
+const UPSERT_ON_CONFLICT: &str = "ON CONFLICT (payment_id) DO UPDATE SET
              tenant = excluded.tenant, status = excluded.status,
              amount_minor = excluded.amount_minor, currency = excluded.currency,
              customer = excluded.customer, provider = excluded.provider,
@@ -281,30 +293,79 @@ async fn upsert(
              fee_minor = excluded.fee_minor, created_ns = excluded.created_ns,
              updated_ns = excluded.updated_ns, next_action = excluded.next_action,
              version = excluded.version, position = excluded.position,
-             history = excluded.history"
-    );
-    on_tx!(tx, conn => {
-        sqlx::query(&statement)
-            .bind(row.id.to_string())
-            .bind(&row.tenant)
-            .bind(row.status.as_str())
-            .bind(row.amount_minor)
-            .bind(&row.currency)
-            .bind(&row.customer)
-            .bind(&row.provider)
-            .bind(row.captured_minor)
-            .bind(row.refunded_minor)
-            .bind(row.fee_minor)
-            .bind(created_ns)
-            .bind(updated_ns)
-            .bind(row.next_action.as_ref().map(Json))
-            .bind(version)
-            .bind(row.position)
-            .bind(Json(history))
-            .execute(conn)
-            .await?
-            .rows_affected()
-    });
+             history = excluded.history";
+
+/// Writes the batch's changed rows: one UNNEST statement on PostgreSQL (each payment appears once:
+/// `apply` grouped the batch by payment), a statement per row on SQLite (in process).
+async fn upsert(tx: &mut Tx, g: i64, rows: Vec<Columns>) -> Result<(), ProjectionError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    match tx {
+        Tx::Postgres(t) => {
+            let statement = format!(
+                "INSERT INTO {TABLE}{g} {UPSERT_COLUMNS}
+                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::text[],
+                     $6::text[], $7::text[], $8::int8[], $9::int8[], $10::int8[], $11::int8[],
+                     $12::int8[], $13::jsonb[], $14::int8[], $15::int8[], $16::jsonb[])
+                 {UPSERT_ON_CONFLICT}"
+            );
+            let column = |f: &dyn Fn(&Columns) -> i64| rows.iter().map(f).collect::<Vec<i64>>();
+            let text = |f: &dyn Fn(&Columns) -> &str| rows.iter().map(f).collect::<Vec<&str>>();
+            let ids: Vec<String> = rows.iter().map(|c| c.row.id.to_string()).collect();
+            sqlx::query(&statement)
+                .bind(ids)
+                .bind(text(&|c| &c.row.tenant))
+                .bind(text(&|c| c.row.status.as_str()))
+                .bind(column(&|c| c.row.amount_minor))
+                .bind(text(&|c| &c.row.currency))
+                .bind(text(&|c| &c.row.customer))
+                .bind(text(&|c| &c.row.provider))
+                .bind(column(&|c| c.row.captured_minor))
+                .bind(column(&|c| c.row.refunded_minor))
+                .bind(column(&|c| c.row.fee_minor))
+                .bind(column(&|c| c.created_ns))
+                .bind(column(&|c| c.updated_ns))
+                .bind(
+                    rows.iter()
+                        .map(|c| c.row.next_action.as_ref().map(Json))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(column(&|c| c.version))
+                .bind(column(&|c| c.row.position))
+                .bind(rows.iter().map(|c| Json(&c.history)).collect::<Vec<_>>())
+                .execute(&mut **t)
+                .await?;
+        }
+        Tx::Sqlite(t) => {
+            let statement = format!(
+                "INSERT INTO {TABLE}{g} {UPSERT_COLUMNS}
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+                 {UPSERT_ON_CONFLICT}"
+            );
+            for c in &rows {
+                sqlx::query(&statement)
+                    .bind(c.row.id.to_string())
+                    .bind(&c.row.tenant)
+                    .bind(c.row.status.as_str())
+                    .bind(c.row.amount_minor)
+                    .bind(&c.row.currency)
+                    .bind(&c.row.customer)
+                    .bind(&c.row.provider)
+                    .bind(c.row.captured_minor)
+                    .bind(c.row.refunded_minor)
+                    .bind(c.row.fee_minor)
+                    .bind(c.created_ns)
+                    .bind(c.updated_ns)
+                    .bind(c.row.next_action.as_ref().map(Json))
+                    .bind(c.version)
+                    .bind(c.row.position)
+                    .bind(Json(&c.history))
+                    .execute(&mut **t)
+                    .await?;
+            }
+        }
+    }
     Ok(())
 }
 
