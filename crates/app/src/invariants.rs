@@ -50,8 +50,9 @@ pub const SEALER_JOB: &str = "sealer";
 pub const EVENTS_PER_BATCH_MAX: usize = 1_000;
 /// How often `serve` seals new events.
 pub const SEAL_INTERVAL_MS_DEFAULT: u64 = 1_000;
-/// How long the sealer holds its job lease.
-pub const SEAL_LEASE_MS_DEFAULT: i64 = 60_000;
+/// How long the sealer holds its job lease; renewed every interval and every batch, so a killed
+/// sealer's successor takes over within this time.
+pub const SEAL_LEASE_MS_DEFAULT: i64 = 10_000;
 /// How often `serve` runs every check.
 pub const VERIFY_INTERVAL_MS_DEFAULT: u64 = 10 * 60_000;
 /// How long an idempotency record may stay in flight past its lease before it is a violation: the
@@ -646,25 +647,33 @@ impl Sealer {
         }
     }
 
-    /// Seals every event readable now; `None` when another sealer holds the lease, else how
-    /// many events were sealed.
-    pub async fn seal_once(&self) -> Result<Option<u64>, InvariantError> {
+    /// Takes or renews the sealer's job lease; `false` when another sealer holds it.
+    async fn hold_lease(&self) -> Result<bool, InvariantError> {
         let now_ms = self.clock.now_ms();
-        if acquire_job(
+        let held = acquire_job(
             &self.database,
             SEALER_JOB,
             self.owner,
             now_ms,
             self.lease_ms,
         )
-        .await?
-        .is_none()
-        {
+        .await?;
+        Ok(held.is_some())
+    }
+
+    /// Seals every event readable now; `None` when another sealer holds the lease, else how
+    /// many events were sealed.
+    pub async fn seal_once(&self) -> Result<Option<u64>, InvariantError> {
+        if !self.hold_lease().await? {
             return Ok(None);
         }
         let mut cursor = seal_cursor(&self.database).await?;
         let mut sealed = 0u64;
         loop {
+            // A long catch-up keeps its lease batch by batch; one that lost it stops.
+            if sealed > 0 && !self.hold_lease().await? {
+                break;
+            }
             let events = self.store.read_all(cursor, EVENTS_PER_BATCH_MAX).await?;
             let Some(last) = events.last() else {
                 break;

@@ -367,3 +367,41 @@ async fn every_corruption_is_found_and_named_sqlite() {
 async fn every_corruption_is_found_and_named_postgres() {
     corruptions(Backend::Postgres).await;
 }
+
+/// The sealer's job lease: a second sealer waits while the first holds it, and takes over once a
+/// killed holder's lease (never renewed again) runs out, within `SEAL_LEASE_MS_DEFAULT`.
+async fn sealer_lease_is_taken_over(backend: Backend) {
+    let db = start(backend).await;
+    captured_payment(&db.database, 1, 10_000).await;
+    let clock = Arc::new(asiento_app::clock::ManualClock::at_ms(1_000_000));
+    let first = Sealer::new(db.database.clone(), clock.clone());
+    let second = Sealer::new(db.database.clone(), clock.clone());
+    assert!(first.seal_once().await.unwrap().is_some());
+    assert!(
+        second.seal_once().await.unwrap().is_none(),
+        "the lease is held"
+    );
+    clock.advance_ms(asiento_app::invariants::SEAL_LEASE_MS_DEFAULT - 1);
+    assert!(
+        second.seal_once().await.unwrap().is_none(),
+        "not run out yet"
+    );
+    // `first` was killed: it renews nothing; one more millisecond and its lease has run out.
+    clock.advance_ms(1);
+    assert!(second.seal_once().await.unwrap().is_some(), "taken over");
+    assert!(
+        first.seal_once().await.unwrap().is_none(),
+        "the old holder stays out"
+    );
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn sealer_lease_is_taken_over_sqlite() {
+    sealer_lease_is_taken_over(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn sealer_lease_is_taken_over_postgres() {
+    sealer_lease_is_taken_over(Backend::Postgres).await;
+}
