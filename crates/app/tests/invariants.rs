@@ -15,49 +15,29 @@ use asiento_domain::{
 };
 use asiento_eventstore::{Database, Metadata, NewEvent, StreamAppend};
 
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Sqlite,
-    Postgres,
-}
+mod common;
+
+use common::{Backend, TestDatabase};
 
 struct Db {
     database: Database,
     /// One sealer for the whole test: it holds the sealer's job lease once it has sealed.
     sealer: Sealer,
-    pg_url: Option<String>,
-    _dir: Option<Box<dyn std::any::Any + Send + Sync>>,
+    db: TestDatabase,
 }
 
 async fn start(backend: Backend) -> Db {
-    let (url, dir): (String, Option<Box<dyn std::any::Any + Send + Sync>>) = match backend {
-        Backend::Sqlite => {
-            let (dir, url) = asiento_eventstore::testing::temp_sqlite_url();
-            (url, Some(Box::new(dir)))
-        }
-        Backend::Postgres => (
-            asiento_eventstore::testing::fresh_postgres_url().await,
-            None,
-        ),
-    };
-    let database = Database::connect(&url).await.unwrap();
-    database.migrate().await.unwrap();
+    let db = TestDatabase::open(backend).await;
     Db {
-        sealer: Sealer::new(database.clone(), clock()),
-        database,
-        pg_url: matches!(backend, Backend::Postgres).then_some(url),
-        _dir: dir,
+        sealer: Sealer::new(db.database.clone(), clock()),
+        database: db.database.clone(),
+        db,
     }
 }
 
 impl Db {
     async fn finish(self) {
-        if let Some(url) = &self.pg_url {
-            if let Database::Postgres(pool) = &self.database {
-                pool.close().await;
-            }
-            asiento_eventstore::testing::drop_postgres_database(url).await;
-        }
+        self.db.finish().await;
     }
 
     /// Runs SQL as written (the test's own tampering).

@@ -11,59 +11,33 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use asiento_app::clock::{Clock, SystemClock};
+use asiento_app::clock::SystemClock;
 use asiento_app::exceptions::{self, ExceptionError, Scope as ExceptionScope};
-use asiento_app::idempotency::{canonical_body_hash, IdempotencyKey, Scope, StoredResponse};
 use asiento_app::log;
-use asiento_app::payments::{Idempotent, NewPayment, PaymentFlow};
-use asiento_app::providers::{ConfiguredProvider, Providers};
+use asiento_app::payments::{NewPayment, PaymentFlow};
 use asiento_app::reconcile::{acquire_job, Reconciler, ReconcilerConfig, RECONCILER_JOB};
-use asiento_app::reply::{Answer, Render, Reply};
+use asiento_app::reply::Answer;
 use asiento_domain::exception::{ExceptionRejection, ExceptionStatus};
 use asiento_domain::{
-    Amount, CaptureMode, Currency, CustomerId, ExceptionId, FeeSchedule, PaymentEvent, PaymentId,
-    PaymentStatus, ProviderName, TenantId,
+    Amount, CaptureMode, Currency, CustomerId, ExceptionId, PaymentEvent, PaymentId, PaymentStatus,
+    ProviderName, TenantId,
 };
 use asiento_eventstore::Database;
-use asiento_psp::{Charge, ChargeStatus, ClientConfig, HttpProvider, SimConfig, Simulator};
+use asiento_psp::{Charge, ChargeStatus, ClientConfig, SimConfig, Simulator};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-const FEE_BPS: u32 = 300;
+mod common;
 
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-struct TestRender;
-
-impl Render for TestRender {
-    fn render(&self, reply: &Reply<'_>) -> StoredResponse {
-        let body = match reply {
-            Reply::Payment { payment, .. } => json!({
-                "id": payment.id.to_string(),
-                "status": payment.status.as_str(),
-            }),
-            Reply::Transfer { .. } => json!({}),
-            Reply::Rejected(rejected) => json!({"rejected": format!("{rejected:?}")}),
-        };
-        StoredResponse {
-            status: 201,
-            body: serde_json::to_vec(&body).unwrap(),
-        }
-    }
-}
+use common::{create_request, Backend, TestDatabase, TestSim};
 
 struct Harness {
     database: Database,
     flow: PaymentFlow,
     sim: Simulator,
     sim_addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    pg_url: Option<String>,
-    _dir: Option<Box<dyn std::any::Any + Send + Sync>>,
+    served: TestSim,
+    db: TestDatabase,
 }
 
 fn config() -> ReconcilerConfig {
@@ -77,94 +51,38 @@ fn config() -> ReconcilerConfig {
 
 impl Harness {
     async fn start(backend: Backend) -> Harness {
-        let (url, dir): (String, Option<Box<dyn std::any::Any + Send + Sync>>) = match backend {
-            Backend::Sqlite => {
-                let (dir, url) = asiento_eventstore::testing::temp_sqlite_url();
-                (url, Some(Box::new(dir)))
-            }
-            Backend::Postgres => (
-                asiento_eventstore::testing::fresh_postgres_url().await,
-                None,
-            ),
-        };
-        let database = Database::connect(&url).await.unwrap();
-        database.migrate().await.unwrap();
-        let sim = Simulator::new(SimConfig {
+        let db = TestDatabase::open(backend).await;
+        let database = db.database.clone();
+        let served = TestSim::start(SimConfig {
             seed: 11,
             ..SimConfig::default()
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let sim_addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(asiento_psp::sim::run(listener, sim.clone(), async move {
-            let _ = stopped.await;
-        }));
-        let provider = HttpProvider::new(
-            "sim",
-            &format!("http://{sim_addr}"),
-            ClientConfig {
-                // pm_card_timeout hangs: give up fast, the sweep settles it (not so fast that a
-                // loaded test machine turns ordinary lookups into timeouts).
-                request_timeout_ms: 1_000,
-                attempts_max: 1,
-                ..ClientConfig::default()
-            },
-        )
-        .unwrap();
-        let providers = Providers::new([(
-            ProviderName::parse("sim").unwrap(),
-            ConfiguredProvider {
-                adapter: Arc::new(provider),
-                fees: FeeSchedule::new(FEE_BPS, Amount::ZERO).unwrap(),
-            },
-        )]);
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let flow = PaymentFlow {
-            database: database.clone(),
-            store: database.event_store(),
-            providers,
-            clock,
-            render: Arc::new(TestRender),
-            idempotency_lease_ms: 60_000,
+        })
+        .await;
+        let client = ClientConfig {
+            // pm_card_timeout hangs: give up fast, the sweep settles it (not so fast that a
+            // loaded test machine turns ordinary lookups into timeouts).
+            request_timeout_ms: 1_000,
+            attempts_max: 1,
+            ..ClientConfig::default()
         };
+        let flow = served.flow(&database, client, Arc::new(SystemClock));
         Harness {
             database,
             flow,
-            sim,
-            sim_addr,
-            stop: Some(stop),
-            pg_url: matches!(backend, Backend::Postgres).then_some(url),
-            _dir: dir,
+            sim: served.sim.clone(),
+            sim_addr: served.addr,
+            served,
+            db,
         }
     }
 
     async fn finish(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(url) = self.pg_url.take() {
-            if let Database::Postgres(pool) = &self.database {
-                pool.close().await;
-            }
-            asiento_eventstore::testing::drop_postgres_database(&url).await;
-        }
+        self.served.stop();
+        self.db.finish().await;
     }
 
     fn reconciler(&self) -> Reconciler {
         Reconciler::new(self.flow.clone(), config())
-    }
-
-    fn request(&self, key: &str) -> Idempotent {
-        Idempotent {
-            scope: Scope {
-                tenant: "acme".into(),
-                method: "POST".into(),
-                route: "/v1/payments".into(),
-            },
-            key: IdempotencyKey::parse(key).unwrap(),
-            body: canonical_body_hash(&json!({ "key": key })),
-            correlation_id: None,
-        }
     }
 
     fn new_payment(method: &str, amount: i64) -> NewPayment {
@@ -185,7 +103,7 @@ impl Harness {
         let key = uuid::Uuid::new_v4().to_string();
         let answer = self
             .flow
-            .create(&self.request(&key), Self::new_payment(method, amount))
+            .create(&create_request(&key), Self::new_payment(method, amount))
             .await
             .unwrap();
         let Answer::Done(response) = answer else {
@@ -547,7 +465,7 @@ async fn unknown_expired_stuck_and_lease(backend: Backend) {
     // before it could answer.)
     let died = h.create("pm_card_timeout", 4_321).await;
     assert_eq!(h.status(died).await, PaymentStatus::Pending);
-    let stuck = h.request("died-mid-flight");
+    let stuck = create_request("died-mid-flight");
     let mut tx = h.database.begin().await.unwrap();
     let claim = asiento_app::idempotency::claim(
         &mut tx,

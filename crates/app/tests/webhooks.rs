@@ -16,12 +16,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use asiento_app::clock::{Clock, ManualClock, SystemClock};
-use asiento_app::idempotency::{canonical_body_hash, IdempotencyKey, Scope, StoredResponse};
 use asiento_app::leases;
 use asiento_app::log;
-use asiento_app::payments::{Idempotent, NewPayment, PaymentFlow};
-use asiento_app::providers::{ConfiguredProvider, Providers};
-use asiento_app::reply::{Answer, Render, Reply};
+use asiento_app::payments::{NewPayment, PaymentFlow};
+use asiento_app::providers::Providers;
+use asiento_app::reply::Answer;
 use asiento_app::webhooks::{
     dead_letters, inbox_counts, DeadReason, DrainReport, WebhookReceiver, WebhookSecrets, Worker,
     WorkerConfig,
@@ -32,42 +31,16 @@ use asiento_domain::{
 };
 use asiento_eventstore::Database;
 use asiento_psp::sim::FaultsPatch;
-use asiento_psp::{
-    Charge, ChargeStatus, ClientConfig, HttpProvider, SimConfig, Simulator, WebhookEvent,
-};
+use asiento_psp::{Charge, ChargeStatus, ClientConfig, SimConfig, Simulator, WebhookEvent};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+mod common;
+
+use common::{create_request, Backend, TestDatabase, TestSim, FEE_BPS};
+
 const SECRET: &str = "whsec_test_sim";
 const OTHER_SECRET: &str = "whsec_test_other";
-const FEE_BPS: u32 = 300;
-
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-/// Renders just what the tests look at.
-struct TestRender;
-
-impl Render for TestRender {
-    fn render(&self, reply: &Reply<'_>) -> StoredResponse {
-        let body = match reply {
-            Reply::Payment { payment, .. } => json!({
-                "id": payment.id.to_string(),
-                "status": payment.status.as_str(),
-                "next_action": payment.next_action.is_some(),
-            }),
-            Reply::Transfer { .. } => json!({}),
-            Reply::Rejected(rejected) => json!({"rejected": format!("{rejected:?}")}),
-        };
-        StoredResponse {
-            status: 201,
-            body: serde_json::to_vec(&body).unwrap(),
-        }
-    }
-}
 
 /// A small seeded generator, so that delivery faults replay.
 struct Rng(u64);
@@ -99,59 +72,21 @@ struct Harness {
     sim_addr: SocketAddr,
     /// How many of the simulator's recorded events have been taken already.
     taken: Mutex<usize>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    pg_url: Option<String>,
-    _dir: Option<Box<dyn std::any::Any + Send + Sync>>,
+    served: TestSim,
+    db: TestDatabase,
 }
 
 impl Harness {
     async fn start(backend: Backend, clock: Arc<dyn Clock>) -> Harness {
-        let (url, dir): (String, Option<Box<dyn std::any::Any + Send + Sync>>) = match backend {
-            Backend::Sqlite => {
-                let (dir, url) = asiento_eventstore::testing::temp_sqlite_url();
-                (url, Some(Box::new(dir)))
-            }
-            Backend::Postgres => (
-                asiento_eventstore::testing::fresh_postgres_url().await,
-                None,
-            ),
-        };
-        let database = Database::connect(&url).await.unwrap();
-        database.migrate().await.unwrap();
-
-        let sim = Simulator::new(SimConfig {
+        let db = TestDatabase::open(backend).await;
+        let database = db.database.clone();
+        let served = TestSim::start(SimConfig {
             webhook_secret: SECRET.to_owned(),
             seed: 7,
             ..SimConfig::default()
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let sim_addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(asiento_psp::sim::run(listener, sim.clone(), async move {
-            let _ = stopped.await;
-        }));
-
-        let provider = HttpProvider::new(
-            "sim",
-            &format!("http://{sim_addr}"),
-            ClientConfig::default(),
-        )
-        .unwrap();
-        let providers = Providers::new([(
-            ProviderName::parse("sim").unwrap(),
-            ConfiguredProvider {
-                adapter: Arc::new(provider),
-                fees: FeeSchedule::new(FEE_BPS, Amount::ZERO).unwrap(),
-            },
-        )]);
-        let flow = PaymentFlow {
-            database: database.clone(),
-            store: database.event_store(),
-            providers,
-            clock: clock.clone(),
-            render: Arc::new(TestRender),
-            idempotency_lease_ms: 60_000,
-        };
+        })
+        .await;
+        let flow = served.flow(&database, ClientConfig::default(), clock.clone());
         let receiver = WebhookReceiver {
             database: database.clone(),
             secrets: format!("sim:{SECRET},other:{OTHER_SECRET}")
@@ -164,29 +99,17 @@ impl Harness {
             database,
             flow,
             receiver,
-            sim,
-            sim_addr,
+            sim: served.sim.clone(),
+            sim_addr: served.addr,
             taken: Mutex::new(0),
-            stop: Some(stop),
-            pg_url: matches!(backend, Backend::Postgres).then_some(url),
-            _dir: dir,
+            served,
+            db,
         }
     }
 
     async fn finish(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(url) = self.pg_url.take() {
-            self.database_close().await;
-            asiento_eventstore::testing::drop_postgres_database(&url).await;
-        }
-    }
-
-    async fn database_close(&self) {
-        if let Database::Postgres(pool) = &self.database {
-            pool.close().await;
-        }
+        self.served.stop();
+        self.db.finish().await;
     }
 
     fn worker(&self, config: WorkerConfig) -> Worker {
@@ -195,17 +118,7 @@ impl Harness {
 
     /// Creates a payment through the synchronous path; returns its id and the rendered answer.
     async fn create(&self, method: &str, amount: i64, capture: CaptureMode) -> (PaymentId, Value) {
-        let key = uuid::Uuid::new_v4().to_string();
-        let request = Idempotent {
-            scope: Scope {
-                tenant: "acme".into(),
-                method: "POST".into(),
-                route: "/v1/payments".into(),
-            },
-            key: IdempotencyKey::parse(&key).unwrap(),
-            body: canonical_body_hash(&json!({ "key": key })),
-            correlation_id: None,
-        };
+        let request = create_request(&uuid::Uuid::new_v4().to_string());
         let payment = NewPayment {
             tenant: TenantId::parse("acme").unwrap(),
             amount: Amount::new(amount),
@@ -959,7 +872,7 @@ async fn two_workers(backend: Backend) {
     let mut handles = Vec::new();
     for _ in 0..2 {
         // A second pool on the same database: nothing shared with the other worker but the rows.
-        let database = match (&h.database, &h.pg_url) {
+        let database = match (&h.database, &h.db.pg_url) {
             (Database::Postgres(_), Some(url)) => Database::connect(url).await.unwrap(),
             _ => h.database.clone(),
         };

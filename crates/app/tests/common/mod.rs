@@ -1,0 +1,160 @@
+//! Test support shared by this crate's integration tests (each binary uses its own part of it):
+//! a fresh database on either backend, the provider simulator on a loopback port, and a payment
+//! flow wired to it.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use asiento_app::clock::Clock;
+use asiento_app::idempotency::{canonical_body_hash, IdempotencyKey, Scope, StoredResponse};
+use asiento_app::payments::{Idempotent, PaymentFlow};
+use asiento_app::providers::{ConfiguredProvider, Providers};
+use asiento_app::reply::{Render, Reply};
+use asiento_domain::{Amount, FeeSchedule, ProviderName};
+use asiento_eventstore::Database;
+use asiento_psp::{ClientConfig, HttpProvider, SimConfig, Simulator};
+use serde_json::json;
+
+/// The simulator's fee in the tests' provider configuration, in basis points.
+pub const FEE_BPS: u32 = 300;
+
+#[derive(Clone, Copy, Debug)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A migrated database of its own: a SQLite file in a temporary directory, or a fresh PostgreSQL
+/// database dropped by [`TestDatabase::finish`].
+pub struct TestDatabase {
+    pub database: Database,
+    pub pg_url: Option<String>,
+    _dir: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl TestDatabase {
+    pub async fn open(backend: Backend) -> TestDatabase {
+        let (url, dir): (String, Option<Box<dyn std::any::Any + Send + Sync>>) = match backend {
+            Backend::Sqlite => {
+                let (dir, url) = asiento_eventstore::testing::temp_sqlite_url();
+                (url, Some(Box::new(dir)))
+            }
+            Backend::Postgres => (
+                asiento_eventstore::testing::fresh_postgres_url().await,
+                None,
+            ),
+        };
+        let database = Database::connect(&url).await.unwrap();
+        database.migrate().await.unwrap();
+        TestDatabase {
+            database,
+            pg_url: matches!(backend, Backend::Postgres).then_some(url),
+            _dir: dir,
+        }
+    }
+
+    /// Closes the pool (the connections the test still holds elsewhere stay open).
+    pub async fn close(&self) {
+        if let Database::Postgres(pool) = &self.database {
+            pool.close().await;
+        }
+    }
+
+    pub async fn finish(self) {
+        if let Some(url) = &self.pg_url {
+            self.close().await;
+            asiento_eventstore::testing::drop_postgres_database(url).await;
+        }
+    }
+}
+
+/// The simulator served over loopback HTTP until [`TestSim::stop`].
+pub struct TestSim {
+    pub sim: Simulator,
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl TestSim {
+    pub async fn start(config: SimConfig) -> TestSim {
+        let sim = Simulator::new(config);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(asiento_psp::sim::run(listener, sim.clone(), async move {
+            let _ = stopped.await;
+        }));
+        TestSim {
+            sim,
+            addr,
+            stop: Some(stop),
+        }
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// A payment flow on `database` whose provider `sim` is this simulator, over HTTP.
+    pub fn flow(
+        &self,
+        database: &Database,
+        client: ClientConfig,
+        clock: Arc<dyn Clock>,
+    ) -> PaymentFlow {
+        let provider = HttpProvider::new("sim", &format!("http://{}", self.addr), client).unwrap();
+        let providers = Providers::new([(
+            ProviderName::parse("sim").unwrap(),
+            ConfiguredProvider {
+                adapter: Arc::new(provider),
+                fees: FeeSchedule::new(FEE_BPS, Amount::ZERO).unwrap(),
+            },
+        )]);
+        PaymentFlow {
+            database: database.clone(),
+            store: database.event_store(),
+            providers,
+            clock,
+            render: Arc::new(TestRender),
+            idempotency_lease_ms: 60_000,
+        }
+    }
+}
+
+/// A `POST /v1/payments` request of tenant `acme` with this key (and a body naming it).
+pub fn create_request(key: &str) -> Idempotent {
+    Idempotent {
+        scope: Scope {
+            tenant: "acme".into(),
+            method: "POST".into(),
+            route: "/v1/payments".into(),
+        },
+        key: IdempotencyKey::parse(key).unwrap(),
+        body: canonical_body_hash(&json!({ "key": key })),
+        correlation_id: None,
+    }
+}
+
+/// Renders just what the tests look at.
+pub struct TestRender;
+
+impl Render for TestRender {
+    fn render(&self, reply: &Reply<'_>) -> StoredResponse {
+        let body = match reply {
+            Reply::Payment { payment, .. } => json!({
+                "id": payment.id.to_string(),
+                "status": payment.status.as_str(),
+                "next_action": payment.next_action.is_some(),
+            }),
+            Reply::Transfer { .. } => json!({}),
+            Reply::Rejected(rejected) => json!({"rejected": format!("{rejected:?}")}),
+        };
+        StoredResponse {
+            status: 201,
+            body: serde_json::to_vec(&body).unwrap(),
+        }
+    }
+}
