@@ -427,6 +427,7 @@ async fn app() -> (tempdir::Guard, Router) {
         payments: PaymentFlow {
             database: database.clone(),
             store: database.event_store(),
+            commits: asiento_app::group_commit::GroupCommit::new(database.event_store()),
             providers: Providers::default(),
             clock: clock.clone(),
             render: render.clone(),

@@ -103,7 +103,7 @@ fn write_canonical(value: &serde_json::Value, out: &mut String) {
 }
 
 /// A response stored on a completed record and replayed byte for byte.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StoredResponse {
     pub status: u16,
     pub body: Vec<u8>,
@@ -170,6 +170,183 @@ pub async fn claim(
         owner: Uuid::new_v4(),
         expires_ms: now_ms + lease_ms,
     };
+    if insert_fresh(tx, scope, key, body, resource_id, lease, now_ms).await? {
+        return Ok(Claim::Fresh { lease });
+    }
+    let record = read(tx, scope, key)
+        .await?
+        .ok_or(IdempotencyError::Corrupt("a conflicting record vanished"))?;
+    if record.body_sha256 != body.0 {
+        return Ok(Claim::KeyReused);
+    }
+    if record.completed {
+        let (Some(status), Some(body)) = (record.response_status, record.response_body) else {
+            return Err(IdempotencyError::Corrupt("completed without a response"));
+        };
+        let status = u16::try_from(status)
+            .map_err(|_| IdempotencyError::Corrupt("stored status out of range"))?;
+        return Ok(Claim::Completed(StoredResponse { status, body }));
+    }
+    if record.lease_expires_ms > now_ms {
+        let wait_ms = record.lease_expires_ms - now_ms;
+        let retry_after_s = u64::try_from(wait_ms.div_euclid(1000) + 1).unwrap_or(1);
+        return Ok(Claim::InProgress { retry_after_s });
+    }
+    // The holder's lease ran out: take the key over, but only from that holder, so that two
+    // retries racing for an expired key cannot both win.
+    let taken = take_over(tx, scope, key, record.lease_owner, lease).await?;
+    if taken {
+        Ok(Claim::Resumed {
+            lease,
+            resource_id: record.resource_id,
+        })
+    } else {
+        Ok(Claim::InProgress { retry_after_s: 1 })
+    }
+}
+
+/// A key to claim as new (group commit: see `group_commit`).
+#[derive(Debug, Clone)]
+pub struct FreshClaim {
+    pub scope: Scope,
+    pub key: IdempotencyKey,
+    pub body: BodyHash,
+    pub resource_id: String,
+    pub lease: Lease,
+    pub now_ms: i64,
+}
+
+/// A held key to complete with its response (group commit).
+#[derive(Debug, Clone)]
+pub struct Completing {
+    pub scope: Scope,
+    pub key: IdempotencyKey,
+    pub lease: Lease,
+    pub response: StoredResponse,
+    pub now_ms: i64,
+}
+
+/// Claims each key that nobody has claimed yet, inside `tx`: `true` for those now held (with the
+/// claim's lease), `false` for a key that exists (the caller claims it the usual way, which
+/// tells a replay, a key in flight or a reused key apart). One statement on PostgreSQL.
+pub async fn claim_fresh_each(
+    tx: &mut Tx,
+    claims: &[FreshClaim],
+) -> Result<Vec<bool>, IdempotencyError> {
+    let Tx::Postgres(conn) = tx else {
+        // SQLite runs in process: a statement per key costs no round trip.
+        let mut held = Vec::with_capacity(claims.len());
+        for c in claims {
+            let fresh = insert_fresh(
+                tx,
+                &c.scope,
+                &c.key,
+                c.body,
+                &c.resource_id,
+                c.lease,
+                c.now_ms,
+            );
+            held.push(fresh.await?);
+        }
+        return Ok(held);
+    };
+    let column = |f: &dyn Fn(&FreshClaim) -> &str| claims.iter().map(f).collect::<Vec<&str>>();
+    let owners: Vec<Uuid> = sqlx::query_scalar(
+        "insert into idempotency_keys (tenant, method, route, key, body_sha256, resource_id, \
+         state, lease_owner, lease_expires_ms, created_ms) \
+         select t, m, r, k, b, res, 'in_flight', o, e, c from unnest($1::text[], $2::text[], \
+         $3::text[], $4::text[], $5::bytea[], $6::text[], $7::uuid[], $8::int8[], $9::int8[]) \
+         as u(t, m, r, k, b, res, o, e, c) on conflict do nothing returning lease_owner",
+    )
+    .bind(column(&|c| &c.scope.tenant))
+    .bind(column(&|c| &c.scope.method))
+    .bind(column(&|c| &c.scope.route))
+    .bind(column(&|c| c.key.as_str()))
+    .bind(claims.iter().map(|c| c.body.0.to_vec()).collect::<Vec<_>>())
+    .bind(column(&|c| &c.resource_id))
+    .bind(claims.iter().map(|c| c.lease.owner).collect::<Vec<_>>())
+    .bind(
+        claims
+            .iter()
+            .map(|c| c.lease.expires_ms)
+            .collect::<Vec<_>>(),
+    )
+    .bind(claims.iter().map(|c| c.now_ms).collect::<Vec<_>>())
+    .fetch_all(&mut **conn)
+    .await?;
+    Ok(claims
+        .iter()
+        .map(|c| owners.contains(&c.lease.owner))
+        .collect())
+}
+
+/// Completes each held key with its response, inside `tx`: `false` where the lease was lost (the
+/// caller must then roll back what it wrote for that request). One statement on PostgreSQL.
+pub async fn complete_each(
+    tx: &mut Tx,
+    completions: &[Completing],
+) -> Result<Vec<bool>, IdempotencyError> {
+    let Tx::Postgres(conn) = tx else {
+        let mut held = Vec::with_capacity(completions.len());
+        for c in completions {
+            match complete(tx, &c.scope, &c.key, c.lease, &c.response, c.now_ms).await {
+                Ok(()) => held.push(true),
+                Err(IdempotencyError::LeaseLost) => held.push(false),
+                Err(e) => return Err(e),
+            }
+        }
+        return Ok(held);
+    };
+    let column = |f: &dyn Fn(&Completing) -> &str| completions.iter().map(f).collect::<Vec<&str>>();
+    let owners: Vec<Uuid> = sqlx::query_scalar(
+        "update idempotency_keys k set state = 'completed', response_status = u.s, \
+         response_body = u.b, completed_ms = u.c \
+         from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::bytea[], \
+         $7::int8[], $8::uuid[]) as u(t, m, r, key, s, b, c, o) \
+         where k.tenant = u.t and k.method = u.m and k.route = u.r and k.key = u.key \
+         and k.state = 'in_flight' and k.lease_owner = u.o returning k.lease_owner",
+    )
+    .bind(column(&|c| &c.scope.tenant))
+    .bind(column(&|c| &c.scope.method))
+    .bind(column(&|c| &c.scope.route))
+    .bind(column(&|c| c.key.as_str()))
+    .bind(
+        completions
+            .iter()
+            .map(|c| i32::from(c.response.status))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        completions
+            .iter()
+            .map(|c| c.response.body.clone())
+            .collect::<Vec<_>>(),
+    )
+    .bind(completions.iter().map(|c| c.now_ms).collect::<Vec<_>>())
+    .bind(
+        completions
+            .iter()
+            .map(|c| c.lease.owner)
+            .collect::<Vec<_>>(),
+    )
+    .fetch_all(&mut **conn)
+    .await?;
+    Ok(completions
+        .iter()
+        .map(|c| owners.contains(&c.lease.owner))
+        .collect())
+}
+
+/// Inserts a new in-flight record under `lease`; `false` if the key exists.
+async fn insert_fresh(
+    tx: &mut Tx,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    body: BodyHash,
+    resource_id: &str,
+    lease: Lease,
+    now_ms: i64,
+) -> Result<bool, IdempotencyError> {
     let inserted = match tx {
         Tx::Postgres(tx) => sqlx::query(
             "insert into idempotency_keys (tenant, method, route, key, body_sha256, resource_id, \
@@ -206,39 +383,7 @@ pub async fn claim(
         .await?
         .rows_affected(),
     };
-    if inserted == 1 {
-        return Ok(Claim::Fresh { lease });
-    }
-    let record = read(tx, scope, key)
-        .await?
-        .ok_or(IdempotencyError::Corrupt("a conflicting record vanished"))?;
-    if record.body_sha256 != body.0 {
-        return Ok(Claim::KeyReused);
-    }
-    if record.completed {
-        let (Some(status), Some(body)) = (record.response_status, record.response_body) else {
-            return Err(IdempotencyError::Corrupt("completed without a response"));
-        };
-        let status = u16::try_from(status)
-            .map_err(|_| IdempotencyError::Corrupt("stored status out of range"))?;
-        return Ok(Claim::Completed(StoredResponse { status, body }));
-    }
-    if record.lease_expires_ms > now_ms {
-        let wait_ms = record.lease_expires_ms - now_ms;
-        let retry_after_s = u64::try_from(wait_ms.div_euclid(1000) + 1).unwrap_or(1);
-        return Ok(Claim::InProgress { retry_after_s });
-    }
-    // The holder's lease ran out: take the key over, but only from that holder, so that two
-    // retries racing for an expired key cannot both win.
-    let taken = take_over(tx, scope, key, record.lease_owner, lease).await?;
-    if taken {
-        Ok(Claim::Resumed {
-            lease,
-            resource_id: record.resource_id,
-        })
-    } else {
-        Ok(Claim::InProgress { retry_after_s: 1 })
-    }
+    Ok(inserted == 1)
 }
 
 async fn take_over(

@@ -6,6 +6,7 @@
 pub mod api_keys;
 pub mod clock;
 pub mod exceptions;
+pub mod group_commit;
 pub mod idempotency;
 pub mod invariants;
 pub mod leases;

@@ -22,13 +22,19 @@ use asiento_domain::{
     Payment, PaymentCommand, PaymentEvent, PaymentId, PaymentRecord, PaymentRejection,
     PaymentStatus, ProviderFact, ProviderName, TenantId,
 };
-use asiento_eventstore::{AppendError, Database, Metadata, Tx};
+use asiento_eventstore::{AppendError, Appended, Database, Metadata, Tx};
 use asiento_psp::{Charge, ChargeOutcome, ChargeStatus, CreateCharge, ProviderError};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use crate::clock::Clock;
-use crate::idempotency::{self, BodyHash, Claim, IdempotencyError, IdempotencyKey, Lease, Scope};
+use crate::group_commit::{
+    Committed, Completion as WorkCompletion, GroupCommit, GroupCommitError, Respond, Work,
+};
+use crate::idempotency::{
+    self, BodyHash, Claim, Completing, FreshClaim, IdempotencyError, IdempotencyKey, Lease, Scope,
+    StoredResponse,
+};
 use crate::leases;
 use crate::log::{self, LogError, Store};
 use crate::providers::{ConfiguredProvider, Providers};
@@ -64,6 +70,8 @@ pub enum FlowError {
     LeaseLost(String),
     #[error(transparent)]
     Lease(#[from] crate::leases::LeaseError),
+    #[error(transparent)]
+    Commit(#[from] GroupCommitError),
 }
 
 impl From<asiento_eventstore::StoreError> for FlowError {
@@ -166,6 +174,9 @@ pub struct PaymentFlow {
     pub clock: Arc<dyn Clock>,
     pub render: Arc<dyn Render>,
     pub idempotency_lease_ms: i64,
+    /// The writer that commits the request path's steps of concurrent requests together; made
+    /// with [`GroupCommit::new`] on `store`.
+    pub commits: Arc<GroupCommit>,
 }
 
 impl PaymentFlow {
@@ -226,6 +237,45 @@ impl PaymentFlow {
                 ))
             }
         };
+        // The common case, a new key: claim and intent committed with other requests' steps.
+        let metadata = self.metadata(&payment.tenant, Some(request));
+        let appends = log::decision_appends(
+            asiento_domain::payment_stream(id),
+            0,
+            log::encode(&events, &metadata, log::payment_codec)?,
+            &[],
+            &metadata,
+        )?;
+        let now_ms = now.timestamp_millis();
+        let lease = Lease {
+            owner: Uuid::new_v4(),
+            expires_ms: now_ms.saturating_add(self.idempotency_lease_ms),
+        };
+        let step = Work {
+            claim: Some(FreshClaim {
+                scope: request.scope.clone(),
+                key: request.key.clone(),
+                body: request.body,
+                resource_id: id.to_string(),
+                lease,
+                now_ms,
+            }),
+            appends: appends.clone(),
+            completion: None,
+        };
+        if let Committed::Written(Some(appended)) = self.commits.commit(step).await? {
+            let current = CurrentPayment {
+                payment: events
+                    .iter()
+                    .fold(Payment::default(), asiento_domain::evolve_payment),
+                last_position: Some(appended.last_position),
+            };
+            return self
+                .charge_and_finalize(id, &payment.payment_method, request, lease, Some(current))
+                .await;
+        }
+        // The key exists: claim it the usual way (a replay, a key in flight, a reused key, or a
+        // request to resume).
         let mut tx = self.store.begin().await?;
         let claim = idempotency::claim(
             &mut tx,
@@ -233,20 +283,12 @@ impl PaymentFlow {
             &request.key,
             request.body,
             &id.to_string(),
-            now.timestamp_millis(),
+            now_ms,
             self.idempotency_lease_ms,
         )
         .await?;
         let (id, lease, current) = match claim {
             Claim::Fresh { lease } => {
-                let metadata = self.metadata(&payment.tenant, Some(request));
-                let appends = log::decision_appends(
-                    asiento_domain::payment_stream(id),
-                    0,
-                    log::encode(&events, &metadata, log::payment_codec)?,
-                    &[],
-                    &metadata,
-                )?;
                 let appended = self
                     .store
                     .append_in(&mut tx, &appends)
@@ -513,20 +555,66 @@ impl PaymentFlow {
             // that other waiters for the lock occupy would deadlock until the busy timeout.
             let guards =
                 log::load_guards(self.store.as_ref(), log::payment_entries(&events)).await?;
-            let mut tx = self.store.begin().await?;
-            let position = if events.is_empty() {
-                current.last_position.unwrap_or(0)
+            let appends = if events.is_empty() {
+                Vec::new()
             } else {
                 let guard_appends = log::payment_guard_appends(&events, &guards)
                     .map_err(|rejection| FlowError::Inconsistent(rejection.to_string()))?;
                 let metadata = self.metadata(&record.tenant, completion.map(|c| c.request));
-                let appends = log::decision_appends(
+                log::decision_appends(
                     asiento_domain::payment_stream(id),
                     payment.version,
                     log::encode(&events, &metadata, log::payment_codec)?,
                     &guard_appends,
                     &metadata,
-                )?;
+                )?
+            };
+            let unchanged_position = current.last_position.unwrap_or(0);
+            if let (Some(completion), None) = (completion, also) {
+                // A request's finalisation: committed with other requests' steps.
+                let finalized = {
+                    let (payment, events_appended) = (after_record.clone(), events.len());
+                    move |appended: Option<&Appended>| Finalized {
+                        payment: payment.clone(),
+                        position: appended.map_or(unchanged_position, |a| a.last_position),
+                        events_appended,
+                    }
+                };
+                let respond: Respond = {
+                    let (render, kind, finalized) =
+                        (Arc::clone(&self.render), completion.kind, finalized.clone());
+                    Arc::new(move |appended| render.render(&reply_for(kind, &finalized(appended))))
+                };
+                let step = Work {
+                    claim: None,
+                    appends,
+                    completion: Some(WorkCompletion {
+                        completing: Completing {
+                            scope: completion.request.scope.clone(),
+                            key: completion.request.key.clone(),
+                            lease: completion.lease,
+                            response: StoredResponse::default(),
+                            now_ms: now.timestamp_millis(),
+                        },
+                        respond,
+                    }),
+                };
+                match self.commits.commit(step).await? {
+                    Committed::Written(appended) => return Ok(finalized(appended.as_ref())),
+                    Committed::Conflict => {
+                        metrics::counter!("asiento_finalize_conflicts_total").increment(1);
+                        continue;
+                    }
+                    Committed::LeaseLost => return Err(IdempotencyError::LeaseLost.into()),
+                    Committed::NotFresh => {
+                        return Err(FlowError::Inconsistent("a completion met a claim".into()))
+                    }
+                }
+            }
+            let mut tx = self.store.begin().await?;
+            let position = if appends.is_empty() {
+                unchanged_position
+            } else {
                 match self.store.append_in(&mut tx, &appends).await {
                     Ok(appended) => appended.last_position,
                     Err(error) if log::is_conflict(&error) => {

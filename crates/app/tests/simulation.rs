@@ -608,9 +608,11 @@ async fn start_process(
             fees: FeeSchedule::new(FEE_BPS, Amount::ZERO).unwrap(),
         },
     )]);
+    let store = database.event_store();
     let flow = PaymentFlow {
         database: database.clone(),
-        store: database.event_store(),
+        store: store.clone(),
+        commits: asiento_app::group_commit::GroupCommit::new(store),
         providers,
         clock: clock.clone(),
         render: Arc::new(SimRender),

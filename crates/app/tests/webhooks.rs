@@ -876,9 +876,11 @@ async fn two_workers(backend: Backend) {
             (Database::Postgres(_), Some(url)) => Database::connect(url).await.unwrap(),
             _ => h.database.clone(),
         };
+        let store = database.event_store();
         let flow = PaymentFlow {
             database: database.clone(),
-            store: database.event_store(),
+            store: store.clone(),
+            commits: asiento_app::group_commit::GroupCommit::new(store),
             ..h.flow.clone()
         };
         let worker = Worker::new(flow, fast_config());

@@ -73,9 +73,11 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
         )]),
     };
     let providers = crate::providers::build(&urls, &args.fees, &ClientConfig::default())?;
+    let store = database.event_store();
     let flow = PaymentFlow {
         database: database.clone(),
-        store: database.event_store(),
+        store: store.clone(),
+        commits: asiento_app::group_commit::GroupCommit::new(store),
         providers,
         clock: Arc::new(SystemClock),
         render: Arc::new(asiento_api::render::JsonRender),

@@ -400,6 +400,7 @@ impl Core {
             payments: PaymentFlow {
                 database: database.clone(),
                 store: store.clone(),
+                commits: asiento_app::group_commit::GroupCommit::new(store.clone()),
                 providers,
                 clock: clock.clone(),
                 render: render.clone(),

@@ -329,6 +329,29 @@ pub trait EventStore: Send + Sync {
         streams: &[StreamAppend],
     ) -> Result<Appended, AppendError>;
 
+    /// Appends several independent requests inside `tx` (group commit): for
+    /// each, `Some` when every stream of it was written, `None` when one of its
+    /// expectations did not hold. Unless every entry is `Some`, part of the
+    /// requests may be written in `tx` and the caller must roll it back. Two
+    /// requests naming the same stream see the same version, so at most one
+    /// of them is written. PostgreSQL writes all requests with one statement
+    /// when they expect only `NoStream` or `Exact`.
+    async fn append_each_in(
+        &self,
+        tx: &mut Tx,
+        requests: &[&[StreamAppend]],
+    ) -> Result<Vec<Option<Appended>>, AppendError> {
+        let mut results = Vec::with_capacity(requests.len());
+        for streams in requests {
+            match self.append_in(tx, streams).await {
+                Ok(appended) => results.push(Some(appended)),
+                Err(AppendError::Conflict { .. }) => results.push(None),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(results)
+    }
+
     /// A unit of work on this store's database, as [`Database::begin`], but on
     /// PostgreSQL on one of the store's own connections where one is free.
     async fn begin(&self) -> Result<Tx, StoreError>;

@@ -351,6 +351,107 @@ async fn append_stream_in_tx(
     Err(Failure::Retry)
 }
 
+/// Every request's events in one statement: the stream's version now is read
+/// once per stream, a stream whose version is not the expected one gets no
+/// rows, and a row some other writer got to first is skipped (ON CONFLICT DO
+/// NOTHING); a request is written when all its events came back.
+const INSERT_EACH: &str = "WITH input AS (SELECT * FROM unnest($1::text[], $2::int8[], \
+     $3::int8[], $4::uuid[], $5::text[], $6::int4[], $7::jsonb[], $8::jsonb[]) WITH ORDINALITY \
+     AS i(stream_id, expected, ord, event_id, event_type, schema, data, metadata, n)), \
+     cur AS (SELECT s.stream_id, (SELECT coalesce(max(e.version), 0) FROM events e \
+     WHERE e.stream_id = s.stream_id) AS v FROM (SELECT DISTINCT stream_id FROM input) s) \
+     INSERT INTO events (stream_id, version, event_id, event_type, schema, data, metadata) \
+     SELECT i.stream_id, i.expected + i.ord, i.event_id, i.event_type, i.schema, i.data, \
+     i.metadata FROM input i JOIN cur ON cur.stream_id = i.stream_id AND cur.v = i.expected \
+     ORDER BY i.n ON CONFLICT DO NOTHING RETURNING event_id, position, version, xact";
+
+/// [`EventStore::append_each_in`] on PostgreSQL.
+async fn append_each_on(
+    conn: &mut PgConnection,
+    requests: &[&[StreamAppend]],
+) -> Result<Vec<Option<Appended>>, AppendError> {
+    let mut stream_ids = Vec::new();
+    let mut expected = Vec::new();
+    let mut ords = Vec::new();
+    let mut event_ids = Vec::new();
+    let mut event_types = Vec::new();
+    let mut schemas = Vec::new();
+    let mut data = Vec::new();
+    let mut metadata = Vec::new();
+    for append in requests.iter().flat_map(|streams| streams.iter()) {
+        let base = match append.expected {
+            ExpectedVersion::NoStream => 0,
+            // A version beyond i64 can never be current: -1 never matches.
+            ExpectedVersion::Exact(n) => i64::try_from(n).unwrap_or(-1),
+            // Not a decision's expectation: one request at a time.
+            ExpectedVersion::Any | ExpectedVersion::StreamExists => {
+                return append_each_one_by_one(conn, requests).await;
+            }
+        };
+        for (ord, event) in (1_i64..).zip(&append.events) {
+            stream_ids.push(append.stream_id.as_str());
+            expected.push(base);
+            ords.push(ord);
+            event_ids.push(event.event_id);
+            event_types.push(event.event_type.as_str());
+            schemas.push(event.schema);
+            data.push(Json(&event.data));
+            metadata.push(Json(&event.metadata));
+        }
+    }
+    let rows: Vec<(Uuid, i64, i64, i64)> = sqlx::query_as(INSERT_EACH)
+        .bind(stream_ids)
+        .bind(expected)
+        .bind(ords)
+        .bind(event_ids)
+        .bind(event_types)
+        .bind(schemas)
+        .bind(data)
+        .bind(metadata)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(StoreError::from)?;
+    // By event id: two requests naming one stream may expect the same versions.
+    let written: std::collections::HashMap<Uuid, (i64, i64, i64)> = rows
+        .into_iter()
+        .map(|(event_id, position, version, xact)| (event_id, (position, version, xact)))
+        .collect();
+    let mut results = Vec::with_capacity(requests.len());
+    for streams in requests {
+        let mut parts = Vec::with_capacity(streams.len());
+        for append in streams.iter() {
+            let rows: Option<Vec<(i64, i64, i64)>> = append
+                .events
+                .iter()
+                .map(|event| written.get(&event.event_id).copied())
+                .collect();
+            match rows {
+                Some(rows) => parts.push(classify::result_of(&append.stream_id, &rows)?),
+                None => break,
+            }
+        }
+        results.push((parts.len() == streams.len()).then(|| crate::merge(parts)));
+    }
+    Ok(results)
+}
+
+/// The requests one after the other, each as `append_in` would write it.
+async fn append_each_one_by_one(
+    conn: &mut PgConnection,
+    requests: &[&[StreamAppend]],
+) -> Result<Vec<Option<Appended>>, AppendError> {
+    let mut results = Vec::with_capacity(requests.len());
+    for streams in requests {
+        match append_streams(conn, streams).await {
+            Ok(Outcome::Written(appended)) => results.push(Some(appended)),
+            Ok(Outcome::Replayed(_)) | Err(Failure::Retry) => results.push(None),
+            Err(Failure::Refused(AppendError::Conflict { .. })) => results.push(None),
+            Err(Failure::Refused(e)) => return Err(e),
+        }
+    }
+    Ok(results)
+}
+
 fn bind_insert<'q>(
     sql: &Insert,
     append: &'q StreamAppend,
@@ -481,6 +582,25 @@ impl EventStore for PgEventStore {
             }
         };
         Ok(appended)
+    }
+
+    #[tracing::instrument(skip_all, fields(requests = requests.len()))]
+    async fn append_each_in(
+        &self,
+        tx: &mut Tx,
+        requests: &[&[StreamAppend]],
+    ) -> Result<Vec<Option<Appended>>, AppendError> {
+        for streams in requests {
+            crate::validate(streams)?;
+        }
+        let Tx::Postgres(tx) = tx else {
+            return Err(StoreError::BackendMismatch.into());
+        };
+        let results = append_each_on(tx, requests).await?;
+        if results.iter().any(Option::is_some) {
+            self.notifier.poke();
+        }
+        Ok(results)
     }
 
     async fn begin(&self) -> Result<Tx, StoreError> {

@@ -47,6 +47,7 @@ macro_rules! suite_tests {
                 store_units_of_work_end_cleanly_and_reuse_connections,
                 last_event_is_the_streams_last,
                 read_streams_reads_each_stream_whole,
+                append_each_in_writes_requests_independently,
                 migrations_are_reported_applied,
                 race_sixteen_exact_writers_one_stream,
                 race_slow_writers_under_a_tailing_subscriber,
@@ -860,6 +861,60 @@ mod suite {
             .map(|(id, n)| (id.to_owned(), (1..=n as u64).collect()))
             .collect();
         assert_eq!(streams, want, "each stream once, whole, in version order");
+    }
+
+    /// Group commit: each request of a batch is written whole or not at all; two requests naming
+    /// one stream cannot both be; a batch that is not all written is rolled back by its caller and
+    /// leaves nothing; one that is commits every request with its own result.
+    pub async fn append_each_in_writes_requests_independently(h: &Harness) {
+        use ExpectedVersion::*;
+        h.store
+            .append(&[to("y", NoStream, events(1))])
+            .await
+            .unwrap();
+        h.store
+            .append(&[to("z", NoStream, events(1))])
+            .await
+            .unwrap();
+        let a = [to("x", NoStream, events(2)), to("y", Exact(1), events(1))];
+        let b = [to("z", Exact(1), events(1))];
+        let stale = [to("z2", Exact(5), events(1))];
+        let same_stream = [to("x", NoStream, events(1))];
+        let mut tx = h.store.begin().await.unwrap();
+        let results = h
+            .store
+            .append_each_in(&mut tx, &[&a, &b, &stale, &same_stream])
+            .await
+            .unwrap();
+        assert!(results[1].is_some());
+        assert!(results[2].is_none(), "a stale expectation is not written");
+        assert_eq!(
+            results[0].is_some() as u8 + results[3].is_some() as u8,
+            1,
+            "one of two requests on one stream: {results:?}"
+        );
+        tx.rollback().await.unwrap();
+        assert_eq!(h.store.stream_version("x").await.unwrap(), None);
+        assert_eq!(h.store.stream_version("y").await.unwrap(), Some(1));
+        assert_eq!(h.store.stream_version("z").await.unwrap(), Some(1));
+
+        let mut tx = h.store.begin().await.unwrap();
+        let results = h.store.append_each_in(&mut tx, &[&a, &b]).await.unwrap();
+        tx.commit().await.unwrap();
+        let [Some(first), Some(second)] = &results[..] else {
+            panic!("both requests are written: {results:?}");
+        };
+        assert_eq!(first.streams, vec![("x".into(), 2), ("y".into(), 2)]);
+        assert_eq!(second.streams, vec![("z".into(), 2)]);
+        for appended in [first, second] {
+            h.settled(appended.last_cursor).await;
+            for (stream, version) in &appended.streams {
+                let last = h.store.last_event(stream).await.unwrap().unwrap();
+                assert_eq!(last.version, *version);
+                assert!(last.position >= appended.first_position);
+                assert!(last.position <= appended.last_position);
+            }
+        }
     }
 
     pub async fn migrations_are_reported_applied(h: &Harness) {

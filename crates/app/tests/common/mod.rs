@@ -113,9 +113,11 @@ impl TestSim {
                 fees: FeeSchedule::new(FEE_BPS, Amount::ZERO).unwrap(),
             },
         )]);
+        let store = database.event_store();
         PaymentFlow {
             database: database.clone(),
-            store: database.event_store(),
+            store: store.clone(),
+            commits: asiento_app::group_commit::GroupCommit::new(store),
             providers,
             clock,
             render: Arc::new(TestRender),

@@ -1,0 +1,248 @@
+//! Group commit: the request path's writes of many concurrent requests in one transaction.
+//!
+//! A request's durable steps are small: a create claims its key and appends the intent; a
+//! finalisation appends the provider's fact and completes the key with the rendered answer. Each
+//! alone is a transaction of a few single-row statements and a commit flush; measured, a
+//! row costs several times more in a single-row statement than in a batch (docs/benchmarks.md).
+//! So requests hand their step to a writer task ([`GroupCommit::commit`]), which takes every step
+//! waiting at that moment and writes them in one transaction with one statement per kind of row:
+//! the fresh claims (`idempotency::claim_fresh_each`), the events
+//! (`EventStore::append_each_in`), the completions (`idempotency::complete_each`). Each request
+//! is answered only after the commit.
+//!
+//! Every request's outcome is its own: a key that is not new comes back [`Committed::NotFresh`]
+//! (its request then claims the usual way), and nothing else of it is written. If any request's
+//! events or completion cannot be written (a lost version race, a lost lease), the transaction is
+//! rolled back and every request of the batch is written again alone, in a transaction of its
+//! own, where that one request gets its [`Committed::Conflict`] or [`Committed::LeaseLost`].
+//! Nothing of a batch is ever committed in part.
+
+use std::sync::{Arc, OnceLock};
+
+use asiento_eventstore::{AppendError, Appended, StoreError, StreamAppend};
+use tokio::sync::{mpsc, oneshot, Mutex};
+
+use crate::idempotency::{self, Completing, FreshClaim, IdempotencyError, StoredResponse};
+use crate::log::Store;
+
+/// Requests written in one transaction, at most.
+pub const BATCH_MAX: usize = 64;
+/// Writer tasks: while one batch commits, the next one is gathered and written.
+const WRITERS: usize = 2;
+
+/// One request's step: what it writes.
+pub struct Work {
+    /// A key to claim as new, with the step.
+    pub claim: Option<FreshClaim>,
+    /// The events of the step (one decision: its aggregate's stream and its guards' streams).
+    pub appends: Vec<StreamAppend>,
+    /// A held key to complete, with the answer rendered from what the append wrote.
+    pub completion: Option<Completion>,
+}
+
+/// A completion whose response depends on the append (its position is in the answer).
+pub struct Completion {
+    /// The key, its lease and the time; the response is rendered by `respond`.
+    pub completing: Completing,
+    pub respond: Respond,
+}
+
+/// Renders a completion's response from what its step appended.
+pub type Respond = Arc<dyn Fn(Option<&Appended>) -> StoredResponse + Send + Sync>;
+
+/// How one request's step ended.
+#[derive(Debug)]
+pub enum Committed {
+    /// Written and committed (`None`: the step had no events).
+    Written(Option<Appended>),
+    /// The key exists: nothing was written.
+    NotFresh,
+    /// A stream was not at the expected version: nothing was written.
+    Conflict,
+    /// The key's lease was taken over: nothing was written.
+    LeaseLost,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GroupCommitError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Append(#[from] AppendError),
+    #[error(transparent)]
+    Idempotency(#[from] IdempotencyError),
+    #[error("the group commit writer stopped")]
+    Stopped,
+}
+
+type Reply = oneshot::Sender<Result<Committed, GroupCommitError>>;
+
+/// The writer tasks of one store, started on first use. Cheap to share (`Arc`).
+pub struct GroupCommit {
+    store: Store,
+    queue: OnceLock<mpsc::UnboundedSender<(Work, Reply)>>,
+}
+
+impl std::fmt::Debug for GroupCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupCommit").finish_non_exhaustive()
+    }
+}
+
+impl GroupCommit {
+    pub fn new(store: Store) -> Arc<GroupCommit> {
+        Arc::new(GroupCommit {
+            store,
+            queue: OnceLock::new(),
+        })
+    }
+
+    /// Writes `step` with whatever other steps are waiting, and answers once that committed.
+    pub async fn commit(&self, step: Work) -> Result<Committed, GroupCommitError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue()
+            .send((step, reply))
+            .map_err(|_| GroupCommitError::Stopped)?;
+        answer.await.map_err(|_| GroupCommitError::Stopped)?
+    }
+
+    fn queue(&self) -> &mpsc::UnboundedSender<(Work, Reply)> {
+        self.queue.get_or_init(|| {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            let receiver = Arc::new(Mutex::new(receiver));
+            for _ in 0..WRITERS {
+                tokio::spawn(write_batches(self.store.clone(), Arc::clone(&receiver)));
+            }
+            sender
+        })
+    }
+}
+
+/// One writer: takes what is waiting (at least one step), writes it, answers; until every
+/// sender is gone.
+async fn write_batches(store: Store, receiver: Arc<Mutex<mpsc::UnboundedReceiver<(Work, Reply)>>>) {
+    loop {
+        let mut batch = Vec::new();
+        {
+            let mut receiver = receiver.lock().await;
+            if receiver.recv_many(&mut batch, BATCH_MAX).await == 0 {
+                return;
+            }
+        }
+        metrics::histogram!("asiento_group_commit_batch_size").record(batch.len() as f64);
+        let (steps, replies): (Vec<Work>, Vec<Reply>) = batch.into_iter().unzip();
+        for (reply, outcome) in replies.into_iter().zip(write(&store, steps).await) {
+            // A request that gave up is answered nowhere; its step is committed or not as told.
+            let _ = reply.send(outcome);
+        }
+    }
+}
+
+/// Writes the steps as one batch; if that cannot commit whole, each alone.
+async fn write(store: &Store, steps: Vec<Work>) -> Vec<Result<Committed, GroupCommitError>> {
+    if steps.len() > 1 {
+        match write_batch(store, &steps).await {
+            Ok(Batch::Done(outcomes)) => return outcomes.into_iter().map(Ok).collect(),
+            Ok(Batch::Retry) => {}
+            Err(error) => tracing::warn!(%error, steps = steps.len(), "group commit failed"),
+        }
+        metrics::counter!("asiento_group_commit_retried_alone_total").increment(steps.len() as u64);
+    }
+    let mut outcomes = Vec::with_capacity(steps.len());
+    for step in &steps {
+        outcomes.push(match write_batch(store, std::slice::from_ref(step)).await {
+            Ok(Batch::Done(mut one)) => one.pop().ok_or(GroupCommitError::Stopped),
+            Ok(Batch::Retry) => Err(GroupCommitError::Stopped),
+            Err(error) => Err(error),
+        });
+    }
+    outcomes
+}
+
+enum Batch {
+    /// Each step's outcome. Committed, unless the batch is one step that failed (then nothing
+    /// was written, and its outcome says why).
+    Done(Vec<Committed>),
+    /// Some step of several could not be written; nothing was: write each alone.
+    Retry,
+}
+
+/// One transaction: claims, then events, then completions; committed only if every step that
+/// got past its claim was written whole.
+async fn write_batch(store: &Store, steps: &[Work]) -> Result<Batch, GroupCommitError> {
+    let mut tx = store.begin().await?;
+    let claims: Vec<FreshClaim> = steps.iter().filter_map(|s| s.claim.clone()).collect();
+    let fresh = if claims.is_empty() {
+        Vec::new()
+    } else {
+        idempotency::claim_fresh_each(&mut tx, &claims).await?
+    };
+    let mut fresh = fresh.into_iter();
+    let mut outcomes: Vec<Option<Committed>> = steps
+        .iter()
+        .map(|s| match s.claim {
+            Some(_) if fresh.next() == Some(false) => Some(Committed::NotFresh),
+            _ => None,
+        })
+        .collect();
+
+    let writing: Vec<usize> = (0..steps.len())
+        .filter(|&i| outcomes[i].is_none() && !steps[i].appends.is_empty())
+        .collect();
+    let requests: Vec<&[StreamAppend]> = writing.iter().map(|&i| &steps[i].appends[..]).collect();
+    let mut appended: Vec<Option<Appended>> = (0..steps.len()).map(|_| None).collect();
+    if !requests.is_empty() {
+        let written = store.append_each_in(&mut tx, &requests).await?;
+        for (&i, result) in writing.iter().zip(written) {
+            match result {
+                Some(result) => appended[i] = Some(result),
+                None => outcomes[i] = Some(Committed::Conflict),
+            }
+        }
+    }
+
+    let completing: Vec<(usize, Completing)> = steps
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| outcomes[*i].is_none())
+        .filter_map(|(i, step)| {
+            let completion = step.completion.as_ref()?;
+            let mut row = completion.completing.clone();
+            row.response = (completion.respond)(appended[i].as_ref());
+            Some((i, row))
+        })
+        .collect();
+    if !completing.is_empty() {
+        let rows: Vec<Completing> = completing.iter().map(|(_, row)| row.clone()).collect();
+        let held = idempotency::complete_each(&mut tx, &rows).await?;
+        for ((i, _), held) in completing.iter().zip(held) {
+            if !held {
+                outcomes[*i] = Some(Committed::LeaseLost);
+            }
+        }
+    }
+
+    let failed = outcomes
+        .iter()
+        .any(|o| matches!(o, Some(Committed::Conflict | Committed::LeaseLost)));
+    if failed {
+        tx.rollback().await?;
+        if steps.len() > 1 {
+            return Ok(Batch::Retry);
+        }
+        return Ok(Batch::Done(
+            outcomes
+                .into_iter()
+                .map(|o| o.unwrap_or(Committed::Conflict))
+                .collect(),
+        ));
+    }
+    tx.commit().await?;
+    Ok(Batch::Done(
+        outcomes
+            .into_iter()
+            .zip(appended)
+            .map(|(outcome, appended)| outcome.unwrap_or(Committed::Written(appended)))
+            .collect(),
+    ))
+}

@@ -1,0 +1,226 @@
+//! Group commit on both backends: many requests' steps submitted at once, some of which must fail
+//! (a key that exists, a stale expected version, a lost lease), each get their own outcome, and
+//! exactly the steps that succeeded are in the database, whole; a failing step never takes a
+//! good one down with it, nor leaves a part of itself behind.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use asiento_app::group_commit::{Committed, Completion, GroupCommit, Work};
+use asiento_app::idempotency::{
+    canonical_body_hash, Completing, FreshClaim, IdempotencyKey, Lease, Scope, StoredResponse,
+};
+use asiento_eventstore::{Database, ExpectedVersion, Metadata, NewEvent, StreamAppend};
+use common::{Backend, TestDatabase};
+use serde_json::json;
+use uuid::Uuid;
+
+const NOW_MS: i64 = 1_000_000;
+const LEASE_MS: i64 = 60_000;
+
+fn scope() -> Scope {
+    Scope {
+        tenant: "acme".into(),
+        method: "POST".into(),
+        route: "/v1/payments".into(),
+    }
+}
+
+fn claim(key: &str, lease: Lease) -> FreshClaim {
+    FreshClaim {
+        scope: scope(),
+        key: IdempotencyKey::parse(key).unwrap(),
+        body: canonical_body_hash(&json!({ "key": key })),
+        resource_id: format!("resource-{key}"),
+        lease,
+        now_ms: NOW_MS,
+    }
+}
+
+fn lease() -> Lease {
+    Lease {
+        owner: Uuid::new_v4(),
+        expires_ms: NOW_MS + LEASE_MS,
+    }
+}
+
+fn append(stream_id: &str, expected: ExpectedVersion, n: usize) -> StreamAppend {
+    StreamAppend {
+        stream_id: stream_id.to_owned(),
+        expected,
+        events: (0..n)
+            .map(|i| NewEvent {
+                event_id: Uuid::now_v7(),
+                event_type: "Tested".into(),
+                schema: 1,
+                data: json!({ "i": i }),
+                metadata: Metadata::default(),
+            })
+            .collect(),
+    }
+}
+
+/// A completion whose response names the position its step's append ended at.
+fn completion(key: &str, lease: Lease) -> Completion {
+    Completion {
+        completing: Completing {
+            scope: scope(),
+            key: IdempotencyKey::parse(key).unwrap(),
+            lease,
+            response: StoredResponse::default(),
+            now_ms: NOW_MS,
+        },
+        respond: Arc::new(|appended| StoredResponse {
+            status: 201,
+            body: format!("{:?}", appended.map(|a| a.last_position)).into_bytes(),
+        }),
+    }
+}
+
+async fn count(database: &Database, sql: &str) -> i64 {
+    match database {
+        Database::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await.unwrap(),
+        Database::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await.unwrap(),
+    }
+}
+
+async fn each_step_gets_its_own_outcome(backend: Backend) {
+    let db = TestDatabase::open(backend).await;
+    let database = db.database.clone();
+    let store = database.event_store();
+    let commits = GroupCommit::new(store.clone());
+
+    // Before: a key already claimed (and completed), an in-flight key with a known lease, and a
+    // stream at version 1.
+    let held = lease();
+    for (key, lease) in [("existing", lease()), ("in-flight", held)] {
+        let step = Work {
+            claim: Some(claim(key, lease)),
+            appends: vec![append(
+                &format!("setup-{key}"),
+                ExpectedVersion::NoStream,
+                1,
+            )],
+            completion: None,
+        };
+        assert!(matches!(
+            commits.commit(step).await.unwrap(),
+            Committed::Written(Some(_))
+        ));
+    }
+    store
+        .append(&[append("account", ExpectedVersion::NoStream, 1)])
+        .await
+        .unwrap();
+
+    // Many steps at once: each kind several times, so that batches mix them.
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let commits = Arc::clone(&commits);
+        let step = match i % 5 {
+            // A new key and its intent: written.
+            0 => Work {
+                claim: Some(claim(&format!("new-{i}"), lease())),
+                appends: vec![append(
+                    &format!("payment-{i}"),
+                    ExpectedVersion::NoStream,
+                    2,
+                )],
+                completion: None,
+            },
+            // A key that exists: nothing of it is written.
+            1 => Work {
+                claim: Some(claim("existing", lease())),
+                appends: vec![append(&format!("never-{i}"), ExpectedVersion::NoStream, 2)],
+                completion: None,
+            },
+            // A stale expectation beside a good stream: neither is written.
+            2 => Work {
+                claim: None,
+                appends: vec![
+                    append(&format!("fine-{i}"), ExpectedVersion::NoStream, 1),
+                    append("account", ExpectedVersion::Exact(7), 1),
+                ],
+                completion: None,
+            },
+            // A completion under a lease that is not the key's: nothing is written.
+            3 => Work {
+                claim: None,
+                appends: vec![append(&format!("lost-{i}"), ExpectedVersion::NoStream, 1)],
+                completion: Some(completion("in-flight", lease())),
+            },
+            // Events without a key: written.
+            _ => Work {
+                claim: None,
+                appends: vec![append(&format!("plain-{i}"), ExpectedVersion::NoStream, 3)],
+                completion: None,
+            },
+        };
+        tasks.push(tokio::spawn(async move {
+            (i, commits.commit(step).await.unwrap())
+        }));
+    }
+    for task in tasks {
+        let (i, outcome) = task.await.unwrap();
+        match (i % 5, &outcome) {
+            (0 | 4, Committed::Written(Some(_)))
+            | (1, Committed::NotFresh)
+            | (2, Committed::Conflict)
+            | (3, Committed::LeaseLost) => {}
+            _ => panic!("step {i}: {outcome:?}"),
+        }
+    }
+    // Exactly the good steps, whole: 8 intents of 2, 8 plain appends of 3, the 3 set-up events.
+    assert_eq!(
+        count(&database, "select count(*) from events").await,
+        8 * 2 + 8 * 3 + 3
+    );
+    for prefix in ["never-", "fine-", "lost-"] {
+        let sql = format!("select count(*) from events where stream_id like '{prefix}%'");
+        assert_eq!(count(&database, &sql).await, 0, "{prefix}");
+    }
+    assert_eq!(
+        count(&database, "select count(*) from idempotency_keys").await,
+        8 + 2
+    );
+
+    // The key's own lease completes it, with the response rendered from its append.
+    let step = Work {
+        claim: None,
+        appends: vec![append("completing", ExpectedVersion::NoStream, 1)],
+        completion: Some(completion("in-flight", held)),
+    };
+    let Committed::Written(Some(appended)) = commits.commit(step).await.unwrap() else {
+        panic!("the holder completes its key");
+    };
+    let body = format!("{:?}", Some(appended.last_position)).into_bytes();
+    let stored: Vec<u8> = match &database {
+        Database::Postgres(pool) => {
+            sqlx::query_scalar("select response_body from idempotency_keys where key = 'in-flight'")
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        }
+        Database::Sqlite(pool) => {
+            sqlx::query_scalar("select response_body from idempotency_keys where key = 'in-flight'")
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(stored, body);
+    drop(commits);
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_step_gets_its_own_outcome_sqlite() {
+    each_step_gets_its_own_outcome(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_step_gets_its_own_outcome_postgres() {
+    each_step_gets_its_own_outcome(Backend::Postgres).await;
+}
