@@ -442,6 +442,7 @@ async fn app() -> (tempdir::Guard, Router) {
         },
         webhooks: WebhookReceiver {
             database: database.clone(),
+            commits: asiento_app::group_commit::GroupCommit::new(database.event_store()),
             secrets: format!("sim:{WEBHOOK_SECRET}")
                 .parse::<WebhookSecrets>()
                 .unwrap(),

@@ -6,7 +6,8 @@
 //! row costs several times more in a single-row statement than in a batch (docs/benchmarks.md).
 //! So requests hand their step to a writer task ([`GroupCommit::commit`]), which takes every step
 //! waiting at that moment and writes them in one transaction with one statement per kind of row:
-//! the fresh claims (`idempotency::claim_fresh_each`), the events
+//! the fresh claims (`idempotency::claim_fresh_each`), the webhook events received
+//! (`webhooks::insert_inbox_each`), the events
 //! (`EventStore::append_each_in`), the completions (`idempotency::complete_each`). Each request
 //! is answered only after the commit.
 //!
@@ -24,6 +25,7 @@ use tokio::sync::{mpsc, oneshot, Mutex};
 
 use crate::idempotency::{self, Completing, FreshClaim, IdempotencyError, StoredResponse};
 use crate::log::Store;
+use crate::webhooks::{self, InboxRow};
 
 /// Requests written in one transaction, at most.
 pub const BATCH_MAX: usize = 64;
@@ -31,6 +33,7 @@ pub const BATCH_MAX: usize = 64;
 const WRITERS: usize = 2;
 
 /// One request's step: what it writes.
+#[derive(Default)]
 pub struct Work {
     /// A key to claim as new, with the step.
     pub claim: Option<FreshClaim>,
@@ -38,6 +41,8 @@ pub struct Work {
     pub appends: Vec<StreamAppend>,
     /// A held key to complete, with the answer rendered from what the append wrote.
     pub completion: Option<Completion>,
+    /// A verified provider event to store in the webhook inbox (alone: a webhook's step).
+    pub inbox: Option<InboxRow>,
 }
 
 /// A completion whose response depends on the append (its position is in the answer).
@@ -55,7 +60,7 @@ pub type Respond = Arc<dyn Fn(Option<&Appended>) -> StoredResponse + Send + Sync
 pub enum Committed {
     /// Written and committed (`None`: the step had no events).
     Written(Option<Appended>),
-    /// The key exists: nothing was written.
+    /// The key (or the inbox event) exists: nothing was written.
     NotFresh,
     /// A stream was not at the expected version: nothing was written.
     Conflict,
@@ -71,8 +76,12 @@ pub enum GroupCommitError {
     Append(#[from] AppendError),
     #[error(transparent)]
     Idempotency(#[from] IdempotencyError),
+    #[error("storing webhook events failed: {0}")]
+    Inbox(#[from] sqlx::Error),
     #[error("the group commit writer stopped")]
     Stopped,
+    #[error("a step ended in a way its kind cannot: {0}")]
+    Unexpected(String),
 }
 
 type Reply = oneshot::Sender<Result<Committed, GroupCommitError>>;
@@ -177,12 +186,19 @@ async fn write_batch(store: &Store, steps: &[Work]) -> Result<Batch, GroupCommit
     } else {
         idempotency::claim_fresh_each(&mut tx, &claims).await?
     };
-    let mut fresh = fresh.into_iter();
+    let rows: Vec<&InboxRow> = steps.iter().filter_map(|s| s.inbox.as_ref()).collect();
+    let stored = if rows.is_empty() {
+        Vec::new()
+    } else {
+        webhooks::insert_inbox_each(&mut tx, &rows).await?
+    };
+    let (mut fresh, mut stored) = (fresh.into_iter(), stored.into_iter());
     let mut outcomes: Vec<Option<Committed>> = steps
         .iter()
-        .map(|s| match s.claim {
-            Some(_) if fresh.next() == Some(false) => Some(Committed::NotFresh),
-            _ => None,
+        .map(|s| {
+            let claimed = s.claim.is_none() || fresh.next() == Some(true);
+            let inboxed = s.inbox.is_none() || stored.next() == Some(true);
+            (!(claimed && inboxed)).then_some(Committed::NotFresh)
         })
         .collect();
 

@@ -261,7 +261,7 @@ impl PaymentFlow {
                 now_ms,
             }),
             appends: appends.clone(),
-            completion: None,
+            ..Work::default()
         };
         if let Committed::Written(Some(appended)) = self.commits.commit(step).await? {
             let current = CurrentPayment {
@@ -598,6 +598,7 @@ impl PaymentFlow {
                         },
                         respond,
                     }),
+                    inbox: None,
                 };
                 match self.commits.commit(step).await? {
                     Committed::Written(appended) => return Ok(finalized(appended.as_ref())),

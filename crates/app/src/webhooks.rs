@@ -45,6 +45,7 @@ pub use asiento_psp::{SIGNATURE_HEADER, TOLERANCE_S_DEFAULT};
 use uuid::Uuid;
 
 use crate::clock::Clock;
+use crate::group_commit::{Committed, GroupCommit, GroupCommitError, Work};
 use crate::leases;
 use crate::log::{self, LogError};
 use crate::payments::{
@@ -157,6 +158,8 @@ impl std::fmt::Debug for WebhookSecrets {
 #[derive(Clone)]
 pub struct WebhookReceiver {
     pub database: Database,
+    /// Stores each verified event with other requests' steps (see `group_commit`).
+    pub commits: Arc<GroupCommit>,
     pub secrets: WebhookSecrets,
     pub clock: Arc<dyn Clock>,
     /// How far the signature's timestamp may be from our clock, either way.
@@ -184,7 +187,7 @@ pub enum ReceiveError {
     #[error("the body is not a webhook event: {0}")]
     InvalidBody(String),
     #[error("storing the event failed: {0}")]
-    Database(#[from] sqlx::Error),
+    Store(#[from] GroupCommitError),
 }
 
 impl ReceiveError {
@@ -197,13 +200,13 @@ impl ReceiveError {
             }
             ReceiveError::SignatureStale(_) => "signature_stale",
             ReceiveError::InvalidBody(_) => "invalid_body",
-            ReceiveError::Database(_) => "internal_error",
+            ReceiveError::Store(_) => "internal_error",
         }
     }
 
     /// The sender's fault (answer 400), as opposed to ours (answer 500 so the provider retries).
     pub fn is_client_fault(&self) -> bool {
-        !matches!(self, ReceiveError::Database(_))
+        !matches!(self, ReceiveError::Store(_))
     }
 }
 
@@ -270,36 +273,95 @@ impl WebhookReceiver {
             .reference
             .as_deref()
             .filter(|reference| reference.len() <= PAYMENT_REF_LEN_MAX);
-        let sql =
-            "insert into webhook_inbox (provider, event_id, event_type, payment_ref, payload, \
-                   next_attempt_ms, received_ms) values ($1, $2, $3, $4, $5, $6, $6) \
-                   on conflict (provider, event_id) do nothing";
-        let inserted = match &self.database {
-            Database::Postgres(pool) => sqlx::query(sql)
-                .bind(provider)
-                .bind(&event.id)
-                .bind(event.kind.as_str())
-                .bind(payment_ref)
-                .bind(body)
-                .bind(now_ms)
-                .execute(pool)
-                .await?
-                .rows_affected(),
-            Database::Sqlite(pool) => sqlx::query(&sqlite(sql))
-                .bind(provider)
-                .bind(&event.id)
-                .bind(event.kind.as_str())
-                .bind(payment_ref)
-                .bind(body)
-                .bind(now_ms)
-                .execute(pool)
-                .await?
-                .rows_affected(),
+        let row = InboxRow {
+            provider: provider.to_owned(),
+            event_id: event.id.clone(),
+            event_type: event.kind.as_str().to_owned(),
+            payment_ref: payment_ref.map(str::to_owned),
+            payload: body.to_vec(),
+            now_ms,
         };
-        Ok(Received {
-            duplicate: inserted == 0,
-        })
+        let work = Work {
+            inbox: Some(row),
+            ..Work::default()
+        };
+        let duplicate = match self.commits.commit(work).await? {
+            Committed::Written(_) => false,
+            Committed::NotFresh => true,
+            other => {
+                return Err(ReceiveError::Store(GroupCommitError::Unexpected(format!(
+                    "{other:?}"
+                ))))
+            }
+        };
+        Ok(Received { duplicate })
     }
+}
+
+/// A verified provider event, as the inbox stores it.
+#[derive(Debug, Clone)]
+pub struct InboxRow {
+    pub provider: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub payment_ref: Option<String>,
+    pub payload: Vec<u8>,
+    pub now_ms: i64,
+}
+
+/// Stores each event not stored before, inside `tx`: `true` for those new, `false` for an event
+/// id the provider sent before (or twice among `rows`). One statement on PostgreSQL.
+pub async fn insert_inbox_each(tx: &mut Tx, rows: &[&InboxRow]) -> Result<Vec<bool>, sqlx::Error> {
+    let sql = "insert into webhook_inbox (provider, event_id, event_type, payment_ref, payload, \
+               next_attempt_ms, received_ms) values ($1, $2, $3, $4, $5, $6, $6) \
+               on conflict (provider, event_id) do nothing";
+    let Tx::Postgres(conn) = tx else {
+        let Tx::Sqlite(conn) = tx else {
+            return Ok(Vec::new());
+        };
+        // SQLite runs in process: a statement per row costs no round trip.
+        let mut stored = Vec::with_capacity(rows.len());
+        for row in rows {
+            let inserted = sqlx::query(&sqlite(sql))
+                .bind(&row.provider)
+                .bind(&row.event_id)
+                .bind(&row.event_type)
+                .bind(row.payment_ref.as_deref())
+                .bind(&row.payload)
+                .bind(row.now_ms)
+                .execute(&mut **conn)
+                .await?
+                .rows_affected();
+            stored.push(inserted == 1);
+        }
+        return Ok(stored);
+    };
+    let text = |f: &dyn Fn(&InboxRow) -> &str| rows.iter().map(|r| f(r)).collect::<Vec<&str>>();
+    let stored: Vec<(String, String)> = sqlx::query_as(
+        "insert into webhook_inbox (provider, event_id, event_type, payment_ref, payload, \
+         next_attempt_ms, received_ms) \
+         select p, e, t, r, b, n, n from unnest($1::text[], $2::text[], $3::text[], $4::text[], \
+         $5::bytea[], $6::int8[]) with ordinality as u(p, e, t, r, b, n, i) order by i \
+         on conflict (provider, event_id) do nothing returning provider, event_id",
+    )
+    .bind(text(&|r| &r.provider))
+    .bind(text(&|r| &r.event_id))
+    .bind(text(&|r| &r.event_type))
+    .bind(
+        rows.iter()
+            .map(|r| r.payment_ref.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(rows.iter().map(|r| r.payload.clone()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.now_ms).collect::<Vec<_>>())
+    .fetch_all(&mut **conn)
+    .await?;
+    // Rows go in in order, so of two rows with one event id the first is the one stored.
+    let mut new: std::collections::HashSet<(String, String)> = stored.into_iter().collect();
+    Ok(rows
+        .iter()
+        .map(|r| new.remove(&(r.provider.clone(), r.event_id.clone())))
+        .collect())
 }
 
 // ------------------------------------------------------------------------------ events → facts

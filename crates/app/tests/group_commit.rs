@@ -1,5 +1,6 @@
 //! Group commit on both backends: many requests' steps submitted at once, some of which must fail
-//! (a key that exists, a stale expected version, a lost lease), each get their own outcome, and
+//! (a key that exists, a stale expected version, a lost lease, a webhook event delivered twice),
+//! each get their own outcome, and
 //! exactly the steps that succeeded are in the database, whole; a failing step never takes a
 //! good one down with it, nor leaves a part of itself behind.
 #![allow(clippy::unwrap_used)]
@@ -12,6 +13,7 @@ use asiento_app::group_commit::{Committed, Completion, GroupCommit, Work};
 use asiento_app::idempotency::{
     canonical_body_hash, Completing, FreshClaim, IdempotencyKey, Lease, Scope, StoredResponse,
 };
+use asiento_app::webhooks::InboxRow;
 use asiento_eventstore::{Database, ExpectedVersion, Metadata, NewEvent, StreamAppend};
 use common::{Backend, TestDatabase};
 use serde_json::json;
@@ -104,6 +106,7 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
                 1,
             )],
             completion: None,
+            inbox: None,
         };
         assert!(matches!(
             commits.commit(step).await.unwrap(),
@@ -129,12 +132,14 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
                     2,
                 )],
                 completion: None,
+                inbox: None,
             },
             // A key that exists: nothing of it is written.
             1 => Work {
                 claim: Some(claim("existing", lease())),
                 appends: vec![append(&format!("never-{i}"), ExpectedVersion::NoStream, 2)],
                 completion: None,
+                inbox: None,
             },
             // A stale expectation beside a good stream: neither is written.
             2 => Work {
@@ -144,18 +149,21 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
                     append("account", ExpectedVersion::Exact(7), 1),
                 ],
                 completion: None,
+                inbox: None,
             },
             // A completion under a lease that is not the key's: nothing is written.
             3 => Work {
                 claim: None,
                 appends: vec![append(&format!("lost-{i}"), ExpectedVersion::NoStream, 1)],
                 completion: Some(completion("in-flight", lease())),
+                inbox: None,
             },
             // Events without a key: written.
             _ => Work {
                 claim: None,
                 appends: vec![append(&format!("plain-{i}"), ExpectedVersion::NoStream, 3)],
                 completion: None,
+                inbox: None,
             },
         };
         tasks.push(tokio::spawn(async move {
@@ -191,6 +199,7 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
         claim: None,
         appends: vec![append("completing", ExpectedVersion::NoStream, 1)],
         completion: Some(completion("in-flight", held)),
+        inbox: None,
     };
     let Committed::Written(Some(appended)) = commits.commit(step).await.unwrap() else {
         panic!("the holder completes its key");
@@ -211,6 +220,40 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
         }
     };
     assert_eq!(stored, body);
+
+    // Webhook events, each delivered twice at once: each stored once.
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let commits = Arc::clone(&commits);
+        let row = InboxRow {
+            provider: "sim".into(),
+            event_id: format!("evt_{}", i % 5),
+            event_type: "charge.succeeded".into(),
+            payment_ref: None,
+            payload: b"{}".to_vec(),
+            now_ms: NOW_MS,
+        };
+        tasks.push(tokio::spawn(async move {
+            let work = Work {
+                inbox: Some(row),
+                ..Work::default()
+            };
+            commits.commit(work).await.unwrap()
+        }));
+    }
+    let mut stored = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Committed::Written(None) => stored += 1,
+            Committed::NotFresh => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(stored, 5);
+    assert_eq!(
+        count(&database, "select count(*) from webhook_inbox").await,
+        5
+    );
     drop(commits);
     db.finish().await;
 }

@@ -89,6 +89,7 @@ impl Harness {
         let flow = served.flow(&database, ClientConfig::default(), clock.clone());
         let receiver = WebhookReceiver {
             database: database.clone(),
+            commits: flow.commits.clone(),
             secrets: format!("sim:{SECRET},other:{OTHER_SECRET}")
                 .parse::<WebhookSecrets>()
                 .unwrap(),

@@ -433,6 +433,7 @@ impl Core {
             transfers: self.transfers.clone(),
             webhooks: WebhookReceiver {
                 database: database.clone(),
+                commits: self.payments.commits.clone(),
                 secrets: self.secrets.clone(),
                 clock: self.payments.clock.clone(),
                 tolerance_s: asiento_app::webhooks::TOLERANCE_S_DEFAULT,
