@@ -864,6 +864,52 @@ impl PaymentFlow {
                 payment: id,
                 refund_sequence,
             };
+            let appends = match &decided {
+                Ok(events) if !events.is_empty() => {
+                    let metadata = self.metadata(tenant, Some(request));
+                    log::decision_appends(
+                        asiento_domain::payment_stream(id),
+                        payment.version,
+                        log::encode(events, &metadata, log::payment_codec)?,
+                        &[],
+                        &metadata,
+                    )?
+                }
+                _ => Vec::new(),
+            };
+            let now_ms = now.timestamp_millis();
+            if !appends.is_empty() {
+                // The common case, a new key and a request to record: committed with other
+                // requests' steps.
+                let lease = Lease {
+                    owner: Uuid::new_v4(),
+                    expires_ms: now_ms.saturating_add(self.idempotency_lease_ms),
+                };
+                let work = Work {
+                    claim: Some(FreshClaim {
+                        scope: request.scope.clone(),
+                        key: request.key.clone(),
+                        body: request.body,
+                        resource_id: resource.to_string(),
+                        lease,
+                        now_ms,
+                    }),
+                    appends: appends.clone(),
+                    ..Work::default()
+                };
+                match self.commits.commit(work).await? {
+                    Committed::Written(_) => {
+                        return Ok(Step::Work {
+                            lease,
+                            resource,
+                            resumed: false,
+                        })
+                    }
+                    Committed::Conflict => continue,
+                    // The key exists: claimed the usual way below.
+                    Committed::NotFresh | Committed::LeaseLost => {}
+                }
+            }
             let mut tx = self.store.begin().await?;
             let claim = idempotency::claim(
                 &mut tx,
@@ -871,7 +917,7 @@ impl PaymentFlow {
                 &request.key,
                 request.body,
                 &resource.to_string(),
-                now.timestamp_millis(),
+                now_ms,
                 self.idempotency_lease_ms,
             )
             .await?;
@@ -901,31 +947,21 @@ impl PaymentFlow {
                             resumed: false,
                         });
                     }
-                    Ok(events) => {
-                        let metadata = self.metadata(tenant, Some(request));
-                        let appends = log::decision_appends(
-                            asiento_domain::payment_stream(id),
-                            payment.version,
-                            log::encode(&events, &metadata, log::payment_codec)?,
-                            &[],
-                            &metadata,
-                        )?;
-                        match self.store.append_in(&mut tx, &appends).await {
-                            Ok(_) => {
-                                tx.commit().await?;
-                                return Ok(Step::Work {
-                                    lease,
-                                    resource,
-                                    resumed: false,
-                                });
-                            }
-                            Err(error) if log::is_conflict(&error) => {
-                                tx.rollback().await?;
-                                continue;
-                            }
-                            Err(error) => return Err(FlowError::Append(error)),
+                    Ok(_) => match self.store.append_in(&mut tx, &appends).await {
+                        Ok(_) => {
+                            tx.commit().await?;
+                            return Ok(Step::Work {
+                                lease,
+                                resource,
+                                resumed: false,
+                            });
                         }
-                    }
+                        Err(error) if log::is_conflict(&error) => {
+                            tx.rollback().await?;
+                            continue;
+                        }
+                        Err(error) => return Err(FlowError::Append(error)),
+                    },
                 },
                 Claim::Resumed { lease, resource_id } => {
                     tx.commit().await?;

@@ -50,7 +50,7 @@ pub const NOTIFY_CHANNEL: &str = "asiento_events";
 /// flush (`set_config(…, true)` lasts for this statement's own transaction).
 const NOTIFY_SQL: &str = "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, '')";
 /// Appends within this window share one NOTIFY.
-const NOTIFY_COALESCE_MS: u64 = 5;
+const NOTIFY_COALESCE_MS: u64 = 25;
 /// A subscriber re-reads at least this often even without a NOTIFY: an event
 /// may be committed but not yet readable (an older transaction still open).
 pub const PG_POLL_INTERVAL_MS: u64 = 100;
