@@ -21,9 +21,10 @@
 //! **Wake-ups.** A NOTIFY inside the writing transaction would serialise all
 //! committing writers on PostgreSQL's notify queue lock (and with it their
 //! WAL flushes, defeating group commit). Instead, a successful append
-//! schedules one NOTIFY after it, coalescing all appends of a few
-//! milliseconds; subscribers also poll on a short timer, which covers events
-//! that are committed but still above the xmin horizon.
+//! schedules one NOTIFY after it, coalescing all appends of 25 ms (so that
+//! subscribers read fewer, larger batches); subscribers also poll on a short
+//! timer, which covers events that are committed but still above the xmin
+//! horizon.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
