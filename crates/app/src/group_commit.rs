@@ -27,7 +27,8 @@ use crate::idempotency::{self, Completing, FreshClaim, IdempotencyError, StoredR
 use crate::log::Store;
 use crate::webhooks::{self, InboxRow};
 
-/// Requests written in one transaction, at most.
+/// Requests written in one transaction, at most. (The queue itself is unbounded: what waits in
+/// it is bounded by the requests in flight.)
 pub const BATCH_MAX: usize = 64;
 /// Writer tasks: while one batch commits, the next one is gathered and written.
 const WRITERS: usize = 2;
@@ -140,7 +141,19 @@ async fn write_batches(store: Store, receiver: Arc<Mutex<mpsc::UnboundedReceiver
         }
         metrics::histogram!("asiento_group_commit_batch_size").record(batch.len() as f64);
         let (steps, replies): (Vec<Work>, Vec<Reply>) = batch.into_iter().unzip();
-        for (reply, outcome) in replies.into_iter().zip(write(&store, steps).await) {
+        // In a task of its own, so that a panic fails this batch's requests, not the writer.
+        let written = tokio::spawn({
+            let store = store.clone();
+            async move { write(&store, steps).await }
+        })
+        .await;
+        let outcomes = written.unwrap_or_else(|panic| {
+            tracing::error!(%panic, "a group commit batch panicked; its requests fail");
+            (0..replies.len())
+                .map(|_| Err(GroupCommitError::Unexpected("the batch panicked".into())))
+                .collect()
+        });
+        for (reply, outcome) in replies.into_iter().zip(outcomes) {
             // A request that gave up is answered nowhere; its step is committed or not as told.
             let _ = reply.send(outcome);
         }

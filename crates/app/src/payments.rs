@@ -157,6 +157,19 @@ pub struct CurrentPayment {
     pub last_position: Option<i64>,
 }
 
+impl CurrentPayment {
+    /// A new payment as the log holds it once its first `events` are appended, without reading
+    /// them back.
+    fn new(events: &[PaymentEvent], appended: &Appended) -> Self {
+        CurrentPayment {
+            payment: events
+                .iter()
+                .fold(Payment::default(), asiento_domain::evolve_payment),
+            last_position: Some(appended.last_position),
+        }
+    }
+}
+
 impl From<LoadedPayment> for CurrentPayment {
     fn from(loaded: LoadedPayment) -> Self {
         CurrentPayment {
@@ -264,12 +277,7 @@ impl PaymentFlow {
             ..Work::default()
         };
         if let Committed::Written(Some(appended)) = self.commits.commit(step).await? {
-            let current = CurrentPayment {
-                payment: events
-                    .iter()
-                    .fold(Payment::default(), asiento_domain::evolve_payment),
-                last_position: Some(appended.last_position),
-            };
+            let current = CurrentPayment::new(&events, &appended);
             return self
                 .charge_and_finalize(id, &payment.payment_method, request, lease, Some(current))
                 .await;
@@ -295,14 +303,7 @@ impl PaymentFlow {
                     .await
                     .map_err(FlowError::Append)?;
                 tx.commit().await?;
-                // The payment as the log now holds it, without reading it back.
-                let current = CurrentPayment {
-                    payment: events
-                        .iter()
-                        .fold(Payment::default(), asiento_domain::evolve_payment),
-                    last_position: Some(appended.last_position),
-                };
-                (id, lease, current)
+                (id, lease, CurrentPayment::new(&events, &appended))
             }
             Claim::Resumed { lease, resource_id } => {
                 tx.commit().await?;

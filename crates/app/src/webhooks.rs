@@ -315,26 +315,26 @@ pub async fn insert_inbox_each(tx: &mut Tx, rows: &[&InboxRow]) -> Result<Vec<bo
     let sql = "insert into webhook_inbox (provider, event_id, event_type, payment_ref, payload, \
                next_attempt_ms, received_ms) values ($1, $2, $3, $4, $5, $6, $6) \
                on conflict (provider, event_id) do nothing";
-    let Tx::Postgres(conn) = tx else {
-        let Tx::Sqlite(conn) = tx else {
-            return Ok(Vec::new());
-        };
-        // SQLite runs in process: a statement per row costs no round trip.
-        let mut stored = Vec::with_capacity(rows.len());
-        for row in rows {
-            let inserted = sqlx::query(&sqlite(sql))
-                .bind(&row.provider)
-                .bind(&row.event_id)
-                .bind(&row.event_type)
-                .bind(row.payment_ref.as_deref())
-                .bind(&row.payload)
-                .bind(row.now_ms)
-                .execute(&mut **conn)
-                .await?
-                .rows_affected();
-            stored.push(inserted == 1);
+    let conn = match tx {
+        Tx::Postgres(conn) => conn,
+        Tx::Sqlite(conn) => {
+            // SQLite runs in process: a statement per row costs no round trip.
+            let mut stored = Vec::with_capacity(rows.len());
+            for row in rows {
+                let inserted = sqlx::query(&sqlite(sql))
+                    .bind(&row.provider)
+                    .bind(&row.event_id)
+                    .bind(&row.event_type)
+                    .bind(row.payment_ref.as_deref())
+                    .bind(&row.payload)
+                    .bind(row.now_ms)
+                    .execute(&mut **conn)
+                    .await?
+                    .rows_affected();
+                stored.push(inserted == 1);
+            }
+            return Ok(stored);
         }
-        return Ok(stored);
     };
     let text = |f: &dyn Fn(&InboxRow) -> &str| rows.iter().map(|r| f(r)).collect::<Vec<&str>>();
     let stored: Vec<(String, String)> = sqlx::query_as(
