@@ -228,7 +228,8 @@ pub struct Completing {
 
 /// Claims each key that nobody has claimed yet, inside `tx`: `true` for those now held (with the
 /// claim's lease), `false` for a key that exists (the caller claims it the usual way, which
-/// tells a replay, a key in flight or a reused key apart). One statement on PostgreSQL.
+/// tells a replay, a key in flight or a reused key apart). One statement on PostgreSQL, its rows
+/// in key order (concurrent batches then wait for each other in one order: no deadlock).
 pub async fn claim_fresh_each(
     tx: &mut Tx,
     claims: &[FreshClaim],
@@ -256,7 +257,8 @@ pub async fn claim_fresh_each(
          state, lease_owner, lease_expires_ms, created_ms) \
          select t, m, r, k, b, res, 'in_flight', o, e, c from unnest($1::text[], $2::text[], \
          $3::text[], $4::text[], $5::bytea[], $6::text[], $7::uuid[], $8::int8[], $9::int8[]) \
-         as u(t, m, r, k, b, res, o, e, c) on conflict do nothing returning lease_owner",
+         with ordinality as u(t, m, r, k, b, res, o, e, c, i) order by t, m, r, k, i \
+         on conflict do nothing returning lease_owner",
     )
     .bind(column(&|c| &c.scope.tenant))
     .bind(column(&|c| &c.scope.method))

@@ -341,7 +341,7 @@ pub async fn insert_inbox_each(tx: &mut Tx, rows: &[&InboxRow]) -> Result<Vec<bo
         "insert into webhook_inbox (provider, event_id, event_type, payment_ref, payload, \
          next_attempt_ms, received_ms) \
          select p, e, t, r, b, n, n from unnest($1::text[], $2::text[], $3::text[], $4::text[], \
-         $5::bytea[], $6::int8[]) with ordinality as u(p, e, t, r, b, n, i) order by i \
+         $5::bytea[], $6::int8[]) with ordinality as u(p, e, t, r, b, n, i) order by p, e, i \
          on conflict (provider, event_id) do nothing returning provider, event_id",
     )
     .bind(text(&|r| &r.provider))
@@ -356,7 +356,8 @@ pub async fn insert_inbox_each(tx: &mut Tx, rows: &[&InboxRow]) -> Result<Vec<bo
     .bind(rows.iter().map(|r| r.now_ms).collect::<Vec<_>>())
     .fetch_all(&mut **conn)
     .await?;
-    // Rows go in in order, so of two rows with one event id the first is the one stored.
+    // Rows go in by event id (one lock order for concurrent batches), then in the order given:
+    // of two rows with one event id the first is the one stored.
     let mut new: std::collections::HashSet<(String, String)> = stored.into_iter().collect();
     Ok(rows
         .iter()

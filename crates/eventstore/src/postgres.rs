@@ -355,7 +355,9 @@ async fn append_stream_in_tx(
 /// Every request's events in one statement: the stream's version now is read
 /// once per stream, a stream whose version is not the expected one gets no
 /// rows, and a row some other writer got to first is skipped (ON CONFLICT DO
-/// NOTHING); a request is written when all its events came back.
+/// NOTHING); a request is written when all its events came back. Rows go in
+/// in request order, each request's streams as given (a decision's own stream
+/// first, then its guards), the order `append_in` writes them in.
 const INSERT_EACH: &str = "WITH input AS (SELECT * FROM unnest($1::text[], $2::int8[], \
      $3::int8[], $4::uuid[], $5::text[], $6::int4[], $7::jsonb[], $8::jsonb[]) WITH ORDINALITY \
      AS i(stream_id, expected, ord, event_id, event_type, schema, data, metadata, n)), \
