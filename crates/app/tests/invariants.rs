@@ -303,8 +303,21 @@ async fn corruptions(backend: Backend) {
         }])
         .await
         .unwrap();
-    let report = db.check(0).await;
-    assert!(subjects(&report, Check::CapturePosting).contains(&d.to_string()));
+    // On PostgreSQL the log serves the append once every transaction older than it has ended on
+    // the server (other tests run beside this one): look until it does, for a bounded time.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let report = db.check(0).await;
+        if subjects(&report, Check::CapturePosting).contains(&d.to_string()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second capture posting of {d} was never found: {:?}",
+            report.violations
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 
     // 6. An idempotency record in flight past its lease (and past the grace).
     let mut tx = db.database.begin().await.unwrap();
