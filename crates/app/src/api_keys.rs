@@ -49,8 +49,9 @@ async fn tenant_by_digest(
     Ok(tenant)
 }
 
-/// [`tenant_for_key`] with the keys found in the last [`KEY_CACHE_TTL`] remembered, so that a
-/// request with a known key costs no round trip. One per database (per `AppState`).
+/// The tenant a presented key belongs to, with the keys found in the last [`KEY_CACHE_TTL`]
+/// remembered, so that a request with a known key costs no round trip. One per database (per
+/// `AppState`).
 #[derive(Debug, Default)]
 pub struct KeyCache {
     found: Mutex<HashMap<Vec<u8>, (String, Instant)>>,
