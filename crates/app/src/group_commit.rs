@@ -232,23 +232,20 @@ async fn write_batch(store: &Store, steps: &[Work]) -> Result<Batch, GroupCommit
         }
     }
 
-    let completing: Vec<(usize, Completing)> = steps
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| outcomes[*i].is_none())
-        .filter_map(|(i, step)| {
-            let completion = step.completion.as_ref()?;
+    let (mut completing, mut completed_by) = (Vec::new(), Vec::new());
+    for (i, step) in steps.iter().enumerate() {
+        if let (None, Some(completion)) = (&outcomes[i], &step.completion) {
             let mut row = completion.completing.clone();
             row.response = (completion.respond)(appended[i].as_ref());
-            Some((i, row))
-        })
-        .collect();
+            completing.push(row);
+            completed_by.push(i);
+        }
+    }
     if !completing.is_empty() {
-        let rows: Vec<Completing> = completing.iter().map(|(_, row)| row.clone()).collect();
-        let held = idempotency::complete_each(&mut tx, &rows).await?;
-        for ((i, _), held) in completing.iter().zip(held) {
+        let held = idempotency::complete_each(&mut tx, &completing).await?;
+        for (&i, held) in completed_by.iter().zip(held) {
             if !held {
-                outcomes[*i] = Some(Committed::LeaseLost);
+                outcomes[i] = Some(Committed::LeaseLost);
             }
         }
     }

@@ -116,6 +116,16 @@ pub struct Lease {
     pub expires_ms: i64,
 }
 
+impl Lease {
+    /// A new holder's lease, `lease_ms` from `now_ms`.
+    pub fn new(now_ms: i64, lease_ms: i64) -> Lease {
+        Lease {
+            owner: Uuid::new_v4(),
+            expires_ms: now_ms.saturating_add(lease_ms),
+        }
+    }
+}
+
 /// What a request may do with its key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Claim {
@@ -166,10 +176,7 @@ pub async fn claim(
     now_ms: i64,
     lease_ms: i64,
 ) -> Result<Claim, IdempotencyError> {
-    let lease = Lease {
-        owner: Uuid::new_v4(),
-        expires_ms: now_ms + lease_ms,
-    };
+    let lease = Lease::new(now_ms, lease_ms);
     if insert_fresh(tx, scope, key, body, resource_id, lease, now_ms).await? {
         return Ok(Claim::Fresh { lease });
     }

@@ -202,6 +202,18 @@ impl PaymentFlow {
         }
     }
 
+    /// `request`'s key to claim as new for `resource_id`, under a fresh lease (group commit).
+    fn fresh_claim(&self, request: &Idempotent, resource_id: String, now_ms: i64) -> FreshClaim {
+        FreshClaim {
+            scope: request.scope.clone(),
+            key: request.key.clone(),
+            body: request.body,
+            resource_id,
+            lease: Lease::new(now_ms, self.idempotency_lease_ms),
+            now_ms,
+        }
+    }
+
     fn provider(&self, name: &ProviderName) -> Result<&ConfiguredProvider, FlowError> {
         self.providers
             .get(name)
@@ -260,19 +272,10 @@ impl PaymentFlow {
             &metadata,
         )?;
         let now_ms = now.timestamp_millis();
-        let lease = Lease {
-            owner: Uuid::new_v4(),
-            expires_ms: now_ms.saturating_add(self.idempotency_lease_ms),
-        };
+        let claim = self.fresh_claim(request, id.to_string(), now_ms);
+        let lease = claim.lease;
         let step = Work {
-            claim: Some(FreshClaim {
-                scope: request.scope.clone(),
-                key: request.key.clone(),
-                body: request.body,
-                resource_id: id.to_string(),
-                lease,
-                now_ms,
-            }),
+            claim: Some(claim),
             appends: appends.clone(),
             ..Work::default()
         };
@@ -454,17 +457,17 @@ impl PaymentFlow {
     }
 
     /// [`PaymentFlow::finalize`] (or [`PaymentFlow::finalize_and`]) starting from a payment the
-    /// caller has just loaded, to save reading it again. Loaded before any transaction began, as
-    /// every decision must be; if it is outdated by now, the append's exact version refuses it
-    /// and the flow reads again.
+    /// caller has just loaded, if any, to save reading it again. Loaded before any transaction
+    /// began, as every decision must be; if it is outdated by now, the append's exact version
+    /// refuses it and the flow reads again.
     pub async fn finalize_loaded(
         &self,
-        loaded: LoadedPayment,
+        loaded: Option<LoadedPayment>,
         id: PaymentId,
         fact: Option<ProviderFact>,
         also: Option<&dyn InTransaction>,
     ) -> Result<Finalized, FlowError> {
-        self.finalize_with(id, fact.into(), None, also, Some(loaded.into()))
+        self.finalize_with(id, fact.into(), None, also, loaded.map(Into::into))
             .await
     }
 
@@ -882,19 +885,10 @@ impl PaymentFlow {
             if !appends.is_empty() {
                 // The common case, a new key and a request to record: committed with other
                 // requests' steps.
-                let lease = Lease {
-                    owner: Uuid::new_v4(),
-                    expires_ms: now_ms.saturating_add(self.idempotency_lease_ms),
-                };
+                let claim = self.fresh_claim(request, resource.to_string(), now_ms);
+                let lease = claim.lease;
                 let work = Work {
-                    claim: Some(FreshClaim {
-                        scope: request.scope.clone(),
-                        key: request.key.clone(),
-                        body: request.body,
-                        resource_id: resource.to_string(),
-                        lease,
-                        now_ms,
-                    }),
+                    claim: Some(claim),
                     appends: appends.clone(),
                     ..Work::default()
                 };

@@ -312,16 +312,16 @@ pub struct InboxRow {
 /// Stores each event not stored before, inside `tx`: `true` for those new, `false` for an event
 /// id the provider sent before (or twice among `rows`). One statement on PostgreSQL.
 pub async fn insert_inbox_each(tx: &mut Tx, rows: &[&InboxRow]) -> Result<Vec<bool>, sqlx::Error> {
-    let sql = "insert into webhook_inbox (provider, event_id, event_type, payment_ref, payload, \
-               next_attempt_ms, received_ms) values ($1, $2, $3, $4, $5, $6, $6) \
-               on conflict (provider, event_id) do nothing";
     let conn = match tx {
         Tx::Postgres(conn) => conn,
         Tx::Sqlite(conn) => {
             // SQLite runs in process: a statement per row costs no round trip.
+            let sql = "insert into webhook_inbox (provider, event_id, event_type, payment_ref, \
+                       payload, next_attempt_ms, received_ms) values (?1, ?2, ?3, ?4, ?5, ?6, ?6) \
+                       on conflict (provider, event_id) do nothing";
             let mut stored = Vec::with_capacity(rows.len());
             for row in rows {
-                let inserted = sqlx::query(&sqlite(sql))
+                let inserted = sqlx::query(sql)
                     .bind(&row.provider)
                     .bind(&row.event_id)
                     .bind(&row.event_type)
@@ -708,9 +708,12 @@ impl Worker {
     /// Marks the rows whose payment already reflected their event processed, with one statement
     /// on PostgreSQL; the ids of those this worker still held.
     async fn finish_reflected(&self, rows: &[&Row]) -> Result<HashSet<i64>, WorkerError> {
+        if rows.is_empty() {
+            return Ok(HashSet::new());
+        }
         let now_ms = self.flow.clock.now_ms();
         match &self.flow.database {
-            Database::Postgres(pool) if !rows.is_empty() => {
+            Database::Postgres(pool) => {
                 let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
                 let kept: Vec<i64> = sqlx::query_scalar(
                     "update webhook_inbox set status = 'processed', outcome = 'applied', \
@@ -724,8 +727,8 @@ impl Worker {
                 .await?;
                 Ok(kept.into_iter().collect())
             }
-            _ => {
-                // SQLite: in process, a statement per row costs no round trip.
+            Database::Sqlite(_) => {
+                // In process: a statement per row costs no round trip.
                 let mut kept = HashSet::new();
                 for row in rows {
                     let how = Finish::Processed { outcome: "applied" };
@@ -978,14 +981,9 @@ impl Worker {
         };
         let mut loaded = Some(loaded);
         for fact in facts {
-            match loaded.take() {
-                Some(first) => {
-                    self.flow
-                        .finalize_loaded(first, payment, Some(fact), None)
-                        .await?
-                }
-                None => self.flow.finalize(payment, Some(fact)).await?,
-            };
+            self.flow
+                .finalize_loaded(loaded.take(), payment, Some(fact), None)
+                .await?;
         }
         let mark = FinishRow {
             row: row.id,
@@ -993,14 +991,9 @@ impl Worker {
             clock: self.flow.clock.as_ref(),
             how: Finish::Processed { outcome: "applied" },
         };
-        match loaded {
-            Some(first) => {
-                self.flow
-                    .finalize_loaded(first, payment, Some(last), Some(&mark))
-                    .await?
-            }
-            None => self.flow.finalize_and(payment, Some(last), &mark).await?,
-        };
+        self.flow
+            .finalize_loaded(loaded, payment, Some(last), Some(&mark))
+            .await?;
         Ok(())
     }
 

@@ -446,9 +446,13 @@ async fn append_each_one_by_one(
     let mut results = Vec::with_capacity(requests.len());
     for streams in requests {
         match append_streams(conn, streams).await {
-            Ok(Outcome::Written(appended)) => results.push(Some(appended)),
-            Ok(Outcome::Replayed(_)) | Err(Failure::Retry) => results.push(None),
-            Err(Failure::Refused(AppendError::Conflict { .. })) => results.push(None),
+            // As `append_in` answers: a re-sent request is its first result.
+            Ok(Outcome::Written(appended) | Outcome::Replayed(appended)) => {
+                results.push(Some(appended))
+            }
+            Err(Failure::Retry | Failure::Refused(AppendError::Conflict { .. })) => {
+                results.push(None)
+            }
             Err(Failure::Refused(e)) => return Err(e),
         }
     }
