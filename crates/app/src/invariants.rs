@@ -629,6 +629,14 @@ impl Sealer {
         }
     }
 
+    /// Reads through `store` instead of a store of its own: a process's readers that share one
+    /// store share its cache of the newest events (one database read for all of them).
+    #[must_use]
+    pub fn with_store(mut self, store: Arc<dyn EventStore>) -> Self {
+        self.store = store;
+        self
+    }
+
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         let interval = Duration::from_millis(self.interval_ms.max(1));

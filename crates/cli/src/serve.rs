@@ -15,7 +15,7 @@ use asiento_app::reconcile::{Reconciler, ReconcilerConfig};
 use asiento_app::transfers::TransferFlow;
 use asiento_app::webhooks::{WebhookReceiver, WebhookSecrets, Worker, WorkerConfig};
 use asiento_domain::ProviderName;
-use asiento_eventstore::Database;
+use asiento_eventstore::{Database, EventStore};
 use asiento_psp::{sim::SimConfig, ClientConfig, Simulator};
 use tokio::sync::watch;
 
@@ -244,8 +244,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (stop, stopped) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
 
+    // One store for the whole process: its readers (projections, sealer, reconciler) share its
+    // cache of the newest events, its appenders its NOTIFY coalescing and own connections.
+    let store = database.event_store();
     let core = if args.role.serves_api() || args.role.runs_workers() {
-        Some(Core::build(&args, &database, address, &stopped)?)
+        Some(Core::build(&args, &database, &store, address, &stopped)?)
     } else {
         None
     };
@@ -258,7 +261,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         for projection in crate::projections::all() {
             let runner = asiento_projector::Runner::new(
                 database.clone(),
-                database.event_store(),
+                Arc::clone(&store),
                 projection,
                 asiento_projector::RunnerConfig::new(owner.clone()),
             );
@@ -293,7 +296,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
         let shutdown = wait_for(stopped.clone());
         tasks.spawn(async move { reconciler.run(shutdown).await });
-        let sealer = Sealer::new(database.clone(), core.payments.clock.clone());
+        let sealer = Sealer::new(database.clone(), core.payments.clock.clone())
+            .with_store(Arc::clone(&store));
         let shutdown = wait_for(stopped.clone());
         tasks.spawn(async move { sealer.run(shutdown).await });
         let checker = crate::verify::checker(&database);
@@ -341,6 +345,7 @@ impl Core {
     fn build(
         args: &ServeArgs,
         database: &Database,
+        store: &Arc<dyn EventStore>,
         address: SocketAddr,
         stopped: &watch::Receiver<bool>,
     ) -> anyhow::Result<Core> {
@@ -394,7 +399,7 @@ impl Core {
         let providers = crate::providers::build(&urls, &args.fees, &client)?;
         let clock = Arc::new(SystemClock);
         let render = Arc::new(asiento_api::render::JsonRender);
-        let store = database.event_store();
+        let store = Arc::clone(store);
         let lease_ms = duration_ms(args.idempotency_lease);
         Ok(Core {
             payments: PaymentFlow {

@@ -42,6 +42,7 @@ mod data;
 mod postgres;
 mod sqlite;
 mod subscription;
+mod tail_cache;
 pub mod testing;
 
 pub use connections::PgTx;

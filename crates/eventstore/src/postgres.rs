@@ -40,6 +40,7 @@ use uuid::Uuid;
 use crate::classify::{self, Stored, StreamResult, Verdict};
 use crate::connections::{PgTx, StoreConnections};
 use crate::subscription::{self, Tail};
+use crate::tail_cache::TailCache;
 use crate::{
     AppendError, Appended, Cursor, EventRow, EventStore, ExpectedVersion, RecordedEvent,
     StoreError, StreamAppend, Tx, Upcaster, READ_BATCH_MAX,
@@ -128,6 +129,8 @@ pub struct PgEventStore {
     upcaster: Arc<dyn Upcaster>,
     notifier: Arc<Notifier>,
     connections: Arc<StoreConnections>,
+    /// The newest stretch of the log, shared by this process's readers.
+    tail: Arc<TailCache>,
 }
 
 impl PgEventStore {
@@ -142,6 +145,7 @@ impl PgEventStore {
             connections,
             pool,
             upcaster,
+            tail: Arc::default(),
         }
     }
 
@@ -149,6 +153,26 @@ impl PgEventStore {
         rows.into_iter()
             .map(|r| r.into_recorded(self.upcaster.as_ref()))
             .collect()
+    }
+
+    /// `read_all` without the tail cache.
+    async fn read_all_from_db(
+        &self,
+        after: Cursor,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let mut conn = self.connections.lease(&self.pool).await?;
+        let rows: Vec<EventRow> = sqlx::query_as(&format!(
+            "{SELECT_EVENT} WHERE (xact, position) > ($1, $2) AND xact < {HORIZON} \
+             ORDER BY xact, position LIMIT $3"
+        ))
+        .bind(after.xact())
+        .bind(after.position())
+        .bind(crate::clamp_limit(limit))
+        .fetch_all(&mut *conn)
+        .await?;
+        conn.keep();
+        self.decode(rows)
     }
 
     /// One single-stream append as one autocommit statement, on one of the
@@ -686,18 +710,11 @@ impl EventStore for PgEventStore {
         after: Cursor,
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
-        let mut conn = self.connections.lease(&self.pool).await?;
-        let rows: Vec<EventRow> = sqlx::query_as(&format!(
-            "{SELECT_EVENT} WHERE (xact, position) > ($1, $2) AND xact < {HORIZON} \
-             ORDER BY xact, position LIMIT $3"
-        ))
-        .bind(after.xact())
-        .bind(after.position())
-        .bind(crate::clamp_limit(limit))
-        .fetch_all(&mut *conn)
-        .await?;
-        conn.keep();
-        self.decode(rows)
+        self.tail
+            .read_all(after, limit, |after, limit| {
+                self.read_all_from_db(after, limit)
+            })
+            .await
     }
 
     async fn head(&self) -> Result<Cursor, StoreError> {

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 use crate::classify::{self, Stored, StreamResult, Verdict};
 use crate::subscription::{self, Tail};
+use crate::tail_cache::TailCache;
 use crate::{
     AppendError, Appended, Cursor, EventRow, EventStore, RecordedEvent, StoreError, StreamAppend,
     Tx, Upcaster,
@@ -40,6 +41,8 @@ pub struct SqliteEventStore {
     upcaster: Arc<dyn Upcaster>,
     /// Bumped after each commit of `append`, to wake this instance's subscribers.
     appended: Arc<watch::Sender<u64>>,
+    /// The newest stretch of the log, shared by this process's readers.
+    tail: Arc<TailCache>,
 }
 
 impl SqliteEventStore {
@@ -49,6 +52,7 @@ impl SqliteEventStore {
             pool,
             upcaster,
             appended: Arc::new(appended),
+            tail: Arc::default(),
         }
     }
 
@@ -56,6 +60,22 @@ impl SqliteEventStore {
         rows.into_iter()
             .map(|r| r.into_recorded(self.upcaster.as_ref()))
             .collect()
+    }
+
+    /// `read_all` without the tail cache.
+    async fn read_all_from_db(
+        &self,
+        after: Cursor,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let rows: Vec<EventRow> = sqlx::query_as(&format!(
+            "{SELECT_EVENT} WHERE position > ? ORDER BY position LIMIT ?"
+        ))
+        .bind(after.position())
+        .bind(crate::clamp_limit(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        self.decode(rows)
     }
 
     fn wake(&self) {
@@ -283,14 +303,11 @@ impl EventStore for SqliteEventStore {
         after: Cursor,
         limit: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
-        let rows: Vec<EventRow> = sqlx::query_as(&format!(
-            "{SELECT_EVENT} WHERE position > ? ORDER BY position LIMIT ?"
-        ))
-        .bind(after.position())
-        .bind(crate::clamp_limit(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        self.decode(rows)
+        self.tail
+            .read_all(after, limit, |after, limit| {
+                self.read_all_from_db(after, limit)
+            })
+            .await
     }
 
     async fn head(&self) -> Result<Cursor, StoreError> {
