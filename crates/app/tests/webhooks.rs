@@ -22,8 +22,8 @@ use asiento_app::payments::{NewPayment, PaymentFlow};
 use asiento_app::providers::Providers;
 use asiento_app::reply::Answer;
 use asiento_app::webhooks::{
-    dead_letters, inbox_counts, DeadReason, DrainReport, WebhookReceiver, WebhookSecrets, Worker,
-    WorkerConfig,
+    dead_letters, inbox_counts, pending_count, DeadReason, DrainReport, WebhookReceiver,
+    WebhookSecrets, Worker, WorkerConfig,
 };
 use asiento_domain::{
     Amount, CaptureMode, Currency, CustomerId, FeeSchedule, PaymentEvent, PaymentId, PaymentRecord,
@@ -746,13 +746,16 @@ async fn dead_letters_case(backend: Backend) {
     );
     let events = h.new_events();
     h.deliver(&events[0]).await;
+    assert_eq!(pending_count(&h.database).await.unwrap(), 1);
     assert_eq!(broken.drain().await.unwrap().retried, 1);
-    // Not due before its backoff.
+    // Still pending (the depth gauge's count), but not due before its backoff.
+    assert_eq!(pending_count(&h.database).await.unwrap(), 1);
     assert_eq!(broken.drain().await.unwrap().claimed, 0);
     clock.advance_ms(1_000);
     assert_eq!(broken.drain().await.unwrap().retried, 1);
     clock.advance_ms(2_000);
     assert_eq!(broken.drain().await.unwrap().dead, 1);
+    assert_eq!(pending_count(&h.database).await.unwrap(), 0);
     let dead = dead_letters(&h.database, Some(DeadReason::AttemptsExhausted), 0, 100)
         .await
         .unwrap();

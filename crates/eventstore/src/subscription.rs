@@ -12,7 +12,9 @@
 //!
 //! Wake-ups are hints, never the source of truth: every wake-up (or poll
 //! tick) re-reads from the cursor through the gap-free `read_all`, so a lost
-//! or early notification costs latency, not events.
+//! or early notification costs latency, not events. Once armed, a short
+//! batch goes straight to waiting: what commits after its read announces
+//! itself, so a confirming read would only ever find nothing.
 
 use std::time::Duration;
 
@@ -85,6 +87,8 @@ struct State<T> {
     batch_size: usize,
     armed: bool,
     failed: bool,
+    /// The last live read came back short while armed: the next read waits for a wake-up first.
+    drained: bool,
     /// Behind the head: reading ahead rather than batch by batch.
     catching_up: bool,
     ahead: Option<Batches>,
@@ -104,6 +108,7 @@ pub(crate) fn subscribe<T: Tail>(
         batch_size,
         armed: false,
         failed: false,
+        drained: false,
         catching_up: true,
         ahead: None,
         ahead_rows: 0,
@@ -142,6 +147,14 @@ pub(crate) fn subscribe<T: Tail>(
                     }
                 }
             }
+            if s.drained {
+                // A short batch read while armed was all there was: whatever commits after that
+                // read announces itself (a wake-up already queued returns at once), so there is
+                // nothing to confirm with a read of our own. Events committed but not yet
+                // readable then come with the next wake-up or poll tick, as they would anyway.
+                s.drained = false;
+                s.armed = s.tail.wait().await;
+            }
             match s.tail.read(s.cursor, s.batch_size).await {
                 Err(e) => {
                     s.failed = true;
@@ -152,6 +165,7 @@ pub(crate) fn subscribe<T: Tail>(
                         s.cursor = last.cursor;
                         // A full batch: the log is ahead of us again.
                         s.catching_up = batch.len() >= s.batch_size;
+                        s.drained = s.armed && !s.catching_up;
                         return Some((Ok(batch), s));
                     }
                 }
