@@ -87,31 +87,26 @@ impl TailCache {
         Fut: Future<Output = Result<Vec<RecordedEvent>, StoreError>>,
     {
         let limit = limit.clamp(1, crate::READ_BATCH_MAX);
-        match self.look(after, limit) {
+        // Held through the read from the window's end, so that readers there make one read.
+        let _refilling = match self.look(after, limit) {
             (Some(events), _) => return Ok(events),
-            (None, Fit::Before) => return self.read_and_keep(after, limit, read).await,
-            (None, Fit::End) => {}
-        }
-        let _refilling = self.refill.lock().await;
-        // Another reader may have extended the window while this one waited.
-        match self.look(after, limit) {
-            (Some(events), _) => Ok(events),
-            _ => self.read_and_keep(after, limit, read).await,
-        }
+            (None, Fit::Before) => None,
+            (None, Fit::End) => {
+                let refilling = self.refill.lock().await;
+                // Another reader may have extended the window while this one waited.
+                if let (Some(events), _) = self.look(after, limit) {
+                    return Ok(events);
+                }
+                Some(refilling)
+            }
+        };
+        let events = read(after, limit).await?;
+        self.keep(after, &events);
+        Ok(events)
     }
 
-    /// A database read, whose events the window then keeps as far as they continue it.
-    async fn read_and_keep<F, Fut>(
-        &self,
-        after: Cursor,
-        limit: usize,
-        read: F,
-    ) -> Result<Vec<RecordedEvent>, StoreError>
-    where
-        F: FnOnce(Cursor, usize) -> Fut,
-        Fut: Future<Output = Result<Vec<RecordedEvent>, StoreError>>,
-    {
-        let events = read(after, limit).await?;
+    /// Keeps what a database read from `after` returned, as far as it continues the window.
+    fn keep(&self, after: Cursor, events: &[RecordedEvent]) {
         let mut window = self.lock();
         match window.as_mut() {
             // The read covers everything from `after` to its last event, so the part past the
@@ -127,11 +122,10 @@ impl TailCache {
                     start: after,
                     events: VecDeque::new(),
                 };
-                fresh.extend(&events);
+                fresh.extend(events);
                 *window = Some(fresh);
             }
         }
-        Ok(events)
     }
 
     fn look(&self, after: Cursor, limit: usize) -> (Option<Vec<RecordedEvent>>, Fit) {
@@ -174,33 +168,42 @@ mod tests {
         }
     }
 
-    /// A log of `len` events and a counter of the database reads made against it.
-    struct Log {
+    /// A log of events at positions 1..=len, a cache in front of it, and a count of the reads
+    /// that reached the log.
+    struct Fixture {
         events: Vec<RecordedEvent>,
+        cache: TailCache,
         reads: AtomicUsize,
     }
 
-    impl Log {
-        fn new(len: i64) -> Log {
-            Log {
+    impl Fixture {
+        fn new(len: i64) -> Fixture {
+            Fixture {
                 events: (1..=len).map(event).collect(),
+                cache: TailCache::default(),
                 reads: AtomicUsize::new(0),
             }
         }
 
-        async fn read(
-            &self,
-            after: Cursor,
-            limit: usize,
-        ) -> Result<Vec<RecordedEvent>, StoreError> {
-            self.reads.fetch_add(1, Ordering::SeqCst);
-            Ok(self
-                .events
-                .iter()
-                .filter(|e| e.cursor > after)
-                .take(limit)
-                .cloned()
-                .collect())
+        /// `read_all(after, limit)` through the cache: the positions it returned.
+        async fn read(&self, after: i64, limit: usize) -> Vec<i64> {
+            let from_log = |after: Cursor, limit: usize| async move {
+                self.reads.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, StoreError>(
+                    self.events
+                        .iter()
+                        .filter(|e| e.cursor > after)
+                        .take(limit)
+                        .cloned()
+                        .collect(),
+                )
+            };
+            let events = self
+                .cache
+                .read_all(Cursor::new(0, after), limit, from_log)
+                .await
+                .unwrap();
+            events.iter().map(|e| e.position).collect()
         }
 
         fn reads(&self) -> usize {
@@ -208,134 +211,67 @@ mod tests {
         }
     }
 
-    fn positions(events: &[RecordedEvent]) -> Vec<i64> {
-        events.iter().map(|e| e.position).collect()
-    }
-
     #[tokio::test]
     async fn readers_inside_the_window_share_one_read() {
-        let log = Log::new(10);
-        let cache = TailCache::default();
-        let at = |p| Cursor::new(0, p);
-        let first = cache
-            .read_all(at(0), 100, |a, l| log.read(a, l))
-            .await
-            .unwrap();
-        assert_eq!(positions(&first), (1..=10).collect::<Vec<_>>());
-        assert_eq!(log.reads(), 1);
+        let f = Fixture::new(10);
+        assert_eq!(f.read(0, 100).await, (1..=10).collect::<Vec<_>>());
+        assert_eq!(f.reads(), 1);
         // Every cursor inside the window, any limit: the same answer as the log, no read.
         for after in 0..10 {
             for limit in [1, 3, 100] {
-                let got = cache
-                    .read_all(at(after), limit, |a, l| log.read(a, l))
-                    .await
-                    .unwrap();
-                let want = log.events.iter().filter(|e| e.position > after).take(limit);
-                assert_eq!(
-                    positions(&got),
-                    positions(&want.cloned().collect::<Vec<_>>())
-                );
+                let want: Vec<i64> = (after + 1..=10).take(limit).collect();
+                assert_eq!(f.read(after, limit).await, want);
             }
         }
-        assert_eq!(log.reads(), 1);
+        assert_eq!(f.reads(), 1);
     }
 
     #[tokio::test]
     async fn a_read_from_the_end_always_asks_the_database() {
-        let log = Log::new(3);
-        let cache = TailCache::default();
-        let at = |p| Cursor::new(0, p);
-        cache
-            .read_all(at(0), 100, |a, l| log.read(a, l))
-            .await
-            .unwrap();
+        let f = Fixture::new(3);
+        f.read(0, 100).await;
         // Caught up: the empty answer must be fresh, every time.
         for n in 0..3 {
-            let got = cache
-                .read_all(at(3), 100, |a, l| log.read(a, l))
-                .await
-                .unwrap();
-            assert!(got.is_empty());
-            assert_eq!(log.reads(), 2 + n);
+            assert!(f.read(3, 100).await.is_empty());
+            assert_eq!(f.reads(), 2 + n);
         }
     }
 
     #[tokio::test]
     async fn a_reader_behind_the_window_reads_alone_and_leaves_it() {
-        let log = Log::new(20);
-        let cache = TailCache::default();
-        let at = |p| Cursor::new(0, p);
-        cache
-            .read_all(at(10), 100, |a, l| log.read(a, l))
-            .await
-            .unwrap();
-        let behind = cache
-            .read_all(at(2), 4, |a, l| log.read(a, l))
-            .await
-            .unwrap();
-        assert_eq!(positions(&behind), vec![3, 4, 5, 6]);
-        assert_eq!(log.reads(), 2);
+        let f = Fixture::new(20);
+        f.read(10, 100).await;
+        assert_eq!(f.read(2, 4).await, vec![3, 4, 5, 6]);
+        assert_eq!(f.reads(), 2);
         // The window still starts at 10 and serves from memory.
-        let inside = cache
-            .read_all(at(15), 100, |a, l| log.read(a, l))
-            .await
-            .unwrap();
-        assert_eq!(positions(&inside), (16..=20).collect::<Vec<_>>());
-        assert_eq!(log.reads(), 2);
+        assert_eq!(f.read(15, 100).await, (16..=20).collect::<Vec<_>>());
+        assert_eq!(f.reads(), 2);
     }
 
     #[tokio::test]
     async fn a_reader_catching_up_past_the_end_extends_the_window() {
-        let log = Log::new(20);
-        let cache = TailCache::default();
-        let at = |p| Cursor::new(0, p);
-        cache
-            .read_all(at(10), 5, |a, l| log.read(a, l))
-            .await
-            .unwrap();
-        // From before the window to past its end (15): 16..=18 continue it.
-        let caught_up = cache
-            .read_all(at(2), 16, |a, l| log.read(a, l))
-            .await
-            .unwrap();
-        assert_eq!(positions(&caught_up), (3..=18).collect::<Vec<_>>());
-        assert_eq!(log.reads(), 2);
-        let inside = cache
-            .read_all(at(12), 100, |a, l| log.read(a, l))
-            .await
-            .unwrap();
-        assert_eq!(positions(&inside), (13..=18).collect::<Vec<_>>());
-        assert_eq!(log.reads(), 2);
+        let f = Fixture::new(20);
+        f.read(10, 5).await;
+        // From before the window (11..=15) to past its end: 16..=18 continue it.
+        assert_eq!(f.read(2, 16).await, (3..=18).collect::<Vec<_>>());
+        assert_eq!(f.reads(), 2);
+        assert_eq!(f.read(12, 100).await, (13..=18).collect::<Vec<_>>());
+        assert_eq!(f.reads(), 2);
     }
 
     #[tokio::test]
     async fn the_window_keeps_the_newest_events_only() {
         let total = i64::try_from(TAIL_CACHE_EVENTS_MAX).unwrap() + 100;
-        let log = Log::new(total);
-        let cache = TailCache::default();
-        let at = |p| Cursor::new(0, p);
-        let mut cursor = at(0);
-        loop {
-            let got = cache
-                .read_all(cursor, 1_000, |a, l| log.read(a, l))
-                .await
-                .unwrap();
-            let Some(last) = got.last() else { break };
-            cursor = last.cursor;
+        let f = Fixture::new(total);
+        let mut after = 0;
+        while let Some(&last) = f.read(after, 1_000).await.last() {
+            after = last;
         }
-        let reads = log.reads();
+        let reads = f.reads();
         // The oldest 100 fell out: reading from there goes to the database.
-        let old = cache
-            .read_all(at(50), 10, |a, l| log.read(a, l))
-            .await
-            .unwrap();
-        assert_eq!(positions(&old), (51..=60).collect::<Vec<_>>());
-        assert_eq!(log.reads(), reads + 1);
-        let kept = cache
-            .read_all(at(150), 10, |a, l| log.read(a, l))
-            .await
-            .unwrap();
-        assert_eq!(positions(&kept), (151..=160).collect::<Vec<_>>());
-        assert_eq!(log.reads(), reads + 1);
+        assert_eq!(f.read(50, 10).await, (51..=60).collect::<Vec<_>>());
+        assert_eq!(f.reads(), reads + 1);
+        assert_eq!(f.read(150, 10).await, (151..=160).collect::<Vec<_>>());
+        assert_eq!(f.reads(), reads + 1);
     }
 }
