@@ -1112,16 +1112,7 @@ mod suite {
         committed.insert(done.events[0].event_id);
         h.store.append(&[done]).await.unwrap();
 
-        // Stable order: a fresh store (nothing cached) reads the whole log the same way.
-        let fresh = h.db.event_store();
-        let mut again = Vec::new();
-        let mut cursor = Cursor::START;
-        loop {
-            let batch = fresh.read_all(cursor, 50).await.unwrap();
-            let Some(last) = batch.last() else { break };
-            cursor = last.cursor;
-            again.extend(batch.into_iter().map(|e| e.event_id));
-        }
+        let mut seen = Vec::new();
         for collector in collectors {
             let got = tokio::time::timeout(Duration::from_millis(LIVE_WAIT_MS * 3), collector)
                 .await
@@ -1132,6 +1123,21 @@ mod suite {
             assert_eq!(unique.len(), ids.len(), "no event delivered twice");
             assert_eq!(unique, committed, "every committed event, nothing else");
             assert!(got.windows(2).all(|w| w[0].cursor < w[1].cursor));
+            seen.push(ids);
+        }
+        // Stable order: a fresh store (nothing cached) reads the whole log the same way. Read
+        // only now: what a subscriber has seen stays readable, but right after the last append
+        // another test's open transaction may still hold PostgreSQL's read horizon before it.
+        let fresh = h.db.event_store();
+        let mut again = Vec::new();
+        let mut cursor = Cursor::START;
+        loop {
+            let batch = fresh.read_all(cursor, 50).await.unwrap();
+            let Some(last) = batch.last() else { break };
+            cursor = last.cursor;
+            again.extend(batch.into_iter().map(|e| e.event_id));
+        }
+        for ids in seen {
             assert_eq!(again, ids);
         }
     }
