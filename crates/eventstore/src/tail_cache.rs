@@ -47,15 +47,6 @@ impl Window {
         self.events.back().map_or(self.start, |event| event.cursor)
     }
 
-    /// The events after `after`, if the window holds any of them and all that precede them.
-    fn serve(&self, after: Cursor, limit: usize) -> Option<Vec<RecordedEvent>> {
-        if after < self.start || after >= self.end() {
-            return None;
-        }
-        let first = self.events.partition_point(|event| event.cursor <= after);
-        Some(self.events.range(first..).take(limit).cloned().collect())
-    }
-
     fn extend(&mut self, events: &[RecordedEvent]) {
         self.events.extend(events.iter().cloned());
         while self.events.len() > TAIL_CACHE_EVENTS_MAX {
@@ -66,12 +57,14 @@ impl Window {
     }
 }
 
-/// Whether a read from `after` may start (or continue) the window.
-enum Fit {
-    /// From the window's end (or there is no window yet, or the window is behind).
-    End,
-    /// From before the window: a reader catching up.
+/// What the window holds for a read from some cursor.
+enum Look {
+    /// The events after it (at least one).
+    Hit(Vec<RecordedEvent>),
+    /// Nothing: the cursor is before the window (a reader catching up).
     Before,
+    /// Nothing: the cursor is at the window's end, past it, or there is no window yet.
+    End,
 }
 
 impl TailCache {
@@ -89,12 +82,12 @@ impl TailCache {
         let limit = limit.clamp(1, crate::READ_BATCH_MAX);
         // Held through the read from the window's end, so that readers there make one read.
         let _refilling = match self.look(after, limit) {
-            (Some(events), _) => return Ok(events),
-            (None, Fit::Before) => None,
-            (None, Fit::End) => {
+            Look::Hit(events) => return Ok(events),
+            Look::Before => None,
+            Look::End => {
                 let refilling = self.refill.lock().await;
                 // Another reader may have extended the window while this one waited.
-                if let (Some(events), _) = self.look(after, limit) {
+                if let Look::Hit(events) = self.look(after, limit) {
                     return Ok(events);
                 }
                 Some(refilling)
@@ -128,12 +121,15 @@ impl TailCache {
         }
     }
 
-    fn look(&self, after: Cursor, limit: usize) -> (Option<Vec<RecordedEvent>>, Fit) {
+    fn look(&self, after: Cursor, limit: usize) -> Look {
         let window = self.lock();
         match window.as_ref() {
-            Some(window) if after < window.start => (None, Fit::Before),
-            Some(window) => (window.serve(after, limit), Fit::End),
-            None => (None, Fit::End),
+            Some(window) if after < window.start => Look::Before,
+            Some(window) if after < window.end() => {
+                let first = window.events.partition_point(|event| event.cursor <= after);
+                Look::Hit(window.events.range(first..).take(limit).cloned().collect())
+            }
+            _ => Look::End,
         }
     }
 

@@ -72,7 +72,7 @@ mod suite {
     use rand::Rng;
     use uuid::Uuid;
 
-    use crate::common::{event, events, to, Harness};
+    use crate::common::{assert_each_committed_once, event, events, to, Harness};
 
     const LIVE_WAIT_MS: u64 = 10_000;
 
@@ -1118,12 +1118,7 @@ mod suite {
                 .await
                 .expect("the subscriber saw the last event in time")
                 .unwrap();
-            let ids: Vec<Uuid> = got.iter().map(|e| e.event_id).collect();
-            let unique: HashSet<Uuid> = ids.iter().copied().collect();
-            assert_eq!(unique.len(), ids.len(), "no event delivered twice");
-            assert_eq!(unique, committed, "every committed event, nothing else");
-            assert!(got.windows(2).all(|w| w[0].cursor < w[1].cursor));
-            seen.push(ids);
+            seen.push(assert_each_committed_once(&got, &committed));
         }
         // Stable order: a fresh store (nothing cached) reads the whole log the same way. Read
         // only now: what a subscriber has seen stays readable, but right after the last append

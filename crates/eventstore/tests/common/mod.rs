@@ -113,3 +113,17 @@ pub fn to(stream_id: &str, expected: ExpectedVersion, events: Vec<NewEvent>) -> 
         events,
     }
 }
+
+/// What a subscriber collected holds every committed event exactly once, in log order; the
+/// event ids in the order it got them.
+pub fn assert_each_committed_once(
+    got: &[asiento_eventstore::RecordedEvent],
+    committed: &std::collections::HashSet<Uuid>,
+) -> Vec<Uuid> {
+    let ids: Vec<Uuid> = got.iter().map(|e| e.event_id).collect();
+    let unique: std::collections::HashSet<Uuid> = ids.iter().copied().collect();
+    assert_eq!(unique.len(), ids.len(), "no event delivered twice");
+    assert_eq!(&unique, committed, "every committed event, nothing else");
+    assert!(got.windows(2).all(|w| w[0].cursor < w[1].cursor));
+    ids
+}
