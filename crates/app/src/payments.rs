@@ -31,6 +31,7 @@ use crate::clock::Clock;
 use crate::group_commit::{
     Committed, Completion as WorkCompletion, GroupCommit, GroupCommitError, Respond, Work,
 };
+use crate::guard_cache::GuardCache;
 use crate::idempotency::{
     self, BodyHash, Claim, Completing, FreshClaim, IdempotencyError, IdempotencyKey, Lease, Scope,
     StoredResponse,
@@ -190,6 +191,8 @@ pub struct PaymentFlow {
     /// The writer that commits the request path's steps of concurrent requests together; made
     /// with [`GroupCommit::new`] on `store`.
     pub commits: Arc<GroupCommit>,
+    /// The guard states this flow's own commits left; share one per process.
+    pub guards: GuardCache,
 }
 
 impl PaymentFlow {
@@ -557,13 +560,15 @@ impl PaymentFlow {
             // Every read through the pool happens before the transaction begins: on SQLite a
             // transaction holds the one write lock, and a holder waiting for a pool connection
             // that other waiters for the lock occupy would deadlock until the busy timeout.
-            let guards =
-                log::load_guards(self.store.as_ref(), log::payment_entries(&events)).await?;
+            let guards = self
+                .guards
+                .load(self.store.as_ref(), log::payment_entries(&events))
+                .await?;
+            let guard_appends = log::payment_guard_appends(&events, &guards)
+                .map_err(|rejection| FlowError::Inconsistent(rejection.to_string()))?;
             let appends = if events.is_empty() {
                 Vec::new()
             } else {
-                let guard_appends = log::payment_guard_appends(&events, &guards)
-                    .map_err(|rejection| FlowError::Inconsistent(rejection.to_string()))?;
                 let metadata = self.metadata(&record.tenant, completion.map(|c| c.request));
                 log::decision_appends(
                     asiento_domain::payment_stream(id),
@@ -605,9 +610,13 @@ impl PaymentFlow {
                     inbox: None,
                 };
                 match self.commits.commit(step).await? {
-                    Committed::Written(appended) => return Ok(finalized(appended.as_ref())),
+                    Committed::Written(appended) => {
+                        self.guards.wrote(&guards, &guard_appends);
+                        return Ok(finalized(appended.as_ref()));
+                    }
                     Committed::Conflict => {
                         metrics::counter!("asiento_finalize_conflicts_total").increment(1);
+                        self.guards.forget(guards.keys());
                         continue;
                     }
                     Committed::LeaseLost => return Err(IdempotencyError::LeaseLost.into()),
@@ -624,6 +633,7 @@ impl PaymentFlow {
                     Ok(appended) => appended.last_position,
                     Err(error) if log::is_conflict(&error) => {
                         metrics::counter!("asiento_finalize_conflicts_total").increment(1);
+                        self.guards.forget(guards.keys());
                         tx.rollback().await?;
                         continue;
                     }
@@ -651,6 +661,7 @@ impl PaymentFlow {
                 also.run(&mut tx, &finalized).await?;
             }
             tx.commit().await?;
+            self.guards.wrote(&guards, &guard_appends);
             return Ok(finalized);
         }
         Err(FlowError::TooManyConflicts(id))

@@ -613,6 +613,7 @@ async fn start_process(
         database: database.clone(),
         store: store.clone(),
         commits: asiento_app::group_commit::GroupCommit::new(store),
+        guards: Default::default(),
         providers,
         clock: clock.clone(),
         render: Arc::new(SimRender),

@@ -885,6 +885,7 @@ async fn two_workers(backend: Backend) {
             database: database.clone(),
             store: store.clone(),
             commits: asiento_app::group_commit::GroupCommit::new(store),
+            guards: Default::default(),
             ..h.flow.clone()
         };
         let worker = Worker::new(flow, fast_config());

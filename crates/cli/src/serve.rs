@@ -406,6 +406,7 @@ impl Core {
                 database: database.clone(),
                 store: store.clone(),
                 commits: asiento_app::group_commit::GroupCommit::new(store.clone()),
+                guards: Default::default(),
                 providers,
                 clock: clock.clone(),
                 render: render.clone(),

@@ -118,6 +118,7 @@ impl TestSim {
             database: database.clone(),
             store: store.clone(),
             commits: asiento_app::group_commit::GroupCommit::new(store),
+            guards: Default::default(),
             providers,
             clock,
             render: Arc::new(TestRender),

@@ -1,0 +1,99 @@
+//! The payment flow's memory of the debit guards it wrote itself.
+//!
+//! A payment decision that posts to a guarded account (`customer:…`) appends to that account's
+//! guard stream at the exact version it read. So a remembered guard state that is stale (another
+//! process, or another flow, appended since) can only make that append conflict; it can never
+//! write a wrong balance. The conflict makes the flow forget the decision's guards, and its retry
+//! reads them from the log. And a stale state cannot leak out without an append either: payment
+//! decisions are provider facts, which a guard flags but never refuses. (Transfers are commands
+//! that a guard refuses; they read the log every time.)
+//!
+//! So after each commit the flow remembers the state its appends left each guard in, and reads the
+//! log only for guards it has not written since it started (or that conflicted): one statement
+//! fewer per payment decision in the common case, a customer paying more than once.
+//!
+//! Bounded: when full, it forgets everything and starts over.
+
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use asiento_domain::guard::{self, DebitGuard, GuardAppend, GuardKey};
+use asiento_domain::JournalEntry;
+use asiento_eventstore::EventStore;
+
+use crate::log::{self, LogError};
+
+/// Guards remembered at most; past that the memory starts over empty.
+pub const GUARDS_MAX: usize = 65_536;
+
+/// Shared by clones: one per process is the point.
+#[derive(Debug, Clone, Default)]
+pub struct GuardCache {
+    states: Arc<Mutex<HashMap<GuardKey, DebitGuard>>>,
+}
+
+impl GuardCache {
+    /// The guards every entry in `entries` touches: remembered, or read from the log.
+    pub async fn load<'a>(
+        &self,
+        store: &dyn EventStore,
+        entries: impl IntoIterator<Item = &'a JournalEntry>,
+    ) -> Result<BTreeMap<GuardKey, DebitGuard>, LogError> {
+        let mut guards = BTreeMap::new();
+        let mut missing = Vec::new();
+        {
+            let states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
+            for entry in entries {
+                for key in guard::guarded_keys(entry) {
+                    match states.get(&key) {
+                        Some(state) => {
+                            guards.insert(key, *state);
+                        }
+                        None => missing.push(key),
+                    }
+                }
+            }
+        }
+        for key in missing {
+            if let Entry::Vacant(slot) = guards.entry(key) {
+                let state = log::load_guard(store, slot.key()).await?;
+                slot.insert(state);
+            }
+        }
+        Ok(guards)
+    }
+
+    /// Remembers what committed `appends` left each guard in; `before` is what the decision read.
+    /// A state older than the one remembered (a later commit was remembered first) is dropped.
+    pub fn wrote(&self, before: &BTreeMap<GuardKey, DebitGuard>, appends: &[GuardAppend]) {
+        let mut states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
+        for append in appends {
+            let start = before.get(&append.key).copied().unwrap_or_default();
+            let after = append.events.iter().fold(start, guard::evolve);
+            if states.len() >= GUARDS_MAX && !states.contains_key(&append.key) {
+                states.clear();
+            }
+            let newer = states
+                .get(&append.key)
+                .is_none_or(|known| known.version < after.version);
+            if newer {
+                states.insert(append.key.clone(), after);
+            }
+        }
+    }
+
+    /// Forgets `keys`: a decision on them conflicted, so what is remembered may be stale.
+    pub fn forget<'a>(&self, keys: impl IntoIterator<Item = &'a GuardKey>) {
+        let mut states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
+        for key in keys {
+            states.remove(key);
+        }
+    }
+
+    /// The state remembered for `key`, if any.
+    pub fn remembered(&self, key: &GuardKey) -> Option<DebitGuard> {
+        let states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
+        states.get(key).copied()
+    }
+}

@@ -1,0 +1,138 @@
+//! The payment flow's guard cache against a second writer: two flows with caches of their own
+//! (two processes) post to one customer's guard in turns. Each decision of a flow whose
+//! remembered guard went stale must conflict, read the log and land on the true balance; the
+//! guard stream must chain version after version and every invariant must hold.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use asiento_app::clock::SystemClock;
+use asiento_app::invariants::Checker;
+use asiento_app::log;
+use asiento_app::payments::{NewPayment, PaymentFlow};
+use asiento_app::reply::Answer;
+use asiento_domain::guard::{GuardEvent, GuardKey};
+use asiento_domain::payment::CaptureMode;
+use asiento_domain::{
+    AccountName, Amount, Currency, CustomerId, PaymentId, ProviderName, TenantId,
+};
+use asiento_psp::{ClientConfig, SimConfig};
+
+mod common;
+
+use common::{create_request, Backend, TestDatabase, TestSim};
+
+const AMOUNT_MINOR: i64 = 10_000;
+const REFUND_MINOR: i64 = 2_500;
+
+async fn pay(flow: &PaymentFlow) -> PaymentId {
+    let payment = NewPayment {
+        tenant: TenantId::parse("acme").unwrap(),
+        amount: Amount::new(AMOUNT_MINOR),
+        currency: Currency::parse("USD").unwrap(),
+        customer: CustomerId::parse("7").unwrap(),
+        provider: ProviderName::parse("sim").unwrap(),
+        payment_method: "pm_card_ok".to_owned(),
+        capture_mode: CaptureMode::Automatic,
+        description: None,
+        metadata: serde_json::Map::new(),
+    };
+    let request = create_request(&uuid::Uuid::new_v4().to_string());
+    let Answer::Done(response) = flow.create(&request, payment).await.unwrap() else {
+        panic!("create did not finish");
+    };
+    let body: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
+    assert_eq!(body["status"], "captured", "{body}");
+    PaymentId::parse(body["id"].as_str().unwrap()).unwrap()
+}
+
+async fn refund(flow: &PaymentFlow, id: PaymentId) {
+    let mut request = create_request(&uuid::Uuid::new_v4().to_string());
+    request.scope.route = format!("/v1/payments/{id}/refunds");
+    let tenant = TenantId::parse("acme").unwrap();
+    let answer = flow
+        .refund(&request, &tenant, id, Amount::new(REFUND_MINOR))
+        .await
+        .unwrap();
+    assert!(matches!(answer, Answer::Done(_)), "{answer:?}");
+}
+
+async fn guard_cache_against_a_second_writer(backend: Backend) {
+    let db = TestDatabase::open(backend).await;
+    let sim = TestSim::start(SimConfig::default()).await;
+    let clock = Arc::new(SystemClock);
+    let a = sim.flow(&db.database, ClientConfig::default(), clock.clone());
+    let b = sim.flow(&db.database, ClientConfig::default(), clock.clone());
+    let key = GuardKey {
+        tenant: TenantId::parse("acme").unwrap(),
+        account: AccountName::customer_available(&CustomerId::parse("7").unwrap()),
+        currency: Currency::parse("USD").unwrap(),
+    };
+
+    // A writes the guard first and remembers what it wrote.
+    pay(&a).await;
+    let first = a
+        .guards
+        .remembered(&key)
+        .expect("A remembers the guard it wrote");
+    assert_eq!(first.version, 1);
+    assert!(first.balance.minor() > 0);
+    let credit = first.balance.minor();
+
+    // B (its own memory) reads the log, so it builds on A's write.
+    let paid_by_b = pay(&b).await;
+    assert_eq!(b.guards.remembered(&key).unwrap().version, 2);
+    assert_eq!(
+        a.guards.remembered(&key).unwrap().version,
+        1,
+        "A's memory is stale now"
+    );
+
+    // A decides on its stale memory, conflicts, reads the log and writes version 3, then B
+    // refunds on its own stale memory (version 2).
+    pay(&a).await;
+    let third = a.guards.remembered(&key).unwrap();
+    assert_eq!(third.version, 3);
+    assert_eq!(third.balance.minor(), 3 * credit);
+    refund(&b, paid_by_b).await;
+    let fourth = b.guards.remembered(&key).unwrap();
+    assert_eq!(fourth.version, 4);
+    assert!(
+        (3 * credit - REFUND_MINOR..3 * credit).contains(&fourth.balance.minor()),
+        "the refund debits the customer at most its amount (less the fee returned): {fourth:?}"
+    );
+
+    // The log agrees: one chain of guard events, each balance the previous plus its delta.
+    let store = db.database.event_store();
+    let events = store.read_stream(&key.stream(), 1, 100).await.unwrap();
+    let mut balance = 0;
+    for (i, raw) in events.iter().enumerate() {
+        assert_eq!(raw.version, i as u64 + 1);
+        let event = GuardEvent::decode_raw(&raw.event_type, raw.schema, raw.data.raw()).unwrap();
+        let GuardEvent::BalanceChanged(changed) = event else {
+            panic!("no overdraft here: {event:?}");
+        };
+        balance += changed.delta_minor.minor();
+        assert_eq!(changed.balance_minor.minor(), balance);
+    }
+    assert_eq!(events.len(), 4);
+    assert_eq!(log::load_guard(store.as_ref(), &key).await.unwrap(), fourth);
+
+    let report = Checker::new(db.database.clone(), clock)
+        .check_once()
+        .await
+        .unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_cache_against_a_second_writer_sqlite() {
+    guard_cache_against_a_second_writer(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_cache_against_a_second_writer_postgres() {
+    guard_cache_against_a_second_writer(Backend::Postgres).await;
+}
