@@ -14,8 +14,7 @@
 //!
 //! Bounded: when full, it forgets everything and starts over.
 
-use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use asiento_domain::guard::{self, DebitGuard, GuardAppend, GuardKey};
@@ -41,25 +40,20 @@ impl GuardCache {
         entries: impl IntoIterator<Item = &'a JournalEntry>,
     ) -> Result<BTreeMap<GuardKey, DebitGuard>, LogError> {
         let mut guards = BTreeMap::new();
-        let mut missing = Vec::new();
+        let mut missing = BTreeSet::new();
         {
             let states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
-            for entry in entries {
-                for key in guard::guarded_keys(entry) {
-                    match states.get(&key) {
-                        Some(state) => {
-                            guards.insert(key, *state);
-                        }
-                        None => missing.push(key),
-                    }
+            for key in entries.into_iter().flat_map(guard::guarded_keys) {
+                if let Some(state) = states.get(&key) {
+                    guards.insert(key, *state);
+                } else {
+                    missing.insert(key);
                 }
             }
         }
         for key in missing {
-            if let Entry::Vacant(slot) = guards.entry(key) {
-                let state = log::load_guard(store, slot.key()).await?;
-                slot.insert(state);
-            }
+            let state = log::load_guard(store, &key).await?;
+            guards.insert(key, state);
         }
         Ok(guards)
     }
