@@ -23,6 +23,7 @@ use std::sync::{Arc, OnceLock};
 use asiento_eventstore::{AppendError, Appended, StoreError, StreamAppend};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
+use crate::group_statement::{self, Written};
 use crate::idempotency::{self, Completing, FreshClaim, IdempotencyError, StoredResponse};
 use crate::log::Store;
 use crate::webhooks::{self, InboxRow};
@@ -55,8 +56,10 @@ pub struct Completion {
     pub respond: Respond,
 }
 
-/// Renders a completion's response from what its step appended.
-pub type Respond = Arc<dyn Fn(Option<&Appended>) -> StoredResponse + Send + Sync>;
+/// Renders a completion's response from the position of the last event its step appended
+/// (`None`: it appended none). Nothing else of the append may go into the response: the
+/// one-statement batch ([`crate::group_statement`]) fills the position in inside the database.
+pub type Respond = Arc<dyn Fn(Option<i64>) -> StoredResponse + Send + Sync>;
 
 /// How one request's step ended.
 #[derive(Debug)]
@@ -79,8 +82,8 @@ pub enum GroupCommitError {
     Append(#[from] AppendError),
     #[error(transparent)]
     Idempotency(#[from] IdempotencyError),
-    #[error("storing webhook events failed: {0}")]
-    Inbox(#[from] sqlx::Error),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
     #[error("the group commit writer stopped")]
     Stopped,
     #[error("a step ended in a way its kind cannot: {0}")]
@@ -162,14 +165,26 @@ async fn write_batches(store: Store, receiver: Arc<Mutex<mpsc::UnboundedReceiver
     }
 }
 
-/// Writes the steps as one batch; if that cannot commit whole, each alone.
+/// Writes the steps as one batch (one statement on PostgreSQL, else one transaction); if that
+/// cannot commit whole, each alone.
 async fn write(store: &Store, steps: Vec<Work>) -> Vec<Result<Committed, GroupCommitError>> {
-    if steps.len() > 1 {
+    let transaction = match group_statement::write(store, &steps).await {
+        Ok(Written::Done(outcomes)) => return outcomes.into_iter().map(Ok).collect(),
+        Ok(Written::Unfit) => true,
+        Ok(Written::Refused) => false,
+        Err(error) => {
+            tracing::warn!(%error, steps = steps.len(), "group commit statement failed");
+            false
+        }
+    };
+    if transaction && steps.len() > 1 {
         match write_batch(store, &steps).await {
             Ok(Batch::Done(outcomes)) => return outcomes.into_iter().map(Ok).collect(),
             Ok(Batch::Retry) => {}
             Err(error) => tracing::warn!(%error, steps = steps.len(), "group commit failed"),
         }
+    }
+    if steps.len() > 1 {
         metrics::counter!("asiento_group_commit_retried_alone_total").increment(steps.len() as u64);
     }
     let mut outcomes = Vec::with_capacity(steps.len());
@@ -236,7 +251,7 @@ async fn write_batch(store: &Store, steps: &[Work]) -> Result<Batch, GroupCommit
     for (i, step) in steps.iter().enumerate() {
         if let (None, Some(completion)) = (&outcomes[i], &step.completion) {
             let mut row = completion.completing.clone();
-            row.response = (completion.respond)(appended[i].as_ref());
+            row.response = (completion.respond)(appended[i].as_ref().map(|a| a.last_position));
             completing.push(row);
             completed_by.push(i);
         }

@@ -10,6 +10,9 @@
 
 use asiento_eventstore::Tx;
 use sha2::{Digest, Sha256};
+use sqlx::error::BoxDynError;
+use sqlx::postgres::PgArguments;
+use sqlx::Arguments;
 use uuid::Uuid;
 
 /// Keys longer than this are refused (API.md: 1–255 printable ASCII characters).
@@ -258,35 +261,71 @@ pub async fn claim_fresh_each(
         }
         return Ok(held);
     };
-    let column = |f: &dyn Fn(&FreshClaim) -> &str| claims.iter().map(f).collect::<Vec<&str>>();
-    let owners: Vec<Uuid> = sqlx::query_scalar(
-        "insert into idempotency_keys (tenant, method, route, key, body_sha256, resource_id, \
-         state, lease_owner, lease_expires_ms, created_ms) \
-         select t, m, r, k, b, res, 'in_flight', o, e, c from unnest($1::text[], $2::text[], \
-         $3::text[], $4::text[], $5::bytea[], $6::text[], $7::uuid[], $8::int8[], $9::int8[]) \
-         with ordinality as u(t, m, r, k, b, res, o, e, c, i) order by t, m, r, k, i \
-         on conflict do nothing returning lease_owner",
-    )
-    .bind(column(&|c| &c.scope.tenant))
-    .bind(column(&|c| &c.scope.method))
-    .bind(column(&|c| &c.scope.route))
-    .bind(column(&|c| c.key.as_str()))
-    .bind(claims.iter().map(|c| c.body.0.to_vec()).collect::<Vec<_>>())
-    .bind(column(&|c| &c.resource_id))
-    .bind(claims.iter().map(|c| c.lease.owner).collect::<Vec<_>>())
-    .bind(
-        claims
-            .iter()
-            .map(|c| c.lease.expires_ms)
-            .collect::<Vec<_>>(),
-    )
-    .bind(claims.iter().map(|c| c.now_ms).collect::<Vec<_>>())
-    .fetch_all(&mut **conn)
-    .await?;
+    let mut arguments = PgArguments::default();
+    add_claims(&mut arguments, claims.iter().zip(0..)).map_err(sqlx::Error::Encode)?;
+    let sql = format!("WITH {} SELECT lease_owner FROM claimed", claims_ctes(1));
+    let owners: Vec<Uuid> = sqlx::query_scalar_with(&sql, arguments)
+        .fetch_all(&mut **conn)
+        .await?;
     Ok(claims
         .iter()
         .map(|c| owners.contains(&c.lease.owner))
         .collect())
+}
+
+/// The CTEs `claim_input` (the claims, each with `step`, a caller's index) and `claimed` (their
+/// insert as fresh in-flight records, in key order, skipping keys that exist, `RETURNING
+/// lease_owner`), without `WITH`, reading [`add_claims`]'s ten arrays from `$first` on.
+pub(crate) fn claims_ctes(first: usize) -> String {
+    let p: Vec<usize> = (first..first + 10).collect();
+    format!(
+        "claim_input AS (SELECT * FROM unnest(${}::int8[], ${}::text[], ${}::text[], ${}::text[], \
+         ${}::text[], ${}::bytea[], ${}::text[], ${}::uuid[], ${}::int8[], ${}::int8[]) \
+         WITH ORDINALITY AS u(step, t, m, r, k, b, res, o, e, c, i)), \
+         claimed AS (insert into idempotency_keys (tenant, method, route, key, body_sha256, \
+         resource_id, state, lease_owner, lease_expires_ms, created_ms) \
+         select t, m, r, k, b, res, 'in_flight', o, e, c from claim_input \
+         order by t, m, r, k, i on conflict do nothing returning lease_owner)",
+        p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]
+    )
+}
+
+/// Adds the claims with their steps, as [`claims_ctes`] reads them, to `arguments`.
+pub(crate) fn add_claims<'c>(
+    arguments: &mut PgArguments,
+    claims: impl Iterator<Item = (&'c FreshClaim, i64)> + Clone,
+) -> Result<(), BoxDynError> {
+    let column = |f: &dyn Fn(&FreshClaim) -> &str| {
+        claims
+            .clone()
+            .map(|(c, _)| f(c).to_owned())
+            .collect::<Vec<String>>()
+    };
+    arguments.add(claims.clone().map(|(_, step)| step).collect::<Vec<_>>())?;
+    arguments.add(column(&|c| &c.scope.tenant))?;
+    arguments.add(column(&|c| &c.scope.method))?;
+    arguments.add(column(&|c| &c.scope.route))?;
+    arguments.add(column(&|c| c.key.as_str()))?;
+    arguments.add(
+        claims
+            .clone()
+            .map(|(c, _)| c.body.0.to_vec())
+            .collect::<Vec<_>>(),
+    )?;
+    arguments.add(column(&|c| &c.resource_id))?;
+    arguments.add(
+        claims
+            .clone()
+            .map(|(c, _)| c.lease.owner)
+            .collect::<Vec<_>>(),
+    )?;
+    arguments.add(
+        claims
+            .clone()
+            .map(|(c, _)| c.lease.expires_ms)
+            .collect::<Vec<_>>(),
+    )?;
+    arguments.add(claims.map(|(c, _)| c.now_ms).collect::<Vec<_>>())
 }
 
 /// Completes each held key with its response, inside `tx`: `false` where the lease was lost (the
@@ -306,44 +345,97 @@ pub async fn complete_each(
         }
         return Ok(held);
     };
-    let column = |f: &dyn Fn(&Completing) -> &str| completions.iter().map(f).collect::<Vec<&str>>();
-    let owners: Vec<Uuid> = sqlx::query_scalar(
-        "update idempotency_keys k set state = 'completed', response_status = u.s, \
-         response_body = u.b, completed_ms = u.c \
-         from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::bytea[], \
-         $7::int8[], $8::uuid[]) as u(t, m, r, key, s, b, c, o) \
-         where k.tenant = u.t and k.method = u.m and k.route = u.r and k.key = u.key \
-         and k.state = 'in_flight' and k.lease_owner = u.o returning k.lease_owner",
+    let mut arguments = PgArguments::default();
+    add_completions(
+        &mut arguments,
+        completions.iter().zip(0..).map(|(c, step)| (c, step, None)),
     )
-    .bind(column(&|c| &c.scope.tenant))
-    .bind(column(&|c| &c.scope.method))
-    .bind(column(&|c| &c.scope.route))
-    .bind(column(&|c| c.key.as_str()))
-    .bind(
-        completions
-            .iter()
-            .map(|c| i32::from(c.response.status))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        completions
-            .iter()
-            .map(|c| c.response.body.clone())
-            .collect::<Vec<_>>(),
-    )
-    .bind(completions.iter().map(|c| c.now_ms).collect::<Vec<_>>())
-    .bind(
-        completions
-            .iter()
-            .map(|c| c.lease.owner)
-            .collect::<Vec<_>>(),
-    )
-    .fetch_all(&mut **conn)
-    .await?;
+    .map_err(sqlx::Error::Encode)?;
+    let sql = format!(
+        "WITH {} SELECT lease_owner FROM completed",
+        completions_cte(1, "NULL")
+    );
+    let owners: Vec<Uuid> = sqlx::query_scalar_with(&sql, arguments)
+        .fetch_all(&mut **conn)
+        .await?;
     Ok(completions
         .iter()
         .map(|c| owners.contains(&c.lease.owner))
         .collect())
+}
+
+/// The CTE `completed` (without `WITH`): completes each held key of [`add_completions`]'s ten
+/// arrays, read from `$first` on, where the caller still holds its lease, `RETURNING
+/// lease_owner`. A response given in two parts gets the decimal text of `position` between them:
+/// an SQL expression over `u`, the completion's row (`u.step` is the caller's index).
+pub(crate) fn completions_cte(first: usize, position: &str) -> String {
+    let p: Vec<usize> = (first..first + 10).collect();
+    format!(
+        "completed AS (update idempotency_keys k set state = 'completed', response_status = u.s, \
+         response_body = case when u.tail is null then u.b \
+         else u.b || convert_to(({position})::text, 'UTF8') || u.tail end, \
+         completed_ms = u.c \
+         from unnest(${}::int8[], ${}::text[], ${}::text[], ${}::text[], ${}::text[], \
+         ${}::int4[], ${}::bytea[], ${}::bytea[], ${}::int8[], ${}::uuid[]) \
+         as u(step, t, m, r, key, s, b, tail, c, o) \
+         where k.tenant = u.t and k.method = u.m and k.route = u.r and k.key = u.key \
+         and k.state = 'in_flight' and k.lease_owner = u.o returning k.lease_owner)",
+        p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]
+    )
+}
+
+/// Adds the completions, each with its step and, for a response whose position the statement
+/// fills in, the part after the position (the response's body is then the part before it), as
+/// [`completions_cte`] reads them, to `arguments`.
+pub(crate) fn add_completions<'c>(
+    arguments: &mut PgArguments,
+    completions: impl Iterator<Item = (&'c Completing, i64, Option<Vec<u8>>)> + Clone,
+) -> Result<(), BoxDynError> {
+    let column = |f: &dyn Fn(&Completing) -> &str| {
+        completions
+            .clone()
+            .map(|(c, _, _)| f(c).to_owned())
+            .collect::<Vec<String>>()
+    };
+    arguments.add(
+        completions
+            .clone()
+            .map(|(_, step, _)| step)
+            .collect::<Vec<_>>(),
+    )?;
+    arguments.add(column(&|c| &c.scope.tenant))?;
+    arguments.add(column(&|c| &c.scope.method))?;
+    arguments.add(column(&|c| &c.scope.route))?;
+    arguments.add(column(&|c| c.key.as_str()))?;
+    arguments.add(
+        completions
+            .clone()
+            .map(|(c, _, _)| i32::from(c.response.status))
+            .collect::<Vec<_>>(),
+    )?;
+    arguments.add(
+        completions
+            .clone()
+            .map(|(c, _, _)| c.response.body.clone())
+            .collect::<Vec<_>>(),
+    )?;
+    arguments.add(
+        completions
+            .clone()
+            .map(|(_, _, tail)| tail)
+            .collect::<Vec<_>>(),
+    )?;
+    arguments.add(
+        completions
+            .clone()
+            .map(|(c, _, _)| c.now_ms)
+            .collect::<Vec<_>>(),
+    )?;
+    arguments.add(
+        completions
+            .map(|(c, _, _)| c.lease.owner)
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// Inserts a new in-flight record under `lease`; `false` if the key exists.

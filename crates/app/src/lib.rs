@@ -7,6 +7,7 @@ pub mod api_keys;
 pub mod clock;
 pub mod exceptions;
 pub mod group_commit;
+pub mod group_statement;
 pub mod guard_cache;
 pub mod idempotency;
 pub mod invariants;

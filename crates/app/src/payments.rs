@@ -583,16 +583,16 @@ impl PaymentFlow {
                 // A request's finalisation: committed with other requests' steps.
                 let finalized = {
                     let (payment, events_appended) = (after_record.clone(), events.len());
-                    move |appended: Option<&Appended>| Finalized {
+                    move |position: Option<i64>| Finalized {
                         payment: payment.clone(),
-                        position: appended.map_or(unchanged_position, |a| a.last_position),
+                        position: position.unwrap_or(unchanged_position),
                         events_appended,
                     }
                 };
                 let respond: Respond = {
                     let (render, kind, finalized) =
                         (Arc::clone(&self.render), completion.kind, finalized.clone());
-                    Arc::new(move |appended| render.render(&reply_for(kind, &finalized(appended))))
+                    Arc::new(move |position| render.render(&reply_for(kind, &finalized(position))))
                 };
                 let step = Work {
                     claim: None,
@@ -612,7 +612,7 @@ impl PaymentFlow {
                 match self.commits.commit(step).await? {
                     Committed::Written(appended) => {
                         self.guards.wrote(&guards, &guard_appends);
-                        return Ok(finalized(appended.as_ref()));
+                        return Ok(finalized(appended.map(|a| a.last_position)));
                     }
                     Committed::Conflict => {
                         metrics::counter!("asiento_finalize_conflicts_total").increment(1);

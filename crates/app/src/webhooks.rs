@@ -42,6 +42,9 @@ use asiento_eventstore::{Database, StoreError, Tx};
 use asiento_psp::{Charge, DisputeStatus, EventType, SignatureError, WebhookEvent};
 /// The header carrying a webhook's signature, re-exported for the HTTP layer.
 pub use asiento_psp::{SIGNATURE_HEADER, TOLERANCE_S_DEFAULT};
+use sqlx::error::BoxDynError;
+use sqlx::postgres::PgArguments;
+use sqlx::Arguments;
 use uuid::Uuid;
 
 use crate::clock::Clock;
@@ -336,33 +339,64 @@ pub async fn insert_inbox_each(tx: &mut Tx, rows: &[&InboxRow]) -> Result<Vec<bo
             return Ok(stored);
         }
     };
-    let text = |f: &dyn Fn(&InboxRow) -> &str| rows.iter().map(|r| f(r)).collect::<Vec<&str>>();
-    let stored: Vec<(String, String)> = sqlx::query_as(
-        "insert into webhook_inbox (provider, event_id, event_type, payment_ref, payload, \
-         next_attempt_ms, received_ms) \
-         select p, e, t, r, b, n, n from unnest($1::text[], $2::text[], $3::text[], $4::text[], \
-         $5::bytea[], $6::int8[]) with ordinality as u(p, e, t, r, b, n, i) order by p, e, i \
-         on conflict (provider, event_id) do nothing returning provider, event_id",
+    let mut arguments = PgArguments::default();
+    add_inbox(&mut arguments, rows).map_err(sqlx::Error::Encode)?;
+    let sql = format!(
+        "WITH {} SELECT provider, event_id FROM stored",
+        inbox_cte(1)
+    );
+    let stored: Vec<(String, String)> = sqlx::query_as_with(&sql, arguments)
+        .fetch_all(&mut **conn)
+        .await?;
+    Ok(stored_each(rows, stored))
+}
+
+/// The CTE `stored` (without `WITH`): stores each event of [`add_inbox`]'s six arrays, read from
+/// `$first` on, unless stored before, `RETURNING provider, event_id` of those new. Rows go in by
+/// event id (one lock order for concurrent batches), then in the order given: of two rows with
+/// one event id the first is the one stored.
+pub(crate) fn inbox_cte(first: usize) -> String {
+    let p: Vec<usize> = (first..first + 6).collect();
+    format!(
+        "stored AS (insert into webhook_inbox (provider, event_id, event_type, payment_ref, \
+         payload, next_attempt_ms, received_ms) \
+         select p, e, t, r, b, n, n from unnest(${}::text[], ${}::text[], ${}::text[], \
+         ${}::text[], ${}::bytea[], ${}::int8[]) with ordinality as u(p, e, t, r, b, n, i) \
+         order by p, e, i on conflict (provider, event_id) do nothing \
+         returning provider, event_id)",
+        p[0], p[1], p[2], p[3], p[4], p[5]
     )
-    .bind(text(&|r| &r.provider))
-    .bind(text(&|r| &r.event_id))
-    .bind(text(&|r| &r.event_type))
-    .bind(
+}
+
+/// Adds the rows, as [`inbox_cte`] reads them, to `arguments`.
+pub(crate) fn add_inbox(
+    arguments: &mut PgArguments,
+    rows: &[&InboxRow],
+) -> Result<(), BoxDynError> {
+    let text = |f: &dyn Fn(&InboxRow) -> &str| {
         rows.iter()
-            .map(|r| r.payment_ref.as_deref())
+            .map(|r| f(r).to_owned())
+            .collect::<Vec<String>>()
+    };
+    arguments.add(text(&|r| &r.provider))?;
+    arguments.add(text(&|r| &r.event_id))?;
+    arguments.add(text(&|r| &r.event_type))?;
+    arguments.add(
+        rows.iter()
+            .map(|r| r.payment_ref.clone())
             .collect::<Vec<_>>(),
-    )
-    .bind(rows.iter().map(|r| r.payload.clone()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|r| r.now_ms).collect::<Vec<_>>())
-    .fetch_all(&mut **conn)
-    .await?;
-    // Rows go in by event id (one lock order for concurrent batches), then in the order given:
-    // of two rows with one event id the first is the one stored.
-    let mut new: std::collections::HashSet<(String, String)> = stored.into_iter().collect();
-    Ok(rows
-        .iter()
+    )?;
+    arguments.add(rows.iter().map(|r| r.payload.clone()).collect::<Vec<_>>())?;
+    arguments.add(rows.iter().map(|r| r.now_ms).collect::<Vec<_>>())
+}
+
+/// For each of `rows`, whether `stored` (what `stored` returned) holds it: of two rows with one
+/// event id, only the first.
+pub(crate) fn stored_each(rows: &[&InboxRow], stored: Vec<(String, String)>) -> Vec<bool> {
+    let mut new: HashSet<(String, String)> = stored.into_iter().collect();
+    rows.iter()
         .map(|r| new.remove(&(r.provider.clone(), r.event_id.clone())))
-        .collect())
+        .collect()
 }
 
 // ------------------------------------------------------------------------------ events → facts

@@ -10,6 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use asiento_app::group_commit::{Committed, Completion, GroupCommit, Work};
+use asiento_app::group_statement::{self, Written};
 use asiento_app::idempotency::{
     canonical_body_hash, Completing, FreshClaim, IdempotencyKey, Lease, Scope, StoredResponse,
 };
@@ -74,9 +75,9 @@ fn completion(key: &str, lease: Lease) -> Completion {
             response: StoredResponse::default(),
             now_ms: NOW_MS,
         },
-        respond: Arc::new(|appended| StoredResponse {
+        respond: Arc::new(|position| StoredResponse {
             status: 201,
-            body: format!("{:?}", appended.map(|a| a.last_position)).into_bytes(),
+            body: format!("{position:?}").into_bytes(),
         }),
     }
 }
@@ -266,4 +267,194 @@ async fn each_step_gets_its_own_outcome_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_step_gets_its_own_outcome_postgres() {
     each_step_gets_its_own_outcome(Backend::Postgres).await;
+}
+
+async fn response_body(database: &Database, key: &str) -> Vec<u8> {
+    let sql = "select response_body from idempotency_keys where key = $1";
+    match database {
+        Database::Postgres(pool) => sqlx::query_scalar(sql)
+            .bind(key)
+            .fetch_one(pool)
+            .await
+            .unwrap(),
+        Database::Sqlite(pool) => sqlx::query_scalar(&sql.replace('$', "?"))
+            .bind(key)
+            .fetch_one(pool)
+            .await
+            .unwrap(),
+    }
+}
+
+/// The one-statement form on its own (PostgreSQL): a batch of every kind of step commits whole,
+/// with a claim that exists gating its step's events and each completion's response carrying its
+/// step's real position; a batch with one step that cannot be written is refused with nothing of
+/// it written. SQLite's batches take the transaction path.
+async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
+    let db = TestDatabase::open(backend).await;
+    let database = db.database.clone();
+    let store = database.event_store();
+    let commits = GroupCommit::new(store.clone());
+    let (held, held_too) = (lease(), lease());
+    for (key, lease) in [
+        ("existing", lease()),
+        ("in-flight", held),
+        ("in-flight-too", held_too),
+        ("in-flight-other", lease()),
+    ] {
+        let step = Work {
+            claim: Some(claim(key, lease)),
+            appends: vec![append(
+                &format!("setup-{key}"),
+                ExpectedVersion::NoStream,
+                1,
+            )],
+            ..Work::default()
+        };
+        assert!(matches!(
+            commits.commit(step).await.unwrap(),
+            Committed::Written(Some(_))
+        ));
+    }
+    store
+        .append(&[append("account", ExpectedVersion::NoStream, 1)])
+        .await
+        .unwrap();
+    let row = |event_id: &str| InboxRow {
+        provider: "sim".into(),
+        event_id: event_id.into(),
+        event_type: "charge.succeeded".into(),
+        payment_ref: None,
+        payload: b"{}".to_vec(),
+        now_ms: NOW_MS,
+    };
+    let steps = vec![
+        Work {
+            claim: Some(claim("new", lease())),
+            appends: vec![append("payment-new", ExpectedVersion::NoStream, 2)],
+            ..Work::default()
+        },
+        Work {
+            claim: Some(claim("existing", lease())),
+            appends: vec![append("never", ExpectedVersion::NoStream, 2)],
+            ..Work::default()
+        },
+        Work {
+            inbox: Some(row("evt_a")),
+            ..Work::default()
+        },
+        Work {
+            inbox: Some(row("evt_a")),
+            ..Work::default()
+        },
+        Work {
+            appends: vec![
+                append("completing", ExpectedVersion::NoStream, 1),
+                append("account", ExpectedVersion::Exact(1), 1),
+            ],
+            completion: Some(completion("in-flight", held)),
+            ..Work::default()
+        },
+        Work {
+            completion: Some(completion("in-flight-too", held_too)),
+            ..Work::default()
+        },
+    ];
+    let written = group_statement::write(&store, &steps).await.unwrap();
+    if matches!(backend, Backend::Sqlite) {
+        assert!(matches!(written, Written::Unfit));
+        drop(commits);
+        db.finish().await;
+        return;
+    }
+    let Written::Done(outcomes) = written else {
+        panic!("the batch fits one statement and commits");
+    };
+    let completed = match &outcomes[..] {
+        [Committed::Written(Some(new)), Committed::NotFresh, Committed::Written(None), Committed::NotFresh, Committed::Written(Some(completed)), Committed::Written(None)] =>
+        {
+            assert_eq!(new.streams, vec![("payment-new".to_owned(), 2)]);
+            assert_eq!(
+                completed.streams,
+                vec![("completing".to_owned(), 1), ("account".to_owned(), 2)]
+            );
+            completed.clone()
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        response_body(&database, "in-flight").await,
+        format!("{:?}", Some(completed.last_position)).into_bytes()
+    );
+    assert_eq!(response_body(&database, "in-flight-too").await, b"None");
+    assert_eq!(
+        count(
+            &database,
+            "select count(*) from events where stream_id = 'never'"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(&database, "select count(*) from webhook_inbox").await,
+        1
+    );
+    let events = count(&database, "select count(*) from events").await;
+    let keys = count(&database, "select count(*) from idempotency_keys").await;
+    assert_eq!((events, keys), (4 + 1 + 2 + 2, 4 + 1));
+
+    // A stale expectation, or a completion under a lease that is not its key's, refuses the whole
+    // batch: the good step beside it is not written either.
+    for bad in [
+        Work {
+            appends: vec![append("account", ExpectedVersion::Exact(1), 1)],
+            ..Work::default()
+        },
+        Work {
+            appends: vec![append("lost", ExpectedVersion::NoStream, 1)],
+            completion: Some(completion("in-flight-other", lease())),
+            ..Work::default()
+        },
+    ] {
+        let steps = vec![
+            Work {
+                claim: Some(claim("refused", lease())),
+                appends: vec![append("payment-refused", ExpectedVersion::NoStream, 1)],
+                inbox: None,
+                completion: None,
+            },
+            Work {
+                inbox: Some(row("evt_refused")),
+                ..Work::default()
+            },
+            bad,
+        ];
+        assert!(matches!(
+            group_statement::write(&store, &steps).await.unwrap(),
+            Written::Refused
+        ));
+        assert_eq!(
+            count(&database, "select count(*) from events").await,
+            events
+        );
+        assert_eq!(
+            count(&database, "select count(*) from idempotency_keys").await,
+            keys
+        );
+        assert_eq!(
+            count(&database, "select count(*) from webhook_inbox").await,
+            1
+        );
+    }
+    drop(commits);
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_statement_commits_a_batch_whole_or_not_at_all_sqlite() {
+    one_statement_commits_a_batch_whole_or_not_at_all(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_statement_commits_a_batch_whole_or_not_at_all_postgres() {
+    one_statement_commits_a_batch_whole_or_not_at_all(Backend::Postgres).await;
 }

@@ -39,6 +39,7 @@ use uuid::Uuid;
 mod classify;
 mod connections;
 mod data;
+mod each;
 mod postgres;
 mod sqlite;
 mod subscription;
@@ -47,7 +48,8 @@ pub mod testing;
 
 pub use connections::PgTx;
 pub use data::EventData;
-pub use postgres::PgEventStore;
+pub use each::{each_results, EachAppend};
+pub use postgres::{PgConn, PgEventStore};
 pub use sqlite::SqliteEventStore;
 
 /// Connections in a PostgreSQL pool. Subscriptions do not take from it (each
@@ -356,6 +358,13 @@ pub trait EventStore: Send + Sync {
     /// A unit of work on this store's database, as [`Database::begin`], but on
     /// PostgreSQL on one of the store's own connections where one is free.
     async fn begin(&self) -> Result<Tx, StoreError>;
+
+    /// A connection for one autocommit statement of the caller's that appends with
+    /// [`EachAppend`] (group commit writes a whole batch so): PostgreSQL only, `None` on other
+    /// backends. See [`PgConn`] for how to give it back.
+    async fn statement_connection(&self) -> Result<Option<PgConn>, StoreError> {
+        Ok(None)
+    }
 
     /// Up to `limit` events of one stream with `version >= from_version`, in
     /// version order.

@@ -32,13 +32,14 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::StreamExt;
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::postgres::{PgArguments, PgListener, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::classify::{self, Stored, StreamResult, Verdict};
-use crate::connections::{PgTx, StoreConnections};
+use crate::connections::{Lease, PgTx, StoreConnections};
+use crate::each::EachAppend;
 use crate::subscription::{self, Tail};
 use crate::tail_cache::TailCache;
 use crate::{
@@ -121,6 +122,43 @@ const SELECT_EVENT: &str = "SELECT position, xact, stream_id, version, event_id,
 
 /// The xid below which every transaction has finished, in this statement's snapshot.
 const HORIZON: &str = "pg_snapshot_xmin(pg_current_snapshot())::text::bigint";
+
+/// A store connection lent for one autocommit statement of the caller's
+/// ([`EventStore::statement_connection`]); derefs to the connection. Give it
+/// back with [`PgConn::finished`] once the database answered; dropped
+/// otherwise, it is closed (it may be mid-statement).
+pub struct PgConn {
+    lease: Lease,
+    notifier: Arc<Notifier>,
+}
+
+impl PgConn {
+    /// The statement completed or the database refused it (`result`): the
+    /// connection is idle again and is kept; if the statement appended
+    /// events (`appended`), subscribers are woken.
+    pub fn finished<T>(self, result: &Result<T, sqlx::Error>, appended: bool) {
+        if appended {
+            self.notifier.poke();
+        }
+        match result {
+            Ok(_) | Err(sqlx::Error::Database(_)) => self.lease.keep(),
+            Err(_) => drop(self.lease),
+        }
+    }
+}
+
+impl std::ops::Deref for PgConn {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        &self.lease
+    }
+}
+
+impl std::ops::DerefMut for PgConn {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.lease
+    }
+}
 
 /// The event log on PostgreSQL.
 #[derive(Clone)]
@@ -376,90 +414,27 @@ async fn append_stream_in_tx(
     Err(Failure::Retry)
 }
 
-/// Every request's events in one statement: the stream's version now is read
-/// once per stream, a stream whose version is not the expected one gets no
-/// rows, and a row some other writer got to first is skipped (ON CONFLICT DO
-/// NOTHING); a request is written when all its events came back. Rows go in
-/// in request order, each request's streams as given (a decision's own stream
-/// first, then its guards), the order `append_in` writes them in.
-const INSERT_EACH: &str = "WITH input AS (SELECT * FROM unnest($1::text[], $2::int8[], \
-     $3::int8[], $4::uuid[], $5::text[], $6::int4[], $7::jsonb[], $8::jsonb[]) WITH ORDINALITY \
-     AS i(stream_id, expected, ord, event_id, event_type, schema, data, metadata, n)), \
-     cur AS (SELECT s.stream_id, (SELECT coalesce(max(e.version), 0) FROM events e \
-     WHERE e.stream_id = s.stream_id) AS v FROM (SELECT DISTINCT stream_id FROM input) s) \
-     INSERT INTO events (stream_id, version, event_id, event_type, schema, data, metadata) \
-     SELECT i.stream_id, i.expected + i.ord, i.event_id, i.event_type, i.schema, i.data, \
-     i.metadata FROM input i JOIN cur ON cur.stream_id = i.stream_id AND cur.v = i.expected \
-     ORDER BY i.n ON CONFLICT DO NOTHING RETURNING event_id, position, version, xact";
-
-/// [`EventStore::append_each_in`] on PostgreSQL.
+/// [`EventStore::append_each_in`] on PostgreSQL: every request's events in one statement (see
+/// `each.rs`), unless one expects `Any` or `StreamExists`.
 async fn append_each_on(
     conn: &mut PgConnection,
     requests: &[&[StreamAppend]],
 ) -> Result<Vec<Option<Appended>>, AppendError> {
-    let mut stream_ids = Vec::new();
-    let mut expected = Vec::new();
-    let mut ords = Vec::new();
-    let mut event_ids = Vec::new();
-    let mut event_types = Vec::new();
-    let mut schemas = Vec::new();
-    let mut data = Vec::new();
-    let mut metadata = Vec::new();
-    for append in requests.iter().flat_map(|streams| streams.iter()) {
-        let base = match append.expected {
-            ExpectedVersion::NoStream => 0,
-            // A version beyond i64 can never be current: -1 never matches.
-            ExpectedVersion::Exact(n) => i64::try_from(n).unwrap_or(-1),
-            // Not a decision's expectation: one request at a time.
-            ExpectedVersion::Any | ExpectedVersion::StreamExists => {
-                return append_each_one_by_one(conn, requests).await;
-            }
-        };
-        for (ord, event) in (1_i64..).zip(&append.events) {
-            stream_ids.push(append.stream_id.as_str());
-            expected.push(base);
-            ords.push(ord);
-            event_ids.push(event.event_id);
-            event_types.push(event.event_type.as_str());
-            schemas.push(event.schema);
-            data.push(Json(&event.data));
-            metadata.push(Json(&event.metadata));
-        }
-    }
-    let rows: Vec<(Uuid, i64, i64, i64)> = sqlx::query_as(INSERT_EACH)
-        .bind(stream_ids)
-        .bind(expected)
-        .bind(ords)
-        .bind(event_ids)
-        .bind(event_types)
-        .bind(schemas)
-        .bind(data)
-        .bind(metadata)
+    let Some(each) = EachAppend::of((0..).zip(requests.iter().copied()))? else {
+        return append_each_one_by_one(conn, requests).await;
+    };
+    let sql = format!(
+        "WITH {} SELECT event_id, position, version, xact FROM each_written",
+        EachAppend::ctes(1, "true")
+    );
+    let mut arguments = PgArguments::default();
+    each.add_to(&mut arguments)
+        .map_err(|e| StoreError::Database(sqlx::Error::Encode(e)))?;
+    let rows: Vec<(Uuid, i64, i64, i64)> = sqlx::query_as_with(&sql, arguments)
         .fetch_all(&mut *conn)
         .await
         .map_err(StoreError::from)?;
-    // By event id: two requests naming one stream may expect the same versions.
-    let written: std::collections::HashMap<Uuid, (i64, i64, i64)> = rows
-        .into_iter()
-        .map(|(event_id, position, version, xact)| (event_id, (position, version, xact)))
-        .collect();
-    let mut results = Vec::with_capacity(requests.len());
-    for streams in requests {
-        let mut parts = Vec::with_capacity(streams.len());
-        for append in streams.iter() {
-            let rows: Option<Vec<(i64, i64, i64)>> = append
-                .events
-                .iter()
-                .map(|event| written.get(&event.event_id).copied())
-                .collect();
-            match rows {
-                Some(rows) => parts.push(classify::result_of(&append.stream_id, &rows)?),
-                None => break,
-            }
-        }
-        results.push((parts.len() == streams.len()).then(|| crate::merge(parts)));
-    }
-    Ok(results)
+    crate::each::each_results(requests, rows)
 }
 
 /// The requests one after the other, each as `append_in` would write it.
@@ -637,6 +612,13 @@ impl EventStore for PgEventStore {
     async fn begin(&self) -> Result<Tx, StoreError> {
         let lease = self.connections.lease(&self.pool).await?;
         Ok(Tx::Postgres(PgTx::begin(lease).await?))
+    }
+
+    async fn statement_connection(&self) -> Result<Option<PgConn>, StoreError> {
+        Ok(Some(PgConn {
+            lease: self.connections.lease(&self.pool).await?,
+            notifier: Arc::clone(&self.notifier),
+        }))
     }
 
     async fn read_streams(&self, stream_ids: &[String]) -> Result<Vec<RecordedEvent>, StoreError> {

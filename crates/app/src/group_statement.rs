@@ -1,0 +1,276 @@
+//! A group commit batch as one PostgreSQL statement: one round trip and one autocommit
+//! transaction, instead of BEGIN, a statement per kind of row and COMMIT.
+//!
+//! The statement is a chain of data-modifying CTEs, each the statement the transaction path runs
+//! for its kind of row: the fresh claims (`claimed`), the webhook rows (`stored`), the events
+//! (`each_written`, from `asiento_eventstore::EachAppend`) and the completions (`completed`).
+//! What the transaction path decides between its statements, the statement decides inside:
+//!
+//! - **A claim gates its step's events.** A step whose key exists gets no events: the events'
+//!   gate lets a step's rows through only if it claims nothing or its claim came back from
+//!   `claimed`.
+//! - **A completion's response carries the position of its step's last event**, which only the
+//!   insert knows. The response is rendered twice in Rust, with two different positions; if the
+//!   two differ only in one occurrence of the position's decimal text (checked, not assumed), the
+//!   statement stores the part before it, the real position and the part after it. Otherwise the
+//!   batch takes the transaction path.
+//! - **Nothing of a batch is committed in part.** If a step that got past its claim is not written
+//!   whole (a stream moved on: some of its rows are missing from `each_written`), or a completion
+//!   found its lease taken over, the statement calls `asiento_batch_refused` (migration 0050),
+//!   whose error undoes the whole statement. The caller then writes each step alone, in a
+//!   transaction of its own, which tells that step its [`Committed::Conflict`] or
+//!   [`Committed::LeaseLost`].
+
+use std::collections::HashSet;
+
+use asiento_eventstore::{each_results, EachAppend, StreamAppend};
+use sqlx::postgres::PgArguments;
+use sqlx::Row;
+use uuid::Uuid;
+
+use crate::group_commit::{Committed, GroupCommitError, Respond, Work};
+use crate::idempotency::{self, Completing, FreshClaim, StoredResponse};
+use crate::log::Store;
+use crate::webhooks::{self, InboxRow};
+
+/// The SQLSTATE `asiento_batch_refused` raises (migration 0050).
+const REFUSED: &str = "AB001";
+/// The two positions a response is rendered with to find where its position goes. Large, so that
+/// their text is unlikely anywhere else in a response (if it is, the batch takes the transaction
+/// path).
+const PROBES: [i64; 2] = [i64::MAX - 1, i64::MAX - 2];
+
+/// Parameters of the statement: the claims (ten arrays), the webhook rows (six), the events
+/// (nine), the completions (ten), in this order.
+const CLAIMS_FIRST: usize = 1;
+const INBOX_FIRST: usize = CLAIMS_FIRST + 10;
+const EVENTS_FIRST: usize = INBOX_FIRST + 6;
+const COMPLETIONS_FIRST: usize = EVENTS_FIRST + 9;
+
+/// How a batch went.
+pub enum Written {
+    /// Committed: each step's outcome.
+    Done(Vec<Committed>),
+    /// A step could not be written whole, so nothing was: write each step alone.
+    Refused,
+    /// Not a batch for one statement (another backend, an expectation that needs a look per
+    /// request, a response whose position cannot be filled in): the transaction path writes it.
+    Unfit,
+}
+
+/// Writes `steps` as one statement, if they fit one.
+pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommitError> {
+    let mut requests: Vec<(i64, &[StreamAppend])> = Vec::new();
+    let mut claims: Vec<(&FreshClaim, i64)> = Vec::new();
+    let mut rows: Vec<&InboxRow> = Vec::new();
+    let mut completions: Vec<(Completing, i64, Option<Vec<u8>>)> = Vec::new();
+    for (step, work) in (0_i64..).zip(steps) {
+        if !work.appends.is_empty() {
+            requests.push((step, &work.appends[..]));
+        }
+        if let Some(claim) = &work.claim {
+            claims.push((claim, step));
+        }
+        if let Some(row) = &work.inbox {
+            rows.push(row);
+        }
+        if let Some(completion) = &work.completion {
+            let (response, tail) = if work.appends.is_empty() {
+                ((completion.respond)(None), None)
+            } else {
+                match split_at_position(&completion.respond) {
+                    Some((head, tail)) => (head, Some(tail)),
+                    None => return Ok(Written::Unfit),
+                }
+            };
+            let completing = Completing {
+                response,
+                ..completion.completing.clone()
+            };
+            completions.push((completing, step, tail));
+        }
+    }
+    let Some(each) = EachAppend::of(requests.iter().copied())? else {
+        return Ok(Written::Unfit);
+    };
+    let Some(mut conn) = store.statement_connection().await? else {
+        return Ok(Written::Unfit);
+    };
+
+    let mut arguments = PgArguments::default();
+    idempotency::add_claims(&mut arguments, claims.iter().copied())
+        .and_then(|()| webhooks::add_inbox(&mut arguments, &rows))
+        .and_then(|()| each.add_to(&mut arguments))
+        .and_then(|()| {
+            idempotency::add_completions(
+                &mut arguments,
+                completions
+                    .iter()
+                    .map(|(completing, step, tail)| (completing, *step, tail.clone())),
+            )
+        })
+        .map_err(sqlx::Error::Encode)?;
+    let result = sqlx::query_with(&statement(), arguments)
+        .fetch_one(&mut *conn)
+        .await;
+    let appended = result.as_ref().is_ok_and(|row| {
+        row.try_get::<Vec<Uuid>, _>("written_event")
+            .is_ok_and(|written| !written.is_empty())
+    });
+    conn.finished(&result, appended);
+    let row = match result {
+        Ok(row) => row,
+        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(REFUSED) => {
+            return Ok(Written::Refused)
+        }
+        Err(error) => return Err(error.into()),
+    };
+
+    let claimed: HashSet<Uuid> = row
+        .try_get::<Vec<Uuid>, _>("claimed")?
+        .into_iter()
+        .collect();
+    let stored: Vec<(String, String)> = row
+        .try_get::<Vec<String>, _>("stored_provider")?
+        .into_iter()
+        .zip(row.try_get::<Vec<String>, _>("stored_event")?)
+        .collect();
+    let written = row
+        .try_get::<Vec<Uuid>, _>("written_event")?
+        .into_iter()
+        .zip(row.try_get::<Vec<i64>, _>("written_position")?)
+        .zip(row.try_get::<Vec<i64>, _>("written_version")?)
+        .zip(row.try_get::<Vec<i64>, _>("written_xact")?)
+        .map(|(((event, position), version), xact)| (event, position, version, xact));
+    let appends: Vec<&[StreamAppend]> = requests.iter().map(|(_, appends)| *appends).collect();
+    let mut appended = each_results(&appends, written)?.into_iter();
+    let mut stored = webhooks::stored_each(&rows, stored).into_iter();
+
+    let mut outcomes = Vec::with_capacity(steps.len());
+    for work in steps {
+        let fresh = work
+            .claim
+            .as_ref()
+            .is_none_or(|claim| claimed.contains(&claim.lease.owner));
+        let inboxed = work.inbox.is_none() || stored.next() == Some(true);
+        let written = if work.appends.is_empty() {
+            None
+        } else {
+            appended.next().flatten()
+        };
+        outcomes.push(match (fresh && inboxed, written) {
+            (false, _) => Committed::NotFresh,
+            (true, written) if written.is_some() || work.appends.is_empty() => {
+                Committed::Written(written)
+            }
+            // The statement refuses a batch with such a step; committed means it had none.
+            (true, _) => {
+                return Err(GroupCommitError::Unexpected(
+                    "a step of a committed batch was not written".into(),
+                ))
+            }
+        });
+    }
+    Ok(Written::Done(outcomes))
+}
+
+/// The response rendered without its position (the part before it) and the part after it, if
+/// `respond` puts the position's decimal text in exactly one place and nothing else of it
+/// depends on the position.
+fn split_at_position(respond: &Respond) -> Option<(StoredResponse, Vec<u8>)> {
+    let [a, b] = PROBES.map(|position| respond(Some(position)));
+    let [a_text, b_text] = PROBES.map(|position| position.to_string().into_bytes());
+    if a.status != b.status {
+        return None;
+    }
+    let mut found = a
+        .body
+        .windows(a_text.len())
+        .enumerate()
+        .filter(|(_, window)| *window == a_text.as_slice())
+        .map(|(at, _)| at);
+    let (at, None) = (found.next()?, found.next()) else {
+        return None;
+    };
+    let (head, tail) = (&a.body[..at], &a.body[at + a_text.len()..]);
+    if b.body != [head, b_text.as_slice(), tail].concat() {
+        return None;
+    }
+    let tail = tail.to_vec();
+    Some((
+        StoredResponse {
+            status: a.status,
+            body: head.to_vec(),
+        },
+        tail,
+    ))
+}
+
+/// The statement; its parameters as [`CLAIMS_FIRST`] and the others say.
+fn statement() -> String {
+    // A step's events go in if it claims no key or its claim came back.
+    let gate = "(i.req NOT IN (SELECT step FROM claim_input) \
+                OR i.req IN (SELECT c.step FROM claim_input c JOIN claimed d ON d.lease_owner = c.o))";
+    let position = "SELECT max(w.position) FROM each_written w \
+                    JOIN each_input i ON i.event_id = w.event_id WHERE i.req = u.step";
+    format!(
+        "WITH {claims}, {inbox}, {events}, {completions} \
+         SELECT ARRAY(SELECT lease_owner FROM claimed) AS claimed, \
+         ARRAY(SELECT provider FROM stored ORDER BY provider, event_id) AS stored_provider, \
+         ARRAY(SELECT event_id FROM stored ORDER BY provider, event_id) AS stored_event, \
+         ARRAY(SELECT event_id FROM each_written ORDER BY position) AS written_event, \
+         ARRAY(SELECT position FROM each_written ORDER BY position) AS written_position, \
+         ARRAY(SELECT version FROM each_written ORDER BY position) AS written_version, \
+         ARRAY(SELECT xact FROM each_written ORDER BY position) AS written_xact, \
+         CASE WHEN EXISTS (SELECT 1 FROM each_input i WHERE {gate} AND NOT EXISTS \
+              (SELECT 1 FROM each_written w WHERE w.event_id = i.event_id)) \
+         THEN asiento_batch_refused('a stream was not at the expected version') \
+         WHEN (SELECT count(*) FROM completed) <> cardinality(${completions_first}::int8[]) \
+         THEN asiento_batch_refused('a key''s lease was taken over') \
+         ELSE true END AS written",
+        claims = idempotency::claims_ctes(CLAIMS_FIRST),
+        inbox = webhooks::inbox_cte(INBOX_FIRST),
+        events = EachAppend::ctes(EVENTS_FIRST, gate),
+        completions = idempotency::completions_cte(COMPLETIONS_FIRST, position),
+        completions_first = COMPLETIONS_FIRST,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn respond(render: impl Fn(Option<i64>) -> String + Send + Sync + 'static) -> Respond {
+        Arc::new(move |position| StoredResponse {
+            status: 201,
+            body: render(position).into_bytes(),
+        })
+    }
+
+    #[test]
+    fn a_response_splits_around_its_one_position() {
+        let split = split_at_position(&respond(|p| {
+            format!("{{\"id\":\"a\",\"position\":{}}}", p.unwrap_or(0))
+        }));
+        let (head, tail) = split.expect("one position");
+        assert_eq!(head.body, b"{\"id\":\"a\",\"position\":");
+        assert_eq!(tail, b"}");
+        assert_eq!(head.status, 201);
+    }
+
+    #[test]
+    fn a_response_that_does_not_split_cleanly_is_refused() {
+        // The position twice.
+        let twice = respond(|p| format!("[{0},{0}]", p.unwrap_or(0)));
+        assert!(split_at_position(&twice).is_none());
+        // The probe's text also elsewhere (a client's string).
+        let echo = respond(|p| format!("[\"{}\",{}]", i64::MAX - 1, p.unwrap_or(0)));
+        assert!(split_at_position(&echo).is_none());
+        // Something else depends on the position.
+        let derived = respond(|p| format!("[{},{}]", p.unwrap_or(0), p.unwrap_or(0) % 7));
+        assert!(split_at_position(&derived).is_none());
+        // No position at all.
+        assert!(split_at_position(&respond(|_| "{}".to_owned())).is_none());
+    }
+}

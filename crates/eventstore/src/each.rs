@@ -1,0 +1,158 @@
+//! Many independent appends in one PostgreSQL statement, for group commit.
+//!
+//! [`EachAppend`] turns a batch of requests (each a decision: its own stream and its guards'
+//! streams) into nine column arrays and three CTEs: `each_input` (one row per event, with `req`,
+//! its request's index in the batch), `each_cur` (each stream's version now, read once) and
+//! `each_written` (the INSERT, `RETURNING event_id, position, version, xact`). A stream whose
+//! version is not the expected one gets no rows, and a row some other writer got to first is
+//! skipped (ON CONFLICT DO NOTHING): a request is written when all its events came back, which
+//! [`each_results`] tells from the returned rows. Rows go in in request order, each request's
+//! streams as given (a decision's own stream first, then its guards), the order `append_in`
+//! writes them in.
+//!
+//! The store's own `append_each_in` wraps the CTEs in a statement of their own. The group commit
+//! of the `app` crate puts them into one statement with its other rows (keys claimed, inbox rows,
+//! keys completed), gated on its own conditions, so that a whole batch is one round trip and one
+//! autocommit transaction ([`PgConn`] lends it a connection for that).
+
+use sqlx::error::BoxDynError;
+use sqlx::postgres::PgArguments;
+use sqlx::types::Json;
+use sqlx::Arguments;
+use uuid::Uuid;
+
+use crate::{AppendError, Appended, ExpectedVersion, Metadata, StreamAppend};
+
+/// The columns of a batch of appends, bound as arrays.
+pub struct EachAppend<'a> {
+    stream_ids: Vec<&'a str>,
+    expected: Vec<i64>,
+    ords: Vec<i64>,
+    event_ids: Vec<Uuid>,
+    event_types: Vec<&'a str>,
+    schemas: Vec<i32>,
+    data: Vec<Json<&'a serde_json::Value>>,
+    metadata: Vec<Json<&'a Metadata>>,
+    requests: Vec<i64>,
+}
+
+impl<'a> EachAppend<'a> {
+    /// The columns of `requests`, each given with its index (`req` in the statement); `None` when
+    /// one of them expects `Any` or `StreamExists`, which need a look at the stream per request
+    /// (`append_in` one by one).
+    pub fn of(
+        requests: impl IntoIterator<Item = (i64, &'a [StreamAppend])>,
+    ) -> Result<Option<EachAppend<'a>>, AppendError> {
+        let mut each = EachAppend {
+            stream_ids: Vec::new(),
+            expected: Vec::new(),
+            ords: Vec::new(),
+            event_ids: Vec::new(),
+            event_types: Vec::new(),
+            schemas: Vec::new(),
+            data: Vec::new(),
+            metadata: Vec::new(),
+            requests: Vec::new(),
+        };
+        for (request, streams) in requests {
+            crate::validate(streams)?;
+            for append in streams.iter() {
+                let base = match append.expected {
+                    ExpectedVersion::NoStream => 0,
+                    // A version beyond i64 can never be current: -1 never matches.
+                    ExpectedVersion::Exact(n) => i64::try_from(n).unwrap_or(-1),
+                    ExpectedVersion::Any | ExpectedVersion::StreamExists => return Ok(None),
+                };
+                for (ord, event) in (1_i64..).zip(&append.events) {
+                    each.stream_ids.push(append.stream_id.as_str());
+                    each.expected.push(base);
+                    each.ords.push(ord);
+                    each.event_ids.push(event.event_id);
+                    each.event_types.push(event.event_type.as_str());
+                    each.schemas.push(event.schema);
+                    each.data.push(Json(&event.data));
+                    each.metadata.push(Json(&event.metadata));
+                    each.requests.push(request);
+                }
+            }
+        }
+        Ok(Some(each))
+    }
+
+    /// The CTEs `each_input`, `each_cur` and `each_written` (without `WITH`), reading the nine
+    /// arrays from parameters `$first` to `$first + 8`. `gate` is a condition on `i`, an
+    /// `each_input` row (`i.req` is its request's index): rows for which it is false are
+    /// not written.
+    pub fn ctes(first: usize, gate: &str) -> String {
+        let p = |k: usize| first + k;
+        format!(
+            "each_input AS (SELECT * FROM unnest(${}::text[], ${}::int8[], ${}::int8[], \
+             ${}::uuid[], ${}::text[], ${}::int4[], ${}::jsonb[], ${}::jsonb[], ${}::int8[]) \
+             WITH ORDINALITY AS i(stream_id, expected, ord, event_id, event_type, schema, data, \
+             metadata, req, n)), \
+             each_cur AS (SELECT s.stream_id, (SELECT coalesce(max(e.version), 0) FROM events e \
+             WHERE e.stream_id = s.stream_id) AS v FROM (SELECT DISTINCT stream_id FROM \
+             each_input) s), \
+             each_written AS (INSERT INTO events (stream_id, version, event_id, event_type, \
+             schema, data, metadata) \
+             SELECT i.stream_id, i.expected + i.ord, i.event_id, i.event_type, i.schema, i.data, \
+             i.metadata FROM each_input i JOIN each_cur cur ON cur.stream_id = i.stream_id \
+             AND cur.v = i.expected WHERE {gate} \
+             ORDER BY i.n ON CONFLICT DO NOTHING RETURNING event_id, position, version, xact)",
+            p(0),
+            p(1),
+            p(2),
+            p(3),
+            p(4),
+            p(5),
+            p(6),
+            p(7),
+            p(8),
+        )
+    }
+
+    /// Adds the nine arrays, in the order [`EachAppend::ctes`] reads them, as the next
+    /// parameters of `arguments`.
+    pub fn add_to(self, arguments: &mut PgArguments) -> Result<(), BoxDynError> {
+        arguments.add(self.stream_ids)?;
+        arguments.add(self.expected)?;
+        arguments.add(self.ords)?;
+        arguments.add(self.event_ids)?;
+        arguments.add(self.event_types)?;
+        arguments.add(self.schemas)?;
+        arguments.add(self.data)?;
+        arguments.add(self.metadata)?;
+        arguments.add(self.requests)
+    }
+}
+
+/// Each request's result from the rows `each_written` returned, given as (event id, position,
+/// version, xact): `Some` when every event of the request came back, `None` when one did not (its
+/// expectation did not hold, its gate was false, or another writer got there first).
+pub fn each_results(
+    requests: &[&[StreamAppend]],
+    rows: impl IntoIterator<Item = (Uuid, i64, i64, i64)>,
+) -> Result<Vec<Option<Appended>>, AppendError> {
+    // By event id: two requests naming one stream may expect the same versions.
+    let written: std::collections::HashMap<Uuid, (i64, i64, i64)> = rows
+        .into_iter()
+        .map(|(event_id, position, version, xact)| (event_id, (position, version, xact)))
+        .collect();
+    let mut results = Vec::with_capacity(requests.len());
+    for streams in requests {
+        let mut parts = Vec::with_capacity(streams.len());
+        for append in streams.iter() {
+            let rows: Option<Vec<(i64, i64, i64)>> = append
+                .events
+                .iter()
+                .map(|event| written.get(&event.event_id).copied())
+                .collect();
+            match rows {
+                Some(rows) => parts.push(crate::classify::result_of(&append.stream_id, &rows)?),
+                None => break,
+            }
+        }
+        results.push((parts.len() == streams.len()).then(|| crate::merge(parts)));
+    }
+    Ok(results)
+}
