@@ -210,6 +210,61 @@ fn cpu_s(pid: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The (user, system, children's user, children's system) CPU ticks and the parent pid of a
+/// process, from /proc/<pid>/stat.
+fn proc_stat(pid: &str) -> Option<([u64; 4], String)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let tick = |i: usize| fields.get(i).and_then(|t| t.parse::<u64>().ok());
+    Some((
+        [tick(11)?, tick(12)?, tick(13)?, tick(14)?],
+        (*fields.get(1)?).to_owned(),
+    ))
+}
+
+/// The PostgreSQL server's process (the postmaster), if it runs on this machine: the parent of
+/// the backend serving `db`'s connection.
+async fn postmaster_pid(db: &Database) -> Option<String> {
+    let Database::Postgres(pool) = db else {
+        return None;
+    };
+    let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(pool)
+        .await
+        .ok()?;
+    let (_, parent) = proc_stat(&backend.to_string())?;
+    // A backend whose parent is not a postgres process is not the server's (another machine).
+    let comm = std::fs::read_to_string(format!("/proc/{parent}/comm")).ok()?;
+    comm.trim().starts_with("postgres").then_some(parent)
+}
+
+/// CPU seconds the whole PostgreSQL server has used: the postmaster's own, that of its children
+/// it has reaped (backends that ended) and that of its children still running. Differences
+/// between two readings count every backend, however short-lived.
+fn postgres_cpu_s(postmaster: &str) -> f64 {
+    let Some((own, _)) = proc_stat(postmaster) else {
+        return 0.0;
+    };
+    let mut ticks: u64 = own.iter().sum();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name
+                .to_str()
+                .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            else {
+                continue;
+            };
+            if let Some(([user, system, _, _], parent)) = proc_stat(pid) {
+                if parent == postmaster {
+                    ticks += user + system;
+                }
+            }
+        }
+    }
+    ticks as f64 / CLOCK_TICKS_PER_S
+}
+
 /// The server's counters the transaction count needs, from `/metrics`.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 struct Counters {
@@ -570,11 +625,16 @@ async fn e2e_on(
         let before = scrape(&client, &server.base).await?;
         let run_id = Uuid::new_v4().simple().to_string();
         let server_pid = server.pid.to_string();
-        let cpu_before = (cpu_s(&server_pid), cpu_s("self"));
+        let postgres = postmaster_pid(db).await;
+        let postgres_cpu = || postgres.as_deref().map(postgres_cpu_s);
+        let cpu_before = (cpu_s(&server_pid), cpu_s("self"), postgres_cpu());
         let (elapsed, load) = run_load(&client, &server.base, args, &run_id).await?;
         let cpu = (
             cpu_s(&server_pid) - cpu_before.0,
             cpu_s("self") - cpu_before.1,
+            postgres_cpu()
+                .zip(cpu_before.2)
+                .map(|(after, before)| after - before),
         );
         let rss_peak_load_kb = proc_kb(server.pid, "VmHWM");
         let after = settle(&client, &server.base).await?;
@@ -596,7 +656,7 @@ async fn e2e_on(
     .await;
     server.stop().await?;
     let (
-        (cpu_server_s, cpu_client_s),
+        (cpu_server_s, cpu_client_s, cpu_postgres_s),
         rss_idle_kb,
         rss_peak_load_kb,
         rss_peak_kb,
@@ -608,7 +668,16 @@ async fn e2e_on(
     ) = outcome?;
 
     // The database floor, on the same database, with the server stopped.
+    let postgres = postmaster_pid(db).await;
+    let floor_cpu_before = (cpu_s("self"), postgres.as_deref().map(postgres_cpu_s));
     let plain_rate = run_plain_transactions(db, args.clients, args.floor_transactions).await?;
+    // CPU per plain transaction, both sides (this process is the floor's client).
+    let floor_cpu_s = cpu_s("self") - floor_cpu_before.0
+        + postgres
+            .as_deref()
+            .map(postgres_cpu_s)
+            .zip(floor_cpu_before.1)
+            .map_or(0.0, |(after, before)| after - before);
     let tx = TxCount {
         payments: load.accepted,
         refunds: load.refunds,
@@ -676,6 +745,30 @@ async fn e2e_on(
          {cpu_client_s:.1}s, wall {:.1}s",
         elapsed.as_secs_f64()
     );
+    let per_payment_ms = |s: f64| s * 1e3 / (load.accepted.max(1) as f64);
+    match cpu_postgres_s {
+        Some(postgres_s) => {
+            // What the floor's payment (tx_per_payment plain transactions) cost in CPU, both
+            // sides, against a payment's CPU (server, PostgreSQL, load generator): the ratio a
+            // CPU-bound run would reach, and steadier than the rates on a noisy machine.
+            let floor_ms = floor_cpu_s * 1e3 / (args.floor_transactions.max(1) as f64);
+            let payment_ms = per_payment_ms(cpu_server_s + postgres_s + cpu_client_s);
+            eprintln!(
+                "{name} cpu per payment: server {:.3} ms, postgresql {:.3} ms, all {payment_ms:.3} \
+                 ms; floor {:.3} ms per plain transaction, {:.3} ms per floor payment; \
+                 cpu_ratio={:.2}",
+                per_payment_ms(cpu_server_s),
+                per_payment_ms(postgres_s),
+                floor_ms,
+                floor_ms * tx.per_payment(),
+                floor_ms * tx.per_payment() / payment_ms.max(f64::EPSILON),
+            );
+        }
+        None => eprintln!(
+            "{name} cpu per payment: server {:.3} ms (no PostgreSQL server process on this machine)",
+            per_payment_ms(cpu_server_s)
+        ),
+    }
     eprintln!(
         "{name} server rss_kb idle={rss_idle_kb} peak_after_load={rss_peak_load_kb} \
          peak={rss_peak_kb}"
@@ -887,6 +980,52 @@ mod tests {
             counters: c,
         };
         assert!((tx.per_payment() - (20.0 + 4.0 + 20.0 + 7.0) / 10.0).abs() < 1e-9);
+    }
+
+    /// The tests' PostgreSQL runs on this machine: its server process is found, and work done
+    /// by a connection that then ends (its backend exits) is still counted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_cpu_counts_backends_that_ended() {
+        let target = Target::open(None, 2).await.unwrap();
+        let postmaster = postmaster_pid(&target.db)
+            .await
+            .expect("the tests' PostgreSQL runs here");
+        let before = postgres_cpu_s(&postmaster);
+        let url = target.fresh_url.clone().unwrap();
+        let busy = Database::connect_with_pool_size(&url, 1).await.unwrap();
+        let Database::Postgres(pool) = &busy else {
+            panic!("a PostgreSQL url")
+        };
+        let mut conn = pool.acquire().await.unwrap();
+        let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        sqlx::query("SELECT count(*) FROM generate_series(1, 3000000)")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        sqlx::Connection::close(conn.detach()).await.unwrap();
+        pool.close().await;
+        // Measured once the backend has exited and the server has reaped it.
+        for _ in 0..250 {
+            if proc_stat(&backend.to_string()).is_none() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            proc_stat(&backend.to_string()).is_none(),
+            "the backend ended"
+        );
+        let after = postgres_cpu_s(&postmaster);
+        assert!(after - before >= 0.05, "{before} -> {after}");
+        assert!(postmaster_pid(&Database::Sqlite(
+            sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap()
+        ))
+        .await
+        .is_none());
+        target.close().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
