@@ -205,22 +205,10 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
     let Committed::Written(Some(appended)) = commits.commit(step).await.unwrap() else {
         panic!("the holder completes its key");
     };
-    let body = format!("{:?}", Some(appended.last_position)).into_bytes();
-    let stored: Vec<u8> = match &database {
-        Database::Postgres(pool) => {
-            sqlx::query_scalar("select response_body from idempotency_keys where key = 'in-flight'")
-                .fetch_one(pool)
-                .await
-                .unwrap()
-        }
-        Database::Sqlite(pool) => {
-            sqlx::query_scalar("select response_body from idempotency_keys where key = 'in-flight'")
-                .fetch_one(pool)
-                .await
-                .unwrap()
-        }
-    };
-    assert_eq!(stored, body);
+    assert_eq!(
+        response_body(&database, "in-flight").await,
+        format!("{:?}", Some(appended.last_position)).into_bytes()
+    );
 
     // Webhook events, each delivered twice at once: each stored once.
     let mut tasks = Vec::new();
