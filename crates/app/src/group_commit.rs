@@ -170,6 +170,12 @@ async fn write_batches(store: Store, receiver: Arc<Mutex<mpsc::UnboundedReceiver
 async fn write(store: &Store, steps: Vec<Work>) -> Vec<Result<Committed, GroupCommitError>> {
     let transaction = match group_statement::write(store, &steps).await {
         Ok(Written::Done(outcomes)) => return outcomes.into_iter().map(Ok).collect(),
+        Ok(Written::Unreadable(error)) => {
+            return steps
+                .iter()
+                .map(|_| Err(GroupCommitError::Unexpected(error.clone())))
+                .collect()
+        }
         Ok(Written::Unfit) => true,
         Ok(Written::Refused) => false,
         Err(error) => {

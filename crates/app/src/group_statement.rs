@@ -56,6 +56,9 @@ pub enum Written {
     /// Not a batch for one statement (another backend, an expectation that needs a look per
     /// request, a response whose position cannot be filled in): the transaction path writes it.
     Unfit,
+    /// Committed, but the statement's answer could not be read: every step fails, and none is
+    /// written again (a retry with its key finds what was committed).
+    Unreadable(String),
 }
 
 /// Writes `steps` as one statement, if they fit one.
@@ -106,7 +109,7 @@ pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommit
                 &mut arguments,
                 completions
                     .iter()
-                    .map(|(completing, step, tail)| (completing, *step, tail.clone())),
+                    .map(|(completing, step, tail)| (completing, *step, tail.as_deref())),
             )
         })
         .map_err(sqlx::Error::Encode)?;
@@ -123,9 +126,26 @@ pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommit
         Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(REFUSED) => {
             return Ok(Written::Refused)
         }
+        // An error from the database undid the statement (its own transaction). Without an
+        // answer (the connection broke) the batch may have committed, as when a COMMIT's
+        // acknowledgement is lost: writing each step alone then can still not write anything
+        // twice (keys, event ids and inbox event ids are unique; a completion needs its key in
+        // flight), it only tells those steps they lost.
         Err(error) => return Err(error.into()),
     };
+    Ok(outcomes(steps, &row, &requests, &rows).unwrap_or_else(|error| {
+        tracing::error!(%error, steps = steps.len(), "a committed group commit batch's answer is unreadable");
+        Written::Unreadable(format!("the batch committed, but its answer is unreadable: {error}"))
+    }))
+}
 
+/// Each step's outcome, from the committed statement's answer.
+fn outcomes(
+    steps: &[Work],
+    row: &sqlx::postgres::PgRow,
+    requests: &[(i64, &[StreamAppend])],
+    rows: &[&InboxRow],
+) -> Result<Written, GroupCommitError> {
     let claimed: HashSet<Uuid> = row
         .try_get::<Vec<Uuid>, _>("claimed")?
         .into_iter()
@@ -144,7 +164,7 @@ pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommit
         .map(|(((event, position), version), xact)| (event, position, version, xact));
     let appends: Vec<&[StreamAppend]> = requests.iter().map(|(_, appends)| *appends).collect();
     let mut appended = each_results(&appends, written)?.into_iter();
-    let mut stored = webhooks::stored_each(&rows, stored).into_iter();
+    let mut stored = webhooks::stored_each(rows, stored).into_iter();
 
     let mut outcomes = Vec::with_capacity(steps.len());
     for work in steps {

@@ -295,12 +295,8 @@ pub(crate) fn add_claims<'c>(
     arguments: &mut PgArguments,
     claims: impl Iterator<Item = (&'c FreshClaim, i64)> + Clone,
 ) -> Result<(), BoxDynError> {
-    let column = |f: &dyn Fn(&FreshClaim) -> &str| {
-        claims
-            .clone()
-            .map(|(c, _)| f(c).to_owned())
-            .collect::<Vec<String>>()
-    };
+    let column =
+        |f: &dyn Fn(&FreshClaim) -> &str| claims.clone().map(|(c, _)| f(c)).collect::<Vec<&str>>();
     arguments.add(claims.clone().map(|(_, step)| step).collect::<Vec<_>>())?;
     arguments.add(column(&|c| &c.scope.tenant))?;
     arguments.add(column(&|c| &c.scope.method))?;
@@ -309,7 +305,7 @@ pub(crate) fn add_claims<'c>(
     arguments.add(
         claims
             .clone()
-            .map(|(c, _)| c.body.0.to_vec())
+            .map(|(c, _)| &c.body.0[..])
             .collect::<Vec<_>>(),
     )?;
     arguments.add(column(&|c| &c.resource_id))?;
@@ -389,13 +385,13 @@ pub(crate) fn completions_cte(first: usize, position: &str) -> String {
 /// [`completions_cte`] reads them, to `arguments`.
 pub(crate) fn add_completions<'c>(
     arguments: &mut PgArguments,
-    completions: impl Iterator<Item = (&'c Completing, i64, Option<Vec<u8>>)> + Clone,
+    completions: impl Iterator<Item = (&'c Completing, i64, Option<&'c [u8]>)> + Clone,
 ) -> Result<(), BoxDynError> {
     let column = |f: &dyn Fn(&Completing) -> &str| {
         completions
             .clone()
-            .map(|(c, _, _)| f(c).to_owned())
-            .collect::<Vec<String>>()
+            .map(|(c, _, _)| f(c))
+            .collect::<Vec<&str>>()
     };
     arguments.add(
         completions
@@ -416,7 +412,7 @@ pub(crate) fn add_completions<'c>(
     arguments.add(
         completions
             .clone()
-            .map(|(c, _, _)| c.response.body.clone())
+            .map(|(c, _, _)| &c.response.body[..])
             .collect::<Vec<_>>(),
     )?;
     arguments.add(

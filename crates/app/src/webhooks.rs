@@ -373,20 +373,16 @@ pub(crate) fn add_inbox(
     arguments: &mut PgArguments,
     rows: &[&InboxRow],
 ) -> Result<(), BoxDynError> {
-    let text = |f: &dyn Fn(&InboxRow) -> &str| {
-        rows.iter()
-            .map(|r| f(r).to_owned())
-            .collect::<Vec<String>>()
-    };
+    let text = |f: &dyn Fn(&InboxRow) -> &str| rows.iter().map(|r| f(r)).collect::<Vec<&str>>();
     arguments.add(text(&|r| &r.provider))?;
     arguments.add(text(&|r| &r.event_id))?;
     arguments.add(text(&|r| &r.event_type))?;
     arguments.add(
         rows.iter()
-            .map(|r| r.payment_ref.clone())
+            .map(|r| r.payment_ref.as_deref())
             .collect::<Vec<_>>(),
     )?;
-    arguments.add(rows.iter().map(|r| r.payload.clone()).collect::<Vec<_>>())?;
+    arguments.add(rows.iter().map(|r| &r.payload[..]).collect::<Vec<_>>())?;
     arguments.add(rows.iter().map(|r| r.now_ms).collect::<Vec<_>>())
 }
 
