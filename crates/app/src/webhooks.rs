@@ -796,10 +796,11 @@ impl Worker {
         let now_ms = self.flow.clock.now_ms();
         let expires_ms = now_ms.saturating_add(self.config.row_lease_ms);
         let limit = i64::try_from(self.config.batch_size_max).unwrap_or(i64::MAX);
-        // One statement, so one transaction: the rows are leased to us when it commits.
+        // In the pending index's order, so that a plain index scan of it stops after `limit` rows.
         let pick =
             "select id from webhook_inbox where status = 'pending' and next_attempt_ms <= $3 \
-                    and (lease_expires_ms is null or lease_expires_ms < $3) order by id limit $4";
+                    and (lease_expires_ms is null or lease_expires_ms < $3) \
+                    order by next_attempt_ms, id limit $4";
         let returning = "returning id, provider, event_id, payload, attempts, received_ms";
         let mut rows = match &self.flow.database {
             Database::Postgres(pool) => {
@@ -807,13 +808,23 @@ impl Worker {
                     "update webhook_inbox set lease_owner = $1, lease_expires_ms = $2, \
                      attempts = attempts + 1 where id in ({pick} for update skip locked) {returning}"
                 );
+                // A finished row leaves its entry in the pending index until a vacuum. A plain
+                // index scan marks such entries dead as it passes them, and later scans skip
+                // them; a bitmap scan, which the planner picks for a few due rows, never does, so
+                // then every claim visits every row finished since the last vacuum (measured
+                // after 6,000 webhooks: 2,500 entries and 500 heap pages for 40 due rows, 0.8 ms;
+                // 0.05 ms once marked). The rows are leased to us when the transaction commits.
+                let mut tx = pool
+                    .begin_with("BEGIN; SET LOCAL enable_bitmapscan = off")
+                    .await?;
                 let found = sqlx::query(&sql)
                     .bind(self.owner)
                     .bind(expires_ms)
                     .bind(now_ms)
                     .bind(limit)
-                    .fetch_all(pool)
+                    .fetch_all(&mut *tx)
                     .await?;
+                tx.commit().await?;
                 found
                     .iter()
                     .map(|row| -> Result<Row, sqlx::Error> {
