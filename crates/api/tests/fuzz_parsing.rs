@@ -429,6 +429,7 @@ async fn app() -> (tempdir::Guard, Router) {
             store: database.event_store(),
             commits: asiento_app::group_commit::GroupCommit::new(database.event_store()),
             guards: Default::default(),
+            committed: Default::default(),
             providers: Providers::default(),
             clock: clock.clone(),
             render: render.clone(),

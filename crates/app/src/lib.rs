@@ -13,6 +13,7 @@ pub mod idempotency;
 pub mod invariants;
 pub mod leases;
 pub mod log;
+pub mod payment_memory;
 pub mod payments;
 pub mod providers;
 pub mod reconcile;

@@ -38,6 +38,7 @@ use crate::idempotency::{
 };
 use crate::leases;
 use crate::log::{self, LogError, Store};
+use crate::payment_memory::PaymentMemory;
 use crate::providers::{ConfiguredProvider, Providers};
 use crate::reply::{Answer, PaymentCommandKind, Rejected, Render, Reply};
 
@@ -193,6 +194,9 @@ pub struct PaymentFlow {
     pub commits: Arc<GroupCommit>,
     /// The guard states this flow's own commits left; share one per process.
     pub guards: GuardCache,
+    /// The payment states this flow's own commits left (for the webhook worker); share one per
+    /// process.
+    pub committed: PaymentMemory,
 }
 
 impl PaymentFlow {
@@ -612,6 +616,7 @@ impl PaymentFlow {
                 match self.commits.commit(step).await? {
                     Committed::Written(appended) => {
                         self.guards.wrote(&guards, &guard_appends);
+                        self.committed.remember(id, &after);
                         return Ok(finalized(appended.map(|a| a.last_position)));
                     }
                     Committed::Conflict => {
@@ -662,6 +667,7 @@ impl PaymentFlow {
             }
             tx.commit().await?;
             self.guards.wrote(&guards, &guard_appends);
+            self.committed.remember(id, &after);
             return Ok(finalized);
         }
         Err(FlowError::TooManyConflicts(id))

@@ -669,13 +669,21 @@ impl Worker {
             claimed: rows.len(),
             ..DrainReport::default()
         };
-        let events: Vec<Result<WebhookEvent, serde_json::Error>> = rows
-            .iter()
-            .map(|row| serde_json::from_slice(&row.payload))
-            .collect();
-        let mut payments = self.load_payments(&events).await;
+        // Rows whose event a state this process committed already reflects need no read at all
+        // (`PaymentMemory`); the others are read together and processed one by one.
         let mut reflected: Vec<&Row> = Vec::new();
-        for (row, event) in rows.iter().zip(events) {
+        let mut rest: Vec<(&Row, Result<WebhookEvent, serde_json::Error>)> = Vec::new();
+        for row in &rows {
+            let event = serde_json::from_slice(&row.payload);
+            match &event {
+                Ok(event) if self.remembered_reflects(row, event) => reflected.push(row),
+                _ => rest.push((row, event)),
+            }
+        }
+        let events: Vec<&Result<WebhookEvent, serde_json::Error>> =
+            rest.iter().map(|(_, event)| event).collect();
+        let mut payments = self.load_payments(&events).await;
+        for (row, event) in rest {
             match self.process(row, event, &mut payments).await {
                 Ok(Done::Reflected) => reflected.push(row),
                 Ok(Done::Applied) => report.applied += 1,
@@ -712,11 +720,36 @@ impl Worker {
         Ok(report)
     }
 
+    /// Whether a payment state this process committed already reflects `event` (then the row is
+    /// only marked, as when a read shows it reflected). `false` tells nothing: the log decides.
+    fn remembered_reflects(&self, row: &Row, event: &WebhookEvent) -> bool {
+        let facts = facts_from_event(event);
+        let Some(id) = event
+            .data
+            .charge
+            .reference
+            .as_deref()
+            .and_then(|reference| PaymentId::parse(reference).ok())
+        else {
+            return false;
+        };
+        let Some(payment) = self.flow.committed.recall(id) else {
+            return false;
+        };
+        let provider_matches = payment
+            .record
+            .as_ref()
+            .is_some_and(|record| record.provider.as_str() == row.provider);
+        !facts.is_empty()
+            && provider_matches
+            && matches!(self.flow.reflects(&payment, &facts), Ok(true))
+    }
+
     /// The payments the batch's events name, read together before any row is processed. If
     /// that fails, each row reads its payment itself.
     async fn load_payments(
         &self,
-        events: &[Result<WebhookEvent, serde_json::Error>],
+        events: &[&Result<WebhookEvent, serde_json::Error>],
     ) -> HashMap<PaymentId, LoadedPayment> {
         let ids: Vec<PaymentId> = events
             .iter()

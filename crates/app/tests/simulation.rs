@@ -614,6 +614,7 @@ async fn start_process(
         store: store.clone(),
         commits: asiento_app::group_commit::GroupCommit::new(store),
         guards: Default::default(),
+        committed: Default::default(),
         providers,
         clock: clock.clone(),
         render: Arc::new(SimRender),

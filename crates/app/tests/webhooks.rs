@@ -886,6 +886,7 @@ async fn two_workers(backend: Backend) {
             store: store.clone(),
             commits: asiento_app::group_commit::GroupCommit::new(store),
             guards: Default::default(),
+            committed: Default::default(),
             ..h.flow.clone()
         };
         let worker = Worker::new(flow, fast_config());
@@ -1062,4 +1063,66 @@ async fn payment_lease_has_one_holder_sqlite() {
 #[tokio::test]
 async fn payment_lease_has_one_holder_postgres() {
     payment_lease(Backend::Postgres).await;
+}
+
+// ------------------------------------------------------------------ remembered payment states
+
+/// A webhook whose event a payment state this process committed already reflects is marked
+/// without reading the log. Shown with workers whose log is another, empty database: the one
+/// with the flow's memory finds the events reflected, the one without it cannot even find the
+/// payment.
+async fn remembered(backend: Backend) {
+    let h = Harness::start(backend, system_clock()).await;
+    let empty = TestDatabase::open(backend).await;
+    let mut blind = h.flow.clone();
+    blind.store = empty.database.event_store();
+
+    let (first, _) = h.create("pm_card_ok", 1_000, CaptureMode::Automatic).await;
+    let events = h.new_events();
+    assert!(!events.is_empty());
+    for event in &events {
+        assert!(!h.deliver(event).await);
+    }
+    let report = Worker::new(blind.clone(), fast_config())
+        .drain()
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.applied, report.deferred),
+        (events.len(), 0),
+        "{report:?}"
+    );
+    assert_eq!(inbox_counts(&h.database).await.unwrap().pending, 0);
+    h.check_against_provider(first).await;
+
+    let _ = h.create("pm_card_ok", 2_000, CaptureMode::Automatic).await;
+    let events = h.new_events();
+    for event in &events {
+        assert!(!h.deliver(event).await);
+    }
+    let forgetful = PaymentFlow {
+        committed: Default::default(),
+        ..blind
+    };
+    let report = Worker::new(forgetful, fast_config())
+        .drain_once()
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.applied, report.deferred),
+        (0, events.len()),
+        "{report:?}"
+    );
+    empty.finish().await;
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_the_process_committed_answers_without_a_read_sqlite() {
+    remembered(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_the_process_committed_answers_without_a_read_postgres() {
+    remembered(Backend::Postgres).await;
 }

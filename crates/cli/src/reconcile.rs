@@ -79,6 +79,7 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
         store: store.clone(),
         commits: asiento_app::group_commit::GroupCommit::new(store),
         guards: Default::default(),
+        committed: Default::default(),
         providers,
         clock: Arc::new(SystemClock),
         render: Arc::new(asiento_api::render::JsonRender),

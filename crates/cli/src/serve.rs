@@ -407,6 +407,7 @@ impl Core {
                 store: store.clone(),
                 commits: asiento_app::group_commit::GroupCommit::new(store.clone()),
                 guards: Default::default(),
+                committed: Default::default(),
                 providers,
                 clock: clock.clone(),
                 render: render.clone(),

@@ -119,6 +119,7 @@ impl TestSim {
             store: store.clone(),
             commits: asiento_app::group_commit::GroupCommit::new(store),
             guards: Default::default(),
+            committed: Default::default(),
             providers,
             clock,
             render: Arc::new(TestRender),
