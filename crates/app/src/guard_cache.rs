@@ -14,13 +14,13 @@
 //!
 //! Bounded: when full, it forgets everything and starts over.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::BTreeMap;
 
 use asiento_domain::guard::{self, DebitGuard, GuardAppend, GuardKey};
 use asiento_domain::JournalEntry;
 use asiento_eventstore::EventStore;
 
+use crate::latest::Latest;
 use crate::log::{self, LogError};
 
 /// Guards remembered at most; past that the memory starts over empty.
@@ -29,7 +29,7 @@ pub const GUARDS_MAX: usize = 65_536;
 /// Shared by clones: one per process is the point.
 #[derive(Debug, Clone, Default)]
 pub struct GuardCache {
-    states: Arc<Mutex<HashMap<GuardKey, DebitGuard>>>,
+    states: Latest<GuardKey, DebitGuard, GUARDS_MAX>,
 }
 
 impl GuardCache {
@@ -40,19 +40,14 @@ impl GuardCache {
         entries: impl IntoIterator<Item = &'a JournalEntry>,
     ) -> Result<BTreeMap<GuardKey, DebitGuard>, LogError> {
         let mut guards = BTreeMap::new();
-        let mut missing = BTreeSet::new();
-        {
-            let states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
-            for key in entries.into_iter().flat_map(guard::guarded_keys) {
-                if let Some(state) = states.get(&key) {
-                    guards.insert(key, *state);
-                } else {
-                    missing.insert(key);
-                }
+        for key in entries.into_iter().flat_map(guard::guarded_keys) {
+            if guards.contains_key(&key) {
+                continue;
             }
-        }
-        for key in missing {
-            let state = log::load_guard(store, &key).await?;
+            let state = match self.states.recall(&key) {
+                Some(state) => state,
+                None => log::load_guard(store, &key).await?,
+            };
             guards.insert(key, state);
         }
         Ok(guards)
@@ -61,33 +56,20 @@ impl GuardCache {
     /// Remembers what committed `appends` left each guard in; `before` is what the decision read.
     /// A state older than the one remembered (a later commit was remembered first) is dropped.
     pub fn wrote(&self, before: &BTreeMap<GuardKey, DebitGuard>, appends: &[GuardAppend]) {
-        let mut states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
         for append in appends {
             let start = before.get(&append.key).copied().unwrap_or_default();
             let after = append.events.iter().fold(start, guard::evolve);
-            if states.len() >= GUARDS_MAX && !states.contains_key(&append.key) {
-                states.clear();
-            }
-            let newer = states
-                .get(&append.key)
-                .is_none_or(|known| known.version < after.version);
-            if newer {
-                states.insert(append.key.clone(), after);
-            }
+            self.states.remember(&append.key, &after);
         }
     }
 
     /// Forgets `keys`: a decision on them conflicted, so what is remembered may be stale.
     pub fn forget<'a>(&self, keys: impl IntoIterator<Item = &'a GuardKey>) {
-        let mut states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
-        for key in keys {
-            states.remove(key);
-        }
+        self.states.forget(keys);
     }
 
     /// The state remembered for `key`, if any.
     pub fn remembered(&self, key: &GuardKey) -> Option<DebitGuard> {
-        let states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
-        states.get(key).copied()
+        self.states.recall(key)
     }
 }

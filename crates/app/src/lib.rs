@@ -11,6 +11,7 @@ pub mod group_statement;
 pub mod guard_cache;
 pub mod idempotency;
 pub mod invariants;
+pub mod latest;
 pub mod leases;
 pub mod log;
 pub mod payment_memory;

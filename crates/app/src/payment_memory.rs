@@ -12,10 +12,9 @@
 //! stale), and the worker then reads the log as it always did: a stale memory costs a read, never
 //! a wrong answer. The memory is bounded: at [`PAYMENTS_MAX`] payments it starts over.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
-
 use asiento_domain::{Payment, PaymentId};
+
+use crate::latest::Latest;
 
 /// Payments remembered at most; then the memory starts over. A webhook usually follows its
 /// payment's commit within a second, so this covers many seconds of a busy process.
@@ -24,33 +23,18 @@ pub const PAYMENTS_MAX: usize = 16_384;
 /// See the module docs. Cheap to clone; clones share one memory.
 #[derive(Clone, Debug, Default)]
 pub struct PaymentMemory {
-    states: Arc<Mutex<HashMap<PaymentId, Payment>>>,
+    states: Latest<PaymentId, Payment, PAYMENTS_MAX>,
 }
 
 impl PaymentMemory {
     /// `payment` was committed: remember it, unless a later state of it is remembered already.
     pub fn remember(&self, id: PaymentId, payment: &Payment) {
-        let mut states = self.lock();
-        if states
-            .get(&id)
-            .is_some_and(|known| known.version >= payment.version)
-        {
-            return;
-        }
-        if states.len() >= PAYMENTS_MAX && !states.contains_key(&id) {
-            states.clear();
-        }
-        states.insert(id, payment.clone());
+        self.states.remember(&id, payment);
     }
 
     /// The latest state of `id` this process committed, if it still remembers one.
     pub fn recall(&self, id: PaymentId) -> Option<Payment> {
-        self.lock().get(&id).cloned()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PaymentId, Payment>> {
-        // Entries are inserted whole; a panic elsewhere cannot leave one half-written.
-        self.states.lock().unwrap_or_else(PoisonError::into_inner)
+        self.states.recall(&id)
     }
 }
 

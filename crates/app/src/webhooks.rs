@@ -723,7 +723,6 @@ impl Worker {
     /// Whether a payment state this process committed already reflects `event` (then the row is
     /// only marked, as when a read shows it reflected). `false` tells nothing: the log decides.
     fn remembered_reflects(&self, row: &Row, event: &WebhookEvent) -> bool {
-        let facts = facts_from_event(event);
         let Some(id) = event
             .data
             .charge
@@ -740,8 +739,9 @@ impl Worker {
             .record
             .as_ref()
             .is_some_and(|record| record.provider.as_str() == row.provider);
-        !facts.is_empty()
-            && provider_matches
+        let facts = facts_from_event(event);
+        provider_matches
+            && !facts.is_empty()
             && matches!(self.flow.reflects(&payment, &facts), Ok(true))
     }
 

@@ -615,6 +615,9 @@ async fn e2e_on(
     args: &E2eArgs,
     backend: &str,
 ) -> anyhow::Result<()> {
+    // PostgreSQL's server process, when it runs here: its CPU is counted for the load and the floor.
+    let postgres = postmaster_pid(db).await;
+    let postgres_cpu = || postgres.as_deref().map(postgres_cpu_s);
     let server = Server::start(bin, url).await?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.clients)
@@ -625,8 +628,6 @@ async fn e2e_on(
         let before = scrape(&client, &server.base).await?;
         let run_id = Uuid::new_v4().simple().to_string();
         let server_pid = server.pid.to_string();
-        let postgres = postmaster_pid(db).await;
-        let postgres_cpu = || postgres.as_deref().map(postgres_cpu_s);
         let cpu_before = (cpu_s(&server_pid), cpu_s("self"), postgres_cpu());
         let (elapsed, load) = run_load(&client, &server.base, args, &run_id).await?;
         let cpu = (
@@ -668,14 +669,11 @@ async fn e2e_on(
     ) = outcome?;
 
     // The database floor, on the same database, with the server stopped.
-    let postgres = postmaster_pid(db).await;
-    let floor_cpu_before = (cpu_s("self"), postgres.as_deref().map(postgres_cpu_s));
+    let floor_cpu_before = (cpu_s("self"), postgres_cpu());
     let plain_rate = run_plain_transactions(db, args.clients, args.floor_transactions).await?;
     // CPU per plain transaction, both sides (this process is the floor's client).
     let floor_cpu_s = cpu_s("self") - floor_cpu_before.0
-        + postgres
-            .as_deref()
-            .map(postgres_cpu_s)
+        + postgres_cpu()
             .zip(floor_cpu_before.1)
             .map_or(0.0, |(after, before)| after - before);
     let tx = TxCount {
