@@ -82,6 +82,18 @@ fn completion(key: &str, lease: Lease) -> Completion {
     }
 }
 
+/// A verified `charge.succeeded` event of the simulator, as the inbox stores it.
+fn inbox_row(event_id: &str) -> InboxRow {
+    InboxRow {
+        provider: "sim".into(),
+        event_id: event_id.into(),
+        event_type: "charge.succeeded".into(),
+        payment_ref: None,
+        payload: b"{}".to_vec(),
+        now_ms: NOW_MS,
+    }
+}
+
 async fn count(database: &Database, sql: &str) -> i64 {
     match database {
         Database::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await.unwrap(),
@@ -214,14 +226,7 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
     let mut tasks = Vec::new();
     for i in 0..10 {
         let commits = Arc::clone(&commits);
-        let row = InboxRow {
-            provider: "sim".into(),
-            event_id: format!("evt_{}", i % 5),
-            event_type: "charge.succeeded".into(),
-            payment_ref: None,
-            payload: b"{}".to_vec(),
-            now_ms: NOW_MS,
-        };
+        let row = inbox_row(&format!("evt_{}", i % 5));
         tasks.push(tokio::spawn(async move {
             let work = Work {
                 inbox: Some(row),
@@ -307,14 +312,6 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
         .append(&[append("account", ExpectedVersion::NoStream, 1)])
         .await
         .unwrap();
-    let row = |event_id: &str| InboxRow {
-        provider: "sim".into(),
-        event_id: event_id.into(),
-        event_type: "charge.succeeded".into(),
-        payment_ref: None,
-        payload: b"{}".to_vec(),
-        now_ms: NOW_MS,
-    };
     let steps = vec![
         Work {
             claim: Some(claim("new", lease())),
@@ -327,11 +324,11 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
             ..Work::default()
         },
         Work {
-            inbox: Some(row("evt_a")),
+            inbox: Some(inbox_row("evt_a")),
             ..Work::default()
         },
         Work {
-            inbox: Some(row("evt_a")),
+            inbox: Some(inbox_row("evt_a")),
             ..Work::default()
         },
         Work {
@@ -411,7 +408,7 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
                 completion: None,
             },
             Work {
-                inbox: Some(row("evt_refused")),
+                inbox: Some(inbox_row("evt_refused")),
                 ..Work::default()
             },
             bad,
