@@ -1,8 +1,9 @@
 //! The payment flow across three systems that share no transaction: our database, the provider
 //! and our workers.
 //!
-//! 1. Claim the client's idempotency key and append the intent (`PaymentIntended`,
-//!    `ChargeRequested`) in one short transaction, before any network call.
+//! 1. Claim the client's idempotency key and append the intent (`PaymentIntended`, which names
+//!    the PSP key the charge is requested under) in one short transaction, before any network
+//!    call.
 //! 2. Call the provider outside any transaction, with the PSP key derived from the payment id, so
 //!    every retry, resume or lookup names the same charge.
 //! 3. Apply the outcome through [`PaymentFlow::finalize`], the one path every provider fact takes
@@ -254,12 +255,9 @@ impl PaymentFlow {
         };
         // Every rejection of a new payment is a validation of its request: answered before the
         // key is claimed, so it is not stored (API.md).
-        let events = match decide_all(
-            Payment::default(),
-            [
-                PaymentCommand::Create(create),
-                PaymentCommand::RecordChargeRequest { at: now },
-            ],
+        let events = match asiento_domain::decide_payment(
+            &Payment::default(),
+            PaymentCommand::Create(create),
         ) {
             Ok(events) => events,
             Err(rejection) => {
@@ -1079,20 +1077,6 @@ fn found(payment: &Payment, id: PaymentId) -> Result<&PaymentRecord, FlowError> 
         .record
         .as_ref()
         .ok_or_else(|| FlowError::Inconsistent(format!("payment {id} not found")))
-}
-
-/// Decides several commands in a row, each against the state the previous ones left.
-fn decide_all(
-    mut payment: Payment,
-    commands: impl IntoIterator<Item = PaymentCommand>,
-) -> Result<Vec<PaymentEvent>, PaymentRejection> {
-    let mut all = Vec::new();
-    for command in commands {
-        let events = asiento_domain::decide_payment(&payment, command)?;
-        payment = events.iter().fold(payment, asiento_domain::evolve_payment);
-        all.extend(events);
-    }
-    Ok(all)
 }
 
 /// A refused fact is recorded as a review flag: facts are never silently dropped.

@@ -1455,7 +1455,6 @@ mod tests {
             psp_key: "psp_00000000000000000000000000000001".into(),
             provider_charge_id: Some("ch_1".into()),
             status,
-            charge_requested: true,
             authorized: Amount::new(10_000),
             capture_requested: None,
             captured: Amount::new(captured),

@@ -315,7 +315,7 @@ async fn scrape(client: &reqwest::Client, base: &str) -> anyhow::Result<Counters
 }
 
 /// Write transactions per payment, counted in this run: every create takes
-/// two (the claim + `PaymentIntended`/`ChargeRequested`, the finalize), every
+/// two (the claim + `PaymentIntended`, the finalize), every
 /// refund two (the claim + `RefundRequested`, the finalize), every webhook the
 /// simulator sends two (stored by the handler; applied and marked processed
 /// by the worker), and every projector batch one.

@@ -149,7 +149,8 @@ fn tenant() -> TenantId {
 /// them are accepted (rejected commands simply emit nothing).
 #[derive(Debug, Clone)]
 enum Step {
-    ChargeRequest,
+    /// What earlier versions wrote after the intent; still in their logs.
+    LegacyChargeRequested,
     Capture(Option<u16>),
     Refund(u16),
     Expire,
@@ -166,7 +167,7 @@ enum Step {
 fn step() -> impl Strategy<Value = Step> {
     let part = 1u16..=1000;
     prop_oneof![
-        1 => Just(Step::ChargeRequest),
+        1 => Just(Step::LegacyChargeRequested),
         1 => proptest::option::of(part.clone()).prop_map(Step::Capture),
         1 => part.clone().prop_map(Step::Refund),
         1 => Just(Step::Expire),
@@ -251,7 +252,16 @@ fn payment_history(input: &NewPaymentInput, steps: &[Step]) -> Vec<PaymentEvent>
         let of = |p: u16| part_of(input.amount, p);
         let provider = |fact| PaymentCommand::Provider { fact, fees, at };
         let command = match step {
-            Step::ChargeRequest => PaymentCommand::RecordChargeRequest { at },
+            Step::LegacyChargeRequested => {
+                let legacy =
+                    PaymentEvent::ChargeRequested(asiento_domain::payment::ChargeRequested {
+                        psp_key: psp_charge_key(id),
+                        at,
+                    });
+                payment = evolve_payment(payment, &legacy);
+                all.push(legacy);
+                continue;
+            }
             Step::Capture(p) => PaymentCommand::RequestCapture {
                 amount: p.map(of),
                 at,

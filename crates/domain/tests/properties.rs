@@ -30,7 +30,6 @@ enum Part {
 
 #[derive(Debug, Clone)]
 enum Step {
-    ChargeRequest,
     Capture(Option<Part>),
     Refund(Part),
     Expire,
@@ -51,7 +50,6 @@ fn part() -> impl Strategy<Value = Part> {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        1 => Just(Step::ChargeRequest),
         1 => proptest::option::of(part()).prop_map(Step::Capture),
         1 => part().prop_map(Step::Refund),
         1 => Just(Step::Expire),
@@ -80,7 +78,6 @@ fn command(step: &Step, amount: i64, fees: FeeSchedule, t: i64) -> PaymentComman
     let provider = |fact| PaymentCommand::Provider { fact, fees, at };
     let charge = || CHARGE.to_owned();
     match step {
-        Step::ChargeRequest => PaymentCommand::RecordChargeRequest { at },
         Step::Capture(p) => PaymentCommand::RequestCapture {
             amount: p.map(|p| resolve(p, amount)),
             at,

@@ -205,11 +205,6 @@ impl Harness {
             Fate::Captured | Fate::PartiallyRefunded => {
                 self.run(
                     &mut made,
-                    PaymentCommand::RecordChargeRequest { at: later(1) },
-                )
-                .await;
-                self.run(
-                    &mut made,
                     fact(
                         ProviderFact::Captured {
                             charge_id: charge_id.clone(),

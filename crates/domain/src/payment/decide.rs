@@ -42,15 +42,6 @@ pub fn decide(
         PaymentCommand::Create(_) => {
             return Err(PaymentRejection::InvalidTransition { from, input })
         }
-        PaymentCommand::RecordChargeRequest { at } => {
-            if !draft.record.charge_requested {
-                let psp_key = draft.record.psp_key.clone();
-                draft.push(PaymentEvent::ChargeRequested(ChargeRequested {
-                    psp_key,
-                    at,
-                }));
-            }
-        }
         PaymentCommand::RequestCapture { amount, at } => request_capture(&mut draft, amount, at)?,
         PaymentCommand::RequestRefund { amount, at } => request_refund(&mut draft, amount, at)?,
         PaymentCommand::Expire { at } => {

@@ -162,9 +162,6 @@ pub struct PaymentRecord {
     pub psp_key: String,
     pub provider_charge_id: Option<String>,
     pub status: PaymentStatus,
-    /// The charge request has been recorded as sent; used by the resume
-    /// path to know a provider lookup is needed.
-    pub charge_requested: bool,
     pub authorized: Amount,
     /// A merchant capture awaiting the provider's answer.
     pub capture_requested: Option<Amount>,
@@ -275,10 +272,6 @@ pub enum ProviderFact {
 #[derive(Debug, Clone, PartialEq)]
 pub enum PaymentCommand {
     Create(CreatePayment),
-    /// The charge is about to be sent to the provider.
-    RecordChargeRequest {
-        at: DateTime<Utc>,
-    },
     /// The merchant captures an authorized payment; `None` captures all.
     RequestCapture {
         amount: Option<Amount>,
@@ -310,7 +303,6 @@ impl PaymentCommand {
     pub fn input(&self) -> Input {
         match self {
             PaymentCommand::Create(_) => Input::Create,
-            PaymentCommand::RecordChargeRequest { .. } => Input::RecordChargeRequest,
             PaymentCommand::RequestCapture { .. } => Input::RequestCapture,
             PaymentCommand::RequestRefund { .. } => Input::RequestRefund,
             PaymentCommand::Expire { .. } => Input::Expire,
@@ -391,6 +383,8 @@ impl From<AmountError> for PaymentRejection {
 
 // ------------------------------------------------------------------ events
 
+/// The merchant's intent, recorded before the provider is called: it names the key (`psp_key`)
+/// the charge is requested under, so it is also the record that the request may have been sent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PaymentIntended {
     pub payment_id: PaymentId,
@@ -406,6 +400,9 @@ pub struct PaymentIntended {
     pub at: DateTime<Utc>,
 }
 
+/// Written by earlier versions right after `PaymentIntended`, in the same transaction; it
+/// repeated the intent's `psp_key` and `at`. Kept so that their streams still decode; nothing
+/// writes it any more.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChargeRequested {
     pub psp_key: String,
@@ -574,7 +571,6 @@ pub fn evolve(mut payment: Payment, event: &PaymentEvent) -> Payment {
             psp_key: e.psp_key.clone(),
             provider_charge_id: None,
             status: PaymentStatus::Pending,
-            charge_requested: false,
             authorized: Amount::ZERO,
             capture_requested: None,
             captured: Amount::ZERO,
@@ -616,7 +612,8 @@ fn apply(record: &mut PaymentRecord, event: &PaymentEvent) {
 fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
     match event {
         PaymentEvent::PaymentIntended(_) => {}
-        PaymentEvent::ChargeRequested(_) => record.charge_requested = true,
+        // Streams written before the intent recorded the request too; nothing to change.
+        PaymentEvent::ChargeRequested(_) => {}
         PaymentEvent::ActionRequired(e) => {
             record.provider_charge_id = Some(e.charge_id.clone());
             record.status = PaymentStatus::RequiresAction;

@@ -16,7 +16,6 @@ use super::PaymentStatus::{self, *};
 #[serde(rename_all = "snake_case")]
 pub enum Input {
     Create,
-    RecordChargeRequest,
     RequestCapture,
     RequestRefund,
     Expire,
@@ -31,9 +30,8 @@ pub enum Input {
 }
 
 impl Input {
-    pub const ALL: [Input; 13] = [
+    pub const ALL: [Input; 12] = [
         Input::Create,
-        Input::RecordChargeRequest,
         Input::RequestCapture,
         Input::RequestRefund,
         Input::Expire,
@@ -51,7 +49,6 @@ impl Input {
     pub const fn as_str(self) -> &'static str {
         match self {
             Input::Create => "create",
-            Input::RecordChargeRequest => "record_charge_request",
             Input::RequestCapture => "request_capture",
             Input::RequestRefund => "request_refund",
             Input::Expire => "expire",
@@ -144,9 +141,6 @@ pub const fn rule(from: Option<PaymentStatus>, input: Input) -> Rule {
     };
     match (input, from) {
         (Input::Create, _) => REJECT,
-
-        (Input::RecordChargeRequest, Pending) => apply(&[Pending]),
-        (Input::RecordChargeRequest, _) => REJECT,
 
         (Input::RequestCapture, Authorized) => apply(&[Authorized]),
         (Input::RequestCapture, _) => REJECT,
