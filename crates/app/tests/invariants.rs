@@ -192,6 +192,14 @@ async fn corruptions(backend: Backend) {
     assert_eq!(report.unsealed, report.events_checked);
     assert_eq!(db.seal().await, report.events_checked);
     assert_eq!(db.seal().await, 0, "seals are written once");
+    // One pass sealed each stream's events as one range: a row at each stream's last version.
+    assert_eq!(db.count("select count(*) from event_seals").await, 3);
+    assert_eq!(
+        db.count("select count(*) from event_seals s join events e on e.position = s.position \
+                  where e.version = (select max(version) from events l where l.stream_id = e.stream_id)")
+            .await,
+        3
+    );
     let report = db.check(0).await;
     assert!(report.is_ok(), "{:?}", report.violations);
     assert_eq!(report.unsealed, 0);

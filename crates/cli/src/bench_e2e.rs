@@ -9,7 +9,8 @@
 //! same run it measures two floors: the HTTP floor (`GET /healthz` requests/s
 //! with the same clients) and the database floor (plain single-row INSERT
 //! transactions/s on the same database, with the same clients, divided by the
-//! transactions one payment takes, counted in this run). It prints
+//! transactions one payment takes, counted in this run; half of them before the
+//! server starts and half after it stops). It prints
 //! `E2E-<backend> asiento=<payments/s> limit=<database floor> ratio=<x>`.
 //!
 //! `command` runs `TransferFlow::transfer` (load guards, decide, append with
@@ -497,16 +498,19 @@ async fn run_healthz(
     ))
 }
 
-/// The database floor's numerator: single-row INSERT transactions (an
-/// event-sized row into `bench_plain`, the shape and constraints of
-/// `events`) with `clients` concurrent connections.
+/// One part of the database floor: the transactions numbered `range`, single-row INSERT
+/// transactions (an event-sized row into `bench_plain`, the shape and constraints of `events`)
+/// with `clients` concurrent connections, and the wall time and CPU (this process and
+/// PostgreSQL's) they took.
 async fn run_plain_transactions(
     db: &Database,
     clients: usize,
-    transactions: u64,
-) -> anyhow::Result<f64> {
-    super::create_plain_table(db).await?;
-    let next = Arc::new(AtomicU64::new(0));
+    range: std::ops::Range<u64>,
+    postgres: Option<&str>,
+) -> anyhow::Result<FloorPart> {
+    let cpu_before = (cpu_s("self"), postgres.map(postgres_cpu_s));
+    let next = Arc::new(AtomicU64::new(range.start));
+    let end = range.end;
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(clients);
     for _ in 0..clients {
@@ -514,7 +518,7 @@ async fn run_plain_transactions(
         tasks.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= transactions {
+                if i >= end {
                     break;
                 }
                 let e = super::bench_event(i);
@@ -556,7 +560,37 @@ async fn run_plain_transactions(
     for task in tasks {
         task.await??;
     }
-    Ok(transactions as f64 / started.elapsed().as_secs_f64().max(f64::EPSILON))
+    let elapsed_s = started.elapsed().as_secs_f64();
+    let cpu_s = cpu_s("self") - cpu_before.0
+        + postgres
+            .map(postgres_cpu_s)
+            .zip(cpu_before.1)
+            .map_or(0.0, |(after, before)| after - before);
+    Ok(FloorPart {
+        transactions: range.end - range.start,
+        elapsed_s,
+        cpu_s,
+    })
+}
+
+/// What a part of the database floor did and took.
+#[derive(Debug, Clone, Copy, Default)]
+struct FloorPart {
+    transactions: u64,
+    elapsed_s: f64,
+    cpu_s: f64,
+}
+
+impl std::ops::Add for FloorPart {
+    type Output = FloorPart;
+
+    fn add(self, other: FloorPart) -> FloorPart {
+        FloorPart {
+            transactions: self.transactions + other.transactions,
+            elapsed_s: self.elapsed_s + other.elapsed_s,
+            cpu_s: self.cpu_s + other.cpu_s,
+        }
+    }
 }
 
 /// Waits until the webhook worker and the projectors have finished what the
@@ -618,6 +652,13 @@ async fn e2e_on(
     // PostgreSQL's server process, when it runs here: its CPU is counted for the load and the floor.
     let postgres = postmaster_pid(db).await;
     let postgres_cpu = || postgres.as_deref().map(postgres_cpu_s);
+    // The database floor runs in two halves on the same database, before the server starts and
+    // after it stops, so that the machine's speed drifting during the run (on a shared VM it
+    // does, by ±15 % within a minute) moves the floor and the load alike.
+    super::create_plain_table(db).await?;
+    let floor_half = args.floor_transactions / 2;
+    let floor_before =
+        run_plain_transactions(db, args.clients, 0..floor_half, postgres.as_deref()).await?;
     let server = Server::start(bin, url).await?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.clients)
@@ -668,14 +709,16 @@ async fn e2e_on(
         healthz_failed,
     ) = outcome?;
 
-    // The database floor, on the same database, with the server stopped.
-    let floor_cpu_before = (cpu_s("self"), postgres_cpu());
-    let plain_rate = run_plain_transactions(db, args.clients, args.floor_transactions).await?;
-    // CPU per plain transaction, both sides (this process is the floor's client).
-    let floor_cpu_s = cpu_s("self") - floor_cpu_before.0
-        + postgres_cpu()
-            .zip(floor_cpu_before.1)
-            .map_or(0.0, |(after, before)| after - before);
+    // The floor's second half, with the server stopped.
+    let plain = floor_before
+        + run_plain_transactions(
+            db,
+            args.clients,
+            floor_half..args.floor_transactions,
+            postgres.as_deref(),
+        )
+        .await?;
+    let plain_rate = plain.transactions as f64 / plain.elapsed_s.max(f64::EPSILON);
     let tx = TxCount {
         payments: load.accepted,
         refunds: load.refunds,
@@ -749,7 +792,8 @@ async fn e2e_on(
             // What the floor's payment (tx_per_payment plain transactions) cost in CPU, both
             // sides, against a payment's CPU (server, PostgreSQL, load generator): the ratio a
             // CPU-bound run would reach, and steadier than the rates on a noisy machine.
-            let floor_ms = floor_cpu_s * 1e3 / (args.floor_transactions.max(1) as f64);
+            // CPU per plain transaction, both sides (this process is the floor's client).
+            let floor_ms = plain.cpu_s * 1e3 / (plain.transactions.max(1) as f64);
             let payment_ms = per_payment_ms(cpu_server_s + postgres_s + cpu_client_s);
             eprintln!(
                 "{name} cpu per payment: server {:.3} ms, postgresql {:.3} ms, all {payment_ms:.3} \
