@@ -68,41 +68,51 @@ pub struct BodyHash(pub [u8; 32]);
 /// Hashes the canonical form of a JSON body: objects with their keys sorted, no insignificant
 /// whitespace. Two bodies that differ only in key order or spacing hash the same.
 pub fn canonical_body_hash(body: &serde_json::Value) -> BodyHash {
-    let mut canonical = String::new();
+    let mut canonical = Vec::with_capacity(512);
     write_canonical(body, &mut canonical);
-    BodyHash(Sha256::digest(canonical.as_bytes()).into())
+    BodyHash(Sha256::digest(&canonical).into())
 }
 
 /// Writes `value` with object keys in byte order, whatever order the map iterates in (serde_json
 /// keeps insertion order when any crate in the build enables its `preserve_order` feature).
-fn write_canonical(value: &serde_json::Value, out: &mut String) {
+/// Keys and scalars are written by serde_json's compact writer, as `Value`'s `Display` does,
+/// straight into `out` (this runs for every request body and, in the sealer, every event).
+fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
     match value {
         serde_json::Value::Object(map) => {
             let mut entries: Vec<_> = map.iter().collect();
             entries.sort_unstable_by_key(|(key, _)| *key);
-            out.push('{');
+            out.push(b'{');
             for (index, (key, item)) in entries.into_iter().enumerate() {
                 if index > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&serde_json::Value::String(key.clone()).to_string());
-                out.push(':');
+                write_compact(key, out);
+                out.push(b':');
                 write_canonical(item, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
         serde_json::Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (index, item) in items.iter().enumerate() {
                 if index > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_canonical(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
-        scalar => out.push_str(&scalar.to_string()),
+        scalar => write_compact(scalar, out),
     }
+}
+
+/// A string or a scalar `Value` in serde_json's compact form. Into memory this cannot fail:
+/// serde_json fails only on the writer's I/O errors (none for a `Vec`) and on what a `Value`
+/// cannot hold (non-string keys, non-finite numbers).
+fn write_compact<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
+    let written = serde_json::to_writer(&mut *out, value);
+    debug_assert!(written.is_ok(), "compact JSON into memory failed");
 }
 
 /// A response stored on a completed record and replayed byte for byte.
