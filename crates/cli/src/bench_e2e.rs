@@ -574,7 +574,7 @@ async fn run_plain_transactions(
 }
 
 /// What a part of the database floor did and took.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct FloorPart {
     transactions: u64,
     elapsed_s: f64,
