@@ -364,14 +364,9 @@ impl Checker {
                 heads.insert(event.stream_id.clone(), (event.version, hash));
                 match seals.get(&event.position) {
                     Some((stream, version, sealed)) => {
-                        if stream == &event.stream_id
-                            && u64::try_from(*version).ok() == Some(event.version)
-                        {
-                            awaiting_seal.remove(&event.stream_id);
-                        }
-                        if stream != &event.stream_id
-                            || u64::try_from(*version).ok() != Some(event.version)
-                        {
+                        let seals_this_event = stream == &event.stream_id
+                            && u64::try_from(*version).ok() == Some(event.version);
+                        if !seals_this_event {
                             report.push(
                                 Check::HashChain,
                                 &event.stream_id,
@@ -380,21 +375,24 @@ impl Checker {
                                     event.position, event.version
                                 ),
                             );
-                        } else if sealed.as_slice() != hash {
-                            // Go on from the sealed hash, so that only the changed events are
-                            // named, not every event after them.
-                            if let Ok(sealed) = <[u8; 32]>::try_from(sealed.as_slice()) {
-                                heads.insert(event.stream_id.clone(), (event.version, sealed));
+                        } else {
+                            awaiting_seal.remove(&event.stream_id);
+                            if sealed.as_slice() != hash {
+                                // Go on from the sealed hash, so that only the changed events are
+                                // named, not every event after them.
+                                if let Ok(sealed) = <[u8; 32]>::try_from(sealed.as_slice()) {
+                                    heads.insert(event.stream_id.clone(), (event.version, sealed));
+                                }
+                                report.push(
+                                    Check::HashChain,
+                                    &event.stream_id,
+                                    format!(
+                                        "version {} (position {}) does not match its seal: it or \
+                                         an event of its stream after the previous seal was changed",
+                                        event.version, event.position
+                                    ),
+                                );
                             }
-                            report.push(
-                                Check::HashChain,
-                                &event.stream_id,
-                                format!(
-                                    "version {} (position {}) does not match its seal: it or an \
-                                     event of its stream after the previous seal was changed",
-                                    event.version, event.position
-                                ),
-                            );
                         }
                     }
                     None if event.cursor <= sealed_through => {
