@@ -52,8 +52,10 @@ fn to_bytes(value: &Value) -> Vec<u8> {
 fn payment_status_code(kind: PaymentCommandKind, payment: &PaymentRecord) -> StatusCode {
     let waiting_on_provider = match kind {
         PaymentCommandKind::Create => payment.status == PaymentStatus::Pending,
-        PaymentCommandKind::Capture => payment.capture_requested.is_some(),
-        PaymentCommandKind::Refund => payment.refund_requested > payment.refunded,
+        PaymentCommandKind::Capture => payment.open_capture().is_some(),
+        PaymentCommandKind::Refund => payment
+            .refund_committed()
+            .is_ok_and(|committed| committed > payment.refunded),
         PaymentCommandKind::Read => false,
     };
     if waiting_on_provider {

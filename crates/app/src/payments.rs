@@ -19,9 +19,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use asiento_domain::{
-    psp_capture_key, psp_refund_key, Amount, CaptureMode, CreatePayment, Currency, CustomerId,
-    Payment, PaymentCommand, PaymentEvent, PaymentId, PaymentRecord, PaymentRejection,
-    PaymentStatus, ProviderFact, ProviderName, TenantId,
+    psp_refund_key, Amount, CaptureMode, CreatePayment, Currency, CustomerId, Payment,
+    PaymentCommand, PaymentEvent, PaymentId, PaymentRecord, PaymentRejection, PaymentStatus,
+    ProviderFact, ProviderName, TenantId,
 };
 use asiento_eventstore::{AppendError, Appended, Database, Metadata, Tx};
 use asiento_psp::{Charge, ChargeOutcome, ChargeStatus, CreateCharge, ProviderError};
@@ -700,12 +700,16 @@ impl PaymentFlow {
     ) -> Result<Answer, FlowError> {
         let loaded = log::load_payment(self.store.as_ref(), resource.payment).await?;
         let record = found(&loaded.aggregate, id)?;
-        let fact = match (&record.provider_charge_id, record.capture_requested) {
+        let fact = match (&record.provider_charge_id, record.open_capture()) {
             (Some(charge_id), Some(requested)) if record.status == PaymentStatus::Authorized => {
                 let provider = self.provider(&record.provider)?;
                 let answer = provider
                     .adapter
-                    .capture(charge_id, Some(requested.minor()), &psp_capture_key(id))
+                    .capture(
+                        charge_id,
+                        Some(requested.amount.minor()),
+                        &requested.psp_key,
+                    )
                     .await;
                 fact_from_charge_answer(answer)
             }

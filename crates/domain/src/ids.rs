@@ -195,10 +195,17 @@ pub fn psp_charge_key(payment: PaymentId) -> String {
     format!("psp_{}", payment.as_uuid().simple())
 }
 
-/// The provider idempotency key of a merchant capture of this payment.
+/// The provider idempotency key of the `sequence`-th capture request (1-based). A refused
+/// capture may be asked again, under a new key, since the provider replays a key's first answer.
+/// The first keeps the form it has always had, so that a capture recorded by an earlier version
+/// resumes with the key it was sent with.
 #[must_use]
-pub fn psp_capture_key(payment: PaymentId) -> String {
-    format!("psp_{}_capture", payment.as_uuid().simple())
+pub fn psp_capture_key(payment: PaymentId, sequence: u32) -> String {
+    if sequence <= 1 {
+        format!("psp_{}_capture", payment.as_uuid().simple())
+    } else {
+        format!("psp_{}_capture_{sequence}", payment.as_uuid().simple())
+    }
 }
 
 /// The provider idempotency key of the `sequence`-th refund request (1-based).
@@ -228,6 +235,14 @@ mod tests {
         assert_eq!(psp_charge_key(id), "psp_00000000000000000000000000000007");
         assert_eq!(psp_charge_key(id), psp_charge_key(id));
         assert_ne!(psp_refund_key(id, 1), psp_refund_key(id, 2));
+        assert_eq!(
+            psp_capture_key(id, 1),
+            "psp_00000000000000000000000000000007_capture"
+        );
+        assert_eq!(
+            psp_capture_key(id, 2),
+            "psp_00000000000000000000000000000007_capture_2"
+        );
         assert_eq!(EntryId::derived("a"), EntryId::derived("a"));
         assert_ne!(EntryId::derived("a"), EntryId::derived("b"));
     }

@@ -42,8 +42,9 @@ pub use ids::{
 };
 pub use money::{Amount, AmountError, Currency, CurrencyError};
 pub use payment::{
-    decide as decide_payment, evolve as evolve_payment, CaptureMode, CreatePayment, Payment,
-    PaymentCommand, PaymentEvent, PaymentRecord, PaymentRejection, PaymentStatus, ProviderFact,
+    decide as decide_payment, evolve as evolve_payment, CaptureMode, CreatePayment, Operation,
+    OperationKind, OperationOutcome, OperationState, Payment, PaymentCommand, PaymentEvent,
+    PaymentRecord, PaymentRejection, PaymentStatus, ProviderFact,
 };
 pub use stream::{exception_stream, guard_stream, payment_stream, transfer_stream, StreamKind};
 pub use transfer::{RequestTransfer, Transfer, TransferEvent, TransferRejection};

@@ -83,11 +83,12 @@ fn payment_fixtures() -> Vec<(PaymentEvent, Value)> {
         ),
         (
             PaymentEvent::CaptureRequested(CaptureRequested {
+                sequence: 2,
                 amount_minor: amt(6_000),
-                psp_key: "psp_x_capture".into(),
+                psp_key: "psp_x_capture_2".into(),
                 at: at(10),
             }),
-            json!({"amount_minor": 6000, "psp_key": "psp_x_capture", "at": AT}),
+            json!({"sequence": 2, "amount_minor": 6000, "psp_key": "psp_x_capture_2", "at": AT}),
         ),
         (
             e_captured(10_000, 300, false),
@@ -122,10 +123,50 @@ fn payment_fixtures() -> Vec<(PaymentEvent, Value)> {
             }),
         ),
         (
-            e_refund(2_500, 2_500, 75).remove(0),
+            PaymentEvent::RefundSettled(RefundSettled {
+                sequence: Some(2),
+                refund_id: Some("re_2".into()),
+                charge_id: CHARGE.into(),
+                amount_minor: amt(2_500),
+                refunded_total_minor: amt(5_000),
+                fee_reversed_minor: amt(75),
+                at: at(10),
+            }),
             json!({
-                "charge_id": "ch_1", "amount_minor": 2500, "refunded_total_minor": 2500,
-                "fee_reversed_minor": 75, "at": AT
+                "sequence": 2, "refund_id": "re_2", "charge_id": "ch_1", "amount_minor": 2500,
+                "refunded_total_minor": 5000, "fee_reversed_minor": 75, "at": AT
+            }),
+        ),
+        (
+            PaymentEvent::OperationReceived(OperationReceived {
+                kind: OperationKind::Refund,
+                sequence: 2,
+                provider_id: Some("re_2".into()),
+                at: at(10),
+            }),
+            json!({"kind": "refund", "sequence": 2, "provider_id": "re_2", "at": AT}),
+        ),
+        (
+            PaymentEvent::OperationRefused(OperationRefused {
+                kind: OperationKind::Capture,
+                sequence: 1,
+                reason: "charge_expired".into(),
+                at: at(10),
+            }),
+            json!({"kind": "capture", "sequence": 1, "reason": "charge_expired", "at": AT}),
+        ),
+        (
+            PaymentEvent::RefundReversed(RefundReversed {
+                sequence: 2,
+                amount_minor: amt(2_500),
+                refunded_total_minor: amt(2_500),
+                fee_restored_minor: amt(75),
+                reason: "expired_or_canceled_card".into(),
+                at: at(10),
+            }),
+            json!({
+                "sequence": 2, "amount_minor": 2500, "refunded_total_minor": 2500,
+                "fee_restored_minor": 75, "reason": "expired_or_canceled_card", "at": AT
             }),
         ),
         (
@@ -299,6 +340,9 @@ fn type_names_and_schemas_are_stable() {
             ("PaymentExpired", 1),
             ("RefundRequested", 1),
             ("RefundSettled", 1),
+            ("OperationReceived", 1),
+            ("OperationRefused", 1),
+            ("RefundReversed", 1),
             ("DisputeOpened", 1),
             ("DisputeClosed", 1),
             ("FlaggedForReview", 1),

@@ -56,17 +56,17 @@ fn check(
 const GRID: [(Option<PaymentStatus>, &str); 10] = {
     use PaymentStatus::*;
     [
-        //                          cre cap ref exp flg act aut cpt fai rfd dop dcl
-        (None,                     "A   N   N   N   N   N   N   N   N   N   N   N"),
-        (Some(Pending),            "R   R   R   A   F   A   A   A   A   A   A   A"),
-        (Some(RequiresAction),     "R   R   R   A   F   A   A   A   A   A   A   A"),
-        (Some(Authorized),         "R   A   R   R   F   I   I   A   A   A   A   A"),
-        (Some(Captured),           "R   R   A   R   F   I   I   F   F   A   A   A"),
-        (Some(PartiallyRefunded),  "R   R   A   R   F   I   I   F   F   A   A   A"),
-        (Some(Refunded),           "R   R   R   R   F   I   I   F   F   F   F   F"),
-        (Some(Failed),             "R   R   R   R   F   I   F   F   I   F   F   F"),
-        (Some(Expired),            "R   R   R   I   F   I   F   F   I   F   F   F"),
-        (Some(Disputed),           "R   R   R   R   F   I   I   F   F   F   F   A"),
+        //                          cre cap ref exp flg act aut cpt fai rfd dop dcl cop rop
+        (None,                     "A   N   N   N   N   N   N   N   N   N   N   N   N   N"),
+        (Some(Pending),            "R   R   R   A   F   A   A   A   A   A   A   A   F   F"),
+        (Some(RequiresAction),     "R   R   R   A   F   A   A   A   A   A   A   A   F   F"),
+        (Some(Authorized),         "R   A   R   R   F   I   I   A   A   A   A   A   A   F"),
+        (Some(Captured),           "R   R   A   R   F   I   I   F   F   A   A   A   A   A"),
+        (Some(PartiallyRefunded),  "R   R   A   R   F   I   I   F   F   A   A   A   A   A"),
+        (Some(Refunded),           "R   R   R   R   F   I   I   F   F   F   F   F   A   A"),
+        (Some(Failed),             "R   R   R   R   F   I   F   F   I   F   F   F   F   F"),
+        (Some(Expired),            "R   R   R   I   F   I   F   F   I   F   F   F   F   F"),
+        (Some(Disputed),           "R   R   R   R   F   I   I   F   F   F   F   A   A   A"),
     ]
 };
 
@@ -96,6 +96,18 @@ fn when(input: Input) -> PaymentCommand {
         Input::FactRefunded => f_refunded(10_000),
         Input::FactDisputeOpened => f_dispute_opened("dp_2", 10_000),
         Input::FactDisputeClosed => f_dispute_closed("dp_1", 10_000, DisputeOutcome::Lost),
+        Input::FactCaptureOutcome => f_operation(
+            OperationKind::Capture,
+            &psp_capture_key(pid(), 1),
+            10_000,
+            OperationOutcome::Succeeded,
+        ),
+        Input::FactRefundOutcome => f_operation(
+            OperationKind::Refund,
+            &psp_refund_key(pid(), 1),
+            2_500,
+            OperationOutcome::Succeeded,
+        ),
     }
 }
 
@@ -158,8 +170,9 @@ fn expected(from: PaymentStatus, input: Input) -> Vec<PaymentEvent> {
         ]
         .concat(),
         (Authorized, RequestCapture) => vec![PaymentEvent::CaptureRequested(CaptureRequested {
+            sequence: 1,
             amount_minor: amt(10_000),
-            psp_key: psp_capture_key(pid()),
+            psp_key: psp_capture_key(pid(), 1),
             at: at(10),
         })],
         (Captured | PartiallyRefunded, RequestRefund) => {
@@ -224,6 +237,28 @@ fn expected(from: PaymentStatus, input: Input) -> Vec<PaymentEvent> {
         (Failed | Expired, FactRefunded) => {
             contradiction(&format!("refunded total 10000 while {s} (refunded 0 of 0)"))
         }
+        // None of the histories asked for an operation: an outcome of one is for a reviewer.
+        (Authorized | Captured | PartiallyRefunded | Refunded | Disputed, FactCaptureOutcome) => {
+            contradiction(&format!(
+                "capture {} succeeded that we never asked for",
+                psp_capture_key(pid(), 1)
+            ))
+        }
+        (Captured | PartiallyRefunded | Refunded | Disputed, FactRefundOutcome) => {
+            contradiction(&format!(
+                "refund {} succeeded that we never asked for",
+                psp_refund_key(pid(), 1)
+            ))
+        }
+        (Pending | RequiresAction | Failed | Expired, FactCaptureOutcome) => contradiction(
+            &format!("capture {} succeeded while {s}", psp_capture_key(pid(), 1)),
+        ),
+        (Pending | RequiresAction | Authorized | Failed | Expired, FactRefundOutcome) => {
+            contradiction(&format!(
+                "refund {} succeeded while {s}",
+                psp_refund_key(pid(), 1)
+            ))
+        }
         other => panic!("no expectation written for {other:?}"),
     }
 }
@@ -276,7 +311,7 @@ fn every_cell_of_the_table() {
             check(given(from), when(input), then);
         }
     }
-    assert_eq!(cells, 120);
+    assert_eq!(cells, 140);
 }
 
 // ------------------------------------------------------- rules within cells
@@ -589,5 +624,262 @@ fn rejection_codes_are_stable() {
     assert_eq!(
         PaymentRejection::InvalidTransition { from, input }.to_string(),
         "request_refund is not allowed when the payment is failed"
+    );
+}
+
+// ------------------------------------------------------- provider operations
+
+fn refund_request(amount: i64) -> PaymentCommand {
+    PaymentCommand::RequestRefund {
+        amount: amt(amount),
+        at: at(10),
+    }
+}
+
+fn refund_outcome(sequence: u32, amount: i64, outcome: OperationOutcome) -> PaymentCommand {
+    f_operation(
+        OperationKind::Refund,
+        &psp_refund_key(pid(), sequence),
+        amount,
+        outcome,
+    )
+}
+
+fn failed(reason: &str) -> OperationOutcome {
+    OperationOutcome::Failed {
+        reason: reason.into(),
+    }
+}
+
+fn record_after(events: &[PaymentEvent]) -> PaymentRecord {
+    Payment::replay(events).record.unwrap()
+}
+
+#[test]
+fn a_refused_refund_releases_its_amount() {
+    let captured = given(Some(PaymentStatus::Captured));
+    let asked = history_from(captured.clone(), vec![refund_request(10_000)]);
+    let requested = [captured, asked].concat();
+    // While it is at the provider, nothing more can be refunded.
+    check(
+        requested.clone(),
+        refund_request(1),
+        Err(PaymentRejection::RefundExceedsCaptured {
+            requested: amt(1),
+            refundable: amt(0),
+        }),
+    );
+    let refused = vec![PaymentEvent::OperationRefused(OperationRefused {
+        kind: OperationKind::Refund,
+        sequence: 1,
+        reason: "charge_disputed".into(),
+        at: at(10),
+    })];
+    check(
+        requested.clone(),
+        refund_outcome(1, 10_000, failed("charge_disputed")),
+        Ok(refused.clone()),
+    );
+    let after = [requested, refused].concat();
+    let record = record_after(&after);
+    assert_eq!(
+        record.operation(OperationKind::Refund, 1).unwrap().state,
+        OperationState::Refused
+    );
+    assert_eq!(record.status, PaymentStatus::Captured);
+    // The whole amount is refundable again, under the next sequence's key.
+    check(
+        after,
+        refund_request(10_000),
+        Ok(vec![PaymentEvent::RefundRequested(RefundRequested {
+            sequence: 2,
+            amount_minor: amt(10_000),
+            requested_total_minor: amt(10_000),
+            psp_key: psp_refund_key(pid(), 2),
+            at: at(10),
+        })]),
+    );
+}
+
+#[test]
+fn a_refund_that_fails_after_it_settled_is_reversed_by_a_mirror_entry() {
+    let captured = given(Some(PaymentStatus::Captured));
+    let asked = history_from(captured.clone(), vec![refund_request(2_500)]);
+    let requested = [captured, asked].concat();
+    let succeeded = history_from(
+        requested.clone(),
+        vec![refund_outcome(1, 2_500, OperationOutcome::Succeeded)],
+    );
+    // fee(2500) = 75 given back.
+    assert_eq!(
+        succeeded.last().unwrap(),
+        &posted(
+            "refund:op:1",
+            vec![
+                (clearing(), 2_500),
+                (customer(), 75 - 2_500),
+                (revenue(), -75)
+            ],
+        )
+    );
+    let settled = [requested, succeeded].concat();
+    assert_eq!(
+        record_after(&settled).status,
+        PaymentStatus::PartiallyRefunded
+    );
+    check(
+        settled.clone(),
+        refund_outcome(1, 2_500, failed("expired_or_canceled_card")),
+        Ok(vec![
+            PaymentEvent::RefundReversed(RefundReversed {
+                sequence: 1,
+                amount_minor: amt(2_500),
+                refunded_total_minor: amt(0),
+                fee_restored_minor: amt(75),
+                reason: "expired_or_canceled_card".into(),
+                at: at(10),
+            }),
+            posted(
+                "refund:op:1:reversed",
+                vec![
+                    (clearing(), -2_500),
+                    (customer(), 2_500 - 75),
+                    (revenue(), 75),
+                ],
+            ),
+        ]),
+    );
+    let reversed = [
+        settled.clone(),
+        history_from(
+            settled,
+            vec![refund_outcome(1, 2_500, failed("expired_or_canceled_card"))],
+        ),
+    ]
+    .concat();
+    let record = record_after(&reversed);
+    assert_eq!(record.status, PaymentStatus::Captured);
+    assert_eq!(record.refunded, amt(0));
+    assert_eq!(record.fee_reversed, amt(0));
+    // A late cumulative report that still counts the reversed refund settles nothing again.
+    check(reversed.clone(), f_refunded(2_500), Ok(vec![]));
+    // A repeated failure is the same fact.
+    check(
+        reversed.clone(),
+        refund_outcome(1, 2_500, failed("expired_or_canceled_card")),
+        Ok(vec![]),
+    );
+    // The money is back with the merchant: it can be refunded again.
+    let again = history_from(reversed, vec![refund_request(10_000)]);
+    assert!(matches!(again[0], PaymentEvent::RefundRequested(_)));
+}
+
+#[test]
+fn a_cumulative_report_before_the_answer_settles_the_refund_once() {
+    let captured = given(Some(PaymentStatus::Captured));
+    let asked = history_from(captured.clone(), vec![refund_request(2_500)]);
+    let requested = [captured, asked].concat();
+    let reported = history_from(requested.clone(), vec![f_refunded(2_500)]);
+    let after_report = [requested, reported].concat();
+    let record = record_after(&after_report);
+    assert_eq!(record.refunded, amt(2_500));
+    assert_eq!(
+        record.operation(OperationKind::Refund, 1).unwrap().state,
+        OperationState::Succeeded,
+        "the report's refund is the one we asked for"
+    );
+    // The answer arriving afterwards changes nothing.
+    check(
+        after_report,
+        refund_outcome(1, 2_500, OperationOutcome::Succeeded),
+        Ok(vec![]),
+    );
+}
+
+#[test]
+fn a_refused_capture_lets_another_be_asked_under_a_new_key() {
+    let authorized = given(Some(PaymentStatus::Authorized));
+    let capture = |amount: i64| PaymentCommand::RequestCapture {
+        amount: Some(amt(amount)),
+        at: at(10),
+    };
+    let requested = [
+        authorized.clone(),
+        history_from(authorized, vec![capture(6_000)]),
+    ]
+    .concat();
+    let capture_outcome = |sequence: u32, amount: i64, outcome: OperationOutcome| {
+        f_operation(
+            OperationKind::Capture,
+            &psp_capture_key(pid(), sequence),
+            amount,
+            outcome,
+        )
+    };
+    // Received: decided later; the capture stays the one in flight.
+    let received = history_from(
+        requested.clone(),
+        vec![capture_outcome(1, 6_000, OperationOutcome::Pending)],
+    );
+    assert_eq!(
+        received,
+        vec![PaymentEvent::OperationReceived(OperationReceived {
+            kind: OperationKind::Capture,
+            sequence: 1,
+            provider_id: None,
+            at: at(10),
+        })]
+    );
+    let pending = [requested, received].concat();
+    check(
+        pending.clone(),
+        capture(5_000),
+        Err(PaymentRejection::CaptureAlreadyRequested {
+            requested: amt(6_000),
+        }),
+    );
+    let refused = history_from(
+        pending.clone(),
+        vec![capture_outcome(1, 6_000, failed("authorization_expired"))],
+    );
+    let after = [pending, refused].concat();
+    assert_eq!(record_after(&after).status, PaymentStatus::Authorized);
+    check(
+        after.clone(),
+        capture(5_000),
+        Ok(vec![PaymentEvent::CaptureRequested(CaptureRequested {
+            sequence: 2,
+            amount_minor: amt(5_000),
+            psp_key: psp_capture_key(pid(), 2),
+            at: at(10),
+        })]),
+    );
+    // The second capture's success captures its amount.
+    let second = [after.clone(), history_from(after, vec![capture(5_000)])].concat();
+    check(
+        second,
+        capture_outcome(2, 5_000, OperationOutcome::Succeeded),
+        Ok(vec![
+            e_captured(5_000, 150, false),
+            e_capture_entry(5_000, 150),
+        ]),
+    );
+}
+
+#[test]
+fn an_outcome_of_another_amount_is_flagged_not_applied() {
+    let captured = given(Some(PaymentStatus::Captured));
+    let requested = [
+        captured.clone(),
+        history_from(captured, vec![refund_request(2_500)]),
+    ]
+    .concat();
+    check(
+        requested,
+        refund_outcome(1, 2_600, OperationOutcome::Succeeded),
+        Ok(contradiction(&format!(
+            "refund {} reported for 2600 succeeded, we asked refund 2500",
+            psp_refund_key(pid(), 1)
+        ))),
     );
 }

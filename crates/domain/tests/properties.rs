@@ -42,6 +42,14 @@ enum Step {
     DisputeOpened(u8, Part),
     DisputeClosed(u8, Part, bool),
     OtherCharge,
+    /// The outcome of our capture (false) or refund (true) numbered 1..=3: pending (0),
+    /// succeeded (1) or failed (2), for the amount asked (or another one when not `exact`).
+    Outcome {
+        refund: bool,
+        sequence: u32,
+        outcome: u8,
+        exact: bool,
+    },
 }
 
 fn part() -> impl Strategy<Value = Part> {
@@ -62,6 +70,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..2, part()).prop_map(|(d, p)| Step::DisputeOpened(d, p)),
         1 => (0u8..2, part(), any::<bool>()).prop_map(|(d, p, won)| Step::DisputeClosed(d, p, won)),
         1 => Just(Step::OtherCharge),
+        4 => (any::<bool>(), 1u32..=3, 0u8..3, prop_oneof![6 => Just(true), 1 => Just(false)])
+            .prop_map(|(refund, sequence, outcome, exact)| Step::Outcome { refund, sequence, outcome, exact }),
     ]
 }
 
@@ -73,7 +83,8 @@ fn resolve(part: Part, of: i64) -> Amount {
     })
 }
 
-fn command(step: &Step, amount: i64, fees: FeeSchedule, t: i64) -> PaymentCommand {
+fn command(step: &Step, record: &PaymentRecord, fees: FeeSchedule, t: i64) -> PaymentCommand {
+    let amount = record.amount.minor();
     let at = at(t);
     let provider = |fact| PaymentCommand::Provider { fact, fees, at };
     let charge = || CHARGE.to_owned();
@@ -130,6 +141,38 @@ fn command(step: &Step, amount: i64, fees: FeeSchedule, t: i64) -> PaymentComman
             charge_id: "ch_other".into(),
             amount: amt(amount),
         }),
+        Step::Outcome {
+            refund,
+            sequence,
+            outcome,
+            exact,
+        } => {
+            let (kind, psp_key) = if *refund {
+                (OperationKind::Refund, psp_refund_key(record.id, *sequence))
+            } else {
+                (
+                    OperationKind::Capture,
+                    psp_capture_key(record.id, *sequence),
+                )
+            };
+            let asked = record
+                .operation(kind, *sequence)
+                .map_or(amount, |op| op.amount.minor());
+            provider(ProviderFact::Operation {
+                kind,
+                charge_id: charge(),
+                psp_key,
+                provider_id: Some(format!("op_{sequence}")),
+                amount: amt(if *exact { asked } else { asked + 1 }),
+                outcome: match outcome {
+                    0 => OperationOutcome::Pending,
+                    1 => OperationOutcome::Succeeded,
+                    _ => OperationOutcome::Failed {
+                        reason: "declined".into(),
+                    },
+                },
+            })
+        }
     }
 }
 
@@ -186,7 +229,7 @@ proptest! {
         let mut lost_disputes = 0i64;
 
         for (t, step) in steps.iter().enumerate() {
-            let cmd = command(step, amount, fees, t as i64 + 1);
+            let cmd = command(step, payment.record.as_ref().unwrap(), fees, t as i64 + 1);
             let from = payment.record.as_ref().unwrap().status;
             let input = cmd.input();
             let r = rule(Some(from), input);
@@ -227,6 +270,13 @@ proptest! {
 
             let record = payment.record.as_ref().unwrap();
             prop_assert_eq!(record.next_action.is_some(), record.status == PaymentStatus::RequiresAction);
+            // At most one capture waits for the provider; an open refund is never already
+            // counted in what our succeeded refunds account for.
+            prop_assert!(record.operations.iter().filter(|op| op.kind == OperationKind::Capture && op.state.is_open()).count() <= 1);
+            let settled_ops: i64 = record.operations.iter()
+                .filter(|op| op.kind == OperationKind::Refund && matches!(op.state, OperationState::Succeeded | OperationState::Reversed))
+                .map(|op| op.amount.minor()).sum();
+            prop_assert!(settled_ops <= record.refunded.minor() + record.refund_reversed.minor());
             prop_assert!(record.refunded <= record.captured);
             prop_assert!(record.fee_reversed <= record.fee && record.fee <= record.captured);
             prop_assert!(sum_per_currency(&balances).values().all(|s| *s == 0));

@@ -166,14 +166,19 @@ fn request_capture(
             authorized,
         });
     }
-    match draft.record.capture_requested {
+    match draft.record.open_capture().map(|op| op.amount) {
         Some(previous) if previous == requested => Ok(()),
         Some(previous) => Err(PaymentRejection::CaptureAlreadyRequested {
             requested: previous,
         }),
         None => {
-            let psp_key = psp_capture_key(draft.record.id);
+            let sequence = draft
+                .record
+                .operations_of(OperationKind::Capture)
+                .saturating_add(1);
+            let psp_key = psp_capture_key(draft.record.id, sequence);
             draft.push(PaymentEvent::CaptureRequested(CaptureRequested {
+                sequence,
                 amount_minor: requested,
                 psp_key,
                 at,
@@ -191,9 +196,7 @@ fn request_refund(
     if !amount.is_positive() {
         return Err(PaymentRejection::AmountMustBePositive);
     }
-    // Requests still at the provider count as refunded already, so two quick
-    // requests cannot together exceed the capture.
-    let committed = draft.record.refund_requested.max(draft.record.refunded);
+    let committed = draft.record.refund_committed()?;
     let refundable = draft.record.captured.checked_sub(committed)?;
     if amount > refundable {
         return Err(PaymentRejection::RefundExceedsCaptured {
@@ -201,7 +204,10 @@ fn request_refund(
             refundable,
         });
     }
-    let sequence = draft.record.refund_requests.saturating_add(1);
+    let sequence = draft
+        .record
+        .operations_of(OperationKind::Refund)
+        .saturating_add(1);
     let psp_key = psp_refund_key(draft.record.id, sequence);
     draft.push(PaymentEvent::RefundRequested(RefundRequested {
         sequence,
@@ -274,6 +280,24 @@ fn check_fact(fact: &ProviderFact) -> Result<(), PaymentRejection> {
             check_text("dispute_id", dispute_id)?;
             positive(*amount)
         }
+        ProviderFact::Operation {
+            charge_id,
+            psp_key,
+            provider_id,
+            amount,
+            outcome,
+            ..
+        } => {
+            check_text("charge_id", charge_id)?;
+            check_text("psp_key", psp_key)?;
+            if let Some(provider_id) = provider_id {
+                check_text("provider_id", provider_id)?;
+            }
+            if let OperationOutcome::Failed { reason } = outcome {
+                check_text("reason", reason)?;
+            }
+            positive(*amount)
+        }
     }
 }
 
@@ -296,7 +320,7 @@ fn contradiction(record: &PaymentRecord, fact: &ProviderFact) -> Option<String> 
         ProviderFact::ActionRequired { .. } => None,
         ProviderFact::Refunded {
             amount_refunded, ..
-        } if *amount_refunded <= record.refunded => None,
+        } if *amount_refunded <= record.refund_settled_ever() => None,
         ProviderFact::Refunded {
             amount_refunded, ..
         } => Some(format!(
@@ -319,6 +343,39 @@ fn contradiction(record: &PaymentRecord, fact: &ProviderFact) -> Option<String> 
         } => Some(format!(
             "dispute {dispute_id} closed {outcome:?} while {status}"
         )),
+        ProviderFact::Operation {
+            kind,
+            psp_key,
+            outcome,
+            ..
+        } => match record.operation_by_key(psp_key) {
+            // A repeat of what the operation already says.
+            Some(op) if outcome_is_recorded(op.state, outcome) => None,
+            _ => Some(format!(
+                "{} {psp_key} {} while {status}",
+                kind.as_str(),
+                outcome_text(outcome)
+            )),
+        },
+    }
+}
+
+fn outcome_text(outcome: &OperationOutcome) -> String {
+    match outcome {
+        OperationOutcome::Pending => "pending".to_owned(),
+        OperationOutcome::Succeeded => "succeeded".to_owned(),
+        OperationOutcome::Failed { reason } => format!("failed ({reason})"),
+    }
+}
+
+/// The operation's state already reflects this outcome (a late or repeated answer).
+fn outcome_is_recorded(state: OperationState, outcome: &OperationOutcome) -> bool {
+    match outcome {
+        OperationOutcome::Pending => state != OperationState::Requested,
+        OperationOutcome::Succeeded => state == OperationState::Succeeded,
+        OperationOutcome::Failed { .. } => {
+            matches!(state, OperationState::Refused | OperationState::Reversed)
+        }
     }
 }
 
@@ -355,7 +412,8 @@ fn apply_fact(
         | ProviderFact::ActionRequired { charge_id, .. }
         | ProviderFact::Refunded { charge_id, .. }
         | ProviderFact::DisputeOpened { charge_id, .. }
-        | ProviderFact::DisputeClosed { charge_id, .. } => Some(charge_id.clone()),
+        | ProviderFact::DisputeClosed { charge_id, .. }
+        | ProviderFact::Operation { charge_id, .. } => Some(charge_id.clone()),
     };
     if let Some(detail) = charge_id.and_then(|id| charge_mismatch(&draft.record, &id)) {
         draft.flag(ReviewReason::ChargeMismatch, detail, at);
@@ -416,13 +474,20 @@ fn apply_fact(
             charge_id,
             amount_refunded,
         } => {
-            if amount_refunded <= draft.record.refunded {
+            // The report is cumulative over every refund the provider ever settled, which may
+            // still count one that failed since: only what exceeds everything we ever settled is
+            // new.
+            if amount_refunded <= draft.record.refund_settled_ever() {
                 return Ok(());
             }
             if !implied_capture(draft, &charge_id, amount_refunded, fees, at)? {
                 return Ok(());
             }
-            if amount_refunded > draft.record.captured {
+            let new_total = draft
+                .record
+                .refunded
+                .checked_add(amount_refunded.checked_sub(draft.record.refund_settled_ever())?)?;
+            if new_total > draft.record.captured {
                 let detail = format!(
                     "refunded total {amount_refunded} beyond the captured {}",
                     draft.record.captured
@@ -430,7 +495,12 @@ fn apply_fact(
                 draft.flag(ReviewReason::ContradictingFact, detail, at);
                 return Ok(());
             }
-            settle_refund(draft, charge_id, amount_refunded, at)?;
+            let settled = SettledRefund {
+                charge_id,
+                sequence: None,
+                refund_id: None,
+            };
+            settle_refund(draft, settled, new_total, at)?;
         }
         ProviderFact::DisputeOpened {
             charge_id,
@@ -458,8 +528,199 @@ fn apply_fact(
             amount,
             outcome,
         } => close_dispute(draft, charge_id, dispute_id, amount, outcome, fees, at)?,
+        ProviderFact::Operation {
+            kind,
+            charge_id,
+            psp_key,
+            provider_id,
+            amount,
+            outcome,
+        } => {
+            let reported = ReportedOperation {
+                charge_id,
+                psp_key,
+                provider_id,
+                amount,
+                outcome,
+            };
+            match kind {
+                OperationKind::Capture => capture_outcome(draft, reported, fees, at)?,
+                OperationKind::Refund => refund_outcome(draft, reported, at)?,
+            }
+        }
     }
     Ok(())
+}
+
+/// An operation outcome, taken apart.
+struct ReportedOperation {
+    charge_id: String,
+    psp_key: String,
+    provider_id: Option<String>,
+    amount: Amount,
+    outcome: OperationOutcome,
+}
+
+/// The operation a reported outcome is about, if it is ours and its amount is the one we asked
+/// for; otherwise the reviewer is told (once) and `None` comes back.
+fn reported_operation(
+    draft: &mut Draft,
+    kind: OperationKind,
+    reported: &ReportedOperation,
+    at: DateTime<Utc>,
+) -> Option<Operation> {
+    let detail = match draft.record.operation_by_key(&reported.psp_key) {
+        Some(op) if op.kind == kind && op.amount == reported.amount => return Some(op.clone()),
+        Some(op) => format!(
+            "{} {} reported for {} {}, we asked {} {}",
+            kind.as_str(),
+            reported.psp_key,
+            reported.amount,
+            outcome_text(&reported.outcome),
+            op.kind.as_str(),
+            op.amount
+        ),
+        None => format!(
+            "{} {} {} that we never asked for",
+            kind.as_str(),
+            reported.psp_key,
+            outcome_text(&reported.outcome)
+        ),
+    };
+    draft.flag(ReviewReason::ContradictingFact, detail, at);
+    None
+}
+
+fn capture_outcome(
+    draft: &mut Draft,
+    reported: ReportedOperation,
+    fees: FeeSchedule,
+    at: DateTime<Utc>,
+) -> Result<(), PaymentRejection> {
+    let Some(op) = reported_operation(draft, OperationKind::Capture, &reported, at) else {
+        return Ok(());
+    };
+    match (op.state, reported.outcome) {
+        (OperationState::Requested, OperationOutcome::Pending) => {
+            draft.push(PaymentEvent::OperationReceived(OperationReceived {
+                kind: OperationKind::Capture,
+                sequence: op.sequence,
+                provider_id: reported.provider_id,
+                at,
+            }));
+        }
+        (OperationState::Requested | OperationState::Pending, OperationOutcome::Succeeded)
+            if draft.record.status == PaymentStatus::Authorized =>
+        {
+            capture(draft, reported.charge_id, op.amount, fees, false, at)?;
+        }
+        (
+            OperationState::Requested | OperationState::Pending,
+            OperationOutcome::Failed { reason },
+        ) => {
+            draft.push(PaymentEvent::OperationRefused(OperationRefused {
+                kind: OperationKind::Capture,
+                sequence: op.sequence,
+                reason,
+                at,
+            }));
+        }
+        (OperationState::Succeeded, OperationOutcome::Failed { reason }) => {
+            let detail = format!(
+                "capture {} failed ({reason}) after it succeeded",
+                op.psp_key
+            );
+            draft.flag(ReviewReason::ContradictingFact, detail, at);
+        }
+        (OperationState::Refused | OperationState::Reversed, OperationOutcome::Succeeded) => {
+            let detail = format!("capture {} succeeded after it was refused", op.psp_key);
+            draft.flag(ReviewReason::ContradictingFact, detail, at);
+        }
+        // Late or repeated: already recorded.
+        _ => {}
+    }
+    Ok(())
+}
+
+fn refund_outcome(
+    draft: &mut Draft,
+    reported: ReportedOperation,
+    at: DateTime<Utc>,
+) -> Result<(), PaymentRejection> {
+    let Some(op) = reported_operation(draft, OperationKind::Refund, &reported, at) else {
+        return Ok(());
+    };
+    match (op.state, reported.outcome) {
+        (OperationState::Requested, OperationOutcome::Pending) => {
+            draft.push(PaymentEvent::OperationReceived(OperationReceived {
+                kind: OperationKind::Refund,
+                sequence: op.sequence,
+                provider_id: reported.provider_id,
+                at,
+            }));
+        }
+        (OperationState::Requested | OperationState::Pending, OperationOutcome::Succeeded) => {
+            // What settled refunds account for after this one; a cumulative report may already
+            // have settled it without naming it, and then only the operation is marked.
+            let accounted = settled_refund_operations(&draft.record)?.checked_add(op.amount)?;
+            let already = draft.record.refund_settled_ever();
+            let new_total = draft
+                .record
+                .refunded
+                .checked_add(accounted.checked_sub(already)?.max(Amount::ZERO))?;
+            if new_total > draft.record.captured {
+                let detail = format!(
+                    "refund {} of {} beyond the captured {} (refunded {})",
+                    op.psp_key, op.amount, draft.record.captured, draft.record.refunded
+                );
+                draft.flag(ReviewReason::ContradictingFact, detail, at);
+                return Ok(());
+            }
+            let settled = SettledRefund {
+                charge_id: reported.charge_id,
+                sequence: Some(op.sequence),
+                refund_id: reported.provider_id,
+            };
+            settle_refund(draft, settled, new_total, at)?;
+        }
+        (
+            OperationState::Requested | OperationState::Pending,
+            OperationOutcome::Failed { reason },
+        ) => {
+            draft.push(PaymentEvent::OperationRefused(OperationRefused {
+                kind: OperationKind::Refund,
+                sequence: op.sequence,
+                reason,
+                at,
+            }));
+        }
+        (OperationState::Succeeded, OperationOutcome::Failed { reason }) => {
+            reverse_refund(draft, &op, reason, at)?;
+        }
+        (OperationState::Refused | OperationState::Reversed, OperationOutcome::Succeeded) => {
+            let detail = format!("refund {} succeeded after it failed", op.psp_key);
+            draft.flag(ReviewReason::ContradictingFact, detail, at);
+        }
+        // Late or repeated: already recorded.
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The amounts of our refund operations that ever settled.
+fn settled_refund_operations(record: &PaymentRecord) -> Result<Amount, PaymentRejection> {
+    record
+        .operations
+        .iter()
+        .filter(|op| {
+            op.kind == OperationKind::Refund
+                && matches!(
+                    op.state,
+                    OperationState::Succeeded | OperationState::Reversed
+                )
+        })
+        .try_fold(Amount::ZERO, |total, op| total.checked_add(op.amount))
+        .map_err(PaymentRejection::from)
 }
 
 /// The most a capture fact may capture: the authorization once there is
@@ -530,32 +791,117 @@ fn capture(
 /// what the refund takes from their credit.
 fn settle_refund(
     draft: &mut Draft,
-    charge_id: String,
+    settled: SettledRefund,
     refunded_total: Amount,
     at: DateTime<Utc>,
 ) -> Result<(), PaymentRejection> {
     let record = &draft.record;
     let delta = refunded_total.checked_sub(record.refunded)?;
-    let schedule = record.fee_schedule.unwrap_or_default();
-    let reversed_total = fee(refunded_total, schedule)
-        .map_err(|_| PaymentRejection::AmountOverflow)?
-        .min(record.fee);
-    let fee_delta = reversed_total
+    let fee_delta = fee_reversed_at(record, refunded_total)?
         .checked_sub(record.fee_reversed)?
         .max(Amount::ZERO);
+    // Every refund ever settled only grows, so it names each cumulative settlement once, even
+    // after a reversal brought the refunded total back to a value it had before.
+    let ever = record.refund_settled_ever().checked_add(delta)?;
+    let sequence = settled.sequence;
     draft.push(PaymentEvent::RefundSettled(RefundSettled {
-        charge_id,
+        sequence,
+        refund_id: settled.refund_id,
+        charge_id: settled.charge_id,
         amount_minor: delta,
         refunded_total_minor: refunded_total,
         fee_reversed_minor: fee_delta,
         at,
     }));
+    if delta.is_zero() {
+        // A cumulative report settled this refund already; the event only marks its operation.
+        return Ok(());
+    }
+    let cause = match sequence {
+        Some(sequence) => format!("refund:op:{sequence}"),
+        None => format!("refund:{ever}"),
+    };
+    post_refund_legs(draft, delta, fee_delta, &cause, at)
+}
+
+/// A refund that settled and then failed at the provider: the refunded total goes back down by
+/// its amount, the fee share it gave back is taken again (the same telescoping rule, so the only
+/// rounding stays in `fee`), and the entry mirrors the refund's.
+fn reverse_refund(
+    draft: &mut Draft,
+    op: &Operation,
+    reason: String,
+    at: DateTime<Utc>,
+) -> Result<(), PaymentRejection> {
+    let record = &draft.record;
+    let Ok(refunded_total) = record.refunded.checked_sub(op.amount) else {
+        return Err(PaymentRejection::AmountOverflow);
+    };
+    if refunded_total.is_negative() {
+        let detail = format!(
+            "refund {} of {} reversed while only {} is refunded",
+            op.psp_key, op.amount, record.refunded
+        );
+        draft.flag(ReviewReason::ContradictingFact, detail, at);
+        return Ok(());
+    }
+    let fee_restored = record
+        .fee_reversed
+        .checked_sub(fee_reversed_at(record, refunded_total)?)?
+        .max(Amount::ZERO);
+    draft.push(PaymentEvent::RefundReversed(RefundReversed {
+        sequence: op.sequence,
+        amount_minor: op.amount,
+        refunded_total_minor: refunded_total,
+        fee_restored_minor: fee_restored,
+        reason,
+        at,
+    }));
+    let delta = op.amount.checked_neg()?;
+    let fee_delta = fee_restored.checked_neg()?;
+    post_refund_legs(
+        draft,
+        delta,
+        fee_delta,
+        &format!("refund:op:{}:reversed", op.sequence),
+        at,
+    )
+}
+
+/// The fee share given back in total once `refunded_total` is refunded: `min(fee(r), fee)`.
+fn fee_reversed_at(
+    record: &PaymentRecord,
+    refunded_total: Amount,
+) -> Result<Amount, PaymentRejection> {
+    let schedule = record.fee_schedule.unwrap_or_default();
+    Ok(fee(refunded_total, schedule)
+        .map_err(|_| PaymentRejection::AmountOverflow)?
+        .min(record.fee))
+}
+
+/// The posting of a change `delta` of the refunded total with the fee share `fee_delta` given
+/// back: clearing +delta, customer (fee_delta − delta), fees −fee_delta. A reversal is the same
+/// posting with both negative.
+fn post_refund_legs(
+    draft: &mut Draft,
+    delta: Amount,
+    fee_delta: Amount,
+    cause: &str,
+    at: DateTime<Utc>,
+) -> Result<(), PaymentRejection> {
     let legs = vec![
         (draft.clearing(), delta),
         (draft.customer(), fee_delta.checked_sub(delta)?),
         (AccountName::revenue_fees(), fee_delta.checked_neg()?),
     ];
-    draft.post(&format!("refund:{refunded_total}"), legs, at)
+    draft.post(cause, legs, at)
+}
+
+/// Which refund a settlement is: one of our operations, or a cumulative report.
+struct SettledRefund {
+    charge_id: String,
+    sequence: Option<u32>,
+    refund_id: Option<String>,
 }
 
 fn open_dispute(

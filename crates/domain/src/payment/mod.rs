@@ -8,6 +8,7 @@
 //! documented in `docs/payment-states.md`; the postings in `docs/ledger.md`.
 
 mod decide;
+pub mod operations;
 pub mod table;
 
 use chrono::{DateTime, Utc};
@@ -20,6 +21,7 @@ use crate::ids::{CustomerId, PaymentId, ProviderName, TenantId};
 use crate::money::{Amount, AmountError, Currency};
 
 pub use decide::decide;
+pub use operations::{Operation, OperationKind, OperationOutcome, OperationState};
 pub use table::{rule, Input, Outcome, Rule};
 
 /// The longest description a merchant may attach, in characters.
@@ -31,6 +33,10 @@ pub const METADATA_BYTES_MAX: usize = 8_192;
 /// The longest free text a fact or command may carry (charge ids, reasons,
 /// redirect URLs, review notes), in characters.
 pub const TEXT_CHARS_MAX: usize = 2_048;
+
+/// What a sum in `evolve` stands at if it ever overflowed: `decide` checks every sum it writes,
+/// so reaching it means an event no decision of ours made.
+const SATURATED: Amount = Amount::new(i64::MAX);
 
 /// The statuses of API.md. `Failed`, `Expired`, `Refunded` and a lost
 /// dispute are terminal.
@@ -163,19 +169,19 @@ pub struct PaymentRecord {
     pub provider_charge_id: Option<String>,
     pub status: PaymentStatus,
     pub authorized: Amount,
-    /// A merchant capture awaiting the provider's answer.
-    pub capture_requested: Option<Amount>,
     pub captured: Amount,
     /// The fee charged at capture, and the schedule it was computed with:
     /// refunds reverse fee shares with the same schedule.
     pub fee: Amount,
     pub fee_schedule: Option<FeeSchedule>,
-    /// Cumulative merchant refund requests; guards against over-refunding
-    /// while earlier requests are still at the provider.
-    pub refund_requested: Amount,
-    pub refund_requests: u32,
-    /// Cumulative refunds the provider has settled.
+    /// Every capture and refund we asked the provider for, in the order asked.
+    pub operations: Vec<Operation>,
+    /// Refunds the provider has settled and not reversed, cumulative.
     pub refunded: Amount,
+    /// Refunds that settled and were later reversed, cumulative: `refunded + refund_reversed`
+    /// is every refund ever settled, which only grows, so a provider's cumulative report (which
+    /// may still count a refund that has since failed) never settles a reversed refund again.
+    pub refund_reversed: Amount,
     /// The part of `fee` given back by refunds so far.
     pub fee_reversed: Amount,
     pub next_action: Option<NextAction>,
@@ -196,6 +202,102 @@ impl PaymentRecord {
     #[must_use]
     pub fn needs_review(&self) -> bool {
         !self.flags.is_empty()
+    }
+
+    /// The operation of `kind` numbered `sequence`.
+    #[must_use]
+    pub fn operation(&self, kind: OperationKind, sequence: u32) -> Option<&Operation> {
+        self.operations
+            .iter()
+            .find(|op| op.kind == kind && op.sequence == sequence)
+    }
+
+    /// The operation sent under `psp_key`.
+    #[must_use]
+    pub fn operation_by_key(&self, psp_key: &str) -> Option<&Operation> {
+        self.operations.iter().find(|op| op.psp_key == psp_key)
+    }
+
+    /// How many operations of `kind` were asked for: the last one's sequence.
+    #[must_use]
+    pub fn operations_of(&self, kind: OperationKind) -> u32 {
+        let count = self.operations.iter().filter(|op| op.kind == kind).count();
+        u32::try_from(count).unwrap_or(u32::MAX)
+    }
+
+    /// The capture awaiting the provider's word, if any: at most one is open at a time.
+    #[must_use]
+    pub fn open_capture(&self) -> Option<&Operation> {
+        self.operations
+            .iter()
+            .find(|op| op.kind == OperationKind::Capture && op.state.is_open())
+    }
+
+    /// What refunds hold of the capture: settled ones, and requested ones still at the provider
+    /// (so two quick requests cannot together exceed the capture). A refused or reversed refund
+    /// holds nothing.
+    pub fn refund_committed(&self) -> Result<Amount, AmountError> {
+        self.operations
+            .iter()
+            .filter(|op| op.kind == OperationKind::Refund && op.state.is_open())
+            .try_fold(self.refunded, |total, op| total.checked_add(op.amount))
+    }
+
+    /// Every refund ever settled, including ones reversed since.
+    fn refund_settled_ever(&self) -> Amount {
+        self.refunded
+            .checked_add(self.refund_reversed)
+            .unwrap_or(SATURATED)
+    }
+
+    fn operation_mut(&mut self, kind: OperationKind, sequence: u32) -> Option<&mut Operation> {
+        self.operations
+            .iter_mut()
+            .find(|op| op.kind == kind && op.sequence == sequence)
+    }
+
+    /// A cumulative refund settlement names no operation: the refunds it covers that we asked
+    /// for are those still open, oldest first, that fit in what no succeeded operation accounts
+    /// for yet. So a report or webhook that arrives before the refund's own answer settles it
+    /// once, and the answer arriving later finds it already succeeded.
+    fn attribute_settled_refunds(&mut self, at: DateTime<Utc>) {
+        let accounted = self
+            .operations
+            .iter()
+            .filter(|op| {
+                op.kind == OperationKind::Refund
+                    && matches!(
+                        op.state,
+                        OperationState::Succeeded | OperationState::Reversed
+                    )
+            })
+            .fold(Amount::ZERO, |total, op| {
+                total.checked_add(op.amount).unwrap_or(SATURATED)
+            });
+        let mut unattributed = self
+            .refund_settled_ever()
+            .checked_sub(accounted)
+            .unwrap_or(Amount::ZERO);
+        for op in &mut self.operations {
+            if op.kind == OperationKind::Refund && op.state.is_open() && op.amount <= unattributed {
+                unattributed = unattributed.checked_sub(op.amount).unwrap_or(Amount::ZERO);
+                op.state = OperationState::Succeeded;
+                op.updated_at = at;
+            }
+        }
+    }
+
+    /// The status that the refunds settled so far leave a captured payment in.
+    fn status_after_refunds(&self) -> PaymentStatus {
+        if self.status == PaymentStatus::Disputed {
+            PaymentStatus::Disputed
+        } else if self.refunded >= self.captured && self.refunded.is_positive() {
+            PaymentStatus::Refunded
+        } else if self.refunded.is_positive() {
+            PaymentStatus::PartiallyRefunded
+        } else {
+            PaymentStatus::Captured
+        }
     }
 }
 
@@ -267,6 +369,17 @@ pub enum ProviderFact {
         amount: Amount,
         outcome: DisputeOutcome,
     },
+    /// The outcome of one of our operations, named by the PSP key we sent it with. A refund that
+    /// fails after it succeeded is reversed; one that fails before is refused.
+    Operation {
+        kind: OperationKind,
+        charge_id: String,
+        psp_key: String,
+        /// The provider's id of the operation (`re_…`).
+        provider_id: Option<String>,
+        amount: Amount,
+        outcome: OperationOutcome,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -315,6 +428,14 @@ impl PaymentCommand {
                 ProviderFact::Refunded { .. } => Input::FactRefunded,
                 ProviderFact::DisputeOpened { .. } => Input::FactDisputeOpened,
                 ProviderFact::DisputeClosed { .. } => Input::FactDisputeClosed,
+                ProviderFact::Operation {
+                    kind: OperationKind::Capture,
+                    ..
+                } => Input::FactCaptureOutcome,
+                ProviderFact::Operation {
+                    kind: OperationKind::Refund,
+                    ..
+                } => Input::FactRefundOutcome,
             },
         }
     }
@@ -425,9 +546,17 @@ pub struct ChargeAuthorized {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CaptureRequested {
+    /// 1-based; names the capture at the provider (`psp_…_capture[_{sequence}]`). Logs written
+    /// before captures were numbered hold one capture per payment: the first.
+    #[serde(default = "first_sequence")]
+    pub sequence: u32,
     pub amount_minor: Amount,
     pub psp_key: String,
     pub at: DateTime<Utc>,
+}
+
+fn first_sequence() -> u32 {
+    1
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -467,6 +596,13 @@ pub struct RefundRequested {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RefundSettled {
+    /// The refund operation this settles; `None` for a cumulative report that names none (a
+    /// webhook about the charge, the settlement report, a refund made outside our API).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<u32>,
+    /// The provider's id of the refund, when the fact named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refund_id: Option<String>,
     pub charge_id: String,
     /// What this event refunds: the new cumulative minus the old.
     pub amount_minor: Amount,
@@ -474,6 +610,39 @@ pub struct RefundSettled {
     pub refunded_total_minor: Amount,
     /// The fee share given back by this event.
     pub fee_reversed_minor: Amount,
+    pub at: DateTime<Utc>,
+}
+
+/// The provider received an operation and will decide it later.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationReceived {
+    pub kind: OperationKind,
+    pub sequence: u32,
+    pub provider_id: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
+/// The provider refused an operation: what it reserved is free again (a refund's amount is
+/// refundable, another capture may be asked for).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationRefused {
+    pub kind: OperationKind,
+    pub sequence: u32,
+    pub reason: String,
+    pub at: DateTime<Utc>,
+}
+
+/// A refund that had settled failed at the provider: the money is back with the merchant, and
+/// the entry posted beside this event reverses the refund's posting.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RefundReversed {
+    pub sequence: u32,
+    pub amount_minor: Amount,
+    /// The refunded total after the reversal.
+    pub refunded_total_minor: Amount,
+    /// The fee share that the refund gave back and the reversal takes again.
+    pub fee_restored_minor: Amount,
+    pub reason: String,
     pub at: DateTime<Utc>,
 }
 
@@ -519,6 +688,9 @@ crate::event::event_family! {
         PaymentExpired = 1,
         RefundRequested = 1,
         RefundSettled = 1,
+        OperationReceived = 1,
+        OperationRefused = 1,
+        RefundReversed = 1,
         DisputeOpened = 1,
         DisputeClosed = 1,
         FlaggedForReview = 1,
@@ -540,6 +712,9 @@ impl PaymentEvent {
             PaymentEvent::PaymentExpired(e) => e.at,
             PaymentEvent::RefundRequested(e) => e.at,
             PaymentEvent::RefundSettled(e) => e.at,
+            PaymentEvent::OperationReceived(e) => e.at,
+            PaymentEvent::OperationRefused(e) => e.at,
+            PaymentEvent::RefundReversed(e) => e.at,
             PaymentEvent::DisputeOpened(e) => e.at,
             PaymentEvent::DisputeClosed(e) => e.at,
             PaymentEvent::FlaggedForReview(e) => e.at,
@@ -572,13 +747,12 @@ pub fn evolve(mut payment: Payment, event: &PaymentEvent) -> Payment {
             provider_charge_id: None,
             status: PaymentStatus::Pending,
             authorized: Amount::ZERO,
-            capture_requested: None,
             captured: Amount::ZERO,
             fee: Amount::ZERO,
             fee_schedule: None,
-            refund_requested: Amount::ZERO,
-            refund_requests: 0,
+            operations: Vec::new(),
             refunded: Amount::ZERO,
+            refund_reversed: Amount::ZERO,
             fee_reversed: Amount::ZERO,
             next_action: None,
             failure_reason: None,
@@ -626,13 +800,28 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
             record.status = PaymentStatus::Authorized;
             record.authorized = e.amount_minor;
         }
-        PaymentEvent::CaptureRequested(e) => record.capture_requested = Some(e.amount_minor),
+        PaymentEvent::CaptureRequested(e) => record.operations.push(Operation {
+            kind: OperationKind::Capture,
+            sequence: e.sequence,
+            amount: e.amount_minor,
+            psp_key: e.psp_key.clone(),
+            state: OperationState::Requested,
+            provider_id: None,
+            reason: None,
+            requested_at: e.at,
+            updated_at: e.at,
+        }),
         PaymentEvent::ChargeCaptured(e) => {
             record.provider_charge_id = Some(e.charge_id.clone());
             record.status = PaymentStatus::Captured;
-            // A capture implies the authorization it consumed.
+            // A capture implies the authorization it consumed, and ends the capture asked for.
             record.authorized = record.authorized.max(e.amount_minor);
-            record.capture_requested = None;
+            for op in &mut record.operations {
+                if op.kind == OperationKind::Capture && op.state.is_open() {
+                    op.state = OperationState::Succeeded;
+                    op.updated_at = e.at;
+                }
+            }
             record.captured = e.amount_minor;
             record.fee = e.fee_minor;
             record.fee_schedule = Some(e.fees);
@@ -645,21 +834,69 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
             record.failure_reason = Some(e.reason.clone());
         }
         PaymentEvent::PaymentExpired(_) => record.status = PaymentStatus::Expired,
-        PaymentEvent::RefundRequested(e) => {
-            record.refund_requests = e.sequence;
-            record.refund_requested = e.requested_total_minor;
-        }
+        PaymentEvent::RefundRequested(e) => record.operations.push(Operation {
+            kind: OperationKind::Refund,
+            sequence: e.sequence,
+            amount: e.amount_minor,
+            psp_key: e.psp_key.clone(),
+            state: OperationState::Requested,
+            provider_id: None,
+            reason: None,
+            requested_at: e.at,
+            updated_at: e.at,
+        }),
         PaymentEvent::RefundSettled(e) => {
             record.refunded = e.refunded_total_minor;
             record.fee_reversed = record
                 .fee_reversed
                 .checked_add(e.fee_reversed_minor)
                 .unwrap_or(record.fee);
-            record.status = if record.refunded >= record.captured {
-                PaymentStatus::Refunded
-            } else {
-                PaymentStatus::PartiallyRefunded
-            };
+            record.status = record.status_after_refunds();
+            match e.sequence {
+                Some(sequence) => {
+                    if let Some(op) = record.operation_mut(OperationKind::Refund, sequence) {
+                        op.state = OperationState::Succeeded;
+                        op.updated_at = e.at;
+                        if e.refund_id.is_some() {
+                            op.provider_id = e.refund_id.clone();
+                        }
+                    }
+                }
+                None => record.attribute_settled_refunds(e.at),
+            }
+        }
+        PaymentEvent::OperationReceived(e) => {
+            if let Some(op) = record.operation_mut(e.kind, e.sequence) {
+                op.state = OperationState::Pending;
+                op.updated_at = e.at;
+                if e.provider_id.is_some() {
+                    op.provider_id = e.provider_id.clone();
+                }
+            }
+        }
+        PaymentEvent::OperationRefused(e) => {
+            if let Some(op) = record.operation_mut(e.kind, e.sequence) {
+                op.state = OperationState::Refused;
+                op.reason = Some(e.reason.clone());
+                op.updated_at = e.at;
+            }
+        }
+        PaymentEvent::RefundReversed(e) => {
+            if let Some(op) = record.operation_mut(OperationKind::Refund, e.sequence) {
+                op.state = OperationState::Reversed;
+                op.reason = Some(e.reason.clone());
+                op.updated_at = e.at;
+            }
+            record.refunded = e.refunded_total_minor;
+            record.refund_reversed = record
+                .refund_reversed
+                .checked_add(e.amount_minor)
+                .unwrap_or(SATURATED);
+            record.fee_reversed = record
+                .fee_reversed
+                .checked_sub(e.fee_restored_minor)
+                .unwrap_or(Amount::ZERO);
+            record.status = record.status_after_refunds();
         }
         PaymentEvent::DisputeOpened(e) => {
             record.dispute = Some(Dispute {

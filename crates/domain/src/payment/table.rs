@@ -27,10 +27,12 @@ pub enum Input {
     FactRefunded,
     FactDisputeOpened,
     FactDisputeClosed,
+    FactCaptureOutcome,
+    FactRefundOutcome,
 }
 
 impl Input {
-    pub const ALL: [Input; 12] = [
+    pub const ALL: [Input; 14] = [
         Input::Create,
         Input::RequestCapture,
         Input::RequestRefund,
@@ -43,6 +45,8 @@ impl Input {
         Input::FactRefunded,
         Input::FactDisputeOpened,
         Input::FactDisputeClosed,
+        Input::FactCaptureOutcome,
+        Input::FactRefundOutcome,
     ];
 
     #[must_use]
@@ -60,6 +64,8 @@ impl Input {
             Input::FactRefunded => "fact_refunded",
             Input::FactDisputeOpened => "fact_dispute_opened",
             Input::FactDisputeClosed => "fact_dispute_closed",
+            Input::FactCaptureOutcome => "fact_capture_outcome",
+            Input::FactRefundOutcome => "fact_refund_outcome",
         }
     }
 
@@ -74,6 +80,8 @@ impl Input {
                 | Input::FactRefunded
                 | Input::FactDisputeOpened
                 | Input::FactDisputeClosed
+                | Input::FactCaptureOutcome
+                | Input::FactRefundOutcome
         )
     }
 }
@@ -187,6 +195,23 @@ pub const fn rule(from: Option<PaymentStatus>, input: Input) -> Rule {
         (Input::FactDisputeClosed, PartiallyRefunded) => apply(&[Disputed, PartiallyRefunded]),
         (Input::FactDisputeClosed, Disputed) => apply(&[Disputed, Captured, PartiallyRefunded]),
         (Input::FactDisputeClosed, _) => FLAG,
+
+        // The outcome of a capture we asked for: a success captures, a refusal frees the
+        // authorization for another capture. After the capture, a late answer changes nothing
+        // (a failure after success is flagged).
+        (Input::FactCaptureOutcome, Authorized) => apply(&[Authorized, Captured]),
+        (Input::FactCaptureOutcome, Captured | PartiallyRefunded | Refunded | Disputed) => {
+            apply(one(from))
+        }
+        (Input::FactCaptureOutcome, _) => FLAG,
+
+        // The outcome of a refund we asked for: settled, refused (its amount is refundable
+        // again) or reversed after it settled (the refunded total goes back down).
+        (Input::FactRefundOutcome, Captured | PartiallyRefunded | Refunded) => {
+            apply(&[Captured, PartiallyRefunded, Refunded])
+        }
+        (Input::FactRefundOutcome, Disputed) => apply(&[Disputed]),
+        (Input::FactRefundOutcome, _) => FLAG,
     }
 }
 

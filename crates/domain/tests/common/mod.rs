@@ -96,6 +96,21 @@ pub fn f_refunded(total: i64) -> PaymentCommand {
         amount_refunded: amt(total),
     })
 }
+pub fn f_operation(
+    kind: OperationKind,
+    psp_key: &str,
+    amount: i64,
+    outcome: OperationOutcome,
+) -> PaymentCommand {
+    fact(ProviderFact::Operation {
+        kind,
+        charge_id: CHARGE.into(),
+        psp_key: psp_key.into(),
+        provider_id: None,
+        amount: amt(amount),
+        outcome,
+    })
+}
 pub fn f_dispute_opened(id: &str, amount: i64) -> PaymentCommand {
     fact(ProviderFact::DisputeOpened {
         charge_id: CHARGE.into(),
@@ -198,6 +213,8 @@ pub fn e_capture_entry(amount: i64, fee: i64) -> PaymentEvent {
 pub fn e_refund(delta: i64, total: i64, fee_delta: i64) -> Vec<PaymentEvent> {
     vec![
         PaymentEvent::RefundSettled(RefundSettled {
+            sequence: None,
+            refund_id: None,
             charge_id: CHARGE.into(),
             amount_minor: amt(delta),
             refunded_total_minor: amt(total),

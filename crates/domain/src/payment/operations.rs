@@ -1,0 +1,115 @@
+//! Provider operations: every modification we send to the provider for a payment (a capture, a
+//! refund) is a record of its own, with its sequence, its PSP key and the state of its outcome.
+//!
+//! A provider answers an operation late, asynchronously or not at all, and may turn a success
+//! into a failure days later (a refund that bounces). So an operation's state is folded from the
+//! payment's events like everything else, and what the merchant reserved by asking (a refund's
+//! amount, the one capture in flight) is released only by an event that says the provider
+//! refused it. Nothing is changed in place: a reversed refund keeps its `Succeeded` history in
+//! the log and adds `RefundReversed` with its reversing entry.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::money::Amount;
+
+/// What an operation asks of the provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OperationKind {
+    Capture,
+    Refund,
+}
+
+impl OperationKind {
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            OperationKind::Capture => "capture",
+            OperationKind::Refund => "refund",
+        }
+    }
+}
+
+/// Where an operation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OperationState {
+    /// Recorded and (perhaps) sent; no answer yet, or an answer we could not trust. The
+    /// reconciler drives it to an outcome.
+    Requested,
+    /// The provider received it and decides later (asynchronous modifications, pending refunds).
+    Pending,
+    Succeeded,
+    /// The provider refused it: what it reserved is released.
+    Refused,
+    /// It succeeded, then failed at the provider (a refund returned days later): a reversing
+    /// entry undid its posting.
+    Reversed,
+}
+
+impl OperationState {
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            OperationState::Requested => "requested",
+            OperationState::Pending => "pending",
+            OperationState::Succeeded => "succeeded",
+            OperationState::Refused => "refused",
+            OperationState::Reversed => "reversed",
+        }
+    }
+
+    /// Still waiting for the provider's final word.
+    #[must_use]
+    pub const fn is_open(self) -> bool {
+        matches!(self, OperationState::Requested | OperationState::Pending)
+    }
+}
+
+/// One operation of a payment, as its events leave it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operation {
+    pub kind: OperationKind,
+    /// 1-based within its kind; names the operation at the provider (its PSP key).
+    pub sequence: u32,
+    pub amount: Amount,
+    pub psp_key: String,
+    pub state: OperationState,
+    /// The provider's id of the operation (`re_…`), once it said one.
+    pub provider_id: Option<String>,
+    /// Why it was refused or reversed.
+    pub reason: Option<String>,
+    pub requested_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// What the provider says of one of our operations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OperationOutcome {
+    /// Received; decided later.
+    Pending,
+    Succeeded,
+    Failed {
+        reason: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_requested_and_pending_are_open() {
+        use OperationState::*;
+        for (state, open) in [
+            (Requested, true),
+            (Pending, true),
+            (Succeeded, false),
+            (Refused, false),
+            (Reversed, false),
+        ] {
+            assert_eq!(state.is_open(), open, "{state:?}");
+        }
+    }
+}
