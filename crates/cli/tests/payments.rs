@@ -643,6 +643,36 @@ async fn replay_after_the_redirect_carries_no_next_action(backend: Backend) {
     );
 }
 
+/// The events view withholds the redirect URL (and review details): the history of a payment
+/// never hands out what lets someone act on it.
+async fn events_view_withholds_the_redirect_url(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let server = Server::start(&database.url, &[]);
+    let client = server.client();
+    let first = redirect_completed(&client, "redirect-events").await;
+    let payment = first.json();
+    let url = payment["next_action"]["redirect_url"].as_str().unwrap();
+    let id = payment["id"].as_str().unwrap();
+    let events = client.get(&format!("/v1/payments/{id}/events")).await;
+    assert_eq!(events.status, 200);
+    assert!(
+        !String::from_utf8_lossy(&events.body).contains(url),
+        "the redirect URL is in the history"
+    );
+    let events = events.json();
+    let action = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|event| event["type"] == "ActionRequired")
+        .expect("an ActionRequired event");
+    assert_eq!(action["data"]["redirect_url"], "[redacted]");
+    assert!(action["data"]["charge_id"]
+        .as_str()
+        .unwrap()
+        .starts_with("ch_"));
+}
+
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -673,4 +703,5 @@ on_both_backends!(
     bad_input_is_a_4xx_with_a_code,
     repeated_capture_after_a_lost_answer_captures,
     replay_after_the_redirect_carries_no_next_action,
+    events_view_withholds_the_redirect_url,
 );
