@@ -60,9 +60,11 @@ fn position(params: &HashMap<String, String>, name: &str) -> Result<Option<i64>,
 }
 
 /// A `min_position` must name an event the log has: waiting for one it never had would hold the
-/// request for the whole wait and end in a 503 that no retry can fix.
+/// request for the whole wait and end in a 503 that no retry can fix. 0 names no event: it means
+/// "nothing written yet" (a client that has not written anything, or an empty log), which every
+/// read already includes, so it never waits and is never unknown.
 pub(crate) async fn known_position(state: &AppState, position: Option<i64>) -> Result<(), Problem> {
-    let Some(position) = position else {
+    let Some(position) = position.filter(|position| *position > 0) else {
         return Ok(());
     };
     match state.payments.store.cursor_of_position(position).await {

@@ -4,7 +4,7 @@
 
 use asiento_app::log;
 use asiento_app::reply::{PaymentCommandKind, Render as _, Reply};
-use asiento_domain::TenantId;
+use asiento_domain::{PaymentEvent, TenantId};
 use axum::{
     extract::{Path, State},
     http::StatusCode,
@@ -64,7 +64,7 @@ pub async fn get_payment(
     get, path = "/v1/payments/{id}/events", tag = "payments",
     params(("id" = String, Path, description = "pay_…")),
     responses(
-        (status = 200, description = "Its event history, oldest first", body = Vec<crate::openapi::PaymentEventView>),
+        (status = 200, description = "Its event history, oldest first; redirect URLs and review details read \"[redacted]\"", body = Vec<crate::openapi::PaymentEventView>),
         (status = 404, description = "No such payment for this tenant", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
     )
 )]
@@ -82,16 +82,64 @@ pub async fn payment_events(
         .events
         .iter()
         .map(|(recorded, event)| {
+            let mut data = event
+                .encode()
+                .unwrap_or_else(|_| recorded.data.value().clone());
+            redact(event, &mut data);
             json!({
                 "position": recorded.position,
                 "version": recorded.version,
                 "type": recorded.event_type,
                 "recorded_at": recorded.recorded_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-                "data": event.encode().unwrap_or_else(|_| recorded.data.value().clone()),
+                "data": data,
             })
         })
         .collect();
     Ok(Json(events).into_response())
+}
+
+/// What the events view shows in place of a field it withholds.
+pub const REDACTED: &str = "[redacted]";
+
+/// The fields of an event's data that the events view withholds (API.md):
+/// - `ActionRequired.redirect_url`: whoever holds it can act on the payment; the payment object
+///   hands it out while the payment is `requires_action` and the history never does.
+/// - `FlaggedForReview.detail`: written from internal error text (a dead-lettered webhook's last
+///   error) and from provider payloads; the review `reason` stays.
+///
+/// Everything else is shown. `ChargeFailed.reason` stays: it is the payment object's
+/// `failure_reason` (the provider's failure code, or a fixed phrase of ours), never a raw error
+/// message. The match names every event, so that a new one is a decision, not a leak.
+fn withheld(event: &PaymentEvent) -> &'static [&'static str] {
+    match event {
+        PaymentEvent::ActionRequired(_) => &["redirect_url"],
+        PaymentEvent::FlaggedForReview(_) => &["detail"],
+        PaymentEvent::PaymentIntended(_)
+        | PaymentEvent::ChargeRequested(_)
+        | PaymentEvent::ChargeAuthorized(_)
+        | PaymentEvent::CaptureRequested(_)
+        | PaymentEvent::ChargeCaptured(_)
+        | PaymentEvent::ChargeFailed(_)
+        | PaymentEvent::PaymentExpired(_)
+        | PaymentEvent::RefundRequested(_)
+        | PaymentEvent::RefundSettled(_)
+        | PaymentEvent::DisputeOpened(_)
+        | PaymentEvent::DisputeClosed(_)
+        | PaymentEvent::EntryPosted(_) => &[],
+    }
+}
+
+/// Replaces the withheld fields of `data` (the event's JSON, however it was obtained) with
+/// [`REDACTED`]; a field that is absent or null stays as it is.
+fn redact(event: &PaymentEvent, data: &mut serde_json::Value) {
+    let Some(object) = data.as_object_mut() else {
+        return;
+    };
+    for field in withheld(event) {
+        if let Some(value) = object.get_mut(*field).filter(|value| !value.is_null()) {
+            *value = serde_json::Value::String(REDACTED.to_owned());
+        }
+    }
 }
 
 /// Another tenant's payment answers exactly like one that does not exist.
@@ -217,4 +265,46 @@ pub async fn list_payments(
         .await
         .map_err(view_problem)?;
     Ok(Json(json!({"data": page.data, "next_cursor": page.next_cursor})).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use asiento_domain::payment::{ActionRequired, ChargeFailed, FlaggedForReview, ReviewReason};
+    use asiento_domain::PaymentEvent;
+
+    use super::{redact, REDACTED};
+
+    fn shown(event: &PaymentEvent) -> serde_json::Value {
+        let mut data = event.encode().expect("encodes");
+        redact(event, &mut data);
+        data
+    }
+
+    #[test]
+    fn redirect_urls_and_review_details_are_withheld() {
+        let at = chrono::DateTime::from_timestamp(1_764_000_000, 0).expect("a time");
+        let action = shown(&PaymentEvent::ActionRequired(ActionRequired {
+            charge_id: "ch_1".to_owned(),
+            redirect_url: "https://psp.example/3ds/ch_1?token=secret".to_owned(),
+            at,
+        }));
+        assert_eq!(action["redirect_url"], REDACTED);
+        assert_eq!(action["charge_id"], "ch_1");
+        let flag = shown(&PaymentEvent::FlaggedForReview(FlaggedForReview {
+            reason: ReviewReason::Manual,
+            detail: "webhook sim/evt_1 dead-lettered after 8 attempts: database error: \
+                     connection refused (10.0.0.7:5432)"
+                .to_owned(),
+            at,
+        }));
+        assert_eq!(flag["detail"], REDACTED);
+        assert_eq!(flag["reason"], "manual");
+        // The failure reason is the payment object's `failure_reason`: shown.
+        let failed = shown(&PaymentEvent::ChargeFailed(ChargeFailed {
+            charge_id: Some("ch_1".to_owned()),
+            reason: "card_declined".to_owned(),
+            at,
+        }));
+        assert_eq!(failed["reason"], "card_declined");
+    }
 }

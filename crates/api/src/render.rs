@@ -3,10 +3,10 @@
 //! idempotency record stores, so a replay is byte-identical to the first answer.
 
 use asiento_app::idempotency::StoredResponse;
-use asiento_app::reply::{PaymentCommandKind, Rejected, Render, Reply};
+use asiento_app::reply::{NextActionIn, PaymentCommandKind, Rejected, Render, Reply};
 use asiento_domain::{
-    transfer::TransferRecord, GuardRejection, PaymentRecord, PaymentRejection, PaymentStatus,
-    TransferRejection,
+    transfer::TransferRecord, GuardRejection, PaymentId, PaymentRecord, PaymentRejection,
+    PaymentStatus, TransferRejection,
 };
 use axum::http::StatusCode;
 use serde_json::{json, Value};
@@ -40,6 +40,28 @@ impl Render for JsonRender {
                 }
             }
         }
+    }
+
+    /// Looks at the payment object's own `next_action` only (metadata may hold a key of that
+    /// name). The answer without it is the same object with `next_action: null`, as it renders
+    /// for a payment with none: the body was written by serde_json from a `Value`, so parsing
+    /// and writing it again gives the same bytes everywhere else.
+    fn next_action_in(&self, stored: &StoredResponse) -> Option<NextActionIn> {
+        let Ok(Value::Object(mut object)) = serde_json::from_slice::<Value>(&stored.body) else {
+            return None;
+        };
+        if object.get("next_action").is_none_or(Value::is_null) {
+            return None;
+        }
+        let payment = PaymentId::parse(object.get("id")?.as_str()?).ok()?;
+        object.insert("next_action".to_owned(), Value::Null);
+        Some(NextActionIn {
+            payment,
+            without: StoredResponse {
+                status: stored.status,
+                body: to_bytes(&Value::Object(object)),
+            },
+        })
     }
 }
 
@@ -159,5 +181,92 @@ fn guard_problem(rejection: &GuardRejection) -> Problem {
             rejection.to_string(),
         ),
         GuardRejection::MissingGuard { .. } => Problem::internal(rejection),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use asiento_domain::{
+        decide_payment, evolve_payment, Amount, CaptureMode, CreatePayment, Currency, CustomerId,
+        FeeSchedule, Payment, PaymentCommand, PaymentId, PaymentRecord, ProviderFact, ProviderName,
+        TenantId,
+    };
+
+    use super::*;
+
+    fn requires_action() -> PaymentRecord {
+        let at = chrono::DateTime::from_timestamp(1_764_000_000, 0).expect("a time");
+        let decide = |payment: Payment, command| {
+            decide_payment(&payment, command)
+                .expect("decided")
+                .iter()
+                .fold(payment, evolve_payment)
+        };
+        let mut metadata = serde_json::Map::new();
+        // A key of the same name inside metadata is the client's, not the payment's.
+        metadata.insert("next_action".to_owned(), json!("ship"));
+        let created = decide(
+            Payment::default(),
+            PaymentCommand::Create(CreatePayment {
+                id: PaymentId::from_uuid(uuid::Uuid::from_u128(7)),
+                tenant: TenantId::parse("acme").expect("tenant"),
+                amount: Amount::new(1_000),
+                currency: Currency::parse("USD").expect("currency"),
+                customer: CustomerId::parse("42").expect("customer"),
+                provider: ProviderName::parse("sim").expect("provider"),
+                capture_mode: CaptureMode::Automatic,
+                description: None,
+                metadata,
+                at,
+            }),
+        );
+        let waiting = decide(
+            created,
+            PaymentCommand::Provider {
+                fact: ProviderFact::ActionRequired {
+                    charge_id: "ch_1".to_owned(),
+                    redirect_url: "https://psp.example/3ds/ch_1".to_owned(),
+                },
+                fees: FeeSchedule::new(300, Amount::ZERO).expect("fees"),
+                at,
+            },
+        );
+        waiting.record.expect("a payment")
+    }
+
+    /// The answer without `next_action` is, byte for byte, the answer rendered with none; the
+    /// payment is named by the answer's id.
+    #[test]
+    fn next_action_is_taken_out_and_nothing_else() {
+        let record = requires_action();
+        let reply = |payment| Reply::Payment {
+            kind: PaymentCommandKind::Create,
+            payment,
+            position: 12,
+        };
+        let stored = JsonRender.render(&reply(&record));
+        let found = JsonRender.next_action_in(&stored).expect("a next_action");
+        assert_eq!(found.payment, record.id);
+        let none = PaymentRecord {
+            next_action: None,
+            ..record.clone()
+        };
+        assert_eq!(
+            String::from_utf8_lossy(&found.without.body),
+            String::from_utf8_lossy(&JsonRender.render(&reply(&none)).body)
+        );
+        assert_eq!(found.without.status, stored.status);
+        // Nothing to take out: a payment with none, a rejection, not JSON.
+        let none = JsonRender.render(&reply(&none));
+        assert_eq!(JsonRender.next_action_in(&none), None);
+        let rejection = JsonRender.render(&Reply::Rejected(Rejected::Payment(
+            PaymentRejection::NotFound,
+        )));
+        assert_eq!(JsonRender.next_action_in(&rejection), None);
+        let garbage = StoredResponse {
+            status: 201,
+            body: b"not json".to_vec(),
+        };
+        assert_eq!(JsonRender.next_action_in(&garbage), None);
     }
 }

@@ -18,6 +18,7 @@ pub mod payment_memory;
 pub mod payments;
 pub mod providers;
 pub mod reconcile;
+pub mod replay;
 pub mod reply;
 pub mod transfers;
 pub mod webhooks;

@@ -330,7 +330,9 @@ impl PaymentFlow {
                 // A replay, a key in flight or reused: the claim wrote nothing. Ended rather than
                 // dropped, so that the store keeps the connection.
                 tx.rollback().await?;
-                return Ok(answer_without_work(other));
+                return self
+                    .without_stale_next_action(answer_without_work(other))
+                    .await;
             }
         };
         self.charge_and_finalize(id, &payment.payment_method, request, lease, Some(current))

@@ -4,7 +4,9 @@
 //! and every replay are the same bytes by construction.
 
 use asiento_domain::transfer::TransferRecord;
-use asiento_domain::{GuardRejection, PaymentRecord, PaymentRejection, TransferRejection};
+use asiento_domain::{
+    GuardRejection, PaymentId, PaymentRecord, PaymentRejection, TransferRejection,
+};
 
 use crate::idempotency::StoredResponse;
 
@@ -45,6 +47,24 @@ pub enum Reply<'a> {
 /// Renders replies as stored responses (status and exact body bytes).
 pub trait Render: Send + Sync {
     fn render(&self, reply: &Reply<'_>) -> StoredResponse;
+
+    /// `stored`, when it is a payment answer that carries a `next_action`: which payment, and the
+    /// same answer without it. A replay hands a `next_action` out only while its payment is still
+    /// `requires_action` (`crate::replay`), and only the renderer knows where it sits in the
+    /// bytes. The default finds none: for renderers that never render one.
+    fn next_action_in(&self, stored: &StoredResponse) -> Option<NextActionIn> {
+        let _ = stored;
+        None
+    }
+}
+
+/// A stored payment answer that carries a `next_action` (see [`Render::next_action_in`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NextActionIn {
+    /// The payment the answer is about.
+    pub payment: PaymentId,
+    /// The same status and body with no `next_action`.
+    pub without: StoredResponse,
 }
 
 /// How a command ended, for the HTTP layer.

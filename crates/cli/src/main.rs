@@ -48,8 +48,8 @@ enum LogFormat {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run the service.
-    Serve(serve::ServeArgs),
+    /// Run the service. Boxed: its flags outweigh every other subcommand's.
+    Serve(Box<serve::ServeArgs>),
     /// Apply the database migrations and exit.
     Migrate(DatabaseArgs),
     /// Run the payment provider simulator as its own server.
@@ -90,7 +90,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
     match cli.command {
-        Command::Serve(args) => serve::run(args).await,
+        Command::Serve(args) => serve::run(*args).await,
         Command::Migrate(args) => {
             let database = serve::connect(&args.database_url).await?;
             println!("migrations applied ({:?})", database.backend());

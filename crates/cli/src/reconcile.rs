@@ -49,13 +49,36 @@ pub struct ReconcileArgs {
     #[arg(long, env = "ASIENTO_PENDING_TIMEOUT", value_parser = humantime::parse_duration, default_value = "15m")]
     pub pending_timeout: Duration,
 
-    /// Report windows end this long before now (answers and webhooks still on their way).
-    #[arg(long, env = "ASIENTO_RECONCILE_SETTLE", value_parser = humantime::parse_duration, default_value = "1m")]
-    pub settle: Duration,
+    #[command(flatten)]
+    pub settle: ReportSettle,
 
     /// After the sweep, print every open exception of every scope.
     #[arg(long)]
     pub list: bool,
+}
+
+/// The settle delay of settlement-report windows, one definition for `serve` and `reconcile`
+/// (same flag, env var, parser and default), so that a sweep run by hand compares the same
+/// windows as the one inside `serve`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReportSettle {
+    /// Report windows end this long before now: answers and webhooks still on their way would
+    /// otherwise show as differences.
+    #[arg(
+        long = "report-settle",
+        visible_alias = "settle",
+        env = "ASIENTO_RECONCILE_SETTLE",
+        value_parser = humantime::parse_duration,
+        default_value = "1m"
+    )]
+    pub report_settle: Duration,
+}
+
+impl ReportSettle {
+    /// As `ReconcilerConfig::report_settle_ms`.
+    pub fn ms(&self) -> i64 {
+        millis(self.report_settle)
+    }
 }
 
 fn millis(duration: Duration) -> i64 {
@@ -89,7 +112,7 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
         flow,
         ReconcilerConfig {
             pending_timeout_ms: millis(args.pending_timeout),
-            report_settle_ms: millis(args.settle),
+            report_settle_ms: args.settle.ms(),
             ..ReconcilerConfig::default()
         },
     );
@@ -136,4 +159,30 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    #[derive(clap::Parser)]
+    struct Command {
+        #[command(flatten)]
+        settle: super::ReportSettle,
+    }
+
+    /// The flag's default is the reconciler's own, so that a setting left alone changes nothing.
+    #[test]
+    fn report_settle_defaults_to_the_reconcilers_default() {
+        let parsed = Command::try_parse_from(["asiento"]).expect("no flag");
+        assert_eq!(
+            parsed.settle.ms(),
+            asiento_app::reconcile::REPORT_SETTLE_MS_DEFAULT
+        );
+        for flag in ["--report-settle", "--settle"] {
+            let parsed = Command::try_parse_from(["asiento", flag, "90s"]).expect(flag);
+            assert_eq!(parsed.settle.ms(), 90_000, "{flag}");
+        }
+        assert!(Command::try_parse_from(["asiento", "--report-settle", "soon"]).is_err());
+    }
 }

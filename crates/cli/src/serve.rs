@@ -116,6 +116,9 @@ pub struct ServeArgs {
     #[arg(long, env = "ASIENTO_RECONCILE_INTERVAL", value_parser = humantime::parse_duration, default_value = "1m")]
     pub reconcile_interval: Duration,
 
+    #[command(flatten)]
+    pub report_settle: crate::reconcile::ReportSettle,
+
     /// How often the invariant checker runs inside serve (exported as metrics).
     #[arg(long, env = "ASIENTO_VERIFY_INTERVAL", value_parser = humantime::parse_duration, default_value = "10m")]
     pub verify_interval: Duration,
@@ -279,21 +282,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
         let shutdown = wait_for(stopped.clone());
         tasks.spawn(async move { worker.run(shutdown).await });
-        let reconciler = Reconciler::new(
-            core.payments.clone(),
-            ReconcilerConfig {
-                pending_timeout_ms: duration_ms(args.pending_timeout),
-                interval_ms: u64::try_from(args.reconcile_interval.as_millis()).unwrap_or(u64::MAX),
-                payment_lease_ms: duration_ms(args.payment_lease),
-                // A sweep killed mid-run holds the lease until it runs out: scale it with the
-                // interval (a chaos run saw a 10-minute default stall convergence). Overlapping
-                // sweeps after a slow one are safe: payments are leased and versioned.
-                sweep_lease_ms: duration_ms(args.reconcile_interval)
-                    .saturating_mul(3)
-                    .max(SWEEP_LEASE_MS_MIN),
-                ..ReconcilerConfig::default()
-            },
-        );
+        let reconciler = Reconciler::new(core.payments.clone(), reconciler_config(&args));
         let shutdown = wait_for(stopped.clone());
         tasks.spawn(async move { reconciler.run(shutdown).await });
         let sealer = Sealer::new(database.clone(), core.payments.clock.clone())
@@ -325,6 +314,23 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     stop.send_replace(true);
     while tasks.join_next().await.is_some() {}
     served
+}
+
+/// The reconciler's settings from serve's flags.
+fn reconciler_config(args: &ServeArgs) -> ReconcilerConfig {
+    ReconcilerConfig {
+        pending_timeout_ms: duration_ms(args.pending_timeout),
+        interval_ms: u64::try_from(args.reconcile_interval.as_millis()).unwrap_or(u64::MAX),
+        payment_lease_ms: duration_ms(args.payment_lease),
+        report_settle_ms: args.report_settle.ms(),
+        // A sweep killed mid-run holds the lease until it runs out: scale it with the
+        // interval (a chaos run saw a 10-minute default stall convergence). Overlapping
+        // sweeps after a slow one are safe: payments are leased and versioned.
+        sweep_lease_ms: duration_ms(args.reconcile_interval)
+            .saturating_mul(3)
+            .max(SWEEP_LEASE_MS_MIN),
+        ..ReconcilerConfig::default()
+    }
 }
 
 fn duration_ms(duration: Duration) -> i64 {
@@ -552,6 +558,28 @@ pub async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::redact;
+    use clap::Parser as _;
+
+    #[derive(clap::Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: super::ServeArgs,
+    }
+
+    /// `--report-settle` reaches the reconciler; left alone, the reconciler's default holds.
+    #[test]
+    fn report_settle_reaches_the_reconciler() {
+        let set = Serve::try_parse_from(["serve", "--report-settle", "5m"]).expect("flags");
+        assert_eq!(
+            super::reconciler_config(&set.args).report_settle_ms,
+            300_000
+        );
+        let default = Serve::try_parse_from(["serve"]).expect("no flags");
+        assert_eq!(
+            super::reconciler_config(&default.args).report_settle_ms,
+            asiento_app::reconcile::REPORT_SETTLE_MS_DEFAULT
+        );
+    }
 
     #[test]
     fn api_keys_flag_is_validated() {

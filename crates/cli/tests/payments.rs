@@ -569,6 +569,110 @@ async fn repeated_capture_after_a_lost_answer_captures(backend: Backend) {
     assert_eq!(client.entries_of(id).await.len(), 1, "captured once");
 }
 
+/// Creates a payment that needs a redirect (key `key`), completes the redirect at the simulator
+/// and waits until the payment has left `requires_action`; returns the create's first answer.
+async fn redirect_completed(client: &common::Client, key: &str) -> common::Answer {
+    let created = client
+        .post("/v1/payments", key, &payment_body(4_000, "pm_redirect"))
+        .await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    let payment = created.json();
+    assert_eq!(payment["status"], "requires_action");
+    let redirect = payment["next_action"]["redirect_url"].as_str().unwrap();
+    let charge_id = redirect
+        .split('/')
+        .find(|part| part.starts_with("ch_"))
+        .unwrap();
+    let completed = client
+        .send(
+            client
+                .http
+                .post(format!("{}/sim/charges/{charge_id}/complete", client.base))
+                .json(&json!({"result": "succeeded"})),
+        )
+        .await;
+    assert_eq!(completed.status, 200);
+    let id = payment["id"].as_str().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let now = client.get(&format!("/v1/payments/{id}")).await.json();
+        if now["status"] != "requires_action" {
+            assert_eq!(now["status"], "captured");
+            assert!(now["next_action"].is_null());
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the redirect's outcome never arrived"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    created
+}
+
+/// A replayed create hands a `next_action` out only while the payment still requires it: once
+/// the redirect completed, the replay is the stored status and body with `next_action: null`.
+async fn replay_after_the_redirect_carries_no_next_action(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let server = Server::start(&database.url, &[]);
+    let client = server.client();
+    let body = payment_body(4_000, "pm_redirect");
+    // Still waiting for the customer: the replay is the first answer, byte for byte.
+    let waiting = client.post("/v1/payments", "redirect-0", &body).await;
+    let again = client.post("/v1/payments", "redirect-0", &body).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, waiting.body);
+    assert!(again.json()["next_action"]["redirect_url"].is_string());
+
+    let first = redirect_completed(&client, "redirect-1").await;
+    let replay = client.post("/v1/payments", "redirect-1", &body).await;
+    assert_eq!(replay.status, first.status);
+    assert!(replay.replayed());
+    let mut expected = first.json();
+    expected["next_action"] = Value::Null;
+    assert_eq!(replay.json(), expected, "only next_action is taken out");
+    assert_eq!(
+        replay.body,
+        serde_json::to_vec(&expected).unwrap(),
+        "the rest of the stored body is replayed byte for byte"
+    );
+}
+
+/// The events view withholds the redirect URL (and review details): the history of a payment
+/// never hands out what lets someone act on it.
+async fn events_view_withholds_the_redirect_url(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let server = Server::start(&database.url, &[]);
+    let client = server.client();
+    let first = redirect_completed(&client, "redirect-events").await;
+    let payment = first.json();
+    let url = payment["next_action"]["redirect_url"].as_str().unwrap();
+    let id = payment["id"].as_str().unwrap();
+    let events = client.get(&format!("/v1/payments/{id}/events")).await;
+    assert_eq!(events.status, 200);
+    assert!(
+        !String::from_utf8_lossy(&events.body).contains(url),
+        "the redirect URL is in the history"
+    );
+    let events = events.json();
+    let action = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|event| event["type"] == "ActionRequired")
+        .expect("an ActionRequired event");
+    assert_eq!(action["data"]["redirect_url"], "[redacted]");
+    assert!(action["data"]["charge_id"]
+        .as_str()
+        .unwrap()
+        .starts_with("ch_"));
+}
+
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -598,4 +702,6 @@ on_both_backends!(
     concurrent_transfers_never_overdraw,
     bad_input_is_a_4xx_with_a_code,
     repeated_capture_after_a_lost_answer_captures,
+    replay_after_the_redirect_carries_no_next_action,
+    events_view_withholds_the_redirect_url,
 );

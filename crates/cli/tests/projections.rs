@@ -284,6 +284,52 @@ async fn read_your_writes(backend: Backend) {
     assert_eq!(hidden.status, 404);
 }
 
+/// `min_position=0` names no event ("nothing written yet"): every read answers at once, on an
+/// empty log and after writes, while a position the log never had stays a 400.
+async fn min_position_zero_is_satisfied_at_once(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let server = Server::start(&database.url, &[]);
+    let client = server.client();
+    let reads = [
+        "/v1/accounts/customer:3:available/balance?currency=USD&min_position=0",
+        "/v1/accounts/customer:3:available/entries?currency=USD&min_position=0",
+        "/v1/payments?customer=3&min_position=0",
+    ];
+    for round in ["empty log", "after a payment"] {
+        for path in reads {
+            let started = Instant::now();
+            let answer = client.get(path).await;
+            assert_eq!(
+                answer.status,
+                200,
+                "{round}: {path}: {}",
+                String::from_utf8_lossy(&answer.body)
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{round}: {path} waited {:?}",
+                started.elapsed()
+            );
+        }
+        // A journal entry read with 0 is not refused for its position: it looks the entry up.
+        let entry = client
+            .get("/v1/journal/je_00000000000000000000000000?min_position=0")
+            .await;
+        assert_eq!(
+            (entry.status, entry.code().as_str()),
+            (404, "entry_not_found")
+        );
+        pay(&client, "zero-1", "3", 1_000).await;
+    }
+    let unknown = client
+        .get("/v1/accounts/customer:3:available/balance?currency=USD&min_position=999999999")
+        .await;
+    assert_eq!(
+        (unknown.status, unknown.code().as_str()),
+        (400, "unknown_position")
+    );
+}
+
 /// A snapshot row corrupted by hand is found by comparing with the log and repaired by a rebuild.
 async fn corrupted_snapshot_is_found_and_repaired(backend: Backend) {
     let database = TestDatabase::new(backend).await;
@@ -364,5 +410,6 @@ macro_rules! on_both_backends {
 on_both_backends!(
     rebuild_while_payments_flow,
     read_your_writes,
+    min_position_zero_is_satisfied_at_once,
     corrupted_snapshot_is_found_and_repaired,
 );
