@@ -21,4 +21,5 @@ pub mod reconcile;
 pub mod replay;
 pub mod reply;
 pub mod transfers;
+pub mod watch;
 pub mod webhooks;

@@ -43,9 +43,9 @@ use std::time::Duration;
 use asiento_domain::exception::{ExceptionRecorded, Resolution};
 use asiento_domain::{
     Amount, ExceptionId, ExceptionKind, PaymentCommand, PaymentEvent, PaymentId, PaymentRecord,
-    PaymentStatus, ProviderFact, ProviderName, StreamKind, TenantId,
+    PaymentStatus, ProviderFact, ProviderName, TenantId,
 };
-use asiento_eventstore::{Cursor, Database, Tx};
+use asiento_eventstore::{Database, Tx};
 use asiento_psp::{Charge, ChargeStatus, ReportLine};
 use chrono::{DateTime, TimeZone as _, Utc};
 use serde_json::{json, Value};
@@ -59,6 +59,7 @@ use crate::payments::{
     fact_from_charge, FlowError, Idempotent, InTransaction, NewPayment, PaymentFlow,
 };
 use crate::reply::Answer;
+use crate::watch::{self, WatchError};
 use crate::webhooks::{self, DeadReason};
 
 /// The job lease a sweep holds.
@@ -80,10 +81,11 @@ pub const REPORT_SETTLE_MS_DEFAULT: i64 = 60_000;
 pub const SWEEP_LEASE_MS_DEFAULT: i64 = 10 * 60_000;
 /// Stale payments looked up in one sweep; the rest wait for the next.
 pub const STALE_PAYMENTS_PER_SWEEP_MAX: i64 = 1_000;
+/// How long a payment flagged as a misfit waits before the stale sweep looks it up again: a
+/// person is on it, and every lookup would find the same misfit.
+pub const MISFIT_RECHECK_MS: i64 = 3_600_000;
 /// Stuck idempotency keys resumed in one sweep.
 pub const STUCK_KEYS_PER_SWEEP_MAX: i64 = 500;
-/// Log events the watch list reads per batch.
-pub const WATCH_EVENTS_PER_BATCH_MAX: usize = 1_000;
 /// Dead letters turned into exceptions per page.
 pub const DEAD_LETTERS_PER_PAGE_MAX: i64 = 500;
 
@@ -126,6 +128,8 @@ pub enum ReconcileError {
     Exception(#[from] ExceptionError),
     #[error(transparent)]
     Lease(#[from] LeaseError),
+    #[error(transparent)]
+    Watch(#[from] WatchError),
     #[error("provider {0} is not configured")]
     UnknownProvider(ProviderName),
 }
@@ -147,6 +151,8 @@ pub struct SweepSummary {
     pub expired: usize,
     /// Payments flagged for review (an answer that fits no expected state).
     pub flagged: usize,
+    /// Lookups whose answer fits no expected state, flagged now or before.
+    pub misfits: usize,
     /// Payments skipped because another worker held their lease (next sweep).
     pub busy: usize,
     pub keys_finished: usize,
@@ -629,7 +635,7 @@ impl Reconciler {
 
     async fn sweep_leased(&self) -> Result<SweepSummary, ReconcileError> {
         let mut summary = SweepSummary::default();
-        self.catch_up_watch().await?;
+        watch::catch_up(self.database(), self.flow.store.as_ref()).await?;
         self.sweep_stale(&mut summary).await?;
         self.sweep_stuck_keys(&mut summary).await?;
         let providers: Vec<ProviderName> = self.flow.providers.names().cloned().collect();
@@ -643,137 +649,42 @@ impl Reconciler {
         Ok(summary)
     }
 
-    // ------------------------------------------------------------------- the watch list
-
-    async fn watch_cursor(&self) -> Result<Cursor, ReconcileError> {
-        let sql = "select xact, position from reconciliation_watch_cursor where id = 1";
-        let row: Option<(i64, i64)> = match self.database() {
-            Database::Postgres(pool) => sqlx::query_as(sql).fetch_optional(pool).await?,
-            Database::Sqlite(pool) => sqlx::query_as(sql).fetch_optional(pool).await?,
-        };
-        Ok(row.map_or(Cursor::START, |(xact, position)| {
-            Cursor::new(xact, position)
-        }))
-    }
-
-    /// Brings the watch list up to the log: a payment enters at `PaymentIntended` and leaves at
-    /// the first fact that settles it with the provider.
-    async fn catch_up_watch(&self) -> Result<(), ReconcileError> {
-        let mut cursor = self.watch_cursor().await?;
-        loop {
-            let events = self
-                .flow
-                .store
-                .read_all(cursor, WATCH_EVENTS_PER_BATCH_MAX)
-                .await?;
-            let Some(last) = events.last() else {
-                return Ok(());
-            };
-            let next = last.cursor;
-            let mut changes: Vec<(String, Option<i64>)> = Vec::new();
-            for event in &events {
-                let Some(StreamKind::Payment(id)) = StreamKind::parse(&event.stream_id) else {
-                    continue;
-                };
-                match event.event_type.as_str() {
-                    "PaymentIntended" => {
-                        let decoded = PaymentEvent::decode_raw(
-                            &event.event_type,
-                            event.schema,
-                            event.data.raw(),
-                        )
-                        .map_err(LogError::Decode)?;
-                        changes.push((id.to_string(), Some(decoded.at().timestamp_millis())));
-                    }
-                    "ChargeAuthorized" | "ChargeCaptured" | "ChargeFailed" | "PaymentExpired"
-                    | "RefundSettled" | "DisputeOpened" | "DisputeClosed" => {
-                        changes.push((id.to_string(), None));
-                    }
-                    _ => {}
-                }
-            }
-            let mut tx = self.database().begin().await?;
-            for (id, created_ms) in &changes {
-                match created_ms {
-                    Some(created_ms) => watch_insert(&mut tx, id, *created_ms).await?,
-                    None => watch_remove(&mut tx, id).await?,
-                }
-            }
-            let sql = "insert into reconciliation_watch_cursor (id, xact, position) \
-                       values (1, $1, $2) on conflict (id) do update \
-                       set xact = excluded.xact, position = excluded.position";
-            match &mut tx {
-                Tx::Postgres(tx) => {
-                    sqlx::query(sql)
-                        .bind(next.xact())
-                        .bind(next.position())
-                        .execute(&mut **tx)
-                        .await?;
-                }
-                Tx::Sqlite(tx) => {
-                    sqlx::query(&sqlite(sql))
-                        .bind(next.xact())
-                        .bind(next.position())
-                        .execute(&mut **tx)
-                        .await?;
-                }
-            }
-            tx.commit().await?;
-            cursor = next;
-            if events.len() < WATCH_EVENTS_PER_BATCH_MAX {
-                return Ok(());
-            }
-        }
-    }
-
-    async fn stale_candidates(
-        &self,
-        created_before_ms: i64,
-    ) -> Result<Vec<String>, ReconcileError> {
-        let sql = "select payment_id from reconciliation_watch where created_ms <= $1 \
-                   order by created_ms limit $2";
-        let ids: Vec<String> = match self.database() {
-            Database::Postgres(pool) => {
-                sqlx::query_scalar(sql)
-                    .bind(created_before_ms)
-                    .bind(STALE_PAYMENTS_PER_SWEEP_MAX)
-                    .fetch_all(pool)
-                    .await?
-            }
-            Database::Sqlite(pool) => {
-                sqlx::query_scalar(&sqlite(sql))
-                    .bind(created_before_ms)
-                    .bind(STALE_PAYMENTS_PER_SWEEP_MAX)
-                    .fetch_all(pool)
-                    .await?
-            }
-        };
-        Ok(ids)
-    }
-
-    async fn unwatch(&self, id: PaymentId) -> Result<(), ReconcileError> {
-        let mut tx = self.database().begin().await?;
-        watch_remove(&mut tx, &id.to_string()).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
     // ------------------------------------------------------------------- stale payments
 
+    /// Looks up the most overdue watched payments past the pending timeout. Each one visited
+    /// is due again one sweep later (a flagged misfit only after [`MISFIT_RECHECK_MS`]), so the
+    /// list rotates: rows that never resolve cannot hold back the others.
     async fn sweep_stale(&self, summary: &mut SweepSummary) -> Result<(), ReconcileError> {
         let now_ms = self.flow.clock.now_ms();
         let before = now_ms.saturating_sub(self.config.pending_timeout_ms);
-        for raw in self.stale_candidates(before).await? {
+        let due = watch::due_payments(
+            self.database(),
+            before,
+            now_ms,
+            STALE_PAYMENTS_PER_SWEEP_MAX,
+        )
+        .await?;
+        let next_ms =
+            now_ms.saturating_add(i64::try_from(self.config.interval_ms).unwrap_or(i64::MAX));
+        for raw in due {
             let Ok(id) = PaymentId::parse(&raw) else {
                 tracing::error!(payment = %raw, "watch list holds a malformed payment id");
                 summary.errors += 1;
                 continue;
             };
             summary.stale_checked += 1;
+            let misfits_before = summary.misfits;
             if let Err(error) = self.settle_with_lease(id, summary).await {
                 summary.errors += 1;
                 tracing::error!(payment = %id, %error, "stale payment not settled");
             }
+            let next = if summary.misfits > misfits_before {
+                now_ms.saturating_add(MISFIT_RECHECK_MS)
+            } else {
+                next_ms
+            };
+            // A payment that left the list meanwhile is simply not updated.
+            watch::postpone_payment(self.database(), id, next).await?;
         }
         Ok(())
     }
@@ -806,13 +717,13 @@ impl Reconciler {
     ) -> Result<(), ReconcileError> {
         let loaded = log::load_payment(self.flow.store.as_ref(), id).await?;
         let Some(record) = loaded.aggregate.record else {
-            return self.unwatch(id).await;
+            return Ok(watch::unwatch_payment(self.database(), id).await?);
         };
         if !matches!(
             record.status,
             PaymentStatus::Pending | PaymentStatus::RequiresAction
         ) {
-            return self.unwatch(id).await;
+            return Ok(watch::unwatch_payment(self.database(), id).await?);
         }
         let provider = self
             .flow
@@ -900,6 +811,7 @@ impl Reconciler {
         finding: Finding,
         summary: &mut SweepSummary,
     ) -> Result<(), ReconcileError> {
+        summary.misfits += 1;
         let kind = finding.kind;
         let recorded = finding.recorded(record, Resolution::Manual, self.flow.clock.now());
         let exception_id = recorded.exception_id;
@@ -1395,44 +1307,6 @@ fn payment_of_key(key: &str) -> Option<PaymentId> {
         return None;
     }
     PaymentId::parse(hex).ok()
-}
-
-async fn watch_insert(tx: &mut Tx, id: &str, created_ms: i64) -> Result<(), sqlx::Error> {
-    let sql = "insert into reconciliation_watch (payment_id, created_ms) values ($1, $2) \
-               on conflict (payment_id) do nothing";
-    match tx {
-        Tx::Postgres(tx) => {
-            sqlx::query(sql)
-                .bind(id)
-                .bind(created_ms)
-                .execute(&mut **tx)
-                .await?;
-        }
-        Tx::Sqlite(tx) => {
-            sqlx::query(&sqlite(sql))
-                .bind(id)
-                .bind(created_ms)
-                .execute(&mut **tx)
-                .await?;
-        }
-    }
-    Ok(())
-}
-
-async fn watch_remove(tx: &mut Tx, id: &str) -> Result<(), sqlx::Error> {
-    let sql = "delete from reconciliation_watch where payment_id = $1";
-    match tx {
-        Tx::Postgres(tx) => {
-            sqlx::query(sql).bind(id).execute(&mut **tx).await?;
-        }
-        Tx::Sqlite(tx) => {
-            sqlx::query(&sqlite(sql))
-                .bind(id)
-                .execute(&mut **tx)
-                .await?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -547,3 +547,51 @@ async fn unknown_charges_expiry_and_the_sweep_lease_sqlite() {
 async fn unknown_charges_expiry_and_the_sweep_lease_postgres() {
     unknown_expired_stuck_and_lease(Backend::Postgres).await;
 }
+
+/// More abandoned redirects than one sweep looks at must not hide a payment the provider
+/// charged: the sweep visits the watch list in rotation (least recently checked first, the newest
+/// first among those never checked), so the charged one is resolved within two sweeps.
+async fn abandoned_redirects_do_not_starve_the_sweep(backend: Backend) {
+    let h = Harness::start(backend).await;
+    let abandoned =
+        usize::try_from(asiento_app::reconcile::STALE_PAYMENTS_PER_SWEEP_MAX).unwrap() * 2;
+    for i in 0..abandoned {
+        h.create("pm_redirect", 1_000 + i as i64).await;
+    }
+    // Charged at the provider; our answer was lost, so the payment stays pending.
+    let charged = h.create("pm_card_timeout", 4_200).await;
+    assert_eq!(h.status(charged).await, PaymentStatus::Pending);
+    // The settlement report would find the charge too: its window ends before any of these
+    // payments, so only the stale sweep can resolve it.
+    let config = ReconcilerConfig {
+        report_settle_ms: 3_600_000,
+        ..config()
+    };
+    let mut resolved_in = None;
+    for sweep in 1..=2 {
+        let summary = Reconciler::new(h.flow.clone(), config.clone())
+            .sweep_once()
+            .await
+            .unwrap();
+        assert_eq!(summary.errors, 0, "{summary}");
+        if h.status(charged).await == PaymentStatus::Captured {
+            resolved_in = Some(sweep);
+            break;
+        }
+    }
+    assert!(
+        resolved_in.is_some(),
+        "the charged payment is still pending after two sweeps"
+    );
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_redirects_do_not_starve_the_sweep_sqlite() {
+    abandoned_redirects_do_not_starve_the_sweep(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_redirects_do_not_starve_the_sweep_postgres() {
+    abandoned_redirects_do_not_starve_the_sweep(Backend::Postgres).await;
+}
