@@ -248,11 +248,9 @@ async fn without_lookup_by_key_the_lookups_are_unsupported_without_a_call() {
         ));
         let sim = HttpProvider::new("sim", "http://127.0.0.1:1", ClientConfig::default()).unwrap();
         assert_eq!(sim.capabilities(), Capabilities::SIM);
-        assert_eq!(
-            Capabilities::SIM.key_lifetime,
-            Duration::from_secs(24 * 60 * 60)
-        );
-        assert!(Capabilities::SIM.lookup_by_id && !Capabilities::SIM.async_modifications);
+        let defaults = sim.capabilities();
+        assert_eq!(defaults.key_lifetime, Duration::from_secs(24 * 60 * 60));
+        assert!(defaults.lookup_by_key && defaults.lookup_by_id && !defaults.async_modifications);
     })
     .await;
 }

@@ -157,16 +157,20 @@ async fn provider_call(
         let latency_ms = state.faults.latency_ms;
         let in_use =
             state.faults.key_in_use_conflict && key.as_deref().is_some_and(|k| state.in_use(k));
+        if in_use && fault != CallFault::ErrorBefore {
+            // Answered at once, as a provider's idempotency layer does,
+            // without the latency of the request it stands behind.
+            return SimError::IdempotencyKeyInUse.into_response();
+        }
         let result = match fault {
             CallFault::ErrorBefore => None,
-            _ if in_use => Some(Err(SimError::IdempotencyKeyInUse)),
             _ => Some(op(&mut state)),
         };
         let held = fault == CallFault::Hang
             || latency_ms > 0
             || matches!(&result, Some(Ok(reply)) if reply.delay != AnswerDelay::None);
         let in_flight = match key {
-            Some(key) if held && !in_use => {
+            Some(key) if held => {
                 state.enter(&key);
                 Some(InFlight {
                     sim: sim.clone(),

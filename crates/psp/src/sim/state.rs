@@ -681,7 +681,6 @@ impl SimState {
         key: &str,
         amount_minor: i64,
         status: OperationStatus,
-        reverses: bool,
         now: DateTime<Utc>,
     ) -> Result<OperationAnswer, SimError> {
         let prefix = match kind {
@@ -708,13 +707,20 @@ impl SimState {
             operation.id.clone(),
             OperationRecord {
                 operation: operation.clone(),
-                reverses,
+                reverses: false,
             },
         );
         Ok(OperationAnswer {
             operation,
             charge: Some(charge),
         })
+    }
+
+    /// Marks a refund as one that fails after succeeding.
+    fn set_reverses(&mut self, operation_id: &str, reverses: bool) {
+        if let Some(record) = self.operations.get_mut(operation_id) {
+            record.reverses = reverses;
+        }
     }
 
     /// The operations of `charge_id` of `kind` that are still pending.
@@ -781,7 +787,6 @@ impl SimState {
                     key,
                     amount,
                     OperationStatus::Pending,
-                    false,
                     now,
                 )?;
                 let delay = state.faults.async_delay_ms;
@@ -799,7 +804,6 @@ impl SimState {
                 key,
                 amount,
                 OperationStatus::Succeeded,
-                false,
                 now,
             )?;
             answer.charge = Some(charge);
@@ -875,9 +879,9 @@ impl SimState {
                     key,
                     req.amount_minor,
                     OperationStatus::Pending,
-                    reverses,
                     now,
                 )?;
+                state.set_reverses(&answer.operation.id, reverses);
                 let delay = state.faults.async_delay_ms;
                 state.schedule(delay, &answer.operation.id, LaterAction::Decide);
                 return Ok(answer);
@@ -889,10 +893,10 @@ impl SimState {
                 key,
                 req.amount_minor,
                 OperationStatus::Succeeded,
-                reverses,
                 now,
             )?;
             answer.charge = Some(charge);
+            state.set_reverses(&answer.operation.id, reverses);
             if reverses {
                 let delay = state.faults.refund_reversal_delay_ms;
                 state.schedule(delay, &answer.operation.id, LaterAction::Reverse);
@@ -946,7 +950,6 @@ impl SimState {
                 key,
                 current.amount_minor,
                 OperationStatus::Succeeded,
-                false,
                 now,
             )?;
             answer.charge = Some(charge);
