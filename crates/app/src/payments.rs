@@ -24,7 +24,10 @@ use asiento_domain::{
     ProviderFact, ProviderName, TenantId,
 };
 use asiento_eventstore::{AppendError, Appended, Database, Metadata, Tx};
-use asiento_psp::{Charge, ChargeOutcome, ChargeStatus, CreateCharge, ProviderError};
+use asiento_psp::{
+    Charge, ChargeOutcome, ChargeStatus, CreateCharge, OperationAnswer, OperationStatus,
+    ProviderError,
+};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
@@ -778,10 +781,19 @@ impl PaymentFlow {
                     .refund(charge_id, amount.minor(), &psp_refund_key(id, sequence))
                     .await;
                 match answer {
-                    Ok(refund) => Some(ProviderFact::Refunded {
-                        charge_id: refund.charge,
-                        amount_refunded: Amount::new(refund.charge_amount_refunded),
-                    }),
+                    Ok(OperationAnswer {
+                        operation,
+                        charge: Some(charge),
+                    }) if operation.status == OperationStatus::Succeeded => {
+                        Some(ProviderFact::Refunded {
+                            charge_id: charge.id,
+                            amount_refunded: Amount::new(charge.amount_refunded),
+                        })
+                    }
+                    Ok(answer) => {
+                        tracing::warn!(payment = %id, status = ?answer.operation.status, "refund: not succeeded (or no charge) in the provider's answer");
+                        None
+                    }
                     Err(error) => {
                         log_provider_error("refund", id, &error);
                         None
@@ -1154,9 +1166,16 @@ pub fn fact_from_charge(charge: &Charge) -> ProviderFact {
     }
 }
 
-fn fact_from_charge_answer(answer: Result<Charge, ProviderError>) -> Option<ProviderFact> {
+fn fact_from_charge_answer(answer: Result<OperationAnswer, ProviderError>) -> Option<ProviderFact> {
     match answer {
-        Ok(charge) => Some(fact_from_charge(&charge)),
+        Ok(OperationAnswer {
+            charge: Some(charge),
+            ..
+        }) => Some(fact_from_charge(&charge)),
+        Ok(_) => {
+            tracing::warn!("capture answer carries no charge; the payment stays authorized");
+            None
+        }
         Err(error) => {
             tracing::warn!(%error, "capture answer unknown or refused; the payment stays authorized");
             None

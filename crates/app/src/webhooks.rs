@@ -407,7 +407,9 @@ pub fn facts_from_event(event: &WebhookEvent) -> Vec<ProviderFact> {
         | EventType::ChargeAuthorized
         | EventType::ChargeCaptured
         | EventType::ChargeFailed
-        | EventType::ChargeRefunded => {
+        | EventType::ChargeRefunded
+        // For now an operation's update stands for the charge it carries.
+        | EventType::OperationUpdated => {
             // The charge as it stands after the change is the fact; the type only says which change.
             let fact = fact_from_charge(charge);
             let mut facts = Vec::with_capacity(2);

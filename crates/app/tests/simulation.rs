@@ -52,8 +52,9 @@ use asiento_domain::{
 };
 use asiento_eventstore::Database;
 use asiento_psp::{
-    Charge, ChargeOutcome, ChargeStatus, CreateCharge, NextAction, Provider, ProviderError, Refund,
-    Rejection, ReportLine,
+    Capabilities, Charge, ChargeOutcome, ChargeStatus, CreateCharge, NextAction, Operation,
+    OperationAnswer, OperationKind, OperationStatus, Provider, ProviderError, Rejection,
+    ReportLine,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -158,8 +159,8 @@ struct ProviderState {
     by_key: HashMap<String, usize>,
     by_id: HashMap<String, usize>,
     /// Answers of captures and refunds by their idempotency key: a repeat replays the answer.
-    captures: HashMap<String, Result<Charge, ProviderError>>,
-    refunds: HashMap<String, Result<Refund, ProviderError>>,
+    captures: HashMap<String, Result<OperationAnswer, ProviderError>>,
+    refunds: HashMap<String, Result<OperationAnswer, ProviderError>>,
     refunds_made: u64,
     /// Every state every charge passed through, for stale and repeated webhooks.
     history: Vec<Charge>,
@@ -327,13 +328,39 @@ fn create_effect(state: &mut ProviderState, now: DateTime<Utc>, req: &CreateChar
     charge
 }
 
+/// The succeeded operation `kind` on `charge` (as it stands after), keyed `key`.
+fn succeeded(
+    kind: OperationKind,
+    id: String,
+    charge: Charge,
+    amount_minor: i64,
+    key: &str,
+    now: DateTime<Utc>,
+) -> OperationAnswer {
+    OperationAnswer {
+        operation: Operation {
+            id,
+            kind,
+            charge: charge.id.clone(),
+            idempotency_key: key.to_owned(),
+            amount_minor,
+            currency: charge.currency.clone(),
+            status: OperationStatus::Succeeded,
+            failure_reason: None,
+            created: now,
+            updated: now,
+        },
+        charge: Some(charge),
+    }
+}
+
 fn capture_effect(
     state: &mut ProviderState,
     now: DateTime<Utc>,
     charge_id: &str,
     amount_minor: Option<i64>,
     key: &str,
-) -> Result<Charge, ProviderError> {
+) -> Result<OperationAnswer, ProviderError> {
     if let Some(answer) = state.captures.get(key) {
         return answer.clone();
     }
@@ -352,7 +379,15 @@ fn capture_effect(
                 charge.updated = now;
                 let snapshot = charge.clone();
                 state.history.push(snapshot.clone());
-                Ok(snapshot)
+                let id = format!("cap_{}", snapshot.id);
+                Ok(succeeded(
+                    OperationKind::Capture,
+                    id,
+                    snapshot,
+                    amount,
+                    key,
+                    now,
+                ))
             }
         }
     };
@@ -366,7 +401,7 @@ fn refund_effect(
     charge_id: &str,
     amount_minor: i64,
     key: &str,
-) -> Result<Refund, ProviderError> {
+) -> Result<OperationAnswer, ProviderError> {
     if let Some(answer) = state.refunds.get(key) {
         return answer.clone();
     }
@@ -386,14 +421,15 @@ fn refund_effect(
                 let snapshot = charge.clone();
                 state.history.push(snapshot.clone());
                 state.refunds_made += 1;
-                Ok(Refund {
-                    id: format!("re_{:06}", state.refunds_made),
-                    charge: snapshot.id.clone(),
+                let id = format!("re_{:06}", state.refunds_made);
+                Ok(succeeded(
+                    OperationKind::Refund,
+                    id,
+                    snapshot,
                     amount_minor,
-                    currency: snapshot.currency.clone(),
-                    charge_amount_refunded: snapshot.amount_refunded,
-                    created: now,
-                })
+                    key,
+                    now,
+                ))
             }
         }
     };
@@ -405,6 +441,10 @@ fn refund_effect(
 impl Provider for SimProvider {
     fn name(&self) -> &str {
         PROVIDER
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::SIM
     }
 
     async fn create_charge(&self, req: &CreateCharge) -> ChargeOutcome {
@@ -422,7 +462,7 @@ impl Provider for SimProvider {
         charge_id: &str,
         amount_minor: Option<i64>,
         idempotency_key: &str,
-    ) -> Result<Charge, ProviderError> {
+    ) -> Result<OperationAnswer, ProviderError> {
         self.write(
             |state, now| capture_effect(state, now, charge_id, amount_minor, idempotency_key),
             |reason| Err(unknown(reason)),
@@ -435,12 +475,49 @@ impl Provider for SimProvider {
         charge_id: &str,
         amount_minor: i64,
         idempotency_key: &str,
-    ) -> Result<Refund, ProviderError> {
+    ) -> Result<OperationAnswer, ProviderError> {
         self.write(
             |state, now| refund_effect(state, now, charge_id, amount_minor, idempotency_key),
             |reason| Err(unknown(reason)),
         )
         .await
+    }
+
+    async fn cancel(
+        &self,
+        charge_id: &str,
+        _idempotency_key: &str,
+    ) -> Result<OperationAnswer, ProviderError> {
+        // The flows under simulation never cancel.
+        Err(ProviderError::Rejected(rejection(&format!(
+            "cancel_not_simulated_{charge_id}"
+        ))))
+    }
+
+    async fn find_operation_by_key(
+        &self,
+        idempotency_key: &str,
+    ) -> Result<Option<Operation>, ProviderError> {
+        self.lookup(|state| {
+            state
+                .captures
+                .get(idempotency_key)
+                .or_else(|| state.refunds.get(idempotency_key))
+                .and_then(|answer| answer.as_ref().ok())
+                .map(|answer| answer.operation.clone())
+        })
+    }
+
+    async fn get_operation(&self, id: &str) -> Result<Option<Operation>, ProviderError> {
+        self.lookup(|state| {
+            state
+                .captures
+                .values()
+                .chain(state.refunds.values())
+                .filter_map(|answer| answer.as_ref().ok())
+                .find(|answer| answer.operation.id == id)
+                .map(|answer| answer.operation.clone())
+        })
     }
 
     async fn get_charge(&self, charge_id: &str) -> Result<Option<Charge>, ProviderError> {

@@ -9,7 +9,11 @@
 //!   (a delay drawn uniformly from `[0, min(cap, base·2ⁿ)]`, so that many
 //!   clients failing together do not come back together). A `Retry-After`
 //!   from the provider lengthens the delay, up to the cap.
-//! - **Permanent refusals** (any other 4xx): never retried.
+//! - **A key still in use** (409: the key's first request is still running
+//!   at the provider): transient too, retried with the same key.
+//! - **Permanent refusals** (any other 4xx): never retried, and a refusal
+//!   only when no earlier attempt of the call may have reached the provider
+//!   (see below).
 //! - **Double effects**: every attempt of a write carries the same
 //!   idempotency key, so a retry after a 500 that the provider processed
 //!   anyway returns the first charge instead of making a second.
@@ -28,12 +32,21 @@
 //!   unknown (pending, then a lookup by key that finds nothing and expires
 //!   the payment) is also right in that case, and one path is simpler to
 //!   get right than two.
+//! - Once an attempt of a write may have reached the provider (the
+//!   connection broke mid-answer, it timed out after sending, a 5xx, a 409),
+//!   a 4xx on a later attempt of the same call is unknown too, never a
+//!   refusal: the retry may have been refused *because* the first attempt
+//!   acted (a key now bound to an effect, a charge already captured), so
+//!   the refusal says nothing about whether the effect happened.
 //! - Reads (GET) are free of effects, so their timeouts are retried like
-//!   any transient failure.
+//!   any transient failure, and their 4xx are always what they say.
+//! - A lookup the provider cannot do ([`Capabilities::lookup_by_key`]
+//!   false) is [`ProviderError::Unsupported`] at once, with no network
+//!   call.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -49,8 +62,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::provider::{
-    Charge, ChargeOutcome, CreateCharge, Provider, ProviderError, Refund, Rejection, ReportLine,
-    SettlementReport,
+    Capabilities, Charge, ChargeOutcome, CreateCharge, Operation, OperationAnswer, Provider,
+    ProviderError, Rejection, ReportLine, SettlementReport,
 };
 
 /// The header every write carries.
@@ -65,7 +78,7 @@ pub const CODE_RESOURCE_MISSING: &str = "resource_missing";
 /// How much of an unreadable error body is kept in a message.
 const ERROR_BODY_CHARS_MAX: usize = 300;
 
-/// Timeouts and retry bounds of an [`HttpProvider`].
+/// Timeouts, retry bounds and capabilities of an [`HttpProvider`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClientConfig {
     /// Time allowed to open a TCP (and TLS) connection.
@@ -79,6 +92,9 @@ pub struct ClientConfig {
     pub backoff_base_ms: u64,
     /// No retry delay ever exceeds this.
     pub backoff_max_ms: u64,
+    /// What the provider behind the URL can do; [`Capabilities::SIM`] for
+    /// the simulator's protocol. A test says "no lookup" here.
+    pub capabilities: Capabilities,
 }
 
 impl Default for ClientConfig {
@@ -89,6 +105,7 @@ impl Default for ClientConfig {
             attempts_max: 4,
             backoff_base_ms: 100,
             backoff_max_ms: 2_000,
+            capabilities: Capabilities::SIM,
         }
     }
 }
@@ -204,7 +221,24 @@ impl AttemptError {
             AttemptError::NotSent(_) | AttemptError::Broken(_) => true,
             AttemptError::TimedOut => retry_timeouts,
             AttemptError::Status { status, .. } => {
-                *status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
+                *status == StatusCode::TOO_MANY_REQUESTS
+                    || *status == StatusCode::CONFLICT
+                    || status.is_server_error()
+            }
+        }
+    }
+
+    /// Whether the provider may have acted on this attempt: it was sent and
+    /// got no complete answer, or the answer does not rule an effect out (a
+    /// 5xx may come after the effect; a 409 says the key's first request is
+    /// running). A connect failure never left; a 429 and other 4xx are
+    /// refusals made before acting.
+    fn may_have_reached(&self) -> bool {
+        match self {
+            AttemptError::NotSent(_) => false,
+            AttemptError::TimedOut | AttemptError::Broken(_) => true,
+            AttemptError::Status { status, .. } => {
+                *status == StatusCode::CONFLICT || status.is_server_error()
             }
         }
     }
@@ -234,11 +268,15 @@ struct CallError {
     last: AttemptError,
     attempts: u32,
     retry_timeouts: bool,
+    /// The call is a write (it has effects).
+    write: bool,
+    /// An attempt before the last may have reached the provider.
+    earlier_reached: bool,
 }
 
 impl CallError {
-    /// A refusal the provider meant: a non-transient status.
-    fn rejection(&self) -> Option<Rejection> {
+    /// A non-transient status: what the provider answered the last attempt.
+    fn refusal(&self) -> Option<Rejection> {
         match &self.last {
             AttemptError::Status { status, body, .. } if !self.last.is_transient(false) => {
                 Some(parse_rejection(*status, body))
@@ -247,7 +285,25 @@ impl CallError {
         }
     }
 
+    /// A refusal the provider meant: a non-transient status on a read, or
+    /// on a write none of whose earlier attempts may have reached it.
+    fn rejection(&self) -> Option<Rejection> {
+        if self.write && self.earlier_reached {
+            return None;
+        }
+        self.refusal()
+    }
+
     fn unknown_reason(&self) -> String {
+        if self.write && self.earlier_reached {
+            if let Some(r) = self.refusal() {
+                return format!(
+                    "an earlier attempt may have reached the provider, so the refusal of attempt {} \
+                     ({} {}: {}) does not say the effect did not happen",
+                    self.attempts, r.status, r.code, r.message
+                );
+            }
+        }
         if matches!(self.last, AttemptError::TimedOut) && !self.retry_timeouts {
             "sent, then no answer within the request timeout; the effect may have happened"
                 .to_string()
@@ -331,6 +387,10 @@ struct CaptureBody {
     amount_minor: Option<i64>,
 }
 
+/// `{}`: the cancel route takes no parameters.
+#[derive(Serialize)]
+struct EmptyBody {}
+
 #[derive(Serialize)]
 struct RefundBody<'a> {
     charge: &'a str,
@@ -412,6 +472,19 @@ impl HttpProvider {
         &self.config
     }
 
+    /// `Err(Unsupported)` when the provider has no lookup by key: asking
+    /// would only meet a bare 404, which reads as "no such route", not as
+    /// "never received".
+    fn check_lookup_by_key(&self, what: &str) -> Result<(), ProviderError> {
+        if self.config.capabilities.lookup_by_key {
+            Ok(())
+        } else {
+            Err(ProviderError::Unsupported {
+                what: what.to_string(),
+            })
+        }
+    }
+
     fn url(&self, segments: &[&str]) -> Url {
         let mut url = self.base.clone();
         // `new` checked that the base can take path segments.
@@ -437,7 +510,8 @@ impl HttpProvider {
 
     async fn call(&self, call: Call) -> Result<Bytes, CallError> {
         let retry_timeouts = call.retry_timeouts;
-        let (future, attempts) = retry(
+        let write = call.idempotency_key.is_some();
+        let (future, attempts, reached) = retry(
             self.http.clone(),
             call,
             self.backoff(),
@@ -450,6 +524,8 @@ impl HttpProvider {
             last,
             attempts: attempts.load(Ordering::Relaxed),
             retry_timeouts,
+            write,
+            earlier_reached: reached.load(Ordering::Relaxed),
         })
     }
 
@@ -487,7 +563,7 @@ impl HttpProvider {
     }
 
     /// A lookup: a `resource_missing` 404 is `None`.
-    async fn lookup(&self, url: Url) -> Result<Option<Charge>, ProviderError> {
+    async fn lookup<T: DeserializeOwned>(&self, url: Url) -> Result<Option<T>, ProviderError> {
         match self.call(self.read(url)).await {
             Ok(body) => decode(&body).map(Some),
             Err(error) => match error.rejection() {
@@ -499,7 +575,8 @@ impl HttpProvider {
 }
 
 /// The retry future, boxed as `Send` and built from owned values only, with
-/// the counter of attempts it makes. backon's future carries closures whose
+/// the counter of attempts it makes and whether an attempt that was retried
+/// may have reached the provider. backon's future carries closures whose
 /// bounds take references (`FnMut(&E, Duration)`); inside an `async` body
 /// the compiler cannot prove such a future `Send` for every lifetime
 /// (rust-lang/rust#110338), so it is coerced here, outside any `async`.
@@ -512,8 +589,10 @@ fn retry(
     sleeper: Arc<dyn RetrySleeper>,
     provider: String,
     delay_max: Duration,
-) -> (RetryFuture, Arc<AtomicU32>) {
+) -> (RetryFuture, Arc<AtomicU32>, Arc<AtomicBool>) {
     let attempts = Arc::new(AtomicU32::new(0));
+    let reached = Arc::new(AtomicBool::new(false));
+    let reached_by_retried = Arc::clone(&reached);
     let retry_timeouts = call.retry_timeouts;
     let url = call.url.to_string();
     let call = Arc::new(call);
@@ -535,6 +614,11 @@ fn retry(
         })
     })
     .notify(move |e: &AttemptError, delay: Duration| {
+        // Called for every attempt that is retried, i.e. every one before
+        // the last.
+        if e.may_have_reached() {
+            reached_by_retried.store(true, Ordering::Relaxed);
+        }
         tracing::warn!(
             provider = %provider,
             url = %url,
@@ -543,7 +627,7 @@ fn retry(
             "provider call failed; retrying"
         );
     });
-    (Box::pin(future), attempts)
+    (Box::pin(future), attempts, reached)
 }
 
 async fn attempt(http: reqwest::Client, call: Arc<Call>) -> Result<Bytes, AttemptError> {
@@ -588,6 +672,10 @@ impl Provider for HttpProvider {
         &self.name
     }
 
+    fn capabilities(&self) -> Capabilities {
+        self.config.capabilities
+    }
+
     #[tracing::instrument(skip_all, fields(provider = %self.name, key = %req.idempotency_key))]
     async fn create_charge(&self, req: &CreateCharge) -> ChargeOutcome {
         let body = CreateChargeBody {
@@ -622,7 +710,7 @@ impl Provider for HttpProvider {
         charge_id: &str,
         amount_minor: Option<i64>,
         idempotency_key: &str,
-    ) -> Result<Charge, ProviderError> {
+    ) -> Result<OperationAnswer, ProviderError> {
         let url = self.url(&["v1", "charges", charge_id, "capture"]);
         self.object(self.write(url, idempotency_key, &CaptureBody { amount_minor }))
             .await
@@ -634,12 +722,23 @@ impl Provider for HttpProvider {
         charge_id: &str,
         amount_minor: i64,
         idempotency_key: &str,
-    ) -> Result<Refund, ProviderError> {
+    ) -> Result<OperationAnswer, ProviderError> {
         let body = RefundBody {
             charge: charge_id,
             amount_minor,
         };
         self.object(self.write(self.url(&["v1", "refunds"]), idempotency_key, &body))
+            .await
+    }
+
+    #[tracing::instrument(skip_all, fields(provider = %self.name, charge_id, key = %idempotency_key))]
+    async fn cancel(
+        &self,
+        charge_id: &str,
+        idempotency_key: &str,
+    ) -> Result<OperationAnswer, ProviderError> {
+        let url = self.url(&["v1", "charges", charge_id, "cancel"]);
+        self.object(self.write(url, idempotency_key, &EmptyBody {}))
             .await
     }
 
@@ -653,10 +752,28 @@ impl Provider for HttpProvider {
         &self,
         idempotency_key: &str,
     ) -> Result<Option<Charge>, ProviderError> {
+        self.check_lookup_by_key("look a charge up by idempotency key")?;
         let mut url = self.url(&["v1", "charges"]);
         url.query_pairs_mut()
             .append_pair("idempotency_key", idempotency_key);
         self.lookup(url).await
+    }
+
+    #[tracing::instrument(skip_all, fields(provider = %self.name, key = %idempotency_key))]
+    async fn find_operation_by_key(
+        &self,
+        idempotency_key: &str,
+    ) -> Result<Option<Operation>, ProviderError> {
+        self.check_lookup_by_key("look an operation up by idempotency key")?;
+        let mut url = self.url(&["v1", "operations"]);
+        url.query_pairs_mut()
+            .append_pair("idempotency_key", idempotency_key);
+        self.lookup(url).await
+    }
+
+    #[tracing::instrument(skip_all, fields(provider = %self.name, operation_id = %id))]
+    async fn get_operation(&self, id: &str) -> Result<Option<Operation>, ProviderError> {
+        self.lookup(self.url(&["v1", "operations", id])).await
     }
 
     #[tracing::instrument(skip_all, fields(provider = %self.name, %from, %to))]
@@ -730,14 +847,74 @@ mod tests {
             body: Bytes::new(),
             retry_after: None,
         };
-        for code in [429, 500, 502, 503, 504] {
+        for code in [409, 429, 500, 502, 503, 504] {
             assert!(status(code).is_transient(false), "{code}");
         }
-        for code in [400, 401, 402, 404, 409, 422] {
+        for code in [400, 401, 402, 404, 422] {
             assert!(!status(code).is_transient(true), "{code}");
         }
         assert!(!AttemptError::TimedOut.is_transient(false));
         assert!(AttemptError::TimedOut.is_transient(true));
+    }
+
+    fn status_error(code: u16, body: &'static [u8]) -> AttemptError {
+        AttemptError::Status {
+            status: StatusCode::from_u16(code).unwrap(),
+            body: Bytes::from_static(body),
+            retry_after: None,
+        }
+    }
+
+    #[test]
+    fn only_answers_that_rule_an_effect_out_count_as_not_reached() {
+        assert!(AttemptError::TimedOut.may_have_reached());
+        for code in [409, 500, 502, 503] {
+            assert!(status_error(code, b"").may_have_reached(), "{code}");
+        }
+        for code in [400, 402, 404, 422, 429] {
+            assert!(!status_error(code, b"").may_have_reached(), "{code}");
+        }
+    }
+
+    #[test]
+    fn a_write_refused_after_an_attempt_that_may_have_reached_is_unknown() {
+        let refused = |write: bool, earlier_reached: bool| CallError {
+            last: status_error(
+                402,
+                br#"{"error":{"code":"card_declined","message":"declined"}}"#,
+            ),
+            attempts: 2,
+            retry_timeouts: !write,
+            write,
+            earlier_reached,
+        };
+        let first = refused(true, false).rejection().unwrap();
+        assert_eq!((first.status, first.code.as_str()), (402, "card_declined"));
+        assert_eq!(refused(true, true).rejection(), None);
+        match refused(true, true).into_provider_error() {
+            ProviderError::Unknown { reason } => {
+                assert!(
+                    reason.contains("earlier attempt may have reached"),
+                    "{reason}"
+                );
+                assert!(reason.contains("card_declined"), "{reason}");
+            }
+            other => panic!("expected unknown, got {other:?}"),
+        }
+        // A read has no effect to be unsure of: its 4xx stays what it says.
+        assert!(refused(false, true).rejection().is_some());
+        // 409 retries ran out: unknown, never a refusal.
+        let in_use = CallError {
+            last: status_error(409, br#"{"error":{"code":"idempotency_key_in_use"}}"#),
+            attempts: 4,
+            retry_timeouts: false,
+            write: true,
+            earlier_reached: true,
+        };
+        assert!(matches!(
+            in_use.into_provider_error(),
+            ProviderError::Unknown { reason } if reason.contains("4 attempt")
+        ));
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! The webhook event a provider sends when a charge changes, as API.md
 //! fixes it: `{"id": "evt_…", "type": "charge.succeeded", "created": <unix
-//! seconds>, "data": {"charge": {…}}}`. The simulator sends it and the
-//! ledger's webhook endpoint reads it with the same type.
+//! seconds>, "data": {"charge": {…}}}`, plus `data.operation` when the
+//! event is about an operation (`operation.updated`). The simulator sends it
+//! and the ledger's webhook endpoint reads it with the same type.
 
 use serde::{Deserialize, Serialize};
 
-use crate::provider::Charge;
+use crate::provider::{Charge, Operation};
 
 /// What happened to the charge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -26,6 +27,12 @@ pub enum EventType {
     ChargeDisputeCreated,
     #[serde(rename = "charge.dispute.closed")]
     ChargeDisputeClosed,
+    /// An operation's status changed after its first answer: an
+    /// asynchronous capture or refund was decided, or a refund failed after
+    /// succeeding. `data.operation` is the operation as it now stands and
+    /// `data.charge` the charge after the change.
+    #[serde(rename = "operation.updated")]
+    OperationUpdated,
     /// A type this version does not know. A provider adds event types
     /// without asking; the receiver acknowledges and ignores them.
     #[serde(other, rename = "unknown")]
@@ -42,6 +49,7 @@ impl EventType {
             EventType::ChargeRefunded => "charge.refunded",
             EventType::ChargeDisputeCreated => "charge.dispute.created",
             EventType::ChargeDisputeClosed => "charge.dispute.closed",
+            EventType::OperationUpdated => "operation.updated",
             EventType::Unknown => "unknown",
         }
     }
@@ -51,6 +59,10 @@ impl EventType {
 pub struct EventData {
     /// The charge as it stood right after the change.
     pub charge: Charge,
+    /// The operation the event is about (`operation.updated`); absent on
+    /// charge events, so their bodies stay as API.md shows them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<Operation>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +90,7 @@ mod tests {
             EventType::ChargeRefunded,
             EventType::ChargeDisputeCreated,
             EventType::ChargeDisputeClosed,
+            EventType::OperationUpdated,
         ] {
             let json = serde_json::to_string(&kind).unwrap();
             assert_eq!(json, format!("\"{}\"", kind.as_str()));

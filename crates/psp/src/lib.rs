@@ -23,10 +23,11 @@ pub mod signature;
 pub mod sim;
 
 pub use client::{ClientConfig, ClientInitError, HttpProvider, RetrySleeper, TokioSleeper};
-pub use event::{EventType, WebhookEvent};
+pub use event::{EventData, EventType, WebhookEvent};
 pub use provider::{
-    Charge, ChargeOutcome, ChargeStatus, CreateCharge, Dispute, DisputeStatus, NextAction,
-    Provider, ProviderError, Refund, Rejection, ReportLine, SettlementReport,
+    Capabilities, Charge, ChargeOutcome, ChargeStatus, CreateCharge, Dispute, DisputeStatus,
+    NextAction, Operation, OperationAnswer, OperationKind, OperationStatus, Provider,
+    ProviderError, Rejection, ReportLine, SettlementReport,
 };
 pub use signature::{sign, verify, SignatureError, SIGNATURE_HEADER, TOLERANCE_S_DEFAULT};
 pub use sim::{SimConfig, Simulator};

@@ -68,7 +68,9 @@ pub struct Charge {
     pub currency: String,
     #[serde(default)]
     pub amount_captured: i64,
-    /// Cumulative over every refund, including ones made outside our API.
+    /// Cumulative over every refund whose status is `Succeeded`, including
+    /// ones made outside our API; a pending, failed or reversed refund does
+    /// not count.
     #[serde(default)]
     pub amount_refunded: i64,
     /// The caller's reference (our payment id), so that a settlement report
@@ -157,18 +159,112 @@ pub struct Rejection {
     pub message: String,
 }
 
-/// A refund as the provider records it.
+/// What an operation on an existing charge does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OperationKind {
+    /// Captures (part of) an authorisation.
+    Capture,
+    /// Gives back (part of) the captured amount.
+    Refund,
+    /// Voids an uncaptured authorisation or an abandoned `requires_action`
+    /// charge.
+    Cancel,
+}
+
+/// Where an operation stands at the provider. `Pending` is an answer, not
+/// an unknown: the provider holds the operation and decides it later (an
+/// asynchronous provider's "received"), announcing the outcome with an
+/// `operation.updated` webhook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OperationStatus {
+    Pending,
+    Succeeded,
+    /// Decided against; for a refund this may come after `Succeeded` (a
+    /// late reversal), and the refunded amount counts no more.
+    Failed,
+}
+
+/// An operation on a charge (capture, refund, cancel) as the provider
+/// records it. Operations are records of their own, not just a new state of
+/// the charge, because real providers decide them asynchronously and may
+/// reverse them later: the operation's status is what tells.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Refund {
-    /// The provider's id (`re_…`).
+pub struct Operation {
+    /// The provider's id (`cap_…`, `re_…`, `cnl_…`).
     pub id: String,
+    pub kind: OperationKind,
     /// The charge id.
     pub charge: String,
+    /// The key the operation was requested with; a lookup by key finds it.
+    pub idempotency_key: String,
+    /// The amount the operation moves (the captured or refunded amount; for
+    /// a cancel, what was left uncaptured).
     pub amount_minor: i64,
     pub currency: String,
-    /// The charge's cumulative refunded amount after this refund.
-    pub charge_amount_refunded: i64,
+    pub status: OperationStatus,
+    /// Why a failed operation failed (`expired_or_canceled_card`…).
+    #[serde(default)]
+    pub failure_reason: Option<String>,
     pub created: DateTime<Utc>,
+    pub updated: DateTime<Utc>,
+}
+
+/// The answer to an operation request: the operation, and the charge as it
+/// stands after it when the provider says (the simulator always does; a
+/// provider that answers only "received" does not).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationAnswer {
+    pub operation: Operation,
+    #[serde(default)]
+    pub charge: Option<Charge>,
+}
+
+/// What a provider can do, so that the reconciler picks a strategy the
+/// provider allows instead of assuming the simulator's conveniences.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// A charge or an operation can be found by our idempotency key. When
+    /// `true` the reconciler settles a write whose answer was lost by
+    /// looking it up by key; when `false` the lookups answer
+    /// [`ProviderError::Unsupported`] and the reconciler re-sends the write
+    /// with the same key (safe while the key lives) or waits for the
+    /// webhook or the report.
+    pub lookup_by_key: bool,
+    /// A charge or an operation can be read by the provider's own id. When
+    /// `true` the reconciler refreshes what it knows the id of (a pending
+    /// operation, a charge) by reading it; when `false` it waits for the
+    /// webhook or the report.
+    pub lookup_by_id: bool,
+    /// Captures, refunds and cancels may answer `Pending` and be decided
+    /// later by an `operation.updated` webhook. When `true` the reconciler
+    /// treats a pending operation as normal until a timeout, then looks it
+    /// up (or raises an exception); when `false` a pending answer is itself
+    /// a misfit worth flagging.
+    pub async_modifications: bool,
+    /// How long the provider remembers an idempotency key. The reconciler
+    /// re-sends a write with its key only within this lifetime (after it,
+    /// a re-send could repeat the effect) and raises a manual exception
+    /// past it.
+    pub key_lifetime: std::time::Duration,
+}
+
+impl Capabilities {
+    /// The simulator's protocol: every lookup, synchronous answers, keys
+    /// kept for 24 hours (as Stripe keeps them).
+    pub const SIM: Capabilities = Capabilities {
+        lookup_by_key: true,
+        lookup_by_id: true,
+        async_modifications: false,
+        key_lifetime: std::time::Duration::from_secs(24 * 60 * 60),
+    };
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities::SIM
+    }
 }
 
 /// One charge in a settlement report: every charge touched (created,
@@ -217,6 +313,10 @@ pub enum ProviderError {
     /// happened (for a write) but we cannot tell its result.
     #[error("unreadable answer from the provider: {reason}")]
     Protocol { reason: String },
+    /// The provider has no such route (a lookup it cannot do): asked
+    /// without a network call, so the caller picks another strategy.
+    #[error("the provider cannot {what}")]
+    Unsupported { what: String },
 }
 
 /// What the ledger needs from any payment provider.
@@ -228,6 +328,9 @@ pub trait Provider: Send + Sync {
     /// The provider's configured name (`sim`, `acme`…).
     fn name(&self) -> &str;
 
+    /// What this provider can do; fixed for the adapter's life.
+    fn capabilities(&self) -> Capabilities;
+
     /// Creates (or, for a key already used with the same request, returns)
     /// the charge.
     async fn create_charge(&self, req: &CreateCharge) -> ChargeOutcome;
@@ -238,15 +341,25 @@ pub trait Provider: Send + Sync {
         charge_id: &str,
         amount_minor: Option<i64>,
         idempotency_key: &str,
-    ) -> Result<Charge, ProviderError>;
+    ) -> Result<OperationAnswer, ProviderError>;
 
-    /// Refunds part or all of the captured amount.
+    /// Refunds part or all of the captured amount. The charge's
+    /// `amount_refunded` counts the refund only once it has succeeded.
     async fn refund(
         &self,
         charge_id: &str,
         amount_minor: i64,
         idempotency_key: &str,
-    ) -> Result<Refund, ProviderError>;
+    ) -> Result<OperationAnswer, ProviderError>;
+
+    /// Cancels an uncaptured authorisation or an abandoned
+    /// `requires_action` charge; the charge becomes `Failed` with
+    /// `failure_code` `"canceled"`.
+    async fn cancel(
+        &self,
+        charge_id: &str,
+        idempotency_key: &str,
+    ) -> Result<OperationAnswer, ProviderError>;
 
     /// The charge with the provider's id, or `None` when the provider has
     /// none.
@@ -254,10 +367,25 @@ pub trait Provider: Send + Sync {
 
     /// The charge created with our idempotency key, or `None` when the
     /// provider never received (or never acted on) that key.
+    /// `Err(Unsupported)` without a network call when
+    /// `capabilities().lookup_by_key` is false.
     async fn find_charge_by_key(
         &self,
         idempotency_key: &str,
     ) -> Result<Option<Charge>, ProviderError>;
+
+    /// The operation requested with our idempotency key, or `None` when the
+    /// provider never received (or never acted on) that key.
+    /// `Err(Unsupported)` without a network call when
+    /// `capabilities().lookup_by_key` is false.
+    async fn find_operation_by_key(
+        &self,
+        idempotency_key: &str,
+    ) -> Result<Option<Operation>, ProviderError>;
+
+    /// The operation with the provider's id, or `None` when the provider
+    /// has none.
+    async fn get_operation(&self, id: &str) -> Result<Option<Operation>, ProviderError>;
 
     /// Every charge touched in `[from, to)`.
     async fn settlement_report(

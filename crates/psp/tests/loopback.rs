@@ -115,6 +115,7 @@ fn fast_client(base: &str) -> HttpProvider {
         attempts_max: 4,
         backoff_base_ms: 5,
         backoff_max_ms: 20,
+        ..ClientConfig::default()
     };
     HttpProvider::new("sim", base, config).unwrap()
 }
@@ -517,6 +518,7 @@ fn retry_client(base: &str, sleeper: Arc<RecordingSleeper>) -> HttpProvider {
         attempts_max: 5,
         backoff_base_ms: 40,
         backoff_max_ms: 160,
+        ..ClientConfig::default()
     };
     HttpProvider::new("scripted", base, config)
         .unwrap()
@@ -877,7 +879,7 @@ async fn redirects_captures_refunds_disputes_and_out_of_band_changes() {
 
         // Refunds: bounded, replayed by key.
         let refund = client.refund(&done.id, 2_500, "r-ref-1").await.unwrap();
-        assert_eq!(refund.charge_amount_refunded, 2_500);
+        assert_eq!(refund.charge.as_ref().unwrap().amount_refunded, 2_500);
         assert_eq!(client.refund(&done.id, 2_500, "r-ref-1").await.unwrap(), refund);
         let too_much = client.refund(&done.id, 7_501, "r-ref-2").await;
         assert!(matches!(too_much, Err(ProviderError::Rejected(r)) if r.status == 422 && r.code == "refund_exceeds_captured"));
@@ -899,9 +901,9 @@ async fn redirects_captures_refunds_disputes_and_out_of_band_changes() {
         let auth = charge_of(client.create_charge(&charge_request("m", "pm_card_ok", false)).await);
         assert_eq!(auth.status, ChargeStatus::RequiresCapture);
         let captured = client.capture(&auth.id, Some(4_000), "m-cap").await.unwrap();
-        assert_eq!(captured.amount_captured, 4_000);
+        assert_eq!(captured.charge.unwrap().amount_captured, 4_000);
         let again = client.capture(&auth.id, None, "m-cap-2").await;
-        assert!(matches!(again, Err(ProviderError::Rejected(r)) if r.status == 409));
+        assert!(matches!(again, Err(ProviderError::Rejected(r)) if r.status == 400 && r.code == "charge_not_capturable"));
 
         // An amount mismatch, injected silently for reconciliation tests.
         let path = format!("/sim/charges/{}/amount", auth.id);

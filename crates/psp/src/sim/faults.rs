@@ -27,6 +27,39 @@ pub struct Faults {
     pub webhook_drop_rate: f64,
     /// Wait before the first delivery attempt of every event.
     pub webhook_delay_ms: u64,
+    /// Setting it above 0 starts one period of that many ms, from now, in
+    /// which the provider routes refuse service while every charge, key and
+    /// operation is kept: standalone, the listener is closed (connections
+    /// refused) and opened again on the same port; mounted, they answer 503
+    /// `provider_unreachable` without acting. Reading it shows the length
+    /// last set.
+    #[serde(default)]
+    pub unreachable_ms: u64,
+    /// Captures and refunds answer `pending` ("received") and are decided
+    /// `async_delay_ms` later, announced by an `operation.updated` webhook;
+    /// the charge changes only then.
+    #[serde(default)]
+    pub async_modifications: bool,
+    #[serde(default)]
+    pub async_delay_ms: u64,
+    /// Share of refunds that succeed and then, `refund_reversal_delay_ms`
+    /// after succeeding, fail (`expired_or_canceled_card`), announced by an
+    /// `operation.updated` webhook; the charge's `amount_refunded` goes back
+    /// down.
+    #[serde(default)]
+    pub refund_reversal_rate: f64,
+    #[serde(default)]
+    pub refund_reversal_delay_ms: u64,
+    /// The lookups by idempotency key (`GET /v1/charges?idempotency_key=`,
+    /// `GET /v1/operations?idempotency_key=`) answer a bare 404 without the
+    /// `resource_missing` code, as a provider without those routes does.
+    #[serde(default)]
+    pub lookup_disabled: bool,
+    /// A write whose key's first request is still running (its answer held
+    /// by latency, slowness or a hang) answers 409 `idempotency_key_in_use`
+    /// instead of waiting or replaying.
+    #[serde(default)]
+    pub key_in_use_conflict: bool,
 }
 
 /// `POST /sim/faults`: the fields present replace the current ones, the
@@ -41,6 +74,13 @@ pub struct FaultsPatch {
     pub webhook_reorder: Option<bool>,
     pub webhook_drop_rate: Option<f64>,
     pub webhook_delay_ms: Option<u64>,
+    pub unreachable_ms: Option<u64>,
+    pub async_modifications: Option<bool>,
+    pub async_delay_ms: Option<u64>,
+    pub refund_reversal_rate: Option<f64>,
+    pub refund_reversal_delay_ms: Option<u64>,
+    pub lookup_disabled: Option<bool>,
+    pub key_in_use_conflict: Option<bool>,
 }
 
 /// Why a fault set was refused.
@@ -65,6 +105,21 @@ impl Faults {
             webhook_reorder: patch.webhook_reorder.unwrap_or(self.webhook_reorder),
             webhook_drop_rate: patch.webhook_drop_rate.unwrap_or(self.webhook_drop_rate),
             webhook_delay_ms: patch.webhook_delay_ms.unwrap_or(self.webhook_delay_ms),
+            unreachable_ms: patch.unreachable_ms.unwrap_or(self.unreachable_ms),
+            async_modifications: patch
+                .async_modifications
+                .unwrap_or(self.async_modifications),
+            async_delay_ms: patch.async_delay_ms.unwrap_or(self.async_delay_ms),
+            refund_reversal_rate: patch
+                .refund_reversal_rate
+                .unwrap_or(self.refund_reversal_rate),
+            refund_reversal_delay_ms: patch
+                .refund_reversal_delay_ms
+                .unwrap_or(self.refund_reversal_delay_ms),
+            lookup_disabled: patch.lookup_disabled.unwrap_or(self.lookup_disabled),
+            key_in_use_conflict: patch
+                .key_in_use_conflict
+                .unwrap_or(self.key_in_use_conflict),
         };
         next.validate()?;
         Ok(next)
@@ -76,6 +131,7 @@ impl Faults {
             ("timeout_rate", self.timeout_rate),
             ("webhook_duplicate_rate", self.webhook_duplicate_rate),
             ("webhook_drop_rate", self.webhook_drop_rate),
+            ("refund_reversal_rate", self.refund_reversal_rate),
         ] {
             if !(0.0..=1.0).contains(&value) {
                 return Err(FaultsError::RateOutOfRange { field, value });
@@ -84,6 +140,9 @@ impl Faults {
         for (field, value) in [
             ("latency_ms", self.latency_ms),
             ("webhook_delay_ms", self.webhook_delay_ms),
+            ("unreachable_ms", self.unreachable_ms),
+            ("async_delay_ms", self.async_delay_ms),
+            ("refund_reversal_delay_ms", self.refund_reversal_delay_ms),
         ] {
             if value > FAULT_DELAY_MS_MAX {
                 return Err(FaultsError::DelayTooLong { field, value });
@@ -152,6 +211,37 @@ mod tests {
             ..FaultsPatch::default()
         };
         assert!(base.patched(&slow).is_err());
+        for bad in [
+            FaultsPatch {
+                refund_reversal_rate: Some(1.01),
+                ..FaultsPatch::default()
+            },
+            FaultsPatch {
+                unreachable_ms: Some(FAULT_DELAY_MS_MAX + 1),
+                ..FaultsPatch::default()
+            },
+            FaultsPatch {
+                async_delay_ms: Some(FAULT_DELAY_MS_MAX + 1),
+                ..FaultsPatch::default()
+            },
+            FaultsPatch {
+                refund_reversal_delay_ms: Some(FAULT_DELAY_MS_MAX + 1),
+                ..FaultsPatch::default()
+            },
+        ] {
+            assert!(base.patched(&bad).is_err(), "{bad:?}");
+        }
+        let on = base
+            .patched(&FaultsPatch {
+                async_modifications: Some(true),
+                lookup_disabled: Some(true),
+                key_in_use_conflict: Some(true),
+                refund_reversal_rate: Some(0.5),
+                ..FaultsPatch::default()
+            })
+            .unwrap();
+        assert!(on.async_modifications && on.lookup_disabled && on.key_in_use_conflict);
+        assert_eq!((on.refund_reversal_rate, on.error_rate), (0.5, 0.1));
     }
 
     #[test]

@@ -12,6 +12,13 @@
 //!   host must call [`Simulator::spawn_webhook_dispatcher`] once, with its
 //!   own shutdown signal, for webhooks to leave.
 //!
+//! While the `unreachable_ms` fault runs, [`run`] closes the listener, so
+//! that connections are refused as by a provider that is down, and opens it
+//! again on the same address afterwards; the control routes share that
+//! listener and are unreachable for the period too (it ends by itself).
+//! Mounted, the provider routes answer 503 `provider_unreachable` without
+//! acting instead, and the control routes stay up.
+//!
 //! Randomness is seeded ([`SimConfig::seed`]) in two independent streams,
 //! one for the faults of provider calls and one for webhook faults, so the
 //! same seed and the same order of requests replay the same failures even
@@ -22,7 +29,7 @@ mod routes;
 mod state;
 mod webhooks;
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -31,11 +38,17 @@ use tokio::task::JoinHandle;
 
 pub use faults::{Faults, FaultsError, FaultsPatch, FAULT_DELAY_MS_MAX};
 pub use state::{
-    fee_minor, SimError, CHARGES_MAX, EVENTS_RECORDED_MAX, PM_CARD_DECLINED, PM_CARD_OK,
-    PM_CARD_SLOW, PM_CARD_TIMEOUT, PM_REDIRECT,
+    fee_minor, SimError, CHARGES_MAX, EVENTS_RECORDED_MAX, FAILED_ON_DEMAND_REASON,
+    PM_CARD_DECLINED, PM_CARD_OK, PM_CARD_SLOW, PM_CARD_TIMEOUT, PM_REDIRECT, REVERSAL_REASON,
 };
 
-use state::{Outgoing, SimState};
+use state::{Outgoing, Scheduled, SimState};
+
+/// How long [`run`] keeps trying to bind its address again after an
+/// unreachable period (another process may have taken the port).
+pub const REBIND_TRIES_MAX: u32 = 100;
+/// The wait between two of those tries.
+pub const REBIND_PAUSE_MS: u64 = 20;
 
 /// Events waiting for the dispatcher; beyond this the provider is
 /// "overloaded" and drops them (logged).
@@ -106,6 +119,8 @@ struct Inner {
     /// Flipped once on shutdown: releases hanging answers and stops the
     /// dispatcher.
     stop: watch::Sender<bool>,
+    /// The end of the current unreachable period, for [`run`]'s listener.
+    unreachable: watch::Sender<Option<tokio::time::Instant>>,
 }
 
 /// A simulated provider. Cheap to clone; clones share one provider.
@@ -134,11 +149,13 @@ impl Simulator {
             None => (None, None),
         };
         let (stop, _) = watch::channel(false);
+        let (unreachable, _) = watch::channel(None);
         Simulator {
             inner: Arc::new(Inner {
                 state: Mutex::new(SimState::new(config.seed, config.fee_bps, tx)),
                 outbox: Mutex::new(rx),
                 stop,
+                unreachable,
                 config,
             }),
         }
@@ -162,11 +179,53 @@ impl Simulator {
         self.state().faults.clone()
     }
 
-    /// Applies `patch` to the active faults.
+    /// Applies `patch` to the active faults; an `unreachable_ms` above 0
+    /// starts an unreachable period now.
     pub fn set_faults(&self, patch: &FaultsPatch) -> Result<Faults, FaultsError> {
         let mut state = self.state();
         state.faults = state.faults.patched(patch)?;
+        if let Some(ms) = patch.unreachable_ms.filter(|ms| *ms > 0) {
+            let until = tokio::time::Instant::now() + Duration::from_millis(ms);
+            state.unreachable_until = Some(until.into_std());
+            self.inner.unreachable.send_replace(Some(until));
+        }
         Ok(state.faults.clone())
+    }
+
+    /// Clears every fault, an unreachable period included.
+    pub fn reset_faults(&self) -> Faults {
+        let mut state = self.state();
+        state.faults = Faults::default();
+        state.unreachable_until = None;
+        self.inner.unreachable.send_replace(None);
+        state.faults.clone()
+    }
+
+    /// Every capture, refund and cancel, in request order.
+    pub fn operations(&self) -> Vec<crate::provider::Operation> {
+        self.state().operations()
+    }
+
+    /// Starts the timers of later changes (asynchronous decisions,
+    /// reversals); each may queue more, started in turn.
+    pub(crate) fn spawn_scheduled(&self, items: Vec<Scheduled>) {
+        for item in items {
+            let sim = self.clone();
+            tokio::spawn(async move {
+                sim.hold(item.after_ms).await;
+                if *sim.inner.stop.borrow() {
+                    return;
+                }
+                let next = {
+                    let mut state = sim.state();
+                    if let Err(error) = state.run_scheduled(&item, chrono::Utc::now()) {
+                        tracing::warn!(operation = %item.operation_id, %error, "scheduled change not applied");
+                    }
+                    state.take_scheduled()
+                };
+                sim.spawn_scheduled(next);
+            });
+        }
     }
 
     /// Every charge, in creation order.
@@ -258,7 +317,10 @@ pub fn random_webhook_secret() -> String {
 }
 
 /// Serves the standalone simulator on `listener` and runs its webhook
-/// dispatcher until `shutdown` resolves.
+/// dispatcher until `shutdown` resolves. During an unreachable period the
+/// listener is closed (connections are refused; idle connections are
+/// closed, answers in progress finish) and bound again on the same address
+/// when the period ends.
 pub async fn run(
     listener: tokio::net::TcpListener,
     sim: Simulator,
@@ -267,9 +329,7 @@ pub async fn run(
     let dispatcher = sim
         .spawn_webhook_dispatcher(shutdown)
         .map_err(std::io::Error::other)?;
-    let served = axum::serve(listener, sim.router())
-        .with_graceful_shutdown(sim.stopped())
-        .await;
+    let served = serve_until_stopped(listener, &sim).await;
     // The server only stops on shutdown (or a listener error), so tell the
     // dispatcher in the second case too before waiting for it.
     sim.inner.stop.send_replace(true);
@@ -277,4 +337,111 @@ pub async fn run(
         tracing::error!(%error, "webhook dispatcher task failed");
     }
     served
+}
+
+/// Why one listener's serving ended.
+enum Ended {
+    Stopped,
+    Unreachable(tokio::time::Instant),
+}
+
+async fn serve_until_stopped(
+    listener: tokio::net::TcpListener,
+    sim: &Simulator,
+) -> std::io::Result<()> {
+    let addr = listener.local_addr()?;
+    let mut listener = Some(listener);
+    let mut servers: Vec<JoinHandle<std::io::Result<()>>> = Vec::new();
+    let result = loop {
+        let current = match listener.take() {
+            Some(l) => l,
+            None => match rebind(addr, sim).await {
+                Ok(Some(l)) => l,
+                Ok(None) => break Ok(()),
+                Err(error) => break Err(error),
+            },
+        };
+        let (ended_tx, ended_rx) = tokio::sync::oneshot::channel::<Ended>();
+        let signal = {
+            let sim = sim.clone();
+            async move {
+                let ended = ended_of(&sim).await;
+                let _ = ended_tx.send(ended);
+            }
+        };
+        // Each listener's server is its own task: closing it drops the
+        // listener at once, while its connections finish in the background.
+        servers.push(tokio::spawn(
+            axum::serve(current, sim.router())
+                .with_graceful_shutdown(signal)
+                .into_future(),
+        ));
+        match ended_rx.await {
+            Ok(Ended::Unreachable(until)) => {
+                tracing::info!(%addr, "provider unreachable: listener closed");
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until) => {}
+                    _ = sim.stopped() => break Ok(()),
+                }
+            }
+            Ok(Ended::Stopped) => break Ok(()),
+            // The server ended by itself (a listener error).
+            Err(_) => break Ok(()),
+        }
+    };
+    for server in servers {
+        match server.await {
+            Ok(Err(error)) => return Err(error),
+            Err(error) => tracing::error!(%error, "simulator server task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
+    result
+}
+
+/// Resolves on shutdown, or when an unreachable period starts.
+async fn ended_of(sim: &Simulator) -> Ended {
+    let mut unreachable = sim.inner.unreachable.subscribe();
+    let stopped = sim.stopped();
+    tokio::pin!(stopped);
+    loop {
+        if let Some(until) = *unreachable.borrow_and_update() {
+            if until > tokio::time::Instant::now() {
+                return Ended::Unreachable(until);
+            }
+        }
+        tokio::select! {
+            () = &mut stopped => return Ended::Stopped,
+            changed = unreachable.changed() => {
+                if changed.is_err() {
+                    return Ended::Stopped;
+                }
+            }
+        }
+    }
+}
+
+/// Binds `addr` again after an unreachable period; `None` on shutdown.
+async fn rebind(
+    addr: std::net::SocketAddr,
+    sim: &Simulator,
+) -> std::io::Result<Option<tokio::net::TcpListener>> {
+    let mut tries = 0;
+    loop {
+        if *sim.inner.stop.borrow() {
+            return Ok(None);
+        }
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                tracing::info!(%addr, "provider reachable again: listener open");
+                return Ok(Some(listener));
+            }
+            Err(error) if tries < REBIND_TRIES_MAX => {
+                tries += 1;
+                tracing::debug!(%addr, %error, "rebinding the simulator's address; trying again");
+                sim.hold(REBIND_PAUSE_MS).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }

@@ -1,6 +1,8 @@
 //! The simulator's HTTP surface. Provider routes go through
-//! [`provider_call`], which draws the call's fault and applies latency,
-//! slowness and hangs; control and truth routes never fail on purpose.
+//! [`provider_call`], which refuses service while unreachable, draws the
+//! call's fault, answers 409 for a key still in use, applies latency,
+//! slowness and hangs, and starts the timers of later changes; control and
+//! truth routes never fail on purpose.
 //!
 //! Bodies are parsed by hand rather than with axum's `Json` extractor, so
 //! that every malformed request is a Stripe-like 400 with a code (axum would
@@ -20,8 +22,8 @@ use serde_json::json;
 
 use super::faults::{CallFault, FaultsPatch};
 use super::state::{
-    check_idempotency_key, AnswerDelay, CaptureRequest, CreateChargeRequest, RefundRequest, Reply,
-    SimError, SimState,
+    check_idempotency_key, AnswerDelay, CancelRequest, CaptureRequest, CreateChargeRequest,
+    RefundRequest, Reply, SimError, SimState,
 };
 use super::Simulator;
 use crate::client::IDEMPOTENCY_KEY_HEADER;
@@ -35,7 +37,10 @@ fn provider_routes() -> Router<Simulator> {
         .route("/v1/charges", post(create_charge).get(find_charge_by_key))
         .route("/v1/charges/{id}", get(get_charge))
         .route("/v1/charges/{id}/capture", post(capture))
+        .route("/v1/charges/{id}/cancel", post(cancel))
         .route("/v1/refunds", post(refund))
+        .route("/v1/operations", get(find_operation_by_key))
+        .route("/v1/operations/{id}", get(get_operation))
         .route("/v1/settlement_report", get(settlement_report))
 }
 
@@ -54,6 +59,8 @@ fn control_routes() -> Router<Simulator> {
         .route("/charges/{id}/dispute", post(open_dispute))
         .route("/charges/{id}/dispute/close", post(close_dispute))
         .route("/charges/{id}/amount", post(set_amount))
+        .route("/operations", get(list_operations))
+        .route("/operations/{id}/fail", post(fail_operation))
 }
 
 pub(super) fn standalone(sim: Simulator) -> Router {
@@ -70,7 +77,12 @@ pub(super) fn mounted(sim: Simulator) -> Router {
 
 impl IntoResponse for SimError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"type": self.kind(), "code": self.code(), "message": self.to_string()}});
+        let body = match self.code() {
+            Some(code) => {
+                json!({"error": {"type": self.kind(), "code": code, "message": self.to_string()}})
+            }
+            None => json!({"error": {"type": self.kind(), "message": self.to_string()}}),
+        };
         (self.status(), axum::Json(body)).into_response()
     }
 }
@@ -113,22 +125,63 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, SimError> {
     check_idempotency_key(value).map(str::to_string)
 }
 
+/// Marks a key in use while its request's answer is held back; dropped when
+/// the answer leaves or the connection is abandoned.
+struct InFlight {
+    sim: Simulator,
+    key: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.sim.state().leave(&self.key);
+    }
+}
+
 /// Runs `op` under the state lock after drawing the call's fault, then
 /// holds the answer as the fault, the payment method and `latency_ms` say.
+/// `key` is the write's idempotency key (`None` for reads, or when the
+/// header is unusable and `op` will refuse it).
 async fn provider_call(
     sim: &Simulator,
+    key: Option<String>,
     op: impl FnOnce(&mut SimState) -> Result<Reply, SimError>,
 ) -> Response {
-    let (fault, latency_ms, result) = {
+    let (fault, latency_ms, result, in_flight, scheduled) = {
         let mut state = sim.state();
+        // Refused before anything is drawn: the request never reached.
+        if state.unreachable(std::time::Instant::now()) {
+            return SimError::Unreachable.into_response();
+        }
         let fault = state.draw_fault();
         let latency_ms = state.faults.latency_ms;
+        let in_use =
+            state.faults.key_in_use_conflict && key.as_deref().is_some_and(|k| state.in_use(k));
+        if in_use && fault != CallFault::ErrorBefore {
+            // Answered at once, as a provider's idempotency layer does,
+            // without the latency of the request it stands behind.
+            return SimError::IdempotencyKeyInUse.into_response();
+        }
         let result = match fault {
             CallFault::ErrorBefore => None,
             _ => Some(op(&mut state)),
         };
-        (fault, latency_ms, result)
+        let held = fault == CallFault::Hang
+            || latency_ms > 0
+            || matches!(&result, Some(Ok(reply)) if reply.delay != AnswerDelay::None);
+        let in_flight = match key {
+            Some(key) if held => {
+                state.enter(&key);
+                Some(InFlight {
+                    sim: sim.clone(),
+                    key,
+                })
+            }
+            _ => None,
+        };
+        (fault, latency_ms, result, in_flight, state.take_scheduled())
     };
+    sim.spawn_scheduled(scheduled);
     let config = sim.config();
     let response = match (fault, result) {
         (CallFault::ErrorBefore | CallFault::ErrorAfter, _) | (_, None) => {
@@ -150,7 +203,14 @@ async fn provider_call(
     if latency_ms > 0 {
         sim.hold(latency_ms).await;
     }
+    drop(in_flight);
     response
+}
+
+/// The key of a write, if its header is usable; an unusable one is refused
+/// by the route itself, after the fault draw.
+fn key_of(headers: &HeaderMap) -> Option<String> {
+    idempotency_key(headers).ok()
 }
 
 fn redirect_base(sim: &Simulator, headers: &HeaderMap) -> String {
@@ -166,7 +226,7 @@ fn redirect_base(sim: &Simulator, headers: &HeaderMap) -> String {
 
 async fn create_charge(State(sim): State<Simulator>, headers: HeaderMap, body: Bytes) -> Response {
     let redirect = redirect_base(&sim, &headers);
-    provider_call(&sim, |state| {
+    provider_call(&sim, key_of(&headers), |state| {
         let key = idempotency_key(&headers)?;
         let req: CreateChargeRequest = parse(&body)?;
         state.create_charge(&key, &req, Utc::now(), &redirect)
@@ -179,19 +239,30 @@ struct KeyQuery {
     idempotency_key: Option<String>,
 }
 
+fn required_key(query: &KeyQuery) -> Result<&str, SimError> {
+    query
+        .idempotency_key
+        .as_deref()
+        .ok_or_else(|| SimError::InvalidRequest("idempotency_key is required".to_string()))
+}
+
 async fn find_charge_by_key(State(sim): State<Simulator>, query: Query<KeyQuery>) -> Response {
-    provider_call(&sim, |state| {
-        let key = query
-            .idempotency_key
-            .as_deref()
-            .ok_or_else(|| SimError::InvalidRequest("idempotency_key is required".to_string()))?;
-        state.find_by_key(key)
+    provider_call(&sim, None, |state| state.find_by_key(required_key(&query)?)).await
+}
+
+async fn get_charge(State(sim): State<Simulator>, Path(id): Path<String>) -> Response {
+    provider_call(&sim, None, |state| state.get_charge(&id)).await
+}
+
+async fn find_operation_by_key(State(sim): State<Simulator>, query: Query<KeyQuery>) -> Response {
+    provider_call(&sim, None, |state| {
+        state.find_operation_by_key(required_key(&query)?)
     })
     .await
 }
 
-async fn get_charge(State(sim): State<Simulator>, Path(id): Path<String>) -> Response {
-    provider_call(&sim, |state| state.get_charge(&id)).await
+async fn get_operation(State(sim): State<Simulator>, Path(id): Path<String>) -> Response {
+    provider_call(&sim, None, |state| state.get_operation(&id)).await
 }
 
 async fn capture(
@@ -200,7 +271,7 @@ async fn capture(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    provider_call(&sim, |state| {
+    provider_call(&sim, key_of(&headers), |state| {
         let key = idempotency_key(&headers)?;
         let req: CaptureRequest = parse_or_default(&body)?;
         state.capture(&key, &id, &req, Utc::now())
@@ -208,8 +279,22 @@ async fn capture(
     .await
 }
 
+async fn cancel(
+    State(sim): State<Simulator>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    provider_call(&sim, key_of(&headers), |state| {
+        let key = idempotency_key(&headers)?;
+        let _: CancelRequest = parse_or_default(&body)?;
+        state.cancel(&key, &id, Utc::now())
+    })
+    .await
+}
+
 async fn refund(State(sim): State<Simulator>, headers: HeaderMap, body: Bytes) -> Response {
-    provider_call(&sim, |state| {
+    provider_call(&sim, key_of(&headers), |state| {
         let key = idempotency_key(&headers)?;
         let req: RefundRequest = parse(&body)?;
         state.refund(&key, &req, Utc::now())
@@ -231,7 +316,7 @@ fn parse_time(name: &str, value: Option<&str>) -> Result<DateTime<Utc>, SimError
 }
 
 async fn settlement_report(State(sim): State<Simulator>, query: Query<WindowQuery>) -> Response {
-    provider_call(&sim, |state| {
+    provider_call(&sim, None, |state| {
         let from = parse_time("from", query.from.as_deref())?;
         let to = parse_time("to", query.to.as_deref())?;
         let data = state.report(from, to)?;
@@ -273,9 +358,15 @@ async fn post_faults(State(sim): State<Simulator>, body: Bytes) -> Response {
 }
 
 async fn reset_faults(State(sim): State<Simulator>) -> Response {
-    let mut state = sim.state();
-    state.faults = Default::default();
-    axum::Json(state.faults.clone()).into_response()
+    axum::Json(sim.reset_faults()).into_response()
+}
+
+async fn list_operations(State(sim): State<Simulator>) -> Response {
+    axum::Json(json!({"data": sim.state().operations()})).into_response()
+}
+
+async fn fail_operation(State(sim): State<Simulator>, Path(id): Path<String>) -> Response {
+    into_response(sim.state().fail_operation(&id, Utc::now()))
 }
 
 async fn list_charges(State(sim): State<Simulator>) -> Response {

@@ -7,6 +7,12 @@
 //! Events are emitted (recorded, and queued for the webhook dispatcher)
 //! under the lock too, so they leave in the order the changes were made;
 //! the reorder fault is the only thing that shuffles them.
+//!
+//! Captures, refunds and cancels are operations with records of their own:
+//! with asynchronous modifications they answer `pending` and are decided
+//! later, and a refund may fail after succeeding. A later change is queued
+//! in `scheduled` and run by the caller's timer ([`SimState::run_scheduled`]),
+//! so that everything here stays synchronous.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -21,8 +27,14 @@ use tokio::sync::mpsc;
 use super::faults::{call_fault, CallFault, Faults};
 use crate::event::{EventData, EventType, WebhookEvent};
 use crate::provider::{
-    Charge, ChargeStatus, Dispute, DisputeStatus, NextAction, Refund, ReportLine,
+    Charge, ChargeStatus, Dispute, DisputeStatus, NextAction, Operation, OperationAnswer,
+    OperationKind, OperationStatus, ReportLine,
 };
+
+/// Why a reversed refund failed, as card networks say it.
+pub const REVERSAL_REASON: &str = "expired_or_canceled_card";
+/// Why an operation failed by `POST /sim/operations/{id}/fail` failed.
+pub const FAILED_ON_DEMAND_REASON: &str = "failed_on_demand";
 
 /// The simulator refuses new charges beyond this many (it keeps everything
 /// in memory).
@@ -76,6 +88,22 @@ pub enum SimError {
     ChargeNotAwaitingAction,
     #[error("the charge has no open dispute")]
     DisputeNotOpen,
+    #[error("the charge is {0:?}; only an authorisation or a charge waiting for the customer can be canceled")]
+    ChargeNotCancelable(ChargeStatus),
+    #[error("a capture of this charge is still pending")]
+    CapturePending,
+    #[error("no such operation")]
+    OperationNotFound,
+    #[error("the operation is {0:?}; only a pending operation or a succeeded refund can fail")]
+    OperationNotFailable(OperationStatus),
+    #[error("a request with this Idempotency-Key is still running; retry later")]
+    IdempotencyKeyInUse,
+    #[error("the provider is unreachable")]
+    Unreachable,
+    /// A route this provider does not have (`lookup_disabled`): a bare 404
+    /// with no code, as a web server answers.
+    #[error("not found")]
+    NoSuchRoute,
     #[error("`from` must be before `to`")]
     WindowInvalid,
     #[error("the simulator holds {CHARGES_MAX} charges already")]
@@ -94,12 +122,21 @@ impl SimError {
             | SimError::CurrencyInvalid
             | SimError::PaymentMethodUnknown(_)
             | SimError::WindowInvalid => StatusCode::BAD_REQUEST,
-            SimError::ChargeNotFound => StatusCode::NOT_FOUND,
+            SimError::ChargeNotFound | SimError::OperationNotFound | SimError::NoSuchRoute => {
+                StatusCode::NOT_FOUND
+            }
+            // 400, as Stripe's `charge_already_captured`: 409 is kept for a
+            // key in use, which a client retries.
             SimError::ChargeNotCapturable(_)
             | SimError::ChargeNotRefundable
             | SimError::ChargeDisputed
             | SimError::ChargeNotAwaitingAction
-            | SimError::DisputeNotOpen => StatusCode::CONFLICT,
+            | SimError::DisputeNotOpen
+            | SimError::ChargeNotCancelable(_)
+            | SimError::CapturePending
+            | SimError::OperationNotFailable(_) => StatusCode::BAD_REQUEST,
+            SimError::IdempotencyKeyInUse => StatusCode::CONFLICT,
+            SimError::Unreachable => StatusCode::SERVICE_UNAVAILABLE,
             SimError::IdempotencyKeyReused
             | SimError::CaptureExceedsAuthorized
             | SimError::RefundExceedsCaptured => StatusCode::UNPROCESSABLE_ENTITY,
@@ -108,8 +145,10 @@ impl SimError {
         }
     }
 
-    pub fn code(&self) -> &'static str {
-        match self {
+    /// The stable code; `None` for a bare 404 of a route that does not
+    /// exist, whose body carries none.
+    pub fn code(&self) -> Option<&'static str> {
+        Some(match self {
             SimError::IdempotencyKeyMissing => "idempotency_key_missing",
             SimError::IdempotencyKeyInvalid => "idempotency_key_invalid",
             SimError::IdempotencyKeyReused => "idempotency_key_reused",
@@ -128,7 +167,14 @@ impl SimError {
             SimError::WindowInvalid => "window_invalid",
             SimError::CapacityExhausted => "capacity_exhausted",
             SimError::Simulated => "simulated_error",
-        }
+            SimError::ChargeNotCancelable(_) => "charge_not_cancelable",
+            SimError::CapturePending => "capture_pending",
+            SimError::OperationNotFound => crate::client::CODE_RESOURCE_MISSING,
+            SimError::OperationNotFailable(_) => "operation_not_failable",
+            SimError::IdempotencyKeyInUse => "idempotency_key_in_use",
+            SimError::Unreachable => "provider_unreachable",
+            SimError::NoSuchRoute => return None,
+        })
     }
 
     /// Stripe's error families: the caller's fault or the provider's.
@@ -167,6 +213,11 @@ pub struct CaptureRequest {
     #[serde(default)]
     pub amount_minor: Option<i64>,
 }
+
+/// `POST /v1/charges/{id}/cancel`: no parameters.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelRequest {}
 
 /// `POST /v1/refunds`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -221,6 +272,8 @@ pub(crate) struct Outgoing {
 
 struct ChargeRecord {
     charge: Charge,
+    /// Its operations' ids, in request order.
+    operations: Vec<String>,
     /// Every time the charge changed: the settlement report lists a charge
     /// in a window when one of these falls inside it.
     touches: Vec<DateTime<Utc>>,
@@ -232,8 +285,35 @@ enum IdempotencyRecord {
         fingerprint: String,
         charge_id: String,
     },
-    /// A capture or refund: a replay answers the stored answer.
-    Answer { fingerprint: String, body: Bytes },
+    /// A capture, refund or cancel: a replay answers the stored answer; a
+    /// lookup by key finds the operation as it stands now.
+    Answer {
+        fingerprint: String,
+        body: Bytes,
+        operation_id: String,
+    },
+}
+
+/// A change that happens later, on the caller's timer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Scheduled {
+    pub after_ms: u64,
+    pub operation_id: String,
+    pub action: LaterAction,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LaterAction {
+    /// An asynchronous capture or refund is decided (succeeded).
+    Decide,
+    /// A succeeded refund fails (the reversal fault).
+    Reverse,
+}
+
+struct OperationRecord {
+    operation: Operation,
+    /// Drawn when the refund was requested: it fails after succeeding.
+    reverses: bool,
 }
 
 pub(crate) struct SimState {
@@ -248,6 +328,13 @@ pub(crate) struct SimState {
     events: VecDeque<WebhookEvent>,
     outbox: Option<mpsc::Sender<Outgoing>>,
     fee_bps: u32,
+    operations: HashMap<String, OperationRecord>,
+    /// Later changes for the caller to run ([`SimState::take_scheduled`]).
+    scheduled: Vec<Scheduled>,
+    /// Keys whose requests' answers are still held back, with how many.
+    in_flight: HashMap<String, u32>,
+    /// Until when the provider routes refuse service (`unreachable_ms`).
+    pub unreachable_until: Option<std::time::Instant>,
 }
 
 fn new_id(prefix: &str) -> String {
@@ -333,7 +420,41 @@ impl SimState {
             events: VecDeque::new(),
             outbox,
             fee_bps,
+            operations: HashMap::new(),
+            scheduled: Vec::new(),
+            in_flight: HashMap::new(),
+            unreachable_until: None,
         }
+    }
+
+    /// Whether the provider routes refuse service at `now`.
+    pub fn unreachable(&self, now: std::time::Instant) -> bool {
+        self.unreachable_until.is_some_and(|until| now < until)
+    }
+
+    /// Whether a request with `key` is still running (its answer held).
+    pub fn in_use(&self, key: &str) -> bool {
+        self.in_flight.contains_key(key)
+    }
+
+    /// A request with `key` holds its answer back.
+    pub fn enter(&mut self, key: &str) {
+        *self.in_flight.entry(key.to_string()).or_insert(0) += 1;
+    }
+
+    /// A request with `key` has answered (or was abandoned).
+    pub fn leave(&mut self, key: &str) {
+        if let Some(n) = self.in_flight.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                self.in_flight.remove(key);
+            }
+        }
+    }
+
+    /// The later changes queued since the last call, for the caller's timer.
+    pub fn take_scheduled(&mut self) -> Vec<Scheduled> {
+        std::mem::take(&mut self.scheduled)
     }
 
     pub fn draw_fault(&mut self) -> CallFault {
@@ -344,12 +465,23 @@ impl SimState {
     }
 
     fn emit(&mut self, kind: EventType, charge: &Charge, now: DateTime<Utc>) {
+        self.emit_event(kind, charge, None, now);
+    }
+
+    fn emit_event(
+        &mut self,
+        kind: EventType,
+        charge: &Charge,
+        operation: Option<&Operation>,
+        now: DateTime<Utc>,
+    ) {
         let event = WebhookEvent {
             id: new_id("evt"),
             kind,
             created: now.timestamp(),
             data: EventData {
                 charge: charge.clone(),
+                operation: operation.cloned(),
             },
         };
         if let Some(outbox) = &self.outbox {
@@ -476,6 +608,7 @@ impl SimState {
             id.clone(),
             ChargeRecord {
                 charge: charge.clone(),
+                operations: Vec::new(),
                 touches: vec![now],
             },
         );
@@ -496,19 +629,20 @@ impl SimState {
         })
     }
 
-    /// Replays a stored capture or refund, refuses a reused key, or runs
+    /// Replays a stored operation answer, refuses a reused key, or runs
     /// `op` and stores its answer under the key.
     fn keyed_write(
         &mut self,
         key: &str,
         fingerprint: String,
-        op: impl FnOnce(&mut SimState) -> Result<Bytes, SimError>,
+        op: impl FnOnce(&mut SimState) -> Result<OperationAnswer, SimError>,
     ) -> Result<Reply, SimError> {
         if let Some(record) = self.keys.get(key) {
             return match record {
                 IdempotencyRecord::Answer {
                     fingerprint: stored,
                     body,
+                    ..
                 } if *stored == fingerprint => Ok(Reply {
                     status: StatusCode::OK,
                     body: body.clone(),
@@ -520,12 +654,14 @@ impl SimState {
         }
         // Refusals are not stored: the request changed nothing, and the
         // same key may succeed once the charge allows it.
-        let body = op(self)?;
+        let answer = op(self)?;
+        let body = to_bytes(&answer);
         self.keys.insert(
             key.to_string(),
             IdempotencyRecord::Answer {
                 fingerprint,
                 body: body.clone(),
+                operation_id: answer.operation.id,
             },
         );
         Ok(Reply {
@@ -534,6 +670,98 @@ impl SimState {
             replayed: false,
             delay: AnswerDelay::None,
         })
+    }
+
+    /// Records a new operation on `charge_id` and answers it with the
+    /// charge as it stands.
+    fn new_operation(
+        &mut self,
+        kind: OperationKind,
+        charge_id: &str,
+        key: &str,
+        amount_minor: i64,
+        status: OperationStatus,
+        now: DateTime<Utc>,
+    ) -> Result<OperationAnswer, SimError> {
+        let prefix = match kind {
+            OperationKind::Capture => "cap",
+            OperationKind::Refund => "re",
+            OperationKind::Cancel => "cnl",
+        };
+        let record = self.record_mut(charge_id)?;
+        let operation = Operation {
+            id: new_id(prefix),
+            kind,
+            charge: charge_id.to_string(),
+            idempotency_key: key.to_string(),
+            amount_minor,
+            currency: record.charge.currency.clone(),
+            status,
+            failure_reason: None,
+            created: now,
+            updated: now,
+        };
+        record.operations.push(operation.id.clone());
+        let charge = record.charge.clone();
+        self.operations.insert(
+            operation.id.clone(),
+            OperationRecord {
+                operation: operation.clone(),
+                reverses: false,
+            },
+        );
+        Ok(OperationAnswer {
+            operation,
+            charge: Some(charge),
+        })
+    }
+
+    /// Marks a refund as one that fails after succeeding.
+    fn set_reverses(&mut self, operation_id: &str, reverses: bool) {
+        if let Some(record) = self.operations.get_mut(operation_id) {
+            record.reverses = reverses;
+        }
+    }
+
+    /// The operations of `charge_id` of `kind` that are still pending.
+    fn pending_of(&self, charge_id: &str, kind: OperationKind) -> impl Iterator<Item = &Operation> {
+        self.charges
+            .get(charge_id)
+            .into_iter()
+            .flat_map(|r| r.operations.iter())
+            .filter_map(|id| self.operations.get(id))
+            .map(|r| &r.operation)
+            .filter(move |o| o.kind == kind && o.status == OperationStatus::Pending)
+    }
+
+    fn schedule(&mut self, after_ms: u64, operation_id: &str, action: LaterAction) {
+        self.scheduled.push(Scheduled {
+            after_ms,
+            operation_id: operation_id.to_string(),
+            action,
+        });
+    }
+
+    /// Checks that `c` can be captured for `amount` (`None`: all of it).
+    fn capturable(&self, c: &Charge, amount: Option<i64>) -> Result<i64, SimError> {
+        if c.status != ChargeStatus::RequiresCapture {
+            return Err(SimError::ChargeNotCapturable(c.status));
+        }
+        if self
+            .pending_of(&c.id, OperationKind::Capture)
+            .next()
+            .is_some()
+        {
+            return Err(SimError::CapturePending);
+        }
+        let amount = amount.unwrap_or(c.amount_minor);
+        if amount <= 0 {
+            return Err(SimError::AmountMustBePositive);
+        }
+        if amount > c.amount_minor {
+            return Err(SimError::CaptureExceedsAuthorized);
+        }
+        Ok(amount)
     }
 
     pub fn capture(
@@ -545,55 +773,85 @@ impl SimState {
     ) -> Result<Reply, SimError> {
         let fp = fingerprint("POST", &format!("/v1/charges/{charge_id}/capture"), req);
         self.keyed_write(key, fp, |state| {
+            let charge = state
+                .charges
+                .get(charge_id)
+                .ok_or(SimError::ChargeNotFound)?
+                .charge
+                .clone();
+            let amount = state.capturable(&charge, req.amount_minor)?;
+            if state.faults.async_modifications {
+                let answer = state.new_operation(
+                    OperationKind::Capture,
+                    charge_id,
+                    key,
+                    amount,
+                    OperationStatus::Pending,
+                    now,
+                )?;
+                let delay = state.faults.async_delay_ms;
+                state.schedule(delay, &answer.operation.id, LaterAction::Decide);
+                return Ok(answer);
+            }
             let charge = state.change(charge_id, now, Some(EventType::ChargeCaptured), |c| {
-                if c.status != ChargeStatus::RequiresCapture {
-                    return Err(SimError::ChargeNotCapturable(c.status));
-                }
-                let amount = req.amount_minor.unwrap_or(c.amount_minor);
-                if amount <= 0 {
-                    return Err(SimError::AmountMustBePositive);
-                }
-                if amount > c.amount_minor {
-                    return Err(SimError::CaptureExceedsAuthorized);
-                }
                 c.amount_captured = amount;
                 c.status = ChargeStatus::Succeeded;
                 Ok(())
             })?;
-            Ok(to_bytes(&charge))
+            let mut answer = state.new_operation(
+                OperationKind::Capture,
+                charge_id,
+                key,
+                amount,
+                OperationStatus::Succeeded,
+                now,
+            )?;
+            answer.charge = Some(charge);
+            Ok(answer)
         })
     }
 
+    /// Checks that `amount_minor` can be refunded from `c`: captured, not
+    /// disputed, and within what is captured minus what is refunded or
+    /// still pending as a refund.
+    fn refundable(&self, c: &Charge, amount_minor: i64) -> Result<(), SimError> {
+        if amount_minor <= 0 {
+            return Err(SimError::AmountMustBePositive);
+        }
+        if c.status != ChargeStatus::Succeeded || c.amount_captured == 0 {
+            return Err(SimError::ChargeNotRefundable);
+        }
+        if c.dispute.is_some() {
+            return Err(SimError::ChargeDisputed);
+        }
+        let pending: i64 = self
+            .pending_of(&c.id, OperationKind::Refund)
+            .map(|o| o.amount_minor)
+            .sum();
+        let refundable = c.amount_captured - c.amount_refunded - pending;
+        if amount_minor > refundable {
+            return Err(SimError::RefundExceedsCaptured);
+        }
+        Ok(())
+    }
+
+    /// Refunds at once, without an operation (the provider's dashboard).
     fn refund_charge(
         &mut self,
         charge_id: &str,
         amount_minor: i64,
         now: DateTime<Utc>,
-    ) -> Result<Refund, SimError> {
-        let charge = self.change(charge_id, now, Some(EventType::ChargeRefunded), |c| {
-            if amount_minor <= 0 {
-                return Err(SimError::AmountMustBePositive);
-            }
-            if c.status != ChargeStatus::Succeeded || c.amount_captured == 0 {
-                return Err(SimError::ChargeNotRefundable);
-            }
-            if c.dispute.is_some() {
-                return Err(SimError::ChargeDisputed);
-            }
-            let refundable = c.amount_captured - c.amount_refunded;
-            if amount_minor > refundable {
-                return Err(SimError::RefundExceedsCaptured);
-            }
+    ) -> Result<Charge, SimError> {
+        let current = self
+            .charges
+            .get(charge_id)
+            .ok_or(SimError::ChargeNotFound)?
+            .charge
+            .clone();
+        self.refundable(&current, amount_minor)?;
+        self.change(charge_id, now, Some(EventType::ChargeRefunded), |c| {
             c.amount_refunded += amount_minor;
             Ok(())
-        })?;
-        Ok(Refund {
-            id: new_id("re"),
-            charge: charge.id,
-            amount_minor,
-            currency: charge.currency,
-            charge_amount_refunded: charge.amount_refunded,
-            created: now,
         })
     }
 
@@ -603,11 +861,265 @@ impl SimState {
         req: &RefundRequest,
         now: DateTime<Utc>,
     ) -> Result<Reply, SimError> {
+        // One draw per refund request, whatever the rate, so a run replays.
+        let reverses = self.fault_rng.random::<f64>() < self.faults.refund_reversal_rate;
         let fp = fingerprint("POST", "/v1/refunds", req);
         self.keyed_write(key, fp, |state| {
-            let refund = state.refund_charge(&req.charge, req.amount_minor, now)?;
-            Ok(to_bytes(&refund))
+            let current = state
+                .charges
+                .get(&req.charge)
+                .ok_or(SimError::ChargeNotFound)?
+                .charge
+                .clone();
+            state.refundable(&current, req.amount_minor)?;
+            if state.faults.async_modifications {
+                let answer = state.new_operation(
+                    OperationKind::Refund,
+                    &req.charge,
+                    key,
+                    req.amount_minor,
+                    OperationStatus::Pending,
+                    now,
+                )?;
+                state.set_reverses(&answer.operation.id, reverses);
+                let delay = state.faults.async_delay_ms;
+                state.schedule(delay, &answer.operation.id, LaterAction::Decide);
+                return Ok(answer);
+            }
+            let charge = state.refund_charge(&req.charge, req.amount_minor, now)?;
+            let mut answer = state.new_operation(
+                OperationKind::Refund,
+                &req.charge,
+                key,
+                req.amount_minor,
+                OperationStatus::Succeeded,
+                now,
+            )?;
+            answer.charge = Some(charge);
+            state.set_reverses(&answer.operation.id, reverses);
+            if reverses {
+                let delay = state.faults.refund_reversal_delay_ms;
+                state.schedule(delay, &answer.operation.id, LaterAction::Reverse);
+            }
+            Ok(answer)
         })
+    }
+
+    /// `POST /v1/charges/{id}/cancel`: voids an authorisation or an
+    /// abandoned `requires_action` charge, synchronously.
+    pub fn cancel(
+        &mut self,
+        key: &str,
+        charge_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Reply, SimError> {
+        let fp = fingerprint(
+            "POST",
+            &format!("/v1/charges/{charge_id}/cancel"),
+            &CancelRequest {},
+        );
+        self.keyed_write(key, fp, |state| {
+            let current = state
+                .charges
+                .get(charge_id)
+                .ok_or(SimError::ChargeNotFound)?
+                .charge
+                .clone();
+            if !matches!(
+                current.status,
+                ChargeStatus::RequiresCapture | ChargeStatus::RequiresAction
+            ) {
+                return Err(SimError::ChargeNotCancelable(current.status));
+            }
+            if state
+                .pending_of(charge_id, OperationKind::Capture)
+                .next()
+                .is_some()
+            {
+                return Err(SimError::CapturePending);
+            }
+            let charge = state.change(charge_id, now, Some(EventType::ChargeFailed), |c| {
+                c.status = ChargeStatus::Failed;
+                c.failure_code = Some("canceled".to_string());
+                c.next_action = None;
+                Ok(())
+            })?;
+            let mut answer = state.new_operation(
+                OperationKind::Cancel,
+                charge_id,
+                key,
+                current.amount_minor,
+                OperationStatus::Succeeded,
+                now,
+            )?;
+            answer.charge = Some(charge);
+            Ok(answer)
+        })
+    }
+
+    /// Sets an operation's status, stamps it, and announces it with
+    /// `operation.updated` and the charge as it then stands.
+    fn settle_operation(
+        &mut self,
+        operation_id: &str,
+        status: OperationStatus,
+        failure_reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<OperationAnswer, SimError> {
+        let record = self
+            .operations
+            .get_mut(operation_id)
+            .ok_or(SimError::OperationNotFound)?;
+        record.operation.status = status;
+        record.operation.failure_reason = failure_reason.map(str::to_string);
+        record.operation.updated = now;
+        let operation = record.operation.clone();
+        let charge = self.change(&operation.charge, now, None, |_| Ok(()))?;
+        self.emit_event(EventType::OperationUpdated, &charge, Some(&operation), now);
+        Ok(OperationAnswer {
+            operation,
+            charge: Some(charge),
+        })
+    }
+
+    /// Runs a change that was scheduled. An operation that has moved on
+    /// meanwhile (failed on demand) is left alone.
+    pub fn run_scheduled(
+        &mut self,
+        item: &Scheduled,
+        now: DateTime<Utc>,
+    ) -> Result<Option<OperationAnswer>, SimError> {
+        let record = self
+            .operations
+            .get(&item.operation_id)
+            .ok_or(SimError::OperationNotFound)?;
+        let operation = record.operation.clone();
+        let reverses = record.reverses;
+        match (item.action, operation.status) {
+            (LaterAction::Decide, OperationStatus::Pending) => {
+                self.decide(&operation, reverses, now).map(Some)
+            }
+            (LaterAction::Reverse, OperationStatus::Succeeded) => {
+                self.reverse(&operation, REVERSAL_REASON, now).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Decides a pending capture or refund: it succeeds when the charge
+    /// still allows it, and fails otherwise.
+    fn decide(
+        &mut self,
+        operation: &Operation,
+        reverses: bool,
+        now: DateTime<Utc>,
+    ) -> Result<OperationAnswer, SimError> {
+        let amount = operation.amount_minor;
+        let charge_id = operation.charge.as_str();
+        let effect = self.change(charge_id, now, None, |c| match operation.kind {
+            OperationKind::Capture if c.status == ChargeStatus::RequiresCapture => {
+                c.amount_captured = amount;
+                c.status = ChargeStatus::Succeeded;
+                Ok(())
+            }
+            OperationKind::Refund
+                if c.status == ChargeStatus::Succeeded
+                    && c.amount_captured - c.amount_refunded >= amount =>
+            {
+                c.amount_refunded += amount;
+                Ok(())
+            }
+            _ => Err(SimError::ChargeNotRefundable),
+        });
+        match effect {
+            Ok(_) => {
+                let answer =
+                    self.settle_operation(&operation.id, OperationStatus::Succeeded, None, now)?;
+                if reverses && operation.kind == OperationKind::Refund {
+                    let delay = self.faults.refund_reversal_delay_ms;
+                    self.schedule(delay, &operation.id, LaterAction::Reverse);
+                }
+                Ok(answer)
+            }
+            Err(SimError::ChargeNotFound) => Err(SimError::ChargeNotFound),
+            Err(error) => {
+                self.settle_operation(&operation.id, OperationStatus::Failed, error.code(), now)
+            }
+        }
+    }
+
+    /// A succeeded refund fails: the refunded amount counts no more.
+    fn reverse(
+        &mut self,
+        operation: &Operation,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<OperationAnswer, SimError> {
+        let amount = operation.amount_minor;
+        self.change(&operation.charge, now, None, |c| {
+            c.amount_refunded = (c.amount_refunded - amount).max(0);
+            Ok(())
+        })?;
+        self.settle_operation(&operation.id, OperationStatus::Failed, Some(reason), now)
+    }
+
+    /// `POST /sim/operations/{id}/fail`: a pending operation is decided
+    /// failed, a succeeded refund is reversed, now.
+    pub fn fail_operation(
+        &mut self,
+        operation_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<OperationAnswer, SimError> {
+        let operation = self
+            .operations
+            .get(operation_id)
+            .ok_or(SimError::OperationNotFound)?
+            .operation
+            .clone();
+        match (operation.kind, operation.status) {
+            (_, OperationStatus::Pending) => self.settle_operation(
+                operation_id,
+                OperationStatus::Failed,
+                Some(FAILED_ON_DEMAND_REASON),
+                now,
+            ),
+            (OperationKind::Refund, OperationStatus::Succeeded) => {
+                self.reverse(&operation, REVERSAL_REASON, now)
+            }
+            (_, status) => Err(SimError::OperationNotFailable(status)),
+        }
+    }
+
+    pub fn get_operation(&self, operation_id: &str) -> Result<Reply, SimError> {
+        let record = self
+            .operations
+            .get(operation_id)
+            .ok_or(SimError::OperationNotFound)?;
+        Ok(Reply::json(&record.operation))
+    }
+
+    pub fn find_operation_by_key(&self, key: &str) -> Result<Reply, SimError> {
+        if self.faults.lookup_disabled {
+            return Err(SimError::NoSuchRoute);
+        }
+        match self.keys.get(key) {
+            Some(IdempotencyRecord::Answer { operation_id, .. }) => {
+                self.get_operation(operation_id)
+            }
+            _ => Err(SimError::OperationNotFound),
+        }
+    }
+
+    /// Every operation, in request order, for the truth routes.
+    pub fn operations(&self) -> Vec<Operation> {
+        let mut all: Vec<Operation> = self
+            .operations
+            .values()
+            .map(|r| r.operation.clone())
+            .collect();
+        // Ids are time-ordered (UUIDv7) within one prefix; order by time.
+        all.sort_by(|a, b| a.created.cmp(&b.created).then_with(|| a.id.cmp(&b.id)));
+        all
     }
 
     pub fn get_charge(&self, charge_id: &str) -> Result<Reply, SimError> {
@@ -619,6 +1131,9 @@ impl SimState {
     }
 
     pub fn find_by_key(&self, key: &str) -> Result<Reply, SimError> {
+        if self.faults.lookup_disabled {
+            return Err(SimError::NoSuchRoute);
+        }
         match self.keys.get(key) {
             Some(IdempotencyRecord::Charge { charge_id, .. }) => self.get_charge(charge_id),
             _ => Err(SimError::ChargeNotFound),
@@ -697,11 +1212,7 @@ impl SimState {
         amount_minor: i64,
         now: DateTime<Utc>,
     ) -> Result<Charge, SimError> {
-        self.refund_charge(charge_id, amount_minor, now)?;
-        self.charges
-            .get(charge_id)
-            .map(|r| r.charge.clone())
-            .ok_or(SimError::ChargeNotFound)
+        self.refund_charge(charge_id, amount_minor, now)
     }
 
     pub fn open_dispute(
@@ -970,9 +1481,13 @@ mod tests {
             SimError::RefundExceedsCaptured
         );
         // A refusal is not stored: the key stays free.
-        let done: Refund =
+        let done: OperationAnswer =
             serde_json::from_slice(&s.refund("r2", &refund(4_000), now).unwrap().body).unwrap();
-        assert_eq!(done.charge_amount_refunded, 10_000);
+        assert_eq!(
+            (done.operation.kind, done.operation.status),
+            (OperationKind::Refund, OperationStatus::Succeeded)
+        );
+        assert_eq!(done.charge.unwrap().amount_refunded, 10_000);
         assert_eq!(
             s.refund("r3", &refund(0), now).unwrap_err(),
             SimError::AmountMustBePositive
@@ -997,7 +1512,16 @@ mod tests {
         let part = CaptureRequest {
             amount_minor: Some(7_000),
         };
-        let captured = charge_of(&s.capture("c1", &auth.id, &part, now).unwrap());
+        let answer = answer_of(&s.capture("c1", &auth.id, &part, now).unwrap());
+        assert_eq!(
+            (
+                answer.operation.kind,
+                answer.operation.status,
+                answer.operation.amount_minor
+            ),
+            (OperationKind::Capture, OperationStatus::Succeeded, 7_000)
+        );
+        let captured = answer.charge.unwrap();
         assert_eq!(
             (captured.status, captured.amount_captured),
             (ChargeStatus::Succeeded, 7_000)
@@ -1104,6 +1628,296 @@ mod tests {
             check_idempotency_key(Some("pay_1:charge")),
             Ok("pay_1:charge")
         );
+    }
+
+    fn answer_of(reply: &Reply) -> OperationAnswer {
+        serde_json::from_slice(&reply.body).unwrap()
+    }
+
+    fn captured_charge(s: &mut SimState, key: &str, now: DateTime<Utc>) -> Charge {
+        charge_of(
+            &s.create_charge(key, &request(PM_CARD_OK, true), now, "")
+                .unwrap(),
+        )
+    }
+
+    fn refund_of(charge: &Charge, amount_minor: i64) -> RefundRequest {
+        RefundRequest {
+            charge: charge.id.clone(),
+            amount_minor,
+        }
+    }
+
+    fn run_all(s: &mut SimState, now: DateTime<Utc>) -> Vec<OperationAnswer> {
+        let mut done = Vec::new();
+        loop {
+            let items = s.take_scheduled();
+            if items.is_empty() {
+                return done;
+            }
+            for item in items {
+                done.extend(s.run_scheduled(&item, now).unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn async_modifications_answer_pending_and_change_the_charge_only_when_decided() {
+        let mut s = SimState::new(1, 0, None);
+        s.faults.async_modifications = true;
+        s.faults.async_delay_ms = 7;
+        let now = Utc::now();
+        let auth = charge_of(
+            &s.create_charge("k", &request(PM_CARD_OK, false), now, "")
+                .unwrap(),
+        );
+        let pending = answer_of(
+            &s.capture("c1", &auth.id, &CaptureRequest::default(), now)
+                .unwrap(),
+        );
+        assert_eq!(pending.operation.status, OperationStatus::Pending);
+        assert_eq!(pending.operation.kind, OperationKind::Capture);
+        assert_eq!(
+            pending.charge.unwrap().status,
+            ChargeStatus::RequiresCapture
+        );
+        // One capture at a time.
+        assert_eq!(
+            s.capture("c2", &auth.id, &CaptureRequest::default(), now)
+                .unwrap_err(),
+            SimError::CapturePending
+        );
+        let scheduled = s.take_scheduled();
+        assert_eq!(scheduled.len(), 1);
+        assert_eq!(scheduled[0].after_ms, 7);
+        let decided = s.run_scheduled(&scheduled[0], now).unwrap().unwrap();
+        assert_eq!(decided.operation.status, OperationStatus::Succeeded);
+        let charge = decided.charge.unwrap();
+        assert_eq!(
+            (charge.status, charge.amount_captured),
+            (ChargeStatus::Succeeded, 10_000)
+        );
+        // Running it again changes nothing.
+        assert_eq!(s.run_scheduled(&scheduled[0], now).unwrap(), None);
+
+        let first = answer_of(&s.refund("r1", &refund_of(&auth, 6_000), now).unwrap());
+        assert_eq!(first.operation.status, OperationStatus::Pending);
+        assert_eq!(
+            first.charge.unwrap().amount_refunded,
+            0,
+            "pending does not count"
+        );
+        // A pending refund reserves its amount.
+        assert_eq!(
+            s.refund("r2", &refund_of(&auth, 4_001), now).unwrap_err(),
+            SimError::RefundExceedsCaptured
+        );
+        let decided = run_all(&mut s, now);
+        assert_eq!(decided.len(), 1);
+        assert_eq!(decided[0].charge.as_ref().unwrap().amount_refunded, 6_000);
+
+        let updates: Vec<&WebhookEvent> = s
+            .events
+            .iter()
+            .filter(|e| e.kind == EventType::OperationUpdated)
+            .collect();
+        assert_eq!(updates.len(), 2);
+        let op = updates[1].data.operation.as_ref().unwrap();
+        assert_eq!(
+            (op.kind, op.status),
+            (OperationKind::Refund, OperationStatus::Succeeded)
+        );
+        assert_eq!(updates[1].data.charge.amount_refunded, 6_000);
+        // No charge.captured / charge.refunded for the asynchronous ones.
+        assert!(!s.events.iter().any(|e| matches!(
+            e.kind,
+            EventType::ChargeCaptured | EventType::ChargeRefunded
+        )));
+    }
+
+    #[test]
+    fn a_reversed_refund_fails_later_and_stops_counting() {
+        let mut s = SimState::new(1, 0, None);
+        s.faults.refund_reversal_rate = 1.0;
+        s.faults.refund_reversal_delay_ms = 9;
+        let now = Utc::now();
+        let charge = captured_charge(&mut s, "k", now);
+        let done = answer_of(&s.refund("r1", &refund_of(&charge, 6_000), now).unwrap());
+        assert_eq!(done.operation.status, OperationStatus::Succeeded);
+        assert_eq!(done.charge.unwrap().amount_refunded, 6_000);
+        let scheduled = s.take_scheduled();
+        assert_eq!(
+            (scheduled.len(), scheduled[0].after_ms, scheduled[0].action),
+            (1, 9, LaterAction::Reverse)
+        );
+        let reversed = s.run_scheduled(&scheduled[0], now).unwrap().unwrap();
+        assert_eq!(reversed.operation.status, OperationStatus::Failed);
+        assert_eq!(
+            reversed.operation.failure_reason.as_deref(),
+            Some(REVERSAL_REASON)
+        );
+        assert_eq!(reversed.charge.unwrap().amount_refunded, 0);
+        let found: Operation =
+            serde_json::from_slice(&s.find_operation_by_key("r1").unwrap().body).unwrap();
+        assert_eq!(found.status, OperationStatus::Failed);
+        let last = s.events.back().unwrap();
+        assert_eq!(last.kind, EventType::OperationUpdated);
+        assert_eq!(last.data.charge.amount_refunded, 0);
+        // The replay of the key still answers what it answered first.
+        let replay = answer_of(&s.refund("r1", &refund_of(&charge, 6_000), now).unwrap());
+        assert_eq!(replay.operation.status, OperationStatus::Succeeded);
+
+        // Rate 0: no reversal is ever scheduled.
+        s.faults.refund_reversal_rate = 0.0;
+        s.refund("r2", &refund_of(&charge, 1_000), now).unwrap();
+        assert!(s.take_scheduled().is_empty());
+    }
+
+    #[test]
+    fn operations_fail_on_demand_and_cancels_void_what_is_not_captured() {
+        let mut s = SimState::new(1, 0, None);
+        let now = Utc::now();
+        let charge = captured_charge(&mut s, "k", now);
+        let refund = answer_of(&s.refund("r1", &refund_of(&charge, 2_000), now).unwrap());
+        let failed = s.fail_operation(&refund.operation.id, now).unwrap();
+        assert_eq!(failed.operation.status, OperationStatus::Failed);
+        assert_eq!(failed.charge.unwrap().amount_refunded, 0);
+        assert_eq!(
+            s.fail_operation(&refund.operation.id, now).unwrap_err(),
+            SimError::OperationNotFailable(OperationStatus::Failed)
+        );
+        assert_eq!(
+            s.fail_operation("re_nope", now).unwrap_err(),
+            SimError::OperationNotFound
+        );
+
+        s.faults.async_modifications = true;
+        let auth = charge_of(
+            &s.create_charge("a", &request(PM_CARD_OK, false), now, "")
+                .unwrap(),
+        );
+        let capture = answer_of(
+            &s.capture("c", &auth.id, &CaptureRequest::default(), now)
+                .unwrap(),
+        );
+        let failed = s.fail_operation(&capture.operation.id, now).unwrap();
+        assert_eq!(
+            failed.operation.failure_reason.as_deref(),
+            Some(FAILED_ON_DEMAND_REASON)
+        );
+        // The scheduled decision finds it decided and leaves it.
+        assert!(run_all(&mut s, now).is_empty());
+        assert_eq!(
+            s.get_charge(&auth.id).map(|r| charge_of(&r).status),
+            Ok(ChargeStatus::RequiresCapture)
+        );
+        s.faults.async_modifications = false;
+
+        let canceled = answer_of(&s.cancel("x1", &auth.id, now).unwrap());
+        assert_eq!(
+            (canceled.operation.kind, canceled.operation.amount_minor),
+            (OperationKind::Cancel, 10_000)
+        );
+        let after = canceled.charge.unwrap();
+        assert_eq!(
+            (after.status, after.failure_code.as_deref()),
+            (ChargeStatus::Failed, Some("canceled"))
+        );
+        assert!(s.cancel("x1", &auth.id, now).unwrap().replayed);
+        assert_eq!(
+            s.cancel("x2", &auth.id, now).unwrap_err(),
+            SimError::ChargeNotCancelable(ChargeStatus::Failed)
+        );
+        let redirect = charge_of(
+            &s.create_charge("rd", &request(PM_REDIRECT, true), now, "")
+                .unwrap(),
+        );
+        let abandoned = answer_of(&s.cancel("x3", &redirect.id, now).unwrap());
+        let after = abandoned.charge.unwrap();
+        assert_eq!(
+            (after.status, after.next_action),
+            (ChargeStatus::Failed, None)
+        );
+        assert_eq!(
+            s.complete(&redirect.id, true, now).unwrap_err(),
+            SimError::ChargeNotAwaitingAction
+        );
+        assert_eq!(
+            s.cancel("x4", &charge.id, now).unwrap_err(),
+            SimError::ChargeNotCancelable(ChargeStatus::Succeeded)
+        );
+    }
+
+    #[test]
+    fn refusals_are_4xx_other_than_409_and_409_means_a_key_in_use() {
+        let mut s = SimState::new(1, 0, None);
+        let now = Utc::now();
+        let charge = captured_charge(&mut s, "k", now);
+        s.open_dispute(&charge.id, None, now).unwrap();
+        let disputed = s.refund("r", &refund_of(&charge, 1), now).unwrap_err();
+        assert_eq!(disputed, SimError::ChargeDisputed);
+        let not_auth = s
+            .capture("c", &charge.id, &CaptureRequest::default(), now)
+            .unwrap_err();
+        for refusal in [
+            disputed,
+            not_auth,
+            SimError::RefundExceedsCaptured,
+            SimError::ChargeNotCancelable(ChargeStatus::Failed),
+        ] {
+            assert!(refusal.status().is_client_error(), "{refusal:?}");
+            assert_ne!(refusal.status(), StatusCode::CONFLICT, "{refusal:?}");
+        }
+        assert_eq!(SimError::IdempotencyKeyInUse.status(), StatusCode::CONFLICT);
+        assert_eq!(
+            SimError::IdempotencyKeyInUse.code(),
+            Some("idempotency_key_in_use")
+        );
+
+        s.enter("k1");
+        s.enter("k1");
+        s.leave("k1");
+        assert!(s.in_use("k1"), "two requests held it; one left");
+        s.leave("k1");
+        assert!(!s.in_use("k1"));
+    }
+
+    #[test]
+    fn without_the_lookup_routes_a_lookup_by_key_is_a_bare_404() {
+        let mut s = SimState::new(1, 0, None);
+        let now = Utc::now();
+        let charge = captured_charge(&mut s, "k", now);
+        s.refund("r", &refund_of(&charge, 1), now).unwrap();
+        assert!(s.find_by_key("k").is_ok());
+        assert!(s.find_operation_by_key("r").is_ok());
+        assert_eq!(
+            s.find_operation_by_key("k").unwrap_err(),
+            SimError::OperationNotFound,
+            "a charge's key names no operation"
+        );
+        s.faults.lookup_disabled = true;
+        for error in [
+            s.find_by_key("k").unwrap_err(),
+            s.find_operation_by_key("r").unwrap_err(),
+        ] {
+            assert_eq!(error, SimError::NoSuchRoute);
+            assert_eq!(
+                (error.status(), error.code()),
+                (StatusCode::NOT_FOUND, None)
+            );
+        }
+        // Reads by id stay.
+        assert!(s.get_charge(&charge.id).is_ok());
+    }
+
+    #[test]
+    fn an_unreachable_period_ends_by_itself() {
+        let mut s = SimState::new(1, 0, None);
+        let now = std::time::Instant::now();
+        assert!(!s.unreachable(now));
+        s.unreachable_until = Some(now + std::time::Duration::from_millis(50));
+        assert!(s.unreachable(now));
+        assert!(!s.unreachable(now + std::time::Duration::from_millis(50)));
     }
 
     #[test]
