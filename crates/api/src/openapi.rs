@@ -48,6 +48,26 @@ pub struct NextAction {
     pub redirect_url: String,
 }
 
+/// A capture or refund asked of the provider.
+#[derive(Serialize, ToSchema)]
+pub struct ProviderOperation {
+    /// `capture` or `refund`.
+    pub kind: String,
+    /// 1-based within its kind; a refund's sequence names it (`/refunds/{sequence}`).
+    pub sequence: u32,
+    pub amount_minor: i64,
+    /// `requested` (no answer yet), `pending` (received, decided later), `succeeded`, `refused`
+    /// (nothing moved; what it reserved is free again) or `reversed` (a refund that failed after
+    /// it succeeded; a reversing entry undid it).
+    pub state: String,
+    /// The provider's id of the operation, once known.
+    pub provider_id: Option<String>,
+    /// Why it was refused or reversed (the provider's code).
+    pub reason: Option<String>,
+    pub requested_at: String,
+    pub updated_at: String,
+}
+
 /// A payment.
 #[derive(Serialize, ToSchema)]
 pub struct Payment {
@@ -73,6 +93,8 @@ pub struct Payment {
     pub created_at: String,
     pub updated_at: String,
     pub next_action: Option<NextAction>,
+    /// Every capture and refund asked of the provider, in the order asked, with its state.
+    pub operations: Vec<ProviderOperation>,
     /// The global log position of the last event the command wrote: pass it as `min_position`.
     pub position: i64,
 }

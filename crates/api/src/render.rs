@@ -5,8 +5,8 @@
 use asiento_app::idempotency::StoredResponse;
 use asiento_app::reply::{NextActionIn, PaymentCommandKind, Rejected, Render, Reply};
 use asiento_domain::{
-    transfer::TransferRecord, GuardRejection, PaymentId, PaymentRecord, PaymentRejection,
-    PaymentStatus, TransferRejection,
+    transfer::TransferRecord, GuardRejection, OperationKind, OperationState, PaymentId,
+    PaymentRecord, PaymentRejection, PaymentStatus, TransferRejection,
 };
 use axum::http::StatusCode;
 use serde_json::{json, Value};
@@ -24,9 +24,15 @@ impl Render for JsonRender {
                 kind,
                 payment,
                 position,
-            } => StoredResponse {
-                status: payment_status_code(*kind, payment).as_u16(),
-                body: to_bytes(&payment_json(payment, *position)),
+            } => match refused_operation(*kind, payment) {
+                Some(problem) => StoredResponse {
+                    status: problem.status,
+                    body: problem.body_bytes(),
+                },
+                None => StoredResponse {
+                    status: payment_status_code(*kind, payment).as_u16(),
+                    body: to_bytes(&payment_json(payment, *position)),
+                },
             },
             Reply::Transfer { transfer, position } => StoredResponse {
                 status: StatusCode::CREATED.as_u16(),
@@ -69,24 +75,77 @@ fn to_bytes(value: &Value) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec())
 }
 
-/// 202 while the provider's answer to this request is still unknown; otherwise what the command
-/// did: 201 for a created payment or refund, 200 for a capture.
+/// A capture or refund the provider refused answers as a problem: nothing moved, and what the
+/// request reserved is free again (the amount is refundable, another capture may be asked for).
+fn refused_operation(kind: PaymentCommandKind, payment: &PaymentRecord) -> Option<Problem> {
+    let (op_kind, sequence, code) = match kind {
+        PaymentCommandKind::Capture { sequence } => {
+            (OperationKind::Capture, sequence, "capture_refused")
+        }
+        PaymentCommandKind::Refund { sequence } => {
+            (OperationKind::Refund, sequence, "refund_refused")
+        }
+        PaymentCommandKind::Create | PaymentCommandKind::Read => return None,
+    };
+    let op = payment.operation(op_kind, sequence)?;
+    (op.state == OperationState::Refused).then(|| {
+        let reason = op.reason.as_deref().unwrap_or("refused");
+        Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            code,
+            format!(
+                "the provider refused the {} ({reason}); nothing moved",
+                op_kind.as_str()
+            ),
+        )
+    })
+}
+
+/// What a command did, as its status: 202 while the provider's answer to this request's own
+/// operation is still unknown or pending; otherwise 201 for a created payment or refund, 200 for
+/// a capture.
 fn payment_status_code(kind: PaymentCommandKind, payment: &PaymentRecord) -> StatusCode {
+    let open = |kind: OperationKind, sequence: u32| {
+        payment
+            .operation(kind, sequence)
+            .is_none_or(|op| op.state.is_open())
+    };
     let waiting_on_provider = match kind {
         PaymentCommandKind::Create => payment.status == PaymentStatus::Pending,
-        PaymentCommandKind::Capture => payment.open_capture().is_some(),
-        PaymentCommandKind::Refund => payment
-            .refund_committed()
-            .is_ok_and(|committed| committed > payment.refunded),
+        PaymentCommandKind::Capture { sequence } => open(OperationKind::Capture, sequence),
+        PaymentCommandKind::Refund { sequence } => open(OperationKind::Refund, sequence),
         PaymentCommandKind::Read => false,
     };
     if waiting_on_provider {
         return StatusCode::ACCEPTED;
     }
     match kind {
-        PaymentCommandKind::Create | PaymentCommandKind::Refund => StatusCode::CREATED,
-        PaymentCommandKind::Capture | PaymentCommandKind::Read => StatusCode::OK,
+        PaymentCommandKind::Create | PaymentCommandKind::Refund { .. } => StatusCode::CREATED,
+        PaymentCommandKind::Capture { .. } | PaymentCommandKind::Read => StatusCode::OK,
     }
+}
+
+/// The operations of a payment as API.md shows them.
+fn operations_json(payment: &PaymentRecord) -> Value {
+    let millis = |at: &chrono::DateTime<chrono::Utc>| {
+        at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    };
+    payment
+        .operations
+        .iter()
+        .map(|op| {
+            json!({
+                "kind": op.kind.as_str(),
+                "sequence": op.sequence,
+                "amount_minor": op.amount.minor(),
+                "state": op.state.as_str(),
+                "provider_id": op.provider_id,
+                "reason": op.reason,
+                "requested_at": millis(&op.requested_at),
+                "updated_at": millis(&op.updated_at),
+            })
+        })
+        .collect()
 }
 
 /// The payment object of API.md. `next_action` is present only while `requires_action` (the
@@ -116,6 +175,7 @@ pub fn payment_json(payment: &PaymentRecord, position: i64) -> Value {
         "created_at": payment.created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         "updated_at": payment.updated_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         "next_action": next_action,
+        "operations": operations_json(payment),
         "position": position,
     })
 }

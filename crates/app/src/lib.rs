@@ -6,6 +6,7 @@
 pub mod api_keys;
 pub mod clock;
 pub mod exceptions;
+pub mod facts;
 pub mod group_commit;
 pub mod group_statement;
 pub mod guard_cache;

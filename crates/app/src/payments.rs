@@ -19,19 +19,17 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use asiento_domain::{
-    psp_refund_key, Amount, CaptureMode, CreatePayment, Currency, CustomerId, Payment,
+    Amount, CaptureMode, CreatePayment, Currency, CustomerId, Operation, OperationKind, Payment,
     PaymentCommand, PaymentEvent, PaymentId, PaymentRecord, PaymentRejection, PaymentStatus,
     ProviderFact, ProviderName, TenantId,
 };
 use asiento_eventstore::{AppendError, Appended, Database, Metadata, Tx};
-use asiento_psp::{
-    Charge, ChargeOutcome, ChargeStatus, CreateCharge, OperationAnswer, OperationStatus,
-    ProviderError,
-};
+use asiento_psp::CreateCharge;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use crate::clock::Clock;
+use crate::facts;
 use crate::group_commit::{
     Committed, Completion as WorkCompletion, GroupCommit, GroupCommitError, Respond, Work,
 };
@@ -407,7 +405,7 @@ impl PaymentFlow {
                     metadata: string_metadata(&record.metadata),
                 })
                 .await;
-            fact_from_outcome(outcome)
+            facts::charge_outcome_fact(outcome)
         } else {
             None
         };
@@ -703,33 +701,8 @@ impl PaymentFlow {
         lease: Lease,
         resource: Resource,
     ) -> Result<Answer, FlowError> {
-        let loaded = log::load_payment(self.store.as_ref(), resource.payment).await?;
-        let record = found(&loaded.aggregate, id)?;
-        let fact = match (&record.provider_charge_id, record.open_capture()) {
-            (Some(charge_id), Some(requested)) if record.status == PaymentStatus::Authorized => {
-                let provider = self.provider(&record.provider)?;
-                let answer = provider
-                    .adapter
-                    .capture(
-                        charge_id,
-                        Some(requested.amount.minor()),
-                        &requested.psp_key,
-                    )
-                    .await;
-                fact_from_charge_answer(answer)
-            }
-            _ => None,
-        };
-        let current = Some(loaded.into());
-        self.settle(
-            request,
-            id,
-            lease,
-            PaymentCommandKind::Capture,
-            fact,
-            current,
-        )
-        .await
+        self.finish_operation(request, id, lease, resource, OperationKind::Capture)
+            .await
     }
 
     /// `POST /v1/payments/{id}/refunds`: a partial or full refund.
@@ -759,59 +732,88 @@ impl PaymentFlow {
         lease: Lease,
         resource: Resource,
     ) -> Result<Answer, FlowError> {
+        self.finish_operation(request, id, lease, resource, OperationKind::Refund)
+            .await
+    }
+
+    /// Sends the request's operation to the provider (again, with the same PSP key and amount,
+    /// when resuming) while it is still open, and finalizes with what the answer means for it:
+    /// its outcome, its refusal, or nothing when unknown (the operation stays requested, the
+    /// answer is 202, and the reconciler drives it to an outcome).
+    async fn finish_operation(
+        &self,
+        request: &Idempotent,
+        id: PaymentId,
+        lease: Lease,
+        resource: Resource,
+        kind: OperationKind,
+    ) -> Result<Answer, FlowError> {
         let loaded = log::load_payment(self.store.as_ref(), resource.payment).await?;
         let record = found(&loaded.aggregate, id)?;
-        // The refund this request asked for: its sequence names it at the provider, and its amount
-        // must be sent again unchanged when resuming.
-        let requested = loaded.events.iter().find_map(|(_, event)| match event {
-            PaymentEvent::RefundRequested(e) if Some(e.sequence) == resource.refund_sequence => {
-                Some(e.amount_minor)
-            }
-            _ => None,
-        });
-        let fact = match (
-            &record.provider_charge_id,
-            requested,
-            resource.refund_sequence,
-        ) {
-            (Some(charge_id), Some(amount), Some(sequence)) => {
-                let provider = self.provider(&record.provider)?;
-                let answer = provider
-                    .adapter
-                    .refund(charge_id, amount.minor(), &psp_refund_key(id, sequence))
-                    .await;
-                match answer {
-                    Ok(OperationAnswer {
-                        operation,
-                        charge: Some(charge),
-                    }) if operation.status == OperationStatus::Succeeded => {
-                        Some(ProviderFact::Refunded {
-                            charge_id: charge.id,
-                            amount_refunded: Amount::new(charge.amount_refunded),
-                        })
-                    }
-                    Ok(answer) => {
-                        tracing::warn!(payment = %id, status = ?answer.operation.status, "refund: not succeeded (or no charge) in the provider's answer");
-                        None
-                    }
-                    Err(error) => {
-                        log_provider_error("refund", id, &error);
-                        None
-                    }
-                }
-            }
+        let sequence = resource
+            .operation_sequence(kind)
+            .or_else(|| record.open_capture().map(|op| op.sequence))
+            .ok_or_else(|| {
+                FlowError::Inconsistent(format!("request on {id} names no {}", kind.as_str()))
+            })?;
+        let fact = match record.operation(kind, sequence) {
+            Some(op) if op.state.is_open() => self.send_operation(record, op).await?,
             _ => None,
         };
         let current = Some(loaded.into());
-        self.settle(
-            request,
-            id,
-            lease,
-            PaymentCommandKind::Refund,
-            fact,
-            current,
-        )
-        .await
+        let kind = match kind {
+            OperationKind::Capture => PaymentCommandKind::Capture { sequence },
+            OperationKind::Refund => PaymentCommandKind::Refund { sequence },
+        };
+        self.settle(request, id, lease, kind, fact, current).await
+    }
+
+    /// Sends one open operation to the provider under its PSP key and reads the answer through
+    /// [`facts::answer_fact`]: the same reading the reconciler makes when it sends it again. An
+    /// answer that fits no operation of ours is logged and left to the reconciler, which flags
+    /// it.
+    pub(crate) async fn send_operation(
+        &self,
+        record: &PaymentRecord,
+        op: &Operation,
+    ) -> Result<Option<ProviderFact>, FlowError> {
+        let Some(charge_id) = record.provider_charge_id.as_deref() else {
+            return Err(FlowError::Inconsistent(format!(
+                "{} {} of {} before any charge",
+                op.kind.as_str(),
+                op.psp_key,
+                record.id
+            )));
+        };
+        let provider = self.provider(&record.provider)?;
+        let amount = op.amount.minor();
+        let answer = match op.kind {
+            OperationKind::Capture => {
+                provider
+                    .adapter
+                    .capture(charge_id, Some(amount), &op.psp_key)
+                    .await
+            }
+            OperationKind::Refund => {
+                provider
+                    .adapter
+                    .refund(charge_id, amount, &op.psp_key)
+                    .await
+            }
+        };
+        let asked = facts::Asked {
+            kind: op.kind,
+            charge_id,
+            psp_key: &op.psp_key,
+            amount: op.amount,
+        };
+        match facts::answer_fact(record, &asked, &answer) {
+            Ok(fact) => Ok(fact),
+            Err(misfit) => {
+                tracing::error!(payment = %record.id, key = %op.psp_key, kind = %misfit.kind, fingerprint = %misfit.fingerprint, "the provider answered for another operation; left to the reconciler");
+                Ok(None)
+            }
+        }
     }
 
     /// A merchant's request on an existing payment: record it (or answer from the key), then
@@ -891,15 +893,16 @@ impl PaymentFlow {
                 }
                 _ => Err(PaymentRejection::NotFound),
             };
-            let refund_sequence = decided.as_ref().ok().and_then(|events| {
+            let operation = decided.as_ref().ok().and_then(|events| {
                 events.iter().find_map(|event| match event {
-                    PaymentEvent::RefundRequested(e) => Some(e.sequence),
+                    PaymentEvent::RefundRequested(e) => Some((OperationKind::Refund, e.sequence)),
+                    PaymentEvent::CaptureRequested(e) => Some((OperationKind::Capture, e.sequence)),
                     _ => None,
                 })
             });
             let resource = Resource {
                 payment: id,
-                refund_sequence,
+                operation,
             };
             let appends = match &decided {
                 Ok(events) if !events.is_empty() => {
@@ -1036,18 +1039,33 @@ impl PaymentFlow {
     }
 }
 
-/// What an idempotency record of a payment request names as its work.
+/// What an idempotency record of a payment request names as its work: the payment, and the
+/// operation the request asked for (`pay_…/refunds/2`, `pay_…/captures/1`). A capture recorded
+/// by an earlier version names the payment alone; its operation is the open capture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Resource {
     payment: PaymentId,
-    refund_sequence: Option<u32>,
+    operation: Option<(OperationKind, u32)>,
+}
+
+impl Resource {
+    fn operation_sequence(&self, kind: OperationKind) -> Option<u32> {
+        self.operation
+            .filter(|(named, _)| *named == kind)
+            .map(|(_, sequence)| sequence)
+    }
 }
 
 impl std::fmt::Display for Resource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.refund_sequence {
+        match self.operation {
             None => write!(f, "{}", self.payment),
-            Some(sequence) => write!(f, "{}/refunds/{sequence}", self.payment),
+            Some((OperationKind::Refund, sequence)) => {
+                write!(f, "{}/refunds/{sequence}", self.payment)
+            }
+            Some((OperationKind::Capture, sequence)) => {
+                write!(f, "{}/captures/{sequence}", self.payment)
+            }
         }
     }
 }
@@ -1056,13 +1074,21 @@ impl std::str::FromStr for Resource {
     type Err = ();
 
     fn from_str(text: &str) -> Result<Self, ()> {
-        let (payment, refund_sequence) = match text.split_once("/refunds/") {
+        let (payment, operation) = match text.split_once('/') {
             None => (text, None),
-            Some((payment, sequence)) => (payment, Some(sequence.parse().map_err(|_| ())?)),
+            Some((payment, rest)) => {
+                let (kind, sequence) = rest.split_once('/').ok_or(())?;
+                let kind = match kind {
+                    "refunds" => OperationKind::Refund,
+                    "captures" => OperationKind::Capture,
+                    _ => return Err(()),
+                };
+                (payment, Some((kind, sequence.parse().map_err(|_| ())?)))
+            }
         };
         Ok(Resource {
             payment: PaymentId::parse(payment).map_err(|_| ())?,
-            refund_sequence,
+            operation,
         })
     }
 }
@@ -1115,78 +1141,6 @@ fn flag_events(
     .map_err(|error| FlowError::Inconsistent(error.to_string()))
 }
 
-/// What a provider's answer to a charge creation means for the payment; `None` when unknown.
-pub fn fact_from_outcome(outcome: ChargeOutcome) -> Option<ProviderFact> {
-    match outcome {
-        ChargeOutcome::Succeeded(charge)
-        | ChargeOutcome::Authorized(charge)
-        | ChargeOutcome::RequiresAction(charge)
-        | ChargeOutcome::Declined(charge) => Some(fact_from_charge(&charge)),
-        ChargeOutcome::Rejected(rejection) => Some(ProviderFact::Failed {
-            charge_id: None,
-            reason: format!("rejected by the provider: {}", rejection.code),
-        }),
-        ChargeOutcome::Unknown { reason } => {
-            tracing::warn!(%reason, "provider outcome unknown; the payment stays pending");
-            None
-        }
-    }
-}
-
-/// The fact a charge, as the provider holds it now, stands for.
-pub fn fact_from_charge(charge: &Charge) -> ProviderFact {
-    match charge.status {
-        ChargeStatus::Succeeded if charge.amount_refunded > 0 => ProviderFact::Refunded {
-            charge_id: charge.id.clone(),
-            amount_refunded: Amount::new(charge.amount_refunded),
-        },
-        ChargeStatus::Succeeded => ProviderFact::Captured {
-            charge_id: charge.id.clone(),
-            amount: Amount::new(charge.amount_captured),
-        },
-        ChargeStatus::RequiresCapture => ProviderFact::Authorized {
-            charge_id: charge.id.clone(),
-            amount: Amount::new(charge.amount_minor),
-        },
-        ChargeStatus::RequiresAction => ProviderFact::ActionRequired {
-            charge_id: charge.id.clone(),
-            redirect_url: charge
-                .next_action
-                .as_ref()
-                .map(|action| action.redirect_url.clone())
-                .unwrap_or_default(),
-        },
-        ChargeStatus::Failed => ProviderFact::Failed {
-            charge_id: Some(charge.id.clone()),
-            reason: charge
-                .failure_code
-                .clone()
-                .unwrap_or_else(|| "declined".to_owned()),
-        },
-    }
-}
-
-fn fact_from_charge_answer(answer: Result<OperationAnswer, ProviderError>) -> Option<ProviderFact> {
-    match answer {
-        Ok(OperationAnswer {
-            charge: Some(charge),
-            ..
-        }) => Some(fact_from_charge(&charge)),
-        Ok(_) => {
-            tracing::warn!("capture answer carries no charge; the payment stays authorized");
-            None
-        }
-        Err(error) => {
-            tracing::warn!(%error, "capture answer unknown or refused; the payment stays authorized");
-            None
-        }
-    }
-}
-
-fn log_provider_error(what: &str, id: PaymentId, error: &ProviderError) {
-    tracing::warn!(payment = %id, %error, "{what}: provider answer unknown or refused");
-}
-
 /// Provider metadata is string to string (as Stripe's is): other JSON values travel as JSON text.
 fn string_metadata(metadata: &Map<String, Value>) -> BTreeMap<String, String> {
     metadata
@@ -1219,16 +1173,30 @@ mod tests {
         for resource in [
             Resource {
                 payment,
-                refund_sequence: None,
+                operation: None,
             },
             Resource {
                 payment,
-                refund_sequence: Some(3),
+                operation: Some((OperationKind::Refund, 3)),
+            },
+            Resource {
+                payment,
+                operation: Some((OperationKind::Capture, 2)),
             },
         ] {
             assert_eq!(resource.to_string().parse::<Resource>(), Ok(resource));
         }
+        assert_eq!(
+            format!("{payment}/refunds/3"),
+            Resource {
+                payment,
+                operation: Some((OperationKind::Refund, 3)),
+            }
+            .to_string(),
+            "the form stored by earlier versions"
+        );
         assert!("pay_nope".parse::<Resource>().is_err());
         assert!(format!("{payment}/refunds/x").parse::<Resource>().is_err());
+        assert!(format!("{payment}/voids/1").parse::<Resource>().is_err());
     }
 }

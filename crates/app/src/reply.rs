@@ -23,8 +23,14 @@ pub enum Rejected {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PaymentCommandKind {
     Create,
-    Capture,
-    Refund,
+    /// A capture answers the state of its own operation, the one with this sequence.
+    Capture {
+        sequence: u32,
+    },
+    /// A refund answers the state of its own operation, the one with this sequence.
+    Refund {
+        sequence: u32,
+    },
     /// A read, or a fact applied by a worker.
     Read,
 }

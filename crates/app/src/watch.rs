@@ -363,19 +363,23 @@ pub async fn unwatch_payment(database: &Database, id: PaymentId) -> Result<(), W
     execute_alone(database, sql, &[Bind::Text(&id.to_string())]).await
 }
 
-/// Watched operations due by `now_ms`, most overdue first, at most `limit`.
+/// Watched operations requested at or before `requested_before_ms` and due by `now_ms`, most
+/// overdue first, at most `limit`.
 pub async fn due_operations(
     database: &Database,
+    requested_before_ms: i64,
     now_ms: i64,
     limit: i64,
 ) -> Result<Vec<WatchedOperation>, WatchError> {
     let sql = "select payment_id, kind, sequence, requested_ms from reconciliation_operations \
-               where next_check_ms <= $1 order by next_check_ms limit $2";
+               where next_check_ms <= $1 and requested_ms <= $2 \
+               order by next_check_ms limit $3";
     let rows: Vec<(String, String, i64, i64)> = match database {
         Database::Postgres(pool) => {
             // `sequence` is an integer column: read as i32 there.
             let rows: Vec<(String, String, i32, i64)> = sqlx::query_as(sql)
                 .bind(now_ms)
+                .bind(requested_before_ms)
                 .bind(limit)
                 .fetch_all(pool)
                 .await?;
@@ -386,6 +390,7 @@ pub async fn due_operations(
         Database::Sqlite(pool) => {
             sqlx::query_as(&sqlite(sql))
                 .bind(now_ms)
+                .bind(requested_before_ms)
                 .bind(limit)
                 .fetch_all(pool)
                 .await?

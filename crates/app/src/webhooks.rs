@@ -35,11 +35,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use asiento_domain::{
-    payment::DisputeOutcome, Amount, PaymentCommand, PaymentId, ProviderFact, ProviderName,
-};
+use asiento_domain::{PaymentCommand, PaymentId, ProviderFact, ProviderName};
 use asiento_eventstore::{Database, StoreError, Tx};
-use asiento_psp::{Charge, DisputeStatus, EventType, SignatureError, WebhookEvent};
+use asiento_psp::{EventType, SignatureError, WebhookEvent};
 /// The header carrying a webhook's signature, re-exported for the HTTP layer.
 pub use asiento_psp::{SIGNATURE_HEADER, TOLERANCE_S_DEFAULT};
 use sqlx::error::BoxDynError;
@@ -48,12 +46,11 @@ use sqlx::Arguments;
 use uuid::Uuid;
 
 use crate::clock::Clock;
+use crate::facts;
 use crate::group_commit::{Committed, GroupCommit, GroupCommitError, Work};
 use crate::leases;
 use crate::log::{self, LogError};
-use crate::payments::{
-    fact_from_charge, Finalized, FlowError, InTransaction, LoadedPayment, PaymentFlow,
-};
+use crate::payments::{Finalized, FlowError, InTransaction, LoadedPayment, PaymentFlow};
 
 /// Provider event ids longer than this are refused as malformed (Stripe's are ~30 characters).
 pub const EVENT_ID_LEN_MAX: usize = 255;
@@ -401,67 +398,20 @@ pub(crate) fn stored_each(rows: &[&InboxRow], stored: Vec<(String, String)>) -> 
 /// or a dispute implies the capture of `amount_captured`), the event's own fact last. Empty for an
 /// event type we do not know (acknowledged and ignored) or a dispute event without its dispute.
 pub fn facts_from_event(event: &WebhookEvent) -> Vec<ProviderFact> {
-    let charge = &event.data.charge;
     match event.kind {
-        EventType::ChargeSucceeded
-        | EventType::ChargeAuthorized
-        | EventType::ChargeCaptured
-        | EventType::ChargeFailed
-        | EventType::ChargeRefunded
-        // For now an operation's update stands for the charge it carries.
-        | EventType::OperationUpdated => {
-            // The charge as it stands after the change is the fact; the type only says which change.
-            let fact = fact_from_charge(charge);
-            let mut facts = Vec::with_capacity(2);
-            if matches!(fact, ProviderFact::Refunded { .. }) {
-                facts.extend(captured(charge));
-            }
-            facts.push(fact);
-            facts
-        }
-        EventType::ChargeDisputeCreated | EventType::ChargeDisputeClosed => {
-            let Some(dispute) = &charge.dispute else {
-                return Vec::new();
-            };
-            let mut facts: Vec<ProviderFact> = captured(charge).into_iter().collect();
-            if charge.amount_refunded > 0 {
-                facts.push(ProviderFact::Refunded {
-                    charge_id: charge.id.clone(),
-                    amount_refunded: Amount::new(charge.amount_refunded),
-                });
-            }
-            // The provider gives a charge at most one dispute at a time; its creation time tells a
-            // later one apart, and both events of one dispute carry the same.
-            let dispute_id = format!("dp_{}_{}", charge.id, dispute.created.timestamp_millis());
-            let amount = Amount::new(dispute.amount_minor);
-            facts.push(match dispute.status {
-                DisputeStatus::Open => ProviderFact::DisputeOpened {
-                    charge_id: charge.id.clone(),
-                    dispute_id,
-                    amount,
-                },
-                DisputeStatus::Won | DisputeStatus::Lost => ProviderFact::DisputeClosed {
-                    charge_id: charge.id.clone(),
-                    dispute_id,
-                    amount,
-                    outcome: if dispute.status == DisputeStatus::Won {
-                        DisputeOutcome::Won
-                    } else {
-                        DisputeOutcome::Lost
-                    },
-                },
-            });
-            facts
-        }
         EventType::Unknown => Vec::new(),
+        // An operation's update is that operation's outcome, then what its charge now stands for.
+        EventType::OperationUpdated => {
+            let mut facts = Vec::with_capacity(4);
+            if let Some(op) = &event.data.operation {
+                facts.extend(facts::operation_fact(op));
+            }
+            facts.extend(facts::charge_facts(&event.data.charge));
+            facts
+        }
+        // The charge as it stands after the change is the fact; the type only says which change.
+        _ => facts::charge_facts(&event.data.charge),
     }
-}
-
-fn captured(charge: &Charge) -> Option<ProviderFact> {
-    (charge.amount_captured > 0).then(|| ProviderFact::Captured {
-        charge_id: charge.id.clone(),
-        amount: Amount::new(charge.amount_captured),
-    })
 }
 
 // -------------------------------------------------------------------------------------- worker
@@ -520,15 +470,19 @@ pub enum DeadReason {
     NoPaymentReference,
     /// The stored payload no longer parses (it did when it was received): a bug.
     InvalidPayload,
+    /// The charge is not the payment's (another currency, amount, reference or key): never
+    /// applied, and the payment is flagged for review.
+    ChargeMismatch,
 }
 
 impl DeadReason {
-    pub const ALL: [DeadReason; 5] = [
+    pub const ALL: [DeadReason; 6] = [
         DeadReason::AttemptsExhausted,
         DeadReason::UnknownPayment,
         DeadReason::ProviderMismatch,
         DeadReason::NoPaymentReference,
         DeadReason::InvalidPayload,
+        DeadReason::ChargeMismatch,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -538,6 +492,7 @@ impl DeadReason {
             DeadReason::ProviderMismatch => "provider_mismatch",
             DeadReason::NoPaymentReference => "no_payment_reference",
             DeadReason::InvalidPayload => "invalid_payload",
+            DeadReason::ChargeMismatch => "charge_mismatch",
         }
     }
 }
@@ -982,6 +937,16 @@ impl Worker {
             );
             return self.bury(row, DeadReason::ProviderMismatch, &error).await;
         }
+        if let Some(misfit) = facts::charge_misfit(record, &event.data.charge) {
+            let error = format!(
+                "charge {} does not fit payment {payment}: {} ({})",
+                event.data.charge.id, misfit.kind, misfit.fingerprint
+            );
+            let note = format!("webhook {}/{}: {error}", row.provider, row.event_id);
+            return self
+                .bury_and_flag(row, payment, DeadReason::ChargeMismatch, note, &error)
+                .await;
+        }
         // The common case: the synchronous answer (or an earlier copy of this event) already
         // recorded what the event says. Only the row is left to mark, with the batch's others:
         // no payment lease, no transaction around nothing.
@@ -1103,7 +1068,17 @@ impl Worker {
                 .map(|kept| if kept { Done::Retried } else { Done::Lost });
         }
         match payment {
-            Some(payment) => self.bury_and_flag(row, payment, error).await,
+            Some(payment) => {
+                let note = format!(
+                    "webhook {}/{} dead-lettered after {} attempts: {}",
+                    row.provider,
+                    row.event_id,
+                    row.attempts,
+                    truncate(error, ERROR_TEXT_CHARS_MAX)
+                );
+                self.bury_and_flag(row, payment, DeadReason::AttemptsExhausted, note, error)
+                    .await
+            }
             None => self.bury(row, DeadReason::AttemptsExhausted, error).await,
         }
     }
@@ -1130,16 +1105,10 @@ impl Worker {
         &self,
         row: &Row,
         payment: PaymentId,
+        reason: DeadReason,
+        note: String,
         error: &str,
     ) -> Result<Done, WorkerError> {
-        let note = format!(
-            "webhook {}/{} dead-lettered after {} attempts: {}",
-            row.provider,
-            row.event_id,
-            row.attempts,
-            truncate(error, ERROR_TEXT_CHARS_MAX)
-        );
-        let reason = DeadReason::AttemptsExhausted;
         // The flag goes through the flow like any command (exact version, re-decided on a lost
         // race); the row is dead-lettered in the same transaction.
         let bury = FinishRow {

@@ -38,10 +38,11 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
 use asiento_app::clock::{Clock, ManualClock};
+use asiento_app::facts::charge_status_fact as fact_from_charge;
 use asiento_app::idempotency::{canonical_body_hash, IdempotencyKey, Scope, StoredResponse};
 use asiento_app::invariants::{Checker, Sealer};
 use asiento_app::log;
-use asiento_app::payments::{fact_from_charge, Idempotent, NewPayment, PaymentFlow};
+use asiento_app::payments::{Idempotent, NewPayment, PaymentFlow};
 use asiento_app::providers::{ConfiguredProvider, Providers};
 use asiento_app::reconcile::{Reconciler, ReconcilerConfig};
 use asiento_app::reply::{Answer, Render, Reply};
@@ -562,6 +563,7 @@ impl Provider for SimProvider {
                     reference: charge.reference.clone(),
                     idempotency_key: charge.idempotency_key.clone(),
                     dispute_status: None,
+                    dispute: None,
                     last_touched: charge.updated,
                 })
                 .collect()

@@ -128,10 +128,16 @@ pub enum ExceptionKind {
     CapturedHereFailedAtProvider,
     /// Anything that fits no expected state: never guessed at (manual).
     Ambiguous,
+    /// Disputed (or the dispute closed) at the provider beyond what we recorded: every webhook
+    /// of it was lost (auto: the dispute, and a lost one's entry, are posted).
+    DisputedAtProvider,
+    /// A capture or refund the provider has not answered for good by its deadline, and that
+    /// cannot be safely sent again (manual).
+    OperationUnresolved,
 }
 
 impl ExceptionKind {
-    pub const ALL: [ExceptionKind; 10] = [
+    pub const ALL: [ExceptionKind; 12] = [
         ExceptionKind::CapturedAtProvider,
         ExceptionKind::AuthorizedAtProvider,
         ExceptionKind::RefundedOutOfBand,
@@ -142,6 +148,8 @@ impl ExceptionKind {
         ExceptionKind::UnknownPaymentEvent,
         ExceptionKind::CapturedHereFailedAtProvider,
         ExceptionKind::Ambiguous,
+        ExceptionKind::DisputedAtProvider,
+        ExceptionKind::OperationUnresolved,
     ];
 
     #[must_use]
@@ -157,6 +165,8 @@ impl ExceptionKind {
             ExceptionKind::UnknownPaymentEvent => "unknown_payment_event",
             ExceptionKind::CapturedHereFailedAtProvider => "captured_here_failed_at_provider",
             ExceptionKind::Ambiguous => "ambiguous",
+            ExceptionKind::DisputedAtProvider => "disputed_at_provider",
+            ExceptionKind::OperationUnresolved => "operation_unresolved",
         }
     }
 
@@ -174,6 +184,7 @@ impl ExceptionKind {
                 | ExceptionKind::AuthorizedAtProvider
                 | ExceptionKind::RefundedOutOfBand
                 | ExceptionKind::FailedAtProvider
+                | ExceptionKind::DisputedAtProvider
         )
     }
 }

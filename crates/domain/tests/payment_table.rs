@@ -763,10 +763,15 @@ fn a_refund_that_fails_after_it_settled_is_reversed_by_a_mirror_entry() {
     assert_eq!(record.fee_reversed, amt(0));
     // A late cumulative report that still counts the reversed refund settles nothing again.
     check(reversed.clone(), f_refunded(2_500), Ok(vec![]));
-    // A repeated failure is the same fact.
+    // A repeated failure is the same fact, and so is the success it reversed, delivered late.
     check(
         reversed.clone(),
         refund_outcome(1, 2_500, failed("expired_or_canceled_card")),
+        Ok(vec![]),
+    );
+    check(
+        reversed.clone(),
+        refund_outcome(1, 2_500, OperationOutcome::Succeeded),
         Ok(vec![]),
     );
     // The money is back with the merchant: it can be refunded again.

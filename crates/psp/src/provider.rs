@@ -285,6 +285,10 @@ pub struct ReportLine {
     pub idempotency_key: String,
     #[serde(default)]
     pub dispute_status: Option<DisputeStatus>,
+    /// The charge's dispute as it stands, so that a dispute whose webhooks never arrived can be
+    /// posted from the report alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispute: Option<Dispute>,
     /// The last time the charge was touched inside the window.
     pub last_touched: DateTime<Utc>,
 }

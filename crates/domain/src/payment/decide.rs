@@ -372,7 +372,9 @@ fn outcome_text(outcome: &OperationOutcome) -> String {
 fn outcome_is_recorded(state: OperationState, outcome: &OperationOutcome) -> bool {
     match outcome {
         OperationOutcome::Pending => state != OperationState::Requested,
-        OperationOutcome::Succeeded => state == OperationState::Succeeded,
+        OperationOutcome::Succeeded => {
+            matches!(state, OperationState::Succeeded | OperationState::Reversed)
+        }
         OperationOutcome::Failed { .. } => {
             matches!(state, OperationState::Refused | OperationState::Reversed)
         }
@@ -697,10 +699,13 @@ fn refund_outcome(
         (OperationState::Succeeded, OperationOutcome::Failed { reason }) => {
             reverse_refund(draft, &op, reason, at)?;
         }
-        (OperationState::Refused | OperationState::Reversed, OperationOutcome::Succeeded) => {
-            let detail = format!("refund {} succeeded after it failed", op.psp_key);
+        (OperationState::Refused, OperationOutcome::Succeeded) => {
+            let detail = format!("refund {} succeeded after it was refused", op.psp_key);
             draft.flag(ReviewReason::ContradictingFact, detail, at);
         }
+        // A reversed refund did succeed once: its success, delivered late or again, is a repeat
+        // (so every later state reflects what an earlier one did, as the webhook worker relies
+        // on).
         // Late or repeated: already recorded.
         _ => {}
     }

@@ -812,7 +812,7 @@ impl SimState {
     }
 
     /// Checks that `amount_minor` can be refunded from `c`: captured, not
-    /// disputed, and within what is captured minus what is refunded or
+    /// under an open dispute, and within what is captured minus what is refunded or
     /// still pending as a refund.
     fn refundable(&self, c: &Charge, amount_minor: i64) -> Result<(), SimError> {
         if amount_minor <= 0 {
@@ -821,7 +821,9 @@ impl SimState {
         if c.status != ChargeStatus::Succeeded || c.amount_captured == 0 {
             return Err(SimError::ChargeNotRefundable);
         }
-        if c.dispute.is_some() {
+        // While a dispute is open the disputed money is frozen; once it is closed, what is left
+        // can be refunded again.
+        if c.dispute.as_ref().is_some_and(|d| d.status == DisputeStatus::Open) {
             return Err(SimError::ChargeDisputed);
         }
         let pending: i64 = self
@@ -1171,6 +1173,7 @@ impl SimState {
                     reference: c.reference.clone(),
                     idempotency_key: c.idempotency_key.clone(),
                     dispute_status: c.dispute.as_ref().map(|d| d.status),
+                    dispute: c.dispute.clone(),
                     last_touched: *last_touched,
                 })
             })

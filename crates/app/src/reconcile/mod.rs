@@ -35,6 +35,12 @@
 //! (`reconciliation_watch`, with its own cursor): the sweep depends on no read model's lag or
 //! rebuild.
 
+mod operations;
+
+pub use operations::{
+    OPERATIONS_PER_SWEEP_MAX, OPERATION_PENDING_DEADLINE_MS_DEFAULT, OPERATION_TIMEOUT_MS_DEFAULT,
+};
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
@@ -52,12 +58,11 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::exceptions::{self, ExceptionError};
+use crate::facts;
 use crate::idempotency::{BodyHash, IdempotencyKey, Scope};
 use crate::leases::{self, LeaseError, PAYMENT_LEASE_MS_DEFAULT};
 use crate::log::{self, LogError};
-use crate::payments::{
-    fact_from_charge, FlowError, Idempotent, InTransaction, NewPayment, PaymentFlow,
-};
+use crate::payments::{FlowError, Idempotent, InTransaction, NewPayment, PaymentFlow};
 use crate::reply::Answer;
 use crate::watch::{self, WatchError};
 use crate::webhooks::{self, DeadReason};
@@ -100,6 +105,10 @@ pub struct ReconcilerConfig {
     pub report_settle_ms: i64,
     pub sweep_lease_ms: i64,
     pub payment_lease_ms: i64,
+    /// How long after its request a capture or refund is first driven by the sweep.
+    pub operation_timeout_ms: i64,
+    /// How long a received (pending) operation may wait for its decision.
+    pub operation_pending_deadline_ms: i64,
 }
 
 impl Default for ReconcilerConfig {
@@ -112,6 +121,8 @@ impl Default for ReconcilerConfig {
             report_settle_ms: REPORT_SETTLE_MS_DEFAULT,
             sweep_lease_ms: SWEEP_LEASE_MS_DEFAULT,
             payment_lease_ms: PAYMENT_LEASE_MS_DEFAULT,
+            operation_timeout_ms: OPERATION_TIMEOUT_MS_DEFAULT,
+            operation_pending_deadline_ms: OPERATION_PENDING_DEADLINE_MS_DEFAULT,
         }
     }
 }
@@ -153,6 +164,10 @@ pub struct SweepSummary {
     pub flagged: usize,
     /// Lookups whose answer fits no expected state, flagged now or before.
     pub misfits: usize,
+    /// Captures and refunds the sweep drove (looked up or sent again).
+    pub operations_checked: usize,
+    /// Of those, the ones that reached their outcome.
+    pub operations_settled: usize,
     /// Payments skipped because another worker held their lease (next sweep).
     pub busy: usize,
     pub keys_finished: usize,
@@ -188,6 +203,11 @@ impl fmt::Display for SweepSummary {
             f,
             "stale payments: {} checked, {} settled, {} expired, {} flagged, {} busy",
             self.stale_checked, self.settled, self.expired, self.flagged, self.busy
+        )?;
+        writeln!(
+            f,
+            "provider operations: {} driven, {} settled",
+            self.operations_checked, self.operations_settled
         )?;
         writeln!(
             f,
@@ -284,10 +304,15 @@ pub fn classify(record: &PaymentRecord, line: &ReportLine) -> Verdict {
                     }];
                     if line.amount_refunded > 0 {
                         facts.push(ProviderFact::Refunded {
-                            charge_id,
+                            charge_id: charge_id.clone(),
                             amount_refunded: refunded,
                         });
                     }
+                    facts.extend(
+                        line.dispute
+                            .as_ref()
+                            .map(|dispute| facts::dispute_of(&charge_id, dispute)),
+                    );
                     Verdict::Auto {
                         kind: ExceptionKind::CapturedAtProvider,
                         facts,
@@ -318,11 +343,47 @@ pub fn classify(record: &PaymentRecord, line: &ReportLine) -> Verdict {
                             format!("refunded:{}", line.amount_refunded),
                         )
                     } else {
-                        Verdict::Agree
+                        dispute_verdict(record, line)
                     }
                 }
             }
         }
+    }
+}
+
+/// Compares the report's dispute with ours: a dispute (or its close) that we never heard of is
+/// applied, so a lost dispute whose webhooks were all dropped is still posted.
+fn dispute_verdict(record: &PaymentRecord, line: &ReportLine) -> Verdict {
+    let Some(dispute) = &line.dispute else {
+        return Verdict::Agree;
+    };
+    let fact = facts::dispute_of(&line.charge_id, dispute);
+    let (dispute_id, outcome) = match &fact {
+        ProviderFact::DisputeOpened { dispute_id, .. } => (dispute_id, None),
+        ProviderFact::DisputeClosed {
+            dispute_id,
+            outcome,
+            ..
+        } => (dispute_id, Some(*outcome)),
+        _ => return Verdict::Agree,
+    };
+    let known = record.dispute.as_ref().filter(|d| &d.id == dispute_id);
+    let behind = match known {
+        None => true,
+        Some(ours) => ours.outcome.is_none() && outcome.is_some(),
+    };
+    if !behind {
+        return Verdict::Agree;
+    }
+    let status = match outcome {
+        None => "open".to_owned(),
+        Some(outcome) => format!("{outcome:?}").to_lowercase(),
+    };
+    let fingerprint = format!("{dispute_id}:{status}");
+    Verdict::Auto {
+        kind: ExceptionKind::DisputedAtProvider,
+        facts: vec![fact],
+        fingerprint,
     }
 }
 
@@ -385,26 +446,6 @@ fn difference(local: &Value, provider: &Value) -> Value {
         }
     }
     Value::Object(out)
-}
-
-/// Why a looked-up charge fits no expected state of its payment, if it does not.
-fn misfit(record: &PaymentRecord, charge: &Charge) -> Option<(ExceptionKind, String)> {
-    if charge.currency != record.currency.code() {
-        return Some((ExceptionKind::CurrencyMismatch, charge.currency.clone()));
-    }
-    if charge.amount_minor != record.amount.minor() {
-        return Some((
-            ExceptionKind::AmountMismatch,
-            charge.amount_minor.to_string(),
-        ));
-    }
-    let id = record.id.to_string();
-    if charge.reference.as_deref().is_some_and(|r| r != id)
-        || charge.idempotency_key != record.psp_key
-    {
-        return Some((ExceptionKind::Ambiguous, "reference".into()));
-    }
-    None
 }
 
 fn millis(ms: i64) -> DateTime<Utc> {
@@ -637,6 +678,7 @@ impl Reconciler {
         let mut summary = SweepSummary::default();
         watch::catch_up(self.database(), self.flow.store.as_ref()).await?;
         self.sweep_stale(&mut summary).await?;
+        self.sweep_operations(&mut summary).await?;
         self.sweep_stuck_keys(&mut summary).await?;
         let providers: Vec<ProviderName> = self.flow.providers.names().cloned().collect();
         for provider in providers {
@@ -780,21 +822,21 @@ impl Reconciler {
                 self.flag(&record, finding, summary).await?;
             }
             (Some(charge), _) => {
-                if let Some((kind, fingerprint)) = misfit(&record, &charge) {
+                if let Some(misfit) = facts::charge_misfit(&record, &charge) {
                     let finding = Finding {
-                        kind,
-                        fingerprint,
+                        kind: misfit.kind,
+                        fingerprint: misfit.fingerprint,
                         charge_id: charge.id.clone(),
                         local: local_state(&record),
                         provider: charge_state(&charge),
                     };
                     self.flag(&record, finding, summary).await?;
                 } else {
-                    let finalized = self
-                        .flow
-                        .finalize(id, Some(fact_from_charge(&charge)))
-                        .await?;
-                    if finalized.payment.status != record.status {
+                    let mut status = record.status;
+                    for fact in facts::charge_facts(&charge) {
+                        status = self.flow.finalize(id, Some(fact)).await?.payment.status;
+                    }
+                    if status != record.status {
                         summary.settled += 1;
                     }
                 }
@@ -1358,6 +1400,7 @@ mod tests {
             reference: None,
             idempotency_key: "psp_00000000000000000000000000000001".into(),
             dispute_status: None,
+            dispute: None,
             last_touched: Utc::now(),
         }
     }

@@ -1,0 +1,270 @@
+//! One derivation of facts from what a provider says, shared by every path that hears it: the
+//! synchronous answer, the webhook worker, the stale sweep, the operations sweep and the
+//! settlement report. Each path used to read the provider's objects its own way, and only the
+//! report checked that a charge was really this payment's; here every path gets the same facts
+//! and the same checks.
+//!
+//! - [`charge_facts`]: what a charge, as the provider holds it now, stands for, in the order to
+//!   apply them (a refund or dispute implies the capture of `amount_captured`, so that is first).
+//! - [`operation_fact`]: what the provider says of one of our captures or refunds.
+//! - [`answer_fact`]: what an answer to an operation request means: an operation's outcome, a
+//!   refusal, or nothing (unknown: the operation stays requested and the sweep drives it).
+//! - [`charge_misfit`] / [`operation_misfit`]: an object that is not the one we asked for (other
+//!   currency, amount, reference or key) is never applied: the caller flags it for a person.
+
+use asiento_domain::payment::DisputeOutcome;
+use asiento_domain::{Amount, ExceptionKind, OperationOutcome, PaymentRecord, ProviderFact};
+use asiento_psp::{
+    Charge, ChargeOutcome, ChargeStatus, Dispute, DisputeStatus, Operation, OperationAnswer,
+    OperationKind as ProviderOperationKind, OperationStatus, ProviderError,
+};
+
+/// Why an object is not the one the payment asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Misfit {
+    pub kind: ExceptionKind,
+    /// What differs, stable across sweeps (it is part of the exception's id).
+    pub fingerprint: String,
+}
+
+impl Misfit {
+    fn new(kind: ExceptionKind, fingerprint: impl Into<String>) -> Misfit {
+        Misfit {
+            kind,
+            fingerprint: fingerprint.into(),
+        }
+    }
+}
+
+/// The charge is not this payment's: another currency or amount, or another reference or key.
+pub fn charge_misfit(record: &PaymentRecord, charge: &Charge) -> Option<Misfit> {
+    if !charge.currency.eq_ignore_ascii_case(record.currency.code()) {
+        return Some(Misfit::new(
+            ExceptionKind::CurrencyMismatch,
+            charge.currency.clone(),
+        ));
+    }
+    if charge.amount_minor != record.amount.minor() {
+        return Some(Misfit::new(
+            ExceptionKind::AmountMismatch,
+            charge.amount_minor.to_string(),
+        ));
+    }
+    let id = record.id.to_string();
+    if charge.reference.as_deref().is_some_and(|r| r != id)
+        || (!charge.idempotency_key.is_empty() && charge.idempotency_key != record.psp_key)
+    {
+        return Some(Misfit::new(ExceptionKind::Ambiguous, "reference"));
+    }
+    None
+}
+
+/// The operation is not one this payment asked for under `psp_key`: another key, currency or
+/// charge. (Its amount is checked by the domain against the operation it names.)
+pub fn operation_misfit(record: &PaymentRecord, psp_key: &str, op: &Operation) -> Option<Misfit> {
+    if op.idempotency_key != psp_key {
+        return Some(Misfit::new(
+            ExceptionKind::Ambiguous,
+            format!("operation_key:{}", op.idempotency_key),
+        ));
+    }
+    if !op.currency.eq_ignore_ascii_case(record.currency.code()) {
+        return Some(Misfit::new(
+            ExceptionKind::CurrencyMismatch,
+            op.currency.clone(),
+        ));
+    }
+    if record
+        .provider_charge_id
+        .as_deref()
+        .is_some_and(|known| known != op.charge)
+    {
+        return Some(Misfit::new(
+            ExceptionKind::Ambiguous,
+            format!("operation_charge:{}", op.charge),
+        ));
+    }
+    None
+}
+
+/// What a provider's answer to a charge creation means for the payment; `None` when unknown.
+pub fn charge_outcome_fact(outcome: ChargeOutcome) -> Option<ProviderFact> {
+    match outcome {
+        ChargeOutcome::Succeeded(charge)
+        | ChargeOutcome::Authorized(charge)
+        | ChargeOutcome::RequiresAction(charge)
+        | ChargeOutcome::Declined(charge) => Some(charge_status_fact(&charge)),
+        ChargeOutcome::Rejected(rejection) => Some(ProviderFact::Failed {
+            charge_id: None,
+            reason: format!("rejected by the provider: {}", rejection.code),
+        }),
+        ChargeOutcome::Unknown { reason } => {
+            tracing::warn!(%reason, "provider outcome unknown; the payment stays pending");
+            None
+        }
+    }
+}
+
+/// The fact a charge's status stands for. A succeeded charge with refunds stands for its
+/// cumulative refund (which implies the capture); [`charge_facts`] also names the capture and
+/// any dispute.
+pub fn charge_status_fact(charge: &Charge) -> ProviderFact {
+    match charge.status {
+        ChargeStatus::Succeeded if charge.amount_refunded > 0 => ProviderFact::Refunded {
+            charge_id: charge.id.clone(),
+            amount_refunded: Amount::new(charge.amount_refunded),
+        },
+        ChargeStatus::Succeeded => ProviderFact::Captured {
+            charge_id: charge.id.clone(),
+            amount: Amount::new(charge.amount_captured),
+        },
+        ChargeStatus::RequiresCapture => ProviderFact::Authorized {
+            charge_id: charge.id.clone(),
+            amount: Amount::new(charge.amount_minor),
+        },
+        ChargeStatus::RequiresAction => ProviderFact::ActionRequired {
+            charge_id: charge.id.clone(),
+            redirect_url: charge
+                .next_action
+                .as_ref()
+                .map(|action| action.redirect_url.clone())
+                .unwrap_or_default(),
+        },
+        ChargeStatus::Failed => ProviderFact::Failed {
+            charge_id: Some(charge.id.clone()),
+            reason: charge
+                .failure_code
+                .clone()
+                .unwrap_or_else(|| "declined".to_owned()),
+        },
+    }
+}
+
+/// Every fact a charge, as the provider holds it now, stands for, in the order to apply them:
+/// the capture it implies, its cumulative refund, its dispute (opened or closed).
+pub fn charge_facts(charge: &Charge) -> Vec<ProviderFact> {
+    let mut facts = Vec::with_capacity(3);
+    let status = charge_status_fact(charge);
+    if matches!(status, ProviderFact::Refunded { .. }) || charge.dispute.is_some() {
+        facts.extend(captured(charge));
+        if charge.amount_refunded > 0 {
+            facts.push(ProviderFact::Refunded {
+                charge_id: charge.id.clone(),
+                amount_refunded: Amount::new(charge.amount_refunded),
+            });
+        }
+    } else {
+        facts.push(status);
+    }
+    facts.extend(dispute_fact(charge));
+    facts
+}
+
+fn captured(charge: &Charge) -> Option<ProviderFact> {
+    (charge.amount_captured > 0).then(|| ProviderFact::Captured {
+        charge_id: charge.id.clone(),
+        amount: Amount::new(charge.amount_captured),
+    })
+}
+
+/// The charge's dispute as a fact.
+pub fn dispute_fact(charge: &Charge) -> Option<ProviderFact> {
+    charge
+        .dispute
+        .as_ref()
+        .map(|dispute| dispute_of(&charge.id, dispute))
+}
+
+/// A dispute of `charge_id` as a fact. The provider gives a charge at most one dispute at a
+/// time; its creation time tells a later one apart, and every report of one dispute (webhook,
+/// lookup, settlement report) carries the same, so all of them name it alike.
+pub fn dispute_of(charge_id: &str, dispute: &Dispute) -> ProviderFact {
+    let dispute_id = format!("dp_{charge_id}_{}", dispute.created.timestamp_millis());
+    let amount = Amount::new(dispute.amount_minor);
+    match dispute.status {
+        DisputeStatus::Open => ProviderFact::DisputeOpened {
+            charge_id: charge_id.to_owned(),
+            dispute_id,
+            amount,
+        },
+        DisputeStatus::Won | DisputeStatus::Lost => ProviderFact::DisputeClosed {
+            charge_id: charge_id.to_owned(),
+            dispute_id,
+            amount,
+            outcome: if dispute.status == DisputeStatus::Won {
+                DisputeOutcome::Won
+            } else {
+                DisputeOutcome::Lost
+            },
+        },
+    }
+}
+
+/// What the provider says of one of our operations, as a fact; `None` for a cancel (its effect
+/// is the charge's, which [`charge_facts`] reads).
+pub fn operation_fact(op: &Operation) -> Option<ProviderFact> {
+    let kind = match op.kind {
+        ProviderOperationKind::Capture => asiento_domain::OperationKind::Capture,
+        ProviderOperationKind::Refund => asiento_domain::OperationKind::Refund,
+        ProviderOperationKind::Cancel => return None,
+    };
+    let outcome = match op.status {
+        OperationStatus::Pending => OperationOutcome::Pending,
+        OperationStatus::Succeeded => OperationOutcome::Succeeded,
+        OperationStatus::Failed => OperationOutcome::Failed {
+            reason: op
+                .failure_reason
+                .clone()
+                .unwrap_or_else(|| "failed".to_owned()),
+        },
+    };
+    Some(ProviderFact::Operation {
+        kind,
+        charge_id: op.charge.clone(),
+        psp_key: op.idempotency_key.clone(),
+        provider_id: Some(op.id.clone()),
+        amount: Amount::new(op.amount_minor),
+        outcome,
+    })
+}
+
+/// What we asked the provider for, to read its answer against.
+#[derive(Debug, Clone)]
+pub struct Asked<'a> {
+    pub kind: asiento_domain::OperationKind,
+    pub charge_id: &'a str,
+    pub psp_key: &'a str,
+    pub amount: Amount,
+}
+
+/// What the answer to an operation request means. A refusal fails the operation (releasing
+/// what it reserved); an answer for another key, currency or charge is a misfit; an unknown or
+/// unreadable answer is nothing: the operation stays requested and the sweep drives it.
+pub fn answer_fact(
+    record: &PaymentRecord,
+    asked: &Asked<'_>,
+    answer: &Result<OperationAnswer, ProviderError>,
+) -> Result<Option<ProviderFact>, Misfit> {
+    match answer {
+        Ok(answer) => {
+            if let Some(misfit) = operation_misfit(record, asked.psp_key, &answer.operation) {
+                return Err(misfit);
+            }
+            Ok(operation_fact(&answer.operation))
+        }
+        Err(ProviderError::Rejected(rejection)) => Ok(Some(ProviderFact::Operation {
+            kind: asked.kind,
+            charge_id: asked.charge_id.to_owned(),
+            psp_key: asked.psp_key.to_owned(),
+            provider_id: None,
+            amount: asked.amount,
+            outcome: OperationOutcome::Failed {
+                reason: rejection.code.clone(),
+            },
+        })),
+        Err(error) => {
+            tracing::warn!(key = asked.psp_key, %error, "operation outcome unknown; the sweep drives it");
+            Ok(None)
+        }
+    }
+}
