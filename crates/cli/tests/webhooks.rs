@@ -198,12 +198,15 @@ async fn the_endpoint_refuses_what_is_not_signed_right(backend: Backend) {
     let id = created["id"].as_str().unwrap();
     let truth = provider_truth(&client).await;
     let charge_id = truth[id]["id"].as_str().unwrap();
+    // The charge as the provider holds it, under our key: an event about a charge with another
+    // key is not this payment's and is dead-lettered.
+    let key = truth[id]["idempotency_key"].as_str().unwrap();
     let body = serde_json::to_vec(&json!({
         "id": "evt_test_1", "type": "charge.refunded", "created": 1_764_000_000,
         "data": {"charge": {
             "id": charge_id, "status": "succeeded", "amount_minor": 10_000, "currency": "USD",
             "amount_captured": 10_000, "amount_refunded": 1_000, "reference": id,
-            "idempotency_key": "k", "payment_method": "pm_card_ok", "capture": true,
+            "idempotency_key": key, "payment_method": "pm_card_ok", "capture": true,
             "metadata": {}, "created": "2026-01-01T00:00:00Z", "updated": "2026-01-01T00:00:00Z"
         }}
     }))

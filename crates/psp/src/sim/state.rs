@@ -823,7 +823,10 @@ impl SimState {
         }
         // While a dispute is open the disputed money is frozen; once it is closed, what is left
         // can be refunded again.
-        if c.dispute.as_ref().is_some_and(|d| d.status == DisputeStatus::Open) {
+        if c.dispute
+            .as_ref()
+            .is_some_and(|d| d.status == DisputeStatus::Open)
+        {
             return Err(SimError::ChargeDisputed);
         }
         let pending: i64 = self

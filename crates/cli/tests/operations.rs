@@ -1,0 +1,353 @@
+//! Provider operations through the real binary, on both backends, with the in-process simulator:
+//! a refund or capture sent while the provider is unreachable answers 202 and ends with exactly
+//! one provider operation and its posting, with no client retry; a refund the provider refuses is
+//! a 422 that releases its amount; a refund that fails after it succeeded posts a reversing
+//! entry; a lost dispute whose every webhook was dropped is posted by the sweep; `asiento verify`
+//! holds after each.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{asiento, payment_body, Answer, Backend, Client, Server, TestDatabase};
+use serde_json::{json, Value};
+
+const SECRET: &str = "whsec_test_0123456789";
+
+fn start(database: &TestDatabase) -> Server {
+    Server::start(
+        &database.url,
+        &[
+            "--webhook-secret",
+            SECRET,
+            "--reconcile-interval",
+            "300ms",
+            "--operation-timeout",
+            "0s",
+            "--report-settle",
+            "0s",
+        ],
+    )
+}
+
+async fn sim_post(client: &Client, path: &str, body: Value) -> Answer {
+    client
+        .send(
+            client
+                .http
+                .post(format!("{}{path}", client.base))
+                .json(&body),
+        )
+        .await
+}
+
+async fn faults(client: &Client, body: Value) {
+    let answer = sim_post(client, "/sim/faults", body).await;
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+}
+
+async fn payment(client: &Client, id: &str) -> Value {
+    client.get(&format!("/v1/payments/{id}")).await.json()
+}
+
+/// Polls the payment until `done` holds (at most 30 s).
+async fn wait_for(client: &Client, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let current = payment(client, id).await;
+        if done(&current) {
+            return current;
+        }
+        assert!(Instant::now() < deadline, "{what}: payment is {current}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The simulator's operations of `kind` on the charge of payment `id`.
+async fn sim_operations(client: &Client, id: &str, kind: &str) -> Vec<Value> {
+    let charge = charge_of(client, id).await;
+    let operations = client.get("/sim/operations").await.json();
+    let operations = operations
+        .as_array()
+        .or(operations["data"].as_array())
+        .unwrap()
+        .clone();
+    operations
+        .into_iter()
+        .filter(|op| op["charge"] == charge["id"] && op["kind"] == kind)
+        .collect()
+}
+
+async fn charge_of(client: &Client, id: &str) -> Value {
+    let charges = client.get("/sim/charges").await.json();
+    let charges = charges
+        .as_array()
+        .or(charges["data"].as_array())
+        .unwrap()
+        .clone();
+    charges
+        .into_iter()
+        .find(|charge| charge["reference"] == id)
+        .unwrap()
+}
+
+async fn create(client: &Client, key: &str, body: &Value) -> String {
+    let created = client.post("/v1/payments", key, body).await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    created.json()["id"].as_str().unwrap().to_owned()
+}
+
+fn verify(database: &TestDatabase) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, output) = asiento(&["verify", "--database-url", &database.url]);
+        if ok {
+            return;
+        }
+        assert!(Instant::now() < deadline, "verify: {output}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn refund_entries(entries: &[Value]) -> usize {
+    entries
+        .iter()
+        .filter(|entry| {
+            entry["legs"].as_array().unwrap().iter().any(|leg| {
+                leg["account"] == "psp:sim:clearing" && leg["amount_minor"].as_i64() > Some(0)
+            })
+        })
+        .count()
+}
+
+async fn unreachable_refund_and_capture(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let server = start(&database);
+    let client = server.client();
+
+    let refunded = create(&client, "op-refund", &payment_body(5_000, "pm_card_ok")).await;
+    let mut manual = payment_body(3_000, "pm_card_ok");
+    manual["capture"] = json!("manual");
+    let captured = create(&client, "op-capture", &manual).await;
+
+    faults(&client, json!({"unreachable_ms": 2_000})).await;
+    let refund = client
+        .post(
+            &format!("/v1/payments/{refunded}/refunds"),
+            "op-refund-1",
+            &json!({"amount_minor": 5_000}),
+        )
+        .await;
+    assert_eq!(
+        refund.status,
+        202,
+        "{}",
+        String::from_utf8_lossy(&refund.body)
+    );
+    assert_eq!(refund.json()["operations"][0]["state"], "requested");
+    let capture = client
+        .post(
+            &format!("/v1/payments/{captured}/capture"),
+            "op-capture-1",
+            &json!({}),
+        )
+        .await;
+    assert_eq!(
+        capture.status,
+        202,
+        "{}",
+        String::from_utf8_lossy(&capture.body)
+    );
+
+    // No client retry: the reconciler finishes both once the provider is back.
+    let after = wait_for(&client, &refunded, "the refund never settled", |p| {
+        p["status"] == "refunded"
+    })
+    .await;
+    assert_eq!(after["refunded_minor"], 5_000);
+    assert_eq!(after["operations"][0]["state"], "succeeded");
+    wait_for(&client, &captured, "the capture never settled", |p| {
+        p["status"] == "captured"
+    })
+    .await;
+    assert_eq!(sim_operations(&client, &refunded, "refund").await.len(), 1);
+    assert_eq!(sim_operations(&client, &captured, "capture").await.len(), 1);
+    assert_eq!(refund_entries(&client.entries_of(&refunded).await), 1);
+    // The replay answers what the first request answered.
+    let replay = client
+        .post(
+            &format!("/v1/payments/{refunded}/refunds"),
+            "op-refund-1",
+            &json!({"amount_minor": 5_000}),
+        )
+        .await;
+    assert_eq!(replay.status, 202);
+    verify(&database);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_and_captures_sent_while_the_provider_is_unreachable_converge_sqlite() {
+    unreachable_refund_and_capture(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_and_captures_sent_while_the_provider_is_unreachable_converge_postgres() {
+    unreachable_refund_and_capture(Backend::Postgres).await;
+}
+
+async fn refusal_reversal_and_lost_dispute(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let server = start(&database);
+    let client = server.client();
+
+    // A refund the provider refuses (its charge is under a dispute we have not heard of) is a
+    // 422 and releases its amount.
+    let refused = create(&client, "refused", &payment_body(4_000, "pm_card_ok")).await;
+    let charge = charge_of(&client, &refused).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    faults(&client, json!({"webhook_drop_rate": 1.0})).await;
+    let opened = sim_post(
+        &client,
+        &format!("/sim/charges/{charge}/dispute"),
+        json!({"amount_minor": 4_000}),
+    )
+    .await;
+    assert_eq!(opened.status, 200);
+    let answer = client
+        .post(
+            &format!("/v1/payments/{refused}/refunds"),
+            "refused-1",
+            &json!({"amount_minor": 4_000}),
+        )
+        .await;
+    assert_eq!(
+        answer.status,
+        422,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert_eq!(answer.code(), "refund_refused");
+    let closed = sim_post(
+        &client,
+        &format!("/sim/charges/{charge}/dispute/close"),
+        json!({"outcome": "won"}),
+    )
+    .await;
+    assert_eq!(closed.status, 200);
+    let again = client
+        .post(
+            &format!("/v1/payments/{refused}/refunds"),
+            "refused-2",
+            &json!({"amount_minor": 4_000}),
+        )
+        .await;
+    assert_eq!(
+        again.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&again.body)
+    );
+
+    // A refund that fails after it succeeded is reversed by its own entry.
+    faults(&client, json!({"webhook_drop_rate": 0.0})).await;
+    let reversed = create(&client, "reversed", &payment_body(6_000, "pm_card_ok")).await;
+    let refund = client
+        .post(
+            &format!("/v1/payments/{reversed}/refunds"),
+            "reversed-1",
+            &json!({"amount_minor": 2_500}),
+        )
+        .await;
+    assert_eq!(
+        refund.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&refund.body)
+    );
+    let refund_id = refund.json()["operations"][0]["provider_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let failed = sim_post(
+        &client,
+        &format!("/sim/operations/{refund_id}/fail"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        failed.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&failed.body)
+    );
+    let after = wait_for(&client, &reversed, "the reversal never arrived", |p| {
+        p["operations"][0]["state"] == "reversed"
+    })
+    .await;
+    assert_eq!(after["status"], "captured");
+    assert_eq!(after["refunded_minor"], 0);
+    let entries = client.entries_of(&reversed).await;
+    assert_eq!(entries.len(), 3, "capture, refund, reversal: {entries:?}");
+
+    // A lost dispute whose every webhook is dropped is posted by the sweep (the report).
+    faults(&client, json!({"webhook_drop_rate": 1.0})).await;
+    let disputed = create(&client, "disputed", &payment_body(7_000, "pm_card_ok")).await;
+    let charge = charge_of(&client, &disputed).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let opened = sim_post(
+        &client,
+        &format!("/sim/charges/{charge}/dispute"),
+        json!({"amount_minor": 7_000}),
+    )
+    .await;
+    assert_eq!(opened.status, 200);
+    let closed = sim_post(
+        &client,
+        &format!("/sim/charges/{charge}/dispute/close"),
+        json!({"outcome": "lost"}),
+    )
+    .await;
+    assert_eq!(closed.status, 200);
+    wait_for(
+        &client,
+        &disputed,
+        "the lost dispute was never posted",
+        |p| p["status"] == "disputed",
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let entries = client.entries_of(&disputed).await;
+        if entries.len() == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no dispute entry: {entries:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    verify(&database);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_release_reversals_reverse_and_lost_disputes_are_posted_sqlite() {
+    refusal_reversal_and_lost_dispute(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_release_reversals_reverse_and_lost_disputes_are_posted_postgres() {
+    refusal_reversal_and_lost_dispute(Backend::Postgres).await;
+}
