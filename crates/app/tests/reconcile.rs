@@ -595,3 +595,56 @@ async fn abandoned_redirects_do_not_starve_the_sweep_sqlite() {
 async fn abandoned_redirects_do_not_starve_the_sweep_postgres() {
     abandoned_redirects_do_not_starve_the_sweep(Backend::Postgres).await;
 }
+
+/// A redirect nobody finishes is cancelled at the provider and expires once the timeout for
+/// customer action has passed; one the customer finished meanwhile is settled instead.
+async fn abandoned_redirects_are_cancelled_and_expire(backend: Backend) {
+    let h = Harness::start(backend).await;
+    let abandoned = h.create("pm_redirect", 1_000).await;
+    let finished = h.create("pm_redirect", 2_000).await;
+    let charge = h.charge_of(finished);
+    let (status, _) = h
+        .sim_post(
+            &format!("/sim/charges/{}/complete", charge.id),
+            json!({"result": "succeeded"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    // Not yet past the timeout: nothing is cancelled.
+    // Each sweep looks at every watched payment again (no pause between visits).
+    let patient = ReconcilerConfig {
+        report_settle_ms: 3_600_000,
+        interval_ms: 0,
+        ..config()
+    };
+    Reconciler::new(h.flow.clone(), patient.clone())
+        .sweep_once()
+        .await
+        .unwrap();
+    assert_eq!(h.status(abandoned).await, PaymentStatus::RequiresAction);
+    assert_eq!(h.charge_of(abandoned).status, ChargeStatus::RequiresAction);
+
+    let impatient = ReconcilerConfig {
+        requires_action_timeout_ms: 0,
+        ..patient
+    };
+    let summary = Reconciler::new(h.flow.clone(), impatient)
+        .sweep_once()
+        .await
+        .unwrap();
+    assert_eq!(summary.errors, 0, "{summary}");
+    assert_eq!(h.status(abandoned).await, PaymentStatus::Expired);
+    assert_eq!(h.charge_of(abandoned).status, ChargeStatus::Failed);
+    assert_eq!(h.status(finished).await, PaymentStatus::Captured);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn abandoned_redirects_are_cancelled_and_expire_sqlite() {
+    abandoned_redirects_are_cancelled_and_expire(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn abandoned_redirects_are_cancelled_and_expire_postgres() {
+    abandoned_redirects_are_cancelled_and_expire(Backend::Postgres).await;
+}

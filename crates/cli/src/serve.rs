@@ -124,6 +124,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ASIENTO_OPERATION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "1m")]
     pub operation_timeout: Duration,
 
+    /// How long a customer may take to finish a redirect (3-D Secure) before the payment is
+    /// cancelled at the provider and expires.
+    #[arg(long, env = "ASIENTO_REQUIRES_ACTION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "24h")]
+    pub requires_action_timeout: Duration,
+
     /// How long a capture or refund the provider received may wait for its decision before it
     /// is a manual reconciliation exception.
     #[arg(long, env = "ASIENTO_OPERATION_PENDING_DEADLINE", value_parser = humantime::parse_duration, default_value = "3d")]
@@ -335,6 +340,7 @@ fn reconciler_config(args: &ServeArgs) -> ReconcilerConfig {
         report_settle_ms: args.report_settle.ms(),
         operation_timeout_ms: duration_ms(args.operation_timeout),
         operation_pending_deadline_ms: duration_ms(args.operation_pending_deadline),
+        requires_action_timeout_ms: duration_ms(args.requires_action_timeout),
         // A sweep killed mid-run holds the lease until it runs out: scale it with the
         // interval (a chaos run saw a 10-minute default stall convergence). Overlapping
         // sweeps after a slow one are safe: payments are leased and versioned.

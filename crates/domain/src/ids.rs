@@ -208,6 +208,12 @@ pub fn psp_capture_key(payment: PaymentId, sequence: u32) -> String {
     }
 }
 
+/// The provider idempotency key of the cancel of an abandoned charge of this payment.
+#[must_use]
+pub fn psp_cancel_key(payment: PaymentId) -> String {
+    format!("psp_{}_cancel", payment.as_uuid().simple())
+}
+
 /// The provider idempotency key of the `sequence`-th refund request (1-based).
 #[must_use]
 pub fn psp_refund_key(payment: PaymentId, sequence: u32) -> String {

@@ -37,8 +37,8 @@ pub use exception::{ExceptionEvent, ExceptionId, ExceptionKind};
 pub use fee::{fee, FeeError, FeeSchedule};
 pub use guard::{DebitGuard, GuardAppend, GuardEvent, GuardKey, GuardRejection, Origin};
 pub use ids::{
-    psp_capture_key, psp_charge_key, psp_refund_key, CustomerId, EntryId, IdError, PaymentId,
-    ProviderName, TenantId, TransferId,
+    psp_cancel_key, psp_capture_key, psp_charge_key, psp_refund_key, CustomerId, EntryId, IdError,
+    PaymentId, ProviderName, TenantId, TransferId,
 };
 pub use money::{Amount, AmountError, Currency, CurrencyError};
 pub use payment::{

@@ -48,11 +48,11 @@ use std::time::Duration;
 
 use asiento_domain::exception::{ExceptionRecorded, Resolution};
 use asiento_domain::{
-    Amount, ExceptionId, ExceptionKind, PaymentCommand, PaymentEvent, PaymentId, PaymentRecord,
-    PaymentStatus, ProviderFact, ProviderName, TenantId,
+    psp_cancel_key, Amount, ExceptionId, ExceptionKind, PaymentCommand, PaymentEvent, PaymentId,
+    PaymentRecord, PaymentStatus, ProviderFact, ProviderName, TenantId,
 };
 use asiento_eventstore::{Database, Tx};
-use asiento_psp::{Charge, ChargeStatus, ReportLine};
+use asiento_psp::{Charge, ChargeStatus, ProviderError, ReportLine};
 use chrono::{DateTime, TimeZone as _, Utc};
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -86,6 +86,8 @@ pub const REPORT_SETTLE_MS_DEFAULT: i64 = 60_000;
 pub const SWEEP_LEASE_MS_DEFAULT: i64 = 10 * 60_000;
 /// Stale payments looked up in one sweep; the rest wait for the next.
 pub const STALE_PAYMENTS_PER_SWEEP_MAX: i64 = 1_000;
+/// API.md: an abandoned redirect expires after this (and is cancelled at the provider).
+pub const REQUIRES_ACTION_TIMEOUT_MS_DEFAULT: i64 = 24 * 3_600_000;
 /// How long a payment flagged as a misfit waits before the stale sweep looks it up again: a
 /// person is on it, and every lookup would find the same misfit.
 pub const MISFIT_RECHECK_MS: i64 = 3_600_000;
@@ -109,6 +111,9 @@ pub struct ReconcilerConfig {
     pub operation_timeout_ms: i64,
     /// How long a received (pending) operation may wait for its decision.
     pub operation_pending_deadline_ms: i64,
+    /// How long a customer may take to finish a redirect (3-D Secure) before the payment is
+    /// cancelled at the provider and expires.
+    pub requires_action_timeout_ms: i64,
 }
 
 impl Default for ReconcilerConfig {
@@ -123,6 +128,7 @@ impl Default for ReconcilerConfig {
             payment_lease_ms: PAYMENT_LEASE_MS_DEFAULT,
             operation_timeout_ms: OPERATION_TIMEOUT_MS_DEFAULT,
             operation_pending_deadline_ms: OPERATION_PENDING_DEADLINE_MS_DEFAULT,
+            requires_action_timeout_ms: REQUIRES_ACTION_TIMEOUT_MS_DEFAULT,
         }
     }
 }
@@ -777,6 +783,12 @@ impl Reconciler {
             None => provider.adapter.find_charge_by_key(&record.psp_key).await,
         };
         let charge = match lookup {
+            // The provider has no lookup by our key: its webhooks and its report settle the
+            // payment (the report compares every charge it lists).
+            Err(ProviderError::Unsupported { what }) => {
+                tracing::debug!(payment = %id, %what, "no lookup by key; left to the webhooks and the report");
+                return Ok(());
+            }
             Err(error) => {
                 summary.provider_errors += 1;
                 tracing::warn!(payment = %id, %error, "provider lookup gave no answer");
@@ -831,6 +843,8 @@ impl Reconciler {
                         provider: charge_state(&charge),
                     };
                     self.flag(&record, finding, summary).await?;
+                } else if self.abandoned(&record, &charge) {
+                    self.cancel_abandoned(&record, &charge, summary).await?;
                 } else {
                     let mut status = record.status;
                     for fact in facts::charge_facts(&charge) {
@@ -841,6 +855,76 @@ impl Reconciler {
                     }
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The customer never finished the redirect: still waiting for them at the provider, past
+    /// the timeout for customer action.
+    fn abandoned(&self, record: &PaymentRecord, charge: &Charge) -> bool {
+        let deadline_ms = record
+            .created_at
+            .timestamp_millis()
+            .saturating_add(self.config.requires_action_timeout_ms);
+        charge.status == ChargeStatus::RequiresAction && deadline_ms <= self.flow.clock.now_ms()
+    }
+
+    /// Cancels an abandoned redirect at the provider (under the payment's cancel key, so a
+    /// repeated sweep asks once) and expires the payment once the provider says the charge can
+    /// no longer be paid. If the customer paid meanwhile, the cancel is refused and the charge's
+    /// own facts settle the payment.
+    async fn cancel_abandoned(
+        &self,
+        record: &PaymentRecord,
+        charge: &Charge,
+        summary: &mut SweepSummary,
+    ) -> Result<(), ReconcileError> {
+        let provider = self
+            .flow
+            .providers
+            .get(&record.provider)
+            .ok_or_else(|| ReconcileError::UnknownProvider(record.provider.clone()))?;
+        let key = psp_cancel_key(record.id);
+        let after = match provider.adapter.cancel(&charge.id, &key).await {
+            Ok(answer) => answer.charge,
+            Err(ProviderError::Rejected(rejection)) => {
+                tracing::info!(payment = %record.id, code = %rejection.code, "abandoned redirect not cancelled; reading the charge again");
+                provider.adapter.get_charge(&charge.id).await.ok().flatten()
+            }
+            Err(error) => {
+                summary.provider_errors += 1;
+                tracing::warn!(payment = %record.id, %error, "cancel of an abandoned redirect gave no answer");
+                return Ok(());
+            }
+        };
+        match after {
+            Some(after) if after.status == ChargeStatus::Failed => {
+                let expired = self
+                    .flow
+                    .apply(
+                        record.id,
+                        PaymentCommand::Expire {
+                            at: self.flow.clock.now(),
+                        },
+                    )
+                    .await;
+                match expired {
+                    Ok(finalized) if finalized.events_appended > 0 => summary.expired += 1,
+                    Ok(_) => {}
+                    Err(FlowError::Rejected(rejection)) => {
+                        tracing::info!(payment = %record.id, %rejection, "expiry refused")
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            // Paid (or authorized) meanwhile: the charge's facts settle the payment.
+            Some(after) if after.status != ChargeStatus::RequiresAction => {
+                for fact in facts::charge_facts(&after) {
+                    self.flow.finalize(record.id, Some(fact)).await?;
+                }
+                summary.settled += 1;
+            }
+            _ => {}
         }
         Ok(())
     }
