@@ -111,6 +111,26 @@ impl Draft {
         Ok(())
     }
 
+    /// The provider received `op` and decides it later.
+    fn received(&mut self, op: &Operation, provider_id: Option<String>, at: DateTime<Utc>) {
+        self.push(PaymentEvent::OperationReceived(OperationReceived {
+            kind: op.kind,
+            sequence: op.sequence,
+            provider_id,
+            at,
+        }));
+    }
+
+    /// The provider refused `op`: what it reserved is free again.
+    fn refused(&mut self, op: &Operation, reason: String, at: DateTime<Utc>) {
+        self.push(PaymentEvent::OperationRefused(OperationRefused {
+            kind: op.kind,
+            sequence: op.sequence,
+            reason,
+            at,
+        }));
+    }
+
     fn customer(&self) -> AccountName {
         AccountName::customer_available(&self.record.customer)
     }
@@ -604,12 +624,7 @@ fn capture_outcome(
     };
     match (op.state, reported.outcome) {
         (OperationState::Requested, OperationOutcome::Pending) => {
-            draft.push(PaymentEvent::OperationReceived(OperationReceived {
-                kind: OperationKind::Capture,
-                sequence: op.sequence,
-                provider_id: reported.provider_id,
-                at,
-            }));
+            draft.received(&op, reported.provider_id, at);
         }
         (OperationState::Requested | OperationState::Pending, OperationOutcome::Succeeded)
             if draft.record.status == PaymentStatus::Authorized =>
@@ -620,12 +635,7 @@ fn capture_outcome(
             OperationState::Requested | OperationState::Pending,
             OperationOutcome::Failed { reason },
         ) => {
-            draft.push(PaymentEvent::OperationRefused(OperationRefused {
-                kind: OperationKind::Capture,
-                sequence: op.sequence,
-                reason,
-                at,
-            }));
+            draft.refused(&op, reason, at);
         }
         (OperationState::Succeeded, OperationOutcome::Failed { reason }) => {
             let detail = format!(
@@ -654,17 +664,15 @@ fn refund_outcome(
     };
     match (op.state, reported.outcome) {
         (OperationState::Requested, OperationOutcome::Pending) => {
-            draft.push(PaymentEvent::OperationReceived(OperationReceived {
-                kind: OperationKind::Refund,
-                sequence: op.sequence,
-                provider_id: reported.provider_id,
-                at,
-            }));
+            draft.received(&op, reported.provider_id, at);
         }
         (OperationState::Requested | OperationState::Pending, OperationOutcome::Succeeded) => {
             // What settled refunds account for after this one; a cumulative report may already
             // have settled it without naming it, and then only the operation is marked.
-            let accounted = settled_refund_operations(&draft.record)?.checked_add(op.amount)?;
+            let accounted = draft
+                .record
+                .refund_operations_settled()?
+                .checked_add(op.amount)?;
             let already = draft.record.refund_settled_ever();
             let new_total = draft
                 .record
@@ -689,12 +697,7 @@ fn refund_outcome(
             OperationState::Requested | OperationState::Pending,
             OperationOutcome::Failed { reason },
         ) => {
-            draft.push(PaymentEvent::OperationRefused(OperationRefused {
-                kind: OperationKind::Refund,
-                sequence: op.sequence,
-                reason,
-                at,
-            }));
+            draft.refused(&op, reason, at);
         }
         (OperationState::Succeeded, OperationOutcome::Failed { reason }) => {
             reverse_refund(draft, &op, reason, at)?;
@@ -710,22 +713,6 @@ fn refund_outcome(
         _ => {}
     }
     Ok(())
-}
-
-/// The amounts of our refund operations that ever settled.
-fn settled_refund_operations(record: &PaymentRecord) -> Result<Amount, PaymentRejection> {
-    record
-        .operations
-        .iter()
-        .filter(|op| {
-            op.kind == OperationKind::Refund
-                && matches!(
-                    op.state,
-                    OperationState::Succeeded | OperationState::Reversed
-                )
-        })
-        .try_fold(Amount::ZERO, |total, op| total.checked_add(op.amount))
-        .map_err(PaymentRejection::from)
 }
 
 /// The most a capture fact may capture: the authorization once there is

@@ -243,6 +243,20 @@ impl PaymentRecord {
             .try_fold(self.refunded, |total, op| total.checked_add(op.amount))
     }
 
+    /// The amounts of our refund operations that ever settled (reversed ones included).
+    pub fn refund_operations_settled(&self) -> Result<Amount, AmountError> {
+        self.operations
+            .iter()
+            .filter(|op| {
+                op.kind == OperationKind::Refund
+                    && matches!(
+                        op.state,
+                        OperationState::Succeeded | OperationState::Reversed
+                    )
+            })
+            .try_fold(Amount::ZERO, |total, op| total.checked_add(op.amount))
+    }
+
     /// Every refund ever settled, including ones reversed since.
     fn refund_settled_ever(&self) -> Amount {
         self.refunded
@@ -261,19 +275,7 @@ impl PaymentRecord {
     /// for yet. So a report or webhook that arrives before the refund's own answer settles it
     /// once, and the answer arriving later finds it already succeeded.
     fn attribute_settled_refunds(&mut self, at: DateTime<Utc>) {
-        let accounted = self
-            .operations
-            .iter()
-            .filter(|op| {
-                op.kind == OperationKind::Refund
-                    && matches!(
-                        op.state,
-                        OperationState::Succeeded | OperationState::Reversed
-                    )
-            })
-            .fold(Amount::ZERO, |total, op| {
-                total.checked_add(op.amount).unwrap_or(SATURATED)
-            });
+        let accounted = self.refund_operations_settled().unwrap_or(SATURATED);
         let mut unattributed = self
             .refund_settled_ever()
             .checked_sub(accounted)
@@ -800,17 +802,13 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
             record.status = PaymentStatus::Authorized;
             record.authorized = e.amount_minor;
         }
-        PaymentEvent::CaptureRequested(e) => record.operations.push(Operation {
-            kind: OperationKind::Capture,
-            sequence: e.sequence,
-            amount: e.amount_minor,
-            psp_key: e.psp_key.clone(),
-            state: OperationState::Requested,
-            provider_id: None,
-            reason: None,
-            requested_at: e.at,
-            updated_at: e.at,
-        }),
+        PaymentEvent::CaptureRequested(e) => record.operations.push(Operation::requested(
+            OperationKind::Capture,
+            e.sequence,
+            e.amount_minor,
+            &e.psp_key,
+            e.at,
+        )),
         PaymentEvent::ChargeCaptured(e) => {
             record.provider_charge_id = Some(e.charge_id.clone());
             record.status = PaymentStatus::Captured;
@@ -834,17 +832,13 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
             record.failure_reason = Some(e.reason.clone());
         }
         PaymentEvent::PaymentExpired(_) => record.status = PaymentStatus::Expired,
-        PaymentEvent::RefundRequested(e) => record.operations.push(Operation {
-            kind: OperationKind::Refund,
-            sequence: e.sequence,
-            amount: e.amount_minor,
-            psp_key: e.psp_key.clone(),
-            state: OperationState::Requested,
-            provider_id: None,
-            reason: None,
-            requested_at: e.at,
-            updated_at: e.at,
-        }),
+        PaymentEvent::RefundRequested(e) => record.operations.push(Operation::requested(
+            OperationKind::Refund,
+            e.sequence,
+            e.amount_minor,
+            &e.psp_key,
+            e.at,
+        )),
         PaymentEvent::RefundSettled(e) => {
             record.refunded = e.refunded_total_minor;
             record.fee_reversed = record

@@ -84,6 +84,30 @@ pub struct Operation {
     pub updated_at: DateTime<Utc>,
 }
 
+impl Operation {
+    /// An operation just asked for: no answer yet.
+    #[must_use]
+    pub fn requested(
+        kind: OperationKind,
+        sequence: u32,
+        amount: Amount,
+        psp_key: &str,
+        at: DateTime<Utc>,
+    ) -> Operation {
+        Operation {
+            kind,
+            sequence,
+            amount,
+            psp_key: psp_key.to_owned(),
+            state: OperationState::Requested,
+            provider_id: None,
+            reason: None,
+            requested_at: at,
+            updated_at: at,
+        }
+    }
+}
+
 /// What the provider says of one of our operations.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OperationOutcome {
