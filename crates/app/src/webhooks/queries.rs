@@ -1,0 +1,138 @@
+//! Reads of the inbox for operators and the reconciler: its depth, its rows by status, and the
+//! dead letters.
+
+use asiento_eventstore::Database;
+
+use super::{sqlite, DeadReason};
+
+/// Rows of the inbox by status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InboxCounts {
+    pub pending: i64,
+    pub processed: i64,
+    pub dead: i64,
+}
+
+/// Rows waiting to be processed, read from the pending rows' own index: the worker samples it
+/// every second, so it must not scan the processed ones, which only ever grow.
+pub async fn pending_count(database: &Database) -> Result<i64, sqlx::Error> {
+    let sql = "select count(*) from webhook_inbox where status = 'pending'";
+    match database {
+        Database::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+        Database::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+    }
+}
+
+/// The inbox's rows by status (a full count: for tools and tests, not for a loop).
+pub async fn inbox_counts(database: &Database) -> Result<InboxCounts, sqlx::Error> {
+    let sql = "select status, count(*) from webhook_inbox group by status";
+    let rows: Vec<(String, i64)> = match database {
+        Database::Postgres(pool) => sqlx::query_as(sql).fetch_all(pool).await?,
+        Database::Sqlite(pool) => sqlx::query_as(sql).fetch_all(pool).await?,
+    };
+    let mut counts = InboxCounts::default();
+    for (status, count) in rows {
+        match status.as_str() {
+            "pending" => counts.pending = count,
+            "processed" => counts.processed = count,
+            _ => counts.dead += count,
+        }
+    }
+    Ok(counts)
+}
+
+/// One dead-lettered event, as the reconciliation (or a person) reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub id: i64,
+    pub provider: String,
+    pub event_id: String,
+    pub event_type: String,
+    /// The charge's reference as sent (our payment id, when it is one).
+    pub payment_ref: Option<String>,
+    pub reason: String,
+    pub last_error: Option<String>,
+    pub attempts: i32,
+    pub received_ms: i64,
+    pub finished_ms: Option<i64>,
+}
+
+/// The most rows [`dead_letters`] returns in one call.
+pub const DEAD_LETTERS_PAGE_MAX: i64 = 1_000;
+
+/// Dead letters with `reason` (all when `None`), oldest first, after inbox id `after`.
+pub async fn dead_letters(
+    database: &Database,
+    reason: Option<DeadReason>,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<DeadLetter>, sqlx::Error> {
+    let sql = "select id, provider, event_id, event_type, payment_ref, dead_reason, last_error, \
+               attempts, received_ms, finished_ms from webhook_inbox \
+               where status = 'dead' and ($1 is null or dead_reason = $1) and id > $2 \
+               order by id limit $3";
+    let reason = reason.map(DeadReason::as_str);
+    let limit = limit.clamp(0, DEAD_LETTERS_PAGE_MAX);
+    type Raw = (
+        i64,
+        String,
+        String,
+        String,
+        Option<String>,
+        String,
+        Option<String>,
+        i32,
+        i64,
+        Option<i64>,
+    );
+    let rows: Vec<Raw> = match database {
+        Database::Postgres(pool) => {
+            // PostgreSQL needs the parameter's type where it is only compared with null.
+            let sql = sql.replace("$1 is null", "$1::text is null");
+            sqlx::query_as(&sql)
+                .bind(reason)
+                .bind(after)
+                .bind(limit)
+                .fetch_all(pool)
+                .await?
+        }
+        Database::Sqlite(pool) => {
+            sqlx::query_as(&sqlite(sql))
+                .bind(reason)
+                .bind(after)
+                .bind(limit)
+                .fetch_all(pool)
+                .await?
+        }
+    };
+    Ok(rows
+        .into_iter()
+        .map(
+            |(
+                id,
+                provider,
+                event_id,
+                event_type,
+                payment_ref,
+                reason,
+                last_error,
+                attempts,
+                received_ms,
+                finished_ms,
+            )| {
+                DeadLetter {
+                    id,
+                    provider,
+                    event_id,
+                    event_type,
+                    payment_ref,
+                    reason,
+                    last_error,
+                    attempts,
+                    received_ms,
+                    finished_ms,
+                }
+            },
+        )
+        .collect())
+}

@@ -1,0 +1,137 @@
+//! Each provider's webhook signing secret, as configured (`ASIENTO_WEBHOOK_SECRETS`,
+//! `--webhook-secret`): the receiver verifies every delivery against it.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use asiento_domain::ProviderName;
+
+/// Each provider's webhook signing secret. `Debug` never shows a secret.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct WebhookSecrets(BTreeMap<String, String>);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretsError {
+    #[error("webhook secret entry {index} is not `provider:secret`")]
+    EntryMalformed { index: usize },
+    #[error("webhook secret entry {index}: {name:?} is not a provider name")]
+    ProviderNameInvalid { index: usize, name: String },
+    #[error("webhook secret of provider {provider} is empty")]
+    SecretEmpty { provider: String },
+    #[error("provider {provider} has more than one webhook secret")]
+    ProviderRepeated { provider: String },
+}
+
+impl WebhookSecrets {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets (or replaces) one provider's secret, e.g. `--webhook-secret` for `sim`.
+    pub fn set(&mut self, provider: &ProviderName, secret: &str) -> Result<(), SecretsError> {
+        if secret.is_empty() {
+            return Err(SecretsError::SecretEmpty {
+                provider: provider.to_string(),
+            });
+        }
+        self.0.insert(provider.to_string(), secret.to_owned());
+        Ok(())
+    }
+
+    pub fn get(&self, provider: &str) -> Option<&str> {
+        self.0.get(provider).map(String::as_str)
+    }
+
+    pub fn providers(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// `name:secret,name:secret` (`ASIENTO_WEBHOOK_SECRETS`). The secret is everything after the
+/// first `:`, so it may itself contain colons; it may not contain commas.
+impl FromStr for WebhookSecrets {
+    type Err = SecretsError;
+
+    fn from_str(text: &str) -> Result<Self, SecretsError> {
+        let mut secrets = WebhookSecrets::new();
+        for (index, entry) in text.split(',').enumerate() {
+            let entry = entry.trim();
+            if entry.is_empty() {
+                continue;
+            }
+            let (name, secret) = entry
+                .split_once(':')
+                .ok_or(SecretsError::EntryMalformed { index })?;
+            let provider = ProviderName::parse(name.trim()).map_err(|_| {
+                SecretsError::ProviderNameInvalid {
+                    index,
+                    name: name.trim().to_owned(),
+                }
+            })?;
+            if secrets.get(provider.as_str()).is_some() {
+                return Err(SecretsError::ProviderRepeated {
+                    provider: provider.to_string(),
+                });
+            }
+            secrets.set(&provider, secret.trim())?;
+        }
+        Ok(secrets)
+    }
+}
+
+impl std::fmt::Debug for WebhookSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.0.keys().map(|provider| (provider, "***")))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_parse_several_providers_and_hide_them() {
+        let secrets: WebhookSecrets = "sim:whsec_a, other:whsec:b:c,".parse().unwrap();
+        assert_eq!(secrets.get("sim"), Some("whsec_a"));
+        assert_eq!(secrets.get("other"), Some("whsec:b:c"));
+        assert_eq!(secrets.get("nope"), None);
+        let shown = format!("{secrets:?}");
+        assert!(!shown.contains("whsec"), "{shown}");
+        assert!(shown.contains("sim"), "{shown}");
+    }
+
+    #[test]
+    fn secrets_refuse_what_is_not_name_colon_secret() {
+        let cases: [(&str, SecretsError); 4] = [
+            ("sim", SecretsError::EntryMalformed { index: 0 }),
+            (
+                "sim:a,Bad Name:b",
+                SecretsError::ProviderNameInvalid {
+                    index: 1,
+                    name: "Bad Name".into(),
+                },
+            ),
+            (
+                "sim:",
+                SecretsError::SecretEmpty {
+                    provider: "sim".into(),
+                },
+            ),
+            (
+                "sim:a,sim:b",
+                SecretsError::ProviderRepeated {
+                    provider: "sim".into(),
+                },
+            ),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(text.parse::<WebhookSecrets>(), Err(expected), "{text}");
+        }
+    }
+}
