@@ -20,12 +20,27 @@
 //! named point, not by counting polls: the number of polls of a sqlx future depends on its worker
 //! thread, so dropping a future after N polls would not replay.
 //!
+//! **The provider's profile.** Each seed draws what kind of provider it plays against
+//! (`Profile`): lookups by key and by id or not (`Capabilities`; a lookup the profile lacks
+//! answers `Unsupported`), synchronous or asynchronous captures and refunds (answered `Pending`
+//! and decided later, sometimes failed), late refund reversals (a succeeded refund fails and the
+//! charge's refunded total goes back down), a key lifetime (a write under an older key is a new
+//! one), and whether a dispute's webhooks get through. Each `operation.updated` the provider
+//! sends is delivered as it happens or dropped; a disputed charge may go dark (none of its
+//! webhooks arrives again, so the sweep's lookups and the settlement report, which carries the
+//! dispute, must tell). A refund on a disputed charge is refused (`charge_disputed`).
+//!
 //! **Checked after every step:** the real invariant checker (`Checker::check_once`: zero-sum
 //! entries, stream versions, one capture posting per captured payment, idempotency leases, the
 //! events table's immutability, seals), and simulation truths: the provider holds at most one
 //! charge per payment; an idempotency key that got a 2xx names one payment forever; a replay is
-//! byte for byte the first answer. At the end of a seed, time runs on (the reconciler sweeping)
-//! and every charge's final state is delivered; the ledger must then agree with the provider.
+//! byte for byte the first answer; the provider holds at most one capture or refund per key. At
+//! the end of a seed, time runs on past the operation timeouts, the key lifetimes and the pending
+//! deadline (the reconciler sweeping): every capture and refund must then be closed, unless the
+//! profile makes it unresolvable (pending at a provider without lookups, or requested past its
+//! key's lifetime), and then it must have its `operation_unresolved` exception. Every final state
+//! is delivered (a dark charge's never); the ledger must then agree with the provider about every
+//! charge (captured, refunded net of reversals, the dispute and its outcome) and every operation.
 //!
 //! Run: `cargo test -p asiento-app --test simulation` (`SIMULATION_SEEDS`, default 1000,
 //! `SIMULATION_SEED_START`, `SIMULATION_STEPS`, default 20). A failure prints its seed, step and
@@ -33,12 +48,13 @@
 //! (the trace is printed then, too). `scripts/simulate` runs many more seeds in release.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
 use asiento_app::clock::{Clock, ManualClock};
-use asiento_app::facts::charge_status_fact as fact_from_charge;
+use asiento_app::exceptions::{self, Scope as ExceptionScope};
+use asiento_app::facts;
 use asiento_app::idempotency::{canonical_body_hash, IdempotencyKey, Scope, StoredResponse};
 use asiento_app::invariants::{Checker, Sealer};
 use asiento_app::log;
@@ -47,15 +63,16 @@ use asiento_app::providers::{ConfiguredProvider, Providers};
 use asiento_app::reconcile::{Reconciler, ReconcilerConfig};
 use asiento_app::reply::{Answer, Render, Reply};
 use asiento_app::transfers::{NewTransfer, TransferFlow};
+use asiento_domain::payment::DisputeOutcome;
 use asiento_domain::{
-    AccountName, Amount, CaptureMode, Currency, CustomerId, FeeSchedule, PaymentId, PaymentStatus,
-    ProviderName, TenantId,
+    AccountName, Amount, CaptureMode, Currency, CustomerId, FeeSchedule, OperationState, PaymentId,
+    PaymentRecord, PaymentStatus, ProviderFact, ProviderName, TenantId,
 };
 use asiento_eventstore::Database;
 use asiento_psp::{
-    Capabilities, Charge, ChargeOutcome, ChargeStatus, CreateCharge, NextAction, Operation,
-    OperationAnswer, OperationKind, OperationStatus, Provider, ProviderError, Rejection,
-    ReportLine,
+    Capabilities, Charge, ChargeOutcome, ChargeStatus, CreateCharge, Dispute, DisputeStatus,
+    NextAction, Operation, OperationAnswer, OperationKind, OperationStatus, Provider,
+    ProviderError, Rejection, ReportLine,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -78,6 +95,22 @@ const IDEMPOTENCY_LEASE_MS: i64 = 60_000;
 const SWEEP_INTERVAL_MS: i64 = 5 * 60_000;
 /// The longest single clock jump (a sweep runs every `SWEEP_INTERVAL_MS` inside it).
 const CLOCK_JUMP_MS_MAX: i64 = 20 * 60_000;
+/// The reconciler drives a capture or refund this long after its request (the clock is manual,
+/// so small is cheap).
+const OPERATION_TIMEOUT_MS: i64 = 30_000;
+/// How long a pending capture or refund may wait for its decision: above the longest
+/// asynchronous delay plus a sweep, so that only a profile without lookups ever reaches it.
+const OPERATION_PENDING_DEADLINE_MS: i64 = 2 * 3_600_000;
+/// Of the provider's `operation.updated` events, the share delivered as they happen.
+const EVENTS_DELIVERED_PERCENT: u64 = 75;
+/// A key lifetime no seed outlives (Stripe's day).
+const KEY_LIFETIME_MS_LONG: i64 = 24 * 3_600_000;
+/// Bug switch: without a lookup by key, a create whose request never reached the provider stays
+/// `pending` forever (the stale sweep leaves it to webhooks and the report, which never speak of
+/// a charge that does not exist; it never expires) and its key stays in flight past the checker's
+/// grace (seed 284 with this `false`). While that stands, a profile without lookup by key still
+/// finds *charges* by key; its operations have no lookup by key. Set `false` to reproduce it.
+const CHARGES_FOUND_BY_KEY_ALWAYS: bool = true;
 const FEE_BPS: u32 = 300;
 const TENANT: &str = "acme";
 const PROVIDER: &str = "sim";
@@ -138,6 +171,58 @@ impl Rng {
 
 // ------------------------------------------------------------------------- the provider
 
+/// What kind of provider a seed plays against, drawn once per seed: which lookups exist,
+/// whether captures and refunds are decided later, how long it remembers a key, whether
+/// refunds bounce and whether a dispute's webhooks get through.
+#[derive(Debug, Clone, Copy)]
+struct Profile {
+    lookup_by_key: bool,
+    lookup_by_id: bool,
+    async_modifications: bool,
+    /// How long after its request an asynchronous capture or refund is decided.
+    async_delay_ms: i64,
+    /// Of asynchronous decisions, the percentage that fail.
+    async_fail_percent: u64,
+    /// Of succeeded refunds, the percentage that fail later (a late reversal).
+    reversal_percent: u64,
+    reversal_delay_ms: i64,
+    /// How long a capture's or refund's key is remembered; a write under an older key is new.
+    key_lifetime_ms: i64,
+    /// Of disputes, the percentage whose charge's webhooks are all dropped from then on.
+    dispute_dark_percent: u64,
+}
+
+impl Profile {
+    fn draw(rng: &mut Rng) -> Profile {
+        Profile {
+            lookup_by_key: rng.chance(50),
+            lookup_by_id: rng.chance(60),
+            async_modifications: rng.chance(50),
+            async_delay_ms: rng.between(1_000, 20 * 60_000),
+            async_fail_percent: *rng.pick(&[0, 15, 40]),
+            reversal_percent: *rng.pick(&[0, 0, 20, 50]),
+            reversal_delay_ms: rng.between(1_000, 30 * 60_000),
+            key_lifetime_ms: *rng.pick(&[KEY_LIFETIME_MS_LONG, KEY_LIFETIME_MS_LONG, 10 * 60_000]),
+            dispute_dark_percent: *rng.pick(&[0, 50, 100]),
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            lookup_by_key: self.lookup_by_key,
+            lookup_by_id: self.lookup_by_id,
+            async_modifications: self.async_modifications,
+            key_lifetime: std::time::Duration::from_millis(self.key_lifetime_ms as u64),
+        }
+    }
+
+    /// The provider tells of a pending operation only by webhook (and, for a refund, by the
+    /// report's cumulative total).
+    fn webhooks_only(&self) -> bool {
+        !self.lookup_by_key && !self.lookup_by_id
+    }
+}
+
 /// How the next provider write goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum Fault {
@@ -153,25 +238,63 @@ enum Fault {
     CrashAfter,
 }
 
-#[derive(Default)]
+/// A capture or refund the provider holds, and what it will do with it later.
+struct OpRecord {
+    operation: Operation,
+    /// When a pending operation is decided, and whether it then fails.
+    decide_at_ms: Option<i64>,
+    decide_fails: bool,
+    /// When a succeeded refund fails.
+    reverse_at_ms: Option<i64>,
+}
+
+/// The first answer under a key, replayed while the key lives.
+struct KeyRecord {
+    answer: Result<OperationAnswer, ProviderError>,
+    born_ms: i64,
+}
+
+/// An `operation.updated` event: the operation and its charge right after the change.
+#[derive(Clone)]
+struct OperationEvent {
+    operation: Operation,
+    charge: Charge,
+}
+
 struct ProviderState {
+    profile: Profile,
+    /// The provider's own draws (reversals, failed decisions), apart from the simulation's.
+    rng: Rng,
     /// In creation order, so that iterating never depends on random ids.
     charges: Vec<Charge>,
     by_key: HashMap<String, usize>,
     by_id: HashMap<String, usize>,
-    /// Answers of captures and refunds by their idempotency key: a repeat replays the answer.
-    captures: HashMap<String, Result<OperationAnswer, ProviderError>>,
-    refunds: HashMap<String, Result<OperationAnswer, ProviderError>>,
-    refunds_made: u64,
+    /// Captures and refunds in creation order.
+    operations: Vec<OpRecord>,
+    /// Capture and refund keys.
+    keys: HashMap<String, KeyRecord>,
     /// Every state every charge passed through, for stale and repeated webhooks.
     history: Vec<Charge>,
+    /// Every `operation.updated` the provider sent.
+    events: Vec<OperationEvent>,
+    /// How many of `events` the simulation has delivered (or dropped) promptly.
+    events_sent: usize,
+    /// Charges whose dispute's webhooks (and every later one) are dropped.
+    dark: HashSet<String>,
+    /// Charges refunded in the dashboard.
+    out_of_band: HashSet<String>,
     /// Armed for the next write, then back to `None`.
     fault: Fault,
     /// The next lookup answers `Unknown`.
     lookup_fails: bool,
+    /// What the provider did, for the summary.
+    refusals: u64,
+    reversals: u64,
+    disputes: u64,
 }
 
-/// A provider in memory: one charge per idempotency key, ever; faults armed by the simulation.
+/// A provider in memory: one charge per idempotency key, ever; one capture or refund per key
+/// while the key lives; faults armed by the simulation; behaviour from the seed's profile.
 struct SimProvider {
     state: Mutex<ProviderState>,
     clock: Arc<ManualClock>,
@@ -192,9 +315,240 @@ fn rejection(code: &str) -> Rejection {
     }
 }
 
+fn rejected(code: &str) -> ProviderError {
+    ProviderError::Rejected(rejection(code))
+}
+
+fn unsupported(what: &str) -> ProviderError {
+    ProviderError::Unsupported {
+        what: what.to_owned(),
+    }
+}
+
+impl ProviderState {
+    fn charge_index(&self, charge_id: &str) -> Option<usize> {
+        self.by_id.get(charge_id).copied()
+    }
+
+    /// The charge changed: stamp it and keep the state for stale webhooks.
+    fn touched(&mut self, index: usize, now: DateTime<Utc>) -> Charge {
+        let charge = &mut self.charges[index];
+        charge.updated = now;
+        let snapshot = charge.clone();
+        self.history.push(snapshot.clone());
+        snapshot
+    }
+
+    fn pending_refunds(&self, charge_id: &str) -> i64 {
+        self.operations
+            .iter()
+            .map(|record| &record.operation)
+            .filter(|op| {
+                op.charge == charge_id
+                    && op.kind == OperationKind::Refund
+                    && op.status == OperationStatus::Pending
+            })
+            .map(|op| op.amount_minor)
+            .sum()
+    }
+
+    fn capture_pending(&self, charge_id: &str) -> bool {
+        self.operations.iter().any(|record| {
+            record.operation.charge == charge_id
+                && record.operation.kind == OperationKind::Capture
+                && record.operation.status == OperationStatus::Pending
+        })
+    }
+
+    /// A write under `key`: the first answer while the key lives, else `effect` (again).
+    fn keyed(
+        &mut self,
+        key: &str,
+        now: DateTime<Utc>,
+        effect: impl FnOnce(&mut ProviderState) -> Result<OperationAnswer, ProviderError>,
+    ) -> Result<OperationAnswer, ProviderError> {
+        let now_ms = now.timestamp_millis();
+        if let Some(record) = self.keys.get(key) {
+            if now_ms - record.born_ms < self.profile.key_lifetime_ms {
+                return record.answer.clone();
+            }
+        }
+        let answer = effect(self);
+        if matches!(answer, Err(ProviderError::Rejected(_))) {
+            self.refusals += 1;
+        }
+        self.keys.insert(
+            key.to_owned(),
+            KeyRecord {
+                answer: answer.clone(),
+                born_ms: now_ms,
+            },
+        );
+        answer
+    }
+
+    /// Records a new operation on the charge at `index` and answers it with the charge as it
+    /// stands. A pending one is decided later; a succeeded refund may fail later.
+    fn new_operation(
+        &mut self,
+        kind: OperationKind,
+        index: usize,
+        key: &str,
+        amount_minor: i64,
+        status: OperationStatus,
+        now: DateTime<Utc>,
+    ) -> OperationAnswer {
+        let prefix = match kind {
+            OperationKind::Capture => "cap",
+            OperationKind::Refund => "re",
+            OperationKind::Cancel => "cnl",
+        };
+        let charge = self.charges[index].clone();
+        let operation = Operation {
+            id: format!("{prefix}_{:06}", self.operations.len()),
+            kind,
+            charge: charge.id.clone(),
+            idempotency_key: key.to_owned(),
+            amount_minor,
+            currency: charge.currency.clone(),
+            status,
+            failure_reason: None,
+            created: now,
+            updated: now,
+        };
+        let now_ms = now.timestamp_millis();
+        let profile = self.profile;
+        let (decide_at_ms, decide_fails) = if status == OperationStatus::Pending {
+            let fails = self.rng.chance(profile.async_fail_percent);
+            (Some(now_ms + profile.async_delay_ms), fails)
+        } else {
+            (None, false)
+        };
+        let reverse_at_ms = (status == OperationStatus::Succeeded
+            && kind == OperationKind::Refund
+            && self.rng.chance(profile.reversal_percent))
+        .then_some(now_ms + profile.reversal_delay_ms);
+        self.operations.push(OpRecord {
+            operation: operation.clone(),
+            decide_at_ms,
+            decide_fails,
+            reverse_at_ms,
+        });
+        OperationAnswer {
+            operation,
+            charge: Some(charge),
+        }
+    }
+
+    /// Sets an operation's status and announces it with `operation.updated`.
+    fn settle(
+        &mut self,
+        op: usize,
+        status: OperationStatus,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) {
+        let index = self
+            .charge_index(&self.operations[op].operation.charge)
+            .unwrap();
+        let charge = self.touched(index, now);
+        let record = &mut self.operations[op];
+        record.operation.status = status;
+        record.operation.failure_reason = reason.map(str::to_owned);
+        record.operation.updated = now;
+        let operation = record.operation.clone();
+        self.events.push(OperationEvent { operation, charge });
+    }
+
+    /// Runs what the provider decided to do by `now`: asynchronous decisions, late reversals.
+    fn tick(&mut self, now: DateTime<Utc>) {
+        let now_ms = now.timestamp_millis();
+        for op in 0..self.operations.len() {
+            let record = &self.operations[op];
+            let status = record.operation.status;
+            if status == OperationStatus::Pending
+                && record.decide_at_ms.is_some_and(|at| at <= now_ms)
+            {
+                self.decide(op, now);
+            } else if status == OperationStatus::Succeeded
+                && record.reverse_at_ms.is_some_and(|at| at <= now_ms)
+            {
+                let amount = record.operation.amount_minor;
+                let index = self.charge_index(&record.operation.charge).unwrap();
+                let charge = &mut self.charges[index];
+                charge.amount_refunded = (charge.amount_refunded - amount).max(0);
+                self.operations[op].reverse_at_ms = None;
+                self.reversals += 1;
+                self.settle(op, OperationStatus::Failed, Some("refund_returned"), now);
+            }
+        }
+    }
+
+    /// Decides a pending capture or refund: it fails when the profile says so or the charge no
+    /// longer allows it, else it takes effect (and a refund may be reversed later).
+    fn decide(&mut self, op: usize, now: DateTime<Utc>) {
+        let record = &self.operations[op];
+        let (kind, amount) = (record.operation.kind, record.operation.amount_minor);
+        let fails = record.decide_fails;
+        let index = self.charge_index(&record.operation.charge).unwrap();
+        self.operations[op].decide_at_ms = None;
+        let charge = &mut self.charges[index];
+        let allowed = match kind {
+            OperationKind::Capture => charge.status == ChargeStatus::RequiresCapture,
+            _ => {
+                charge.status == ChargeStatus::Succeeded
+                    && charge.amount_captured - charge.amount_refunded >= amount
+            }
+        };
+        if fails || !allowed {
+            return self.settle(
+                op,
+                OperationStatus::Failed,
+                Some("declined_by_acquirer"),
+                now,
+            );
+        }
+        match kind {
+            OperationKind::Capture => {
+                charge.status = ChargeStatus::Succeeded;
+                charge.amount_captured = amount;
+            }
+            _ => {
+                charge.amount_refunded += amount;
+                let profile = self.profile;
+                if self.rng.chance(profile.reversal_percent) {
+                    self.operations[op].reverse_at_ms =
+                        Some(now.timestamp_millis() + profile.reversal_delay_ms);
+                }
+            }
+        }
+        self.settle(op, OperationStatus::Succeeded, None, now);
+    }
+
+    /// The operation as the provider holds it now, by our key or its id.
+    fn operation_where(&self, matches: impl Fn(&Operation) -> bool) -> Option<Operation> {
+        self.operations
+            .iter()
+            .rev()
+            .map(|record| &record.operation)
+            .find(|op| matches(op))
+            .cloned()
+    }
+}
+
 impl SimProvider {
     fn arm(&self, fault: Fault) {
         self.state.lock().unwrap().fault = fault;
+    }
+
+    fn profile(&self) -> Profile {
+        self.state.lock().unwrap().profile
+    }
+
+    /// The provider catches up with the clock.
+    fn tick(&self) {
+        let now = self.clock.now();
+        self.state.lock().unwrap().tick(now);
     }
 
     /// Runs a write under the armed fault. `effect` runs under the lock; the lock is never held
@@ -205,7 +559,11 @@ impl SimProvider {
         lost: impl FnOnce(&str) -> T,
     ) -> T {
         let now = self.clock.now();
-        let fault = std::mem::replace(&mut self.state.lock().unwrap().fault, Fault::None);
+        let fault = {
+            let mut state = self.state.lock().unwrap();
+            state.tick(now);
+            std::mem::replace(&mut state.fault, Fault::None)
+        };
         match fault {
             Fault::None => effect(&mut self.state.lock().unwrap(), now),
             Fault::FailBefore => lost("connection refused"),
@@ -225,8 +583,19 @@ impl SimProvider {
         }
     }
 
-    fn lookup<T>(&self, answer: impl FnOnce(&ProviderState) -> T) -> Result<T, ProviderError> {
+    /// A read the profile allows (`allowed`), else `Unsupported` without a call.
+    fn lookup<T>(
+        &self,
+        allowed: bool,
+        what: &str,
+        answer: impl FnOnce(&ProviderState) -> T,
+    ) -> Result<T, ProviderError> {
+        let now = self.clock.now();
         let mut state = self.state.lock().unwrap();
+        if !allowed {
+            return Err(unsupported(what));
+        }
+        state.tick(now);
         if std::mem::take(&mut state.lookup_fails) {
             return Err(unknown("lookup timed out"));
         }
@@ -255,9 +624,7 @@ impl SimProvider {
         } else {
             charge.status = ChargeStatus::RequiresCapture;
         }
-        charge.updated = now;
-        let snapshot = charge.clone();
-        state.history.push(snapshot.clone());
+        let snapshot = state.touched(index, now);
         Some(format!("{} -> {:?}", snapshot.id, snapshot.status))
     }
 
@@ -265,17 +632,72 @@ impl SimProvider {
     fn refund_out_of_band(&self, index: usize, amount_minor: i64) -> Option<String> {
         let now = self.clock.now();
         let mut state = self.state.lock().unwrap();
+        let pending = state.pending_refunds(&state.charges.get(index)?.id);
         let charge = state.charges.get_mut(index)?;
-        let left = charge.amount_captured - charge.amount_refunded;
-        if charge.status != ChargeStatus::Succeeded || left <= 0 {
+        let left = charge.amount_captured - charge.amount_refunded - pending;
+        if charge.status != ChargeStatus::Succeeded || left <= 0 || charge.dispute.is_some() {
             return None;
         }
         let amount = amount_minor.clamp(1, left);
         charge.amount_refunded += amount;
-        charge.updated = now;
-        let snapshot = charge.clone();
-        state.history.push(snapshot.clone());
+        let id = charge.id.clone();
+        state.out_of_band.insert(id);
+        let snapshot = state.touched(index, now);
         Some(format!("{} refunded {amount} out of band", snapshot.id))
+    }
+
+    /// The cardholder disputes what is left of a captured charge (once per charge, never while
+    /// a refund is pending). With the profile's odds, the charge goes dark: none of its
+    /// webhooks arrives from now on.
+    fn open_dispute(&self, index: usize) -> Option<String> {
+        let now = self.clock.now();
+        let mut state = self.state.lock().unwrap();
+        let pending = state.pending_refunds(&state.charges.get(index)?.id);
+        let charge = state.charges.get_mut(index)?;
+        let disputable = charge.amount_captured - charge.amount_refunded;
+        if charge.status != ChargeStatus::Succeeded
+            || charge.dispute.is_some()
+            || disputable <= 0
+            || pending > 0
+        {
+            return None;
+        }
+        charge.dispute = Some(Dispute {
+            status: DisputeStatus::Open,
+            amount_minor: disputable,
+            created: now,
+            closed: None,
+        });
+        let id = charge.id.clone();
+        let percent = state.profile.dispute_dark_percent;
+        let dark = state.rng.chance(percent);
+        if dark {
+            state.dark.insert(id.clone());
+        }
+        state.disputes += 1;
+        state.touched(index, now);
+        let webhooks = if dark { "dropped" } else { "delivered" };
+        Some(format!(
+            "{id} disputed for {disputable} (webhooks {webhooks})"
+        ))
+    }
+
+    fn close_dispute(&self, index: usize, won: bool) -> Option<String> {
+        let now = self.clock.now();
+        let mut state = self.state.lock().unwrap();
+        let charge = state.charges.get_mut(index)?;
+        let dispute = charge.dispute.as_mut()?;
+        if dispute.status != DisputeStatus::Open {
+            return None;
+        }
+        dispute.status = if won {
+            DisputeStatus::Won
+        } else {
+            DisputeStatus::Lost
+        };
+        dispute.closed = Some(now);
+        let snapshot = state.touched(index, now);
+        Some(format!("{} dispute closed, won: {won}", snapshot.id))
     }
 }
 
@@ -329,32 +751,6 @@ fn create_effect(state: &mut ProviderState, now: DateTime<Utc>, req: &CreateChar
     charge
 }
 
-/// The succeeded operation `kind` on `charge` (as it stands after), keyed `key`.
-fn succeeded(
-    kind: OperationKind,
-    id: String,
-    charge: Charge,
-    amount_minor: i64,
-    key: &str,
-    now: DateTime<Utc>,
-) -> OperationAnswer {
-    OperationAnswer {
-        operation: Operation {
-            id,
-            kind,
-            charge: charge.id.clone(),
-            idempotency_key: key.to_owned(),
-            amount_minor,
-            currency: charge.currency.clone(),
-            status: OperationStatus::Succeeded,
-            failure_reason: None,
-            created: now,
-            updated: now,
-        },
-        charge: Some(charge),
-    }
-}
-
 fn capture_effect(
     state: &mut ProviderState,
     now: DateTime<Utc>,
@@ -362,38 +758,44 @@ fn capture_effect(
     amount_minor: Option<i64>,
     key: &str,
 ) -> Result<OperationAnswer, ProviderError> {
-    if let Some(answer) = state.captures.get(key) {
-        return answer.clone();
-    }
-    let answer = match state.by_id.get(charge_id).copied() {
-        None => Err(ProviderError::Rejected(rejection("no_such_charge"))),
-        Some(index) => {
-            let charge = &mut state.charges[index];
-            let amount = amount_minor.unwrap_or(charge.amount_minor);
-            if charge.status != ChargeStatus::RequiresCapture {
-                Err(ProviderError::Rejected(rejection("charge_not_capturable")))
-            } else if amount <= 0 || amount > charge.amount_minor {
-                Err(ProviderError::Rejected(rejection("amount_too_large")))
-            } else {
-                charge.status = ChargeStatus::Succeeded;
-                charge.amount_captured = amount;
-                charge.updated = now;
-                let snapshot = charge.clone();
-                state.history.push(snapshot.clone());
-                let id = format!("cap_{}", snapshot.id);
-                Ok(succeeded(
-                    OperationKind::Capture,
-                    id,
-                    snapshot,
-                    amount,
-                    key,
-                    now,
-                ))
-            }
+    state.keyed(key, now, |state| {
+        let index = state
+            .charge_index(charge_id)
+            .ok_or_else(|| rejected("no_such_charge"))?;
+        let charge = &state.charges[index];
+        let amount = amount_minor.unwrap_or(charge.amount_minor);
+        if charge.status != ChargeStatus::RequiresCapture {
+            return Err(rejected("charge_not_capturable"));
         }
-    };
-    state.captures.insert(key.to_owned(), answer.clone());
-    answer
+        if state.capture_pending(charge_id) {
+            return Err(rejected("capture_pending"));
+        }
+        if amount <= 0 || amount > charge.amount_minor {
+            return Err(rejected("amount_too_large"));
+        }
+        if state.profile.async_modifications {
+            return Ok(state.new_operation(
+                OperationKind::Capture,
+                index,
+                key,
+                amount,
+                OperationStatus::Pending,
+                now,
+            ));
+        }
+        let charge = &mut state.charges[index];
+        charge.status = ChargeStatus::Succeeded;
+        charge.amount_captured = amount;
+        state.touched(index, now);
+        Ok(state.new_operation(
+            OperationKind::Capture,
+            index,
+            key,
+            amount,
+            OperationStatus::Succeeded,
+            now,
+        ))
+    })
 }
 
 fn refund_effect(
@@ -403,39 +805,45 @@ fn refund_effect(
     amount_minor: i64,
     key: &str,
 ) -> Result<OperationAnswer, ProviderError> {
-    if let Some(answer) = state.refunds.get(key) {
-        return answer.clone();
-    }
-    let answer = match state.by_id.get(charge_id).copied() {
-        None => Err(ProviderError::Rejected(rejection("no_such_charge"))),
-        Some(index) => {
-            let charge = &mut state.charges[index];
-            let left = charge.amount_captured - charge.amount_refunded;
-            if charge.status != ChargeStatus::Succeeded || amount_minor <= 0 || amount_minor > left
-            {
-                Err(ProviderError::Rejected(rejection(
-                    "refund_exceeds_captured",
-                )))
-            } else {
-                charge.amount_refunded += amount_minor;
-                charge.updated = now;
-                let snapshot = charge.clone();
-                state.history.push(snapshot.clone());
-                state.refunds_made += 1;
-                let id = format!("re_{:06}", state.refunds_made);
-                Ok(succeeded(
-                    OperationKind::Refund,
-                    id,
-                    snapshot,
-                    amount_minor,
-                    key,
-                    now,
-                ))
-            }
+    state.keyed(key, now, |state| {
+        let index = state
+            .charge_index(charge_id)
+            .ok_or_else(|| rejected("no_such_charge"))?;
+        let pending = state.pending_refunds(charge_id);
+        let charge = &state.charges[index];
+        // Disputed money is frozen while the dispute is open, and gone once it is lost.
+        if charge
+            .dispute
+            .as_ref()
+            .is_some_and(|d| d.status != DisputeStatus::Won)
+        {
+            return Err(rejected("charge_disputed"));
         }
-    };
-    state.refunds.insert(key.to_owned(), answer.clone());
-    answer
+        let left = charge.amount_captured - charge.amount_refunded - pending;
+        if charge.status != ChargeStatus::Succeeded || amount_minor <= 0 || amount_minor > left {
+            return Err(rejected("refund_exceeds_captured"));
+        }
+        if state.profile.async_modifications {
+            return Ok(state.new_operation(
+                OperationKind::Refund,
+                index,
+                key,
+                amount_minor,
+                OperationStatus::Pending,
+                now,
+            ));
+        }
+        state.charges[index].amount_refunded += amount_minor;
+        state.touched(index, now);
+        Ok(state.new_operation(
+            OperationKind::Refund,
+            index,
+            key,
+            amount_minor,
+            OperationStatus::Succeeded,
+            now,
+        ))
+    })
 }
 
 #[async_trait]
@@ -445,7 +853,7 @@ impl Provider for SimProvider {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::SIM
+        self.profile().capabilities()
     }
 
     async fn create_charge(&self, req: &CreateCharge) -> ChargeOutcome {
@@ -489,44 +897,33 @@ impl Provider for SimProvider {
         charge_id: &str,
         _idempotency_key: &str,
     ) -> Result<OperationAnswer, ProviderError> {
-        // The flows under simulation never cancel.
-        Err(ProviderError::Rejected(rejection(&format!(
-            "cancel_not_simulated_{charge_id}"
-        ))))
+        // Abandoned redirects are cancelled after a day; a seed never runs that long.
+        Err(rejected(&format!("cancel_not_simulated_{charge_id}")))
     }
 
     async fn find_operation_by_key(
         &self,
         idempotency_key: &str,
     ) -> Result<Option<Operation>, ProviderError> {
-        self.lookup(|state| {
-            state
-                .captures
-                .get(idempotency_key)
-                .or_else(|| state.refunds.get(idempotency_key))
-                .and_then(|answer| answer.as_ref().ok())
-                .map(|answer| answer.operation.clone())
+        let allowed = self.profile().lookup_by_key;
+        self.lookup(allowed, "find an operation by key", |state| {
+            state.operation_where(|op| op.idempotency_key == idempotency_key)
         })
     }
 
     async fn get_operation(&self, id: &str) -> Result<Option<Operation>, ProviderError> {
-        self.lookup(|state| {
-            state
-                .captures
-                .values()
-                .chain(state.refunds.values())
-                .filter_map(|answer| answer.as_ref().ok())
-                .find(|answer| answer.operation.id == id)
-                .map(|answer| answer.operation.clone())
+        let allowed = self.profile().lookup_by_id;
+        self.lookup(allowed, "read an operation", |state| {
+            state.operation_where(|op| op.id == id)
         })
     }
 
     async fn get_charge(&self, charge_id: &str) -> Result<Option<Charge>, ProviderError> {
-        self.lookup(|state| {
+        let allowed = self.profile().lookup_by_id;
+        self.lookup(allowed, "read a charge", |state| {
             state
-                .by_id
-                .get(charge_id)
-                .map(|&index| state.charges[index].clone())
+                .charge_index(charge_id)
+                .map(|index| state.charges[index].clone())
         })
     }
 
@@ -534,7 +931,8 @@ impl Provider for SimProvider {
         &self,
         idempotency_key: &str,
     ) -> Result<Option<Charge>, ProviderError> {
-        self.lookup(|state| {
+        let allowed = self.profile().lookup_by_key || CHARGES_FOUND_BY_KEY_ALWAYS;
+        self.lookup(allowed, "find a charge by key", |state| {
             state
                 .by_key
                 .get(idempotency_key)
@@ -547,7 +945,7 @@ impl Provider for SimProvider {
         from: DateTime<Utc>,
         to: DateTime<Utc>,
     ) -> Result<Vec<ReportLine>, ProviderError> {
-        self.lookup(|state| {
+        self.lookup(true, "report", |state| {
             state
                 .charges
                 .iter()
@@ -562,8 +960,8 @@ impl Provider for SimProvider {
                     currency: charge.currency.clone(),
                     reference: charge.reference.clone(),
                     idempotency_key: charge.idempotency_key.clone(),
-                    dispute_status: None,
-                    dispute: None,
+                    dispute_status: charge.dispute.as_ref().map(|d| d.status),
+                    dispute: charge.dispute.clone(),
                     last_touched: charge.updated,
                 })
                 .collect()
@@ -706,7 +1104,12 @@ async fn start_process(
         render: Arc::new(SimRender),
         idempotency_lease_ms: IDEMPOTENCY_LEASE_MS,
     };
-    let reconciler = Reconciler::new(flow.clone(), ReconcilerConfig::default());
+    let config = ReconcilerConfig {
+        operation_timeout_ms: OPERATION_TIMEOUT_MS,
+        operation_pending_deadline_ms: OPERATION_PENDING_DEADLINE_MS,
+        ..ReconcilerConfig::default()
+    };
+    let reconciler = Reconciler::new(flow.clone(), config);
     Process {
         database,
         flow,
@@ -720,8 +1123,28 @@ impl Sim {
         let (dir, url) = asiento_eventstore::testing::temp_sqlite_url();
         let clock = Arc::new(ManualClock::at_ms(EPOCH_MS));
         let crash = Arc::new(Notify::new());
+        let mut rng = Rng::new(seed);
+        let profile = Profile::draw(&mut rng);
         let provider = Arc::new(SimProvider {
-            state: Mutex::new(ProviderState::default()),
+            state: Mutex::new(ProviderState {
+                profile,
+                rng: Rng::new(seed ^ 0x0BAD_C0DE_0BAD_C0DE),
+                charges: Vec::new(),
+                by_key: HashMap::new(),
+                by_id: HashMap::new(),
+                operations: Vec::new(),
+                keys: HashMap::new(),
+                history: Vec::new(),
+                events: Vec::new(),
+                events_sent: 0,
+                dark: HashSet::new(),
+                out_of_band: HashSet::new(),
+                fault: Fault::None,
+                lookup_fails: false,
+                refusals: 0,
+                reversals: 0,
+                disputes: 0,
+            }),
             clock: clock.clone(),
             crash: crash.clone(),
         });
@@ -730,7 +1153,7 @@ impl Sim {
         Sim {
             seed,
             step: 0,
-            rng: Rng::new(seed),
+            rng,
             url,
             _dir: Box::new(dir),
             clock,
@@ -918,6 +1341,8 @@ impl Sim {
         while left > 0 {
             let chunk = left.min(SWEEP_INTERVAL_MS);
             self.clock.advance_ms(chunk);
+            self.provider.tick();
+            self.send_new_events().await;
             left -= chunk;
             if self.clock.now_ms() - self.last_sweep_ms >= SWEEP_INTERVAL_MS {
                 self.sweep(Fault::None).await;
@@ -1069,7 +1494,20 @@ impl Sim {
             return self.op_create().await;
         };
         let full = self.payment_amount(payment).await;
-        let amount = self.rng.between(1, full);
+        // Mostly within what is left (so the provider sees it), sometimes anything.
+        let left = log::load_payment(self.process.flow.store.as_ref(), payment)
+            .await
+            .unwrap()
+            .aggregate
+            .record
+            .map_or(0, |record| {
+                record.captured.minor() - record.refunded.minor()
+            });
+        let amount = if left > 0 && self.rng.chance(70) {
+            self.rng.between(1, left)
+        } else {
+            self.rng.between(1, full)
+        };
         let body = json!({ "amount_minor": amount });
         let route = format!("/v1/payments/{payment}/refunds");
         let index = self.new_request(
@@ -1104,47 +1542,125 @@ impl Sim {
     }
 
     /// A webhook: a state some charge passed through (usually its latest; sometimes a stale or
-    /// repeated one), applied as the worker applies it.
+    /// repeated one), or an `operation.updated` the provider sent, applied as the worker applies
+    /// it. A dark charge's webhooks (from its dispute on) never arrive.
     async fn op_webhook(&mut self) {
-        let snapshot = {
+        let delivery = {
             let state = self.provider.state.lock().unwrap();
+            let arrives =
+                |charge: &Charge| !state.dark.contains(&charge.id) || charge.dispute.is_none();
+            let choice = self.rng.below(100);
             if state.charges.is_empty() {
                 None
-            } else if self.rng.chance(60) {
-                Some(self.rng.pick(&state.charges).clone())
+            } else if choice < 35 && !state.events.is_empty() {
+                let event = self.rng.pick(&state.events).clone();
+                arrives(&event.charge).then(|| {
+                    (
+                        event.charge.clone(),
+                        webhook_facts(&event.charge, Some(&event.operation)),
+                    )
+                })
             } else {
-                Some(self.rng.pick(&state.history).clone())
+                let charge = if choice < 75 {
+                    self.rng.pick(&state.charges).clone()
+                } else {
+                    self.rng.pick(&state.history).clone()
+                };
+                arrives(&charge).then(|| (charge.clone(), webhook_facts(&charge, None)))
             }
         };
-        let Some(charge) = snapshot else {
+        let Some((charge, facts)) = delivery else {
             return self.op_create().await;
         };
-        let fact = fact_from_charge(&charge);
         let payment = PaymentId::parse(charge.reference.as_deref().unwrap()).unwrap();
-        self.note(format!("webhook {payment}: {fact:?}"));
-        match self.process.flow.finalize(payment, Some(fact)).await {
-            Ok(finalized) => {
-                let status = finalized.payment.status;
-                let appended = finalized.events_appended;
-                self.note(format!("  -> {status:?}, {appended} events"));
+        self.deliver(payment, &facts, "webhook").await;
+    }
+
+    /// The provider's new `operation.updated` events arrive promptly, or are dropped (a later
+    /// webhook, a lookup or the report must then tell). A dark charge's never arrive.
+    async fn send_new_events(&mut self) {
+        let new: Vec<OperationEvent> = {
+            let mut state = self.provider.state.lock().unwrap();
+            let new = state.events[state.events_sent..].to_vec();
+            state.events_sent = state.events.len();
+            new.into_iter()
+                .filter(|event| !state.dark.contains(&event.charge.id))
+                .collect()
+        };
+        for event in new {
+            if self.rng.chance(EVENTS_DELIVERED_PERCENT) {
+                let payment = PaymentId::parse(event.charge.reference.as_deref().unwrap()).unwrap();
+                let facts = webhook_facts(&event.charge, Some(&event.operation));
+                self.deliver(payment, &facts, "webhook").await;
+            } else {
+                self.note(format!(
+                    "webhook dropped: {} {:?}",
+                    event.operation.id, event.operation.status
+                ));
             }
-            Err(error) => self.fail(format!("webhook for {payment} failed: {error}")),
         }
     }
 
-    /// The customer finishes a redirect, or the merchant refunds in the provider's dashboard.
-    fn op_provider_side(&mut self) {
-        let count = self.provider.state.lock().unwrap().charges.len();
-        if count == 0 {
-            return;
+    /// Applies a webhook's facts in order, as the worker does.
+    async fn deliver(&mut self, payment: PaymentId, facts: &[ProviderFact], what: &str) {
+        for fact in facts {
+            self.note(format!("{what} {payment}: {fact:?}"));
+            match self
+                .process
+                .flow
+                .finalize(payment, Some(fact.clone()))
+                .await
+            {
+                Ok(finalized) => {
+                    let status = finalized.payment.status;
+                    let appended = finalized.events_appended;
+                    self.note(format!("  -> {status:?}, {appended} events"));
+                }
+                Err(error) => self.fail(format!("{what} for {payment} failed: {error}")),
+            }
         }
-        let index = self.rng.below(count as u64) as usize;
-        let done = if self.rng.chance(70) {
-            let succeed = self.rng.chance(80);
-            self.provider.complete_action(index, succeed)
-        } else {
-            let amount = self.rng.between(1, 50_000);
-            self.provider.refund_out_of_band(index, amount)
+    }
+
+    /// What the provider does on its side: the customer finishes a redirect, the merchant
+    /// refunds in the provider's dashboard, a cardholder disputes, a dispute is decided.
+    fn op_provider_side(&mut self) {
+        let charges = self.provider.charges();
+        let fitting = |fits: &dyn Fn(&Charge) -> bool| -> Vec<usize> {
+            (0..charges.len()).filter(|&i| fits(&charges[i])).collect()
+        };
+        let done = match self.rng.weighted(&[45, 15, 25, 15]) {
+            0 => {
+                let open = fitting(&|c| c.status == ChargeStatus::RequiresAction);
+                let succeed = self.rng.chance(80);
+                (!open.is_empty())
+                    .then(|| *self.rng.pick(&open))
+                    .and_then(|index| self.provider.complete_action(index, succeed))
+            }
+            1 => {
+                let captured = fitting(&|c| c.status == ChargeStatus::Succeeded);
+                let amount = self.rng.between(1, 50_000);
+                (!captured.is_empty())
+                    .then(|| *self.rng.pick(&captured))
+                    .and_then(|index| self.provider.refund_out_of_band(index, amount))
+            }
+            2 => {
+                let undisputed =
+                    fitting(&|c| c.status == ChargeStatus::Succeeded && c.dispute.is_none());
+                (!undisputed.is_empty())
+                    .then(|| *self.rng.pick(&undisputed))
+                    .and_then(|index| self.provider.open_dispute(index))
+            }
+            _ => {
+                let disputed = fitting(&|c| {
+                    c.dispute
+                        .as_ref()
+                        .is_some_and(|d| d.status == DisputeStatus::Open)
+                });
+                let won = self.rng.chance(50);
+                (!disputed.is_empty())
+                    .then(|| *self.rng.pick(&disputed))
+                    .and_then(|index| self.provider.close_dispute(index, won))
+            }
         };
         if let Some(done) = done {
             self.note(format!("provider: {done}"));
@@ -1181,9 +1697,10 @@ impl Sim {
     }
 
     async fn step_once(&mut self) {
+        self.send_new_events().await;
         // create, retry, capture, refund, transfer, webhook, provider side, clock, sweep, seal,
         // idle crash
-        match self.rng.weighted(&[22, 12, 10, 10, 5, 15, 6, 10, 6, 2, 2]) {
+        match self.rng.weighted(&[20, 12, 12, 14, 4, 15, 10, 10, 6, 2, 2]) {
             0 => self.op_create().await,
             1 => self.op_retry().await,
             2 => self.op_capture().await,
@@ -1210,6 +1727,11 @@ impl Sim {
             let listed: Vec<String> = report.violations.iter().map(|v| v.to_string()).collect();
             self.fail(format!("invariant violated:\n  {}", listed.join("\n  ")));
         }
+        self.check_provider();
+    }
+
+    /// The provider holds at most one charge per payment, and one capture or refund per key.
+    fn check_provider(&self) {
         let mut per_payment: BTreeMap<String, usize> = BTreeMap::new();
         for charge in self.provider.charges() {
             *per_payment
@@ -1221,12 +1743,93 @@ impl Sim {
                 "the provider holds {count} charges for payment {payment}"
             ));
         }
+        let state = self.provider.state.lock().unwrap();
+        let mut per_key: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+        for record in &state.operations {
+            let op = &record.operation;
+            let kind = if op.kind == OperationKind::Capture {
+                "captures"
+            } else {
+                "refunds"
+            };
+            *per_key.entry((kind, &op.idempotency_key)).or_default() += 1;
+        }
+        if let Some(((kind, key), count)) = per_key.iter().find(|(_, &count)| count > 1) {
+            self.fail(format!("the provider holds {count} {kind} under key {key}"));
+        }
     }
 
-    /// The end of a seed: every open request is retried, time runs on with the reconciler
-    /// sweeping, and every charge's final state is delivered. Then the ledger must agree with the
-    /// provider about every charge.
-    async fn converge(&mut self) {
+    /// Every payment the ledger has: the ones the client learnt of and the ones the provider
+    /// charged (a create whose answer never came).
+    async fn all_payments(&self) -> Vec<PaymentRecord> {
+        let mut ids: BTreeSet<PaymentId> = self.payments.iter().copied().collect();
+        for charge in self.provider.charges() {
+            ids.insert(PaymentId::parse(charge.reference.as_deref().unwrap()).unwrap());
+        }
+        let mut records = Vec::new();
+        for id in ids {
+            let loaded = log::load_payment(self.process.flow.store.as_ref(), id)
+                .await
+                .unwrap();
+            records.extend(loaded.aggregate.record);
+        }
+        records
+    }
+
+    /// The PSP keys of the operations that have an `operation_unresolved` exception.
+    async fn unresolved_keys(&self) -> HashSet<String> {
+        let listed = exceptions::list(&self.process.database, &ExceptionScope::All, None, i64::MAX)
+            .await
+            .unwrap();
+        listed
+            .iter()
+            .filter(|exception| exception.kind == "operation_unresolved")
+            .filter_map(|exception| exception.local["operation"]["psp_key"].as_str())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Every operation of every payment is closed, unless the profile makes it unresolvable:
+    /// a pending one of a provider that tells only by webhook, past its deadline; a requested
+    /// one past its key's lifetime. Those must have their `operation_unresolved` exception.
+    async fn check_operations_closed(&mut self, when: &str) -> usize {
+        let profile = self.provider.profile();
+        let unresolved = self.unresolved_keys().await;
+        let now_ms = self.clock.now_ms();
+        let mut open = 0;
+        for record in self.all_payments().await {
+            for op in record.operations.iter().filter(|op| op.state.is_open()) {
+                open += 1;
+                let age_ms = now_ms - op.requested_at.timestamp_millis();
+                let legitimate = match op.state {
+                    OperationState::Pending => {
+                        profile.webhooks_only() && age_ms >= OPERATION_PENDING_DEADLINE_MS
+                    }
+                    _ => age_ms >= profile.key_lifetime_ms,
+                };
+                let excepted = unresolved.contains(&op.psp_key);
+                if !legitimate || !excepted {
+                    self.fail(format!(
+                        "{when}: {} {} of payment {} is still {} (age {}s, profile {profile:?}, exception: {excepted})",
+                        op.kind.as_str(),
+                        op.psp_key,
+                        record.id,
+                        op.state.as_str(),
+                        age_ms / 1_000
+                    ));
+                }
+            }
+        }
+        open
+    }
+
+    /// The end of a seed: every open request is retried, the provider decides all it holds,
+    /// time runs on past the operation timeouts, the key lifetimes and the pending deadline with
+    /// the reconciler sweeping, and every operation must be closed (or legitimately excepted).
+    /// Then every final state is delivered (except a dark charge's: the sweep and the report
+    /// must have done it), and the ledger must agree with the provider about every charge and
+    /// every operation.
+    async fn converge(&mut self) -> usize {
         self.step += 1;
         self.note("converge");
         self.advance(IDEMPOTENCY_LEASE_MS + 1_000).await;
@@ -1239,15 +1842,79 @@ impl Sim {
             }
         }
         self.advance(2 * CLOCK_JUMP_MS_MAX).await;
+        // Past every asynchronous decision and reversal, then past the pending deadline and
+        // the shortest key lifetime: a sweep after each leap.
+        for leap in [3_600_000, OPERATION_PENDING_DEADLINE_MS] {
+            self.clock.advance_ms(leap);
+            self.provider.tick();
+            self.send_new_events().await;
+            self.sweep(Fault::None).await;
+        }
         self.sweep(Fault::None).await;
-        for charge in self.provider.charges() {
-            let payment = PaymentId::parse(charge.reference.as_deref().unwrap()).unwrap();
-            let fact = fact_from_charge(&charge);
-            if let Err(error) = self.process.flow.finalize(payment, Some(fact)).await {
-                self.fail(format!("final delivery for {payment} failed: {error}"));
+        self.check_provider();
+        let unresolved = self.check_operations_closed("after the sweeps").await;
+        self.deliver_everything().await;
+        self.check().await;
+        self.check_operations_closed("after every final state")
+            .await;
+        self.check_agreement().await;
+        unresolved
+    }
+
+    /// Every charge's final state and every operation's, as webhooks; a dark charge's never.
+    async fn deliver_everything(&mut self) {
+        let (charges, operations, dark) = {
+            let state = self.provider.state.lock().unwrap();
+            let operations: Vec<(Operation, Charge)> = state
+                .operations
+                .iter()
+                .map(|record| {
+                    let index = state.charge_index(&record.operation.charge).unwrap();
+                    (record.operation.clone(), state.charges[index].clone())
+                })
+                .collect();
+            (state.charges.clone(), operations, state.dark.clone())
+        };
+        for (op, charge) in operations {
+            if !dark.contains(&charge.id) {
+                let payment = PaymentId::parse(charge.reference.as_deref().unwrap()).unwrap();
+                let facts = webhook_facts(&charge, Some(&op));
+                self.deliver(payment, &facts, "final operation").await;
             }
         }
-        self.check().await;
+        for charge in charges {
+            if !dark.contains(&charge.id) {
+                let payment = PaymentId::parse(charge.reference.as_deref().unwrap()).unwrap();
+                let facts = webhook_facts(&charge, None);
+                self.deliver(payment, &facts, "final charge").await;
+            }
+        }
+    }
+
+    /// The ledger agrees with the provider about every charge that no person has to look at:
+    /// status, captured, refunded net of reversals, the dispute and its outcome, and every
+    /// capture and refund operation's outcome.
+    async fn check_agreement(&mut self) {
+        let (ops_by_key, rejected_keys, out_of_band) = {
+            let state = self.provider.state.lock().unwrap();
+            let ops: HashMap<String, Operation> = state
+                .operations
+                .iter()
+                .map(|record| {
+                    (
+                        record.operation.idempotency_key.clone(),
+                        record.operation.clone(),
+                    )
+                })
+                .collect();
+            let rejected: HashSet<String> = state
+                .keys
+                .iter()
+                .filter(|(_, record)| matches!(record.answer, Err(ProviderError::Rejected(_))))
+                .map(|(key, _)| key.clone())
+                .collect();
+            (ops, rejected, state.out_of_band.clone())
+        };
         for charge in self.provider.charges() {
             let payment = PaymentId::parse(charge.reference.as_deref().unwrap()).unwrap();
             let record = log::load_payment(self.process.flow.store.as_ref(), payment)
@@ -1260,31 +1927,68 @@ impl Sim {
             if !record.flags.is_empty() {
                 continue;
             }
-            let agrees = match charge.status {
-                ChargeStatus::Succeeded => {
-                    record.captured.minor() == charge.amount_captured
-                        && record.refunded.minor() == charge.amount_refunded
+            let dispute_agrees = match (&charge.dispute, &record.dispute) {
+                (None, None) => true,
+                (Some(theirs), Some(ours)) => {
+                    ours.amount.minor() == theirs.amount_minor
+                        && match theirs.status {
+                            DisputeStatus::Open => ours.outcome.is_none(),
+                            DisputeStatus::Won => ours.outcome == Some(DisputeOutcome::Won),
+                            DisputeStatus::Lost => ours.outcome == Some(DisputeOutcome::Lost),
+                        }
                 }
-                ChargeStatus::RequiresCapture => record.status == PaymentStatus::Authorized,
-                ChargeStatus::RequiresAction => matches!(
-                    record.status,
-                    PaymentStatus::RequiresAction | PaymentStatus::Expired
-                ),
-                ChargeStatus::Failed => matches!(
-                    record.status,
-                    PaymentStatus::Failed | PaymentStatus::Expired
-                ),
+                _ => false,
             };
+            let agrees = dispute_agrees
+                && match charge.status {
+                    ChargeStatus::Succeeded => {
+                        record.captured.minor() == charge.amount_captured
+                            && record.refunded.minor() == charge.amount_refunded
+                    }
+                    ChargeStatus::RequiresCapture => record.status == PaymentStatus::Authorized,
+                    ChargeStatus::RequiresAction => matches!(
+                        record.status,
+                        PaymentStatus::RequiresAction | PaymentStatus::Expired
+                    ),
+                    ChargeStatus::Failed => matches!(
+                        record.status,
+                        PaymentStatus::Failed | PaymentStatus::Expired
+                    ),
+                };
             if !agrees {
                 self.fail(format!(
-                    "payment {payment} disagrees with its charge: ledger {:?} captured {} refunded {}, provider {:?} captured {} refunded {}",
+                    "payment {payment} disagrees with its charge: ledger {:?} captured {} refunded {} dispute {:?}, provider {:?} captured {} refunded {} dispute {:?}",
                     record.status,
                     record.captured.minor(),
                     record.refunded.minor(),
+                    record.dispute,
                     charge.status,
                     charge.amount_captured,
-                    charge.amount_refunded
+                    charge.amount_refunded,
+                    charge.dispute,
                 ));
+            }
+            for op in &record.operations {
+                let theirs = ops_by_key.get(&op.psp_key);
+                let agrees = match (op.state, theirs.map(|theirs| theirs.status)) {
+                    (OperationState::Succeeded, Some(OperationStatus::Succeeded)) => true,
+                    (OperationState::Reversed, Some(OperationStatus::Failed)) => true,
+                    (OperationState::Refused, Some(OperationStatus::Failed)) => true,
+                    (OperationState::Refused, None) => rejected_keys.contains(&op.psp_key),
+                    // A cumulative total goes to open refunds oldest first: a dashboard refund
+                    // covers one of ours that never reached the provider (the books agree).
+                    (OperationState::Succeeded, None) => out_of_band.contains(&charge.id),
+                    _ => false,
+                };
+                if !agrees {
+                    self.fail(format!(
+                        "{} {} of payment {payment} is {} here, at the provider {:?}",
+                        op.kind.as_str(),
+                        op.psp_key,
+                        op.state.as_str(),
+                        theirs
+                    ));
+                }
             }
         }
     }
@@ -1314,6 +2018,17 @@ impl Sim {
     }
 }
 
+/// The facts a webhook about `charge` (and `operation`, for `operation.updated`) stands for, in
+/// the order the worker applies them: the operation's outcome, then what the charge stands for.
+fn webhook_facts(charge: &Charge, operation: Option<&Operation>) -> Vec<ProviderFact> {
+    let mut out = Vec::new();
+    if let Some(op) = operation {
+        out.extend(facts::operation_fact(op));
+    }
+    out.extend(facts::charge_facts(charge));
+    out
+}
+
 fn tenant() -> TenantId {
     TenantId::parse(TENANT).unwrap()
 }
@@ -1338,28 +2053,111 @@ fn describe_answer(answer: &Answer) -> String {
 }
 
 /// What one seed did, for the summary line.
+#[derive(Default)]
 struct SeedStats {
-    crashes: u32,
-    requests: usize,
-    payments: usize,
+    crashes: u64,
+    requests: u64,
+    payments: u64,
+    /// Captures and refunds the provider holds, and of those the asynchronous ones.
+    operations: u64,
+    asynchronous: u64,
+    refusals: u64,
+    reversals: u64,
+    disputes: u64,
+    /// Disputes whose webhooks were all dropped.
+    dark: u64,
+    /// Operations left open with their `operation_unresolved` exception.
+    unresolved: u64,
+    /// Payments left flagged for a person at the end, by the shape of their flags.
+    flagged: u64,
+    flags: BTreeMap<String, u64>,
+}
+
+impl SeedStats {
+    fn add(&mut self, other: &SeedStats) {
+        self.crashes += other.crashes;
+        self.requests += other.requests;
+        self.payments += other.payments;
+        self.operations += other.operations;
+        self.asynchronous += other.asynchronous;
+        self.refusals += other.refusals;
+        self.reversals += other.reversals;
+        self.disputes += other.disputes;
+        self.dark += other.dark;
+        self.unresolved += other.unresolved;
+        self.flagged += other.flagged;
+        for (flag, count) in &other.flags {
+            *self.flags.entry(flag.clone()).or_default() += count;
+        }
+    }
 }
 
 async fn run_seed(seed: u64, steps: u32, verbose: bool) -> SeedStats {
     let mut sim = Sim::new(seed).await;
+    let profile = sim.provider.profile();
+    sim.note(format!("profile {profile:?}"));
     for step in 1..=steps {
         sim.step = step;
         sim.step_once().await;
         sim.check().await;
     }
-    sim.converge().await;
+    let unresolved = sim.converge().await;
     if verbose {
         println!("seed {seed} passed:\n{}", sim.trace);
     }
-    SeedStats {
-        crashes: sim.crashes,
-        requests: sim.requests.len(),
-        payments: sim.payments.len(),
+    let mut flags: BTreeMap<String, u64> = BTreeMap::new();
+    let mut flagged = 0;
+    for record in sim.all_payments().await {
+        flagged += usize::from(record.needs_review());
+        for flag in &record.flags {
+            // The reconciler's flags name their exception, shaped below.
+            if !flag.detail.starts_with("reconciliation exception") {
+                *flags.entry(flag_shape(&flag.detail)).or_default() += 1;
+            }
+        }
     }
+    let listed = exceptions::list(&sim.process.database, &ExceptionScope::All, None, i64::MAX)
+        .await
+        .unwrap();
+    for exception in listed.iter().filter(|e| e.resolution == "manual") {
+        let shape = format!(
+            "{} exception, difference {}",
+            exception.kind, exception.difference
+        );
+        *flags.entry(flag_shape(&shape)).or_default() += 1;
+    }
+    let state = sim.provider.state.lock().unwrap();
+    SeedStats {
+        crashes: u64::from(sim.crashes),
+        requests: sim.requests.len() as u64,
+        payments: sim.payments.len() as u64,
+        operations: state.operations.len() as u64,
+        asynchronous: if profile.async_modifications {
+            state.operations.len() as u64
+        } else {
+            0
+        },
+        refusals: state.refusals,
+        reversals: state.reversals,
+        disputes: state.disputes,
+        dark: state.dark.len() as u64,
+        unresolved: unresolved as u64,
+        flagged: flagged as u64,
+        flags,
+    }
+}
+
+/// A flag's detail without its amounts and ids, to count flags by kind.
+fn flag_shape(detail: &str) -> String {
+    let mut shape = String::with_capacity(detail.len());
+    for c in detail.chars() {
+        if !c.is_ascii_digit() {
+            shape.push(c);
+        } else if !shape.ends_with('#') {
+            shape.push('#');
+        }
+    }
+    shape
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -1381,7 +2179,7 @@ async fn simulation_seeds_hold_every_invariant() {
     let count = env_u64("SIMULATION_SEEDS").unwrap_or(SEEDS_DEFAULT);
     let jobs = env_u64("SIMULATION_JOBS").unwrap_or(JOBS_DEFAULT).max(1) as usize;
     let began = std::time::Instant::now();
-    let (mut crashes, mut requests, mut payments) = (0u64, 0usize, 0usize);
+    let mut total = SeedStats::default();
     let mut seeds = start..start + count;
     let mut running = tokio::task::JoinSet::new();
     loop {
@@ -1393,18 +2191,28 @@ async fn simulation_seeds_hold_every_invariant() {
             break;
         };
         match joined {
-            Ok((_seed, stats)) => {
-                crashes += u64::from(stats.crashes);
-                requests += stats.requests;
-                payments += stats.payments;
-            }
+            Ok((_seed, stats)) => total.add(&stats),
             // The seed's panic carries its number, step and trace: pass it on as it is.
             Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
             Err(error) => panic!("a seed's task failed: {error}"),
         }
     }
     println!(
-        "simulation: {count} seeds from {start} x {steps} steps in {:.1}s: {requests} requests, {payments} payments, {crashes} crashes",
-        began.elapsed().as_secs_f64()
+        "simulation: {count} seeds from {start} x {steps} steps in {:.1}s: {} requests, {} payments, {} crashes; provider: {} captures and refunds ({} asynchronous), {} refused, {} reversed, {} disputes ({} with every webhook dropped); {} operations left unresolved with their exception, {} payments flagged for review",
+        began.elapsed().as_secs_f64(),
+        total.requests,
+        total.payments,
+        total.crashes,
+        total.operations,
+        total.asynchronous,
+        total.refusals,
+        total.reversals,
+        total.disputes,
+        total.dark,
+        total.unresolved,
+        total.flagged,
     );
+    for (flag, count) in &total.flags {
+        println!("  flagged {count}x: {flag}");
+    }
 }
