@@ -18,7 +18,8 @@ use asiento_domain::{ExceptionKind, Operation, OperationState, PaymentRecord, Pr
 use asiento_psp::ProviderError;
 use serde_json::json;
 
-use super::{local_state, Finding, ReconcileError, Reconciler, SweepSummary};
+use super::findings::Finding;
+use super::{local_state, ReconcileError, Reconciler, SweepSummary};
 use crate::facts;
 use crate::leases;
 use crate::log;

@@ -1,0 +1,611 @@
+//! Settlement reports: each provider's report for a window is compared line by line with our
+//! payments ([`classify`], pure and tested as a table). What the flow can apply is applied with an
+//! auto exception in the same transaction; anything else is a manual exception and a review flag.
+
+use asiento_domain::exception::{ExceptionRecorded, Resolution};
+use asiento_domain::{
+    Amount, ExceptionId, ExceptionKind, PaymentId, PaymentRecord, PaymentStatus, ProviderFact,
+    ProviderName,
+};
+use asiento_eventstore::Tx;
+use asiento_psp::{ChargeStatus, ReportLine};
+use chrono::{DateTime, TimeZone as _, Utc};
+use serde_json::{json, Value};
+
+use super::findings::Finding;
+use super::{local_state, ReconcileError, Reconciler, SweepSummary};
+use crate::exceptions::{self, ExceptionError};
+use crate::facts;
+use crate::leases;
+use crate::log;
+use crate::payments::{FlowError, InTransaction};
+
+/// What a settlement-report line means against our payment. Pure, so it is tested as a table.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Both sides agree (or the difference is work in progress the stale sweep owns).
+    Agree,
+    /// The provider is ahead in a way the flow can apply: `facts` in order.
+    Auto {
+        kind: ExceptionKind,
+        facts: Vec<ProviderFact>,
+        fingerprint: String,
+    },
+    /// A person must look.
+    Manual {
+        kind: ExceptionKind,
+        fingerprint: String,
+    },
+}
+
+/// Compares one report line with our payment.
+pub fn classify(record: &PaymentRecord, line: &ReportLine) -> Verdict {
+    use PaymentStatus as S;
+    let manual = |kind, fingerprint: String| Verdict::Manual { kind, fingerprint };
+    if line.currency != record.currency.code() {
+        return manual(ExceptionKind::CurrencyMismatch, line.currency.clone());
+    }
+    if line.amount_minor != record.amount.minor() {
+        return manual(ExceptionKind::AmountMismatch, line.amount_minor.to_string());
+    }
+    let charge_id = line.charge_id.clone();
+    let local = record.status;
+    match line.status {
+        ChargeStatus::Failed => match local {
+            S::Pending | S::RequiresAction => Verdict::Auto {
+                kind: ExceptionKind::FailedAtProvider,
+                facts: vec![ProviderFact::Failed {
+                    charge_id: Some(charge_id),
+                    reason: "failed at the provider (settlement report)".into(),
+                }],
+                fingerprint: String::new(),
+            },
+            S::Failed | S::Expired => Verdict::Agree,
+            S::Captured | S::PartiallyRefunded | S::Refunded | S::Disputed => {
+                manual(ExceptionKind::CapturedHereFailedAtProvider, String::new())
+            }
+            S::Authorized => manual(ExceptionKind::Ambiguous, "failed:authorized".into()),
+        },
+        // The customer still has to act: the stale sweep owns this.
+        ChargeStatus::RequiresAction => match local {
+            S::Pending | S::RequiresAction => Verdict::Agree,
+            other => manual(ExceptionKind::Ambiguous, format!("requires_action:{other}")),
+        },
+        ChargeStatus::RequiresCapture => match local {
+            S::Pending | S::RequiresAction => Verdict::Auto {
+                kind: ExceptionKind::AuthorizedAtProvider,
+                facts: vec![ProviderFact::Authorized {
+                    charge_id,
+                    amount: Amount::new(line.amount_minor),
+                }],
+                fingerprint: String::new(),
+            },
+            S::Authorized => Verdict::Agree,
+            other => manual(
+                ExceptionKind::Ambiguous,
+                format!("requires_capture:{other}"),
+            ),
+        },
+        ChargeStatus::Succeeded => {
+            let captured = Amount::new(line.amount_captured);
+            let refunded = Amount::new(line.amount_refunded);
+            match local {
+                S::Pending | S::RequiresAction | S::Authorized => {
+                    let mut facts = vec![ProviderFact::Captured {
+                        charge_id: charge_id.clone(),
+                        amount: captured,
+                    }];
+                    if line.amount_refunded > 0 {
+                        facts.push(ProviderFact::Refunded {
+                            charge_id: charge_id.clone(),
+                            amount_refunded: refunded,
+                        });
+                    }
+                    facts.extend(
+                        line.dispute
+                            .as_ref()
+                            .map(|dispute| facts::dispute_of(&charge_id, dispute)),
+                    );
+                    Verdict::Auto {
+                        kind: ExceptionKind::CapturedAtProvider,
+                        facts,
+                        fingerprint: String::new(),
+                    }
+                }
+                S::Failed | S::Expired => {
+                    manual(ExceptionKind::Ambiguous, format!("succeeded:{local}"))
+                }
+                S::Captured | S::PartiallyRefunded | S::Refunded | S::Disputed => {
+                    if captured != record.captured {
+                        manual(
+                            ExceptionKind::AmountMismatch,
+                            format!("captured:{}", line.amount_captured),
+                        )
+                    } else if refunded > record.refunded {
+                        Verdict::Auto {
+                            kind: ExceptionKind::RefundedOutOfBand,
+                            facts: vec![ProviderFact::Refunded {
+                                charge_id,
+                                amount_refunded: refunded,
+                            }],
+                            fingerprint: line.amount_refunded.to_string(),
+                        }
+                    } else if refunded < record.refunded {
+                        manual(
+                            ExceptionKind::Ambiguous,
+                            format!("refunded:{}", line.amount_refunded),
+                        )
+                    } else {
+                        dispute_verdict(record, line)
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Compares the report's dispute with ours: a dispute (or its close) that we never heard of is
+/// applied, so a lost dispute whose webhooks were all dropped is still posted.
+fn dispute_verdict(record: &PaymentRecord, line: &ReportLine) -> Verdict {
+    let Some(dispute) = &line.dispute else {
+        return Verdict::Agree;
+    };
+    let fact = facts::dispute_of(&line.charge_id, dispute);
+    let (dispute_id, outcome) = match &fact {
+        ProviderFact::DisputeOpened { dispute_id, .. } => (dispute_id, None),
+        ProviderFact::DisputeClosed {
+            dispute_id,
+            outcome,
+            ..
+        } => (dispute_id, Some(*outcome)),
+        _ => return Verdict::Agree,
+    };
+    let known = record.dispute.as_ref().filter(|d| &d.id == dispute_id);
+    let behind = match known {
+        None => true,
+        Some(ours) => ours.outcome.is_none() && outcome.is_some(),
+    };
+    if !behind {
+        return Verdict::Agree;
+    }
+    let status = match outcome {
+        None => "open".to_owned(),
+        Some(outcome) => format!("{outcome:?}").to_lowercase(),
+    };
+    let fingerprint = format!("{dispute_id}:{status}");
+    Verdict::Auto {
+        kind: ExceptionKind::DisputedAtProvider,
+        facts: vec![fact],
+        fingerprint,
+    }
+}
+
+fn line_state(line: &ReportLine) -> Value {
+    json!({
+        "charge_id": line.charge_id,
+        "status": line.status,
+        "amount_minor": line.amount_minor,
+        "currency": line.currency,
+        "captured_minor": line.amount_captured,
+        "refunded_minor": line.amount_refunded,
+        "reference": line.reference,
+        "last_touched": line.last_touched,
+    })
+}
+
+fn millis(ms: i64) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(ms)
+        .single()
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// The payment a PSP charge key (`psp_<uuid simple>`) was derived from.
+fn payment_of_key(key: &str) -> Option<PaymentId> {
+    let hex = key.strip_prefix("psp_")?;
+    if hex.len() != 32 {
+        return None;
+    }
+    PaymentId::parse(hex).ok()
+}
+
+/// Records an auto exception in the transaction of the fix it describes (see
+/// [`PaymentFlow::finalize_and`](crate::payments::PaymentFlow::finalize_and)); if the fact turned
+/// out to contradict the payment (the flow flagged it instead of applying it), the exception is
+/// recorded as manual and open.
+struct RecordWithFix {
+    store: crate::log::Store,
+    recorded: ExceptionRecorded,
+    flags_before: usize,
+    /// What was recorded, if anything: (kind, resolution).
+    outcome: std::sync::Mutex<Option<Resolution>>,
+}
+
+#[async_trait::async_trait]
+impl InTransaction for RecordWithFix {
+    async fn run(
+        &self,
+        tx: &mut Tx,
+        finalized: &crate::payments::Finalized,
+    ) -> Result<(), FlowError> {
+        if finalized.events_appended == 0 {
+            // A webhook or another path applied the fact first: there was nothing for us to fix.
+            return Ok(());
+        }
+        let mut recorded = self.recorded.clone();
+        if finalized.payment.flags.len() > self.flags_before {
+            recorded.resolution = Resolution::Manual;
+        }
+        let resolution = recorded.resolution;
+        exceptions::record_in(self.store.as_ref(), tx, recorded)
+            .await
+            .map_err(|error| match error {
+                ExceptionError::Append(error) => FlowError::Append(error),
+                other => FlowError::Inconsistent(other.to_string()),
+            })?;
+        if let Ok(mut outcome) = self.outcome.lock() {
+            *outcome = Some(resolution);
+        }
+        Ok(())
+    }
+}
+
+impl Reconciler {
+    pub(super) async fn compare_report(
+        &self,
+        provider: &ProviderName,
+        summary: &mut SweepSummary,
+    ) -> Result<(), ReconcileError> {
+        let configured = self
+            .flow
+            .providers
+            .get(provider)
+            .ok_or_else(|| ReconcileError::UnknownProvider(provider.clone()))?
+            .clone();
+        let cursor = format!("report:{provider}");
+        let now_ms = self.flow.clock.now_ms();
+        let to_ms = now_ms.saturating_sub(self.config.report_settle_ms);
+        let from_ms = match self.cursor_mark(&cursor).await? {
+            Some(end) => end.saturating_sub(self.config.report_overlap_ms),
+            None => to_ms.saturating_sub(self.config.report_lookback_ms),
+        };
+        if from_ms >= to_ms {
+            return Ok(());
+        }
+        let lines = match configured
+            .adapter
+            .settlement_report(millis(from_ms), millis(to_ms))
+            .await
+        {
+            Ok(lines) => lines,
+            Err(error) => {
+                summary.provider_errors += 1;
+                tracing::warn!(%provider, %error, "settlement report unavailable; next sweep asks again");
+                return Ok(());
+            }
+        };
+        // The window is done only when every line was handled; otherwise the next sweep asks for
+        // it again (comparing a line twice is harmless).
+        let mut complete = true;
+        for line in &lines {
+            summary.report_lines += 1;
+            match self.compare_line(provider, line, summary).await {
+                Ok(true) => {}
+                Ok(false) => complete = false,
+                Err(error) => {
+                    complete = false;
+                    summary.errors += 1;
+                    tracing::error!(%provider, charge = %line.charge_id, %error, "report line not compared");
+                }
+            }
+        }
+        if complete {
+            self.set_cursor_mark(&cursor, to_ms).await?;
+        }
+        Ok(())
+    }
+
+    /// `Ok(false)` when the line must be looked at again (payment lease busy).
+    async fn compare_line(
+        &self,
+        provider: &ProviderName,
+        line: &ReportLine,
+        summary: &mut SweepSummary,
+    ) -> Result<bool, ReconcileError> {
+        let payment = line
+            .reference
+            .as_deref()
+            .and_then(|reference| PaymentId::parse(reference).ok())
+            .or_else(|| payment_of_key(&line.idempotency_key));
+        let loaded = match payment {
+            Some(id) => Some(log::load_payment(self.flow.store.as_ref(), id).await?),
+            None => None,
+        };
+        let record = loaded
+            .and_then(|loaded| loaded.aggregate.record)
+            .filter(|record| &record.provider == provider);
+        let Some(record) = record else {
+            let recorded = ExceptionRecorded {
+                exception_id: ExceptionId::derived(
+                    provider,
+                    &line.charge_id,
+                    ExceptionKind::UnknownCharge,
+                    "",
+                ),
+                tenant: None,
+                payment_id: None,
+                provider: provider.clone(),
+                charge_id: Some(line.charge_id.clone()),
+                kind: ExceptionKind::UnknownCharge,
+                local: Value::Null,
+                provider_state: line_state(line),
+                difference: json!({"local": "no such payment"}),
+                resolution: Resolution::Manual,
+                at: self.flow.clock.now(),
+            };
+            if exceptions::record(&self.flow.database, self.flow.store.as_ref(), recorded).await? {
+                summary.exception(ExceptionKind::UnknownCharge, Resolution::Manual);
+                tracing::error!(%provider, charge = %line.charge_id, "a charge at the provider names no payment of ours");
+            }
+            return Ok(true);
+        };
+        let id = record.id;
+        let now_ms = self.flow.clock.now_ms();
+        let Some(lease) =
+            leases::acquire(self.database(), id, now_ms, self.config.payment_lease_ms).await?
+        else {
+            summary.busy += 1;
+            return Ok(false);
+        };
+        let result = self.apply_line(&record, line, summary).await;
+        if let Err(error) = leases::release(self.database(), &lease).await {
+            tracing::warn!(payment = %id, %error, "payment lease not released; it runs out");
+        }
+        result.map(|()| true)
+    }
+
+    async fn apply_line(
+        &self,
+        stale: &PaymentRecord,
+        line: &ReportLine,
+        summary: &mut SweepSummary,
+    ) -> Result<(), ReconcileError> {
+        // Under the lease now: decide on the payment as it is, not as it was before the lease.
+        let loaded = log::load_payment(self.flow.store.as_ref(), stale.id).await?;
+        let Some(record) = loaded.aggregate.record else {
+            return Ok(());
+        };
+        let finding = |kind, fingerprint| Finding {
+            kind,
+            fingerprint,
+            charge_id: line.charge_id.clone(),
+            local: local_state(&record),
+            provider: line_state(line),
+        };
+        match classify(&record, line) {
+            Verdict::Agree => Ok(()),
+            Verdict::Manual { kind, fingerprint } => {
+                self.flag(&record, finding(kind, fingerprint), summary)
+                    .await
+            }
+            Verdict::Auto {
+                kind,
+                facts,
+                fingerprint,
+            } => {
+                let recorded = finding(kind, fingerprint).recorded(
+                    &record,
+                    Resolution::Auto,
+                    self.flow.clock.now(),
+                );
+                let mut facts = facts.into_iter();
+                let Some(first) = facts.next() else {
+                    return Ok(());
+                };
+                if exceptions::exists(self.flow.store.as_ref(), recorded.exception_id).await? {
+                    // Recorded by an earlier sweep together with its fix; apply what is left
+                    // (nothing, unless a later fact raced it) without a second exception.
+                    self.flow.finalize(record.id, Some(first)).await?;
+                } else {
+                    let also = RecordWithFix {
+                        store: self.flow.store.clone(),
+                        recorded,
+                        flags_before: record.flags.len(),
+                        outcome: std::sync::Mutex::new(None),
+                    };
+                    self.flow
+                        .finalize_and(record.id, Some(first), &also)
+                        .await?;
+                    let outcome = also.outcome.lock().ok().and_then(|outcome| *outcome);
+                    if let Some(resolution) = outcome {
+                        summary.exception(kind, resolution);
+                        if resolution == Resolution::Manual {
+                            summary.flagged += 1;
+                            tracing::error!(payment = %record.id, %kind, "report fact contradicted the payment; flagged for review");
+                            metrics::counter!("asiento_reconciliation_flagged_total", "kind" => kind.as_str()).increment(1);
+                        }
+                    }
+                }
+                for fact in facts {
+                    self.flow.finalize(record.id, Some(fact)).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use asiento_domain::{CaptureMode, Currency, CustomerId, TenantId};
+    use uuid::Uuid;
+
+    fn record(status: PaymentStatus, captured: i64, refunded: i64) -> PaymentRecord {
+        let at = Utc::now();
+        PaymentRecord {
+            id: PaymentId::from_uuid(Uuid::from_u128(1)),
+            tenant: TenantId::parse("acme").unwrap(),
+            amount: Amount::new(10_000),
+            currency: Currency::parse("USD").unwrap(),
+            customer: CustomerId::parse("42").unwrap(),
+            provider: ProviderName::parse("sim").unwrap(),
+            capture_mode: CaptureMode::Automatic,
+            description: None,
+            metadata: serde_json::Map::new(),
+            psp_key: "psp_00000000000000000000000000000001".into(),
+            provider_charge_id: Some("ch_1".into()),
+            status,
+            authorized: Amount::new(10_000),
+            captured: Amount::new(captured),
+            fee: Amount::ZERO,
+            fee_schedule: None,
+            operations: Vec::new(),
+            refunded: Amount::new(refunded),
+            refund_reversed: Amount::ZERO,
+            fee_reversed: Amount::ZERO,
+            next_action: None,
+            failure_reason: None,
+            dispute: None,
+            flags: Vec::new(),
+            created_at: at,
+            updated_at: at,
+        }
+    }
+
+    fn line(status: ChargeStatus, amount: i64, captured: i64, refunded: i64) -> ReportLine {
+        ReportLine {
+            charge_id: "ch_1".into(),
+            status,
+            amount_minor: amount,
+            amount_captured: captured,
+            amount_refunded: refunded,
+            fee_minor: 0,
+            currency: "USD".into(),
+            reference: None,
+            idempotency_key: "psp_00000000000000000000000000000001".into(),
+            dispute_status: None,
+            dispute: None,
+            last_touched: Utc::now(),
+        }
+    }
+
+    /// (local status, captured, refunded), (provider status, amount, captured, refunded) →
+    /// expected kind (None: agree) and whether the sweep may fix it.
+    #[test]
+    fn report_lines_are_classified_as_the_docs_table_says() {
+        use ChargeStatus as P;
+        use ExceptionKind as K;
+        use PaymentStatus as L;
+        type Local = (L, i64, i64);
+        type Provider = (P, i64, i64, i64);
+        type Expected = Option<(K, bool)>;
+        let table: &[(Local, Provider, Expected)] = &[
+            (
+                (L::Captured, 10_000, 0),
+                (P::Succeeded, 10_000, 10_000, 0),
+                None,
+            ),
+            (
+                (L::Pending, 0, 0),
+                (P::Succeeded, 10_000, 10_000, 0),
+                Some((K::CapturedAtProvider, true)),
+            ),
+            (
+                (L::Authorized, 0, 0),
+                (P::Succeeded, 10_000, 10_000, 0),
+                Some((K::CapturedAtProvider, true)),
+            ),
+            (
+                (L::Pending, 0, 0),
+                (P::RequiresCapture, 10_000, 0, 0),
+                Some((K::AuthorizedAtProvider, true)),
+            ),
+            (
+                (L::Captured, 10_000, 0),
+                (P::Succeeded, 10_000, 10_000, 2_500),
+                Some((K::RefundedOutOfBand, true)),
+            ),
+            (
+                (L::PartiallyRefunded, 10_000, 2_500),
+                (P::Succeeded, 10_000, 10_000, 2_500),
+                None,
+            ),
+            (
+                (L::Pending, 0, 0),
+                (P::Failed, 10_000, 0, 0),
+                Some((K::FailedAtProvider, true)),
+            ),
+            (
+                (L::RequiresAction, 0, 0),
+                (P::Failed, 10_000, 0, 0),
+                Some((K::FailedAtProvider, true)),
+            ),
+            ((L::Expired, 0, 0), (P::Failed, 10_000, 0, 0), None),
+            ((L::Pending, 0, 0), (P::RequiresAction, 10_000, 0, 0), None),
+            (
+                (L::Captured, 10_000, 0),
+                (P::Succeeded, 9_999, 9_999, 0),
+                Some((K::AmountMismatch, false)),
+            ),
+            (
+                (L::Captured, 10_000, 0),
+                (P::Succeeded, 10_000, 9_000, 0),
+                Some((K::AmountMismatch, false)),
+            ),
+            (
+                (L::Captured, 10_000, 0),
+                (P::Failed, 10_000, 0, 0),
+                Some((K::CapturedHereFailedAtProvider, false)),
+            ),
+            (
+                (L::Failed, 0, 0),
+                (P::Succeeded, 10_000, 10_000, 0),
+                Some((K::Ambiguous, false)),
+            ),
+            (
+                (L::Refunded, 10_000, 10_000),
+                (P::Succeeded, 10_000, 10_000, 5_000),
+                Some((K::Ambiguous, false)),
+            ),
+            (
+                (L::Captured, 10_000, 0),
+                (P::RequiresCapture, 10_000, 0, 0),
+                Some((K::Ambiguous, false)),
+            ),
+        ];
+        for ((status, captured, refunded), (p, amount, p_captured, p_refunded), expected) in table {
+            let verdict = classify(
+                &record(*status, *captured, *refunded),
+                &line(*p, *amount, *p_captured, *p_refunded),
+            );
+            let got = match &verdict {
+                Verdict::Agree => None,
+                Verdict::Auto { kind, .. } => Some((*kind, true)),
+                Verdict::Manual { kind, .. } => Some((*kind, false)),
+            };
+            assert_eq!(&got, expected, "{status:?} vs {p:?}: {verdict:?}");
+            if let Some((kind, auto)) = got {
+                assert_eq!(kind.is_auto_fixable(), auto, "{kind}");
+            }
+        }
+        let mut other = line(P::Succeeded, 10_000, 10_000, 0);
+        other.currency = "EUR".into();
+        assert!(matches!(
+            classify(&record(L::Captured, 10_000, 0), &other),
+            Verdict::Manual {
+                kind: K::CurrencyMismatch,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn psp_keys_name_their_payment() {
+        let pay = PaymentId::from_uuid(Uuid::from_u128(9));
+        assert_eq!(
+            payment_of_key(&asiento_domain::psp_charge_key(pay)),
+            Some(pay)
+        );
+        assert_eq!(payment_of_key("psp_x"), None);
+    }
+}

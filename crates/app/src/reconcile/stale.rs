@@ -1,0 +1,272 @@
+//! The stale-payment sweep: payments still `pending` or `requires_action` past the pending
+//! timeout are looked up at their provider and settled from what it answers, expired when it
+//! never got the charge, or cancelled and expired when the customer abandoned the redirect. The
+//! watch list is visited in rotation, so payments that never resolve cannot starve the others.
+
+use asiento_domain::{
+    psp_cancel_key, ExceptionKind, PaymentCommand, PaymentId, PaymentRecord, PaymentStatus,
+};
+use asiento_psp::{Charge, ChargeStatus, ProviderError};
+use serde_json::{json, Value};
+
+use super::findings::Finding;
+use super::{local_state, ReconcileError, Reconciler, SweepSummary};
+use crate::facts;
+use crate::leases;
+use crate::log;
+use crate::payments::FlowError;
+use crate::watch;
+
+/// Stale payments looked up in one sweep; the rest wait for the next.
+pub const STALE_PAYMENTS_PER_SWEEP_MAX: i64 = 1_000;
+/// How long a payment flagged as a misfit waits before the stale sweep looks it up again: a
+/// person is on it, and every lookup would find the same misfit.
+pub const MISFIT_RECHECK_MS: i64 = 3_600_000;
+
+fn charge_state(charge: &Charge) -> Value {
+    json!({
+        "charge_id": charge.id,
+        "status": charge.status,
+        "amount_minor": charge.amount_minor,
+        "currency": charge.currency,
+        "captured_minor": charge.amount_captured,
+        "refunded_minor": charge.amount_refunded,
+        "reference": charge.reference,
+        "idempotency_key": charge.idempotency_key,
+    })
+}
+
+impl Reconciler {
+    /// Looks up the most overdue watched payments past the pending timeout. Each one visited
+    /// is due again one sweep later (a flagged misfit only after [`MISFIT_RECHECK_MS`]), so the
+    /// list rotates: rows that never resolve cannot hold back the others.
+    pub(super) async fn sweep_stale(
+        &self,
+        summary: &mut SweepSummary,
+    ) -> Result<(), ReconcileError> {
+        let now_ms = self.flow.clock.now_ms();
+        let before = now_ms.saturating_sub(self.config.pending_timeout_ms);
+        let due = watch::due_payments(
+            self.database(),
+            before,
+            now_ms,
+            STALE_PAYMENTS_PER_SWEEP_MAX,
+        )
+        .await?;
+        let next_ms =
+            now_ms.saturating_add(i64::try_from(self.config.interval_ms).unwrap_or(i64::MAX));
+        for raw in due {
+            let Ok(id) = PaymentId::parse(&raw) else {
+                tracing::error!(payment = %raw, "watch list holds a malformed payment id");
+                summary.errors += 1;
+                continue;
+            };
+            summary.stale_checked += 1;
+            let misfits_before = summary.misfits;
+            if let Err(error) = self.settle_with_lease(id, summary).await {
+                summary.errors += 1;
+                tracing::error!(payment = %id, %error, "stale payment not settled");
+            }
+            let next = if summary.misfits > misfits_before {
+                now_ms.saturating_add(MISFIT_RECHECK_MS)
+            } else {
+                next_ms
+            };
+            // A payment that left the list meanwhile is simply not updated.
+            watch::postpone_payment(self.database(), id, next).await?;
+        }
+        Ok(())
+    }
+
+    /// Settles one payment under its lease: looks it up at the provider and applies what it
+    /// finds. `Ok(false)` when another holder has the lease.
+    pub(super) async fn settle_with_lease(
+        &self,
+        id: PaymentId,
+        summary: &mut SweepSummary,
+    ) -> Result<bool, ReconcileError> {
+        let now_ms = self.flow.clock.now_ms();
+        let Some(lease) =
+            leases::acquire(self.database(), id, now_ms, self.config.payment_lease_ms).await?
+        else {
+            summary.busy += 1;
+            return Ok(false);
+        };
+        let result = self.settle_stale(id, summary).await;
+        if let Err(error) = leases::release(self.database(), &lease).await {
+            tracing::warn!(payment = %id, %error, "payment lease not released; it runs out");
+        }
+        result.map(|()| true)
+    }
+
+    async fn settle_stale(
+        &self,
+        id: PaymentId,
+        summary: &mut SweepSummary,
+    ) -> Result<(), ReconcileError> {
+        let loaded = log::load_payment(self.flow.store.as_ref(), id).await?;
+        let Some(record) = loaded.aggregate.record else {
+            return Ok(watch::unwatch_payment(self.database(), id).await?);
+        };
+        if !matches!(
+            record.status,
+            PaymentStatus::Pending | PaymentStatus::RequiresAction
+        ) {
+            return Ok(watch::unwatch_payment(self.database(), id).await?);
+        }
+        let provider = self
+            .flow
+            .providers
+            .get(&record.provider)
+            .ok_or_else(|| ReconcileError::UnknownProvider(record.provider.clone()))?;
+        let lookup = match &record.provider_charge_id {
+            Some(charge_id) => provider.adapter.get_charge(charge_id).await,
+            None => provider.adapter.find_charge_by_key(&record.psp_key).await,
+        };
+        let charge = match lookup {
+            // The provider has no lookup by our key: its webhooks and its report settle the
+            // payment (the report compares every charge it lists).
+            Err(ProviderError::Unsupported { what }) => {
+                tracing::debug!(payment = %id, %what, "no lookup by key; left to the webhooks and the report");
+                return Ok(());
+            }
+            Err(error) => {
+                summary.provider_errors += 1;
+                tracing::warn!(payment = %id, %error, "provider lookup gave no answer");
+                return Ok(());
+            }
+            Ok(charge) => charge,
+        };
+        let expired_ms = record
+            .created_at
+            .timestamp_millis()
+            .saturating_add(self.config.pending_timeout_ms);
+        match (charge, &record.provider_charge_id) {
+            (None, None) if expired_ms <= self.flow.clock.now_ms() => {
+                // The provider never got the charge, and the payment is past its expiry.
+                match self
+                    .flow
+                    .apply(
+                        id,
+                        PaymentCommand::Expire {
+                            at: self.flow.clock.now(),
+                        },
+                    )
+                    .await
+                {
+                    Ok(finalized) if finalized.events_appended > 0 => summary.expired += 1,
+                    Ok(_) => {}
+                    // A fact won the race and the payment is no longer expirable: fine.
+                    Err(FlowError::Rejected(rejection)) => {
+                        tracing::info!(payment = %id, %rejection, "expiry refused")
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            (None, None) => {}
+            (None, Some(charge_id)) => {
+                let finding = Finding {
+                    kind: ExceptionKind::Ambiguous,
+                    fingerprint: "charge_vanished".into(),
+                    charge_id: charge_id.clone(),
+                    local: local_state(&record),
+                    provider: json!({"charge_id": charge_id, "found": false}),
+                };
+                self.flag(&record, finding, summary).await?;
+            }
+            (Some(charge), _) => {
+                if let Some(misfit) = facts::charge_misfit(&record, &charge) {
+                    let finding = Finding {
+                        kind: misfit.kind,
+                        fingerprint: misfit.fingerprint,
+                        charge_id: charge.id.clone(),
+                        local: local_state(&record),
+                        provider: charge_state(&charge),
+                    };
+                    self.flag(&record, finding, summary).await?;
+                } else if self.abandoned(&record, &charge) {
+                    self.cancel_abandoned(&record, &charge, summary).await?;
+                } else {
+                    let mut status = record.status;
+                    for fact in facts::charge_facts(&charge) {
+                        status = self.flow.finalize(id, Some(fact)).await?.payment.status;
+                    }
+                    if status != record.status {
+                        summary.settled += 1;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The customer never finished the redirect: still waiting for them at the provider, past
+    /// the timeout for customer action.
+    fn abandoned(&self, record: &PaymentRecord, charge: &Charge) -> bool {
+        let deadline_ms = record
+            .created_at
+            .timestamp_millis()
+            .saturating_add(self.config.requires_action_timeout_ms);
+        charge.status == ChargeStatus::RequiresAction && deadline_ms <= self.flow.clock.now_ms()
+    }
+
+    /// Cancels an abandoned redirect at the provider (under the payment's cancel key, so a
+    /// repeated sweep asks once) and expires the payment once the provider says the charge can
+    /// no longer be paid. If the customer paid meanwhile, the cancel is refused and the charge's
+    /// own facts settle the payment.
+    async fn cancel_abandoned(
+        &self,
+        record: &PaymentRecord,
+        charge: &Charge,
+        summary: &mut SweepSummary,
+    ) -> Result<(), ReconcileError> {
+        let provider = self
+            .flow
+            .providers
+            .get(&record.provider)
+            .ok_or_else(|| ReconcileError::UnknownProvider(record.provider.clone()))?;
+        let key = psp_cancel_key(record.id);
+        let after = match provider.adapter.cancel(&charge.id, &key).await {
+            Ok(answer) => answer.charge,
+            Err(ProviderError::Rejected(rejection)) => {
+                tracing::info!(payment = %record.id, code = %rejection.code, "abandoned redirect not cancelled; reading the charge again");
+                provider.adapter.get_charge(&charge.id).await.ok().flatten()
+            }
+            Err(error) => {
+                summary.provider_errors += 1;
+                tracing::warn!(payment = %record.id, %error, "cancel of an abandoned redirect gave no answer");
+                return Ok(());
+            }
+        };
+        match after {
+            Some(after) if after.status == ChargeStatus::Failed => {
+                let expired = self
+                    .flow
+                    .apply(
+                        record.id,
+                        PaymentCommand::Expire {
+                            at: self.flow.clock.now(),
+                        },
+                    )
+                    .await;
+                match expired {
+                    Ok(finalized) if finalized.events_appended > 0 => summary.expired += 1,
+                    Ok(_) => {}
+                    Err(FlowError::Rejected(rejection)) => {
+                        tracing::info!(payment = %record.id, %rejection, "expiry refused")
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            // Paid (or authorized) meanwhile: the charge's facts settle the payment.
+            Some(after) if after.status != ChargeStatus::RequiresAction => {
+                for fact in facts::charge_facts(&after) {
+                    self.flow.finalize(record.id, Some(fact)).await?;
+                }
+                summary.settled += 1;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
