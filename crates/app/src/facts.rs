@@ -87,6 +87,17 @@ pub fn operation_misfit(record: &PaymentRecord, psp_key: &str, op: &Operation) -
     None
 }
 
+/// The charge a creation answered with is not this payment's (see [`charge_misfit`]).
+pub fn outcome_misfit(record: &PaymentRecord, outcome: &ChargeOutcome) -> Option<Misfit> {
+    match outcome {
+        ChargeOutcome::Succeeded(charge)
+        | ChargeOutcome::Authorized(charge)
+        | ChargeOutcome::RequiresAction(charge)
+        | ChargeOutcome::Declined(charge) => charge_misfit(record, charge),
+        ChargeOutcome::Rejected(_) | ChargeOutcome::Unknown { .. } => None,
+    }
+}
+
 /// What a provider's answer to a charge creation means for the payment; `None` when unknown.
 pub fn charge_outcome_fact(outcome: ChargeOutcome) -> Option<ProviderFact> {
     match outcome {
@@ -266,5 +277,120 @@ pub fn answer_fact(
             tracing::warn!(key = asked.psp_key, %error, "operation outcome unknown; the sweep drives it");
             Ok(None)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use asiento_domain::{
+        CaptureMode, CreatePayment, Currency, CustomerId, OperationKind, Payment, PaymentCommand,
+        PaymentId, ProviderName, TenantId,
+    };
+    use chrono::Utc;
+
+    fn record() -> PaymentRecord {
+        let create = CreatePayment {
+            id: PaymentId::from_uuid(uuid::Uuid::from_u128(9)),
+            tenant: TenantId::parse("acme").expect("tenant"),
+            amount: Amount::new(10_000),
+            currency: Currency::parse("USD").expect("currency"),
+            customer: CustomerId::parse("42").expect("customer"),
+            provider: ProviderName::parse("sim").expect("provider"),
+            capture_mode: CaptureMode::Automatic,
+            description: None,
+            metadata: serde_json::Map::new(),
+            at: Utc::now(),
+        };
+        let events =
+            asiento_domain::decide_payment(&Payment::default(), PaymentCommand::Create(create))
+                .expect("create");
+        let payment = events
+            .iter()
+            .fold(Payment::default(), asiento_domain::evolve_payment);
+        payment.record.expect("record")
+    }
+
+    fn charge(record: &PaymentRecord) -> Charge {
+        let now = Utc::now();
+        Charge {
+            id: "ch_1".into(),
+            status: ChargeStatus::Succeeded,
+            amount_minor: record.amount.minor(),
+            currency: "usd".into(),
+            amount_captured: record.amount.minor(),
+            amount_refunded: 0,
+            reference: Some(record.id.to_string()),
+            idempotency_key: record.psp_key.clone(),
+            payment_method: "pm_card_ok".into(),
+            capture: true,
+            failure_code: None,
+            next_action: None,
+            dispute: None,
+            metadata: Default::default(),
+            created: now,
+            updated: now,
+        }
+    }
+
+    #[test]
+    fn a_charge_fits_only_with_our_currency_amount_reference_and_key() {
+        let record = record();
+        let ours = charge(&record);
+        assert_eq!(
+            charge_misfit(&record, &ours),
+            None,
+            "currency case is ignored"
+        );
+        type Change = fn(&mut Charge);
+        let cases: [(Change, ExceptionKind); 4] = [
+            (
+                |c| c.currency = "eur".into(),
+                ExceptionKind::CurrencyMismatch,
+            ),
+            (|c| c.amount_minor += 1, ExceptionKind::AmountMismatch),
+            (
+                |c| c.reference = Some("pay_other".into()),
+                ExceptionKind::Ambiguous,
+            ),
+            (
+                |c| c.idempotency_key = "psp_other".into(),
+                ExceptionKind::Ambiguous,
+            ),
+        ];
+        for (change, kind) in cases {
+            let mut other = ours.clone();
+            change(&mut other);
+            assert_eq!(charge_misfit(&record, &other).map(|m| m.kind), Some(kind));
+            assert!(outcome_misfit(&record, &ChargeOutcome::Succeeded(other)).is_some());
+        }
+    }
+
+    #[test]
+    fn a_refused_operation_fails_and_an_unknown_answer_is_nothing() {
+        let record = record();
+        let asked = Asked {
+            kind: OperationKind::Refund,
+            charge_id: "ch_1",
+            psp_key: "psp_x_refund_1",
+            amount: Amount::new(500),
+        };
+        let refused = Err(ProviderError::Rejected(asiento_psp::Rejection {
+            status: 400,
+            code: "charge_disputed".into(),
+            message: "disputed".into(),
+        }));
+        let fact = answer_fact(&record, &asked, &refused).expect("fits");
+        assert!(matches!(
+            fact,
+            Some(ProviderFact::Operation {
+                outcome: OperationOutcome::Failed { ref reason },
+                ..
+            }) if reason == "charge_disputed"
+        ));
+        let unknown = Err(ProviderError::Unknown {
+            reason: "timeout".into(),
+        });
+        assert_eq!(answer_fact(&record, &asked, &unknown), Ok(None));
     }
 }

@@ -405,7 +405,15 @@ impl PaymentFlow {
                     metadata: string_metadata(&record.metadata),
                 })
                 .await;
-            facts::charge_outcome_fact(outcome)
+            match facts::outcome_misfit(record, &outcome) {
+                // Not the charge we asked for: never applied. The payment stays pending and the
+                // stale sweep, finding the same charge, records the exception and flags it.
+                Some(misfit) => {
+                    tracing::error!(payment = %id, kind = %misfit.kind, fingerprint = %misfit.fingerprint, "the provider answered with a charge that is not this payment's; left to the reconciler");
+                    None
+                }
+                None => facts::charge_outcome_fact(outcome),
+            }
         } else {
             None
         };
