@@ -822,6 +822,37 @@ async fn dead_letters_case(backend: Backend) {
     assert_eq!((counts.pending, counts.processed, counts.dead), (0, 1, 4));
     // The flagged payment is otherwise untouched: still only the synchronous capture.
     h.check_against_provider_flagged(id).await;
+
+    // An event whose charge is not its payment's (another amount, another key) is never
+    // applied: a charge_mismatch dead letter, and the payment is flagged for a person.
+    let (other, _) = h.create("pm_card_ok", 2_000, CaptureMode::Automatic).await;
+    let mut misfits = h.new_events();
+    let misfit = misfits.pop().unwrap();
+    for (n, change) in [
+        (|c: &mut asiento_psp::Charge| c.amount_minor += 1) as fn(&mut asiento_psp::Charge),
+        |c| c.idempotency_key = "psp_someone_else".into(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut event = misfit.clone();
+        event.id = format!("evt_misfit_{n}");
+        change(&mut event.data.charge);
+        event.data.charge.amount_refunded = 500;
+        h.deliver(&event).await;
+    }
+    assert_eq!(worker.drain().await.unwrap().dead, 2);
+    let mismatched = dead_letters(&h.database, Some(DeadReason::ChargeMismatch), 0, 100)
+        .await
+        .unwrap();
+    assert_eq!(mismatched.len(), 2);
+    let (record, _, _) = h.load(other).await;
+    assert_eq!(
+        record.refunded,
+        Amount::ZERO,
+        "nothing of a misfit is applied"
+    );
+    assert!(record.needs_review(), "{:?}", record.flags);
     h.finish().await;
 }
 

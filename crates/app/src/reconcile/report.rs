@@ -599,6 +599,68 @@ mod tests {
         ));
     }
 
+    /// A dispute in the report that we never heard of (or its close) is applied; one we know,
+    /// with the same outcome, agrees.
+    #[test]
+    fn disputes_in_the_report_are_compared_with_ours() {
+        use asiento_domain::payment::{Dispute as OurDispute, DisputeOutcome};
+        use asiento_psp::{Dispute, DisputeStatus};
+        let created = Utc::now();
+        let with_dispute = |status: DisputeStatus| ReportLine {
+            dispute_status: Some(status),
+            dispute: Some(Dispute {
+                status,
+                amount_minor: 10_000,
+                created,
+                closed: None,
+            }),
+            ..line(ChargeStatus::Succeeded, 10_000, 10_000, 0)
+        };
+        let dispute_id = format!("dp_ch_1_{}", created.timestamp_millis());
+        let fixed = |verdict: Verdict| match verdict {
+            Verdict::Auto { kind, facts, .. } => Some((kind, facts.len())),
+            _ => None,
+        };
+        let ours = record(PaymentStatus::Captured, 10_000, 0);
+        assert_eq!(
+            fixed(classify(&ours, &with_dispute(DisputeStatus::Lost))),
+            Some((ExceptionKind::DisputedAtProvider, 1)),
+            "a lost dispute we never heard of"
+        );
+        assert_eq!(
+            fixed(classify(&ours, &with_dispute(DisputeStatus::Open))),
+            Some((ExceptionKind::DisputedAtProvider, 1))
+        );
+        let mut open_here = record(PaymentStatus::Disputed, 10_000, 0);
+        open_here.dispute = Some(OurDispute {
+            id: dispute_id.clone(),
+            amount: Amount::new(10_000),
+            outcome: None,
+            status_before: PaymentStatus::Captured,
+        });
+        assert_eq!(
+            classify(&open_here, &with_dispute(DisputeStatus::Open)),
+            Verdict::Agree
+        );
+        assert_eq!(
+            fixed(classify(&open_here, &with_dispute(DisputeStatus::Won))),
+            Some((ExceptionKind::DisputedAtProvider, 1)),
+            "closed there, open here"
+        );
+        let mut lost_here = open_here.clone();
+        if let Some(dispute) = lost_here.dispute.as_mut() {
+            dispute.outcome = Some(DisputeOutcome::Lost);
+        }
+        assert_eq!(
+            classify(&lost_here, &with_dispute(DisputeStatus::Lost)),
+            Verdict::Agree
+        );
+        assert_eq!(
+            classify(&ours, &line(ChargeStatus::Succeeded, 10_000, 10_000, 0)),
+            Verdict::Agree
+        );
+    }
+
     #[test]
     fn psp_keys_name_their_payment() {
         let pay = PaymentId::from_uuid(Uuid::from_u128(9));
