@@ -366,15 +366,18 @@ impl Sender {
                     response
                         .bytes()
                         .await
-                        .ok()
                         .map(|bytes| (status, retry_after, bytes))
+                        .map_err(|error| format!("{error:?}"))
                 }
-                Err(_) => None,
+                Err(error) => Err(format!("{error:?}")),
             };
-            let Some((status, retry_after, bytes)) = answered else {
-                self.observe(sent_at, 0, String::new(), path, key);
-                tokio::time::sleep(pause).await;
-                continue;
+            let (status, retry_after, bytes) = match answered {
+                Ok(answered) => answered,
+                Err(error) => {
+                    self.observe(sent_at, 0, error, path, key);
+                    tokio::time::sleep(pause).await;
+                    continue;
+                }
             };
             let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
             let code = answer["code"].as_str().unwrap_or_default().to_owned();
@@ -522,7 +525,8 @@ async fn client_task(
             let body = if sender.rng.unit() < 0.7 || authorized < 2 {
                 json!({})
             } else {
-                json!({"amount_minor": (authorized / 2).max(1) + sender.rng.below((authorized / 2) as u64) as i64})
+                let half = authorized / 2;
+                json!({"amount_minor": half + sender.rng.below(half as u64) as i64})
             };
             match sender
                 .operation(&record, &id, "capture", format!("{key}-capture"), body)
