@@ -308,6 +308,9 @@ fn body_for(rng: &mut Rng, key: &str) -> Value {
     })
 }
 
+/// A key's first attempt, last answer, and its answers in order (status, how many in a row).
+type KeySpan = (Instant, Instant, Vec<(u16, u32)>);
+
 /// How a key's requests ended.
 enum Outcome {
     /// A 2xx, or a 4xx the client takes as final.
@@ -1606,10 +1609,42 @@ async fn fault_campaign() {
     )
     .await;
     stop.store(true, Ordering::SeqCst);
+    let drain = Instant::now();
     let mut observations = Vec::new();
     for client in clients {
         observations.extend(client.await.unwrap());
     }
+    let drain_seconds = drain.elapsed().as_secs_f64();
+    // The request that took longest from its key's first attempt to its last answer.
+    let mut spans: BTreeMap<&str, KeySpan> = BTreeMap::new();
+    for seen in &observations {
+        let span =
+            spans
+                .entry(seen.what.as_str())
+                .or_insert((seen.sent, seen.answered, Vec::new()));
+        span.0 = span.0.min(seen.sent);
+        span.1 = span.1.max(seen.answered);
+        match span.2.last_mut() {
+            Some((status, times)) if *status == seen.status => *times += 1,
+            _ => span.2.push((seen.status, 1)),
+        }
+    }
+    let slowest = spans
+        .iter()
+        .max_by_key(|(_, span)| span.1 - span.0)
+        .map(|(what, span)| {
+            let answers: Vec<String> = span
+                .2
+                .iter()
+                .map(|(status, times)| format!("{status}x{times}"))
+                .collect();
+            format!(
+                "{what}: {:.1}s, answers {}",
+                (span.1 - span.0).as_secs_f64(),
+                answers.join(" ")
+            )
+        })
+        .unwrap_or_default();
     let record = Arc::try_unwrap(record).ok().unwrap().into_inner().unwrap();
     let (outage_answers, outage_wrong) = match outage.window {
         Some(window) => outage_verdict(&observations, window),
@@ -1629,13 +1664,25 @@ async fn fault_campaign() {
     let phase = Instant::now();
     let deadline = Instant::now() + knobs.converge;
     let mut rounds = 0u32;
+    let mut waited_for = String::new();
     let findings = loop {
         let findings = check(&http, &base, &sim, &record).await;
         if findings.settled() || Instant::now() > deadline {
             break findings;
         }
+        // What the last unsettled round still waited for, for the phases line.
+        waited_for = findings
+            .pending
+            .iter()
+            .chain(&findings.mismatches)
+            .chain(&findings.lost)
+            .chain(&findings.open_operations)
+            .chain(&findings.operation_mismatches)
+            .next()
+            .cloned()
+            .unwrap_or_default();
         rounds += 1;
-        if rounds % 10 == 0 {
+        if rounds % 4 == 0 {
             // A manual sweep, bounded: it waits for a sweep lease held elsewhere.
             let args = vec![
                 "reconcile".to_owned(),
@@ -1720,8 +1767,9 @@ async fn fault_campaign() {
     );
     let verify_seconds = phase.elapsed().as_secs_f64();
     println!(
-        "chaos: phases: load={load_seconds:.1}s converge={converge_seconds:.1}s \
-         replay={replay_seconds:.1}s verify={verify_seconds:.1}s"
+        "chaos: phases: load={load_seconds:.1}s drain={drain_seconds:.1}s \
+         converge={converge_seconds:.1}s replay={replay_seconds:.1}s verify={verify_seconds:.1}s \
+         | slowest key: {slowest} | converge waited last for: {waited_for}"
     );
     drop(server);
     drop(simulator);
