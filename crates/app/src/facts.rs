@@ -19,6 +19,14 @@ use asiento_psp::{
     OperationKind as ProviderOperationKind, OperationStatus, ProviderError,
 };
 
+/// How fresh a charge is: read from the provider just now (a lookup, an answer), or a snapshot
+/// taken when something happened (a webhook), which may predate a later change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    Now,
+    Snapshot,
+}
+
 /// Why an object is not the one the payment asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Misfit {
@@ -104,7 +112,7 @@ pub fn charge_outcome_fact(outcome: ChargeOutcome) -> Option<ProviderFact> {
         ChargeOutcome::Succeeded(charge)
         | ChargeOutcome::Authorized(charge)
         | ChargeOutcome::RequiresAction(charge)
-        | ChargeOutcome::Declined(charge) => Some(charge_status_fact(&charge)),
+        | ChargeOutcome::Declined(charge) => Some(charge_status_fact(&charge, Read::Now)),
         ChargeOutcome::Rejected(rejection) => Some(ProviderFact::Failed {
             charge_id: None,
             reason: format!("rejected by the provider: {}", rejection.code),
@@ -119,11 +127,12 @@ pub fn charge_outcome_fact(outcome: ChargeOutcome) -> Option<ProviderFact> {
 /// The fact a charge's status stands for. A succeeded charge with refunds stands for its
 /// cumulative refund (which implies the capture); [`charge_facts`] also names the capture and
 /// any dispute.
-pub fn charge_status_fact(charge: &Charge) -> ProviderFact {
+pub fn charge_status_fact(charge: &Charge, read: Read) -> ProviderFact {
     match charge.status {
         ChargeStatus::Succeeded if charge.amount_refunded > 0 => ProviderFact::Refunded {
             charge_id: charge.id.clone(),
             amount_refunded: Amount::new(charge.amount_refunded),
+            current: read == Read::Now,
         },
         ChargeStatus::Succeeded => ProviderFact::Captured {
             charge_id: charge.id.clone(),
@@ -153,15 +162,16 @@ pub fn charge_status_fact(charge: &Charge) -> ProviderFact {
 
 /// Every fact a charge, as the provider holds it now, stands for, in the order to apply them:
 /// the capture it implies, its cumulative refund, its dispute (opened or closed).
-pub fn charge_facts(charge: &Charge) -> Vec<ProviderFact> {
+pub fn charge_facts(charge: &Charge, read: Read) -> Vec<ProviderFact> {
     let mut facts = Vec::with_capacity(3);
-    let status = charge_status_fact(charge);
+    let status = charge_status_fact(charge, read);
     if matches!(status, ProviderFact::Refunded { .. }) || charge.dispute.is_some() {
         facts.extend(captured(charge));
         if charge.amount_refunded > 0 {
             facts.push(ProviderFact::Refunded {
                 charge_id: charge.id.clone(),
                 amount_refunded: Amount::new(charge.amount_refunded),
+                current: read == Read::Now,
             });
         }
     } else {

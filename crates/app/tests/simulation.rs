@@ -105,19 +105,6 @@ const OPERATION_PENDING_DEADLINE_MS: i64 = 2 * 3_600_000;
 const EVENTS_DELIVERED_PERCENT: u64 = 75;
 /// A key lifetime no seed outlives (Stripe's day).
 const KEY_LIFETIME_MS_LONG: i64 = 24 * 3_600_000;
-/// Bug switch: without a lookup by key, a create whose request never reached the provider stays
-/// `pending` forever (the stale sweep leaves it to webhooks and the report, which never speak of
-/// a charge that does not exist; it never expires) and its key stays in flight past the checker's
-/// grace (seed 284 with this `false`). While that stands, a profile without lookup by key still
-/// finds *charges* by key; its operations have no lookup by key. Set `false` to reproduce it.
-const CHARGES_FOUND_BY_KEY_ALWAYS: bool = true;
-/// Bug switch: a cumulative refund total (a dashboard refund) is given to an open refund of
-/// ours; when the provider then fails that refund (from pending), the ledger reverses it as if
-/// its money had gone back, and the provider's cumulative total, no more than every refund ever
-/// settled, never restores it: the ledger stays short of the provider (seed 1288 of the first
-/// 3000 with this `true`). While that stands, dashboard refunds happen only at providers that
-/// decide captures and refunds synchronously. Set `true` to reproduce it.
-const DASHBOARD_REFUNDS_WITH_ASYNC_MODIFICATIONS: bool = false;
 const FEE_BPS: u32 = 300;
 const TENANT: &str = "acme";
 const PROVIDER: &str = "sim";
@@ -639,9 +626,6 @@ impl SimProvider {
     fn refund_out_of_band(&self, index: usize, amount_minor: i64) -> Option<String> {
         let now = self.clock.now();
         let mut state = self.state.lock().unwrap();
-        if state.profile.async_modifications && !DASHBOARD_REFUNDS_WITH_ASYNC_MODIFICATIONS {
-            return None;
-        }
         let pending = state.pending_refunds(&state.charges.get(index)?.id);
         let charge = state.charges.get_mut(index)?;
         let left = charge.amount_captured - charge.amount_refunded - pending;
@@ -941,7 +925,7 @@ impl Provider for SimProvider {
         &self,
         idempotency_key: &str,
     ) -> Result<Option<Charge>, ProviderError> {
-        let allowed = self.profile().lookup_by_key || CHARGES_FOUND_BY_KEY_ALWAYS;
+        let allowed = self.profile().lookup_by_key;
         self.lookup(allowed, "find a charge by key", |state| {
             state
                 .by_key
@@ -2035,7 +2019,7 @@ fn webhook_facts(charge: &Charge, operation: Option<&Operation>) -> Vec<Provider
     if let Some(op) = operation {
         out.extend(facts::operation_fact(op));
     }
-    out.extend(facts::charge_facts(charge));
+    out.extend(facts::charge_facts(charge, facts::Read::Snapshot));
     out
 }
 

@@ -977,7 +977,8 @@ async fn redirect_finished_by_webhook(backend: Backend) {
         let (id, body) = h.create("pm_redirect", 4_200, CaptureMode::Automatic).await;
         assert_eq!(body["next_action"], true);
         let charge = h.charge_of(id);
-        let stale = asiento_app::facts::charge_status_fact(&charge);
+        let stale =
+            asiento_app::facts::charge_status_fact(&charge, asiento_app::facts::Read::Snapshot);
         h.sim_post(
             &format!("/sim/charges/{}/complete", charge.id),
             &json!({"result": "succeeded"}),

@@ -291,6 +291,7 @@ fn payment_history(input: &NewPaymentInput, steps: &[Step]) -> Vec<PaymentEvent>
             Step::Refunded(p) => provider(ProviderFact::Refunded {
                 charge_id: charge(),
                 amount_refunded: of(*p),
+                current: false,
             }),
             Step::DisputeOpened(p) => provider(ProviderFact::DisputeOpened {
                 charge_id: charge(),

@@ -774,6 +774,18 @@ fn a_refund_that_fails_after_it_settled_is_reversed_by_a_mirror_entry() {
         refund_outcome(1, 2_500, OperationOutcome::Succeeded),
         Ok(vec![]),
     );
+    // A total read from the provider now counts what is refunded now: after the reversal a
+    // refund of the whole capture made elsewhere settles all of it, not just what exceeds the
+    // reversed refund.
+    let read_now = fact(ProviderFact::Refunded {
+        charge_id: CHARGE.into(),
+        amount_refunded: amt(10_000),
+        current: true,
+    });
+    let now_settled = history_from(reversed.clone(), vec![read_now]);
+    let record = record_after(&[reversed.clone(), now_settled].concat());
+    assert_eq!(record.refunded, amt(10_000));
+    assert_eq!(record.status, PaymentStatus::Refunded);
     // The money is back with the merchant: it can be refunded again.
     let again = history_from(reversed, vec![refund_request(10_000)]);
     assert!(matches!(again[0], PaymentEvent::RefundRequested(_)));
@@ -795,10 +807,28 @@ fn a_cumulative_report_before_the_answer_settles_the_refund_once() {
     );
     // The answer arriving afterwards changes nothing.
     check(
-        after_report,
+        after_report.clone(),
         refund_outcome(1, 2_500, OperationOutcome::Succeeded),
         Ok(vec![]),
     );
+    // Had the provider failed it instead, the report counted another refund (made outside our
+    // API): ours is refused, and what the report settled stays (no reversal, no entry).
+    let failed_instead = history_from(
+        after_report.clone(),
+        vec![refund_outcome(1, 2_500, failed("declined"))],
+    );
+    assert_eq!(
+        failed_instead,
+        vec![PaymentEvent::OperationRefused(OperationRefused {
+            kind: OperationKind::Refund,
+            sequence: 1,
+            reason: "declined".into(),
+            at: at(10),
+        })]
+    );
+    let record = record_after(&[after_report, failed_instead].concat());
+    assert_eq!(record.refunded, amt(2_500));
+    assert_eq!(record.refund_committed().unwrap(), amt(2_500));
 }
 
 #[test]

@@ -121,6 +121,7 @@ fn command(step: &Step, record: &PaymentRecord, fees: FeeSchedule, t: i64) -> Pa
         Step::Refunded(p) => provider(ProviderFact::Refunded {
             charge_id: charge(),
             amount_refunded: resolve(*p, amount),
+            current: t % 2 == 0,
         }),
         Step::DisputeOpened(d, p) => provider(ProviderFact::DisputeOpened {
             charge_id: charge(),

@@ -229,6 +229,7 @@ impl Harness {
                             ProviderFact::Refunded {
                                 charge_id,
                                 amount_refunded: Amount::new(amount / 4),
+                                current: false,
                             },
                             4,
                         ),

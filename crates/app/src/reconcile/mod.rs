@@ -242,6 +242,11 @@ pub struct Reconciler {
     pub owner: Uuid,
 }
 
+/// The cursor of a provider's settlement report: the end of the last window compared whole.
+fn report_cursor(provider: &ProviderName) -> String {
+    format!("report:{provider}")
+}
+
 impl Reconciler {
     pub fn new(flow: PaymentFlow, config: ReconcilerConfig) -> Self {
         Reconciler {

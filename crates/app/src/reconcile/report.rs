@@ -13,7 +13,7 @@ use chrono::{DateTime, TimeZone as _, Utc};
 use serde_json::{json, Value};
 
 use super::findings::Finding;
-use super::{local_state, ReconcileError, Reconciler, SweepSummary};
+use super::{local_state, report_cursor, ReconcileError, Reconciler, SweepSummary};
 use crate::exceptions::{self, ExceptionError};
 use crate::facts;
 use crate::leases;
@@ -99,6 +99,7 @@ pub fn classify(record: &PaymentRecord, line: &ReportLine) -> Verdict {
                         facts.push(ProviderFact::Refunded {
                             charge_id: charge_id.clone(),
                             amount_refunded: refunded,
+                            current: true,
                         });
                     }
                     facts.extend(
@@ -127,6 +128,7 @@ pub fn classify(record: &PaymentRecord, line: &ReportLine) -> Verdict {
                             facts: vec![ProviderFact::Refunded {
                                 charge_id,
                                 amount_refunded: refunded,
+                                current: true,
                             }],
                             fingerprint: line.amount_refunded.to_string(),
                         }
@@ -261,7 +263,7 @@ impl Reconciler {
             .get(provider)
             .ok_or_else(|| ReconcileError::UnknownProvider(provider.clone()))?
             .clone();
-        let cursor = format!("report:{provider}");
+        let cursor = report_cursor(provider);
         let now_ms = self.flow.clock.now_ms();
         let to_ms = now_ms.saturating_sub(self.config.report_settle_ms);
         let from_ms = match self.cursor_mark(&cursor).await? {

@@ -10,7 +10,7 @@ use asiento_psp::{Charge, ChargeStatus, ProviderError};
 use serde_json::{json, Value};
 
 use super::findings::Finding;
-use super::{local_state, ReconcileError, Reconciler, SweepSummary};
+use super::{local_state, report_cursor, ReconcileError, Reconciler, SweepSummary};
 use crate::facts;
 use crate::leases;
 use crate::log;
@@ -123,9 +123,30 @@ impl Reconciler {
             Some(charge_id) => provider.adapter.get_charge(charge_id).await,
             None => provider.adapter.find_charge_by_key(&record.psp_key).await,
         };
+        let expired_ms = record
+            .created_at
+            .timestamp_millis()
+            .saturating_add(self.config.pending_timeout_ms);
+        // Without a lookup by key, a charge the provider never got is known absent once the
+        // settlement report has been compared past the payment's expiry: a charge created for
+        // it would have been touched inside one of those windows, and its line would have
+        // settled the payment.
+        let lookup = match lookup {
+            Err(ProviderError::Unsupported { .. })
+                if record.provider_charge_id.is_none()
+                    && expired_ms <= self.flow.clock.now_ms()
+                    && self
+                        .cursor_mark(&report_cursor(&record.provider))
+                        .await?
+                        .is_some_and(|mark| mark >= expired_ms) =>
+            {
+                Ok(None)
+            }
+            other => other,
+        };
         let charge = match lookup {
             // The provider has no lookup by our key: its webhooks and its report settle the
-            // payment (the report compares every charge it lists).
+            // payment (the report compares every charge it lists), or expire it above.
             Err(ProviderError::Unsupported { what }) => {
                 tracing::debug!(payment = %id, %what, "no lookup by key; left to the webhooks and the report");
                 return Ok(());
@@ -137,10 +158,6 @@ impl Reconciler {
             }
             Ok(charge) => charge,
         };
-        let expired_ms = record
-            .created_at
-            .timestamp_millis()
-            .saturating_add(self.config.pending_timeout_ms);
         match (charge, &record.provider_charge_id) {
             (None, None) if expired_ms <= self.flow.clock.now_ms() => {
                 // The provider never got the charge, and the payment is past its expiry.
@@ -188,7 +205,7 @@ impl Reconciler {
                     self.cancel_abandoned(&record, &charge, summary).await?;
                 } else {
                     let mut status = record.status;
-                    for fact in facts::charge_facts(&charge) {
+                    for fact in facts::charge_facts(&charge, facts::Read::Now) {
                         status = self.flow.finalize(id, Some(fact)).await?.payment.status;
                     }
                     if status != record.status {
@@ -260,7 +277,7 @@ impl Reconciler {
             }
             // Paid (or authorized) meanwhile: the charge's facts settle the payment.
             Some(after) if after.status != ChargeStatus::RequiresAction => {
-                for fact in facts::charge_facts(&after) {
+                for fact in facts::charge_facts(&after, facts::Read::Now) {
                     self.flow.finalize(record.id, Some(fact)).await?;
                 }
                 summary.settled += 1;

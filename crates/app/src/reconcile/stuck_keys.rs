@@ -26,15 +26,22 @@ fn parse_stuck(method: &str, route: &str, resource: &str) -> Option<StuckRequest
     if method != "POST" {
         return None;
     }
-    let (payment, sequence) = match resource.split_once("/refunds/") {
+    // The resource names the payment and the request's operation (`pay_…/refunds/2`,
+    // `pay_…/captures/1`); a capture recorded by an earlier version names the payment alone.
+    let (payment, operation) = match resource.split_once('/') {
         None => (resource, None),
-        Some((payment, sequence)) => (payment, Some(sequence.parse::<u32>().ok()?)),
+        Some((payment, operation)) => {
+            let (kind, sequence) = operation.split_once('/')?;
+            (payment, Some((kind, sequence.parse::<u32>().ok()?)))
+        }
     };
     let payment = PaymentId::parse(payment).ok()?;
-    match (route, sequence) {
+    match (route, operation) {
         ("/v1/payments", None) => Some(StuckRequest::Create(payment)),
-        (route, None) if route.ends_with("/capture") => Some(StuckRequest::Capture(payment)),
-        (route, Some(sequence)) if route.ends_with("/refunds") => {
+        (route, None | Some(("captures", _))) if route.ends_with("/capture") => {
+            Some(StuckRequest::Capture(payment))
+        }
+        (route, Some(("refunds", sequence))) if route.ends_with("/refunds") => {
             Some(StuckRequest::Refund(payment, sequence))
         }
         _ => None,
@@ -209,6 +216,23 @@ mod tests {
                 &pay.to_string()
             ),
             Some(StuckRequest::Capture(pay))
+        );
+        assert_eq!(
+            parse_stuck(
+                "POST",
+                &format!("/v1/payments/{pay}/capture"),
+                &format!("{pay}/captures/2")
+            ),
+            Some(StuckRequest::Capture(pay)),
+            "a numbered capture"
+        );
+        assert_eq!(
+            parse_stuck(
+                "POST",
+                &format!("/v1/payments/{pay}/capture"),
+                &format!("{pay}/refunds/2")
+            ),
+            None
         );
         assert_eq!(
             parse_stuck(

@@ -37,11 +37,14 @@ pub fn facts_from_event(event: &WebhookEvent) -> Vec<ProviderFact> {
             if let Some(op) = &event.data.operation {
                 facts.extend(facts::operation_fact(op));
             }
-            facts.extend(facts::charge_facts(&event.data.charge));
+            facts.extend(facts::charge_facts(
+                &event.data.charge,
+                facts::Read::Snapshot,
+            ));
             facts
         }
         // The charge as it stands after the change is the fact; the type only says which change.
-        _ => facts::charge_facts(&event.data.charge),
+        _ => facts::charge_facts(&event.data.charge, facts::Read::Snapshot),
     }
 }
 

@@ -278,6 +278,7 @@ fn check_fact(fact: &ProviderFact) -> Result<(), PaymentRejection> {
         ProviderFact::Refunded {
             charge_id,
             amount_refunded,
+            ..
         } => {
             check_text("charge_id", charge_id)?;
             if amount_refunded.is_negative() {
@@ -339,8 +340,10 @@ fn contradiction(record: &PaymentRecord, fact: &ProviderFact) -> Option<String> 
         ProviderFact::Failed { reason, .. } => Some(format!("failed ({reason}) while {status}")),
         ProviderFact::ActionRequired { .. } => None,
         ProviderFact::Refunded {
-            amount_refunded, ..
-        } if *amount_refunded <= record.refund_settled_ever() => None,
+            amount_refunded,
+            current,
+            ..
+        } if *amount_refunded <= refund_baseline(record, *current) => None,
         ProviderFact::Refunded {
             amount_refunded, ..
         } => Some(format!(
@@ -495,20 +498,22 @@ fn apply_fact(
         ProviderFact::Refunded {
             charge_id,
             amount_refunded,
+            current,
         } => {
-            // The report is cumulative over every refund the provider ever settled, which may
-            // still count one that failed since: only what exceeds everything we ever settled is
-            // new.
-            if amount_refunded <= draft.record.refund_settled_ever() {
+            // A cumulative total read now counts what is refunded now; a snapshot may predate a
+            // reversal and still count the reversed refund, so only what exceeds everything we
+            // ever settled is new.
+            if amount_refunded <= refund_baseline(&draft.record, current) {
                 return Ok(());
             }
             if !implied_capture(draft, &charge_id, amount_refunded, fees, at)? {
                 return Ok(());
             }
+            let baseline = refund_baseline(&draft.record, current);
             let new_total = draft
                 .record
                 .refunded
-                .checked_add(amount_refunded.checked_sub(draft.record.refund_settled_ever())?)?;
+                .checked_add(amount_refunded.checked_sub(baseline)?)?;
             if new_total > draft.record.captured {
                 let detail = format!(
                     "refunded total {amount_refunded} beyond the captured {}",
@@ -699,6 +704,13 @@ fn refund_outcome(
         ) => {
             draft.refused(&op, reason, at);
         }
+        // Given a cumulative report's settlement, then failed by the provider: the report
+        // counted another refund (made outside our API), which stays settled; ours never was.
+        (OperationState::Succeeded, OperationOutcome::Failed { reason })
+            if op.settled_by_report =>
+        {
+            draft.refused(&op, reason, at);
+        }
         (OperationState::Succeeded, OperationOutcome::Failed { reason }) => {
             reverse_refund(draft, &op, reason, at)?;
         }
@@ -713,6 +725,16 @@ fn refund_outcome(
         _ => {}
     }
     Ok(())
+}
+
+/// What a cumulative refund total is compared with: what is refunded now for a total read now,
+/// every refund ever settled (reversed ones too) for a snapshot.
+fn refund_baseline(record: &PaymentRecord, current: bool) -> Amount {
+    if current {
+        record.refunded
+    } else {
+        record.refund_settled_ever()
+    }
 }
 
 /// The most a capture fact may capture: the authorization once there is

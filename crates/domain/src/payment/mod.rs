@@ -284,6 +284,7 @@ impl PaymentRecord {
             if op.kind == OperationKind::Refund && op.state.is_open() && op.amount <= unattributed {
                 unattributed = unattributed.checked_sub(op.amount).unwrap_or(Amount::ZERO);
                 op.state = OperationState::Succeeded;
+                op.settled_by_report = true;
                 op.updated_at = at;
             }
         }
@@ -357,6 +358,10 @@ pub enum ProviderFact {
     Refunded {
         charge_id: String,
         amount_refunded: Amount,
+        /// Read from the provider just now (a lookup, the settlement report): it counts what is
+        /// refunded now, after any reversal. Otherwise (a webhook's snapshot of the charge) it
+        /// may predate a reversal, and counts against every refund ever settled.
+        current: bool,
     },
     DisputeOpened {
         charge_id: String,
@@ -850,6 +855,7 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
                 Some(sequence) => {
                     if let Some(op) = record.operation_mut(OperationKind::Refund, sequence) {
                         op.state = OperationState::Succeeded;
+                        op.settled_by_report = false;
                         op.updated_at = e.at;
                         if e.refund_id.is_some() {
                             op.provider_id = e.refund_id.clone();

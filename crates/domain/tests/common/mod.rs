@@ -94,6 +94,7 @@ pub fn f_refunded(total: i64) -> PaymentCommand {
     fact(ProviderFact::Refunded {
         charge_id: CHARGE.into(),
         amount_refunded: amt(total),
+        current: false,
     })
 }
 pub fn f_operation(
