@@ -46,7 +46,7 @@ where
         {
             Ok(Some(tenant)) => Ok(Self(tenant)),
             Ok(None) => Err(unauthorized("unknown API key")),
-            Err(error) => Err(Problem::internal(&error)),
+            Err(error) => Err(Problem::server(&error)),
         }
     }
 }

@@ -84,7 +84,7 @@ pub fn answer_response(answer: Result<Answer, asiento_app::payments::FlowError>)
             "this Idempotency-Key was used with a different request body",
         )
         .into_response(),
-        Err(error) => Problem::internal(&error).into_response(),
+        Err(error) => Problem::server(&error).into_response(),
     }
 }
 

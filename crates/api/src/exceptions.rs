@@ -72,7 +72,7 @@ fn problem(error: ExceptionError) -> Problem {
         ExceptionError::Rejected(rejection @ ExceptionRejection::NoteInvalid) => {
             Problem::bad_request(rejection.code(), rejection.to_string())
         }
-        other => Problem::internal(&other),
+        other => Problem::server(&other),
     }
 }
 

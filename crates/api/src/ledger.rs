@@ -73,7 +73,7 @@ pub(crate) async fn known_position(state: &AppState, position: Option<i64>) -> R
             "unknown_position",
             format!("no event at position {position}: pass a position a command returned"),
         )),
-        Err(error) => Err(Problem::internal(&error)),
+        Err(error) => Err(Problem::server(&error)),
     }
 }
 
@@ -89,7 +89,7 @@ fn balance_problem(error: BalanceError) -> Problem {
             "unknown_position",
             format!("no event at position {position}"),
         ),
-        other => Problem::internal(&other),
+        other => Problem::server(&other),
     }
 }
 

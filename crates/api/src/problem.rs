@@ -1,6 +1,7 @@
 //! RFC 9457 problem details: every error a client sees is `application/problem+json` with a stable
 //! `code` to branch on. Nothing from the database or a panic ever reaches the body: errors that are
-//! ours become a 500 with a generic detail, logged with their cause.
+//! ours become a 500 with a generic detail, logged with their cause, or a 503 with `Retry-After`
+//! while the database cannot be reached.
 
 use axum::{
     http::{header, HeaderValue, StatusCode},
@@ -51,9 +52,60 @@ impl Problem {
         )
     }
 
+    /// An error of ours from a use case or a read: a 503 with `Retry-After` when its cause is
+    /// that the database cannot be reached right now (the connection is refused or broken, the
+    /// server is shutting down or starting up, the pool has no connection to give, SQLite is
+    /// locked), so a client retries instead of treating it as a failure; a 500 otherwise.
+    pub fn server(error: &(dyn std::error::Error + 'static)) -> Self {
+        if database_unavailable(error) {
+            tracing::warn!(%error, "database unavailable");
+            return Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                "the service cannot reach its database right now; retry with the same Idempotency-Key",
+            )
+            .with_retry_after(1);
+        }
+        Self::internal(&error)
+    }
+
     /// The body exactly as it is sent, for responses that are stored and replayed.
     pub fn body_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_else(|_| b"{}".to_vec())
+    }
+}
+
+/// Whether `error`, or any error it was caused by, says the database cannot be reached now.
+fn database_unavailable(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(current) = next {
+        if let Some(error) = current.downcast_ref::<sqlx::Error>() {
+            return sqlx_unavailable(error);
+        }
+        next = current.source();
+    }
+    false
+}
+
+fn sqlx_unavailable(error: &sqlx::Error) -> bool {
+    match error {
+        // A protocol error here is a connection cut mid-message.
+        sqlx::Error::Io(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(database) => database.code().is_some_and(|code| {
+            // PostgreSQL: connection exceptions (08…), shutting down or starting up (57P01,
+            // 57P02, 57P03), too many connections (53300). SQLite: busy or locked (5, 6).
+            code.starts_with("08")
+                || matches!(
+                    code.as_ref(),
+                    "57P01" | "57P02" | "57P03" | "53300" | "5" | "6"
+                )
+        }),
+        _ => false,
     }
 }
 
@@ -182,5 +234,30 @@ mod tests {
             body_of(ensure_problem(problem).await).await["code"],
             "x_code"
         );
+    }
+
+    #[test]
+    fn an_unreachable_database_is_503_anything_else_of_ours_500() {
+        use asiento_app::log::LogError;
+        use asiento_app::payments::FlowError;
+        use asiento_eventstore::StoreError;
+        let wrapped =
+            |error: sqlx::Error| FlowError::Log(LogError::Store(StoreError::Database(error)));
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        for error in [
+            wrapped(sqlx::Error::Io(refused)),
+            wrapped(sqlx::Error::PoolTimedOut),
+        ] {
+            let problem = Problem::server(&error);
+            assert_eq!(
+                (problem.status, problem.code, problem.retry_after_s),
+                (503, "service_unavailable", Some(1)),
+                "{error}"
+            );
+        }
+        let ours = Problem::server(&wrapped(sqlx::Error::RowNotFound));
+        assert_eq!((ours.status, ours.code), (500, "internal_error"));
+        let ours = Problem::server(&FlowError::Inconsistent("x".into()));
+        assert_eq!(ours.status, 500);
     }
 }

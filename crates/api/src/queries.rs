@@ -44,7 +44,7 @@ pub async fn get_payment(
     let id = payment_id(&raw_id)?;
     let loaded = log::load_payment(state.payments.store.as_ref(), id)
         .await
-        .map_err(|error| Problem::internal(&error))?;
+        .map_err(|error| Problem::server(&error))?;
     let record = visible(&loaded.aggregate.record, &tenant)?;
     let stored = JsonRender.render(&Reply::Payment {
         kind: PaymentCommandKind::Read,
@@ -76,7 +76,7 @@ pub async fn payment_events(
     let id = payment_id(&raw_id)?;
     let loaded = log::load_payment(state.payments.store.as_ref(), id)
         .await
-        .map_err(|error| Problem::internal(&error))?;
+        .map_err(|error| Problem::server(&error))?;
     visible(&loaded.aggregate.record, &tenant)?;
     let events: Vec<_> = loaded
         .events
@@ -253,7 +253,7 @@ pub async fn list_payments(
             error.to_string(),
         )
         .with_retry_after(1),
-        other => Problem::internal(&other),
+        other => Problem::server(&other),
     };
     crate::ledger::known_position(&state, min_position).await?;
     if let Some(position) = min_position {

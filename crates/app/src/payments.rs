@@ -60,7 +60,7 @@ pub enum FlowError {
     #[error(transparent)]
     Idempotency(#[from] IdempotencyError),
     #[error("append failed: {0}")]
-    Append(AppendError),
+    Append(#[source] AppendError),
     #[error("payment {0} kept losing version races")]
     TooManyConflicts(PaymentId),
     #[error("stored state is inconsistent: {0}")]

@@ -395,9 +395,11 @@ fn outcome_text(outcome: &OperationOutcome) -> String {
 fn outcome_is_recorded(state: OperationState, outcome: &OperationOutcome) -> bool {
     match outcome {
         OperationOutcome::Pending => state != OperationState::Requested,
-        OperationOutcome::Succeeded => {
-            matches!(state, OperationState::Succeeded | OperationState::Reversed)
-        }
+        // A failure is final at the provider: a success after it is the earlier state, late.
+        OperationOutcome::Succeeded => matches!(
+            state,
+            OperationState::Succeeded | OperationState::Reversed | OperationState::Refused
+        ),
         OperationOutcome::Failed { .. } => {
             matches!(state, OperationState::Refused | OperationState::Reversed)
         }
@@ -649,11 +651,8 @@ fn capture_outcome(
             );
             draft.flag(ReviewReason::ContradictingFact, detail, at);
         }
-        (OperationState::Refused | OperationState::Reversed, OperationOutcome::Succeeded) => {
-            let detail = format!("capture {} succeeded after it was refused", op.psp_key);
-            draft.flag(ReviewReason::ContradictingFact, detail, at);
-        }
-        // Late or repeated: already recorded.
+        // Late or repeated: already recorded. A provider's failure is final, so a success that
+        // arrives after it is the earlier state delivered late.
         _ => {}
     }
     Ok(())
@@ -714,27 +713,30 @@ fn refund_outcome(
         (OperationState::Succeeded, OperationOutcome::Failed { reason }) => {
             reverse_refund(draft, &op, reason, at)?;
         }
-        (OperationState::Refused, OperationOutcome::Succeeded) => {
-            let detail = format!("refund {} succeeded after it was refused", op.psp_key);
-            draft.flag(ReviewReason::ContradictingFact, detail, at);
-        }
-        // A reversed refund did succeed once: its success, delivered late or again, is a repeat
-        // (so every later state reflects what an earlier one did, as the webhook worker relies
-        // on).
-        // Late or repeated: already recorded.
+        // Late or repeated: already recorded. A provider's failure is final, so a success that
+        // arrives after it (a refund that succeeded and then failed, its events delivered out of
+        // order) is the earlier state, late; and a reversed refund did succeed once. So every
+        // later state reflects what an earlier one did, as the webhook worker relies on.
         _ => {}
     }
     Ok(())
 }
 
-/// What a cumulative refund total is compared with: what is refunded now for a total read now,
-/// every refund ever settled (reversed ones too) for a snapshot.
+/// What a cumulative refund total is compared with: what is refunded now for a total read now;
+/// for a snapshot, which may predate a failure, every refund ever settled (reversed ones too)
+/// and every refund of ours the provider failed (a snapshot taken while it still counted one
+/// is not news). A snapshot is so conservative; a total read now corrects it.
 fn refund_baseline(record: &PaymentRecord, current: bool) -> Amount {
     if current {
-        record.refunded
-    } else {
-        record.refund_settled_ever()
+        return record.refunded;
     }
+    record
+        .operations
+        .iter()
+        .filter(|op| op.kind == OperationKind::Refund && op.state == OperationState::Refused)
+        .fold(record.refund_settled_ever(), |total, op| {
+            total.checked_add(op.amount).unwrap_or(total)
+        })
 }
 
 /// The most a capture fact may capture: the authorization once there is
