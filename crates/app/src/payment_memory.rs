@@ -3,7 +3,7 @@
 //!
 //! Under load nearly every webhook reports what the synchronous answer already recorded a moment
 //! before, in this process: reading the whole stream back to learn that was the worker's largest
-//! read (docs/benchmarks.md, session 7).
+//! read (docs/benchmarks.md).
 //!
 //! **Why a remembered state is enough.** It is a state the log really held: it is remembered only
 //! after its commit. And provider facts only add to a payment, so what an earlier state reflects,
