@@ -339,6 +339,45 @@ async fn refusal_reversal_and_lost_dispute(backend: Backend) {
         assert!(Instant::now() < deadline, "no dispute entry: {entries:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // A reversal whose webhook is lost (webhooks are still dropped) is found when the report
+    // shows less refunded than we do: the refund is read again and reversed.
+    let dark = create(&client, "reversed-dark", &payment_body(5_000, "pm_card_ok")).await;
+    let refund = client
+        .post(
+            &format!("/v1/payments/{dark}/refunds"),
+            "reversed-dark-1",
+            &json!({"amount_minor": 2_000}),
+        )
+        .await;
+    assert_eq!(
+        refund.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&refund.body)
+    );
+    let refund_id = refund.json()["operations"][0]["provider_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let failed = sim_post(
+        &client,
+        &format!("/sim/operations/{refund_id}/fail"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        failed.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&failed.body)
+    );
+    let after = wait_for(&client, &dark, "the lost reversal was never posted", |p| {
+        p["operations"][0]["state"] == "reversed"
+    })
+    .await;
+    assert_eq!(after["refunded_minor"], 0);
+    assert_eq!(after["needs_review"], false, "{after}");
     verify(&database);
 }
 

@@ -134,10 +134,14 @@ pub enum ExceptionKind {
     /// A capture or refund the provider has not answered for good by its deadline, and that
     /// cannot be safely sent again (manual).
     OperationUnresolved,
+    /// A refund of ours that settled and that the provider has since failed, whose webhook was
+    /// lost: found when the report shows less refunded than we do (auto: the reversal and its
+    /// entry are posted).
+    RefundReversedAtProvider,
 }
 
 impl ExceptionKind {
-    pub const ALL: [ExceptionKind; 12] = [
+    pub const ALL: [ExceptionKind; 13] = [
         ExceptionKind::CapturedAtProvider,
         ExceptionKind::AuthorizedAtProvider,
         ExceptionKind::RefundedOutOfBand,
@@ -150,6 +154,7 @@ impl ExceptionKind {
         ExceptionKind::Ambiguous,
         ExceptionKind::DisputedAtProvider,
         ExceptionKind::OperationUnresolved,
+        ExceptionKind::RefundReversedAtProvider,
     ];
 
     #[must_use]
@@ -167,6 +172,7 @@ impl ExceptionKind {
             ExceptionKind::Ambiguous => "ambiguous",
             ExceptionKind::DisputedAtProvider => "disputed_at_provider",
             ExceptionKind::OperationUnresolved => "operation_unresolved",
+            ExceptionKind::RefundReversedAtProvider => "refund_reversed_at_provider",
         }
     }
 
@@ -185,6 +191,7 @@ impl ExceptionKind {
                 | ExceptionKind::RefundedOutOfBand
                 | ExceptionKind::FailedAtProvider
                 | ExceptionKind::DisputedAtProvider
+                | ExceptionKind::RefundReversedAtProvider
         )
     }
 }

@@ -811,24 +811,25 @@ fn a_cumulative_report_before_the_answer_settles_the_refund_once() {
         refund_outcome(1, 2_500, OperationOutcome::Succeeded),
         Ok(vec![]),
     );
-    // Had the provider failed it instead, the report counted another refund (made outside our
-    // API): ours is refused, and what the report settled stays (no reversal, no entry).
+    // Had the provider failed it instead, it is reversed; if the report had counted a refund
+    // made elsewhere, the next total read now settles that again.
     let failed_instead = history_from(
         after_report.clone(),
         vec![refund_outcome(1, 2_500, failed("declined"))],
     );
+    assert!(matches!(failed_instead[0], PaymentEvent::RefundReversed(_)));
+    let reversed = [after_report, failed_instead].concat();
+    assert_eq!(record_after(&reversed).refunded, amt(0));
+    let read_now = fact(ProviderFact::Refunded {
+        charge_id: CHARGE.into(),
+        amount_refunded: amt(2_500),
+        current: true,
+    });
+    let resettled = history_from(reversed.clone(), vec![read_now]);
     assert_eq!(
-        failed_instead,
-        vec![PaymentEvent::OperationRefused(OperationRefused {
-            kind: OperationKind::Refund,
-            sequence: 1,
-            reason: "declined".into(),
-            at: at(10),
-        })]
+        record_after(&[reversed, resettled].concat()).refunded,
+        amt(2_500)
     );
-    let record = record_after(&[after_report, failed_instead].concat());
-    assert_eq!(record.refunded, amt(2_500));
-    assert_eq!(record.refund_committed().unwrap(), amt(2_500));
 }
 
 #[test]

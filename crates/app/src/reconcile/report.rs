@@ -383,7 +383,13 @@ impl Reconciler {
             local: local_state(&record),
             provider: line_state(line),
         };
-        match classify(&record, line) {
+        let verdict = match classify(&record, line) {
+            Verdict::Manual { kind, fingerprint } if fingerprint.starts_with("refunded:") => {
+                self.reversed_refunds(&record, kind, fingerprint).await
+            }
+            verdict => verdict,
+        };
+        match verdict {
             Verdict::Agree => Ok(()),
             Verdict::Manual { kind, fingerprint } => {
                 self.flag(&record, finding(kind, fingerprint), summary)
@@ -432,6 +438,62 @@ impl Reconciler {
                 }
                 Ok(())
             }
+        }
+    }
+}
+
+impl Reconciler {
+    /// The report shows less refunded than we do: a refund of ours that settled may have failed
+    /// at the provider since, its webhook lost. Where the provider can look operations up, each
+    /// of our settled refunds is read again; those it now reports failed are reversed (an auto
+    /// exception). Otherwise, or when none did, the difference stays for a person.
+    async fn reversed_refunds(
+        &self,
+        record: &PaymentRecord,
+        kind: ExceptionKind,
+        fingerprint: String,
+    ) -> Verdict {
+        let manual = Verdict::Manual { kind, fingerprint };
+        let Some(provider) = self.flow.providers.get(&record.provider) else {
+            return manual;
+        };
+        let capabilities = provider.adapter.capabilities();
+        let mut reversed = Vec::new();
+        let settled = record.operations.iter().filter(|op| {
+            op.kind == asiento_domain::OperationKind::Refund
+                && op.state == asiento_domain::OperationState::Succeeded
+        });
+        for op in settled {
+            let found = match &op.provider_id {
+                Some(id) if capabilities.lookup_by_id => provider.adapter.get_operation(id).await,
+                _ if capabilities.lookup_by_key => {
+                    provider.adapter.find_operation_by_key(&op.psp_key).await
+                }
+                _ => continue,
+            };
+            let Ok(Some(found)) = found else {
+                continue;
+            };
+            if found.status == asiento_psp::OperationStatus::Failed
+                && facts::operation_misfit(record, &op.psp_key, &found).is_none()
+            {
+                reversed.extend(facts::operation_fact(&found));
+            }
+        }
+        if reversed.is_empty() {
+            return manual;
+        }
+        let keys: Vec<String> = reversed
+            .iter()
+            .filter_map(|fact| match fact {
+                ProviderFact::Operation { psp_key, .. } => Some(psp_key.clone()),
+                _ => None,
+            })
+            .collect();
+        Verdict::Auto {
+            kind: ExceptionKind::RefundReversedAtProvider,
+            facts: reversed,
+            fingerprint: keys.join(","),
         }
     }
 }

@@ -703,13 +703,9 @@ fn refund_outcome(
         ) => {
             draft.refused(&op, reason, at);
         }
-        // Given a cumulative report's settlement, then failed by the provider: the report
-        // counted another refund (made outside our API), which stays settled; ours never was.
-        (OperationState::Succeeded, OperationOutcome::Failed { reason })
-            if op.settled_by_report =>
-        {
-            draft.refused(&op, reason, at);
-        }
+        // A refund given a cumulative report's settlement and then failed is reversed like any
+        // other: if the report had counted a refund made elsewhere instead, the next total read
+        // now settles that again.
         (OperationState::Succeeded, OperationOutcome::Failed { reason }) => {
             reverse_refund(draft, &op, reason, at)?;
         }

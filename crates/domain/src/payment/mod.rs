@@ -284,7 +284,6 @@ impl PaymentRecord {
             if op.kind == OperationKind::Refund && op.state.is_open() && op.amount <= unattributed {
                 unattributed = unattributed.checked_sub(op.amount).unwrap_or(Amount::ZERO);
                 op.state = OperationState::Succeeded;
-                op.settled_by_report = true;
                 op.updated_at = at;
             }
         }
@@ -855,7 +854,6 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
                 Some(sequence) => {
                     if let Some(op) = record.operation_mut(OperationKind::Refund, sequence) {
                         op.state = OperationState::Succeeded;
-                        op.settled_by_report = false;
                         op.updated_at = e.at;
                         if e.refund_id.is_some() {
                             op.provider_id = e.refund_id.clone();

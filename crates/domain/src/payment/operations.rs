@@ -80,11 +80,6 @@ pub struct Operation {
     pub provider_id: Option<String>,
     /// Why it was refused or reversed.
     pub reason: Option<String>,
-    /// Succeeded because a cumulative report was given to it, not by its own answer. Such a
-    /// success is a reading of ours: if the provider later fails the operation, it was the
-    /// report's other refund that settled (a refund made outside our API), and the operation is
-    /// refused rather than reversed, leaving what the report settled in place.
-    pub settled_by_report: bool,
     pub requested_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -107,7 +102,6 @@ impl Operation {
             state: OperationState::Requested,
             provider_id: None,
             reason: None,
-            settled_by_report: false,
             requested_at: at,
             updated_at: at,
         }
