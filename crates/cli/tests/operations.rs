@@ -108,6 +108,40 @@ async fn create(client: &Client, key: &str, body: &Value) -> String {
     created.json()["id"].as_str().unwrap().to_owned()
 }
 
+/// Refunds `amount` of payment `id` (which succeeds at once), then has the provider fail that
+/// refund: a reversal after success.
+async fn refund_then_fail(client: &Client, id: &str, key: &str, amount: i64) {
+    let refund = client
+        .post(
+            &format!("/v1/payments/{id}/refunds"),
+            key,
+            &json!({ "amount_minor": amount }),
+        )
+        .await;
+    assert_eq!(
+        refund.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&refund.body)
+    );
+    let refund_id = refund.json()["operations"][0]["provider_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let failed = sim_post(
+        client,
+        &format!("/sim/operations/{refund_id}/fail"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        failed.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&failed.body)
+    );
+}
+
 fn verify(database: &TestDatabase) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -264,35 +298,7 @@ async fn refusal_reversal_and_lost_dispute(backend: Backend) {
     // A refund that fails after it succeeded is reversed by its own entry.
     faults(&client, json!({"webhook_drop_rate": 0.0})).await;
     let reversed = create(&client, "reversed", &payment_body(6_000, "pm_card_ok")).await;
-    let refund = client
-        .post(
-            &format!("/v1/payments/{reversed}/refunds"),
-            "reversed-1",
-            &json!({"amount_minor": 2_500}),
-        )
-        .await;
-    assert_eq!(
-        refund.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&refund.body)
-    );
-    let refund_id = refund.json()["operations"][0]["provider_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let failed = sim_post(
-        &client,
-        &format!("/sim/operations/{refund_id}/fail"),
-        json!({}),
-    )
-    .await;
-    assert_eq!(
-        failed.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&failed.body)
-    );
+    refund_then_fail(&client, &reversed, "reversed-1", 2_500).await;
     let after = wait_for(&client, &reversed, "the reversal never arrived", |p| {
         p["operations"][0]["state"] == "reversed"
     })
@@ -343,35 +349,7 @@ async fn refusal_reversal_and_lost_dispute(backend: Backend) {
     // A reversal whose webhook is lost (webhooks are still dropped) is found when the report
     // shows less refunded than we do: the refund is read again and reversed.
     let dark = create(&client, "reversed-dark", &payment_body(5_000, "pm_card_ok")).await;
-    let refund = client
-        .post(
-            &format!("/v1/payments/{dark}/refunds"),
-            "reversed-dark-1",
-            &json!({"amount_minor": 2_000}),
-        )
-        .await;
-    assert_eq!(
-        refund.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&refund.body)
-    );
-    let refund_id = refund.json()["operations"][0]["provider_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let failed = sim_post(
-        &client,
-        &format!("/sim/operations/{refund_id}/fail"),
-        json!({}),
-    )
-    .await;
-    assert_eq!(
-        failed.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&failed.body)
-    );
+    refund_then_fail(&client, &dark, "reversed-dark-1", 2_000).await;
     let after = wait_for(&client, &dark, "the lost reversal was never posted", |p| {
         p["operations"][0]["state"] == "reversed"
     })

@@ -331,6 +331,17 @@ impl Reconciler {
         Ok(summary)
     }
 
+    /// The configured provider of that name.
+    fn provider(
+        &self,
+        name: &ProviderName,
+    ) -> Result<&crate::providers::ConfiguredProvider, ReconcileError> {
+        self.flow
+            .providers
+            .get(name)
+            .ok_or_else(|| ReconcileError::UnknownProvider(name.clone()))
+    }
+
     async fn cursor_mark(&self, name: &str) -> Result<Option<i64>, ReconcileError> {
         let sql = "select mark from reconciliation_cursors where name = $1";
         let mark: Option<i64> = match self.database() {

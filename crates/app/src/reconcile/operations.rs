@@ -156,11 +156,7 @@ impl Reconciler {
         record: &PaymentRecord,
         op: &Operation,
     ) -> Result<Driven, ReconcileError> {
-        let provider = self
-            .flow
-            .providers
-            .get(&record.provider)
-            .ok_or_else(|| super::ReconcileError::UnknownProvider(record.provider.clone()))?;
+        let provider = self.provider(&record.provider)?;
         let capabilities = provider.adapter.capabilities();
         let now_ms = self.flow.clock.now_ms();
         let age_ms = now_ms.saturating_sub(op.requested_at.timestamp_millis());

@@ -257,12 +257,7 @@ impl Reconciler {
         provider: &ProviderName,
         summary: &mut SweepSummary,
     ) -> Result<(), ReconcileError> {
-        let configured = self
-            .flow
-            .providers
-            .get(provider)
-            .ok_or_else(|| ReconcileError::UnknownProvider(provider.clone()))?
-            .clone();
+        let configured = self.provider(provider)?.clone();
         let cursor = report_cursor(provider);
         let now_ms = self.flow.clock.now_ms();
         let to_ms = now_ms.saturating_sub(self.config.report_settle_ms);

@@ -114,11 +114,7 @@ impl Reconciler {
         ) {
             return Ok(watch::unwatch_payment(self.database(), id).await?);
         }
-        let provider = self
-            .flow
-            .providers
-            .get(&record.provider)
-            .ok_or_else(|| ReconcileError::UnknownProvider(record.provider.clone()))?;
+        let provider = self.provider(&record.provider)?;
         let lookup = match &record.provider_charge_id {
             Some(charge_id) => provider.adapter.get_charge(charge_id).await,
             None => provider.adapter.find_charge_by_key(&record.psp_key).await,
@@ -237,11 +233,7 @@ impl Reconciler {
         charge: &Charge,
         summary: &mut SweepSummary,
     ) -> Result<(), ReconcileError> {
-        let provider = self
-            .flow
-            .providers
-            .get(&record.provider)
-            .ok_or_else(|| ReconcileError::UnknownProvider(record.provider.clone()))?;
+        let provider = self.provider(&record.provider)?;
         let key = psp_cancel_key(record.id);
         let after = match provider.adapter.cancel(&charge.id, &key).await {
             Ok(answer) => answer.charge,
