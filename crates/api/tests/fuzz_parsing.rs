@@ -434,6 +434,7 @@ async fn app() -> (tempdir::Guard, Router) {
             clock: clock.clone(),
             render: render.clone(),
             idempotency_lease_ms: 30_000,
+            payment_lease_ms: asiento_app::leases::PAYMENT_LEASE_MS_DEFAULT,
         },
         transfers: TransferFlow {
             database: database.clone(),

@@ -191,6 +191,9 @@ pub struct PaymentFlow {
     pub clock: Arc<dyn Clock>,
     pub render: Arc<dyn Render>,
     pub idempotency_lease_ms: i64,
+    /// How long a request that resumes after a crash holds its payment's lease (serve's
+    /// `--payment-lease`), so that the webhook worker and the reconciler keep off meanwhile.
+    pub payment_lease_ms: i64,
     /// The writer that commits the request path's steps of concurrent requests together; made
     /// with [`GroupCommit::new`] on `store`.
     pub commits: Arc<GroupCommit>,
@@ -357,7 +360,7 @@ impl PaymentFlow {
     {
         let now_ms = self.clock.now_ms();
         let Some(payment_lease) =
-            leases::acquire(&self.database, id, now_ms, leases::PAYMENT_LEASE_MS_DEFAULT).await?
+            leases::acquire(&self.database, id, now_ms, self.payment_lease_ms).await?
         else {
             let mut tx = self.store.begin().await?;
             idempotency::release(&mut tx, &request.scope, &request.key, key_lease, now_ms).await?;

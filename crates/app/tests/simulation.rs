@@ -1090,6 +1090,7 @@ async fn start_process(
         clock: clock.clone(),
         render: Arc::new(SimRender),
         idempotency_lease_ms: IDEMPOTENCY_LEASE_MS,
+        payment_lease_ms: asiento_app::leases::PAYMENT_LEASE_MS_DEFAULT,
     };
     let transfers = TransferFlow {
         database: database.clone(),

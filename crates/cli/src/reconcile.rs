@@ -107,6 +107,7 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
         clock: Arc::new(SystemClock),
         render: Arc::new(asiento_api::render::JsonRender),
         idempotency_lease_ms: IDEMPOTENCY_LEASE_MS_DEFAULT,
+        payment_lease_ms: asiento_app::leases::PAYMENT_LEASE_MS_DEFAULT,
     };
     let reconciler = Reconciler::new(
         flow,

@@ -436,6 +436,7 @@ impl Core {
                 clock: clock.clone(),
                 render: render.clone(),
                 idempotency_lease_ms: lease_ms,
+                payment_lease_ms: duration_ms(args.payment_lease),
             },
             transfers: TransferFlow {
                 database: database.clone(),

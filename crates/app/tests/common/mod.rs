@@ -124,6 +124,7 @@ impl TestSim {
             clock,
             render: Arc::new(TestRender),
             idempotency_lease_ms: 60_000,
+            payment_lease_ms: asiento_app::leases::PAYMENT_LEASE_MS_DEFAULT,
         }
     }
 }
