@@ -181,7 +181,8 @@ async fn unreachable_refund_and_capture(backend: Backend) {
     manual["capture"] = json!("manual");
     let captured = create(&client, "op-capture", &manual).await;
 
-    faults(&client, json!({"unreachable_ms": 2_000})).await;
+    // Long enough that both requests give up (four attempts, under a second each) inside it.
+    faults(&client, json!({"unreachable_ms": 5_000})).await;
     let refund = client
         .post(
             &format!("/v1/payments/{refunded}/refunds"),
