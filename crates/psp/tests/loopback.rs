@@ -5,6 +5,8 @@
 // A test harness: helpers outside `#[test]` functions may panic too.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -13,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use asiento_psp::sim::{run, Faults};
+use asiento_psp::sim::Faults;
 use asiento_psp::{
     sign, verify, Charge, ChargeOutcome, ChargeStatus, ClientConfig, CreateCharge, DisputeStatus,
     EventType, HttpProvider, Provider, ProviderError, RetrySleeper, SimConfig, Simulator,
@@ -28,65 +30,13 @@ use axum::Router;
 use chrono::Utc;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
-const TEST_TIMEOUT_S: u64 = 30;
+use common::{bounded, eventually, RunningSim};
+use tokio::sync::oneshot;
+
 const SECRET: &str = "whsec_loopback";
 
-async fn bounded<F: Future<Output = ()>>(test: F) {
-    tokio::time::timeout(Duration::from_secs(TEST_TIMEOUT_S), test)
-        .await
-        .expect("test took too long");
-}
-
-/// Polls `check` until it holds or `timeout_ms` passes.
-async fn eventually(timeout_ms: u64, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    check()
-}
-
-struct RunningSim {
-    base: String,
-    sim: Simulator,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<std::io::Result<()>>,
-}
-
 impl RunningSim {
-    async fn start(config: SimConfig) -> RunningSim {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let sim = Simulator::new(config);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(run(listener, sim.clone(), async {
-            let _ = stopped.await;
-        }));
-        RunningSim {
-            base,
-            sim,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    async fn shutdown(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(3), self.task)
-            .await
-            .expect("simulator did not stop promptly")
-            .unwrap()
-            .unwrap();
-    }
-
     async fn control(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
         let response = reqwest::Client::new()
             .request(method, format!("{}{path}", self.base))

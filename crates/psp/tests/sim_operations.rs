@@ -7,12 +7,12 @@
 // A test harness: helpers outside `#[test]` functions may panic too.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use asiento_psp::sim::run;
 use asiento_psp::{
     Charge, ChargeOutcome, ChargeStatus, ClientConfig, CreateCharge, EventType, HttpProvider,
     OperationKind, OperationStatus, Provider, ProviderError, SimConfig, Simulator, WebhookEvent,
@@ -24,63 +24,10 @@ use axum::routing::post;
 use axum::Router;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
-const TEST_TIMEOUT_S: u64 = 30;
-
-async fn bounded<F: Future<Output = ()>>(test: F) {
-    tokio::time::timeout(Duration::from_secs(TEST_TIMEOUT_S), test)
-        .await
-        .expect("test took too long");
-}
-
-async fn eventually(timeout_ms: u64, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    check()
-}
-
-struct RunningSim {
-    base: String,
-    sim: Simulator,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<std::io::Result<()>>,
-}
+use common::{bounded, eventually, RunningSim};
 
 impl RunningSim {
-    async fn start(config: SimConfig) -> RunningSim {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let sim = Simulator::new(config);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(run(listener, sim.clone(), async {
-            let _ = stopped.await;
-        }));
-        RunningSim {
-            base,
-            sim,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    async fn shutdown(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(5), self.task)
-            .await
-            .expect("simulator did not stop promptly")
-            .unwrap()
-            .unwrap();
-    }
-
     async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
         let response = reqwest::Client::new()
             .post(format!("{}{path}", self.base))
