@@ -77,14 +77,28 @@ impl Problem {
 
 /// Whether `error`, or any error it was caused by, says the database cannot be reached now.
 fn database_unavailable(error: &(dyn std::error::Error + 'static)) -> bool {
+    // A transparent wrapper hands on its inner error's source, not the inner error: a chain may
+    // skip the `sqlx::Error` and name only what it wraps (the I/O error, the server's error).
     let mut next = Some(error);
     while let Some(current) = next {
         if let Some(error) = current.downcast_ref::<sqlx::Error>() {
             return sqlx_unavailable(error);
         }
+        if current.downcast_ref::<std::io::Error>().is_some() {
+            return true;
+        }
+        if let Some(error) = current.downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+            return unavailable_code(error.code());
+        }
         next = current.source();
     }
     false
+}
+
+/// PostgreSQL: connection exceptions (08…), shutting down or starting up (57P01, 57P02,
+/// 57P03), too many connections (53300). SQLite: busy or locked (5, 6).
+fn unavailable_code(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "5" | "6")
 }
 
 fn sqlx_unavailable(error: &sqlx::Error) -> bool {
@@ -96,15 +110,9 @@ fn sqlx_unavailable(error: &sqlx::Error) -> bool {
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(database) => database.code().is_some_and(|code| {
-            // PostgreSQL: connection exceptions (08…), shutting down or starting up (57P01,
-            // 57P02, 57P03), too many connections (53300). SQLite: busy or locked (5, 6).
-            code.starts_with("08")
-                || matches!(
-                    code.as_ref(),
-                    "57P01" | "57P02" | "57P03" | "53300" | "5" | "6"
-                )
-        }),
+        sqlx::Error::Database(database) => {
+            database.code().is_some_and(|code| unavailable_code(&code))
+        }
         _ => false,
     }
 }
@@ -255,6 +263,14 @@ mod tests {
                 "{error}"
             );
         }
+        // Through a transparent wrapper, whose source skips the sqlx error itself.
+        let through = FlowError::Idempotency(asiento_app::idempotency::IdempotencyError::Database(
+            sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "closed",
+            )),
+        ));
+        assert_eq!(Problem::server(&through).status, 503, "{through}");
         let ours = Problem::server(&wrapped(sqlx::Error::RowNotFound));
         assert_eq!((ours.status, ours.code), (500, "internal_error"));
         let ours = Problem::server(&FlowError::Inconsistent("x".into()));
