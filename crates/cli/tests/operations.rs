@@ -10,7 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{asiento, payment_body, Answer, Backend, Client, Server, TestDatabase};
+use common::{asiento, payment_body, sim_list, Answer, Backend, Client, Server, TestDatabase};
 use serde_json::{json, Value};
 
 const SECRET: &str = "whsec_test_0123456789";
@@ -78,12 +78,7 @@ async fn wait_for(client: &Client, id: &str, what: &str, done: impl Fn(&Value) -
 /// The simulator's operations of `kind` on the charge of payment `id`.
 async fn sim_operations(client: &Client, id: &str, kind: &str) -> Vec<Value> {
     let charge = charge_of(client, id).await;
-    let operations = client.get("/sim/operations").await.json();
-    let operations = operations
-        .as_array()
-        .or(operations["data"].as_array())
-        .unwrap()
-        .clone();
+    let operations = sim_list(client, "/sim/operations").await;
     operations
         .into_iter()
         .filter(|op| op["charge"] == charge["id"] && op["kind"] == kind)
@@ -91,12 +86,7 @@ async fn sim_operations(client: &Client, id: &str, kind: &str) -> Vec<Value> {
 }
 
 async fn charge_of(client: &Client, id: &str) -> Value {
-    let charges = client.get("/sim/charges").await.json();
-    let charges = charges
-        .as_array()
-        .or(charges["data"].as_array())
-        .unwrap()
-        .clone();
+    let charges = sim_list(client, "/sim/charges").await;
     charges
         .into_iter()
         .find(|charge| charge["reference"] == id)

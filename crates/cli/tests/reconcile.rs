@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use asiento_eventstore::Database;
-use common::{asiento, payment_body, Backend, Client, Server, TestDatabase};
+use common::{asiento, payment_body, sim_list, Backend, Client, Server, TestDatabase};
 use serde_json::{json, Value};
 
 async fn sim(client: &Client, path: &str, body: Value) -> Value {
@@ -31,12 +31,7 @@ async fn sim(client: &Client, path: &str, body: Value) -> Value {
 }
 
 async fn charge_of(client: &Client, payment_id: &str) -> Value {
-    let charges = client.get("/sim/charges").await.json();
-    let charges = charges
-        .as_array()
-        .or(charges["data"].as_array())
-        .unwrap()
-        .clone();
+    let charges = sim_list(client, "/sim/charges").await;
     charges
         .into_iter()
         .find(|charge| charge["reference"] == payment_id)

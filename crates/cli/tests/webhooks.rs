@@ -8,19 +8,14 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{expected_status, payment_body, Backend, Client, Server, TestDatabase};
+use common::{expected_status, payment_body, sim_list, Backend, Client, Server, TestDatabase};
 use serde_json::{json, Value};
 
 const SECRET: &str = "whsec_test_0123456789";
 
 /// The provider's charges, by our payment id (their `reference`).
 async fn provider_truth(client: &Client) -> BTreeMap<String, Value> {
-    let charges = client.get("/sim/charges").await.json();
-    let charges = charges
-        .as_array()
-        .or(charges["data"].as_array())
-        .unwrap()
-        .clone();
+    let charges = sim_list(client, "/sim/charges").await;
     charges
         .into_iter()
         .filter_map(|charge| Some((charge["reference"].as_str()?.to_owned(), charge)))

@@ -337,6 +337,17 @@ impl Client {
     }
 }
 
+/// A list the simulator answers at `path` (`/sim/charges`, `/sim/operations`), bare or in a
+/// `data` envelope.
+pub async fn sim_list(client: &Client, path: &str) -> Vec<Value> {
+    let answer = client.get(path).await.json();
+    answer
+        .as_array()
+        .or(answer["data"].as_array())
+        .unwrap_or_else(|| panic!("unexpected {path} body {answer}"))
+        .clone()
+}
+
 pub fn payment_body(amount_minor: i64, method: &str) -> Value {
     serde_json::json!({
         "amount_minor": amount_minor,
