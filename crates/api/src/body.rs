@@ -1,11 +1,11 @@
 //! Request bodies, parsed at the edge into validated domain types (parse, don't validate).
 //!
 //! Bodies are read as JSON values first and picked apart field by field, so that each way a client
-//! can get a field wrong (a float amount, a string amount, a negative one, one beyond i64, an
+//! can get a field wrong (a float amount, a string amount, a negative one, one too large, an
 //! unknown currency, a bad account name) has its own stable `code`, and nothing a client sends can
 //! reach a panic or a 5xx. The raw value is also what the idempotency hash is computed over.
 
-use asiento_domain::{AccountName, Amount, Currency};
+use asiento_domain::{AccountName, Amount, AmountLimit, Currency};
 use axum::{
     body::Bytes,
     extract::{FromRequest, Request},
@@ -92,31 +92,44 @@ impl Fields<'_> {
         }
     }
 
-    /// A strictly positive integer amount of minor units.
-    pub fn positive_amount(&self, name: &str) -> Result<Amount, Problem> {
-        self.optional_positive_amount(name)?
+    /// A strictly positive integer amount of minor units, at most `limit`.
+    pub fn positive_amount(&self, name: &str, limit: AmountLimit) -> Result<Amount, Problem> {
+        self.optional_positive_amount(name, limit)?
             .ok_or_else(|| missing(name))
     }
 
-    pub fn optional_positive_amount(&self, name: &str) -> Result<Option<Amount>, Problem> {
+    /// A number that is an integer beyond i64 or above `limit` is 422 `amount_too_large`: the
+    /// request is well formed, the deployment refuses the amount (so that no sum of accepted
+    /// amounts can overflow; see `asiento_domain::money`).
+    pub fn optional_positive_amount(
+        &self,
+        name: &str,
+        limit: AmountLimit,
+    ) -> Result<Option<Amount>, Problem> {
         let Some(value) = self.get(name) else {
             return Ok(None);
+        };
+        let too_large = || {
+            Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "amount_too_large",
+                format!(
+                    "{name} is more than the largest amount accepted ({} minor units)",
+                    limit.max()
+                ),
+            )
         };
         let minor = match value {
             Value::Number(number) => match number.as_i64() {
                 Some(minor) => minor,
+                None if number.is_u64() => return Err(too_large()),
                 None if number.is_f64() => {
                     return Err(Problem::bad_request(
                         "amount_must_be_integer",
                         format!("{name} must be an integer count of minor units, not {number}"),
                     ))
                 }
-                None => {
-                    return Err(Problem::bad_request(
-                        "amount_out_of_range",
-                        format!("{name} is beyond the largest amount ({})", i64::MAX),
-                    ))
-                }
+                None => return Err(too_large()),
             },
             _ => {
                 return Err(Problem::bad_request(
@@ -131,7 +144,10 @@ impl Fields<'_> {
                 format!("{name} must be positive, got {minor}"),
             ));
         }
-        Ok(Some(Amount::new(minor)))
+        limit
+            .check(Amount::new(minor))
+            .map(Some)
+            .map_err(|_| too_large())
     }
 
     pub fn currency(&self, name: &str) -> Result<Currency, Problem> {
@@ -195,17 +211,29 @@ mod tests {
     fn amount(body: &str) -> Result<Amount, &'static str> {
         let map = parse_object(body.as_bytes()).map_err(|problem| problem.code)?;
         Fields(&map)
-            .positive_amount("amount_minor")
+            .positive_amount("amount_minor", AmountLimit::DEFAULT)
             .map_err(|problem| problem.code)
     }
 
     #[test]
-    fn amounts_are_positive_integers_of_minor_units() {
-        let table: [(&str, Result<Amount, &str>); 10] = [
+    fn amounts_are_positive_integers_of_minor_units_within_the_limit() {
+        let table: [(&str, Result<Amount, &str>); 13] = [
             (r#"{"amount_minor": 10000}"#, Ok(Amount::new(10_000))),
             (
+                r#"{"amount_minor": 1000000000000000}"#,
+                Ok(Amount::new(asiento_domain::AMOUNT_MAX_DEFAULT)),
+            ),
+            (
+                r#"{"amount_minor": 1000000000000001}"#,
+                Err("amount_too_large"),
+            ),
+            (
                 r#"{"amount_minor": 9223372036854775807}"#,
-                Ok(Amount::new(i64::MAX)),
+                Err("amount_too_large"),
+            ),
+            (
+                r#"{"amount_minor": 18446744073709551615}"#,
+                Err("amount_too_large"),
             ),
             (r#"{"amount_minor": 10.5}"#, Err("amount_must_be_integer")),
             (r#"{"amount_minor": 1e3}"#, Err("amount_must_be_integer")),
@@ -214,7 +242,7 @@ mod tests {
             (r#"{"amount_minor": 0}"#, Err("amount_must_be_positive")),
             (
                 r#"{"amount_minor": 9223372036854775808}"#,
-                Err("amount_out_of_range"),
+                Err("amount_too_large"),
             ),
             (r#"{}"#, Err("missing_field")),
             (r#"{"amount_minor": 1"#, Err("malformed_json")),
@@ -222,6 +250,13 @@ mod tests {
         for (body, want) in table {
             assert_eq!(amount(body), want, "{body}");
         }
+        let map = parse_object(br#"{"amount_minor": 501}"#).expect("object");
+        let limit = AmountLimit::new(500).expect("a valid limit");
+        let problem = Fields(&map)
+            .positive_amount("amount_minor", limit)
+            .expect_err("above a configured limit");
+        assert_eq!((problem.status, problem.code), (422, "amount_too_large"));
+        assert!(problem.detail.contains("500"), "{}", problem.detail);
     }
 
     #[test]

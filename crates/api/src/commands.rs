@@ -169,7 +169,7 @@ pub async fn create_payment(
         .map_err(|error| Problem::bad_request("invalid_customer", error.to_string()))?;
     let payment = NewPayment {
         tenant,
-        amount: fields.positive_amount("amount_minor")?,
+        amount: fields.positive_amount("amount_minor", state.amount_limit)?,
         currency: fields.currency("currency")?,
         customer,
         provider,
@@ -221,7 +221,7 @@ pub async fn capture_payment(
     let request = idempotent(&headers, &tenant, &method, route, &body)?;
     let fields = Fields(&body);
     fields.only(&["amount_minor"])?;
-    let amount = fields.optional_positive_amount("amount_minor")?;
+    let amount = fields.optional_positive_amount("amount_minor", state.amount_limit)?;
     Ok(answer_response(
         state.payments.capture(&request, &tenant, id, amount).await,
     ))
@@ -254,7 +254,7 @@ pub async fn refund_payment(
     let request = idempotent(&headers, &tenant, &method, route, &body)?;
     let fields = Fields(&body);
     fields.only(&["amount_minor"])?;
-    let amount = fields.positive_amount("amount_minor")?;
+    let amount = fields.positive_amount("amount_minor", state.amount_limit)?;
     Ok(answer_response(
         state.payments.refund(&request, &tenant, id, amount).await,
     ))
@@ -293,7 +293,7 @@ pub async fn create_transfer(
         tenant,
         from: fields.account("from")?,
         to: fields.account("to")?,
-        amount: fields.positive_amount("amount_minor")?,
+        amount: fields.positive_amount("amount_minor", state.amount_limit)?,
         currency: fields.currency("currency")?,
         description: fields.optional_string("description")?.map(str::to_owned),
     };

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use asiento_balances::BalanceError;
-use asiento_domain::{AccountName, Currency};
+use asiento_domain::{AccountName, Balance, Currency};
 use axum::{
     extract::{rejection::QueryRejection, Path, Query, State},
     http::StatusCode,
@@ -112,7 +112,7 @@ pub async fn balance(
     tenant: AuthenticatedTenant,
     Path(raw_account): Path<String>,
     query: Params,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<BalanceBody>, Problem> {
     let params = params(query)?;
     let account = account(&raw_account)?;
     let currency = currency(&params)?;
@@ -128,12 +128,22 @@ pub async fn balance(
     )
     .await
     .map_err(balance_problem)?;
-    Ok(Json(json!({
-        "account": account.as_str(),
-        "currency": currency.code(),
-        "balance_minor": balance.balance_minor,
-        "as_of_position": balance.as_of_position,
-    })))
+    Ok(Json(BalanceBody {
+        account,
+        currency,
+        balance_minor: balance.balance_minor,
+        as_of_position: balance.as_of_position,
+    }))
+}
+
+/// The balance route's body, serialized straight to bytes: a balance can exceed i64, which a
+/// `serde_json::Value` cannot hold.
+#[derive(serde::Serialize)]
+pub struct BalanceBody {
+    account: AccountName,
+    currency: Currency,
+    balance_minor: Balance,
+    as_of_position: i64,
 }
 
 /// `GET /v1/accounts/{account}/entries?currency=USD&after=POS&limit=100`

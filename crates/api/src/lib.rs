@@ -55,6 +55,8 @@ pub struct AppState {
     pub webhooks: asiento_app::webhooks::WebhookReceiver,
     /// API keys found recently (`auth`).
     pub key_cache: std::sync::Arc<asiento_app::api_keys::KeyCache>,
+    /// The largest amount one request may carry (`serve --amount-max`).
+    pub amount_limit: asiento_domain::AmountLimit,
 }
 
 impl webhooks::HasWebhooks for AppState {

@@ -160,7 +160,10 @@ pub struct Transfer {
 pub struct Balance {
     pub account: String,
     pub currency: String,
-    pub balance_minor: i64,
+    /// A sum of amounts: an integer that may exceed 2^63 (i128); parse it with a big-integer
+    /// aware JSON reader.
+    #[schema(value_type = i128)]
+    pub balance_minor: i128,
     pub as_of_position: i64,
 }
 

@@ -206,7 +206,8 @@ pub fn rejection_problem(rejected: &Rejected) -> Problem {
                 | PaymentRejection::CaptureAlreadyRequested { .. } => StatusCode::CONFLICT,
                 PaymentRejection::CaptureExceedsAuthorized { .. }
                 | PaymentRejection::RefundExceedsCaptured { .. }
-                | PaymentRejection::AmountOverflow => StatusCode::UNPROCESSABLE_ENTITY,
+                | PaymentRejection::AmountOverflow
+                | PaymentRejection::AmountTooLarge(_) => StatusCode::UNPROCESSABLE_ENTITY,
                 PaymentRejection::AmountMustBePositive
                 | PaymentRejection::DescriptionTooLong
                 | PaymentRejection::MetadataTooLarge
@@ -224,6 +225,7 @@ pub fn rejection_problem(rejected: &Rejected) -> Problem {
                 | TransferRejection::AccountsMustBeDifferent
                 | TransferRejection::DescriptionTooLong => StatusCode::BAD_REQUEST,
                 TransferRejection::TransferAlreadyExists(_) => StatusCode::CONFLICT,
+                TransferRejection::AmountTooLarge(_) => StatusCode::UNPROCESSABLE_ENTITY,
                 TransferRejection::Guard(_) | TransferRejection::InvalidEntry(_) => {
                     return Problem::internal(rejection)
                 }

@@ -81,6 +81,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ASIENTO_FEES", value_parser = parse_fees, default_value = "300")]
     pub fees: Fees,
 
+    /// The largest amount one request may carry, in minor units (1 to 10^18): above it a payment,
+    /// capture, refund or transfer is 422 `amount_too_large`.
+    #[arg(long, env = "ASIENTO_AMOUNT_MAX", value_parser = parse_amount_limit, default_value_t = asiento_domain::AMOUNT_MAX_DEFAULT)]
+    pub amount_max: i64,
+
     /// How long one provider request may take before its outcome counts as unknown.
     #[arg(long, env = "ASIENTO_PSP_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
     pub psp_timeout: Duration,
@@ -140,6 +145,15 @@ pub struct ServeArgs {
 }
 
 /// API.md promises keys are kept at least 24 hours.
+fn parse_amount_limit(raw: &str) -> Result<i64, String> {
+    let minor: i64 = raw
+        .parse()
+        .map_err(|_| format!("{raw:?} is not an integer count of minor units"))?;
+    asiento_domain::AmountLimit::new(minor)
+        .map(|limit| limit.max().minor())
+        .map_err(|error| error.to_string())
+}
+
 fn parse_retention(raw: &str) -> Result<Duration, String> {
     let duration = humantime::parse_duration(raw).map_err(|error| error.to_string())?;
     if duration < Duration::from_secs(24 * 3600) {
@@ -472,6 +486,7 @@ impl Core {
             },
             database: database.clone(),
             key_cache: Default::default(),
+            amount_limit: asiento_domain::AmountLimit::new(args.amount_max)?,
         };
         let mut app = asiento_api::router(state);
         if let Some(simulator) = &self.simulator {

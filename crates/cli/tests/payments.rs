@@ -385,8 +385,8 @@ async fn bad_input_is_a_4xx_with_a_code(backend: Backend) {
             "/v1/payments",
             Some("a"),
             ok.replace("100", "9223372036854775808"),
-            400,
-            "amount_out_of_range",
+            422,
+            "amount_too_large",
         ),
         (
             "string amount",

@@ -348,14 +348,14 @@ async fn corrupted_snapshot_is_found_and_repaired(backend: Backend) {
     assert_eq!(seen.json()["balance_minor"], 3 * 1_940);
     assert_balances_match_the_log(&database.url).await;
     let db = Database::connect(&database.url).await.unwrap();
-    let corrupt = "UPDATE balances_g1 SET balance_minor = balance_minor + 1 WHERE account = 'customer:5:available'";
+    let corrupt = common::shift_balance_sql(backend, "customer:5:available", 1);
     let changed = match &db {
-        Database::Postgres(pool) => sqlx::query(corrupt)
+        Database::Postgres(pool) => sqlx::query(&corrupt)
             .execute(pool)
             .await
             .unwrap()
             .rows_affected(),
-        Database::Sqlite(pool) => sqlx::query(corrupt)
+        Database::Sqlite(pool) => sqlx::query(&corrupt)
             .execute(pool)
             .await
             .unwrap()
@@ -367,7 +367,7 @@ async fn corrupted_snapshot_is_found_and_repaired(backend: Backend) {
         .unwrap();
     assert_eq!(mismatches.len(), 1, "{mismatches:?}");
     assert_eq!(
-        mismatches[0].snapshot_minor - mismatches[0].recomputed_minor,
+        mismatches[0].snapshot_minor.minor() - mismatches[0].recomputed_minor.minor(),
         1
     );
     run_cli(&[

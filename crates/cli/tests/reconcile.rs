@@ -326,9 +326,8 @@ async fn verify_names_what_was_corrupted(backend: Backend) {
     let db = Database::connect(&database.url).await.unwrap();
 
     // The projector writes the snapshot row on its own schedule: wait until there is one to corrupt.
-    let corrupt = "UPDATE balances_g1 SET balance_minor = balance_minor + 7 \
-                   WHERE account = 'customer:42:available'";
-    while execute(&db, corrupt).await == 0 {
+    let corrupt = common::shift_balance_sql(backend, "customer:42:available", 7);
+    while execute(&db, &corrupt).await == 0 {
         assert!(Instant::now() < deadline, "the snapshot row never appeared");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -338,7 +337,11 @@ async fn verify_names_what_was_corrupted(backend: Backend) {
         output.contains("customer:42:available"),
         "names the snapshot: {output}"
     );
-    execute(&db, "UPDATE balances_g1 SET balance_minor = balance_minor - 7 WHERE account = 'customer:42:available'").await;
+    execute(
+        &db,
+        &common::shift_balance_sql(backend, "customer:42:available", -7),
+    )
+    .await;
 
     // An edited event payload, with the immutability trigger disabled by hand.
     let (disable, enable) = match backend {

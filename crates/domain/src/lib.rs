@@ -40,7 +40,10 @@ pub use ids::{
     psp_cancel_key, psp_capture_key, psp_charge_key, psp_refund_key, CustomerId, EntryId, IdError,
     PaymentId, ProviderName, TenantId, TransferId,
 };
-pub use money::{Amount, AmountError, Currency, CurrencyError};
+pub use money::{
+    Amount, AmountError, AmountLimit, AmountLimitError, Balance, Currency, CurrencyError,
+    AMOUNT_MAX_CEILING, AMOUNT_MAX_DEFAULT,
+};
 pub use payment::{
     decide as decide_payment, evolve as evolve_payment, CaptureMode, CreatePayment, Operation,
     OperationKind, OperationOutcome, OperationState, Payment, PaymentCommand, PaymentEvent,

@@ -4,6 +4,13 @@
 //! There is no float anywhere in this module on purpose: every amount that
 //! crosses the API is already in minor units, and every operation that could
 //! overflow says so instead of wrapping.
+//!
+//! Amounts are bounded: a command carries at most its deployment's
+//! [`AmountLimit`] (10^15 minor units unless configured, at most
+//! [`AMOUNT_MAX_CEILING`]), and a sum of amounts is a [`Balance`] in `i128`.
+//! With every amount at most 10^18, a balance would need more than 10^20
+//! postings to overflow, so no sequence of accepted commands can stop a
+//! projection that adds them up.
 
 use std::fmt;
 use std::str::FromStr;
@@ -81,6 +88,111 @@ impl Amount {
 impl fmt::Display for Amount {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)
+    }
+}
+
+/// The default [`AmountLimit`]: 10^15 minor units (ten trillion dollars in cents).
+pub const AMOUNT_MAX_DEFAULT: i64 = 1_000_000_000_000_000;
+/// The largest limit a deployment may configure (10^18): below `i64::MAX` with room, so that
+/// a few amounts added in `i64` (an entry's legs, a payment's captures) stay exact.
+pub const AMOUNT_MAX_CEILING: i64 = 1_000_000_000_000_000_000;
+
+/// An amount was larger than the deployment accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AmountLimitError {
+    #[error("{amount} minor units is more than the largest amount accepted ({max})")]
+    TooLarge { amount: Amount, max: Amount },
+    #[error("the amount limit must be 1 to {AMOUNT_MAX_CEILING} minor units, got {0}")]
+    InvalidLimit(i64),
+}
+
+/// The largest amount one command may carry, checked at the edge before anything is decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AmountLimit(Amount);
+
+impl AmountLimit {
+    pub const DEFAULT: AmountLimit = AmountLimit(Amount(AMOUNT_MAX_DEFAULT));
+    pub const CEILING: AmountLimit = AmountLimit(Amount(AMOUNT_MAX_CEILING));
+
+    /// A limit of 1 to [`AMOUNT_MAX_CEILING`] minor units.
+    pub fn new(max_minor: i64) -> Result<Self, AmountLimitError> {
+        if (1..=AMOUNT_MAX_CEILING).contains(&max_minor) {
+            Ok(AmountLimit(Amount(max_minor)))
+        } else {
+            Err(AmountLimitError::InvalidLimit(max_minor))
+        }
+    }
+
+    #[must_use]
+    pub const fn max(self) -> Amount {
+        self.0
+    }
+
+    /// `amount` itself when it is within the limit.
+    pub fn check(self, amount: Amount) -> Result<Amount, AmountLimitError> {
+        if amount.0 <= self.0 .0 {
+            Ok(amount)
+        } else {
+            Err(AmountLimitError::TooLarge {
+                amount,
+                max: self.0,
+            })
+        }
+    }
+}
+
+impl Default for AmountLimit {
+    fn default() -> Self {
+        AmountLimit::DEFAULT
+    }
+}
+
+/// A sum of amounts: what an account holds. `i128`, so that it cannot overflow while every
+/// amount added is bounded (see the module docs); serialized as a JSON integer.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Balance(i128);
+
+impl Balance {
+    pub const ZERO: Balance = Balance(0);
+
+    #[must_use]
+    pub const fn new(minor: i128) -> Self {
+        Balance(minor)
+    }
+
+    #[must_use]
+    pub const fn minor(self) -> i128 {
+        self.0
+    }
+
+    pub fn checked_add(self, amount: Amount) -> Result<Balance, AmountError> {
+        self.0
+            .checked_add(i128::from(amount.0))
+            .map(Balance)
+            .ok_or(AmountError::Overflow)
+    }
+
+    pub fn checked_sum(self, other: Balance) -> Result<Balance, AmountError> {
+        self.0
+            .checked_add(other.0)
+            .map(Balance)
+            .ok_or(AmountError::Overflow)
+    }
+}
+
+impl fmt::Display for Balance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl FromStr for Balance {
+    type Err = std::num::ParseIntError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(Balance)
     }
 }
 
@@ -282,6 +394,42 @@ mod tests {
             Amount::new(2).checked_sub(Amount::new(5)),
             Ok(Amount::new(-3))
         );
+    }
+
+    #[test]
+    fn amount_limits_refuse_what_is_above_them() {
+        let limit = AmountLimit::default();
+        assert_eq!(limit.max(), Amount::new(AMOUNT_MAX_DEFAULT));
+        assert_eq!(
+            limit.check(Amount::new(AMOUNT_MAX_DEFAULT)),
+            Ok(Amount::new(AMOUNT_MAX_DEFAULT))
+        );
+        assert!(limit.check(Amount::new(AMOUNT_MAX_DEFAULT + 1)).is_err());
+        assert!(limit.check(Amount::new(i64::MAX)).is_err());
+        assert_eq!(
+            AmountLimit::new(AMOUNT_MAX_CEILING),
+            Ok(AmountLimit::CEILING)
+        );
+        for invalid in [0, -1, AMOUNT_MAX_CEILING + 1, i64::MAX] {
+            assert_eq!(
+                AmountLimit::new(invalid),
+                Err(AmountLimitError::InvalidLimit(invalid))
+            );
+        }
+    }
+
+    #[test]
+    fn balances_hold_sums_beyond_i64_as_json_integers() {
+        let mut balance = Balance::ZERO;
+        for _ in 0..3 {
+            balance = balance.checked_add(Amount::new(i64::MAX)).unwrap();
+        }
+        assert_eq!(balance.minor(), 3 * i128::from(i64::MAX));
+        let json = serde_json::to_string(&balance).unwrap();
+        assert_eq!(json, "27670116110564327421");
+        assert_eq!(serde_json::from_str::<Balance>(&json).unwrap(), balance);
+        assert_eq!(json.parse::<Balance>().unwrap(), balance);
+        assert!(Balance::new(i128::MAX).checked_add(Amount::new(1)).is_err());
     }
 
     #[test]

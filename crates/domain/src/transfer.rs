@@ -16,7 +16,7 @@ use crate::account::AccountName;
 use crate::entry::{EntryError, JournalEntry};
 use crate::guard::{decide_entry, DebitGuard, GuardAppend, GuardKey, GuardRejection, Origin};
 use crate::ids::{EntryId, TenantId, TransferId};
-use crate::money::{Amount, Currency};
+use crate::money::{Amount, AmountLimit, AmountLimitError, Currency};
 use crate::payment::{EntryPosted, DESCRIPTION_CHARS_MAX};
 
 /// A merchant's transfer request.
@@ -68,6 +68,8 @@ pub struct Transfer {
 pub enum TransferRejection {
     #[error("amount must be positive")]
     AmountMustBePositive,
+    #[error(transparent)]
+    AmountTooLarge(#[from] AmountLimitError),
     #[error("a transfer needs two different accounts")]
     AccountsMustBeDifferent,
     #[error("description is longer than {DESCRIPTION_CHARS_MAX} characters")]
@@ -85,6 +87,7 @@ impl TransferRejection {
     pub fn code(&self) -> &'static str {
         match self {
             TransferRejection::AmountMustBePositive => "amount_must_be_positive",
+            TransferRejection::AmountTooLarge(_) => "amount_too_large",
             TransferRejection::AccountsMustBeDifferent => "accounts_must_be_different",
             TransferRejection::DescriptionTooLong => "description_too_long",
             TransferRejection::TransferAlreadyExists(_) => "transfer_already_exists",
@@ -111,6 +114,7 @@ pub fn decide(
     if !request.amount.is_positive() {
         return Err(TransferRejection::AmountMustBePositive);
     }
+    AmountLimit::CEILING.check(request.amount)?;
     if request.from == request.to {
         return Err(TransferRejection::AccountsMustBeDifferent);
     }

@@ -477,6 +477,110 @@ proptest! {
     }
 }
 
+// ------------------------------------------------------- bounded amounts
+
+/// Amounts a client might send: ordinary ones, ones at and around the default and the largest
+/// limits, and the extremes of i64.
+fn any_amount() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        3 => 1i64..=100_000,
+        2 => Just(AMOUNT_MAX_DEFAULT),
+        2 => Just(AMOUNT_MAX_CEILING),
+        1 => Just(AMOUNT_MAX_CEILING + 1),
+        1 => Just(i64::MAX),
+        2 => 1i64..=i64::MAX,
+    ]
+}
+
+fn any_limit() -> impl Strategy<Value = AmountLimit> {
+    prop_oneof![
+        Just(AmountLimit::DEFAULT),
+        Just(AmountLimit::CEILING),
+        (1i64..=AMOUNT_MAX_CEILING).prop_map(|max| AmountLimit::new(max).unwrap()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(TRANSFER_CASES))]
+
+    /// The edge's limit, then the domain's decision: whatever a client sends, an accepted amount
+    /// is within the limit, no balance a projection keeps (i128) overflows, and a guarded
+    /// account's balance (i64 in its guard) is refused at decision time rather than wrapped.
+    #[test]
+    fn no_sequence_of_accepted_commands_overflows_a_balance(
+        limit in any_limit(),
+        transfers in proptest::collection::vec((0..ACCOUNTS.len(), 0..ACCOUNTS.len(), any_amount()), 1..60),
+    ) {
+        let mut balances: BTreeMap<AccountName, Balance> = BTreeMap::new();
+        let mut guards: BTreeMap<GuardKey, DebitGuard> = BTreeMap::new();
+        for (n, (from, to, minor)) in transfers.into_iter().enumerate() {
+            let Ok(amount) = limit.check(amt(minor)) else {
+                prop_assert!(minor > limit.max().minor());
+                continue;
+            };
+            let request = RequestTransfer {
+                id: TransferId::from_uuid(uuid::Uuid::from_u128(n as u128 + 1)),
+                tenant: tenant(),
+                from: account(from),
+                to: account(to),
+                amount,
+                currency: usd(),
+                description: None,
+                at: at(0),
+            };
+            let decision = match decide_with_guards(&Transfer::default(), request, &guards_of(&guards, from, to)) {
+                Ok(decision) => decision,
+                Err(rejection) => {
+                    prop_assert!(
+                        ["insufficient_funds", "accounts_must_be_different", "amount_overflow"].contains(&rejection.code()),
+                        "{rejection}"
+                    );
+                    continue;
+                }
+            };
+            for event in &decision.events {
+                if let transfer::TransferEvent::EntryPosted(posted) = event {
+                    for leg in posted.entry.legs() {
+                        prop_assert!(leg.amount.minor().abs() <= limit.max().minor());
+                        let slot = balances.entry(leg.account.clone()).or_default();
+                        *slot = slot.checked_add(leg.amount).expect("an i128 balance of bounded amounts");
+                    }
+                }
+            }
+            for append in decision.guards {
+                let state = guards.get(&append.key).copied().unwrap_or_default();
+                prop_assert_eq!(state.version, append.expected_version);
+                guards.insert(append.key.clone(), append.events.iter().fold(state, guard::evolve));
+            }
+        }
+        for (key, guard) in &guards {
+            prop_assert_eq!(i128::from(guard.balance.minor()), balances[&key.account].minor());
+        }
+        let total = balances.values().try_fold(Balance::ZERO, |sum, b| sum.checked_sum(*b));
+        prop_assert_eq!(total, Ok(Balance::ZERO));
+    }
+}
+
+fn guards_of(
+    guards: &BTreeMap<GuardKey, DebitGuard>,
+    from: usize,
+    to: usize,
+) -> BTreeMap<GuardKey, DebitGuard> {
+    [account(from), account(to)]
+        .into_iter()
+        .filter(AccountName::must_not_go_negative)
+        .map(|account| {
+            let key = GuardKey {
+                tenant: tenant(),
+                account,
+                currency: usd(),
+            };
+            let state = guards.get(&key).copied().unwrap_or_default();
+            (key, state)
+        })
+        .collect()
+}
+
 #[test]
 fn transfer_rejections_surface_through_the_transfer_family() {
     let request = RequestTransfer {

@@ -1,7 +1,7 @@
 //! Reading journal entries out of the log, through the domain's own decoder (so upcasting and
 //! the zero-sum rule are the domain's, checked again here where the entry is read).
 
-use asiento_domain::{Event, JournalEntry, PaymentEvent, TransferEvent};
+use asiento_domain::{Balance, Event, JournalEntry, PaymentEvent, TransferEvent};
 use asiento_eventstore::RecordedEvent;
 use asiento_projector::ProjectionError;
 
@@ -61,4 +61,11 @@ pub(crate) fn journal_entry(
             reason: "an EntryPosted without a journal entry".to_owned(),
         }),
     }
+}
+
+/// A balance column as stored: `NUMERIC` read as text on PostgreSQL, decimal `TEXT` on SQLite.
+/// Anything else in it is a corrupt read model, reported as a decode error.
+pub(crate) fn balance(text: &str) -> Result<Balance, sqlx::Error> {
+    text.parse::<Balance>()
+        .map_err(|error| sqlx::Error::Decode(format!("balance {text:?}: {error}").into()))
 }

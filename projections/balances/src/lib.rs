@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 
+use asiento_domain::Balance;
 use asiento_eventstore::{Database, StoreError};
 use asiento_projector::{Projection, ProjectionError, ProjectorError};
 use chrono::{DateTime, Utc};
@@ -61,8 +62,8 @@ pub struct BalanceKey {
 
 /// `GET /v1/accounts/{account}/balance`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Balance {
-    pub balance_minor: i64,
+pub struct AccountBalance {
+    pub balance_minor: Balance,
     /// The position of the newest event (in commit order) the balance includes; 0 for an empty
     /// log. Passing it back as `min_position` never waits.
     pub as_of_position: i64,

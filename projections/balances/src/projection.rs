@@ -5,6 +5,10 @@
 //! - [`LedgerEntries`]: `balance_legs_g{n}`, every leg per (tenant, account, currency) in log
 //!   order, and `journal_entries_g{n}`, every entry by id with all its legs.
 //!
+//! A balance is a sum of bounded amounts held in `i128` ([`asiento_domain::Balance`]): `NUMERIC`
+//! on PostgreSQL, a decimal `TEXT` on SQLite (whose integers are 64-bit), added up in Rust. So no
+//! accepted command can overflow it and stop the projection for every tenant.
+//!
 //! They are separate read models so that each rebuilds on its own: a balances rebuild maintains a
 //! few thousand sums instead of writing four indexed rows per event. Readers use the views
 //! `balances`, `balance_legs` and `journal_entries`, which point at each projection's active
@@ -12,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use asiento_domain::JournalEntry;
+use asiento_domain::{Balance, JournalEntry};
 use asiento_eventstore::{Cursor, RecordedEvent, Tx};
 use asiento_projector::{on_tx, Projection, ProjectionError};
 use chrono::{DateTime, Utc};
@@ -24,7 +28,7 @@ use crate::LegView;
 pub const NAME: &str = "balances";
 /// Bump when the tables or the way they are filled change: runners then refuse the old data
 /// until `asiento projections rebuild balances`.
-pub const FINGERPRINT: &str = "balances-v2";
+pub const FINGERPRINT: &str = "balances-v3";
 /// The registry name of the legs and journal entries (`asiento projections rebuild ledger_entries`).
 pub const ENTRIES_NAME: &str = "ledger_entries";
 pub const ENTRIES_FINGERPRINT: &str = "ledger-entries-v1";
@@ -59,8 +63,8 @@ fn ddl_postgres(g: i64) -> Vec<(Part, String)> {
                 tenant        TEXT   NOT NULL,
                 account       TEXT   NOT NULL,
                 currency      TEXT   NOT NULL,
-                balance_minor BIGINT NOT NULL,
-                last_position BIGINT NOT NULL,
+                balance_minor NUMERIC NOT NULL,
+                last_position BIGINT  NOT NULL,
                 PRIMARY KEY (tenant, account, currency))"
             ),
         ),
@@ -101,7 +105,8 @@ fn ddl_postgres(g: i64) -> Vec<(Part, String)> {
 
 fn ddl_sqlite(g: i64) -> Vec<(Part, String)> {
     vec![
-        // SQLite turns an integer overflow into a float; the CHECK turns it into an error.
+        // A decimal string of an i128, written and added up by `write_sqlite` (SQLite's integers
+        // are 64-bit and turn an overflow into a float).
         (
             Part::Balances,
             format!(
@@ -109,7 +114,7 @@ fn ddl_sqlite(g: i64) -> Vec<(Part, String)> {
                 tenant        TEXT    NOT NULL,
                 account       TEXT    NOT NULL,
                 currency      TEXT    NOT NULL,
-                balance_minor INTEGER NOT NULL CHECK (typeof(balance_minor) = 'integer'),
+                balance_minor TEXT    NOT NULL CHECK (typeof(balance_minor) = 'text'),
                 last_position INTEGER NOT NULL,
                 PRIMARY KEY (tenant, account, currency)) WITHOUT ROWID"
             ),
@@ -181,10 +186,10 @@ struct EntryRow {
 #[derive(Default)]
 struct Deltas(BTreeMap<String, AccountDeltas>);
 /// Account -> currency -> (change, position).
-type AccountDeltas = BTreeMap<String, BTreeMap<String, (i64, i64)>>;
+type AccountDeltas = BTreeMap<String, BTreeMap<String, (Balance, i64)>>;
 
 impl Deltas {
-    fn slot(&mut self, tenant: &str, account: &str, currency: &str) -> &mut (i64, i64) {
+    fn slot(&mut self, tenant: &str, account: &str, currency: &str) -> &mut (Balance, i64) {
         fn level<'a, V: Default>(map: &'a mut BTreeMap<String, V>, key: &str) -> &'a mut V {
             if !map.contains_key(key) {
                 map.insert(key.to_owned(), V::default());
@@ -201,7 +206,7 @@ impl Deltas {
     }
 
     /// (tenant, account, currency, change, position) in key order.
-    fn into_rows(self) -> impl Iterator<Item = (String, String, String, i64, i64)> {
+    fn into_rows(self) -> impl Iterator<Item = (String, String, String, Balance, i64)> {
         self.0.into_iter().flat_map(|(tenant, accounts)| {
             accounts.into_iter().flat_map(move |(account, currencies)| {
                 let tenant = tenant.clone();
@@ -224,7 +229,7 @@ impl BatchWrites {
     ) -> Result<(), ProjectionError> {
         let overflow = || ProjectionError::Malformed {
             position: event.position,
-            reason: "a balance overflows i64".to_owned(),
+            reason: "a balance overflows i128".to_owned(),
         };
         let tenant = entry.tenant().as_str();
         if part == Part::Balances {
@@ -232,10 +237,7 @@ impl BatchWrites {
                 let slot = self
                     .deltas
                     .slot(tenant, leg.account.as_str(), leg.currency.code());
-                slot.0 = slot
-                    .0
-                    .checked_add(leg.amount.minor())
-                    .ok_or_else(overflow)?;
+                slot.0 = slot.0.checked_add(leg.amount).map_err(|_| overflow())?;
                 slot.1 = event.position;
             }
             return Ok(());
@@ -402,13 +404,15 @@ async fn write_pg_balances(
         tenants.push(tenant);
         accounts.push(account);
         currencies.push(currency);
-        changes.push(change);
+        changes.push(change.to_string());
         positions.push(position);
     }
-    // Keys are unique within the batch (gathered above), as ON CONFLICT DO UPDATE requires.
+    // Keys are unique within the batch (gathered above), as ON CONFLICT DO UPDATE requires. The
+    // changes travel as decimal text: sqlx has no i128 and NUMERIC takes any integer.
     sqlx::query(&format!(
         "INSERT INTO balances_g{g} AS b (tenant, account, currency, balance_minor, last_position)
-         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[])
+         SELECT t, a, c, d::numeric, p
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[]) AS u(t, a, c, d, p)
          ON CONFLICT (tenant, account, currency) DO UPDATE
          SET balance_minor = b.balance_minor + excluded.balance_minor,
              last_position = excluded.last_position"
@@ -538,25 +542,39 @@ impl PgLegColumns {
     }
 }
 
-/// SQLite is in-process: a statement per row costs no round trip.
+/// SQLite is in-process: a statement per row costs no round trip. A balance is read, added to
+/// in Rust and written back (the batch's transaction is SQLite's only writer).
 async fn write_sqlite(
     conn: &mut sqlx::SqliteConnection,
     g: i64,
     w: BatchWrites,
 ) -> Result<(), sqlx::Error> {
+    let current = format!(
+        "SELECT balance_minor FROM balances_g{g} WHERE tenant = $1 AND account = $2 AND currency = $3"
+    );
     let upsert = format!(
         "INSERT INTO balances_g{g} (tenant, account, currency, balance_minor, last_position)
          VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (tenant, account, currency) DO UPDATE
-         SET balance_minor = balance_minor + excluded.balance_minor,
-             last_position = excluded.last_position"
+         SET balance_minor = excluded.balance_minor, last_position = excluded.last_position"
     );
     for (tenant, account, currency, change, position) in w.deltas.into_rows() {
+        let before: Option<String> = sqlx::query_scalar(&current)
+            .bind(&tenant)
+            .bind(&account)
+            .bind(&currency)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let before = before.as_deref().map(decode::balance).transpose()?;
+        let after = before
+            .unwrap_or(Balance::ZERO)
+            .checked_sum(change)
+            .map_err(|error| sqlx::Error::Decode(Box::new(error)))?;
         sqlx::query(&upsert)
             .bind(tenant)
             .bind(account)
             .bind(currency)
-            .bind(change)
+            .bind(after.to_string())
             .bind(position)
             .execute(&mut *conn)
             .await?;

@@ -2,12 +2,15 @@
 
 use std::time::{Duration, Instant};
 
+use asiento_domain::{Amount, Balance};
 use asiento_eventstore::{Cursor, Database, EventStore};
 use asiento_projector::{on_db, wait_for_position, WaitError, READ_WAIT_MS_MAX};
 use chrono::{DateTime, Utc};
 
-use crate::decode::entry_posted;
-use crate::{AccountLeg, Balance, BalanceError, JournalEntryView, LegView, ENTRIES_NAME, NAME};
+use crate::decode::{balance as balance_of, entry_posted};
+use crate::{
+    AccountBalance, AccountLeg, BalanceError, JournalEntryView, LegView, ENTRIES_NAME, NAME,
+};
 
 /// Events after the snapshot a balance read is willing to add up itself. Past this the
 /// projector is far behind (or stopped) and the read answers `projection_lagging` rather than
@@ -31,7 +34,7 @@ pub async fn read_balance(
     account: &str,
     currency: &str,
     min_position: Option<i64>,
-) -> Result<Balance, BalanceError> {
+) -> Result<AccountBalance, BalanceError> {
     let started = Instant::now();
     let (mut reached, mut balance) = snapshot(db, tenant, account, currency).await?;
     let mut tail_events = 0usize;
@@ -52,12 +55,12 @@ pub async fn read_balance(
                     .iter()
                     .filter(|l| l.account == account && l.currency == currency)
                 {
-                    balance = balance.checked_add(leg.amount_minor).ok_or_else(|| {
-                        asiento_projector::ProjectionError::Malformed {
+                    balance = balance
+                        .checked_add(Amount::new(leg.amount_minor))
+                        .map_err(|_| asiento_projector::ProjectionError::Malformed {
                             position: event.position,
-                            reason: "a balance overflows i64".to_owned(),
-                        }
-                    })?;
+                            reason: "a balance overflows i128".to_owned(),
+                        })?;
                 }
             }
             tail_events += page.len();
@@ -88,7 +91,7 @@ pub async fn read_balance(
         }
         tokio::time::sleep(Duration::from_millis(WAIT_POLL_MS)).await;
     }
-    Ok(Balance {
+    Ok(AccountBalance {
         balance_minor: balance,
         as_of_position: reached.position(),
     })
@@ -101,10 +104,10 @@ async fn snapshot(
     tenant: &str,
     account: &str,
     currency: &str,
-) -> Result<(Cursor, i64), BalanceError> {
-    let row: Option<(i64, i64, Option<i64>)> = on_db!(db, pool => {
+) -> Result<(Cursor, Balance), BalanceError> {
+    let row: Option<(i64, i64, Option<String>)> = on_db!(db, pool => {
         sqlx::query_as(
-            "SELECT p.checkpoint_xact, p.checkpoint_position, b.balance_minor \
+            "SELECT p.checkpoint_xact, p.checkpoint_position, CAST(b.balance_minor AS TEXT) \
              FROM projections p \
              LEFT JOIN balances b ON b.tenant = $2 AND b.account = $3 AND b.currency = $4 \
              WHERE p.name = $1",
@@ -117,7 +120,8 @@ async fn snapshot(
         .await?
     });
     let (x, p, balance) = row.ok_or(BalanceError::NotInstalled)?;
-    Ok((Cursor::new(x, p), balance.unwrap_or(0)))
+    let balance = balance.as_deref().map(balance_of).transpose()?;
+    Ok((Cursor::new(x, p), balance.unwrap_or(Balance::ZERO)))
 }
 
 #[derive(sqlx::FromRow)]

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use asiento_eventstore::{Cursor, Database, EventStore};
 use asiento_projector::on_db;
 
-use crate::decode::entry_posted;
+use asiento_domain::{Amount, Balance};
+
+use crate::decode::{balance as balance_of, entry_posted};
 use crate::{BalanceError, BalanceKey, NAME};
 
 /// Events per log read while recomputing.
@@ -18,8 +20,8 @@ const RECOMPUTE_PAGE_EVENTS: usize = 5_000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BalanceMismatch {
     pub key: BalanceKey,
-    pub snapshot_minor: i64,
-    pub recomputed_minor: i64,
+    pub snapshot_minor: Balance,
+    pub recomputed_minor: Balance,
 }
 
 /// Every balance computed from the log alone, up to and including `upto` (the whole log when
@@ -28,8 +30,8 @@ pub struct BalanceMismatch {
 pub async fn recompute_all(
     store: &dyn EventStore,
     upto: Option<Cursor>,
-) -> Result<(Cursor, BTreeMap<BalanceKey, i64>), BalanceError> {
-    let mut balances: BTreeMap<BalanceKey, i64> = BTreeMap::new();
+) -> Result<(Cursor, BTreeMap<BalanceKey, Balance>), BalanceError> {
+    let mut balances: BTreeMap<BalanceKey, Balance> = BTreeMap::new();
     let mut reached = Cursor::START;
     'pages: loop {
         let page = store.read_all(reached, RECOMPUTE_PAGE_EVENTS).await?;
@@ -47,13 +49,13 @@ pub async fn recompute_all(
                     account: leg.account,
                     currency: leg.currency,
                 };
-                let slot = balances.entry(key).or_insert(0);
-                *slot = slot.checked_add(leg.amount_minor).ok_or_else(|| {
-                    asiento_projector::ProjectionError::Malformed {
+                let slot = balances.entry(key).or_default();
+                *slot = slot
+                    .checked_add(Amount::new(leg.amount_minor))
+                    .map_err(|_| asiento_projector::ProjectionError::Malformed {
                         position: event.position,
-                        reason: "a balance overflows i64".to_owned(),
-                    }
-                })?;
+                        reason: "a balance overflows i128".to_owned(),
+                    })?;
             }
         }
         if page.len() < RECOMPUTE_PAGE_EVENTS {
@@ -66,19 +68,19 @@ pub async fn recompute_all(
 /// Every snapshot row with the checkpoint they are exact at, read in one statement.
 pub async fn snapshot_all(
     db: &Database,
-) -> Result<(Cursor, BTreeMap<BalanceKey, i64>), BalanceError> {
+) -> Result<(Cursor, BTreeMap<BalanceKey, Balance>), BalanceError> {
     type Row = (
         i64,
         i64,
         Option<String>,
         Option<String>,
         Option<String>,
-        Option<i64>,
+        Option<String>,
     );
     let rows: Vec<Row> = on_db!(db, pool => {
         sqlx::query_as(
             "SELECT p.checkpoint_xact, p.checkpoint_position, \
-                    b.tenant, b.account, b.currency, b.balance_minor \
+                    b.tenant, b.account, b.currency, CAST(b.balance_minor AS TEXT) \
              FROM projections p LEFT JOIN balances b ON 1 = 1 WHERE p.name = $1",
         )
         .bind(NAME)
@@ -99,7 +101,7 @@ pub async fn snapshot_all(
                     account,
                     currency,
                 },
-                balance,
+                balance_of(&balance)?,
             );
         }
     }
@@ -120,8 +122,8 @@ pub async fn verify(
     Ok(keys
         .into_iter()
         .filter_map(|key| {
-            let snapshot_minor = snapshot.get(key).copied().unwrap_or(0);
-            let recomputed_minor = recomputed.get(key).copied().unwrap_or(0);
+            let snapshot_minor = snapshot.get(key).copied().unwrap_or_default();
+            let recomputed_minor = recomputed.get(key).copied().unwrap_or_default();
             (snapshot_minor != recomputed_minor).then(|| BalanceMismatch {
                 key: key.clone(),
                 snapshot_minor,

@@ -14,8 +14,8 @@ use asiento_balances::{
 };
 use asiento_domain::payment::EntryPosted;
 use asiento_domain::{
-    transfer_stream, AccountName, Amount, Currency, EntryId, Event, JournalEntry, Leg, TenantId,
-    TransferEvent, TransferId,
+    transfer_stream, AccountName, Amount, Balance, Currency, EntryId, Event, JournalEntry, Leg,
+    TenantId, TransferEvent, TransferId,
 };
 use asiento_eventstore::{
     testing, Appended, Database, EventStore, ExpectedVersion, Metadata, NewEvent, RecordedEvent,
@@ -188,7 +188,7 @@ impl Harness {
         }
     }
 
-    async fn recompute(&self) -> BTreeMap<BalanceKey, i64> {
+    async fn recompute(&self) -> BTreeMap<BalanceKey, Balance> {
         recompute_all(self.store.as_ref(), None).await.unwrap().1
     }
 
@@ -303,11 +303,12 @@ on_both_backends!(
     min_position_that_is_never_reached_is_projection_lagging,
     entries_page_in_log_order_and_journal_entries_are_per_tenant,
     a_corrupted_snapshot_is_detected_and_repaired_by_a_rebuild,
+    balances_beyond_i64_are_exact_in_the_snapshot_the_tail_and_verify,
     a_rebuild_under_load_never_fails_a_read_and_ends_exact,
     failover_mid_batch_applies_nothing_twice,
 );
 
-async fn assert_reads_match(h: &Harness, expected: &BTreeMap<BalanceKey, i64>) {
+async fn assert_reads_match(h: &Harness, expected: &BTreeMap<BalanceKey, Balance>) {
     for (k, want) in expected {
         let got = read_balance(
             &h.db,
@@ -378,7 +379,46 @@ async fn reads_are_exact_whether_the_projector_is_current_behind_or_stopped(h: H
     let none = read_balance(&h.db, h.store.as_ref(), "acme", "nobody", "JPY", None)
         .await
         .unwrap();
-    assert_eq!(none.balance_minor, 0);
+    assert_eq!(none.balance_minor, Balance::ZERO);
+}
+
+/// Three entries of i64::MAX each: a sum no 64-bit column holds. The projection must apply them
+/// (not stop), and the snapshot, a read of the tail and the checker must all agree on it.
+async fn balances_beyond_i64_are_exact_in_the_snapshot_the_tail_and_verify(h: Harness) {
+    let max = i64::MAX;
+    const LEGS: [(&str, &str, i64); 2] = [
+        ("merchant:a", "USD", i64::MAX),
+        ("merchant:b", "USD", -i64::MAX),
+    ];
+    let post_max = || h.post("acme", &LEGS);
+    post_max().await;
+    post_max().await;
+    let (stop, handle) = start(h.runner(asiento_balances::projection(), "a"));
+    h.caught_up().await;
+    // The third one only in the log's tail: the read adds it to the snapshot.
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    post_max().await;
+    h.settle().await;
+    let three = 3 * i128::from(max);
+    for (account, want) in [("merchant:a", three), ("merchant:b", -three)] {
+        let got = read_balance(&h.db, h.store.as_ref(), "acme", account, "USD", None)
+            .await
+            .unwrap();
+        assert_eq!(got.balance_minor, Balance::new(want), "{account}");
+    }
+    let snapshot = snapshot_all(&h.db).await.unwrap().1;
+    assert_eq!(
+        snapshot[&key("acme", "merchant:a", "USD")],
+        Balance::new(2 * i128::from(max))
+    );
+    assert!(verify(&h.db, h.store.as_ref()).await.unwrap().is_empty());
+    let (stop, handle) = start(h.runner(asiento_balances::projection(), "a"));
+    h.caught_up().await;
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    assert_eq!(snapshot_all(&h.db).await.unwrap().1, h.recompute().await);
+    assert!(verify(&h.db, h.store.as_ref()).await.unwrap().is_empty());
 }
 
 async fn min_position_that_is_never_reached_is_projection_lagging(h: Harness) {
@@ -466,7 +506,7 @@ async fn entries_page_in_log_order_and_journal_entries_are_per_tenant(h: Harness
     );
     let sum: i64 = all.iter().map(|l| l.amount_minor).sum();
     assert_eq!(
-        sum,
+        Balance::new(sum.into()),
         h.recompute().await[&key("acme", "customer:1:available", "USD")]
     );
     let positions: Vec<i64> = all.iter().map(|l| l.position).collect();
@@ -555,19 +595,24 @@ async fn a_corrupted_snapshot_is_detected_and_repaired_by_a_rebuild(h: Harness) 
     h.caught_up_all().await;
     assert!(verify(&h.db, h.store.as_ref()).await.unwrap().is_empty());
 
+    // The column is NUMERIC on PostgreSQL and decimal text on SQLite.
+    let plus_one = match h.db {
+        Database::Postgres(_) => "balance_minor + 1",
+        Database::Sqlite(_) => "CAST(CAST(balance_minor AS INTEGER) + 1 AS TEXT)",
+    };
     let corrupted = h
-        .execute(
-            "UPDATE balances_g1 SET balance_minor = balance_minor + 1 \
-             WHERE tenant = 'acme' AND account = 'revenue:fees' AND currency = 'USD'",
-        )
+        .execute(&format!(
+            "UPDATE balances_g1 SET balance_minor = {plus_one} \
+             WHERE tenant = 'acme' AND account = 'revenue:fees' AND currency = 'USD'"
+        ))
         .await;
     assert_eq!(corrupted, 1);
     let mismatches = verify(&h.db, h.store.as_ref()).await.unwrap();
     assert_eq!(mismatches.len(), 1);
     assert_eq!(mismatches[0].key, key("acme", "revenue:fees", "USD"));
     assert_eq!(
-        mismatches[0].snapshot_minor,
-        mismatches[0].recomputed_minor + 1
+        mismatches[0].snapshot_minor.minor(),
+        mismatches[0].recomputed_minor.minor() + 1
     );
 
     let report = rebuild(

@@ -417,3 +417,13 @@ pub fn expected_status(charge: &Value) -> &'static str {
         _ => "failed",
     }
 }
+
+/// An UPDATE that adds `delta` to one account's balance snapshot by hand (a corruption for
+/// `verify` to find): the column is NUMERIC on PostgreSQL and decimal text on SQLite.
+pub fn shift_balance_sql(backend: Backend, account: &str, delta: i64) -> String {
+    let shifted = match backend {
+        Backend::Postgres => format!("balance_minor + {delta}"),
+        Backend::Sqlite => format!("CAST(CAST(balance_minor AS INTEGER) + {delta} AS TEXT)"),
+    };
+    format!("UPDATE balances_g1 SET balance_minor = {shifted} WHERE account = '{account}'")
+}

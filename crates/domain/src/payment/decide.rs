@@ -11,6 +11,7 @@ use crate::account::AccountName;
 use crate::entry::JournalEntry;
 use crate::fee::{fee, FeeSchedule};
 use crate::ids::{psp_capture_key, psp_charge_key, psp_refund_key, EntryId};
+use crate::money::AmountLimit;
 
 /// Decides what a command means for a payment. `Ok(vec![])` means there is
 /// nothing new to record (a repeated fact, a repeated request).
@@ -144,6 +145,7 @@ fn decide_create(create: CreatePayment) -> Result<Vec<PaymentEvent>, PaymentReje
     if !create.amount.is_positive() {
         return Err(PaymentRejection::AmountMustBePositive);
     }
+    AmountLimit::CEILING.check(create.amount)?;
     if let Some(description) = &create.description {
         if description.chars().count() > DESCRIPTION_CHARS_MAX {
             return Err(PaymentRejection::DescriptionTooLong);

@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use crate::entry::JournalEntry;
 use crate::fee::FeeSchedule;
 use crate::ids::{CustomerId, PaymentId, ProviderName, TenantId};
-use crate::money::{Amount, AmountError, Currency};
+use crate::money::{Amount, AmountError, AmountLimitError, Currency};
 
 pub use decide::decide;
 pub use operations::{Operation, OperationKind, OperationOutcome, OperationState};
@@ -477,6 +477,8 @@ pub enum PaymentRejection {
     InvalidText { field: &'static str },
     #[error("amount arithmetic overflowed")]
     AmountOverflow,
+    #[error(transparent)]
+    AmountTooLarge(#[from] AmountLimitError),
     /// A posting rule produced an invalid entry: a bug, reported as a value.
     #[error("posting rule produced an invalid entry: {0}")]
     InvalidEntry(String),
@@ -497,6 +499,7 @@ impl PaymentRejection {
             PaymentRejection::MetadataTooLarge => "metadata_too_large",
             PaymentRejection::InvalidText { .. } => "invalid_text",
             PaymentRejection::AmountOverflow => "amount_overflow",
+            PaymentRejection::AmountTooLarge(_) => "amount_too_large",
             PaymentRejection::InvalidEntry(_) => "invalid_entry",
         }
     }
