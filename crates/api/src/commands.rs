@@ -5,9 +5,9 @@
 use asiento_app::idempotency::{
     canonical_body_hash, IdempotencyKey, KeyError, Scope, StoredResponse,
 };
+use asiento_app::ledger::NewTransfer;
 use asiento_app::payments::{Idempotent, NewPayment};
 use asiento_app::reply::Answer;
-use asiento_app::transfers::NewTransfer;
 use asiento_domain::{CaptureMode, CustomerId, PaymentId, ProviderName, TenantId};
 use axum::{
     extract::{Path, State},
@@ -29,7 +29,7 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 pub const PAYMENT_METHOD_CHARS_MAX: usize = 128;
 
 /// Reads and validates the `Idempotency-Key` header, and fingerprints the body.
-fn idempotent(
+pub(crate) fn idempotent(
     headers: &HeaderMap,
     tenant: &TenantId,
     method: &Method,
@@ -62,7 +62,7 @@ fn key_problem(error: &KeyError) -> Problem {
     Problem::bad_request("idempotency_key_invalid", error.to_string())
 }
 
-fn tenant_id(tenant: &AuthenticatedTenant) -> Result<TenantId, Problem> {
+pub(crate) fn tenant_id(tenant: &AuthenticatedTenant) -> Result<TenantId, Problem> {
     TenantId::parse(&tenant.0).map_err(|error| Problem::internal(&error))
 }
 
@@ -298,6 +298,6 @@ pub async fn create_transfer(
         description: fields.optional_string("description")?.map(str::to_owned),
     };
     Ok(answer_response(
-        state.transfers.transfer(&request, transfer).await,
+        state.ledger.transfer(&request, transfer).await,
     ))
 }

@@ -4,6 +4,7 @@
 //! mounts exactly the same thing. Handlers parse their input into domain types at the edge and
 //! call the use cases of `asiento_app`; no handler talks SQL.
 
+pub mod accounts;
 pub mod auth;
 pub mod body;
 pub mod commands;
@@ -15,8 +16,8 @@ pub mod queries;
 pub mod render;
 pub mod webhooks;
 
+use asiento_app::ledger::LedgerFlow;
 use asiento_app::payments::PaymentFlow;
-use asiento_app::transfers::TransferFlow;
 use asiento_eventstore::Database;
 use axum::{
     extract::{DefaultBodyLimit, State},
@@ -51,7 +52,7 @@ pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;
 pub struct AppState {
     pub database: Database,
     pub payments: PaymentFlow,
-    pub transfers: TransferFlow,
+    pub ledger: LedgerFlow,
     pub webhooks: asiento_app::webhooks::WebhookReceiver,
     /// API keys found recently (`auth`).
     pub key_cache: std::sync::Arc<asiento_app::api_keys::KeyCache>,
@@ -88,6 +89,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/payments/{id}/capture", post(commands::capture_payment))
         .route("/v1/payments/{id}/refunds", post(commands::refund_payment))
         .route("/v1/transfers", post(commands::create_transfer))
+        .route("/v1/accounts", post(accounts::declare).get(accounts::list))
         .route("/v1/accounts/{account}/balance", get(ledger::balance))
         .route("/v1/accounts/{account}/entries", get(ledger::entries))
         .route("/v1/journal/{entry_id}", get(ledger::journal_entry))

@@ -167,6 +167,61 @@ pub struct Balance {
     pub as_of_position: i64,
 }
 
+/// An overdraft policy: `{"policy": "forbidden"}`, `{"policy": "allowed"}` or
+/// `{"policy": "limit", "limit_minor": 5000}`.
+#[derive(Serialize, ToSchema)]
+pub struct OverdraftPolicy {
+    /// `forbidden`, `allowed` or `limit`.
+    pub policy: String,
+    /// With `limit`: how far past zero (on the normal side) a command may take the account.
+    pub limit_minor: Option<i64>,
+}
+
+/// `POST /v1/accounts`: declares an account's policy for one currency.
+#[derive(Serialize, ToSchema)]
+pub struct DeclareAccountRequest {
+    /// A client account (not `psp:`, `revenue:`, `expense:` or `bank:`).
+    pub account: String,
+    pub currency: String,
+    /// `credit` (default) or `debit`.
+    pub normal_balance: Option<String>,
+    /// Default: forbidden for `customer:` accounts, allowed for others.
+    pub overdraft: Option<OverdraftPolicy>,
+    pub frozen: Option<bool>,
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<serde_json::Value>,
+}
+
+/// An account in one currency: its balance and the policy in force.
+#[derive(Serialize, ToSchema)]
+pub struct Account {
+    pub account: String,
+    pub currency: String,
+    /// An integer that may exceed 2^63.
+    #[schema(value_type = i128)]
+    pub balance_minor: i128,
+    /// `credit` or `debit`.
+    pub normal_balance: String,
+    pub overdraft: OverdraftPolicy,
+    pub frozen: bool,
+    /// False: the policy is the one the name implies.
+    pub declared: bool,
+    pub declared_at: Option<String>,
+    #[schema(value_type = Object)]
+    pub metadata: serde_json::Value,
+    /// In a declaration's answer: the position it was written at.
+    pub position: Option<i64>,
+}
+
+/// A page of accounts in (account, currency) order.
+#[derive(Serialize, ToSchema)]
+pub struct AccountList {
+    pub data: Vec<Account>,
+    /// Pass as `after` for the next page.
+    pub next_after: Option<String>,
+    pub as_of_position: i64,
+}
+
 /// One leg on an account.
 #[derive(Serialize, ToSchema)]
 pub struct AccountLeg {
@@ -254,6 +309,8 @@ impl Modify for BearerAuth {
         crate::commands::capture_payment,
         crate::commands::refund_payment,
         crate::commands::create_transfer,
+        crate::accounts::declare,
+        crate::accounts::list,
         crate::ledger::balance,
         crate::ledger::entries,
         crate::ledger::journal_entry,
@@ -298,6 +355,7 @@ mod tests {
         assert_eq!(
             paths,
             [
+                "/v1/accounts",
                 "/v1/accounts/{account}/balance",
                 "/v1/accounts/{account}/entries",
                 "/v1/journal/{entry_id}",

@@ -4,8 +4,10 @@
 
 use asiento_app::idempotency::StoredResponse;
 use asiento_app::reply::{NextActionIn, PaymentCommandKind, Rejected, Render, Reply};
+use asiento_balances::AccountView;
+use asiento_domain::guard::{AccountDeclared, GuardKey};
 use asiento_domain::{
-    transfer::TransferRecord, GuardRejection, OperationKind, OperationState, PaymentId,
+    transfer::TransferRecord, Balance, GuardRejection, OperationKind, OperationState, PaymentId,
     PaymentRecord, PaymentRejection, PaymentStatus, TransferRejection,
 };
 use axum::http::StatusCode;
@@ -37,6 +39,20 @@ impl Render for JsonRender {
             Reply::Transfer { transfer, position } => StoredResponse {
                 status: StatusCode::CREATED.as_u16(),
                 body: to_bytes(&transfer_json(transfer, *position)),
+            },
+            Reply::Account {
+                key,
+                declared,
+                created,
+                position,
+            } => StoredResponse {
+                status: if *created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                }
+                .as_u16(),
+                body: account_bytes(key, declared, *position),
             },
             Reply::Rejected(rejected) => {
                 let problem = rejection_problem(rejected);
@@ -195,6 +211,29 @@ pub fn transfer_json(transfer: &TransferRecord, position: i64) -> Value {
     })
 }
 
+/// A declaration's answer: the account as `GET /v1/accounts` lists it, and the position written.
+fn account_bytes(key: &GuardKey, declared: &AccountDeclared, position: i64) -> Vec<u8> {
+    #[derive(serde::Serialize)]
+    struct Declared {
+        #[serde(flatten)]
+        account: AccountView,
+        position: i64,
+    }
+    let answer = Declared {
+        account: AccountView {
+            account: key.account.as_str().to_owned(),
+            currency: key.currency.code().to_owned(),
+            balance_minor: Balance::new(i128::from(declared.balance_minor.minor())),
+            policy: declared.policy,
+            declared: true,
+            declared_at: Some(declared.at),
+            metadata: declared.metadata.clone(),
+        },
+        position,
+    };
+    serde_json::to_vec(&answer).unwrap_or_else(|_| b"{}".to_vec())
+}
+
 /// Every business rejection, mapped once: 404 for what the tenant cannot see, 409 for a transition
 /// the state machine forbids, 422 for a rule about amounts, 400 for a malformed request.
 pub fn rejection_problem(rejected: &Rejected) -> Problem {
@@ -237,7 +276,10 @@ pub fn rejection_problem(rejected: &Rejected) -> Problem {
 
 fn guard_problem(rejection: &GuardRejection) -> Problem {
     match rejection {
-        GuardRejection::InsufficientFunds { .. } | GuardRejection::AmountOverflow => Problem::new(
+        GuardRejection::InsufficientFunds { .. }
+        | GuardRejection::AccountFrozen { .. }
+        | GuardRejection::AccountReserved { .. }
+        | GuardRejection::AmountOverflow => Problem::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             rejection.code(),
             rejection.to_string(),

@@ -20,9 +20,9 @@ use asiento_api::body::{parse_object, Fields, JSON_DEPTH_MAX};
 use asiento_api::problem::{Problem, PROBLEM_CONTENT_TYPE};
 use asiento_api::{AppState, REQUEST_BODY_BYTES_MAX};
 use asiento_app::clock::SystemClock;
+use asiento_app::ledger::LedgerFlow;
 use asiento_app::payments::PaymentFlow;
 use asiento_app::providers::Providers;
-use asiento_app::transfers::TransferFlow;
 use asiento_app::webhooks::{WebhookReceiver, WebhookSecrets};
 use asiento_domain::{AccountName, AmountLimit, Currency, AMOUNT_MAX_DEFAULT};
 use asiento_eventstore::Database;
@@ -445,7 +445,7 @@ async fn app() -> (tempdir::Guard, Router) {
             idempotency_lease_ms: 30_000,
             payment_lease_ms: asiento_app::leases::PAYMENT_LEASE_MS_DEFAULT,
         },
-        transfers: TransferFlow {
+        ledger: LedgerFlow {
             database: database.clone(),
             store: database.event_store(),
             clock: clock.clone(),

@@ -255,14 +255,25 @@ pub fn decision_appends(
         expected: expected(stream_version),
         events,
     });
-    for guard in guards {
-        appends.push(StreamAppend {
-            stream_id: guard.key.stream(),
-            expected: expected(guard.expected_version),
-            events: encode(&guard.events, metadata, guard_codec)?,
-        });
-    }
+    appends.extend(guard_appends(guards, metadata)?);
     Ok(appends)
+}
+
+/// Guard appends alone (an account declaration writes nothing else).
+pub fn guard_appends(
+    guards: &[GuardAppend],
+    metadata: &Metadata,
+) -> Result<Vec<StreamAppend>, LogError> {
+    guards
+        .iter()
+        .map(|guard| {
+            Ok(StreamAppend {
+                stream_id: guard.key.stream(),
+                expected: expected(guard.expected_version),
+                events: encode(&guard.events, metadata, guard_codec)?,
+            })
+        })
+        .collect()
 }
 
 /// The guard appends for the entries a payment decision posts. Provider facts are never refused:

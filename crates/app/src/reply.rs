@@ -3,6 +3,7 @@
 //! because the rendered bytes are what the idempotency record stores and replays: the first answer
 //! and every replay are the same bytes by construction.
 
+use asiento_domain::guard::{AccountDeclared, GuardKey};
 use asiento_domain::transfer::TransferRecord;
 use asiento_domain::{
     GuardRejection, PaymentId, PaymentRecord, PaymentRejection, TransferRejection,
@@ -45,6 +46,13 @@ pub enum Reply<'a> {
     },
     Transfer {
         transfer: &'a TransferRecord,
+        position: i64,
+    },
+    /// An account declaration; `created`: the first one for this account and currency.
+    Account {
+        key: &'a GuardKey,
+        declared: &'a AccountDeclared,
+        created: bool,
         position: i64,
     },
     Rejected(Rejected),

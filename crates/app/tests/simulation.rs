@@ -1,7 +1,7 @@
 //! A deterministic simulation of the payment flow, in the spirit of TigerBeetle's VOPR.
 //!
 //! From a seed, one pseudo-random stream drives the real `app` layer (`PaymentFlow`,
-//! `TransferFlow`, `Reconciler`, `Sealer`) on a SQLite file, against an in-memory provider and a
+//! `LedgerFlow`, `Reconciler`, `Sealer`) on a SQLite file, against an in-memory provider and a
 //! manual clock: which request comes next (a new payment, a retry with the same key and body, a
 //! capture, a refund, a transfer), which provider fact a webhook delivers (the latest or a stale
 //! one, repeated, out of order), what the customer and the provider do on their side, how far the
@@ -57,12 +57,12 @@ use asiento_app::exceptions::{self, Scope as ExceptionScope};
 use asiento_app::facts;
 use asiento_app::idempotency::{canonical_body_hash, IdempotencyKey, Scope, StoredResponse};
 use asiento_app::invariants::{Checker, Sealer};
+use asiento_app::ledger::{LedgerFlow, NewTransfer};
 use asiento_app::log;
 use asiento_app::payments::{Idempotent, NewPayment, PaymentFlow};
 use asiento_app::providers::{ConfiguredProvider, Providers};
 use asiento_app::reconcile::{Reconciler, ReconcilerConfig};
 use asiento_app::reply::{Answer, Render, Reply};
-use asiento_app::transfers::{NewTransfer, TransferFlow};
 use asiento_domain::payment::DisputeOutcome;
 use asiento_domain::{
     AccountName, Amount, CaptureMode, Currency, CustomerId, FeeSchedule, OperationState, PaymentId,
@@ -991,6 +991,7 @@ impl Render for SimRender {
                 201,
                 json!({"entry": transfer.entry_id.map(|id| id.to_string()), "position": position}),
             ),
+            Reply::Account { position, .. } => (201, json!({"position": position})),
             Reply::Rejected(rejected) => (422, json!({"rejected": format!("{rejected:?}")})),
         };
         StoredResponse {
@@ -1042,7 +1043,7 @@ enum Outcome {
 struct Process {
     database: Database,
     flow: PaymentFlow,
-    transfers: TransferFlow,
+    transfers: LedgerFlow,
     reconciler: Reconciler,
 }
 
@@ -1092,7 +1093,7 @@ async fn start_process(
         idempotency_lease_ms: IDEMPOTENCY_LEASE_MS,
         payment_lease_ms: asiento_app::leases::PAYMENT_LEASE_MS_DEFAULT,
     };
-    let transfers = TransferFlow {
+    let transfers = LedgerFlow {
         database: database.clone(),
         store: database.event_store(),
         clock,

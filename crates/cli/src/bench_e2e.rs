@@ -13,7 +13,7 @@
 //! server starts and half after it stops). It prints
 //! `E2E-<backend> asiento=<payments/s> limit=<database floor> ratio=<x>`.
 //!
-//! `command` runs `TransferFlow::transfer` (load guards, decide, append with
+//! `command` runs `LedgerFlow::transfer` (load guards, decide, append with
 //! `Exact` versions, retry on conflict) in process among `--accounts`
 //! customer accounts funded from `treasury:main`.
 
@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use asiento_app::clock::SystemClock;
 use asiento_app::idempotency::{canonical_body_hash, IdempotencyKey, Scope};
+use asiento_app::ledger::{LedgerFlow, NewTransfer};
 use asiento_app::payments::Idempotent;
 use asiento_app::reply::Answer;
-use asiento_app::transfers::{NewTransfer, TransferFlow};
 use asiento_domain::{AccountName, Amount, Currency, TenantId};
 use asiento_eventstore::{Backend, Database};
 use hdrhistogram::Histogram;
@@ -849,7 +849,7 @@ fn customer(i: u64) -> anyhow::Result<AccountName> {
 
 /// One transfer through the flow; the answer's status (201 posted).
 async fn transfer(
-    flow: &TransferFlow,
+    flow: &LedgerFlow,
     key: &str,
     from: AccountName,
     to: AccountName,
@@ -900,7 +900,7 @@ pub async fn command(args: CommandArgs) -> anyhow::Result<()> {
 }
 
 async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
-    let flow = TransferFlow {
+    let flow = LedgerFlow {
         database: db.clone(),
         store: db.event_store(),
         clock: Arc::new(SystemClock),

@@ -10,9 +10,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use asiento_app::clock::SystemClock;
 use asiento_app::invariants::Sealer;
+use asiento_app::ledger::LedgerFlow;
 use asiento_app::payments::PaymentFlow;
 use asiento_app::reconcile::{Reconciler, ReconcilerConfig};
-use asiento_app::transfers::TransferFlow;
 use asiento_app::webhooks::{WebhookReceiver, WebhookSecrets, Worker, WorkerConfig};
 use asiento_domain::ProviderName;
 use asiento_eventstore::{Database, EventStore};
@@ -372,7 +372,7 @@ fn duration_ms(duration: Duration) -> i64 {
 /// What the API and the workers share: the providers, the use cases and the webhook secrets.
 struct Core {
     payments: PaymentFlow,
-    transfers: TransferFlow,
+    ledger: LedgerFlow,
     urls: ProviderUrls,
     /// The in-process simulator, when no provider URL was given.
     simulator: Option<Simulator>,
@@ -452,7 +452,7 @@ impl Core {
                 idempotency_lease_ms: lease_ms,
                 payment_lease_ms: duration_ms(args.payment_lease),
             },
-            transfers: TransferFlow {
+            ledger: LedgerFlow {
                 database: database.clone(),
                 store,
                 clock,
@@ -476,7 +476,7 @@ impl Core {
         let demo_key = bootstrap_api_keys(database, args.api_keys.as_ref()).await?;
         let state = asiento_api::AppState {
             payments: self.payments.clone(),
-            transfers: self.transfers.clone(),
+            ledger: self.ledger.clone(),
             webhooks: WebhookReceiver {
                 database: database.clone(),
                 commits: self.payments.commits.clone(),

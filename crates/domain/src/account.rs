@@ -1,9 +1,14 @@
-//! Account names and the balance rule that hangs off them.
+//! Account names and the rules that hang off their first segment.
 //!
 //! Names are `segment(:segment)*` with segments `[a-z0-9_-]{1,64}`. The first
-//! segment decides the rule: `customer:…` accounts hold customers' money and
-//! may never be taken below zero by a command; every other account (provider
-//! clearing, revenue, …) may.
+//! segment decides two things:
+//!
+//! - **System accounts** (`psp:…`, `revenue:…`, `expense:…`, `bank:…`) are the
+//!   system's own: only postings the system makes (captures, fees, refunds,
+//!   payouts) touch them, never a client's transfer or declaration.
+//! - **Client accounts** (every other) have a debit guard, so that their
+//!   policy ([`crate::policy`]) holds under concurrent commands. A
+//!   `customer:…` account's implied policy forbids overdrafts.
 
 use std::fmt;
 use std::str::FromStr;
@@ -17,8 +22,11 @@ pub const SEGMENT_CHARS_MAX: usize = 64;
 /// The most segments an account name may have; names are paths, not essays.
 pub const SEGMENTS_MAX: usize = 8;
 
-/// The first segment of the accounts that must not go negative.
-pub const GUARDED_ROOT: &str = "customer";
+/// The first segment of customers' accounts, which a command may not overdraw unless declared
+/// otherwise.
+pub const CUSTOMER_ROOT: &str = "customer";
+/// The first segments of the system's own accounts.
+pub const SYSTEM_ROOTS: [&str; 4] = ["psp", "revenue", "expense", "bank"];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AccountError {
@@ -66,17 +74,32 @@ impl AccountName {
         &self.0
     }
 
-    /// Whether a command may take this account below zero. Provider facts
-    /// may still do so; the account is then flagged for review.
+    fn root(&self) -> &str {
+        self.0.split(':').next().unwrap_or_default()
+    }
+
+    /// A `customer:…` account.
     #[must_use]
-    pub fn must_not_go_negative(&self) -> bool {
-        self.0.split(':').next() == Some(GUARDED_ROOT)
+    pub fn is_customer(&self) -> bool {
+        self.root() == CUSTOMER_ROOT
+    }
+
+    /// One of the system's own accounts, which no client command may name.
+    #[must_use]
+    pub fn is_system(&self) -> bool {
+        SYSTEM_ROOTS.contains(&self.root())
+    }
+
+    /// Whether postings to this account go through its debit guard: every client account.
+    #[must_use]
+    pub fn is_guarded(&self) -> bool {
+        !self.is_system()
     }
 
     /// `customer:{id}:available`: where a customer's captured money lands.
     #[must_use]
     pub fn customer_available(customer: &CustomerId) -> Self {
-        AccountName(format!("{GUARDED_ROOT}:{customer}:available"))
+        AccountName(format!("{CUSTOMER_ROOT}:{customer}:available"))
     }
 
     /// `psp:{provider}:clearing`: negative while the provider owes us money.
@@ -159,20 +182,32 @@ mod tests {
     }
 
     #[test]
-    fn only_customer_accounts_are_guarded() {
-        assert!(AccountName::parse("customer:42:available")
-            .unwrap()
-            .must_not_go_negative());
-        assert!(AccountName::parse("customer")
-            .unwrap()
-            .must_not_go_negative());
-        assert!(!AccountName::parse("customers:42")
-            .unwrap()
-            .must_not_go_negative());
-        assert!(!AccountName::revenue_fees().must_not_go_negative());
-        assert!(!AccountName::parse("psp:sim:clearing")
-            .unwrap()
-            .must_not_go_negative());
+    fn the_first_segment_decides_customer_system_and_guarded() {
+        let parse = |name| AccountName::parse(name).unwrap();
+        assert!(parse("customer:42:available").is_customer());
+        assert!(parse("customer").is_customer());
+        assert!(!parse("customers:42").is_customer());
+        for system in [
+            "psp:sim:clearing",
+            "revenue:fees",
+            "expense:provider_fees:stripe",
+            "bank:stripe:payouts",
+            "bank",
+        ] {
+            assert!(parse(system).is_system(), "{system}");
+            assert!(!parse(system).is_guarded(), "{system}");
+        }
+        assert!(AccountName::revenue_fees().is_system());
+        for client in [
+            "customer:1:available",
+            "merchant:7",
+            "banks:1",
+            "psps",
+            "expenses:x",
+        ] {
+            assert!(!parse(client).is_system(), "{client}");
+            assert!(parse(client).is_guarded(), "{client}");
+        }
     }
 
     #[test]

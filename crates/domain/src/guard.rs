@@ -1,5 +1,5 @@
-//! The debit guard: one small aggregate per (tenant, account, currency) for
-//! accounts that must not go negative (`customer:…`).
+//! The debit guard: one small aggregate per (tenant, account, currency) for every client
+//! account (see [`crate::account`]), holding its balance and its policy.
 //!
 //! Balances are derived from entries, but a projection lags and two
 //! transfers decided at once could each see enough money. So every entry that
@@ -7,27 +7,32 @@
 //! with the guard's version as the exact expected version, in the same atomic
 //! append as the entry. Two concurrent debits cannot both win: the second
 //! append conflicts, is re-decided against the new balance, and is refused if
-//! the money is gone. Each guard event carries the balance after it, so the
-//! app needs to read only the last one ([`DebitGuard::from_last`]).
+//! the money is gone. A declaration of the account's policy
+//! ([`AccountDeclared`]) is appended to the same stream, so a transfer decided
+//! against the old policy conflicts with it too. Each guard event carries the
+//! balance and the declared policy after it, so the app needs to read only the
+//! last one ([`DebitGuard::from_last`]).
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use crate::account::AccountName;
 use crate::entry::JournalEntry;
 use crate::ids::{EntryId, TenantId};
 use crate::money::{Amount, AmountError, Currency};
+use crate::policy::AccountPolicy;
 use crate::stream::guard_stream;
 
-/// Who moves the money, which decides whether going below zero is refused.
+/// Who moves the money, which decides whether a policy refuses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
-    /// Asked of us (a transfer): may be refused with `InsufficientFunds`.
+    /// Asked of us (a transfer): may be refused with `InsufficientFunds` or `AccountFrozen`.
     Command,
     /// Already done by the provider (a refund, a lost dispute): always
-    /// recorded; an account taken below zero is flagged for review.
+    /// recorded; an account taken past its overdraft policy is flagged for review.
     ProviderFact,
 }
 
@@ -40,6 +45,13 @@ pub enum GuardRejection {
         balance: Amount,
         debit: Amount,
     },
+    #[error("{account} is frozen in {currency}")]
+    AccountFrozen {
+        account: AccountName,
+        currency: Currency,
+    },
+    #[error("{account} is a system account: only the system's own postings touch it")]
+    AccountReserved { account: AccountName },
     /// The caller did not load the guard of an account the entry touches:
     /// a bug in the caller, reported as a value rather than a panic.
     #[error("guard state of {account} {currency} was not provided")]
@@ -56,6 +68,8 @@ impl GuardRejection {
     pub fn code(&self) -> &'static str {
         match self {
             GuardRejection::InsufficientFunds { .. } => "insufficient_funds",
+            GuardRejection::AccountFrozen { .. } => "account_frozen",
+            GuardRejection::AccountReserved { .. } => "account_reserved",
             GuardRejection::MissingGuard { .. } => "missing_guard",
             GuardRejection::AmountOverflow => "amount_overflow",
         }
@@ -83,29 +97,40 @@ impl GuardKey {
     }
 }
 
-/// A guard's state: its stream version (0 = no stream yet) and the balance.
+/// A guard's state: its stream version (0 = no stream yet), the balance and the declared policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DebitGuard {
     pub version: u64,
     pub balance: Amount,
-    /// The balance went below zero through a provider fact at some point.
+    /// The balance went past its overdraft policy through a provider fact at some point.
     pub flagged: bool,
+    /// The policy declared for the account; None: the one its name implies.
+    pub declared: Option<AccountPolicy>,
 }
 
 impl DebitGuard {
     /// The state from the stream's last event alone: every event carries the
-    /// balance after it. (`flagged` is only known by a full replay.)
+    /// balance and the declared policy after it. (`flagged` is only known by a full replay.)
     #[must_use]
     pub fn from_last(version: u64, last: &GuardEvent) -> DebitGuard {
-        let balance = match last {
-            GuardEvent::BalanceChanged(e) => e.balance_minor,
-            GuardEvent::OverdraftFlagged(e) => e.balance_minor,
+        let (balance, declared) = match last {
+            GuardEvent::BalanceChanged(e) => (e.balance_minor, e.policy),
+            GuardEvent::OverdraftFlagged(e) => (e.balance_minor, e.policy),
+            GuardEvent::AccountDeclared(e) => (e.balance_minor, Some(e.policy)),
         };
         DebitGuard {
             version,
             balance,
             flagged: matches!(last, GuardEvent::OverdraftFlagged(_)),
+            declared,
         }
+    }
+
+    /// The policy in force for `account`: the declared one, or the one its name implies.
+    #[must_use]
+    pub fn policy(&self, account: &AccountName) -> AccountPolicy {
+        self.declared
+            .unwrap_or_else(|| AccountPolicy::implied(account))
     }
 }
 
@@ -116,12 +141,27 @@ pub struct BalanceChanged {
     /// The balance after this change.
     pub balance_minor: Amount,
     pub at: DateTime<Utc>,
+    /// The declared policy, carried along so that the last event tells the whole state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<AccountPolicy>,
 }
 
-/// A provider fact took the account below zero; someone must look at it.
+/// A provider fact took the account past its overdraft policy; someone must look at it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OverdraftFlagged {
     pub entry_id: EntryId,
+    pub balance_minor: Amount,
+    pub at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<AccountPolicy>,
+}
+
+/// A client declared the account's policy for this currency (`POST /v1/accounts`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AccountDeclared {
+    pub policy: AccountPolicy,
+    pub metadata: Map<String, Value>,
+    /// The balance, unchanged by a declaration.
     pub balance_minor: Amount,
     pub at: DateTime<Utc>,
 }
@@ -131,20 +171,17 @@ crate::event::event_family! {
     GuardEvent {
         BalanceChanged = 1,
         OverdraftFlagged = 1,
+        AccountDeclared = 1,
     }
 }
 
 #[must_use]
-pub fn evolve(mut guard: DebitGuard, event: &GuardEvent) -> DebitGuard {
-    guard.version += 1;
-    match event {
-        GuardEvent::BalanceChanged(e) => guard.balance = e.balance_minor,
-        GuardEvent::OverdraftFlagged(e) => {
-            guard.balance = e.balance_minor;
-            guard.flagged = true;
-        }
+pub fn evolve(guard: DebitGuard, event: &GuardEvent) -> DebitGuard {
+    let next = DebitGuard::from_last(guard.version + 1, event);
+    DebitGuard {
+        flagged: guard.flagged || next.flagged,
+        ..next
     }
-    guard
 }
 
 /// What to append to one guard stream, expecting exactly `expected_version`
@@ -163,7 +200,7 @@ pub fn guarded_keys(entry: &JournalEntry) -> Vec<GuardKey> {
     let mut keys: Vec<GuardKey> = entry
         .legs()
         .iter()
-        .filter(|leg| leg.account.must_not_go_negative())
+        .filter(|leg| leg.account.is_guarded())
         .map(|leg| GuardKey {
             tenant: entry.tenant().clone(),
             account: leg.account.clone(),
@@ -175,9 +212,9 @@ pub fn guarded_keys(entry: &JournalEntry) -> Vec<GuardKey> {
     keys
 }
 
-/// Decides the guard events of an entry, given the state of every guard it
-/// touches. A command debit that would leave a guarded account below zero is
-/// refused; a provider fact is recorded and flagged instead.
+/// Decides the guard events of an entry, given the state of every guard it touches. A command
+/// that would take a guarded account past its overdraft policy, or touches a frozen one, is
+/// refused; a provider fact is recorded, and flagged when it breaches the policy.
 pub fn decide_entry(
     entry: &JournalEntry,
     origin: Origin,
@@ -186,7 +223,7 @@ pub fn decide_entry(
 ) -> Result<Vec<GuardAppend>, GuardRejection> {
     let mut appends = Vec::new();
     for ((account, currency), delta) in entry.net_changes()? {
-        if !account.must_not_go_negative() || delta.is_zero() {
+        if !account.is_guarded() || delta.is_zero() {
             continue;
         }
         let key = GuardKey {
@@ -200,9 +237,16 @@ pub fn decide_entry(
                 currency: key.currency,
             });
         };
+        let policy = guard.policy(&key.account);
+        if policy.frozen && origin == Origin::Command {
+            return Err(GuardRejection::AccountFrozen {
+                account: key.account,
+                currency: key.currency,
+            });
+        }
         let balance = guard.balance.checked_add(delta)?;
-        let overdrawn = delta.is_negative() && balance.is_negative();
-        if overdrawn && origin == Origin::Command {
+        let breached = policy.breached_by(guard.balance, delta)?;
+        if breached && origin == Origin::Command {
             return Err(GuardRejection::InsufficientFunds {
                 account: key.account,
                 currency: key.currency,
@@ -215,12 +259,14 @@ pub fn decide_entry(
             delta_minor: delta,
             balance_minor: balance,
             at,
+            policy: guard.declared,
         })];
-        if overdrawn {
+        if breached {
             events.push(GuardEvent::OverdraftFlagged(OverdraftFlagged {
                 entry_id: entry.id(),
                 balance_minor: balance,
                 at,
+                policy: guard.declared,
             }));
         }
         appends.push(GuardAppend {
@@ -230,6 +276,32 @@ pub fn decide_entry(
         });
     }
     Ok(appends)
+}
+
+/// A declaration of `key`'s policy, appended to its guard stream at the version `guard` was read
+/// at. System accounts take none.
+pub fn declare(
+    key: GuardKey,
+    guard: &DebitGuard,
+    policy: AccountPolicy,
+    metadata: Map<String, Value>,
+    at: DateTime<Utc>,
+) -> Result<GuardAppend, GuardRejection> {
+    if key.account.is_system() {
+        return Err(GuardRejection::AccountReserved {
+            account: key.account,
+        });
+    }
+    Ok(GuardAppend {
+        expected_version: guard.version,
+        events: vec![GuardEvent::AccountDeclared(AccountDeclared {
+            policy,
+            metadata,
+            balance_minor: guard.balance,
+            at,
+        })],
+        key,
+    })
 }
 
 #[cfg(test)]
@@ -274,7 +346,7 @@ mod tests {
                     DebitGuard {
                         version: *v,
                         balance: Amount::new(*b),
-                        flagged: false,
+                        ..DebitGuard::default()
                     },
                 )
             })
@@ -282,16 +354,87 @@ mod tests {
     }
 
     #[test]
-    fn only_customer_accounts_are_guarded() {
+    fn client_accounts_are_guarded_system_accounts_are_not() {
         let e = entry(&[
             ("customer:1:available", -5),
-            ("customer:2:available", 5),
+            ("merchant:2", 5),
             ("revenue:fees", 1),
             ("psp:sim:clearing", -1),
         ]);
         assert_eq!(
             guarded_keys(&e),
-            vec![key("customer:1:available"), key("customer:2:available")]
+            vec![key("customer:1:available"), key("merchant:2")]
+        );
+    }
+
+    #[test]
+    fn a_declared_policy_replaces_the_implied_one_and_travels_with_the_balance() {
+        let policy = AccountPolicy {
+            normal_balance: crate::policy::NormalBalance::Credit,
+            overdraft: crate::policy::Overdraft::Limit {
+                limit_minor: Amount::new(100),
+            },
+            frozen: false,
+        };
+        let merchant = key("merchant:2");
+        let declared = declare(
+            merchant.clone(),
+            &DebitGuard::default(),
+            policy,
+            Map::new(),
+            at(),
+        )
+        .unwrap();
+        assert_eq!(declared.expected_version, 0);
+        let guard = declared.events.iter().fold(DebitGuard::default(), evolve);
+        assert_eq!(guard.policy(&merchant.account), policy);
+        let states = BTreeMap::from([(merchant.clone(), guard)]);
+        let over = entry(&[("merchant:2", -101), ("psp:sim:clearing", 101)]);
+        assert_eq!(
+            decide_entry(&over, Origin::Command, &states, at())
+                .unwrap_err()
+                .code(),
+            "insufficient_funds"
+        );
+        let within = entry(&[("merchant:2", -100), ("psp:sim:clearing", 100)]);
+        let appends = decide_entry(&within, Origin::Command, &states, at()).unwrap();
+        let last = appends[0].events.last().unwrap();
+        let after = DebitGuard::from_last(2, last);
+        assert_eq!(
+            (after.balance, after.declared),
+            (Amount::new(-100), Some(policy))
+        );
+
+        let frozen = AccountPolicy {
+            frozen: true,
+            ..policy
+        };
+        let states = BTreeMap::from([(
+            merchant.clone(),
+            DebitGuard {
+                declared: Some(frozen),
+                ..guard
+            },
+        )]);
+        let credit = entry(&[("merchant:2", 5), ("psp:sim:clearing", -5)]);
+        assert_eq!(
+            decide_entry(&credit, Origin::Command, &states, at())
+                .unwrap_err()
+                .code(),
+            "account_frozen"
+        );
+        assert!(decide_entry(&credit, Origin::ProviderFact, &states, at()).is_ok());
+        assert_eq!(
+            declare(
+                key("revenue:fees"),
+                &DebitGuard::default(),
+                policy,
+                Map::new(),
+                at()
+            )
+            .unwrap_err()
+            .code(),
+            "account_reserved"
         );
     }
 
@@ -332,6 +475,7 @@ mod tests {
                 delta_minor: Amount::new(-500),
                 balance_minor: Amount::ZERO,
                 at: at(),
+                policy: None,
             })]
         );
         assert_eq!(appends[1].expected_version, 0);

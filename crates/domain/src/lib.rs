@@ -27,6 +27,7 @@ pub mod guard;
 pub mod ids;
 pub mod money;
 pub mod payment;
+pub mod policy;
 pub mod stream;
 pub mod transfer;
 
@@ -49,5 +50,6 @@ pub use payment::{
     OperationKind, OperationOutcome, OperationState, Payment, PaymentCommand, PaymentEvent,
     PaymentRecord, PaymentRejection, PaymentStatus, ProviderFact,
 };
+pub use policy::{AccountPolicy, NormalBalance, Overdraft};
 pub use stream::{exception_stream, guard_stream, payment_stream, transfer_stream, StreamKind};
 pub use transfer::{RequestTransfer, Transfer, TransferEvent, TransferRejection};

@@ -1,9 +1,10 @@
 //! The transfer aggregate: a merchant moving money between two accounts of
 //! one currency with a two-leg entry.
 //!
-//! A transfer is a command, so a debit that would take a `customer:…`
-//! account below zero is refused; that check needs the guards' states, which
-//! live in other streams, hence [`decide_with_guards`]: the transfer's events
+//! A transfer is a command between two client accounts (a system account is
+//! `account_reserved`), so a debit past an account's overdraft policy, or a
+//! posting to a frozen account, is refused; that check needs the guards'
+//! states, which live in other streams, hence [`decide_with_guards`]: the transfer's events
 //! and the guard appends come out of one decision and go into one atomic
 //! append.
 
@@ -117,6 +118,14 @@ pub fn decide(
     AmountLimit::CEILING.check(request.amount)?;
     if request.from == request.to {
         return Err(TransferRejection::AccountsMustBeDifferent);
+    }
+    if let Some(system) = [&request.from, &request.to]
+        .into_iter()
+        .find(|account| account.is_system())
+    {
+        return Err(TransferRejection::Guard(GuardRejection::AccountReserved {
+            account: system.clone(),
+        }));
     }
     if let Some(description) = &request.description {
         if description.chars().count() > DESCRIPTION_CHARS_MAX {
@@ -290,7 +299,7 @@ mod tests {
             DebitGuard {
                 version: 4,
                 balance: Amount::new(500),
-                flagged: false,
+                ..DebitGuard::default()
             },
         );
         let decision = decide_with_guards(&Transfer::default(), r, &guards).unwrap();

@@ -348,7 +348,7 @@ fn transfer_events(
                     DebitGuard {
                         version: 3,
                         balance: Amount::new(funded),
-                        flagged: false,
+                        ..DebitGuard::default()
                     },
                 );
             }

@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeSet;
 
 use asiento_domain::exception::{ExceptionEvent, ExceptionRecorded, ExceptionResolved, Resolution};
-use asiento_domain::guard::{BalanceChanged, GuardEvent, OverdraftFlagged};
+use asiento_domain::guard::{AccountDeclared, BalanceChanged, GuardEvent, OverdraftFlagged};
 use asiento_domain::payment::*;
 use asiento_domain::transfer::{TransferEvent, TransferRequested};
 use asiento_domain::*;
@@ -223,6 +223,7 @@ fn guard_fixtures() -> Vec<(GuardEvent, Value)> {
                 delta_minor: amt(-500),
                 balance_minor: amt(9_200),
                 at: at(10),
+                policy: None,
             }),
             json!({
                 "entry_id": "je_00000000000000000000000000000006",
@@ -234,10 +235,42 @@ fn guard_fixtures() -> Vec<(GuardEvent, Value)> {
                 entry_id,
                 balance_minor: amt(-300),
                 at: at(10),
+                policy: Some(declared_policy()),
             }),
-            json!({"entry_id": "je_00000000000000000000000000000006", "balance_minor": -300, "at": AT}),
+            // A declared policy travels with each guard event; without one (the BalanceChanged
+            // above) the field is absent, as in events written before policies existed.
+            json!({
+                "entry_id": "je_00000000000000000000000000000006", "balance_minor": -300,
+                "at": AT, "policy": declared_policy_json()
+            }),
+        ),
+        (
+            GuardEvent::AccountDeclared(AccountDeclared {
+                policy: declared_policy(),
+                metadata: json!({"team": "payouts"}).as_object().unwrap().clone(),
+                balance_minor: amt(400),
+                at: at(10),
+            }),
+            json!({
+                "policy": declared_policy_json(),
+                "metadata": {"team": "payouts"}, "balance_minor": 400, "at": AT
+            }),
         ),
     ]
+}
+
+fn declared_policy() -> AccountPolicy {
+    AccountPolicy {
+        normal_balance: NormalBalance::Debit,
+        overdraft: Overdraft::Limit {
+            limit_minor: amt(1_000),
+        },
+        frozen: false,
+    }
+}
+
+fn declared_policy_json() -> Value {
+    json!({"normal_balance": "debit", "overdraft": {"policy": "limit", "limit_minor": 1000}, "frozen": false})
 }
 
 fn exception_fixtures() -> Vec<(ExceptionEvent, Value)> {
@@ -355,7 +388,11 @@ fn type_names_and_schemas_are_stable() {
     );
     assert_eq!(
         GuardEvent::TYPES,
-        &[("BalanceChanged", 1), ("OverdraftFlagged", 1)]
+        &[
+            ("BalanceChanged", 1),
+            ("OverdraftFlagged", 1),
+            ("AccountDeclared", 1)
+        ]
     );
     assert_eq!(
         ExceptionEvent::TYPES,

@@ -427,7 +427,7 @@ proptest! {
                                 at: at(0),
                             };
                             let keys: Vec<GuardKey> =
-                                [account(*from), account(*to)].iter().filter(|a| a.must_not_go_negative()).map(|a| GuardKey {
+                                [account(*from), account(*to)].iter().filter(|a| a.is_guarded()).map(|a| GuardKey {
                                     tenant: tenant(),
                                     account: a.clone(),
                                     currency: usd(),
@@ -445,7 +445,7 @@ proptest! {
                                 _ => None,
                             }).unwrap();
                             let debited: Vec<AccountName> = entry.legs().iter()
-                                .filter(|l| l.amount.is_negative() && l.account.must_not_go_negative())
+                                .filter(|l| l.amount.is_negative() && l.account.is_customer())
                                 .map(|l| l.account.clone()).collect();
                             if store.append(&entry, &decision.guards) {
                                 for account in debited {
@@ -532,7 +532,7 @@ proptest! {
                 Ok(decision) => decision,
                 Err(rejection) => {
                     prop_assert!(
-                        ["insufficient_funds", "accounts_must_be_different", "amount_overflow"].contains(&rejection.code()),
+                        ["insufficient_funds", "accounts_must_be_different", "account_reserved", "amount_overflow"].contains(&rejection.code()),
                         "{rejection}"
                     );
                     continue;
@@ -568,7 +568,7 @@ fn guards_of(
 ) -> BTreeMap<GuardKey, DebitGuard> {
     [account(from), account(to)]
         .into_iter()
-        .filter(AccountName::must_not_go_negative)
+        .filter(AccountName::is_guarded)
         .map(|account| {
             let key = GuardKey {
                 tenant: tenant(),

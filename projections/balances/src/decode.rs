@@ -1,14 +1,64 @@
 //! Reading journal entries out of the log, through the domain's own decoder (so upcasting and
 //! the zero-sum rule are the domain's, checked again here where the entry is read).
 
-use asiento_domain::{Balance, Event, JournalEntry, PaymentEvent, TransferEvent};
+use asiento_domain::guard::AccountDeclared;
+use asiento_domain::{
+    Balance, Event, GuardEvent, JournalEntry, PaymentEvent, StreamKind, TransferEvent,
+};
 use asiento_eventstore::RecordedEvent;
 use asiento_projector::ProjectionError;
 
-use crate::LegView;
+use crate::{BalanceKey, LegView};
 
 /// The stored type name of a journal entry, in every stream family that posts them.
 pub(crate) const ENTRY_POSTED: &str = "EntryPosted";
+/// The stored type name of an account declaration (in a guard stream).
+pub(crate) const ACCOUNT_DECLARED: &str = "AccountDeclared";
+
+/// One account declaration: which (tenant, account, currency) and what was declared.
+pub(crate) struct Declared {
+    pub key: BalanceKey,
+    pub declared: AccountDeclared,
+}
+
+/// The declaration an event records; None for every other event.
+pub(crate) fn account_declared(event: &RecordedEvent) -> Result<Option<Declared>, ProjectionError> {
+    if event.event_type != ACCOUNT_DECLARED {
+        return Ok(None);
+    }
+    let malformed = |reason: String| ProjectionError::Malformed {
+        position: event.position,
+        reason,
+    };
+    let Some(StreamKind::Guard {
+        tenant,
+        account,
+        currency,
+    }) = StreamKind::parse(&event.stream_id)
+    else {
+        return Err(malformed(
+            "an AccountDeclared outside a guard stream".to_owned(),
+        ));
+    };
+    let decoded = Event::decode_raw(
+        &event.stream_id,
+        &event.event_type,
+        event.schema,
+        event.data.raw(),
+    )
+    .map_err(|e| malformed(e.to_string()))?;
+    let Event::Guard(GuardEvent::AccountDeclared(declared)) = decoded else {
+        return Err(malformed("an AccountDeclared that is not one".to_owned()));
+    };
+    Ok(Some(Declared {
+        key: BalanceKey {
+            tenant: tenant.as_str().to_owned(),
+            account: account.as_str().to_owned(),
+            currency: currency.code().to_owned(),
+        },
+        declared,
+    }))
+}
 
 /// One posted journal entry, reduced to what the read model keeps.
 pub(crate) struct Posted {

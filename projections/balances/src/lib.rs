@@ -10,6 +10,8 @@
 //! - **Read-your-writes.** With `min_position` (the `position` a command answered), a read waits
 //!   (polling, at most [`READ_WAIT_MS_MAX`]) until it includes that event, then fails with
 //!   [`BalanceError::ProjectionLagging`] (HTTP 503 `projection_lagging`).
+//! - **Accounts** (`/v1/accounts?prefix=`) are listed from the projected balances and declared
+//!   policies, as of the projection's checkpoint.
 //! - **Legs and entries** (`/v1/accounts/{a}/entries`, `/v1/journal/{id}`) come from the
 //!   projected tables only; with `min_position` they wait for the projector's checkpoint.
 //!
@@ -24,11 +26,13 @@ use asiento_projector::{Projection, ProjectionError, ProjectorError};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+mod accounts;
 mod decode;
 mod projection;
 mod read;
 mod verify;
 
+pub use accounts::{list_accounts, AccountPage, AccountQuery, AccountView, ACCOUNTS_LIMIT_MAX};
 pub use asiento_projector::READ_WAIT_MS_MAX;
 pub use projection::{
     Balances, LedgerEntries, ENTRIES_FINGERPRINT, ENTRIES_NAME, FINGERPRINT, NAME,

@@ -1,7 +1,8 @@
 //! Two projections of the log's journal entries, each with its own tables per generation:
 //!
 //! - [`Balances`]: `balances_g{n}`, one row per (tenant, account, currency) with the balance and
-//!   the position of the last event that changed it;
+//!   the position of the last event that changed it, and `account_policies_g{n}`, the declared
+//!   accounts' policies and metadata (a declared account has a balance row from its declaration);
 //! - [`LedgerEntries`]: `balance_legs_g{n}`, every leg per (tenant, account, currency) in log
 //!   order, and `journal_entries_g{n}`, every entry by id with all its legs.
 //!
@@ -21,8 +22,8 @@ use asiento_eventstore::{Cursor, RecordedEvent, Tx};
 use asiento_projector::{on_tx, Projection, ProjectionError};
 use chrono::{DateTime, Utc};
 
-use crate::decode;
-use crate::LegView;
+use crate::decode::{self, Declared};
+use crate::{BalanceKey, LegView};
 
 /// The registry name, and the argument of `asiento projections rebuild balances`.
 pub const NAME: &str = "balances";
@@ -48,11 +49,27 @@ enum Part {
     Entries,
 }
 
-const VIEWS: [(Part, &str, &str); 3] = [
+const VIEWS: [(Part, &str, &str); 4] = [
     (Part::Balances, "balances", "balances_g"),
+    (Part::Balances, "account_policies", "account_policies_g"),
     (Part::Entries, "balance_legs", "balance_legs_g"),
     (Part::Entries, "journal_entries", "journal_entries_g"),
 ];
+
+/// The declared accounts (`POST /v1/accounts`): the policy and metadata as JSON text, the same on
+/// both backends; read only beside their balance rows.
+fn account_policies_ddl(g: i64, time: &str, suffix: &str) -> String {
+    format!(
+        "CREATE TABLE account_policies_g{g} (
+        tenant        TEXT NOT NULL,
+        account       TEXT NOT NULL,
+        currency      TEXT NOT NULL,
+        policy        TEXT NOT NULL,
+        metadata      TEXT NOT NULL,
+        declared_at   {time} NOT NULL,
+        PRIMARY KEY (tenant, account, currency)){suffix}"
+    )
+}
 
 fn ddl_postgres(g: i64) -> Vec<(Part, String)> {
     vec![
@@ -68,6 +85,7 @@ fn ddl_postgres(g: i64) -> Vec<(Part, String)> {
                 PRIMARY KEY (tenant, account, currency))"
             ),
         ),
+        (Part::Balances, account_policies_ddl(g, "TIMESTAMPTZ", "")),
         // Keyed in log order (xact, position) so that pages by `after` never miss a leg that
         // committed late: rows are only ever added after every existing one.
         (
@@ -120,6 +138,10 @@ fn ddl_sqlite(g: i64) -> Vec<(Part, String)> {
             ),
         ),
         (
+            Part::Balances,
+            account_policies_ddl(g, "TEXT", " WITHOUT ROWID"),
+        ),
+        (
             Part::Entries,
             format!(
                 "CREATE TABLE balance_legs_g{g} (
@@ -157,8 +179,16 @@ fn ddl_sqlite(g: i64) -> Vec<(Part, String)> {
 #[derive(Default)]
 struct BatchWrites {
     deltas: Deltas,
+    /// The last declaration of each account in the batch.
+    declarations: BTreeMap<BalanceKey, DeclarationRow>,
     legs: Vec<LegRow>,
     entries: Vec<EntryRow>,
+}
+
+struct DeclarationRow {
+    policy: String,
+    metadata: String,
+    declared_at: DateTime<Utc>,
 }
 
 struct LegRow {
@@ -221,6 +251,32 @@ impl Deltas {
 }
 
 impl BatchWrites {
+    /// A declaration: its row, and a balance row (a change of 0) so that a declared account is
+    /// listed before its first posting.
+    fn declare(
+        &mut self,
+        event: &RecordedEvent,
+        declared: Declared,
+    ) -> Result<(), ProjectionError> {
+        let encode = |value: serde_json::Result<String>| {
+            value.map_err(|error| ProjectionError::Malformed {
+                position: event.position,
+                reason: error.to_string(),
+            })
+        };
+        let key = declared.key;
+        self.deltas.slot(&key.tenant, &key.account, &key.currency).1 = event.position;
+        self.declarations.insert(
+            key,
+            DeclarationRow {
+                policy: encode(serde_json::to_string(&declared.declared.policy))?,
+                metadata: encode(serde_json::to_string(&declared.declared.metadata))?,
+                declared_at: declared.declared.at,
+            },
+        );
+        Ok(())
+    }
+
     fn add(
         &mut self,
         part: Part,
@@ -318,6 +374,11 @@ async fn apply_part(
         if let Some(entry) = decode::journal_entry(event)? {
             writes.add(part, event, entry)?;
             any = true;
+        } else if part == Part::Balances {
+            if let Some(declared) = decode::account_declared(event)? {
+                writes.declare(event, declared)?;
+                any = true;
+            }
         }
     }
     if !any {
@@ -384,6 +445,9 @@ async fn write_postgres(
     if !w.deltas.is_empty() {
         write_pg_balances(conn, g, w.deltas).await?;
     }
+    if !w.declarations.is_empty() {
+        write_pg_declarations(conn, g, w.declarations).await?;
+    }
     if !w.legs.is_empty() {
         write_pg_legs(conn, g, w.legs).await?;
     }
@@ -422,6 +486,41 @@ async fn write_pg_balances(
     .bind(currencies)
     .bind(changes)
     .bind(positions)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+async fn write_pg_declarations(
+    conn: &mut sqlx::PgConnection,
+    g: i64,
+    rows: BTreeMap<BalanceKey, DeclarationRow>,
+) -> Result<(), sqlx::Error> {
+    let (mut tenants, mut accounts, mut currencies, mut policies, mut metadata, mut at) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for (key, row) in rows {
+        tenants.push(key.tenant);
+        accounts.push(key.account);
+        currencies.push(key.currency);
+        policies.push(row.policy);
+        metadata.push(row.metadata);
+        at.push(row.declared_at);
+    }
+    sqlx::query(&format!(
+        "INSERT INTO account_policies_g{g} AS p
+             (tenant, account, currency, policy, metadata, declared_at)
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                              $6::timestamptz[])
+         ON CONFLICT (tenant, account, currency) DO UPDATE
+         SET policy = excluded.policy, metadata = excluded.metadata,
+             declared_at = excluded.declared_at"
+    ))
+    .bind(tenants)
+    .bind(accounts)
+    .bind(currencies)
+    .bind(policies)
+    .bind(metadata)
+    .bind(at)
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -576,6 +675,24 @@ async fn write_sqlite(
             .bind(currency)
             .bind(after.to_string())
             .bind(position)
+            .execute(&mut *conn)
+            .await?;
+    }
+    let declare = format!(
+        "INSERT INTO account_policies_g{g} (tenant, account, currency, policy, metadata, declared_at)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (tenant, account, currency) DO UPDATE
+         SET policy = excluded.policy, metadata = excluded.metadata,
+             declared_at = excluded.declared_at"
+    );
+    for (key, row) in w.declarations {
+        sqlx::query(&declare)
+            .bind(key.tenant)
+            .bind(key.account)
+            .bind(key.currency)
+            .bind(row.policy)
+            .bind(row.metadata)
+            .bind(row.declared_at)
             .execute(&mut *conn)
             .await?;
     }

@@ -154,7 +154,7 @@ impl Render for TestRender {
                 "status": payment.status.as_str(),
                 "next_action": payment.next_action.is_some(),
             }),
-            Reply::Transfer { .. } => json!({}),
+            Reply::Transfer { .. } | Reply::Account { .. } => json!({}),
             Reply::Rejected(rejected) => json!({"rejected": format!("{rejected:?}")}),
         };
         StoredResponse {

@@ -1,0 +1,105 @@
+//! `POST /v1/transfers`: a two-leg journal entry between two client accounts of one tenant,
+//! committed with the debit guards of both (see [`super`]). Of two transfers racing for the same
+//! money, the second is decided again against the new balance, where it may be refused with
+//! `insufficient_funds`.
+
+use asiento_domain::{
+    transfer::{decide_with_guards, TransferDecision},
+    AccountName, Amount, Currency, RequestTransfer, TenantId, Transfer, TransferId,
+    TransferRejection,
+};
+use asiento_eventstore::Metadata;
+use uuid::Uuid;
+
+use super::{conflict_backoff, Decided, LedgerFlow, LEDGER_CONFLICT_RETRIES_MAX};
+use crate::log;
+use crate::payments::{FlowError, Idempotent};
+use crate::reply::{Answer, Rejected, Render, Reply};
+
+/// A transfer request, validated at the edge.
+#[derive(Debug, Clone)]
+pub struct NewTransfer {
+    pub tenant: TenantId,
+    pub from: AccountName,
+    pub to: AccountName,
+    pub amount: Amount,
+    pub currency: Currency,
+    pub description: Option<String>,
+}
+
+impl LedgerFlow {
+    #[tracing::instrument(skip_all, fields(tenant = %transfer.tenant, key = request.key.as_str()))]
+    pub async fn transfer(
+        &self,
+        request: &Idempotent,
+        transfer: NewTransfer,
+    ) -> Result<Answer, FlowError> {
+        let id = TransferId::from_uuid(Uuid::now_v7());
+        let metadata = Metadata {
+            tenant: Some(transfer.tenant.to_string()),
+            correlation_id: request.correlation_id,
+            causation_id: None,
+            idempotency_key: Some(request.key.as_str().to_owned()),
+        };
+        for attempt in 0..LEDGER_CONFLICT_RETRIES_MAX {
+            let command = RequestTransfer {
+                id,
+                tenant: transfer.tenant.clone(),
+                from: transfer.from.clone(),
+                to: transfer.to.clone(),
+                amount: transfer.amount,
+                currency: transfer.currency,
+                description: transfer.description.clone(),
+                at: self.clock.now(),
+            };
+            // Rejections of the request itself (same accounts, a system account, a long
+            // description) are answered before the key is claimed, so they are not stored; the
+            // guards to load are those of the entry the transfer would post.
+            let entries =
+                match asiento_domain::transfer::decide(&Transfer::default(), command.clone()) {
+                    Ok(entries) => entries,
+                    Err(rejection) => {
+                        return Ok(Answer::Done(
+                            self.render
+                                .render(&Reply::Rejected(Rejected::Transfer(rejection))),
+                        ))
+                    }
+                };
+            let guards =
+                log::load_guards(self.store.as_ref(), log::transfer_entries(&entries)).await?;
+            let decided = match decide_with_guards(&Transfer::default(), command, &guards) {
+                Err(TransferRejection::Guard(guard)) => Decided::Refused(Rejected::Guard(guard)),
+                Err(other) => Decided::Refused(Rejected::Transfer(other)),
+                Ok(TransferDecision { events, guards }) => {
+                    let appends = log::decision_appends(
+                        asiento_domain::transfer_stream(id),
+                        0,
+                        log::encode(&events, &metadata, log::transfer_codec)?,
+                        &guards,
+                        &metadata,
+                    )?;
+                    let record = events
+                        .iter()
+                        .fold(Transfer::default(), asiento_domain::transfer::evolve)
+                        .record
+                        .ok_or_else(|| {
+                            FlowError::Inconsistent("transfer without a record".to_owned())
+                        })?;
+                    Decided::Append(appends, move |render: &dyn Render, position| {
+                        render.render(&Reply::Transfer {
+                            transfer: &record,
+                            position,
+                        })
+                    })
+                }
+            };
+            if let Some(answer) = self.commit(request, &id.to_string(), decided).await? {
+                return Ok(answer);
+            }
+            tokio::time::sleep(conflict_backoff(attempt)).await;
+        }
+        Err(FlowError::Inconsistent(format!(
+            "transfer {id} kept losing guard races"
+        )))
+    }
+}
