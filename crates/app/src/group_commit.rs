@@ -16,7 +16,8 @@
 //! events or completion cannot be written (a lost version race, a lost lease), the transaction is
 //! rolled back and every request of the batch is written again alone, in a transaction of its
 //! own, where that one request gets its [`Committed::Conflict`] or [`Committed::LeaseLost`].
-//! Nothing of a batch is ever committed in part.
+//! Nothing of a batch is ever committed in part. Provider facts on one account within a batch
+//! are chained first (`crate::guard_chain`), so that they do not conflict with each other.
 
 use std::sync::{Arc, OnceLock};
 
@@ -24,6 +25,7 @@ use asiento_eventstore::{AppendError, Appended, StoreError, StreamAppend};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use crate::group_statement::{self, Written};
+use crate::guard_chain::GuardStates;
 use crate::idempotency::{self, Completing, FreshClaim, IdempotencyError, StoredResponse};
 use crate::log::Store;
 use crate::webhooks::{self, InboxRow};
@@ -66,6 +68,10 @@ pub type Respond = Arc<dyn Fn(Option<i64>) -> StoredResponse + Send + Sync>;
 pub enum Committed {
     /// Written and committed (`None`: the step had no events).
     Written(Option<Appended>),
+    /// Written and committed, with its guard appends rebased onto an earlier step of the batch
+    /// or onto the log (`crate::guard_chain`): the guard states its request computed are not the
+    /// ones written; these are.
+    Rebased(Option<Appended>, GuardStates),
     /// The key (or the inbox event) exists: nothing was written.
     NotFresh,
     /// A stream was not at the expected version: nothing was written.
@@ -165,16 +171,72 @@ async fn write_batches(store: Store, receiver: Arc<Mutex<mpsc::UnboundedReceiver
     }
 }
 
-/// Writes the steps as one batch (one statement on PostgreSQL, else one transaction); if that
-/// cannot commit whole, each alone.
-async fn write(store: &Store, steps: Vec<Work>) -> Vec<Result<Committed, GroupCommitError>> {
-    let transaction = match group_statement::write(store, &steps).await {
-        Ok(Written::Done(outcomes)) => return outcomes.into_iter().map(Ok).collect(),
+/// Chains the provider facts of one guard (`crate::guard_chain`), then writes the steps as one
+/// batch. A batch that cannot commit whole is tried once more after its guard appends are
+/// rebased onto the guards' states in the log (a fact decided before another batch wrote its
+/// guard is not a conflict either); if it still cannot, each step is written alone.
+async fn write(store: &Store, mut steps: Vec<Work>) -> Vec<Result<Committed, GroupCommitError>> {
+    let mut rebased = crate::guard_chain::chain(&mut steps);
+    let mut outcomes = write_whole(store, &steps).await;
+    if outcomes.is_none() && steps.len() > 1 {
+        match crate::guard_chain::rebase_onto_log(store.as_ref(), &mut steps).await {
+            Ok(again) if again.iter().any(Option::is_some) => {
+                // The later rebase leaves the final states; a step it left alone keeps the first.
+                rebased = rebased
+                    .into_iter()
+                    .zip(again)
+                    .map(|(first, again)| again.or(first))
+                    .collect();
+                outcomes = write_whole(store, &steps).await;
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "reading guards to rebase a batch failed"),
+        }
+    }
+    let outcomes = match outcomes {
+        Some(outcomes) => outcomes,
+        None => write_alone(store, &steps).await,
+    };
+    outcomes
+        .into_iter()
+        .zip(rebased)
+        .map(|(outcome, rebased)| match (outcome, rebased) {
+            (Ok(Committed::Written(appended)), Some(states)) => {
+                Ok(Committed::Rebased(appended, states))
+            }
+            (other, _) => other,
+        })
+        .collect()
+}
+
+/// The steps as one batch (one statement on PostgreSQL, else one transaction); None when that
+/// could not commit whole (nothing was written). Steps chained on one stream take the
+/// transaction, appending one after the other: the one statement checks every append against
+/// the stream as it was before the batch.
+async fn write_whole(
+    store: &Store,
+    steps: &[Work],
+) -> Option<Vec<Result<Committed, GroupCommitError>>> {
+    let chained = crate::guard_chain::shares_a_stream(steps);
+    if chained {
+        match write_batch(store, steps, true).await {
+            Ok(Batch::Done(outcomes)) => return Some(outcomes.into_iter().map(Ok).collect()),
+            Ok(Batch::Retry) => return None,
+            Err(error) => {
+                tracing::warn!(%error, steps = steps.len(), "chained group commit failed");
+                return None;
+            }
+        }
+    }
+    let transaction = match group_statement::write(store, steps).await {
+        Ok(Written::Done(outcomes)) => return Some(outcomes.into_iter().map(Ok).collect()),
         Ok(Written::Unreadable(error)) => {
-            return steps
-                .iter()
-                .map(|_| Err(GroupCommitError::Unexpected(error.clone())))
-                .collect()
+            return Some(
+                steps
+                    .iter()
+                    .map(|_| Err(GroupCommitError::Unexpected(error.clone())))
+                    .collect(),
+            )
         }
         Ok(Written::Unfit) => true,
         Ok(Written::Refused) => false,
@@ -184,22 +246,33 @@ async fn write(store: &Store, steps: Vec<Work>) -> Vec<Result<Committed, GroupCo
         }
     };
     if transaction && steps.len() > 1 {
-        match write_batch(store, &steps).await {
-            Ok(Batch::Done(outcomes)) => return outcomes.into_iter().map(Ok).collect(),
+        match write_batch(store, steps, false).await {
+            Ok(Batch::Done(outcomes)) => return Some(outcomes.into_iter().map(Ok).collect()),
             Ok(Batch::Retry) => {}
             Err(error) => tracing::warn!(%error, steps = steps.len(), "group commit failed"),
         }
     }
+    if steps.len() == 1 {
+        // One step: its own transaction tells it why.
+        return Some(write_alone(store, steps).await);
+    }
+    None
+}
+
+/// Each step in a transaction of its own, where each gets its own outcome.
+async fn write_alone(store: &Store, steps: &[Work]) -> Vec<Result<Committed, GroupCommitError>> {
     if steps.len() > 1 {
         metrics::counter!("asiento_group_commit_retried_alone_total").increment(steps.len() as u64);
     }
     let mut outcomes = Vec::with_capacity(steps.len());
-    for step in &steps {
-        outcomes.push(match write_batch(store, std::slice::from_ref(step)).await {
-            Ok(Batch::Done(mut one)) => one.pop().ok_or(GroupCommitError::Stopped),
-            Ok(Batch::Retry) => Err(GroupCommitError::Stopped),
-            Err(error) => Err(error),
-        });
+    for step in steps {
+        outcomes.push(
+            match write_batch(store, std::slice::from_ref(step), false).await {
+                Ok(Batch::Done(mut one)) => one.pop().ok_or(GroupCommitError::Stopped),
+                Ok(Batch::Retry) => Err(GroupCommitError::Stopped),
+                Err(error) => Err(error),
+            },
+        );
     }
     outcomes
 }
@@ -213,8 +286,13 @@ enum Batch {
 }
 
 /// One transaction: claims, then events, then completions; committed only if every step that
-/// got past its claim was written whole.
-async fn write_batch(store: &Store, steps: &[Work]) -> Result<Batch, GroupCommitError> {
+/// got past its claim was written whole. `chained`: the steps' appends are written one request
+/// after the other, so that a step may expect the version an earlier one leaves.
+async fn write_batch(
+    store: &Store,
+    steps: &[Work],
+    chained: bool,
+) -> Result<Batch, GroupCommitError> {
     let mut tx = store.begin().await?;
     let claims: Vec<FreshClaim> = steps.iter().filter_map(|s| s.claim.clone()).collect();
     let fresh = if claims.is_empty() {
@@ -243,7 +321,17 @@ async fn write_batch(store: &Store, steps: &[Work]) -> Result<Batch, GroupCommit
         .collect();
     let requests: Vec<&[StreamAppend]> = writing.iter().map(|&i| &steps[i].appends[..]).collect();
     let mut appended: Vec<Option<Appended>> = (0..steps.len()).map(|_| None).collect();
-    if !requests.is_empty() {
+    if chained {
+        for &i in &writing {
+            match store.append_in(&mut tx, &steps[i].appends).await {
+                Ok(result) => appended[i] = Some(result),
+                Err(error) if crate::log::is_conflict(&error) => {
+                    outcomes[i] = Some(Committed::Conflict)
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    } else if !requests.is_empty() {
         let written = store.append_each_in(&mut tx, &requests).await?;
         for (&i, result) in writing.iter().zip(written) {
             match result {

@@ -63,6 +63,13 @@ impl GuardCache {
         }
     }
 
+    /// Remembers states the writer tells (a step it rebased: `crate::guard_chain`).
+    pub fn remember(&self, states: &[(GuardKey, DebitGuard)]) {
+        for (key, state) in states {
+            self.states.remember(key, state);
+        }
+    }
+
     /// Forgets `keys`: a decision on them conflicted, so what is remembered may be stale.
     pub fn forget<'a>(&self, keys: impl IntoIterator<Item = &'a GuardKey>) {
         self.states.forget(keys);

@@ -10,6 +10,7 @@ pub mod facts;
 pub mod group_commit;
 pub mod group_statement;
 pub mod guard_cache;
+pub mod guard_chain;
 pub mod idempotency;
 pub mod invariants;
 pub mod latest;

@@ -193,7 +193,7 @@ pub fn transfer_entries(events: &[TransferEvent]) -> Vec<&JournalEntry> {
     entries
 }
 
-fn expected(version: u64) -> ExpectedVersion {
+pub(crate) fn expected(version: u64) -> ExpectedVersion {
     if version == 0 {
         ExpectedVersion::NoStream
     } else {
@@ -236,7 +236,9 @@ pub fn transfer_codec(
     Ok((event.event_type(), event.schema_version(), event.encode()?))
 }
 
-fn guard_codec(event: &GuardEvent) -> Result<(&'static str, i32, serde_json::Value), EncodeError> {
+pub(crate) fn guard_codec(
+    event: &GuardEvent,
+) -> Result<(&'static str, i32, serde_json::Value), EncodeError> {
     Ok((event.event_type(), event.schema_version(), event.encode()?))
 }
 

@@ -48,6 +48,14 @@ use crate::reply::{Answer, PaymentCommandKind, Rejected, Render, Reply};
 /// request gives up (the key stays in flight and a retry resumes it).
 pub const CONFLICT_RETRIES_MAX: u32 = 16;
 
+/// How long to wait before deciding again after the `attempt`-th lost version race: a random time
+/// up to 1, 2, 4 … ms, at most 32, so that the contenders of one hot stream (a marketplace
+/// seller's guard) spread out instead of colliding again at once.
+pub(crate) fn conflict_backoff(attempt: u32) -> std::time::Duration {
+    let ceiling_us = 1_000u64 << attempt.min(5);
+    std::time::Duration::from_micros(rand::random_range(0..=ceiling_us))
+}
+
 /// How long an in-flight idempotency key is held before a retry may take it over. Longer than
 /// the provider client's worst case (attempts × request timeout), so that a live request is never
 /// taken over.
@@ -288,7 +296,9 @@ impl PaymentFlow {
             appends: appends.clone(),
             ..Work::default()
         };
-        if let Committed::Written(Some(appended)) = self.commits.commit(step).await? {
+        if let Committed::Written(Some(appended)) | Committed::Rebased(Some(appended), _) =
+            self.commits.commit(step).await?
+        {
             let current = CurrentPayment::new(&events, &appended);
             return self
                 .charge_and_finalize(id, &payment.payment_method, request, lease, Some(current))
@@ -539,7 +549,7 @@ impl PaymentFlow {
         also: Option<&dyn InTransaction>,
         mut preloaded: Option<CurrentPayment>,
     ) -> Result<Finalized, FlowError> {
-        for _ in 0..CONFLICT_RETRIES_MAX {
+        for attempt in 0..CONFLICT_RETRIES_MAX {
             let current = match preloaded.take() {
                 Some(current) => current,
                 None => log::load_payment(self.store.as_ref(), id).await?.into(),
@@ -631,9 +641,15 @@ impl PaymentFlow {
                         self.committed.remember(id, &after);
                         return Ok(finalized(appended.map(|a| a.last_position)));
                     }
+                    Committed::Rebased(appended, states) => {
+                        self.guards.remember(&states);
+                        self.committed.remember(id, &after);
+                        return Ok(finalized(appended.map(|a| a.last_position)));
+                    }
                     Committed::Conflict => {
                         metrics::counter!("asiento_finalize_conflicts_total").increment(1);
                         self.guards.forget(guards.keys());
+                        tokio::time::sleep(conflict_backoff(attempt)).await;
                         continue;
                     }
                     Committed::LeaseLost => return Err(IdempotencyError::LeaseLost.into()),
@@ -652,6 +668,7 @@ impl PaymentFlow {
                         metrics::counter!("asiento_finalize_conflicts_total").increment(1);
                         self.guards.forget(guards.keys());
                         tx.rollback().await?;
+                        tokio::time::sleep(conflict_backoff(attempt)).await;
                         continue;
                     }
                     Err(error) => return Err(FlowError::Append(error)),
@@ -940,7 +957,7 @@ impl PaymentFlow {
                     ..Work::default()
                 };
                 match self.commits.commit(work).await? {
-                    Committed::Written(_) => {
+                    Committed::Written(_) | Committed::Rebased(..) => {
                         return Ok(Step::Work {
                             lease,
                             resource,

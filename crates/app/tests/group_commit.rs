@@ -443,3 +443,117 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all_sqlite() {
 async fn one_statement_commits_a_batch_whole_or_not_at_all_postgres() {
     one_statement_commits_a_batch_whole_or_not_at_all(Backend::Postgres).await;
 }
+
+/// Forty provider facts on one customer's guard, all decided against the same state and
+/// submitted at once (a marketplace seller paid forty times at once), beside forty on other
+/// customers: every one is written, none conflicts, and the guard ends at the sum of them all,
+/// one version per fact, its overdraft flagged exactly where the chained balances cross zero.
+async fn facts_on_one_guard_are_chained_not_refused(backend: Backend) {
+    use asiento_domain::guard::{decide_entry, DebitGuard, GuardEvent, GuardKey, Origin};
+    use asiento_domain::{AccountName, Amount, Currency, EntryId, JournalEntry, Leg, TenantId};
+
+    let db = TestDatabase::open(backend).await;
+    let store = db.database.event_store();
+    let commits = GroupCommit::new(store.clone());
+    let usd = Currency::parse("USD").unwrap();
+    let key = |customer: u32| GuardKey {
+        tenant: TenantId::parse("acme").unwrap(),
+        account: AccountName::parse(&format!("customer:{customer}:available")).unwrap(),
+        currency: usd,
+    };
+    let step = |n: u32, customer: u32, delta: i64| {
+        let legs = vec![
+            Leg::new(key(customer).account, usd, Amount::new(delta)),
+            Leg::new(
+                AccountName::parse("psp:sim:clearing").unwrap(),
+                usd,
+                Amount::new(-delta),
+            ),
+        ];
+        let entry = JournalEntry::new(
+            EntryId::from_uuid(Uuid::from_u128(u128::from(n))),
+            key(customer).tenant,
+            legs,
+            None,
+        )
+        .unwrap();
+        let guards = [(key(customer), DebitGuard::default())]
+            .into_iter()
+            .collect();
+        let at = chrono::DateTime::from_timestamp(1_764_000_000, 0).unwrap();
+        let appends = decide_entry(&entry, Origin::ProviderFact, &guards, at).unwrap();
+        let mut work_appends = vec![append(
+            &format!("payment-{n}"),
+            ExpectedVersion::NoStream,
+            1,
+        )];
+        work_appends
+            .extend(asiento_app::log::guard_appends(&appends, &Metadata::default()).unwrap());
+        Work {
+            appends: work_appends,
+            ..Work::default()
+        }
+    };
+    // Customer 1 is credited 100 forty times, except that the 20th fact is a refund of 5000.
+    let deltas: Vec<i64> = (0..40)
+        .map(|n| if n == 19 { -5_000 } else { 100 })
+        .collect();
+    let mut tasks = Vec::new();
+    for (n, delta) in (0u32..).zip(deltas.clone()) {
+        for (customer, delta) in [(1, delta), (100 + n, 100)] {
+            let commits = Arc::clone(&commits);
+            let work = step(n * 1_000 + customer, customer, delta);
+            tasks.push(tokio::spawn(async move { commits.commit(work).await }));
+        }
+    }
+    for task in tasks {
+        let outcome = task.await.unwrap().unwrap();
+        assert!(
+            matches!(
+                outcome,
+                Committed::Written(Some(_)) | Committed::Rebased(Some(_), _)
+            ),
+            "{outcome:?}"
+        );
+    }
+    let events = store.read_stream(&key(1).stream(), 0, 1_000).await.unwrap();
+    let decoded: Vec<GuardEvent> = events
+        .iter()
+        .map(|e| GuardEvent::decode_raw(&e.event_type, e.schema, e.data.raw()).unwrap())
+        .collect();
+    let state = decoded
+        .iter()
+        .fold(DebitGuard::default(), asiento_domain::guard::evolve);
+    let changes = decoded
+        .iter()
+        .filter(|e| matches!(e, GuardEvent::BalanceChanged(_)))
+        .count();
+    assert_eq!(changes, 40);
+    assert_eq!(state.balance, Amount::new(deltas.iter().sum()));
+    assert_eq!(state.version, events.len() as u64);
+    // Every balance is the one before plus its change, and a flag follows exactly the changes
+    // that leave the balance below zero going down.
+    let mut balance = 0;
+    for (i, event) in decoded.iter().enumerate() {
+        if let GuardEvent::BalanceChanged(change) = event {
+            let below =
+                balance + change.delta_minor.minor() < 0 && change.delta_minor.is_negative();
+            balance += change.delta_minor.minor();
+            assert_eq!(change.balance_minor.minor(), balance);
+            let flagged = matches!(decoded.get(i + 1), Some(GuardEvent::OverdraftFlagged(_)));
+            assert_eq!(flagged, below, "event {i}");
+        }
+    }
+    drop(commits);
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn facts_on_one_guard_are_chained_not_refused_sqlite() {
+    facts_on_one_guard_are_chained_not_refused(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn facts_on_one_guard_are_chained_not_refused_postgres() {
+    facts_on_one_guard_are_chained_not_refused(Backend::Postgres).await;
+}

@@ -90,6 +90,11 @@ pub struct E2eArgs {
     /// The server binary (default: this executable).
     #[arg(long)]
     pub server_bin: Option<std::path::PathBuf>,
+    /// Also run the same load with every payment to one customer (a marketplace seller who
+    /// receives every payment), after the spread load on the same server, and report its
+    /// payments/s against the spread load's (`E2E-HOT-…`).
+    #[arg(long)]
+    pub hot_account: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -363,11 +368,13 @@ fn merge(into: &mut Option<Histogram<u64>>, h: Histogram<u64>) -> anyhow::Result
     Ok(())
 }
 
+/// `args.payments` payments spread over `customers` customers.
 async fn run_load(
     client: &reqwest::Client,
     base: &str,
     args: &E2eArgs,
     run_id: &str,
+    customers: u64,
 ) -> anyhow::Result<(Duration, LoadResult)> {
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -387,7 +394,7 @@ async fn run_load(
                 let body = serde_json::json!({
                     "amount_minor": PAYMENT_AMOUNT_MINOR,
                     "currency": "USD",
-                    "customer": format!("c{}", i % E2E_CUSTOMERS),
+                    "customer": format!("c{}", i % customers),
                     "provider": "sim",
                     "payment_method": "pm_card_ok",
                     "description": format!("bench {i}"),
@@ -670,7 +677,7 @@ async fn e2e_on(
         let run_id = Uuid::new_v4().simple().to_string();
         let server_pid = server.pid.to_string();
         let cpu_before = (cpu_s(&server_pid), cpu_s("self"), postgres_cpu());
-        let (elapsed, load) = run_load(&client, &server.base, args, &run_id).await?;
+        let (elapsed, load) = run_load(&client, &server.base, args, &run_id, E2E_CUSTOMERS).await?;
         let cpu = (
             cpu_s(&server_pid) - cpu_before.0,
             cpu_s("self") - cpu_before.1,
@@ -683,6 +690,13 @@ async fn e2e_on(
         let (healthz_rate, healthz_failed) =
             run_healthz(&client, &server.base, args.clients, args.healthz_requests).await?;
         let rss_peak_kb = proc_kb(server.pid, "VmHWM");
+        let hot = if args.hot_account {
+            settle(&client, &server.base).await?;
+            let hot_run = format!("{run_id}-hot");
+            Some(run_load(&client, &server.base, args, &hot_run, 1).await?)
+        } else {
+            None
+        };
         anyhow::Ok((
             cpu,
             rss_idle_kb,
@@ -693,6 +707,7 @@ async fn e2e_on(
             load,
             healthz_rate,
             healthz_failed,
+            hot,
         ))
     }
     .await;
@@ -707,6 +722,7 @@ async fn e2e_on(
         load,
         healthz_rate,
         healthz_failed,
+        hot,
     ) = outcome?;
 
     // The floor's second half, with the server stopped.
@@ -815,17 +831,36 @@ async fn e2e_on(
         "{name} server rss_kb idle={rss_idle_kb} peak_after_load={rss_peak_load_kb} \
          peak={rss_peak_kb}"
     );
-    let server_errors: u64 = load
-        .statuses
-        .iter()
-        .filter(|(status, _)| **status >= 500 || **status == 0)
-        .map(|(_, n)| n)
-        .sum();
+    let mut server_errors = server_errors_of(&load);
+    if let Some((hot_elapsed, hot)) = hot {
+        let hot_rate = hot.accepted as f64 / hot_elapsed.as_secs_f64().max(f64::EPSILON);
+        let hot_errors = server_errors_of(&hot);
+        println!(
+            "E2E-HOT-{backend} asiento={hot_rate:.0} limit={rate:.0} ratio={:.2}",
+            hot_rate / rate
+        );
+        eprintln!(
+            "E2E-HOT-{backend} every payment to one customer: accepted={} in {:.1}s, \
+             5xx or transport errors {hot_errors}; limit: the spread load's payments/s",
+            hot.accepted,
+            hot_elapsed.as_secs_f64()
+        );
+        server_errors += hot_errors;
+    }
     if server_errors > 0 {
         eprintln!("{name} !!! {server_errors} answers were 5xx or transport errors !!!");
         bail!("{server_errors} requests failed with 5xx or a transport error");
     }
     Ok(())
+}
+
+/// Answers that were 5xx or no answer at all.
+fn server_errors_of(load: &LoadResult) -> u64 {
+    load.statuses
+        .iter()
+        .filter(|(status, _)| **status >= 500 || **status == 0)
+        .map(|(_, n)| n)
+        .sum()
 }
 
 // ---------------------------------------------------------------- bench command

@@ -237,38 +237,7 @@ pub fn decide_entry(
                 currency: key.currency,
             });
         };
-        let policy = guard.policy(&key.account);
-        if policy.frozen && origin == Origin::Command {
-            return Err(GuardRejection::AccountFrozen {
-                account: key.account,
-                currency: key.currency,
-            });
-        }
-        let balance = guard.balance.checked_add(delta)?;
-        let breached = policy.breached_by(guard.balance, delta)?;
-        if breached && origin == Origin::Command {
-            return Err(GuardRejection::InsufficientFunds {
-                account: key.account,
-                currency: key.currency,
-                balance: guard.balance,
-                debit: delta.checked_neg()?,
-            });
-        }
-        let mut events = vec![GuardEvent::BalanceChanged(BalanceChanged {
-            entry_id: entry.id(),
-            delta_minor: delta,
-            balance_minor: balance,
-            at,
-            policy: guard.declared,
-        })];
-        if breached {
-            events.push(GuardEvent::OverdraftFlagged(OverdraftFlagged {
-                entry_id: entry.id(),
-                balance_minor: balance,
-                at,
-                policy: guard.declared,
-            }));
-        }
+        let events = change_events(guard, &key, entry.id(), delta, origin, at)?;
         appends.push(GuardAppend {
             key,
             expected_version: guard.version,
@@ -276,6 +245,90 @@ pub fn decide_entry(
         });
     }
     Ok(appends)
+}
+
+/// The events of one net change of `delta` on the guard of `key` in state `guard`: refused for a
+/// command that breaches the account's policy or touches a frozen one; recorded (and flagged
+/// when it breaches) for a provider fact.
+fn change_events(
+    guard: &DebitGuard,
+    key: &GuardKey,
+    entry_id: EntryId,
+    delta: Amount,
+    origin: Origin,
+    at: DateTime<Utc>,
+) -> Result<Vec<GuardEvent>, GuardRejection> {
+    let policy = guard.policy(&key.account);
+    if policy.frozen && origin == Origin::Command {
+        return Err(GuardRejection::AccountFrozen {
+            account: key.account.clone(),
+            currency: key.currency,
+        });
+    }
+    let balance = guard.balance.checked_add(delta)?;
+    let breached = policy.breached_by(guard.balance, delta)?;
+    if breached && origin == Origin::Command {
+        return Err(GuardRejection::InsufficientFunds {
+            account: key.account.clone(),
+            currency: key.currency,
+            balance: guard.balance,
+            debit: delta.checked_neg()?,
+        });
+    }
+    let mut events = vec![GuardEvent::BalanceChanged(BalanceChanged {
+        entry_id,
+        delta_minor: delta,
+        balance_minor: balance,
+        at,
+        policy: guard.declared,
+    })];
+    if breached {
+        events.push(GuardEvent::OverdraftFlagged(OverdraftFlagged {
+            entry_id,
+            balance_minor: balance,
+            at,
+            policy: guard.declared,
+        }));
+    }
+    Ok(events)
+}
+
+/// A provider fact's guard events, decided against some state, decided again against `onto`:
+/// the same changes, with the balances after them and the overdraft flags recomputed (a provider
+/// fact is never refused, so nothing else can differ). This is how one group-commit batch carries
+/// several provider facts on one account: each is rebased onto the state the previous one leaves.
+/// None when the events are not only balance changes (a declaration is a command's).
+#[must_use]
+pub fn rebase_fact(
+    key: &GuardKey,
+    onto: DebitGuard,
+    events: &[GuardEvent],
+) -> Option<Vec<GuardEvent>> {
+    let mut state = onto;
+    let mut rebased = Vec::with_capacity(events.len());
+    for event in events {
+        match event {
+            GuardEvent::BalanceChanged(change) => {
+                let step = change_events(
+                    &state,
+                    key,
+                    change.entry_id,
+                    change.delta_minor,
+                    Origin::ProviderFact,
+                    change.at,
+                )
+                .ok()?;
+                for event in step {
+                    state = evolve(state, &event);
+                    rebased.push(event);
+                }
+            }
+            // Recomputed with the change it follows.
+            GuardEvent::OverdraftFlagged(_) => {}
+            GuardEvent::AccountDeclared(_) => return None,
+        }
+    }
+    Some(rebased)
 }
 
 /// A declaration of `key`'s policy, appended to its guard stream at the version `guard` was read
@@ -496,6 +549,41 @@ mod tests {
         assert_eq!(guard.version, 3);
         let last = appends[0].events.last().unwrap();
         assert_eq!(DebitGuard::from_last(3, last), guard);
+    }
+
+    #[test]
+    fn a_fact_rebased_onto_a_later_state_recomputes_balances_and_flags() {
+        let customer = key("customer:1:available");
+        let refund = entry(&[("customer:1:available", -300), ("psp:sim:clearing", 300)]);
+        let read = guards(&[("customer:1:available", 4, 500)]);
+        let decided = decide_entry(&refund, Origin::ProviderFact, &read, at()).unwrap();
+        assert_eq!(decided[0].events.len(), 1, "no overdraft against 500");
+        // Another fact in the same batch took the balance to 100 first.
+        let onto = DebitGuard {
+            version: 5,
+            balance: Amount::new(100),
+            ..DebitGuard::default()
+        };
+        let rebased = rebase_fact(&customer, onto, &decided[0].events).unwrap();
+        let after = rebased.iter().fold(onto, evolve);
+        assert_eq!(
+            (after.balance, after.flagged, after.version),
+            (Amount::new(-200), true, 7)
+        );
+        // Rebased onto the state it was decided against, it is the same events.
+        assert_eq!(
+            rebase_fact(&customer, read[&customer], &decided[0].events).unwrap(),
+            decided[0].events
+        );
+        let declared = declare(
+            customer.clone(),
+            &onto,
+            AccountPolicy::implied(&customer.account),
+            Map::new(),
+            at(),
+        )
+        .unwrap();
+        assert_eq!(rebase_fact(&customer, onto, &declared.events), None);
     }
 
     #[test]

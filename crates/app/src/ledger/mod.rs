@@ -11,13 +11,13 @@ pub mod accounts;
 pub mod transfers;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use asiento_eventstore::{Database, StreamAppend};
 
 use crate::clock::Clock;
 use crate::idempotency::{self, Claim, StoredResponse};
 use crate::log::{self, Store};
+pub(crate) use crate::payments::conflict_backoff;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
 
@@ -46,14 +46,6 @@ enum Decided<F> {
 /// account's contenders each lose at most one race per command that wins, so this is sized for
 /// dozens of concurrent commands on one account, spread by [`conflict_backoff`].
 pub const LEDGER_CONFLICT_RETRIES_MAX: u32 = 64;
-
-/// How long to wait before deciding again after the `attempt`-th lost guard race: a random time
-/// up to 1, 2, 4 … ms, at most 32, so that a hot account's contenders spread out instead of
-/// colliding again at once.
-fn conflict_backoff(attempt: u32) -> Duration {
-    let ceiling_us = 1_000u64 << attempt.min(5);
-    Duration::from_micros(rand::random_range(0..=ceiling_us))
-}
 
 impl LedgerFlow {
     /// Claims the key, then stores the rejection or appends and renders. `Ok(None)`: a guard

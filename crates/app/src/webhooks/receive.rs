@@ -155,7 +155,7 @@ impl WebhookReceiver {
             ..Work::default()
         };
         let duplicate = match self.commits.commit(work).await? {
-            Committed::Written(_) => false,
+            Committed::Written(_) | Committed::Rebased(..) => false,
             Committed::NotFresh => true,
             other => {
                 return Err(ReceiveError::Store(GroupCommitError::Unexpected(format!(
