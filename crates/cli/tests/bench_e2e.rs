@@ -1,9 +1,10 @@
-//! `asiento bench e2e`, tiny, on both backends: the real binary starts itself
-//! as the server, drives it, measures both floors and prints its line.
+//! `asiento bench e2e --hot-account`, tiny, on both backends: the real binary starts itself
+//! as the server, drives it (spread, then every payment to one customer), measures both floors
+//! and prints its lines.
 
 use std::process::Command;
 
-fn bench_e2e(database_url: Option<&str>, expected_prefix: &str) {
+fn bench_e2e(database_url: Option<&str>, backend: &str) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_asiento"));
     command.args([
         "bench",
@@ -18,6 +19,7 @@ fn bench_e2e(database_url: Option<&str>, expected_prefix: &str) {
         "200",
         "--floor-transactions",
         "200",
+        "--hot-account",
     ]);
     command.env_remove("ASIENTO_BENCH_DATABASE_URL");
     if let Some(url) = database_url {
@@ -30,24 +32,33 @@ fn bench_e2e(database_url: Option<&str>, expected_prefix: &str) {
         output.status.success(),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with(expected_prefix))
-        .unwrap_or_else(|| panic!("no {expected_prefix} line in:\n{stdout}\n{stderr}"));
-    for field in ["asiento=", "limit=", "ratio="] {
-        assert!(line.contains(field), "{line}");
+    for prefix in [
+        format!("E2E-{backend} asiento="),
+        format!("E2E-HOT-{backend} asiento="),
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line in:\n{stdout}\n{stderr}"));
+        for field in ["asiento=", "limit=", "ratio="] {
+            assert!(line.contains(field), "{line}");
+        }
     }
     assert!(stderr.contains("accepted=30 refunds=6"), "{stderr}");
+    assert!(
+        stderr.contains("every payment to one customer: accepted=30 "),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn bench_e2e_runs_small_on_sqlite() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let url = format!("sqlite://{}", dir.path().join("e2e.db").display());
-    bench_e2e(Some(&url), "E2E-sqlite asiento=");
+    bench_e2e(Some(&url), "sqlite");
 }
 
 #[test]
 fn bench_e2e_runs_small_on_postgres() {
-    bench_e2e(None, "E2E-postgres asiento=");
+    bench_e2e(None, "postgres");
 }
