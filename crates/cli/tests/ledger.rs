@@ -484,28 +484,7 @@ async fn overdraft_policies_hold_under_concurrent_transfers(backend: Backend) {
     assert!(ok, "{output}");
 }
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Postgres).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
+common::on_both_backends!(
     amounts_above_the_limit_are_refused_at_the_edge,
     balances_beyond_i64_are_exact,
     system_accounts_are_reserved,

@@ -673,28 +673,7 @@ async fn events_view_withholds_the_redirect_url(backend: Backend) {
         .starts_with("ch_"));
 }
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Postgres).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
+common::on_both_backends!(
     one_key_many_concurrent_requests_charge_once,
     replays_are_byte_identical,
     crash_between_charge_and_finalisation_resumes_once,

@@ -386,28 +386,7 @@ async fn corrupted_snapshot_is_found_and_repaired(backend: Backend) {
     assert_eq!(balance.json()["balance_minor"], 3 * 1_940);
 }
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Postgres).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
+common::on_both_backends!(
     rebuild_while_payments_flow,
     read_your_writes,
     min_position_zero_is_satisfied_at_once,

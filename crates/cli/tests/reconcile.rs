@@ -393,28 +393,7 @@ async fn verify_names_what_was_corrupted(backend: Backend) {
     );
 }
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Postgres).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
+common::on_both_backends!(
     dashboard_refund_is_found_and_posted_once,
     payments_converge_through_the_sweeper_alone,
     amount_mismatch_is_left_open_for_a_person,

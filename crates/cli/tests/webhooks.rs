@@ -476,28 +476,7 @@ async fn two_worker_processes_drain_one_inbox_exactly_once() {
     drop(workers);
 }
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Postgres).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
+common::on_both_backends!(
     payments_converge_under_duplicated_and_reordered_webhooks,
     the_endpoint_refuses_what_is_not_signed_right,
 );

@@ -427,3 +427,29 @@ pub fn shift_balance_sql(backend: Backend, account: &str, delta: i64) -> String 
     };
     format!("UPDATE balances_g1 SET balance_minor = {shifted} WHERE account = '{account}'")
 }
+
+/// Runs each named `async fn(Backend)` of the calling test file as two tests, `sqlite::name` and
+/// `postgres::name`.
+#[allow(unused_macros)] // not every test file runs on both backends
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Sqlite).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Postgres).await;
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_both_backends;
