@@ -1,4 +1,4 @@
-//! How replies look over HTTP: the payment and transfer objects of API.md, and every business
+//! How replies look over HTTP: the payment, transfer and account objects of API.md, and every business
 //! rejection mapped once to a status and a stable `code`. The bytes made here are also what the
 //! idempotency record stores, so a replay is byte-identical to the first answer.
 

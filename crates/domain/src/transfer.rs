@@ -180,7 +180,7 @@ pub struct TransferDecision {
     pub guards: Vec<GuardAppend>,
 }
 
-/// [`decide`], then the debit guards of the entry's `customer:…` accounts
+/// [`decide`], then the debit guards of the entry's client accounts
 /// (see [`crate::guard::guarded_keys`] for which states to load).
 pub fn decide_with_guards(
     transfer: &Transfer,
