@@ -18,6 +18,8 @@
 //! (`asiento_projector::rebuild` of the balances projection from position
 //! zero, timed whole, then checked against a recomputation from the log).
 
+#[path = "bench_command.rs"]
+mod bench_command;
 #[path = "bench_e2e.rs"]
 mod bench_e2e;
 
@@ -86,7 +88,7 @@ pub enum BenchCommand {
     /// HTTP floor (`/healthz`) and database floor (plain SQL transactions).
     E2e(bench_e2e::E2eArgs),
     /// The transfer command path without HTTP, among funded customer accounts.
-    Command(bench_e2e::CommandArgs),
+    Command(bench_command::CommandArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -151,7 +153,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Append(args) => append(args).await,
         BenchCommand::Replay(args) => replay(args).await,
         BenchCommand::E2e(args) => bench_e2e::e2e(args).await,
-        BenchCommand::Command(args) => bench_e2e::command(args).await,
+        BenchCommand::Command(args) => bench_command::command(args).await,
     }
 }
 

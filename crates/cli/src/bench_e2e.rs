@@ -1,5 +1,4 @@
-//! `asiento bench e2e|command`: the whole path of a payment over HTTP, and the
-//! command path of a transfer without HTTP.
+//! `asiento bench e2e`: the whole path of a payment over HTTP.
 //!
 //! `e2e` starts the real server as a child process (this binary, `serve`, the
 //! in-process simulator, `pm_card_ok`), drives it with `--clients` concurrent
@@ -12,10 +11,6 @@
 //! transactions one payment takes, counted in this run; half of them before the
 //! server starts and half after it stops). It prints
 //! `E2E-<backend> asiento=<payments/s> limit=<database floor> ratio=<x>`.
-//!
-//! `command` runs `LedgerFlow::transfer` (load guards, decide, append with
-//! `Exact` versions, retry on conflict) in process among `--accounts`
-//! customer accounts funded from `treasury:main`.
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
@@ -24,12 +19,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use asiento_app::clock::SystemClock;
-use asiento_app::idempotency::{canonical_body_hash, IdempotencyKey, Scope};
-use asiento_app::ledger::{LedgerFlow, NewTransfer};
-use asiento_app::payments::Idempotent;
-use asiento_app::reply::Answer;
-use asiento_domain::{AccountName, Amount, Currency, TenantId};
 use asiento_eventstore::{Backend, Database};
 use hdrhistogram::Histogram;
 use sqlx::types::Json;
@@ -38,7 +27,7 @@ use uuid::Uuid;
 
 use super::{new_histogram, record, Target, PLAIN_INSERT_PG};
 
-const BENCH_TENANT: &str = "bench";
+pub(super) const BENCH_TENANT: &str = "bench";
 const BENCH_API_KEY: &str = "sk_bench_0123456789abcdef";
 /// How long the server may take to print its listening line.
 const SERVER_START_MAX_S: u64 = 120;
@@ -61,10 +50,6 @@ const TX_PER_REFUND: f64 = 2.0;
 /// Write transactions per webhook: stored by the handler, applied and marked
 /// processed by the worker.
 const TX_PER_WEBHOOK: f64 = 2.0;
-/// Funding of each customer account in `bench command`, in minor units.
-const COMMAND_FUNDING_MINOR: i64 = 1_000_000_000;
-const COMMAND_TRANSFER_MAX_MINOR: u64 = 1_000;
-const COMMAND_POOL_EXTRA: u32 = 4;
 
 #[derive(clap::Args, Debug)]
 pub struct E2eArgs {
@@ -95,23 +80,6 @@ pub struct E2eArgs {
     /// payments/s against the spread load's (`E2E-HOT-…`).
     #[arg(long)]
     pub hot_account: bool,
-}
-
-#[derive(clap::Args, Debug)]
-pub struct CommandArgs {
-    /// Database to use (postgres://… or sqlite://…); must hold no events.
-    /// Default: a fresh PostgreSQL test database, dropped afterwards.
-    #[arg(long, env = super::BENCH_DATABASE_URL_ENV)]
-    pub database_url: Option<String>,
-    /// Customer accounts the transfers move money among.
-    #[arg(long, default_value_t = 1_000)]
-    pub accounts: u64,
-    /// Concurrent tasks.
-    #[arg(long, default_value_t = 8)]
-    pub tasks: usize,
-    /// Transfers to make (after funding).
-    #[arg(long, default_value_t = 20_000)]
-    pub commands: u64,
 }
 
 // ------------------------------------------------------------------ the server
@@ -622,7 +590,7 @@ async fn settle(client: &reqwest::Client, base: &str) -> anyhow::Result<Counters
     }
 }
 
-fn backend_name(db: &Database) -> &'static str {
+pub(super) fn backend_name(db: &Database) -> &'static str {
     match db.backend() {
         Backend::Postgres => "postgres",
         Backend::Sqlite => "sqlite",
@@ -863,181 +831,9 @@ fn server_errors_of(load: &LoadResult) -> u64 {
         .sum()
 }
 
-// ---------------------------------------------------------------- bench command
-
-fn idempotent(key: &str, body: &serde_json::Value) -> anyhow::Result<Idempotent> {
-    Ok(Idempotent {
-        scope: Scope {
-            tenant: BENCH_TENANT.to_owned(),
-            method: "POST".to_owned(),
-            route: "/v1/transfers".to_owned(),
-        },
-        key: IdempotencyKey::parse(key).map_err(|e| anyhow::anyhow!("{e:?}"))?,
-        body: canonical_body_hash(body),
-        correlation_id: None,
-    })
-}
-
-fn customer(i: u64) -> anyhow::Result<AccountName> {
-    Ok(AccountName::parse(&format!("customer:{i}:available"))?)
-}
-
-/// One transfer through the flow; the answer's status (201 posted).
-async fn transfer(
-    flow: &LedgerFlow,
-    key: &str,
-    from: AccountName,
-    to: AccountName,
-    amount_minor: i64,
-) -> anyhow::Result<u16> {
-    let body = serde_json::json!({
-        "from": from.as_str(), "to": to.as_str(), "amount_minor": amount_minor, "currency": "USD"
-    });
-    let request = idempotent(key, &body)?;
-    let answer = flow
-        .transfer(
-            &request,
-            NewTransfer {
-                tenant: TenantId::parse(BENCH_TENANT)?,
-                from,
-                to,
-                amount: Amount::new(amount_minor),
-                currency: Currency::parse("USD")?,
-                description: None,
-            },
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("transfer failed: {e:?}"))?;
-    Ok(match answer {
-        Answer::Done(response) | Answer::Replayed(response) => response.status,
-        Answer::InProgress { .. } => 409,
-        Answer::KeyReused => 422,
-    })
-}
-
-/// A small xorshift, so that each task picks its own pairs reproducibly.
-fn xorshift(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
-
-pub async fn command(args: CommandArgs) -> anyhow::Result<()> {
-    if args.tasks == 0 || args.accounts < 2 {
-        bail!("need at least one task and two accounts");
-    }
-    let pool_size = u32::try_from(args.tasks)?.saturating_add(COMMAND_POOL_EXTRA);
-    let target = Target::open(args.database_url.clone(), pool_size).await?;
-    let result = command_on(&target.db, &args).await;
-    target.close().await;
-    result
-}
-
-async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
-    let flow = LedgerFlow {
-        database: db.clone(),
-        store: db.event_store(),
-        clock: Arc::new(SystemClock),
-        render: Arc::new(asiento_api::render::JsonRender),
-        idempotency_lease_ms: 60_000,
-    };
-    let run_id = Uuid::new_v4().simple().to_string();
-    let treasury = AccountName::parse("treasury:main")?;
-    let funding = Instant::now();
-    for i in 0..args.accounts {
-        let status = transfer(
-            &flow,
-            &format!("{run_id}-fund-{i}"),
-            treasury.clone(),
-            customer(i)?,
-            COMMAND_FUNDING_MINOR,
-        )
-        .await?;
-        if status != 201 {
-            bail!("funding customer {i} answered {status}");
-        }
-    }
-    eprintln!(
-        "command funded {} accounts in {:.1}s",
-        args.accounts,
-        funding.elapsed().as_secs_f64()
-    );
-
-    let next = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let mut tasks = Vec::with_capacity(args.tasks);
-    for task in 0..args.tasks {
-        let (flow, next, run_id) = (flow.clone(), Arc::clone(&next), run_id.clone());
-        let (accounts, commands) = (args.accounts, args.commands);
-        tasks.push(tokio::spawn(async move {
-            let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (task as u64 + 1);
-            let mut latency = new_histogram()?;
-            let mut statuses = BTreeMap::<u16, u64>::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= commands {
-                    break;
-                }
-                let from = xorshift(&mut rng) % accounts;
-                let to = (from + 1 + xorshift(&mut rng) % (accounts - 1)) % accounts;
-                let amount = 1 + xorshift(&mut rng) % COMMAND_TRANSFER_MAX_MINOR;
-                let t = Instant::now();
-                let status = transfer(
-                    &flow,
-                    &format!("{run_id}-t-{i}"),
-                    customer(from)?,
-                    customer(to)?,
-                    i64::try_from(amount)?,
-                )
-                .await?;
-                record(&mut latency, t);
-                *statuses.entry(status).or_default() += 1;
-            }
-            anyhow::Ok((latency, statuses))
-        }));
-    }
-    let mut latency = new_histogram()?;
-    let mut statuses = BTreeMap::<u16, u64>::new();
-    for task in tasks {
-        let (h, s) = task.await??;
-        latency.add(h)?;
-        for (status, n) in s {
-            *statuses.entry(status).or_default() += n;
-        }
-    }
-    let elapsed = started.elapsed();
-    let name = format!("COMMAND-{}", backend_name(db));
-    println!(
-        "{name} commands/s={:.0} p50_us={} p99_us={}",
-        args.commands as f64 / elapsed.as_secs_f64().max(f64::EPSILON),
-        latency.value_at_quantile(0.5),
-        latency.value_at_quantile(0.99)
-    );
-    eprintln!(
-        "{name} tasks={} accounts={} commands={} in {:.1}s; answers {:?}; max_us={}",
-        args.tasks,
-        args.accounts,
-        args.commands,
-        elapsed.as_secs_f64(),
-        statuses,
-        latency.max()
-    );
-    let posted = statuses.get(&201).copied().unwrap_or(0);
-    if posted != args.commands {
-        bail!(
-            "{} of {} transfers were not posted",
-            args.commands - posted,
-            args.commands
-        );
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use asiento_eventstore::testing;
 
     #[test]
     fn metrics_are_read() {
@@ -1103,30 +899,5 @@ mod tests {
         .await
         .is_none());
         target.close().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn command_runs_small_on_sqlite() {
-        let (_dir, url) = testing::temp_sqlite_url();
-        command(CommandArgs {
-            database_url: Some(url),
-            accounts: 20,
-            tasks: 3,
-            commands: 150,
-        })
-        .await
-        .unwrap();
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn command_runs_small_on_postgres() {
-        command(CommandArgs {
-            database_url: None,
-            accounts: 20,
-            tasks: 4,
-            commands: 150,
-        })
-        .await
-        .unwrap();
     }
 }

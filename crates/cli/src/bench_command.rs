@@ -1,0 +1,423 @@
+//! `asiento bench command`: transfers through the command path without HTTP, against the same
+//! transfers as plain SQL in the same run.
+//!
+//! "asiento" runs `LedgerFlow::transfer` (load the guards, decide, append with `Exact` versions,
+//! retry on conflict, store the idempotency record) in process with `--tasks` concurrent tasks
+//! among `--accounts` customer accounts funded from `treasury:main`. The limit is the same
+//! transfers (the same accounts, amounts and order) as a plain ledger would write them: one
+//! statement per transfer on PostgreSQL (lock both account rows in id order, debit with the
+//! balance check, credit, insert the transfer row and its two entries: pgledger's shape), one
+//! transaction of plain statements on SQLite. It prints `COMMAND-<backend> asiento=<transfers/s>
+//! limit=<transfers/s> ratio=<x>`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::bail;
+use asiento_app::clock::SystemClock;
+use asiento_app::idempotency::{canonical_body_hash, IdempotencyKey, Scope};
+use asiento_app::ledger::{LedgerFlow, NewTransfer};
+use asiento_app::payments::Idempotent;
+use asiento_app::reply::Answer;
+use asiento_domain::{AccountName, Amount, Currency, TenantId};
+use asiento_eventstore::Database;
+use uuid::Uuid;
+
+use super::bench_e2e::{backend_name, BENCH_TENANT};
+use super::{new_histogram, record, Target};
+
+/// Funding of each customer account in `bench command`, in minor units.
+const COMMAND_FUNDING_MINOR: i64 = 1_000_000_000;
+const COMMAND_TRANSFER_MAX_MINOR: u64 = 1_000;
+const COMMAND_POOL_EXTRA: u32 = 4;
+
+#[derive(clap::Args, Debug)]
+pub struct CommandArgs {
+    /// Database to use (postgres://… or sqlite://…); must hold no events.
+    /// Default: a fresh PostgreSQL test database, dropped afterwards.
+    #[arg(long, env = super::BENCH_DATABASE_URL_ENV)]
+    pub database_url: Option<String>,
+    /// Customer accounts the transfers move money among.
+    #[arg(long, default_value_t = 1_000)]
+    pub accounts: u64,
+    /// Concurrent tasks.
+    #[arg(long, default_value_t = 8)]
+    pub tasks: usize,
+    /// Transfers to make (after funding).
+    #[arg(long, default_value_t = 20_000)]
+    pub commands: u64,
+}
+
+fn idempotent(key: &str, body: &serde_json::Value) -> anyhow::Result<Idempotent> {
+    Ok(Idempotent {
+        scope: Scope {
+            tenant: BENCH_TENANT.to_owned(),
+            method: "POST".to_owned(),
+            route: "/v1/transfers".to_owned(),
+        },
+        key: IdempotencyKey::parse(key).map_err(|e| anyhow::anyhow!("{e:?}"))?,
+        body: canonical_body_hash(body),
+        correlation_id: None,
+    })
+}
+
+fn customer(i: u64) -> anyhow::Result<AccountName> {
+    Ok(AccountName::parse(&format!("customer:{i}:available"))?)
+}
+
+/// One transfer through the flow; the answer's status (201 posted).
+async fn transfer(
+    flow: &LedgerFlow,
+    key: &str,
+    from: AccountName,
+    to: AccountName,
+    amount_minor: i64,
+) -> anyhow::Result<u16> {
+    let body = serde_json::json!({
+        "from": from.as_str(), "to": to.as_str(), "amount_minor": amount_minor, "currency": "USD"
+    });
+    let request = idempotent(key, &body)?;
+    let answer = flow
+        .transfer(
+            &request,
+            NewTransfer {
+                tenant: TenantId::parse(BENCH_TENANT)?,
+                from,
+                to,
+                amount: Amount::new(amount_minor),
+                currency: Currency::parse("USD")?,
+                description: None,
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("transfer failed: {e:?}"))?;
+    Ok(match answer {
+        Answer::Done(response) | Answer::Replayed(response) => response.status,
+        Answer::InProgress { .. } => 409,
+        Answer::KeyReused => 422,
+    })
+}
+
+/// A small xorshift, so that each task picks its own pairs reproducibly.
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+pub async fn command(args: CommandArgs) -> anyhow::Result<()> {
+    if args.tasks == 0 || args.accounts < 2 {
+        bail!("need at least one task and two accounts");
+    }
+    let pool_size = u32::try_from(args.tasks)?.saturating_add(COMMAND_POOL_EXTRA);
+    let target = Target::open(args.database_url.clone(), pool_size).await?;
+    let result = command_on(&target.db, &args).await;
+    target.close().await;
+    result
+}
+
+async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
+    let flow = LedgerFlow {
+        database: db.clone(),
+        store: db.event_store(),
+        clock: Arc::new(SystemClock),
+        render: Arc::new(asiento_api::render::JsonRender),
+        idempotency_lease_ms: 60_000,
+    };
+    let run_id = Uuid::new_v4().simple().to_string();
+    let treasury = AccountName::parse("treasury:main")?;
+    let funding = Instant::now();
+    for i in 0..args.accounts {
+        let status = transfer(
+            &flow,
+            &format!("{run_id}-fund-{i}"),
+            treasury.clone(),
+            customer(i)?,
+            COMMAND_FUNDING_MINOR,
+        )
+        .await?;
+        if status != 201 {
+            bail!("funding customer {i} answered {status}");
+        }
+    }
+    eprintln!(
+        "command funded {} accounts in {:.1}s",
+        args.accounts,
+        funding.elapsed().as_secs_f64()
+    );
+
+    let next = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(args.tasks);
+    for task in 0..args.tasks {
+        let (flow, next, run_id) = (flow.clone(), Arc::clone(&next), run_id.clone());
+        let (accounts, commands) = (args.accounts, args.commands);
+        tasks.push(tokio::spawn(async move {
+            let mut rng = task_seed(task);
+            let mut latency = new_histogram()?;
+            let mut statuses = BTreeMap::<u16, u64>::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= commands {
+                    break;
+                }
+                let (from, to, amount) = draw(&mut rng, accounts);
+                let t = Instant::now();
+                let status = transfer(
+                    &flow,
+                    &format!("{run_id}-t-{i}"),
+                    customer(from)?,
+                    customer(to)?,
+                    amount,
+                )
+                .await?;
+                record(&mut latency, t);
+                *statuses.entry(status).or_default() += 1;
+            }
+            anyhow::Ok((latency, statuses))
+        }));
+    }
+    let mut latency = new_histogram()?;
+    let mut statuses = BTreeMap::<u16, u64>::new();
+    for task in tasks {
+        let (h, s) = task.await??;
+        latency.add(h)?;
+        for (status, n) in s {
+            *statuses.entry(status).or_default() += n;
+        }
+    }
+    let elapsed = started.elapsed();
+    let rate = args.commands as f64 / elapsed.as_secs_f64().max(f64::EPSILON);
+    let (limit, plain_posted) = run_plain(db, args).await?;
+    let name = format!("COMMAND-{}", backend_name(db));
+    println!(
+        "{name} asiento={rate:.0} limit={limit:.0} ratio={:.2}",
+        rate / limit.max(f64::EPSILON)
+    );
+    eprintln!(
+        "{name} tasks={} accounts={} commands={} in {:.1}s; answers {:?}; latency_us p50={} \
+         p99={} max={}; plain posted {plain_posted}",
+        args.tasks,
+        args.accounts,
+        args.commands,
+        elapsed.as_secs_f64(),
+        statuses,
+        latency.value_at_quantile(0.5),
+        latency.value_at_quantile(0.99),
+        latency.max()
+    );
+    if plain_posted != args.commands {
+        bail!(
+            "the plain ledger posted {plain_posted} of {} transfers",
+            args.commands
+        );
+    }
+    let posted = statuses.get(&201).copied().unwrap_or(0);
+    if posted != args.commands {
+        bail!(
+            "{} of {} transfers were not posted",
+            args.commands - posted,
+            args.commands
+        );
+    }
+    Ok(())
+}
+
+/// The transfers of a run: task `task`'s `n`-th draw is the same on both sides.
+fn draw(rng: &mut u64, accounts: u64) -> (u64, u64, i64) {
+    let from = xorshift(rng) % accounts;
+    let to = (from + 1 + xorshift(rng) % (accounts - 1)) % accounts;
+    let amount = 1 + xorshift(rng) % COMMAND_TRANSFER_MAX_MINOR;
+    (from, to, i64::try_from(amount).unwrap_or(1))
+}
+
+fn task_seed(task: usize) -> u64 {
+    0x9e37_79b9_7f4a_7c15u64 ^ (task as u64 + 1)
+}
+
+/// The plain ledger's tables, dropped first.
+async fn create_plain_ledger(db: &Database, accounts: u64) -> anyhow::Result<()> {
+    let statements: &[&str] = match db {
+        Database::Postgres(_) => &[
+            "DROP TABLE IF EXISTS bench_ledger_entries, bench_ledger_transfers, bench_ledger_accounts",
+            "CREATE TABLE bench_ledger_accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL)",
+            "CREATE TABLE bench_ledger_transfers (id BIGSERIAL PRIMARY KEY, from_id BIGINT NOT NULL \
+             REFERENCES bench_ledger_accounts, to_id BIGINT NOT NULL REFERENCES bench_ledger_accounts, \
+             amount BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+            "CREATE TABLE bench_ledger_entries (id BIGSERIAL PRIMARY KEY, transfer_id BIGINT NOT NULL \
+             REFERENCES bench_ledger_transfers, account_id BIGINT NOT NULL REFERENCES \
+             bench_ledger_accounts, amount BIGINT NOT NULL)",
+        ],
+        Database::Sqlite(_) => &[
+            "DROP TABLE IF EXISTS bench_ledger_entries",
+            "DROP TABLE IF EXISTS bench_ledger_transfers",
+            "DROP TABLE IF EXISTS bench_ledger_accounts",
+            "CREATE TABLE bench_ledger_accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)",
+            "CREATE TABLE bench_ledger_transfers (id INTEGER PRIMARY KEY, from_id INTEGER NOT NULL \
+             REFERENCES bench_ledger_accounts, to_id INTEGER NOT NULL REFERENCES bench_ledger_accounts, \
+             amount INTEGER NOT NULL, created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))",
+            "CREATE TABLE bench_ledger_entries (id INTEGER PRIMARY KEY, transfer_id INTEGER NOT NULL \
+             REFERENCES bench_ledger_transfers, account_id INTEGER NOT NULL REFERENCES \
+             bench_ledger_accounts, amount INTEGER NOT NULL)",
+        ],
+    };
+    for statement in statements {
+        match db {
+            Database::Postgres(pool) => sqlx::query(statement).execute(pool).await?.rows_affected(),
+            Database::Sqlite(pool) => sqlx::query(statement).execute(pool).await?.rows_affected(),
+        };
+    }
+    let funding = "INSERT INTO bench_ledger_accounts (id, balance) VALUES ($1, $2)";
+    for id in 0..accounts {
+        let id = i64::try_from(id)?;
+        match db {
+            Database::Postgres(pool) => sqlx::query(funding)
+                .bind(id)
+                .bind(COMMAND_FUNDING_MINOR)
+                .execute(pool)
+                .await?
+                .rows_affected(),
+            Database::Sqlite(pool) => sqlx::query(funding)
+                .bind(id)
+                .bind(COMMAND_FUNDING_MINOR)
+                .execute(pool)
+                .await?
+                .rows_affected(),
+        };
+    }
+    Ok(())
+}
+
+/// One transfer as a plain ledger writes it: locks both rows in id order, debits with the
+/// balance check, credits, and records the transfer and its two entries. Whether it posted.
+const PLAIN_TRANSFER_PG: &str = "WITH locked AS (
+        SELECT id FROM bench_ledger_accounts WHERE id IN ($1, $2) ORDER BY id FOR UPDATE),
+    debit AS (
+        UPDATE bench_ledger_accounts SET balance = balance - $3
+        WHERE id = $1 AND balance >= $3 AND (SELECT count(*) FROM locked) = 2 RETURNING id),
+    credit AS (
+        UPDATE bench_ledger_accounts SET balance = balance + $3
+        WHERE id = $2 AND EXISTS (SELECT 1 FROM debit) RETURNING id),
+    transfer AS (
+        INSERT INTO bench_ledger_transfers (from_id, to_id, amount)
+        SELECT $1, $2, $3 FROM credit RETURNING id)
+    INSERT INTO bench_ledger_entries (transfer_id, account_id, amount)
+    SELECT id, $1, -$3 FROM transfer UNION ALL SELECT id, $2, $3 FROM transfer";
+
+async fn plain_transfer(db: &Database, from: i64, to: i64, amount: i64) -> anyhow::Result<bool> {
+    match db {
+        Database::Postgres(pool) => {
+            let rows = sqlx::query(PLAIN_TRANSFER_PG)
+                .bind(from)
+                .bind(to)
+                .bind(amount)
+                .execute(pool)
+                .await?
+                .rows_affected();
+            Ok(rows == 2)
+        }
+        Database::Sqlite(pool) => {
+            let mut tx = pool.begin().await?;
+            let debited = sqlx::query(
+                "UPDATE bench_ledger_accounts SET balance = balance - $2 WHERE id = $1 AND balance >= $2",
+            )
+            .bind(from)
+            .bind(amount)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if debited != 1 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            sqlx::query("UPDATE bench_ledger_accounts SET balance = balance + $2 WHERE id = $1")
+                .bind(to)
+                .bind(amount)
+                .execute(&mut *tx)
+                .await?;
+            let transfer: i64 = sqlx::query_scalar(
+                "INSERT INTO bench_ledger_transfers (from_id, to_id, amount) VALUES ($1, $2, $3) RETURNING id",
+            )
+            .bind(from)
+            .bind(to)
+            .bind(amount)
+            .fetch_one(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO bench_ledger_entries (transfer_id, account_id, amount) VALUES ($1, $2, $3), ($1, $4, $5)",
+            )
+            .bind(transfer)
+            .bind(from)
+            .bind(-amount)
+            .bind(to)
+            .bind(amount)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(true)
+        }
+    }
+}
+
+/// The run's transfers as plain SQL: transfers/s, and how many posted.
+async fn run_plain(db: &Database, args: &CommandArgs) -> anyhow::Result<(f64, u64)> {
+    create_plain_ledger(db, args.accounts).await?;
+    let next = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(args.tasks);
+    for task in 0..args.tasks {
+        let (db, next) = (db.clone(), Arc::clone(&next));
+        let (accounts, commands) = (args.accounts, args.commands);
+        tasks.push(tokio::spawn(async move {
+            let mut rng = task_seed(task);
+            let mut posted = 0u64;
+            while next.fetch_add(1, Ordering::Relaxed) < commands {
+                let (from, to, amount) = draw(&mut rng, accounts);
+                if plain_transfer(&db, i64::try_from(from)?, i64::try_from(to)?, amount).await? {
+                    posted += 1;
+                }
+            }
+            anyhow::Ok(posted)
+        }));
+    }
+    let mut posted = 0;
+    for task in tasks {
+        posted += task.await??;
+    }
+    let rate = args.commands as f64 / started.elapsed().as_secs_f64().max(f64::EPSILON);
+    Ok((rate, posted))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use asiento_eventstore::testing;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn command_runs_small_on_sqlite() {
+        let (_dir, url) = testing::temp_sqlite_url();
+        command(CommandArgs {
+            database_url: Some(url),
+            accounts: 20,
+            tasks: 3,
+            commands: 150,
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn command_runs_small_on_postgres() {
+        command(CommandArgs {
+            database_url: None,
+            accounts: 20,
+            tasks: 4,
+            commands: 150,
+        })
+        .await
+        .unwrap();
+    }
+}
