@@ -6,6 +6,9 @@
 //! - stream versions run 1, 2, 3 … without a gap or a repeat (`stream_versions`, by stream);
 //! - every captured payment has exactly one capture posting, and no other payment has one
 //!   (`capture_posting`, by payment);
+//! - every client account's debit guard holds the balance its entries sum to, and every client
+//!   account with entries has a guard (`guard_balance`, by tenant:account:currency): the guard
+//!   is what refuses an overdraft, so a guard that drifted from the ledger would refuse wrongly;
 //! - the hash chain of every stream matches its seals (`hash_chain`, by stream, version and
 //!   position): an edited event breaks the hash of the first seal at or after it, a deleted one
 //!   breaks contiguity or leaves a seal without its event;
@@ -40,7 +43,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use asiento_domain::{EntryId, Event, PaymentEvent, StreamKind};
+use asiento_domain::{
+    guard_stream, DebitGuard, EntryId, Event, GuardEvent, JournalEntry, PaymentEvent, StreamKind,
+};
 use asiento_eventstore::{Cursor, Database, EventStore, RecordedEvent, Tx};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -77,6 +82,7 @@ pub enum Check {
     EntryZeroSum,
     Snapshot,
     CapturePosting,
+    GuardBalance,
     PaymentReadModel,
     StreamVersions,
     IdempotencyLease,
@@ -87,10 +93,11 @@ pub enum Check {
 }
 
 impl Check {
-    pub const ALL: [Check; 9] = [
+    pub const ALL: [Check; 10] = [
         Check::EntryZeroSum,
         Check::Snapshot,
         Check::CapturePosting,
+        Check::GuardBalance,
         Check::PaymentReadModel,
         Check::StreamVersions,
         Check::IdempotencyLease,
@@ -104,6 +111,7 @@ impl Check {
             Check::EntryZeroSum => "entry_zero_sum",
             Check::Snapshot => "snapshot",
             Check::CapturePosting => "capture_posting",
+            Check::GuardBalance => "guard_balance",
             Check::PaymentReadModel => "payment_read_model",
             Check::StreamVersions => "stream_versions",
             Check::IdempotencyLease => "idempotency_lease",
@@ -280,6 +288,51 @@ pub struct Checker {
 }
 
 /// Per payment: ChargeCaptured events seen, capture postings seen.
+/// Per client account and currency (keyed by its guard stream's name): the balance its last
+/// guard event carries, and the sum of its legs in journal entries.
+#[derive(Default)]
+struct GuardTally {
+    guards: HashMap<String, i64>,
+    entries: HashMap<String, i128>,
+}
+
+impl GuardTally {
+    fn guard(&mut self, stream_id: &str, event: &GuardEvent) {
+        let balance = DebitGuard::from_last(0, event).balance;
+        self.guards.insert(stream_id.to_owned(), balance.minor());
+    }
+
+    fn entry(&mut self, entry: &JournalEntry) {
+        for leg in entry.legs().iter().filter(|leg| leg.account.is_guarded()) {
+            let stream = guard_stream(entry.tenant(), &leg.account, leg.currency);
+            *self.entries.entry(stream).or_default() += i128::from(leg.amount.minor());
+        }
+    }
+
+    fn report(self, report: &mut Report) {
+        let mut keys: Vec<&String> = self.guards.keys().chain(self.entries.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        for key in keys {
+            let subject = key.strip_prefix("account-").unwrap_or(key);
+            let entries = self.entries.get(key).copied().unwrap_or(0);
+            match self.guards.get(key) {
+                Some(guard) if i128::from(*guard) == entries => {}
+                Some(guard) => report.push(
+                    Check::GuardBalance,
+                    subject,
+                    format!("the guard says {guard}, the entries say {entries}"),
+                ),
+                None => report.push(
+                    Check::GuardBalance,
+                    subject,
+                    format!("entries sum to {entries} but the account has no guard"),
+                ),
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 struct CaptureCount {
     captured: u32,
@@ -332,6 +385,7 @@ impl Checker {
         // position): a later seal of its stream covers it; one left at the end has none.
         let mut awaiting_seal: HashMap<String, (u64, i64)> = HashMap::new();
         let mut captures: HashMap<String, CaptureCount> = HashMap::new();
+        let mut guards = GuardTally::default();
         let mut cursor = Cursor::START;
         loop {
             let events = store.read_all(cursor, EVENTS_PER_BATCH_MAX).await?;
@@ -402,7 +456,7 @@ impl Checker {
                     }
                     None => report.unsealed += 1,
                 }
-                self.check_event(event, &mut captures, report);
+                self.check_event(event, &mut captures, &mut guards, report);
             }
             cursor = next;
             if events.len() < EVENTS_PER_BATCH_MAX {
@@ -421,6 +475,7 @@ impl Checker {
                 ),
             );
         }
+        guards.report(report);
         let mut payments: Vec<_> = captures.into_iter().collect();
         payments.sort_by(|a, b| a.0.cmp(&b.0));
         for (payment, count) in payments {
@@ -443,6 +498,7 @@ impl Checker {
         &self,
         event: &RecordedEvent,
         captures: &mut HashMap<String, CaptureCount>,
+        guards: &mut GuardTally,
         report: &mut Report,
     ) {
         let decoded = Event::decode_raw(
@@ -475,7 +531,13 @@ impl Checker {
                 return;
             }
         };
+        if let (Some(StreamKind::Guard { .. }), Event::Guard(guard_event)) =
+            (StreamKind::parse(&event.stream_id), &decoded)
+        {
+            guards.guard(&event.stream_id, guard_event);
+        }
         if let Some(entry) = decoded.entry() {
+            guards.entry(entry);
             // Checked again where it is read, though a JournalEntry cannot be built unbalanced.
             let mut sums: BTreeMap<&str, i128> = BTreeMap::new();
             for leg in entry.legs() {

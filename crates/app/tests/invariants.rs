@@ -141,6 +141,13 @@ async fn captured_payment(database: &Database, n: u128, amount: i64) -> PaymentI
         events.extend(decided);
     }
     assert_eq!(psp_charge_key(id).len(), 36);
+    // With the customer's guard, as the flow writes it.
+    let store = database.event_store();
+    let guards =
+        asiento_app::log::load_guards(store.as_ref(), asiento_app::log::payment_entries(&events))
+            .await
+            .unwrap();
+    let guard_appends = asiento_app::log::payment_guard_appends(&events, &guards).unwrap();
     let appends = asiento_app::log::decision_appends(
         payment_stream(id),
         0,
@@ -150,7 +157,7 @@ async fn captured_payment(database: &Database, n: u128, amount: i64) -> PaymentI
             asiento_app::log::payment_codec,
         )
         .unwrap(),
-        &[],
+        &guard_appends,
         &Metadata::default(),
     )
     .unwrap();
@@ -192,13 +199,14 @@ async fn corruptions(backend: Backend) {
     assert_eq!(report.unsealed, report.events_checked);
     assert_eq!(db.seal().await, report.events_checked);
     assert_eq!(db.seal().await, 0, "seals are written once");
-    // One pass sealed each stream's events as one range: a row at each stream's last version.
-    assert_eq!(db.count("select count(*) from event_seals").await, 3);
+    // One pass sealed each stream's events as one range: a row at each stream's last version
+    // (three payments and the customer's guard).
+    assert_eq!(db.count("select count(*) from event_seals").await, 4);
     assert_eq!(
         db.count("select count(*) from event_seals s join events e on e.position = s.position \
                   where e.version = (select max(version) from events l where l.stream_id = e.stream_id)")
             .await,
-        3
+        4
     );
     let report = db.check(0).await;
     assert!(report.is_ok(), "{:?}", report.violations);
@@ -242,6 +250,11 @@ async fn corruptions(backend: Backend) {
         vec![entry_b.clone()]
     );
     assert!(subjects(&report, Check::HashChain).contains(&stream_b));
+    // The customer's guard counted b's capture; the entries no longer do.
+    assert_eq!(
+        subjects(&report, Check::GuardBalance),
+        vec!["acme:customer:42:available:USD".to_owned()]
+    );
 
     // 3. A deleted event: the last one of c's stream (its seal outlives it).
     let stream_c = payment_stream(c);
@@ -326,7 +339,57 @@ async fn corruptions(backend: Backend) {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 
-    // 6. An idempotency record in flight past its lease (and past the grace).
+    // 6. A guard event no entry accounts for, on an account of its own.
+    let merchant = asiento_domain::guard_stream(
+        &TenantId::parse("acme").unwrap(),
+        &asiento_domain::AccountName::parse("merchant:x").unwrap(),
+        Currency::parse("USD").unwrap(),
+    );
+    let stray = asiento_domain::GuardEvent::BalanceChanged(asiento_domain::guard::BalanceChanged {
+        entry_id: EntryId::derived("stray"),
+        delta_minor: Amount::new(5),
+        balance_minor: Amount::new(5),
+        at: chrono::Utc::now(),
+        policy: None,
+    });
+    db.database
+        .event_store()
+        .append(&[StreamAppend {
+            stream_id: merchant,
+            expected: asiento_eventstore::ExpectedVersion::NoStream,
+            events: vec![NewEvent {
+                event_id: uuid::Uuid::new_v4(),
+                event_type: stray.event_type().to_owned(),
+                schema: stray.schema_version(),
+                data: stray.encode().unwrap(),
+                metadata: Metadata::default(),
+            }],
+        }])
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let report = db.check(0).await;
+        let guards = subjects(&report, Check::GuardBalance);
+        if guards.contains(&"acme:merchant:x:USD".to_owned()) {
+            let detail = &report
+                .violations
+                .iter()
+                .find(|v| v.subject == "acme:merchant:x:USD")
+                .unwrap()
+                .detail;
+            assert_eq!(detail, "the guard says 5, the entries say 0");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stray guard event was never found: {:?}",
+            report.violations
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    // 7. An idempotency record in flight past its lease (and past the grace).
     let mut tx = db.database.begin().await.unwrap();
     let scope = asiento_app::idempotency::Scope {
         tenant: "acme".into(),
