@@ -52,6 +52,9 @@ pub struct ReconcileArgs {
     #[command(flatten)]
     pub settle: ReportSettle,
 
+    #[command(flatten)]
+    pub operations: OperationTimings,
+
     /// After the sweep, print every open exception of every scope.
     #[arg(long)]
     pub list: bool,
@@ -72,6 +75,38 @@ pub struct ReportSettle {
         default_value = "1m"
     )]
     pub report_settle: Duration,
+}
+
+/// How long the reconciler lets captures, refunds and redirects run before it acts, one
+/// definition for `serve` and `reconcile` (same flags, env vars, parsers and defaults).
+#[derive(clap::Args, Debug, Clone)]
+pub struct OperationTimings {
+    /// How long after its request a capture or refund without an outcome is driven by the
+    /// reconciler (looked up, or sent again under its key).
+    #[arg(long, env = "ASIENTO_OPERATION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "1m")]
+    pub operation_timeout: Duration,
+
+    /// How long a customer may take to finish a redirect (3-D Secure) before the payment is
+    /// cancelled at the provider and expires.
+    #[arg(long, env = "ASIENTO_REQUIRES_ACTION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "24h")]
+    pub requires_action_timeout: Duration,
+
+    /// How long a capture or refund the provider received may wait for its decision before it
+    /// is a manual reconciliation exception.
+    #[arg(long, env = "ASIENTO_OPERATION_PENDING_DEADLINE", value_parser = humantime::parse_duration, default_value = "3d")]
+    pub operation_pending_deadline: Duration,
+}
+
+impl OperationTimings {
+    /// `config` with these timings.
+    pub fn apply(&self, config: ReconcilerConfig) -> ReconcilerConfig {
+        ReconcilerConfig {
+            operation_timeout_ms: millis(self.operation_timeout),
+            operation_pending_deadline_ms: millis(self.operation_pending_deadline),
+            requires_action_timeout_ms: millis(self.requires_action_timeout),
+            ..config
+        }
+    }
 }
 
 impl ReportSettle {
@@ -111,11 +146,11 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
     };
     let reconciler = Reconciler::new(
         flow,
-        ReconcilerConfig {
+        args.operations.apply(ReconcilerConfig {
             pending_timeout_ms: millis(args.pending_timeout),
             report_settle_ms: args.settle.ms(),
             ..ReconcilerConfig::default()
-        },
+        }),
     );
     // A sweep running elsewhere (a `serve` worker) holds the lease; wait for it to finish rather
     // than report "nothing done" to an operator who asked for a sweep now.

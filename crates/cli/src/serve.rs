@@ -124,20 +124,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub report_settle: crate::reconcile::ReportSettle,
 
-    /// How long after its request a capture or refund without an outcome is driven by the
-    /// reconciler (looked up, or sent again under its key).
-    #[arg(long, env = "ASIENTO_OPERATION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "1m")]
-    pub operation_timeout: Duration,
-
-    /// How long a customer may take to finish a redirect (3-D Secure) before the payment is
-    /// cancelled at the provider and expires.
-    #[arg(long, env = "ASIENTO_REQUIRES_ACTION_TIMEOUT", value_parser = humantime::parse_duration, default_value = "24h")]
-    pub requires_action_timeout: Duration,
-
-    /// How long a capture or refund the provider received may wait for its decision before it
-    /// is a manual reconciliation exception.
-    #[arg(long, env = "ASIENTO_OPERATION_PENDING_DEADLINE", value_parser = humantime::parse_duration, default_value = "3d")]
-    pub operation_pending_deadline: Duration,
+    #[command(flatten)]
+    pub operations: crate::reconcile::OperationTimings,
 
     /// How often the invariant checker runs inside serve (exported as metrics).
     #[arg(long, env = "ASIENTO_VERIFY_INTERVAL", value_parser = humantime::parse_duration, default_value = "10m")]
@@ -347,14 +335,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 /// The reconciler's settings from serve's flags.
 fn reconciler_config(args: &ServeArgs) -> ReconcilerConfig {
-    ReconcilerConfig {
+    args.operations.apply(ReconcilerConfig {
         pending_timeout_ms: duration_ms(args.pending_timeout),
         interval_ms: u64::try_from(args.reconcile_interval.as_millis()).unwrap_or(u64::MAX),
         payment_lease_ms: duration_ms(args.payment_lease),
         report_settle_ms: args.report_settle.ms(),
-        operation_timeout_ms: duration_ms(args.operation_timeout),
-        operation_pending_deadline_ms: duration_ms(args.operation_pending_deadline),
-        requires_action_timeout_ms: duration_ms(args.requires_action_timeout),
         // A sweep killed mid-run holds the lease until it runs out: scale it with the
         // interval (a chaos run saw a 10-minute default stall convergence). Overlapping
         // sweeps after a slow one are safe: payments are leased and versioned.
@@ -362,7 +347,7 @@ fn reconciler_config(args: &ServeArgs) -> ReconcilerConfig {
             .saturating_mul(3)
             .max(SWEEP_LEASE_MS_MIN),
         ..ReconcilerConfig::default()
-    }
+    })
 }
 
 fn duration_ms(duration: Duration) -> i64 {

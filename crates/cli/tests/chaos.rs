@@ -1694,6 +1694,9 @@ async fn fault_campaign() {
                 "0s".to_owned(),
                 "--pending-timeout".to_owned(),
                 "1s".to_owned(),
+                // As the server's sweeps: open operations are driven after a second.
+                "--operation-timeout".to_owned(),
+                "1s".to_owned(),
             ];
             let (ok, output) = tokio::task::spawn_blocking(move || {
                 asiento_bounded(&args, Duration::from_secs(10))
