@@ -42,7 +42,7 @@ pub async fn inbox_counts(database: &Database) -> Result<InboxCounts, sqlx::Erro
 }
 
 /// One dead-lettered event, as the reconciliation (or a person) reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct DeadLetter {
     pub id: i64,
     pub provider: String,
@@ -67,25 +67,13 @@ pub async fn dead_letters(
     after: i64,
     limit: i64,
 ) -> Result<Vec<DeadLetter>, sqlx::Error> {
-    let sql = "select id, provider, event_id, event_type, payment_ref, dead_reason, last_error, \
+    let sql = "select id, provider, event_id, event_type, payment_ref, dead_reason as reason, last_error, \
                attempts, received_ms, finished_ms from webhook_inbox \
                where status = 'dead' and ($1 is null or dead_reason = $1) and id > $2 \
                order by id limit $3";
     let reason = reason.map(DeadReason::as_str);
     let limit = limit.clamp(0, DEAD_LETTERS_PAGE_MAX);
-    type Raw = (
-        i64,
-        String,
-        String,
-        String,
-        Option<String>,
-        String,
-        Option<String>,
-        i32,
-        i64,
-        Option<i64>,
-    );
-    let rows: Vec<Raw> = match database {
+    let rows: Vec<DeadLetter> = match database {
         Database::Postgres(pool) => {
             // PostgreSQL needs the parameter's type where it is only compared with null.
             let sql = sql.replace("$1 is null", "$1::text is null");
@@ -105,34 +93,5 @@ pub async fn dead_letters(
                 .await?
         }
     };
-    Ok(rows
-        .into_iter()
-        .map(
-            |(
-                id,
-                provider,
-                event_id,
-                event_type,
-                payment_ref,
-                reason,
-                last_error,
-                attempts,
-                received_ms,
-                finished_ms,
-            )| {
-                DeadLetter {
-                    id,
-                    provider,
-                    event_id,
-                    event_type,
-                    payment_ref,
-                    reason,
-                    last_error,
-                    attempts,
-                    received_ms,
-                    finished_ms,
-                }
-            },
-        )
-        .collect())
+    Ok(rows)
 }

@@ -161,7 +161,7 @@ pub struct DrainReport {
 }
 
 /// A claimed inbox row.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 struct Row {
     id: i64,
     provider: String,
@@ -414,7 +414,6 @@ impl Worker {
     }
 
     async fn claim(&self) -> Result<Vec<Row>, WorkerError> {
-        use sqlx::Row as _;
         let now_ms = self.flow.clock.now_ms();
         let expires_ms = now_ms.saturating_add(self.config.row_lease_ms);
         let limit = i64::try_from(self.config.batch_size_max).unwrap_or(i64::MAX);
@@ -439,7 +438,7 @@ impl Worker {
                 let mut tx = pool
                     .begin_with("BEGIN; SET LOCAL enable_bitmapscan = off")
                     .await?;
-                let found = sqlx::query(&sql)
+                let found: Vec<Row> = sqlx::query_as(&sql)
                     .bind(self.owner)
                     .bind(expires_ms)
                     .bind(now_ms)
@@ -448,18 +447,6 @@ impl Worker {
                     .await?;
                 tx.commit().await?;
                 found
-                    .iter()
-                    .map(|row| -> Result<Row, sqlx::Error> {
-                        Ok(Row {
-                            id: row.try_get("id")?,
-                            provider: row.try_get("provider")?,
-                            event_id: row.try_get("event_id")?,
-                            payload: row.try_get("payload")?,
-                            attempts: row.try_get("attempts")?,
-                            received_ms: row.try_get("received_ms")?,
-                        })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?
             }
             Database::Sqlite(pool) => {
                 // No `skip locked`: the statement takes the one write lock, which serialises
@@ -468,7 +455,7 @@ impl Worker {
                     "update webhook_inbox set lease_owner = $1, lease_expires_ms = $2, \
                      attempts = attempts + 1 where id in ({pick}) {returning}"
                 ));
-                let found = sqlx::query(&sql)
+                let found: Vec<Row> = sqlx::query_as(&sql)
                     .bind(self.owner.to_string())
                     .bind(expires_ms)
                     .bind(now_ms)
@@ -476,18 +463,6 @@ impl Worker {
                     .fetch_all(pool)
                     .await?;
                 found
-                    .iter()
-                    .map(|row| -> Result<Row, sqlx::Error> {
-                        Ok(Row {
-                            id: row.try_get("id")?,
-                            provider: row.try_get("provider")?,
-                            event_id: row.try_get("event_id")?,
-                            payload: row.try_get("payload")?,
-                            attempts: row.try_get("attempts")?,
-                            received_ms: row.try_get("received_ms")?,
-                        })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?
             }
         };
         // Arrival order, so that a provider's order is kept where it can be.
