@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use asiento_app::ledger::AccountDeclaration;
 use asiento_balances::{AccountQuery, AccountView, ACCOUNTS_LIMIT_MAX};
 use asiento_domain::account::is_valid_segment;
-use asiento_domain::payment::{METADATA_BYTES_MAX, METADATA_KEYS_MAX};
+use asiento_domain::payment::{metadata_fits, METADATA_BYTES_MAX, METADATA_KEYS_MAX};
 use asiento_domain::{AccountPolicy, Currency, NormalBalance, Overdraft};
 use axum::{
     extract::{rejection::QueryRejection, Query, State},
@@ -121,8 +121,7 @@ fn overdraft(object: &Map<String, Value>, state: &AppState) -> Result<Overdraft,
 }
 
 fn check_metadata(metadata: &Map<String, Value>) -> Result<(), Problem> {
-    let bytes = serde_json::to_vec(metadata).map_or(usize::MAX, |bytes| bytes.len());
-    if metadata.len() > METADATA_KEYS_MAX || bytes > METADATA_BYTES_MAX {
+    if !metadata_fits(metadata) {
         return Err(Problem::bad_request(
             "metadata_too_large",
             format!(

@@ -32,6 +32,10 @@ pub type GuardStates = Vec<(GuardKey, DebitGuard)>;
 /// step of the batch leaves its guard at. Per step: the states its guards are left in when it
 /// was rebased.
 pub(crate) fn chain(steps: &mut [Work]) -> Vec<Option<GuardStates>> {
+    // The common batch names each stream once: nothing to chain, nothing to decode.
+    if !shares_a_stream(steps) {
+        return vec![None; steps.len()];
+    }
     chain_onto(steps, HashMap::new())
 }
 

@@ -151,10 +151,7 @@ fn decide_create(create: CreatePayment) -> Result<Vec<PaymentEvent>, PaymentReje
             return Err(PaymentRejection::DescriptionTooLong);
         }
     }
-    let metadata_bytes = serde_json::to_string(&create.metadata)
-        .map(|s| s.len())
-        .unwrap_or(usize::MAX);
-    if create.metadata.len() > METADATA_KEYS_MAX || metadata_bytes > METADATA_BYTES_MAX {
+    if !metadata_fits(&create.metadata) {
         return Err(PaymentRejection::MetadataTooLarge);
     }
     Ok(vec![PaymentEvent::PaymentIntended(PaymentIntended {

@@ -30,6 +30,14 @@ pub const DESCRIPTION_CHARS_MAX: usize = 1_000;
 pub const METADATA_KEYS_MAX: usize = 50;
 /// The largest serialized metadata object, in bytes.
 pub const METADATA_BYTES_MAX: usize = 8_192;
+
+/// Whether a metadata object (a payment's, an account's) is within [`METADATA_KEYS_MAX`] keys
+/// and [`METADATA_BYTES_MAX`] bytes.
+#[must_use]
+pub fn metadata_fits(metadata: &Map<String, Value>) -> bool {
+    let bytes = serde_json::to_string(metadata).map_or(usize::MAX, |s| s.len());
+    metadata.len() <= METADATA_KEYS_MAX && bytes <= METADATA_BYTES_MAX
+}
 /// The longest free text a fact or command may carry (charge ids, reasons,
 /// redirect URLs, review notes), in characters.
 pub const TEXT_CHARS_MAX: usize = 2_048;
