@@ -1421,7 +1421,8 @@ async fn pg_outage(
 
 /// The answers clients saw while PostgreSQL was down (any request in flight during the window),
 /// by status, and the ones no client may get then: anything but 202, 409, 503, no answer at all,
-/// or a 2xx (which the final checks prove lasting). A 500 is counted apart.
+/// a 2xx or the provider's refusal (which the final checks prove lasting). A 500 is counted
+/// apart.
 fn outage_verdict(
     observations: &[Observation],
     window: (Instant, Instant),
@@ -1434,7 +1435,11 @@ fn outage_verdict(
             continue;
         }
         *counts.entry(seen.status).or_default() += 1;
-        let fine = matches!(seen.status, 0 | 202 | 409 | 503) || (200..300).contains(&seen.status);
+        // The provider's refusal of a capture or refund is its answer, outage or not.
+        let refused = seen.status == 422 && seen.code.ends_with("_refused");
+        let fine = matches!(seen.status, 0 | 202 | 409 | 503)
+            || (200..300).contains(&seen.status)
+            || refused;
         if !fine && seen.status != 500 {
             wrong.push(format!(
                 "during the outage {} answered {} {}",
