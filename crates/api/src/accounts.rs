@@ -71,16 +71,7 @@ pub async fn declare(
         None => implied.overdraft,
         Some(object) => overdraft(&object, &state)?,
     };
-    let frozen = match body.get("frozen") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(frozen)) => *frozen,
-        Some(_) => {
-            return Err(Problem::bad_request(
-                "invalid_field",
-                "frozen must be true or false",
-            ))
-        }
-    };
+    let frozen = fields.flag("frozen")?;
     let metadata = fields.optional_object("metadata")?.unwrap_or_default();
     check_metadata(&metadata)?;
     let declaration = AccountDeclaration {

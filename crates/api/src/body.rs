@@ -11,6 +11,7 @@ use axum::{
     extract::{FromRequest, Request},
     http::StatusCode,
 };
+use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
 use crate::problem::Problem;
@@ -186,6 +187,33 @@ impl Fields<'_> {
             )),
             other => Ok(other.map(str::to_owned)),
         }
+    }
+
+    /// `true` or `false`; absent or null is `false`.
+    pub fn flag(&self, name: &str) -> Result<bool, Problem> {
+        match self.get(name) {
+            None => Ok(false),
+            Some(Value::Bool(flag)) => Ok(*flag),
+            Some(_) => Err(Problem::bad_request(
+                "invalid_field",
+                format!("{name} must be true or false"),
+            )),
+        }
+    }
+
+    /// An RFC 3339 timestamp with its offset (`2026-12-01T18:00:00Z`).
+    pub fn optional_time(&self, name: &str) -> Result<Option<DateTime<Utc>>, Problem> {
+        let Some(raw) = self.optional_string(name)? else {
+            return Ok(None);
+        };
+        DateTime::parse_from_rfc3339(raw)
+            .map(|time| Some(time.with_timezone(&Utc)))
+            .map_err(|error| {
+                Problem::bad_request(
+                    "invalid_field",
+                    format!("{name} must be an RFC 3339 timestamp ({error}), got {raw:?}"),
+                )
+            })
     }
 
     pub fn optional_object(&self, name: &str) -> Result<Option<Map<String, Value>>, Problem> {

@@ -8,7 +8,9 @@ use asiento_app::idempotency::{
 use asiento_app::ledger::NewTransfer;
 use asiento_app::payments::{Idempotent, NewPayment};
 use asiento_app::reply::Answer;
-use asiento_domain::{CaptureMode, CustomerId, PaymentId, ProviderName, TenantId};
+use asiento_domain::{
+    CaptureMode, CustomerId, HoldAction, PaymentId, ProviderName, TenantId, TransferId,
+};
 use axum::{
     extract::{Path, State},
     http::{header, HeaderMap, HeaderValue, Method, StatusCode},
@@ -288,7 +290,15 @@ pub async fn create_transfer(
         &body,
     )?;
     let fields = Fields(&body);
-    fields.only(&["from", "to", "amount_minor", "currency", "description"])?;
+    fields.only(&[
+        "from",
+        "to",
+        "amount_minor",
+        "currency",
+        "description",
+        "pending",
+        "expires_at",
+    ])?;
     let transfer = NewTransfer {
         tenant,
         from: fields.account("from")?,
@@ -296,8 +306,99 @@ pub async fn create_transfer(
         amount: fields.positive_amount("amount_minor", state.amount_limit)?,
         currency: fields.currency("currency")?,
         description: fields.optional_string("description")?.map(str::to_owned),
+        pending: fields.flag("pending")?,
+        expires_at: fields.optional_time("expires_at")?,
     };
     Ok(answer_response(
         state.ledger.transfer(&request, transfer).await,
+    ))
+}
+
+pub fn transfer_not_found() -> Problem {
+    Problem::new(
+        StatusCode::NOT_FOUND,
+        "transfer_not_found",
+        "transfer not found",
+    )
+}
+
+pub fn transfer_id(raw: &str) -> Result<TransferId, Problem> {
+    TransferId::parse(raw).map_err(|_| transfer_not_found())
+}
+
+/// `POST /v1/transfers/{id}/post`
+#[utoipa::path(
+    post, path = "/v1/transfers/{id}/post", tag = "ledger",
+    params(("id" = String, Path, description = "tr_…, a hold"), ("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; scoped by tenant, method and route")),
+    request_body = crate::openapi::PostHoldRequest,
+    responses(
+        (status = 200, description = "Posted: the amount moved, the rest of the hold released", body = crate::openapi::Transfer),
+        (status = 404, description = "transfer_not_found", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "not_a_hold, hold_posted, hold_voided, hold_expired, or the key is in flight", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "amount_exceeds_hold, account_frozen, or the key was reused", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
+pub async fn post_hold(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    Path(raw_id): Path<String>,
+    method: Method,
+    headers: HeaderMap,
+    JsonObject(body): JsonObject,
+) -> Result<Response, Problem> {
+    let tenant = tenant_id(&tenant)?;
+    let id = transfer_id(&raw_id)?;
+    let request = idempotent(
+        &headers,
+        &tenant,
+        &method,
+        format!("/v1/transfers/{id}/post"),
+        &body,
+    )?;
+    let fields = Fields(&body);
+    fields.only(&["amount_minor"])?;
+    let amount = fields.optional_positive_amount("amount_minor", state.amount_limit)?;
+    Ok(answer_response(
+        state
+            .ledger
+            .settle_hold(&request, &tenant, id, HoldAction::Post { amount })
+            .await,
+    ))
+}
+
+/// `POST /v1/transfers/{id}/void`
+#[utoipa::path(
+    post, path = "/v1/transfers/{id}/void", tag = "ledger",
+    params(("id" = String, Path, description = "tr_…, a hold"), ("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; scoped by tenant, method and route")),
+    responses(
+        (status = 200, description = "Voided: the whole hold released", body = crate::openapi::Transfer),
+        (status = 404, description = "transfer_not_found", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "not_a_hold, hold_posted, hold_voided, hold_expired, or the key is in flight", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "The key was reused", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
+pub async fn void_hold(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    Path(raw_id): Path<String>,
+    method: Method,
+    headers: HeaderMap,
+    JsonObject(body): JsonObject,
+) -> Result<Response, Problem> {
+    let tenant = tenant_id(&tenant)?;
+    let id = transfer_id(&raw_id)?;
+    let request = idempotent(
+        &headers,
+        &tenant,
+        &method,
+        format!("/v1/transfers/{id}/void"),
+        &body,
+    )?;
+    Fields(&body).only(&[])?;
+    Ok(answer_response(
+        state
+            .ledger
+            .settle_hold(&request, &tenant, id, HoldAction::Void)
+            .await,
     ))
 }

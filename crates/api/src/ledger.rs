@@ -4,8 +4,9 @@
 
 use std::collections::HashMap;
 
+use asiento_app::log;
 use asiento_balances::BalanceError;
-use asiento_domain::{AccountName, Balance, Currency};
+use asiento_domain::{AccountName, AccountPolicy, Balance, Currency, GuardKey};
 use axum::{
     extract::{rejection::QueryRejection, Path, Query, State},
     http::StatusCode,
@@ -128,10 +129,35 @@ pub async fn balance(
     )
     .await
     .map_err(balance_problem)?;
+    // The policy in force decides which reservations count against the balance: the declared
+    // one, from the account's guard (the log, never stale), or the one its name implies.
+    let policy = if account.is_guarded() {
+        let key = GuardKey {
+            tenant: crate::commands::tenant_id(&tenant)?,
+            account: account.clone(),
+            currency,
+        };
+        log::load_guard(state.ledger.store.as_ref(), &key)
+            .await
+            .map_err(|error| Problem::server(&error))?
+            .policy(&account)
+    } else {
+        AccountPolicy::implied(&account)
+    };
+    let available = policy
+        .available(
+            balance.balance_minor,
+            balance.pending_debits_minor,
+            balance.pending_credits_minor,
+        )
+        .map_err(|error| Problem::server(&error))?;
     Ok(Json(BalanceBody {
         account,
         currency,
         balance_minor: balance.balance_minor,
+        pending_debits_minor: balance.pending_debits_minor,
+        pending_credits_minor: balance.pending_credits_minor,
+        available_minor: available,
         as_of_position: balance.as_of_position,
     }))
 }
@@ -142,7 +168,11 @@ pub async fn balance(
 pub struct BalanceBody {
     account: AccountName,
     currency: Currency,
+    /// The posted balance.
     balance_minor: Balance,
+    pending_debits_minor: Balance,
+    pending_credits_minor: Balance,
+    available_minor: Balance,
     as_of_position: i64,
 }
 

@@ -139,9 +139,20 @@ pub struct TransferRequest {
     pub amount_minor: i64,
     pub currency: String,
     pub description: Option<String>,
+    /// A hold: reserve the amount now (on the pending accounts), post or void it later.
+    pub pending: Option<bool>,
+    /// For a hold: when the worker voids it if nobody posted or voided it (RFC 3339, future).
+    pub expires_at: Option<String>,
 }
 
-/// A transfer and its journal entry.
+/// `POST /v1/transfers/{id}/post`: posts a hold, whole or in part.
+#[derive(Serialize, ToSchema)]
+pub struct PostHoldRequest {
+    /// At most the hold's amount; absent: all of it. The rest is released.
+    pub amount_minor: Option<i64>,
+}
+
+/// A transfer or hold and its journal entries.
 #[derive(Serialize, ToSchema)]
 pub struct Transfer {
     pub id: String,
@@ -150,7 +161,18 @@ pub struct Transfer {
     pub amount_minor: i64,
     pub currency: String,
     pub description: Option<String>,
+    /// A hold.
+    pub pending: bool,
+    /// `posted` (a transfer, or a posted hold), `pending`, `voided` or `expired`.
+    pub status: String,
+    /// What moved between the posted balances.
+    pub posted_amount_minor: i64,
+    pub expires_at: Option<String>,
+    /// The transfer's entry, or the hold's.
     pub entry_id: Option<String>,
+    /// The entry of a hold's post, void or expiry.
+    pub settled_entry_id: Option<String>,
+    pub settled_at: Option<String>,
     pub created_at: String,
     pub position: i64,
 }
@@ -164,6 +186,16 @@ pub struct Balance {
     /// aware JSON reader.
     #[schema(value_type = i128)]
     pub balance_minor: i128,
+    /// Reserved to leave the account by open holds.
+    #[schema(value_type = i128)]
+    pub pending_debits_minor: i128,
+    /// Reserved to reach the account by open holds.
+    #[schema(value_type = i128)]
+    pub pending_credits_minor: i128,
+    /// What a command may still draw on: `balance_minor` less pending debits (credit-normal)
+    /// or plus pending credits (debit-normal).
+    #[schema(value_type = i128)]
+    pub available_minor: i128,
     pub as_of_position: i64,
 }
 
@@ -197,9 +229,15 @@ pub struct DeclareAccountRequest {
 pub struct Account {
     pub account: String,
     pub currency: String,
-    /// An integer that may exceed 2^63.
+    /// The posted balance, an integer that may exceed 2^63.
     #[schema(value_type = i128)]
     pub balance_minor: i128,
+    #[schema(value_type = i128)]
+    pub pending_debits_minor: i128,
+    #[schema(value_type = i128)]
+    pub pending_credits_minor: i128,
+    #[schema(value_type = i128)]
+    pub available_minor: i128,
     /// `credit` or `debit`.
     pub normal_balance: String,
     pub overdraft: OverdraftPolicy,
@@ -309,6 +347,9 @@ impl Modify for BearerAuth {
         crate::commands::capture_payment,
         crate::commands::refund_payment,
         crate::commands::create_transfer,
+        crate::queries::get_transfer,
+        crate::commands::post_hold,
+        crate::commands::void_hold,
         crate::accounts::declare,
         crate::accounts::list,
         crate::ledger::balance,
@@ -367,6 +408,9 @@ mod tests {
                 "/v1/reconciliation/exceptions",
                 "/v1/reconciliation/exceptions/{id}/resolve",
                 "/v1/transfers",
+                "/v1/transfers/{id}",
+                "/v1/transfers/{id}/post",
+                "/v1/transfers/{id}/void",
             ]
         );
         assert_eq!(
@@ -405,5 +449,39 @@ mod tests {
         keys.sort();
         let doc = serde_json::to_value(ApiDoc::openapi()).expect("json");
         assert_eq!(keys, schema_properties(&doc, "Payment"));
+    }
+
+    /// The documented transfer is exactly what the renderer writes.
+    #[test]
+    fn the_transfer_schema_matches_the_rendered_transfer() {
+        use asiento_domain::*;
+        let request = RequestTransfer {
+            id: TransferId::from_uuid(uuid::Uuid::from_u128(1)),
+            tenant: TenantId::parse("acme").expect("tenant"),
+            from: AccountName::parse("customer:1:available").expect("account"),
+            to: AccountName::parse("merchant:2").expect("account"),
+            amount: Amount::new(100),
+            currency: Currency::parse("USD").expect("currency"),
+            description: None,
+            pending: true,
+            expires_at: None,
+            at: chrono::DateTime::from_timestamp(1_764_000_000, 0).expect("time"),
+        };
+        let events = transfer::decide(&Transfer::default(), request).expect("decided");
+        let record = events
+            .iter()
+            .fold(Transfer::default(), transfer::evolve)
+            .record
+            .expect("record");
+        let rendered = crate::render::transfer_json(&record, 1);
+        let mut keys: Vec<String> = rendered
+            .as_object()
+            .expect("object")
+            .keys()
+            .cloned()
+            .collect();
+        keys.sort();
+        let doc = serde_json::to_value(ApiDoc::openapi()).expect("json");
+        assert_eq!(keys, schema_properties(&doc, "Transfer"));
     }
 }

@@ -14,7 +14,7 @@ use axum::{
 use serde_json::json;
 
 use crate::auth::AuthenticatedTenant;
-use crate::commands::payment_id;
+use crate::commands::{payment_id, transfer_id, transfer_not_found};
 use crate::problem::Problem;
 use crate::render::JsonRender;
 use crate::AppState;
@@ -57,6 +57,34 @@ pub async fn get_payment(
         stored.body,
     )
         .into_response())
+}
+
+/// `GET /v1/transfers/{id}`: a transfer or hold, from its own stream.
+#[utoipa::path(
+    get, path = "/v1/transfers/{id}", tag = "ledger",
+    params(("id" = String, Path, description = "tr_…")),
+    responses(
+        (status = 200, description = "The transfer, from its own stream (never stale)", body = crate::openapi::Transfer),
+        (status = 404, description = "transfer_not_found", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
+pub async fn get_transfer(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    Path(raw_id): Path<String>,
+) -> Result<Response, Problem> {
+    let id = transfer_id(&raw_id)?;
+    let loaded = log::load_transfer(state.ledger.store.as_ref(), id)
+        .await
+        .map_err(|error| Problem::server(&error))?;
+    let record = loaded
+        .aggregate
+        .record
+        .as_ref()
+        .filter(|record| record.requested.tenant.as_str() == tenant.0)
+        .ok_or_else(transfer_not_found)?;
+    let body = crate::render::transfer_json(record, loaded.last_position().unwrap_or(0));
+    Ok((StatusCode::OK, Json(body)).into_response())
 }
 
 /// `GET /v1/payments/{id}/events`: the payment's history, oldest first.

@@ -7,8 +7,8 @@ use asiento_app::reply::{NextActionIn, PaymentCommandKind, Rejected, Render, Rep
 use asiento_balances::AccountView;
 use asiento_domain::guard::{AccountDeclared, GuardKey};
 use asiento_domain::{
-    transfer::TransferRecord, Balance, GuardRejection, OperationKind, OperationState, PaymentId,
-    PaymentRecord, PaymentRejection, PaymentStatus, TransferRejection,
+    transfer::TransferRecord, Balance, GuardRejection, HoldRejection, OperationKind,
+    OperationState, PaymentId, PaymentRecord, PaymentRejection, PaymentStatus, TransferRejection,
 };
 use axum::http::StatusCode;
 use serde_json::{json, Value};
@@ -36,8 +36,17 @@ impl Render for JsonRender {
                     body: to_bytes(&payment_json(payment, *position)),
                 },
             },
-            Reply::Transfer { transfer, position } => StoredResponse {
-                status: StatusCode::CREATED.as_u16(),
+            Reply::Transfer {
+                transfer,
+                created,
+                position,
+            } => StoredResponse {
+                status: if *created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                }
+                .as_u16(),
                 body: to_bytes(&transfer_json(transfer, *position)),
             },
             Reply::Account {
@@ -196,8 +205,14 @@ pub fn payment_json(payment: &PaymentRecord, position: i64) -> Value {
     })
 }
 
+/// A transfer or hold: `status` is `posted` for a transfer, `pending` → `posted` | `voided` |
+/// `expired` for a hold, with what moved (`posted_amount_minor`) and the entry that ended it.
 pub fn transfer_json(transfer: &TransferRecord, position: i64) -> Value {
     let requested = &transfer.requested;
+    let time = |at: &chrono::DateTime<chrono::Utc>| {
+        at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    };
+    let settled = transfer.settled.as_ref();
     json!({
         "id": requested.transfer_id.to_string(),
         "from": requested.from.as_str(),
@@ -205,8 +220,14 @@ pub fn transfer_json(transfer: &TransferRecord, position: i64) -> Value {
         "amount_minor": requested.amount_minor.minor(),
         "currency": requested.currency.code(),
         "description": requested.description,
+        "pending": requested.pending,
+        "status": transfer.status().as_str(),
+        "posted_amount_minor": transfer.posted_amount().minor(),
+        "expires_at": requested.expires_at.as_ref().map(time),
         "entry_id": transfer.entry_id.map(|id| id.to_string()),
-        "created_at": requested.at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "settled_entry_id": settled.and_then(|s| s.entry_id).map(|id| id.to_string()),
+        "settled_at": settled.map(|s| time(&s.at)),
+        "created_at": time(&requested.at),
         "position": position,
     })
 }
@@ -219,11 +240,21 @@ fn account_bytes(key: &GuardKey, declared: &AccountDeclared, position: i64) -> V
         account: AccountView,
         position: i64,
     }
+    let balance = Balance::from(declared.balance_minor);
+    let pending_debits = Balance::from(declared.pending.pending_debits_minor);
+    let pending_credits = Balance::from(declared.pending.pending_credits_minor);
+    let available = declared
+        .policy
+        .available(balance, pending_debits, pending_credits)
+        .expect("three i64 amounts add up in an i128");
     let answer = Declared {
         account: AccountView {
             account: key.account.as_str().to_owned(),
             currency: key.currency.code().to_owned(),
-            balance_minor: Balance::new(i128::from(declared.balance_minor.minor())),
+            balance_minor: balance,
+            pending_debits_minor: pending_debits,
+            pending_credits_minor: pending_credits,
+            available_minor: available,
             policy: declared.policy,
             declared: true,
             declared_at: Some(declared.at),
@@ -255,8 +286,22 @@ pub fn rejection_problem(rejected: &Rejected) -> Problem {
             };
             Problem::new(status, rejection.code(), rejection.to_string())
         }
-        Rejected::Transfer(TransferRejection::Guard(rejection)) | Rejected::Guard(rejection) => {
-            guard_problem(rejection)
+        Rejected::Transfer(TransferRejection::Guard(rejection))
+        | Rejected::Hold(HoldRejection::Guard(rejection))
+        | Rejected::Guard(rejection) => guard_problem(rejection),
+        Rejected::Hold(rejection) => {
+            let status = match rejection {
+                HoldRejection::NotFound(_) => StatusCode::NOT_FOUND,
+                HoldRejection::NotAHold(_)
+                | HoldRejection::Ended { .. }
+                | HoldRejection::Expired(_) => StatusCode::CONFLICT,
+                HoldRejection::ExceedsHold { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+                HoldRejection::AmountMustBePositive => StatusCode::BAD_REQUEST,
+                HoldRejection::NotDue(_)
+                | HoldRejection::Guard(_)
+                | HoldRejection::InvalidEntry(_) => return Problem::internal(rejection),
+            };
+            Problem::new(status, rejection.code(), rejection.to_string())
         }
         Rejected::Transfer(rejection) => {
             let status = match rejection {
@@ -264,7 +309,9 @@ pub fn rejection_problem(rejected: &Rejected) -> Problem {
                 | TransferRejection::AccountsMustBeDifferent
                 | TransferRejection::DescriptionTooLong => StatusCode::BAD_REQUEST,
                 TransferRejection::TransferAlreadyExists(_) => StatusCode::CONFLICT,
-                TransferRejection::AmountTooLarge(_) => StatusCode::UNPROCESSABLE_ENTITY,
+                TransferRejection::AmountTooLarge(_)
+                | TransferRejection::ExpiryWithoutHold
+                | TransferRejection::ExpiryInThePast => StatusCode::UNPROCESSABLE_ENTITY,
                 TransferRejection::Guard(_) | TransferRejection::InvalidEntry(_) => {
                     return Problem::internal(rejection)
                 }

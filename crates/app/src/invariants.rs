@@ -43,8 +43,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use asiento_domain::guard;
 use asiento_domain::{
-    guard_stream, DebitGuard, EntryId, Event, GuardEvent, JournalEntry, PaymentEvent, StreamKind,
+    DebitGuard, EntryId, Event, GuardEvent, JournalEntry, PaymentEvent, StreamKind,
 };
 use asiento_eventstore::{Cursor, Database, EventStore, RecordedEvent, Tx};
 use serde_json::json;
@@ -288,24 +289,45 @@ pub struct Checker {
 }
 
 /// Per payment: ChargeCaptured events seen, capture postings seen.
-/// Per client account and currency (keyed by its guard stream's name): the balance its last
-/// guard event carries, and the sum of its legs in journal entries.
+/// Per client account and currency (keyed by its guard stream's name): the posted balance and
+/// the pending debits and credits its last guard event carries, and the same three summed from
+/// the legs of journal entries (a leg on a pending account counts for the account it reserves
+/// for, see [`guard::guard_changes`]).
 #[derive(Default)]
 struct GuardTally {
-    guards: HashMap<String, i64>,
-    entries: HashMap<String, i128>,
+    guards: HashMap<String, [i128; 3]>,
+    entries: HashMap<String, [i128; 3]>,
 }
 
 impl GuardTally {
     fn guard(&mut self, stream_id: &str, event: &GuardEvent) {
-        let balance = DebitGuard::from_last(0, event).balance;
-        self.guards.insert(stream_id.to_owned(), balance.minor());
+        let guard = DebitGuard::from_last(0, event);
+        let state = [guard.balance, guard.pending_debits, guard.pending_credits]
+            .map(|amount| i128::from(amount.minor()));
+        self.guards.insert(stream_id.to_owned(), state);
     }
 
-    fn entry(&mut self, entry: &JournalEntry) {
-        for leg in entry.legs().iter().filter(|leg| leg.account.is_guarded()) {
-            let stream = guard_stream(entry.tenant(), &leg.account, leg.currency);
-            *self.entries.entry(stream).or_default() += i128::from(leg.amount.minor());
+    fn entry(&mut self, entry: &JournalEntry, report: &mut Report) {
+        let changes = match guard::guard_changes(entry) {
+            Ok(changes) => changes,
+            Err(error) => {
+                let subject = entry.id().to_string();
+                report.push(
+                    Check::GuardBalance,
+                    &subject,
+                    format!("its legs do not add up: {error}"),
+                );
+                return;
+            }
+        };
+        for (key, change) in changes {
+            let sums = self.entries.entry(key.stream()).or_default();
+            for (sum, amount) in
+                sums.iter_mut()
+                    .zip([change.posted, change.pending_debits, change.pending_credits])
+            {
+                *sum += i128::from(amount.minor());
+            }
         }
     }
 
@@ -315,18 +337,27 @@ impl GuardTally {
         keys.dedup();
         for key in keys {
             let subject = key.strip_prefix("account-").unwrap_or(key);
-            let entries = self.entries.get(key).copied().unwrap_or(0);
+            let entries = self.entries.get(key).copied().unwrap_or_default();
             match self.guards.get(key) {
-                Some(guard) if i128::from(*guard) == entries => {}
-                Some(guard) => report.push(
+                Some(guard) if *guard == entries => {}
+                Some([posted, debits, credits]) => report.push(
                     Check::GuardBalance,
                     subject,
-                    format!("the guard says {guard}, the entries say {entries}"),
+                    format!(
+                        "the guard says {posted} posted, {debits} pending debits, {credits} \
+                         pending credits; the entries say {}, {}, {}",
+                        entries[0], entries[1], entries[2]
+                    ),
                 ),
+                None if entries == [0; 3] => {}
                 None => report.push(
                     Check::GuardBalance,
                     subject,
-                    format!("entries sum to {entries} but the account has no guard"),
+                    format!(
+                        "entries sum to {} posted, {} pending debits, {} pending credits but \
+                         the account has no guard",
+                        entries[0], entries[1], entries[2]
+                    ),
                 ),
             }
         }
@@ -537,7 +568,7 @@ impl Checker {
             guards.guard(&event.stream_id, guard_event);
         }
         if let Some(entry) = decoded.entry() {
-            guards.entry(entry);
+            guards.entry(entry, report);
             // Checked again where it is read, though a JournalEntry cannot be built unbalanced.
             let mut sums: BTreeMap<&str, i128> = BTreeMap::new();
             for leg in entry.legs() {

@@ -11,6 +11,7 @@ pub mod group_commit;
 pub mod group_statement;
 pub mod guard_cache;
 pub mod guard_chain;
+pub mod hold_expiry;
 pub mod idempotency;
 pub mod invariants;
 pub mod latest;

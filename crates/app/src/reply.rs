@@ -6,7 +6,7 @@
 use asiento_domain::guard::{AccountDeclared, GuardKey};
 use asiento_domain::transfer::TransferRecord;
 use asiento_domain::{
-    GuardRejection, PaymentId, PaymentRecord, PaymentRejection, TransferRejection,
+    GuardRejection, HoldRejection, PaymentId, PaymentRecord, PaymentRejection, TransferRejection,
 };
 
 use crate::idempotency::StoredResponse;
@@ -16,6 +16,7 @@ use crate::idempotency::StoredResponse;
 pub enum Rejected {
     Payment(PaymentRejection),
     Transfer(TransferRejection),
+    Hold(HoldRejection),
     Guard(GuardRejection),
 }
 
@@ -44,8 +45,11 @@ pub enum Reply<'a> {
         /// The global position of the last event the command wrote: a read-your-writes token.
         position: i64,
     },
+    /// A transfer as a command left it; `created`: the command requested it (a hold's post or
+    /// void answers the transfer it ended).
     Transfer {
         transfer: &'a TransferRecord,
+        created: bool,
         position: i64,
     },
     /// An account declaration; `created`: the first one for this account and currency.

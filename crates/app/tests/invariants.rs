@@ -349,6 +349,12 @@ async fn corruptions(backend: Backend) {
         entry_id: EntryId::derived("stray"),
         delta_minor: Amount::new(5),
         balance_minor: Amount::new(5),
+        pending_debits_delta_minor: Amount::new(3),
+        pending_credits_delta_minor: Amount::ZERO,
+        pending: asiento_domain::guard::Pending {
+            pending_debits_minor: Amount::new(3),
+            pending_credits_minor: Amount::ZERO,
+        },
         at: chrono::Utc::now(),
         policy: None,
     });
@@ -378,7 +384,11 @@ async fn corruptions(backend: Backend) {
                 .find(|v| v.subject == "acme:merchant:x:USD")
                 .unwrap()
                 .detail;
-            assert_eq!(detail, "the guard says 5, the entries say 0");
+            assert_eq!(
+                detail,
+                "the guard says 5 posted, 3 pending debits, 0 pending credits; the entries say \
+                 0, 0, 0"
+            );
             break;
         }
         assert!(

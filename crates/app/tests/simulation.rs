@@ -987,7 +987,9 @@ impl Render for SimRender {
                     "position": position,
                 }),
             ),
-            Reply::Transfer { transfer, position } => (
+            Reply::Transfer {
+                transfer, position, ..
+            } => (
                 201,
                 json!({"entry": transfer.entry_id.map(|id| id.to_string()), "position": position}),
             ),
@@ -1531,6 +1533,8 @@ impl Sim {
             amount: Amount::new(amount),
             currency: Currency::parse("USD").unwrap(),
             description: None,
+            pending: false,
+            expires_at: None,
         };
         let index = self.new_request(Work::Transfer(transfer), "/v1/transfers".into(), body);
         self.note(format!("request #{index}: transfer {amount} from {from}"));

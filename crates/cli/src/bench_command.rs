@@ -89,6 +89,8 @@ async fn transfer(
                 amount: Amount::new(amount_minor),
                 currency: Currency::parse("USD")?,
                 description: None,
+                pending: false,
+                expires_at: None,
             },
         )
         .await

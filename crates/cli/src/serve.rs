@@ -315,7 +315,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             keep_ms: duration_ms(args.idempotency_retention),
         };
         tasks.spawn(purger.run(wait_for(stopped.clone())));
-        println!("webhook worker, reconciler, sealer, invariant checker and key purger running");
+        tasks.spawn(asiento_app::hold_expiry::run(
+            core.ledger.clone(),
+            asiento_app::hold_expiry::EXPIRY_INTERVAL_DEFAULT,
+            wait_for(stopped.clone()),
+        ));
+        println!(
+            "webhook worker, reconciler, sealer, invariant checker, hold expiry and key purger \
+             running"
+        );
     }
 
     println!(

@@ -9,6 +9,11 @@
 //! - **Client accounts** (every other) have a debit guard, so that their
 //!   policy ([`crate::policy`]) holds under concurrent commands. A
 //!   `customer:…` account's implied policy forbids overdrafts.
+//! - **Pending accounts** (`pending_debits:{account}`, `pending_credits:{account}`) hold what
+//!   holds reserve on `{account}` (see [`crate::transfer`]): a hold's entry moves money between
+//!   the pending accounts of its two sides, its post or void moves it back. They are system
+//!   accounts too; their name is the account's with one more segment, so it may have
+//!   [`SEGMENTS_MAX`] + 1 segments.
 
 use std::fmt;
 use std::str::FromStr;
@@ -27,6 +32,28 @@ pub const SEGMENTS_MAX: usize = 8;
 pub const CUSTOMER_ROOT: &str = "customer";
 /// The first segments of the system's own accounts.
 pub const SYSTEM_ROOTS: [&str; 4] = ["psp", "revenue", "expense", "bank"];
+/// The first segment of the account holding what holds reserve to leave an account.
+pub const PENDING_DEBITS_ROOT: &str = "pending_debits";
+/// The first segment of the account holding what holds reserve to reach an account.
+pub const PENDING_CREDITS_ROOT: &str = "pending_credits";
+
+/// Which of an account's two pending accounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PendingSide {
+    /// Money reserved to leave the account (the source of a hold).
+    Debits,
+    /// Money reserved to reach the account (the destination of a hold).
+    Credits,
+}
+
+impl PendingSide {
+    fn root(self) -> &'static str {
+        match self {
+            PendingSide::Debits => PENDING_DEBITS_ROOT,
+            PendingSide::Credits => PENDING_CREDITS_ROOT,
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AccountError {
@@ -58,6 +85,19 @@ impl AccountName {
     }
 
     fn check(name: &str) -> Result<(), AccountError> {
+        // A pending account is its account's name behind one more segment.
+        let of = [PENDING_DEBITS_ROOT, PENDING_CREDITS_ROOT]
+            .iter()
+            .find_map(|root| name.strip_prefix(root)?.strip_prefix(':'));
+        if let Some(of) = of {
+            let nested = [PENDING_DEBITS_ROOT, PENDING_CREDITS_ROOT]
+                .contains(&of.split(':').next().unwrap_or_default());
+            return if nested {
+                Err(AccountError::Invalid(name.to_owned()))
+            } else {
+                AccountName::check(of).map_err(|_| AccountError::Invalid(name.to_owned()))
+            };
+        }
         let segments = name.split(':');
         let mut count = 0;
         for segment in segments {
@@ -84,10 +124,29 @@ impl AccountName {
         self.root() == CUSTOMER_ROOT
     }
 
-    /// One of the system's own accounts, which no client command may name.
+    /// One of the system's own accounts (a pending account included), which no client command
+    /// may name.
     #[must_use]
     pub fn is_system(&self) -> bool {
-        SYSTEM_ROOTS.contains(&self.root())
+        let root = self.root();
+        SYSTEM_ROOTS.contains(&root) || [PENDING_DEBITS_ROOT, PENDING_CREDITS_ROOT].contains(&root)
+    }
+
+    /// The pending account of this account on `side`.
+    #[must_use]
+    pub fn pending(&self, side: PendingSide) -> Self {
+        AccountName(format!("{}:{}", side.root(), self.0))
+    }
+
+    /// For a pending account: which side, and the account it holds reservations of.
+    #[must_use]
+    pub fn pending_of(&self) -> Option<(PendingSide, AccountName)> {
+        [PendingSide::Debits, PendingSide::Credits]
+            .into_iter()
+            .find_map(|side| {
+                let of = self.0.strip_prefix(side.root())?.strip_prefix(':')?;
+                Some((side, AccountName(of.to_owned())))
+            })
     }
 
     /// Whether postings to this account go through its debit guard: every client account.
@@ -208,6 +267,29 @@ mod tests {
             assert!(!parse(client).is_system(), "{client}");
             assert!(parse(client).is_guarded(), "{client}");
         }
+    }
+
+    #[test]
+    fn pending_accounts_are_system_accounts_one_segment_deeper() {
+        let deepest = AccountName::parse(&["a"; SEGMENTS_MAX].join(":")).unwrap();
+        for side in [PendingSide::Debits, PendingSide::Credits] {
+            let pending = deepest.pending(side);
+            assert_eq!(AccountName::parse(pending.as_str()).unwrap(), pending);
+            assert_eq!(pending.pending_of(), Some((side, deepest.clone())));
+            assert!(pending.is_system() && !pending.is_guarded());
+        }
+        assert_eq!(deepest.pending_of(), None);
+        for invalid in [
+            "pending_debits:",
+            "pending_debits:A",
+            "pending_credits:pending_debits:a",
+            "pending_debits:pending_debits:a",
+        ] {
+            assert!(AccountName::parse(invalid).is_err(), "{invalid:?} accepted");
+        }
+        let root = AccountName::parse("pending_debits").unwrap();
+        assert!(root.pending_of().is_none() && root.is_system());
+        assert!(!AccountName::parse("pending_debitsx:a").unwrap().is_system());
     }
 
     #[test]

@@ -12,6 +12,12 @@
 //! against the old policy conflicts with it too. Each guard event carries the
 //! balance and the declared policy after it, so the app needs to read only the
 //! last one ([`DebitGuard::from_last`]).
+//!
+//! A guard also counts what holds reserve on its account: a leg on the account's
+//! `pending_debits:` or `pending_credits:` account ([`crate::account::PendingSide`]) changes the
+//! guard of the account it reserves for ([`guard_changes`]). The policy is checked against the
+//! available balance ([`AccountPolicy::available`]), so a hold takes the money out of reach of
+//! every later command, and its post or void (which only gives back) is never refused for funds.
 
 use std::collections::BTreeMap;
 
@@ -19,7 +25,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::account::AccountName;
+use crate::account::{AccountName, PendingSide};
 use crate::entry::JournalEntry;
 use crate::ids::{EntryId, TenantId};
 use crate::money::{Amount, AmountError, Currency};
@@ -97,11 +103,16 @@ impl GuardKey {
     }
 }
 
-/// A guard's state: its stream version (0 = no stream yet), the balance and the declared policy.
+/// A guard's state: its stream version (0 = no stream yet), the posted balance, what holds
+/// reserve, and the declared policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DebitGuard {
     pub version: u64,
     pub balance: Amount,
+    /// Reserved to leave the account by open holds (never negative).
+    pub pending_debits: Amount,
+    /// Reserved to reach the account by open holds (never negative).
+    pub pending_credits: Amount,
     /// The balance went past its overdraft policy through a provider fact at some point.
     pub flagged: bool,
     /// The policy declared for the account; None: the one its name implies.
@@ -113,17 +124,39 @@ impl DebitGuard {
     /// balance and the declared policy after it. (`flagged` is only known by a full replay.)
     #[must_use]
     pub fn from_last(version: u64, last: &GuardEvent) -> DebitGuard {
-        let (balance, declared) = match last {
-            GuardEvent::BalanceChanged(e) => (e.balance_minor, e.policy),
-            GuardEvent::OverdraftFlagged(e) => (e.balance_minor, e.policy),
-            GuardEvent::AccountDeclared(e) => (e.balance_minor, Some(e.policy)),
+        let (balance, pending, declared) = match last {
+            GuardEvent::BalanceChanged(e) => (e.balance_minor, e.pending, e.policy),
+            GuardEvent::OverdraftFlagged(e) => (e.balance_minor, e.pending, e.policy),
+            GuardEvent::AccountDeclared(e) => (e.balance_minor, e.pending, Some(e.policy)),
         };
         DebitGuard {
             version,
             balance,
+            pending_debits: pending.pending_debits_minor,
+            pending_credits: pending.pending_credits_minor,
             flagged: matches!(last, GuardEvent::OverdraftFlagged(_)),
             declared,
         }
+    }
+
+    /// What holds reserve, as the events carry it.
+    #[must_use]
+    pub fn pending(&self) -> Pending {
+        Pending {
+            pending_debits_minor: self.pending_debits,
+            pending_credits_minor: self.pending_credits,
+        }
+    }
+
+    /// The balance a command may still draw on under `account`'s policy.
+    pub fn available(&self, account: &AccountName) -> Result<Amount, AmountError> {
+        self.policy(account)
+            .available(
+                self.balance.into(),
+                self.pending_debits.into(),
+                self.pending_credits.into(),
+            )?
+            .to_amount()
     }
 
     /// The policy in force for `account`: the declared one, or the one its name implies.
@@ -134,12 +167,34 @@ impl DebitGuard {
     }
 }
 
+fn is_zero(amount: &Amount) -> bool {
+    amount.is_zero()
+}
+
+/// What open holds reserve on the account, after an event (absent from the JSON while zero).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Pending {
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pending_debits_minor: Amount,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pending_credits_minor: Amount,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BalanceChanged {
     pub entry_id: EntryId,
+    /// The change of the posted balance.
     pub delta_minor: Amount,
     /// The balance after this change.
     pub balance_minor: Amount,
+    /// The change of what holds reserve (absent while zero).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pending_debits_delta_minor: Amount,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pending_credits_delta_minor: Amount,
+    /// What holds reserve after this change.
+    #[serde(flatten)]
+    pub pending: Pending,
     pub at: DateTime<Utc>,
     /// The declared policy, carried along so that the last event tells the whole state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -151,6 +206,8 @@ pub struct BalanceChanged {
 pub struct OverdraftFlagged {
     pub entry_id: EntryId,
     pub balance_minor: Amount,
+    #[serde(flatten)]
+    pub pending: Pending,
     pub at: DateTime<Utc>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<AccountPolicy>,
@@ -161,8 +218,10 @@ pub struct OverdraftFlagged {
 pub struct AccountDeclared {
     pub policy: AccountPolicy,
     pub metadata: Map<String, Value>,
-    /// The balance, unchanged by a declaration.
+    /// The balance and what holds reserve, unchanged by a declaration.
     pub balance_minor: Amount,
+    #[serde(flatten)]
+    pub pending: Pending,
     pub at: DateTime<Utc>,
 }
 
@@ -194,17 +253,79 @@ pub struct GuardAppend {
     pub events: Vec<GuardEvent>,
 }
 
+/// What one entry changes on one guard: its posted balance and what holds reserve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GuardChange {
+    pub posted: Amount,
+    pub pending_debits: Amount,
+    pub pending_credits: Amount,
+}
+
+impl GuardChange {
+    #[must_use]
+    pub fn is_zero(&self) -> bool {
+        self.posted.is_zero() && self.pending_debits.is_zero() && self.pending_credits.is_zero()
+    }
+
+    /// Only gives back: nothing posted, no reservation made (a hold's void).
+    fn only_releases(&self) -> bool {
+        self.posted.is_zero()
+            && !self.pending_debits.is_positive()
+            && !self.pending_credits.is_positive()
+    }
+}
+
+/// The guarded account behind a leg's account, and on which side of it the leg counts: the
+/// account itself (None) or one of its pending accounts.
+fn guarded_account(account: &AccountName) -> Option<(AccountName, Option<PendingSide>)> {
+    match account.pending_of() {
+        Some((side, of)) => of.is_guarded().then_some((of, Some(side))),
+        None => account.is_guarded().then(|| (account.clone(), None)),
+    }
+}
+
+/// Every guard an entry touches, with the net change on each: a leg on a client account changes
+/// its posted balance; a leg on `pending_debits:{a}` changes `a`'s pending debits by its negation
+/// (money reserved to leave is a negative leg there), one on `pending_credits:{a}` its pending
+/// credits.
+pub fn guard_changes(entry: &JournalEntry) -> Result<BTreeMap<GuardKey, GuardChange>, AmountError> {
+    let mut changes: BTreeMap<GuardKey, GuardChange> = BTreeMap::new();
+    for ((account, currency), delta) in entry.net_changes()? {
+        let Some((account, side)) = guarded_account(&account) else {
+            continue;
+        };
+        let key = GuardKey {
+            tenant: entry.tenant().clone(),
+            account,
+            currency,
+        };
+        let change = changes.entry(key).or_default();
+        match side {
+            None => change.posted = change.posted.checked_add(delta)?,
+            Some(PendingSide::Debits) => {
+                change.pending_debits = change.pending_debits.checked_sub(delta)?;
+            }
+            Some(PendingSide::Credits) => {
+                change.pending_credits = change.pending_credits.checked_add(delta)?;
+            }
+        }
+    }
+    Ok(changes)
+}
+
 /// The guards an entry touches, so the caller knows which to load.
 #[must_use]
 pub fn guarded_keys(entry: &JournalEntry) -> Vec<GuardKey> {
     let mut keys: Vec<GuardKey> = entry
         .legs()
         .iter()
-        .filter(|leg| leg.account.is_guarded())
-        .map(|leg| GuardKey {
-            tenant: entry.tenant().clone(),
-            account: leg.account.clone(),
-            currency: leg.currency,
+        .filter_map(|leg| {
+            let (account, _) = guarded_account(&leg.account)?;
+            Some(GuardKey {
+                tenant: entry.tenant().clone(),
+                account,
+                currency: leg.currency,
+            })
         })
         .collect();
     keys.sort();
@@ -222,22 +343,17 @@ pub fn decide_entry(
     at: DateTime<Utc>,
 ) -> Result<Vec<GuardAppend>, GuardRejection> {
     let mut appends = Vec::new();
-    for ((account, currency), delta) in entry.net_changes()? {
-        if !account.is_guarded() || delta.is_zero() {
+    for (key, change) in guard_changes(entry)? {
+        if change.is_zero() {
             continue;
         }
-        let key = GuardKey {
-            tenant: entry.tenant().clone(),
-            account,
-            currency,
-        };
         let Some(guard) = guards.get(&key) else {
             return Err(GuardRejection::MissingGuard {
                 account: key.account,
                 currency: key.currency,
             });
         };
-        let events = change_events(guard, &key, entry.id(), delta, origin, at)?;
+        let events = change_events(guard, &key, entry.id(), change, origin, at)?;
         appends.push(GuardAppend {
             key,
             expected_version: guard.version,
@@ -247,45 +363,60 @@ pub fn decide_entry(
     Ok(appends)
 }
 
-/// The events of one net change of `delta` on the guard of `key` in state `guard`: refused for a
-/// command that breaches the account's policy or touches a frozen one; recorded (and flagged
-/// when it breaches) for a provider fact.
+/// The events of one net `change` on the guard of `key` in state `guard`: refused for a command
+/// that takes the available balance past the account's policy or touches a frozen one (except to
+/// release a reservation); recorded (and flagged when it breaches) for a provider fact.
 fn change_events(
     guard: &DebitGuard,
     key: &GuardKey,
     entry_id: EntryId,
-    delta: Amount,
+    change: GuardChange,
     origin: Origin,
     at: DateTime<Utc>,
 ) -> Result<Vec<GuardEvent>, GuardRejection> {
     let policy = guard.policy(&key.account);
-    if policy.frozen && origin == Origin::Command {
+    if policy.frozen && origin == Origin::Command && !change.only_releases() {
         return Err(GuardRejection::AccountFrozen {
             account: key.account.clone(),
             currency: key.currency,
         });
     }
-    let balance = guard.balance.checked_add(delta)?;
-    let breached = policy.breached_by(guard.balance, delta)?;
+    let after = DebitGuard {
+        balance: guard.balance.checked_add(change.posted)?,
+        pending_debits: guard.pending_debits.checked_add(change.pending_debits)?,
+        pending_credits: guard.pending_credits.checked_add(change.pending_credits)?,
+        ..*guard
+    };
+    // A release decided on a guard read after another ending of the same hold committed takes
+    // a pending amount below zero here. It is never appended: the hold's stream was read before
+    // that ending, so the append conflicts and the ending is decided again (and refused).
+    let available = guard.available(&key.account)?;
+    let available_delta = after.available(&key.account)?.checked_sub(available)?;
+    let breached = policy.breached_by(available, available_delta)?;
     if breached && origin == Origin::Command {
         return Err(GuardRejection::InsufficientFunds {
             account: key.account.clone(),
             currency: key.currency,
-            balance: guard.balance,
-            debit: delta.checked_neg()?,
+            balance: available,
+            debit: available_delta.checked_neg()?,
         });
     }
+    let pending = after.pending();
     let mut events = vec![GuardEvent::BalanceChanged(BalanceChanged {
         entry_id,
-        delta_minor: delta,
-        balance_minor: balance,
+        delta_minor: change.posted,
+        balance_minor: after.balance,
+        pending_debits_delta_minor: change.pending_debits,
+        pending_credits_delta_minor: change.pending_credits,
+        pending,
         at,
         policy: guard.declared,
     })];
     if breached {
         events.push(GuardEvent::OverdraftFlagged(OverdraftFlagged {
             entry_id,
-            balance_minor: balance,
+            balance_minor: after.balance,
+            pending,
             at,
             policy: guard.declared,
         }));
@@ -309,11 +440,16 @@ pub fn rebase_fact(
     for event in events {
         match event {
             GuardEvent::BalanceChanged(change) => {
+                let delta = GuardChange {
+                    posted: change.delta_minor,
+                    pending_debits: change.pending_debits_delta_minor,
+                    pending_credits: change.pending_credits_delta_minor,
+                };
                 let step = change_events(
                     &state,
                     key,
                     change.entry_id,
-                    change.delta_minor,
+                    delta,
                     Origin::ProviderFact,
                     change.at,
                 )
@@ -351,6 +487,7 @@ pub fn declare(
             policy,
             metadata,
             balance_minor: guard.balance,
+            pending: guard.pending(),
             at,
         })],
         key,
@@ -527,6 +664,9 @@ mod tests {
                 entry_id: e.id(),
                 delta_minor: Amount::new(-500),
                 balance_minor: Amount::ZERO,
+                pending_debits_delta_minor: Amount::ZERO,
+                pending_credits_delta_minor: Amount::ZERO,
+                pending: Pending::default(),
                 at: at(),
                 policy: None,
             })]
@@ -584,6 +724,143 @@ mod tests {
         )
         .unwrap();
         assert_eq!(rebase_fact(&customer, onto, &declared.events), None);
+    }
+
+    #[test]
+    fn a_hold_reserves_against_the_available_balance_and_its_release_is_never_refused() {
+        let customer = key("customer:1:available");
+        let merchant = key("merchant:2");
+        let states = guards(&[("customer:1:available", 1, 100), ("merchant:2", 0, 0)]);
+        let hold = |amount: i64| {
+            entry(&[
+                ("pending_debits:customer:1:available", -amount),
+                ("pending_credits:merchant:2", amount),
+            ])
+        };
+        let changes = guard_changes(&hold(60)).unwrap();
+        assert_eq!(
+            changes[&customer],
+            GuardChange {
+                pending_debits: Amount::new(60),
+                ..GuardChange::default()
+            }
+        );
+        assert_eq!(changes[&merchant].pending_credits, Amount::new(60));
+        assert_eq!(
+            guarded_keys(&hold(60)),
+            vec![customer.clone(), merchant.clone()]
+        );
+        assert_eq!(
+            decide_entry(&hold(101), Origin::Command, &states, at())
+                .unwrap_err()
+                .code(),
+            "insufficient_funds"
+        );
+        let apply = |states: &BTreeMap<GuardKey, DebitGuard>, appends: Vec<GuardAppend>| {
+            let mut states = states.clone();
+            for append in appends {
+                let state = states[&append.key];
+                let after = append.events.iter().fold(state, evolve);
+                let last = append.events.last().unwrap();
+                assert_eq!(DebitGuard::from_last(after.version, last), after);
+                states.insert(append.key, after);
+            }
+            states
+        };
+        let held = apply(
+            &states,
+            decide_entry(&hold(60), Origin::Command, &states, at()).unwrap(),
+        );
+        let c = held[&customer];
+        assert_eq!(
+            (c.balance, c.pending_debits),
+            (Amount::new(100), Amount::new(60))
+        );
+        assert_eq!(c.available(&customer.account).unwrap(), Amount::new(40));
+        // The reservation is out of reach of the next command.
+        let spend =
+            |amount: i64| entry(&[("customer:1:available", -amount), ("merchant:2", amount)]);
+        assert_eq!(
+            decide_entry(&spend(41), Origin::Command, &held, at())
+                .unwrap_err()
+                .code(),
+            "insufficient_funds"
+        );
+        assert!(decide_entry(&spend(40), Origin::Command, &held, at()).is_ok());
+        // Posting part of it: the reservation released, the part moved.
+        let post = entry(&[
+            ("pending_debits:customer:1:available", 60),
+            ("pending_credits:merchant:2", -60),
+            ("customer:1:available", -45),
+            ("merchant:2", 45),
+        ]);
+        // Even frozen and after the rest was spent, a release that gives back is decided.
+        let frozen = AccountPolicy {
+            frozen: true,
+            ..AccountPolicy::implied(&customer.account)
+        };
+        let mut frozen_states = held.clone();
+        frozen_states.insert(
+            customer.clone(),
+            DebitGuard {
+                declared: Some(frozen),
+                ..held[&customer]
+            },
+        );
+        let void = entry(&[
+            ("pending_debits:customer:1:available", 60),
+            ("pending_credits:merchant:2", -60),
+        ]);
+        assert!(decide_entry(&void, Origin::Command, &frozen_states, at()).is_ok());
+        assert_eq!(
+            decide_entry(&post, Origin::Command, &frozen_states, at())
+                .unwrap_err()
+                .code(),
+            "account_frozen"
+        );
+        let posted = apply(
+            &held,
+            decide_entry(&post, Origin::Command, &held, at()).unwrap(),
+        );
+        let (c, m) = (posted[&customer], posted[&merchant]);
+        assert_eq!(
+            (c.balance, c.pending_debits, m.balance, m.pending_credits),
+            (Amount::new(55), Amount::ZERO, Amount::new(45), Amount::ZERO)
+        );
+    }
+
+    #[test]
+    fn a_debit_normal_account_counts_pending_credits_against_it() {
+        let policy = AccountPolicy {
+            normal_balance: crate::policy::NormalBalance::Debit,
+            overdraft: crate::policy::Overdraft::Forbidden,
+            frozen: false,
+        };
+        let states = BTreeMap::from([
+            (
+                key("loan:1"),
+                DebitGuard {
+                    version: 1,
+                    balance: Amount::new(-100),
+                    declared: Some(policy),
+                    ..DebitGuard::default()
+                },
+            ),
+            (key("merchant:2"), DebitGuard::default()),
+        ]);
+        let hold = |amount: i64| {
+            entry(&[
+                ("pending_debits:merchant:2", -amount),
+                ("pending_credits:loan:1", amount),
+            ])
+        };
+        assert!(decide_entry(&hold(100), Origin::Command, &states, at()).is_ok());
+        assert_eq!(
+            decide_entry(&hold(101), Origin::Command, &states, at())
+                .unwrap_err()
+                .code(),
+            "insufficient_funds"
+        );
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod event;
 pub mod exception;
 pub mod fee;
 pub mod guard;
+pub mod hold;
 pub mod ids;
 pub mod money;
 pub mod payment;
@@ -37,6 +38,7 @@ pub use event::{upcast, DecodeError, EncodeError, Event};
 pub use exception::{ExceptionEvent, ExceptionId, ExceptionKind};
 pub use fee::{fee, FeeError, FeeSchedule};
 pub use guard::{DebitGuard, GuardAppend, GuardEvent, GuardKey, GuardRejection, Origin};
+pub use hold::{HoldAction, HoldRejection, SettleHold};
 pub use ids::{
     psp_cancel_key, psp_capture_key, psp_charge_key, psp_refund_key, CustomerId, EntryId, IdError,
     PaymentId, ProviderName, TenantId, TransferId,
@@ -52,4 +54,4 @@ pub use payment::{
 };
 pub use policy::{AccountPolicy, NormalBalance, Overdraft};
 pub use stream::{exception_stream, guard_stream, payment_stream, transfer_stream, StreamKind};
-pub use transfer::{RequestTransfer, Transfer, TransferEvent, TransferRejection};
+pub use transfer::{RequestTransfer, Transfer, TransferEvent, TransferRejection, TransferStatus};

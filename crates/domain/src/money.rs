@@ -181,6 +181,26 @@ impl Balance {
             .map(Balance)
             .ok_or(AmountError::Overflow)
     }
+
+    pub fn checked_neg(self) -> Result<Balance, AmountError> {
+        self.0
+            .checked_neg()
+            .map(Balance)
+            .ok_or(AmountError::Overflow)
+    }
+
+    /// The balance as an amount, when it fits one.
+    pub fn to_amount(self) -> Result<Amount, AmountError> {
+        i64::try_from(self.0)
+            .map(Amount)
+            .map_err(|_| AmountError::Overflow)
+    }
+}
+
+impl From<Amount> for Balance {
+    fn from(amount: Amount) -> Self {
+        Balance(i128::from(amount.0))
+    }
 }
 
 impl fmt::Display for Balance {

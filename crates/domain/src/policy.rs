@@ -14,7 +14,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::account::AccountName;
-use crate::money::{Amount, AmountError};
+use crate::money::{Amount, AmountError, Balance};
 
 /// Which side of zero an account's balance normally sits on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -69,6 +69,22 @@ impl AccountPolicy {
         match self.normal_balance {
             NormalBalance::Credit => Ok(amount),
             NormalBalance::Debit => amount.checked_neg(),
+        }
+    }
+
+    /// What a command may still move toward the wrong side, as a balance: the posted balance
+    /// less what holds reserve against the normal side (pending debits of a credit-normal account,
+    /// pending credits of a debit-normal one). Reservations toward the normal side count only
+    /// once posted.
+    pub fn available(
+        self,
+        posted: Balance,
+        pending_debits: Balance,
+        pending_credits: Balance,
+    ) -> Result<Balance, AmountError> {
+        match self.normal_balance {
+            NormalBalance::Credit => posted.checked_sum(pending_debits.checked_neg()?),
+            NormalBalance::Debit => posted.checked_sum(pending_credits),
         }
     }
 

@@ -1,5 +1,10 @@
 //! The transfer aggregate: a merchant moving money between two accounts of
-//! one currency with a two-leg entry.
+//! one currency with a two-leg entry, or reserving it first (a hold, `pending`; posted or
+//! voided later by [`crate::hold`]).
+//!
+//! A hold's entry moves the amount from `pending_debits:{from}` to `pending_credits:{to}`
+//! ([`crate::account::PendingSide`]): the posted balances are untouched, and the debit guards
+//! count the reservation against what `from` may still spend.
 //!
 //! A transfer is a command between two client accounts (a system account is
 //! `account_reserved`), so a debit past an account's overdraft policy, or a
@@ -13,9 +18,10 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::account::AccountName;
+use crate::account::{AccountName, PendingSide};
 use crate::entry::{EntryError, JournalEntry};
 use crate::guard::{decide_entry, DebitGuard, GuardAppend, GuardKey, GuardRejection, Origin};
+use crate::hold::{HoldPosted, HoldSettled, HoldVoided};
 use crate::ids::{EntryId, TenantId, TransferId};
 use crate::money::{Amount, AmountLimit, AmountLimitError, Currency};
 use crate::payment::{EntryPosted, DESCRIPTION_CHARS_MAX};
@@ -30,7 +36,15 @@ pub struct RequestTransfer {
     pub amount: Amount,
     pub currency: Currency,
     pub description: Option<String>,
+    /// A hold: reserve now, post or void later.
+    pub pending: bool,
+    /// When the worker voids a hold nobody posted or voided.
+    pub expires_at: Option<DateTime<Utc>>,
     pub at: DateTime<Utc>,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -42,6 +56,11 @@ pub struct TransferRequested {
     pub amount_minor: Amount,
     pub currency: Currency,
     pub description: Option<String>,
+    /// A hold (absent for a plain transfer, as in events written before holds existed).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub pending: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
     pub at: DateTime<Utc>,
 }
 
@@ -50,13 +69,65 @@ crate::event::event_family! {
     TransferEvent {
         TransferRequested = 1,
         EntryPosted = 1,
+        HoldPosted = 1,
+        HoldVoided = 1,
     }
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransferRecord {
     pub requested: TransferRequested,
+    /// The transfer's entry, or the hold's.
     pub entry_id: Option<EntryId>,
+    /// How a hold ended, once it did.
+    pub settled: Option<HoldSettled>,
+}
+
+/// Where a transfer stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferStatus {
+    /// Moved (a plain transfer, or a hold posted).
+    Posted,
+    /// A hold, reserved and open.
+    Pending,
+    /// A hold released by a client.
+    Voided,
+    /// A hold released by the worker after `expires_at`.
+    Expired,
+}
+
+impl TransferStatus {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransferStatus::Posted => "posted",
+            TransferStatus::Pending => "pending",
+            TransferStatus::Voided => "voided",
+            TransferStatus::Expired => "expired",
+        }
+    }
+}
+
+impl TransferRecord {
+    #[must_use]
+    pub fn status(&self) -> TransferStatus {
+        match &self.settled {
+            _ if !self.requested.pending => TransferStatus::Posted,
+            None => TransferStatus::Pending,
+            Some(settled) => settled.status(),
+        }
+    }
+
+    /// What moved between the posted balances: the whole amount of a transfer, the posted part
+    /// of a hold, nothing yet or ever for an open or released hold.
+    #[must_use]
+    pub fn posted_amount(&self) -> Amount {
+        match &self.settled {
+            _ if !self.requested.pending => self.requested.amount_minor,
+            Some(settled) => settled.posted_amount(),
+            None => Amount::ZERO,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -77,6 +148,10 @@ pub enum TransferRejection {
     DescriptionTooLong,
     #[error("transfer {0} already exists with different details")]
     TransferAlreadyExists(TransferId),
+    #[error("expires_at is only for a hold (pending: true)")]
+    ExpiryWithoutHold,
+    #[error("expires_at must be in the future")]
+    ExpiryInThePast,
     #[error(transparent)]
     Guard(#[from] GuardRejection),
     #[error("posting rule produced an invalid entry: {0}")]
@@ -92,6 +167,8 @@ impl TransferRejection {
             TransferRejection::AccountsMustBeDifferent => "accounts_must_be_different",
             TransferRejection::DescriptionTooLong => "description_too_long",
             TransferRejection::TransferAlreadyExists(_) => "transfer_already_exists",
+            TransferRejection::ExpiryWithoutHold => "expires_at_without_hold",
+            TransferRejection::ExpiryInThePast => "expires_at_in_the_past",
             TransferRejection::Guard(rejection) => rejection.code(),
             TransferRejection::InvalidEntry(_) => "invalid_entry",
         }
@@ -104,10 +181,9 @@ impl From<EntryError> for TransferRejection {
     }
 }
 
-/// The transfer's own events: `TransferRequested` and its `EntryPosted`
-/// (`from` −amount, `to` +amount). A repeat of the same request yields
-/// nothing; the insufficient-funds rule is applied by
-/// [`decide_with_guards`].
+/// The transfer's own events: `TransferRequested` and its `EntryPosted` (`from` −amount, `to`
+/// +amount; for a hold, on their pending accounts). A repeat of the same request yields
+/// nothing; the insufficient-funds rule is applied by [`decide_with_guards`].
 pub fn decide(
     transfer: &Transfer,
     request: RequestTransfer,
@@ -132,6 +208,13 @@ pub fn decide(
             return Err(TransferRejection::DescriptionTooLong);
         }
     }
+    match request.expires_at {
+        Some(_) if !request.pending => return Err(TransferRejection::ExpiryWithoutHold),
+        Some(expires_at) if expires_at <= request.at => {
+            return Err(TransferRejection::ExpiryInThePast)
+        }
+        _ => {}
+    }
     let requested = TransferRequested {
         transfer_id: request.id,
         tenant: request.tenant,
@@ -140,6 +223,8 @@ pub fn decide(
         amount_minor: request.amount,
         currency: request.currency,
         description: request.description,
+        pending: request.pending,
+        expires_at: request.expires_at,
         at: request.at,
     };
     if let Some(existing) = &transfer.record {
@@ -149,19 +234,28 @@ pub fn decide(
             Err(TransferRejection::TransferAlreadyExists(request.id))
         };
     }
+    let (suffix, from, to) = if requested.pending {
+        (
+            "hold",
+            requested.from.pending(PendingSide::Debits),
+            requested.to.pending(PendingSide::Credits),
+        )
+    } else {
+        ("transfer", requested.from.clone(), requested.to.clone())
+    };
     let entry = JournalEntry::in_one_currency(
-        EntryId::derived(&format!("{}:transfer", requested.transfer_id)),
+        EntryId::derived(&format!("{}:{suffix}", requested.transfer_id)),
         requested.tenant.clone(),
         requested.currency,
         [
             (
-                requested.from.clone(),
+                from,
                 requested
                     .amount_minor
                     .checked_neg()
                     .map_err(|_| TransferRejection::AmountMustBePositive)?,
             ),
-            (requested.to.clone(), requested.amount_minor),
+            (to, requested.amount_minor),
         ],
     )?;
     let at = requested.at;
@@ -213,15 +307,27 @@ pub fn evolve(mut transfer: Transfer, event: &TransferEvent) -> Transfer {
             transfer.record = Some(TransferRecord {
                 requested: e.clone(),
                 entry_id: None,
+                settled: None,
             });
         }
         TransferEvent::EntryPosted(e) => {
             if let Some(record) = transfer.record.as_mut() {
-                record.entry_id = Some(e.entry.id());
+                match record.settled.as_mut() {
+                    Some(settled) => settled.entry_id = Some(e.entry.id()),
+                    None => record.entry_id = Some(e.entry.id()),
+                }
             }
         }
+        TransferEvent::HoldPosted(e) => settle(&mut transfer, HoldSettled::posted(e)),
+        TransferEvent::HoldVoided(e) => settle(&mut transfer, HoldSettled::voided(e)),
     }
     transfer
+}
+
+fn settle(transfer: &mut Transfer, settled: HoldSettled) {
+    if let Some(record) = transfer.record.as_mut() {
+        record.settled = Some(settled);
+    }
 }
 
 #[cfg(test)]
@@ -238,6 +344,8 @@ mod tests {
             amount: Amount::new(amount),
             currency: Currency::parse("USD").unwrap(),
             description: None,
+            pending: false,
+            expires_at: None,
             at: DateTime::from_timestamp(1_764_000_000, 0).unwrap(),
         }
     }

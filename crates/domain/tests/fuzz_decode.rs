@@ -333,6 +333,8 @@ fn transfer_events(
         amount: Amount::new(amount),
         currency: usd(),
         description,
+        pending: false,
+        expires_at: None,
         at: at(0, nanos),
     };
     let transfer = transfer::Transfer::default();

@@ -9,7 +9,9 @@ mod common;
 use std::collections::BTreeSet;
 
 use asiento_domain::exception::{ExceptionEvent, ExceptionRecorded, ExceptionResolved, Resolution};
+use asiento_domain::guard::Pending;
 use asiento_domain::guard::{AccountDeclared, BalanceChanged, GuardEvent, OverdraftFlagged};
+use asiento_domain::hold::{HoldPosted, HoldVoided, VoidReason};
 use asiento_domain::payment::*;
 use asiento_domain::transfer::{TransferEvent, TransferRequested};
 use asiento_domain::*;
@@ -202,8 +204,12 @@ fn transfer_fixtures() -> Vec<(TransferEvent, Value)> {
                 amount_minor: amt(500),
                 currency: usd(),
                 description: Some("rent".into()),
+                pending: false,
+                expires_at: None,
                 at: at(10),
             }),
+            // A plain transfer has neither `pending` nor `expires_at`, as in events written
+            // before holds existed (see `a_hold_request_carries_pending_and_its_expiry`).
             json!({
                 "transfer_id": "tr_00000000000000000000000000000005", "tenant": "acme",
                 "from": "customer:42:available", "to": "customer:7:available",
@@ -211,7 +217,48 @@ fn transfer_fixtures() -> Vec<(TransferEvent, Value)> {
             }),
         ),
         (TransferEvent::EntryPosted(posted), entry_json()),
+        (
+            TransferEvent::HoldPosted(HoldPosted {
+                amount_minor: amt(300),
+                at: at(10),
+            }),
+            json!({"amount_minor": 300, "at": AT}),
+        ),
+        (
+            TransferEvent::HoldVoided(HoldVoided {
+                reason: VoidReason::Expired,
+                at: at(10),
+            }),
+            json!({"reason": "expired", "at": AT}),
+        ),
     ]
+}
+
+#[test]
+fn a_hold_request_carries_pending_and_its_expiry() {
+    let event = TransferEvent::TransferRequested(TransferRequested {
+        transfer_id: TransferId::from_uuid(uuid::Uuid::from_u128(5)),
+        tenant: tenant(),
+        from: customer(),
+        to: AccountName::parse("merchant:7").unwrap(),
+        amount_minor: amt(500),
+        currency: usd(),
+        description: None,
+        pending: true,
+        expires_at: Some(at(70)),
+        at: at(10),
+    });
+    let expected = json!({
+        "transfer_id": "tr_00000000000000000000000000000005", "tenant": "acme",
+        "from": "customer:42:available", "to": "merchant:7", "amount_minor": 500,
+        "currency": "USD", "description": null, "pending": true,
+        "expires_at": "2025-11-24T16:01:10Z", "at": AT
+    });
+    assert_eq!(event.encode().unwrap(), expected);
+    assert_eq!(
+        TransferEvent::decode(event.event_type(), event.schema_version(), &expected).unwrap(),
+        event
+    );
 }
 
 fn guard_fixtures() -> Vec<(GuardEvent, Value)> {
@@ -222,6 +269,9 @@ fn guard_fixtures() -> Vec<(GuardEvent, Value)> {
                 entry_id,
                 delta_minor: amt(-500),
                 balance_minor: amt(9_200),
+                pending_debits_delta_minor: Amount::ZERO,
+                pending_credits_delta_minor: Amount::ZERO,
+                pending: Pending::default(),
                 at: at(10),
                 policy: None,
             }),
@@ -234,6 +284,7 @@ fn guard_fixtures() -> Vec<(GuardEvent, Value)> {
             GuardEvent::OverdraftFlagged(OverdraftFlagged {
                 entry_id,
                 balance_minor: amt(-300),
+                pending: Pending::default(),
                 at: at(10),
                 policy: Some(declared_policy()),
             }),
@@ -249,11 +300,17 @@ fn guard_fixtures() -> Vec<(GuardEvent, Value)> {
                 policy: declared_policy(),
                 metadata: json!({"team": "payouts"}).as_object().unwrap().clone(),
                 balance_minor: amt(400),
+                pending: Pending {
+                    pending_debits_minor: amt(150),
+                    pending_credits_minor: Amount::ZERO,
+                },
                 at: at(10),
             }),
+            // What holds reserve travels with each guard event once it is not zero.
             json!({
                 "policy": declared_policy_json(),
-                "metadata": {"team": "payouts"}, "balance_minor": 400, "at": AT
+                "metadata": {"team": "payouts"}, "balance_minor": 400,
+                "pending_debits_minor": 150, "at": AT
             }),
         ),
     ]
@@ -384,7 +441,12 @@ fn type_names_and_schemas_are_stable() {
     );
     assert_eq!(
         TransferEvent::TYPES,
-        &[("TransferRequested", 1), ("EntryPosted", 1)]
+        &[
+            ("TransferRequested", 1),
+            ("EntryPosted", 1),
+            ("HoldPosted", 1),
+            ("HoldVoided", 1),
+        ]
     );
     assert_eq!(
         GuardEvent::TYPES,

@@ -8,8 +8,9 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 
-use asiento_domain::account::AccountName;
+use asiento_domain::account::{AccountName, PendingSide};
 use asiento_domain::guard::{self, decide_entry, guarded_keys, DebitGuard, GuardKey, Origin};
+use asiento_domain::hold::{self, HoldAction, SettleHold};
 use asiento_domain::payment::table::{rule, Outcome};
 use asiento_domain::payment::*;
 use asiento_domain::transfer::{self, decide_with_guards, RequestTransfer, Transfer};
@@ -424,6 +425,8 @@ proptest! {
                                 amount: amt(*amount),
                                 currency: usd(),
                                 description: None,
+                                pending: false,
+                                expires_at: None,
                                 at: at(0),
                             };
                             let keys: Vec<GuardKey> =
@@ -526,6 +529,8 @@ proptest! {
                 amount,
                 currency: usd(),
                 description: None,
+                pending: false,
+                expires_at: None,
                 at: at(0),
             };
             let decision = match decide_with_guards(&Transfer::default(), request, &guards_of(&guards, from, to)) {
@@ -581,6 +586,183 @@ fn guards_of(
         .collect()
 }
 
+// ----------------------------------------------------------------- holds
+
+#[derive(Debug, Clone)]
+enum HoldOp {
+    /// A provider fact credits a customer.
+    Fund(usize, i64),
+    /// A hold from one account to another.
+    Hold(usize, usize, i64),
+    /// A plain transfer, competing for the same money.
+    Transfer(usize, usize, i64),
+    /// Endings of one hold (a post of some amount or all of it, or a void) decided against one
+    /// snapshot, as concurrent requests are, then appended in this order.
+    End(usize, Vec<HoldAction>),
+}
+
+fn hold_op() -> impl Strategy<Value = HoldOp> {
+    let accounts = (0usize..4, 0usize..4, 1i64..=600);
+    let action = prop_oneof![
+        (proptest::option::of(1i64..=700)).prop_map(|amount| HoldAction::Post {
+            amount: amount.map(amt)
+        }),
+        Just(HoldAction::Void),
+    ];
+    prop_oneof![
+        2 => (0usize..3, 1i64..=1_000).prop_map(|(c, n)| HoldOp::Fund(c, n)),
+        4 => accounts.clone().prop_map(|(f, t, n)| HoldOp::Hold(f, t, n)),
+        2 => accounts.prop_map(|(f, t, n)| HoldOp::Transfer(f, t, n)),
+        4 => (0usize..8, proptest::collection::vec(action, 1..4)).prop_map(|(h, a)| HoldOp::End(h, a)),
+    ]
+}
+
+/// The holds of the run: each transfer aggregate and its stream version.
+#[derive(Default)]
+struct Holds {
+    transfers: Vec<(TransferId, Transfer)>,
+    /// How many endings each hold's stream took.
+    endings: BTreeMap<TransferId, u32>,
+}
+
+fn keys_of(entry_events: &[TransferEvent]) -> Vec<GuardKey> {
+    entry_events
+        .iter()
+        .filter_map(|event| match event {
+            TransferEvent::EntryPosted(posted) => Some(guarded_keys(&posted.entry)),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+fn entry_of(events: &[TransferEvent]) -> JournalEntry {
+    events
+        .iter()
+        .find_map(|event| match event {
+            TransferEvent::EntryPosted(posted) => Some(posted.entry.clone()),
+            _ => None,
+        })
+        .expect("a decision with its entry")
+}
+
+/// What a customer may still spend, from the entries alone: its balance less what holds reserve
+/// to leave it (the negated balance of its `pending_debits:` account).
+fn available_from_entries(balances: &Balances, account: &AccountName) -> i64 {
+    balance(balances, account) + balance(balances, &account.pending(PendingSide::Debits))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(TRANSFER_CASES))]
+
+    /// Holds, transfers and concurrent endings of one hold: no command takes a customer's
+    /// available balance below zero, every guard agrees with the entries on its posted balance
+    /// and on both pending amounts, a hold ends at most once (of racing endings exactly one
+    /// wins), and once every hold has ended nothing is left on any pending account.
+    #[test]
+    fn holds_reserve_exactly_and_end_once(ops in proptest::collection::vec(hold_op(), 1..40)) {
+        let mut store = Store::default();
+        let mut holds = Holds::default();
+        for (n, op) in ops.into_iter().enumerate() {
+            let id = TransferId::from_uuid(uuid::Uuid::from_u128(n as u128 + 1));
+            match op {
+                HoldOp::Fund(c, amount) => fact_entry(&mut store, n as u64, c, amount),
+                HoldOp::Hold(from, to, amount) | HoldOp::Transfer(from, to, amount) => {
+                    let pending = matches!(op, HoldOp::Hold(..));
+                    let request = RequestTransfer {
+                        id,
+                        tenant: tenant(),
+                        from: account(from),
+                        to: account(to),
+                        amount: amt(amount),
+                        currency: usd(),
+                        description: None,
+                        pending,
+                        expires_at: None,
+                        at: at(0),
+                    };
+                    let Ok(events) = transfer::decide(&Transfer::default(), request.clone()) else {
+                        prop_assert_eq!(from, to);
+                        continue;
+                    };
+                    let guards = store.guards_for(&keys_of(&events));
+                    match decide_with_guards(&Transfer::default(), request, &guards) {
+                        Ok(decision) => {
+                            prop_assert!(store.append(&entry_of(&decision.events), &decision.guards));
+                            if pending {
+                                let transfer = decision.events.iter().fold(Transfer::default(), transfer::evolve);
+                                holds.transfers.push((id, transfer));
+                            }
+                        }
+                        Err(rejection) => prop_assert_eq!(rejection.code(), "insufficient_funds"),
+                    }
+                }
+                HoldOp::End(which, actions) => {
+                    if holds.transfers.is_empty() {
+                        continue;
+                    }
+                    let slot = which % holds.transfers.len();
+                    let (hold_id, snapshot) = holds.transfers[slot].clone();
+                    let commands: Vec<SettleHold> = actions
+                        .into_iter()
+                        .map(|action| SettleHold { id: hold_id, tenant: tenant(), action, at: at(1) })
+                        .collect();
+                    let decided: Vec<_> = commands
+                        .iter()
+                        .map(|command| {
+                            let guards = hold::decide(&snapshot, command)
+                                .map(|events| store.guards_for(&keys_of(&events)))
+                                .unwrap_or_default();
+                            hold::decide_with_guards(&snapshot, command, &guards)
+                        })
+                        .collect();
+                    for (command, decision) in commands.iter().zip(decided) {
+                        let Ok(decision) = decision else { continue };
+                        let (_, current) = &holds.transfers[slot];
+                        // The transfer's stream version decides: only an append at the version
+                        // the decision read wins.
+                        if current.version != snapshot.version {
+                            let again = hold::decide(current, command).unwrap_err();
+                            prop_assert!(["hold_posted", "hold_voided"].contains(&again.code()), "{again}");
+                            continue;
+                        }
+                        prop_assert!(store.append(&entry_of(&decision.events), &decision.guards));
+                        let ended = decision.events.iter().fold(current.clone(), transfer::evolve);
+                        holds.transfers[slot].1 = ended;
+                        *holds.endings.entry(hold_id).or_default() += 1;
+                    }
+                }
+            }
+            for c in 0..3 {
+                let customer = account(c);
+                prop_assert!(available_from_entries(&store.balances, &customer) >= 0, "{customer}");
+            }
+            for (key, guard) in &store.guards {
+                prop_assert_eq!(guard.balance.minor(), balance(&store.balances, &key.account));
+                prop_assert_eq!(guard.pending_debits.minor(), -balance(&store.balances, &key.account.pending(PendingSide::Debits)));
+                prop_assert_eq!(guard.pending_credits.minor(), balance(&store.balances, &key.account.pending(PendingSide::Credits)));
+            }
+            prop_assert!(sum_per_currency(&store.balances).values().all(|s| *s == 0));
+        }
+        prop_assert!(holds.endings.values().all(|count| *count == 1));
+        // Void what is still open: then nothing is reserved anywhere.
+        for (hold_id, transfer) in &holds.transfers {
+            let command = SettleHold { id: *hold_id, tenant: tenant(), action: HoldAction::Void, at: at(2) };
+            let Ok(events) = hold::decide(transfer, &command) else { continue };
+            let guards = store.guards_for(&keys_of(&events));
+            let decision = hold::decide_with_guards(transfer, &command, &guards);
+            prop_assert!(decision.is_ok(), "a void is never refused: {:?}", decision);
+            let decision = decision.unwrap();
+            prop_assert!(store.append(&entry_of(&decision.events), &decision.guards));
+        }
+        for ((account, _), balance) in &store.balances {
+            if account.pending_of().is_some() {
+                prop_assert_eq!(*balance, 0, "{} keeps a reservation", account);
+            }
+        }
+    }
+}
+
 #[test]
 fn transfer_rejections_surface_through_the_transfer_family() {
     let request = RequestTransfer {
@@ -591,6 +773,8 @@ fn transfer_rejections_surface_through_the_transfer_family() {
         amount: amt(1),
         currency: usd(),
         description: None,
+        pending: false,
+        expires_at: None,
         at: at(0),
     };
     let keys: Vec<GuardKey> = [0, 1]

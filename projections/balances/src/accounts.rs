@@ -1,7 +1,9 @@
 //! The account listing (`GET /v1/accounts?prefix=`): every account of a tenant that has a balance
-//! row (a posting or a declaration), with its balance and the policy in force, read from the
-//! projected tables in one statement.
+//! row (a posting or a declaration), with its balance, what holds reserve on it and the policy in
+//! force, read from the projected tables in one statement. Pending accounts are not listed on
+//! their own: their balances show on the account they reserve for.
 
+use asiento_domain::account::{PENDING_CREDITS_ROOT, PENDING_DEBITS_ROOT};
 use asiento_domain::{AccountName, AccountPolicy, Balance};
 use asiento_eventstore::Database;
 use asiento_projector::on_db;
@@ -20,7 +22,12 @@ pub const ACCOUNTS_LIMIT_MAX: usize = 1_000;
 pub struct AccountView {
     pub account: String,
     pub currency: String,
+    /// The posted balance.
     pub balance_minor: Balance,
+    pub pending_debits_minor: Balance,
+    pub pending_credits_minor: Balance,
+    /// What a command may still draw on under the policy ([`AccountPolicy::available`]).
+    pub available_minor: Balance,
     /// The declared policy, or the one the name implies when `declared` is false.
     #[serde(flatten)]
     pub policy: AccountPolicy,
@@ -48,15 +55,18 @@ pub struct AccountQuery {
     pub limit: usize,
 }
 
-type Row = (
-    Option<i64>,
-    String,
-    String,
-    String,
-    Option<String>,
-    Option<String>,
-    Option<DateTime<Utc>>,
-);
+#[derive(sqlx::FromRow)]
+struct Row {
+    checkpoint: Option<i64>,
+    account: String,
+    currency: String,
+    balance: String,
+    pending_debits: Option<String>,
+    pending_credits: Option<String>,
+    policy: Option<String>,
+    metadata: Option<String>,
+    declared_at: Option<DateTime<Utc>>,
+}
 
 /// The accounts matching `query`, in (account, currency) order.
 pub async fn list_accounts(
@@ -71,15 +81,25 @@ pub async fn list_accounts(
     };
     // The checkpoint comes from the same statement, so it agrees with the rows even while a
     // batch commits; the prefix is compared with substr, which no name character can escape.
+    let debits_chars = PENDING_DEBITS_ROOT.len() + 1;
+    let credits_chars = PENDING_CREDITS_ROOT.len() + 1;
     let sql = format!(
-        "SELECT (SELECT checkpoint_position FROM projections WHERE name = $1),
-                b.account, b.currency, CAST(b.balance_minor AS TEXT),
+        "SELECT (SELECT checkpoint_position FROM projections WHERE name = $1) AS checkpoint,
+                b.account, b.currency, CAST(b.balance_minor AS TEXT) AS balance,
+                CAST(d.balance_minor AS TEXT) AS pending_debits,
+                CAST(c.balance_minor AS TEXT) AS pending_credits,
                 a.policy, a.metadata, a.declared_at
          FROM balances b
          LEFT JOIN account_policies a
            ON a.tenant = b.tenant AND a.account = b.account AND a.currency = b.currency
+         LEFT JOIN balances d ON d.tenant = b.tenant
+           AND d.account = '{PENDING_DEBITS_ROOT}:' || b.account AND d.currency = b.currency
+         LEFT JOIN balances c ON c.tenant = b.tenant
+           AND c.account = '{PENDING_CREDITS_ROOT}:' || b.account AND c.currency = b.currency
          WHERE b.tenant = $2 AND substr(b.account, 1, $3) = $4
            AND (b.account > $5 OR (b.account = $5 AND b.currency > $6)) {currency_clause}
+           AND substr(b.account, 1, {debits_chars}) <> '{PENDING_DEBITS_ROOT}:'
+           AND substr(b.account, 1, {credits_chars}) <> '{PENDING_CREDITS_ROOT}:'
          ORDER BY b.account, b.currency
          LIMIT $7"
     );
@@ -100,16 +120,12 @@ pub async fn list_accounts(
             .await?
     });
     let as_of_position = match rows.first() {
-        Some((checkpoint, ..)) => checkpoint.ok_or(BalanceError::NotInstalled)?,
+        Some(row) => row.checkpoint.ok_or(BalanceError::NotInstalled)?,
         None => checkpoint(db).await?,
     };
     let accounts = rows
         .into_iter()
-        .map(
-            |(_, account, currency, balance, policy, metadata, declared_at)| {
-                view(account, currency, &balance, policy, metadata, declared_at)
-            },
-        )
+        .map(view)
         .collect::<Result<_, sqlx::Error>>()?;
     Ok(AccountPage {
         accounts,
@@ -117,19 +133,23 @@ pub async fn list_accounts(
     })
 }
 
-fn view(
-    account: String,
-    currency: String,
-    balance: &str,
-    policy: Option<String>,
-    metadata: Option<String>,
-    declared_at: Option<DateTime<Utc>>,
-) -> Result<AccountView, sqlx::Error> {
+fn view(row: Row) -> Result<AccountView, sqlx::Error> {
+    let Row {
+        account,
+        currency,
+        balance,
+        pending_debits,
+        pending_credits,
+        policy,
+        metadata,
+        declared_at,
+        ..
+    } = row;
     let corrupt = |what: &str, error: &dyn std::fmt::Display| {
         sqlx::Error::Decode(format!("{what} of {account}: {error}").into())
     };
     let declared = policy.is_some();
-    let policy = match policy {
+    let policy: AccountPolicy = match policy {
         Some(text) => serde_json::from_str(&text).map_err(|e| corrupt("policy", &e))?,
         None => {
             AccountPolicy::implied(&AccountName::parse(&account).map_err(|e| corrupt("name", &e))?)
@@ -139,8 +159,26 @@ fn view(
         Some(text) => serde_json::from_str(&text).map_err(|e| corrupt("metadata", &e))?,
         None => Map::new(),
     };
+    let balance = balance_of(&balance)?;
+    let pending = |text: Option<String>| {
+        text.as_deref()
+            .map(balance_of)
+            .transpose()
+            .map(Option::unwrap_or_default)
+    };
+    // Money reserved to leave sits as a negative balance on `pending_debits:`.
+    let pending_debits = pending(pending_debits)?
+        .checked_neg()
+        .map_err(|e| corrupt("pending debits", &e))?;
+    let pending_credits = pending(pending_credits)?;
+    let available = policy
+        .available(balance, pending_debits, pending_credits)
+        .map_err(|e| corrupt("available balance", &e))?;
     Ok(AccountView {
-        balance_minor: balance_of(balance)?,
+        balance_minor: balance,
+        pending_debits_minor: pending_debits,
+        pending_credits_minor: pending_credits,
+        available_minor: available,
         account,
         currency,
         policy,

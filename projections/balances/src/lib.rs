@@ -67,7 +67,14 @@ pub struct BalanceKey {
 /// `GET /v1/accounts/{account}/balance`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AccountBalance {
+    /// The posted balance.
     pub balance_minor: Balance,
+    /// Reserved to leave the account by open holds (the negated balance of its
+    /// `pending_debits:` account).
+    pub pending_debits_minor: Balance,
+    /// Reserved to reach the account by open holds (the balance of its `pending_credits:`
+    /// account).
+    pub pending_credits_minor: Balance,
     /// The position of the newest event (in commit order) the balance includes; 0 for an empty
     /// log. Passing it back as `min_position` never waits.
     pub as_of_position: i64,

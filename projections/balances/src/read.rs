@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use asiento_domain::account::{PENDING_CREDITS_ROOT, PENDING_DEBITS_ROOT};
 use asiento_domain::{Amount, Balance};
 use asiento_eventstore::{Cursor, Database, EventStore};
 use asiento_projector::{on_db, wait_for_position, WaitError, READ_WAIT_MS_MAX};
@@ -23,9 +24,10 @@ pub const ENTRIES_LIMIT_MAX: usize = 1_000;
 /// How often a read waiting for `min_position` looks again.
 const WAIT_POLL_MS: u64 = 20;
 
-/// The balance of (tenant, account, currency): the snapshot plus every leg after it. See the
-/// crate docs. `min_position`: wait (at most [`READ_WAIT_MS_MAX`]) until the event at that
-/// position is included.
+/// The balance of (tenant, account, currency) and what holds reserve on it (the balances of its
+/// two pending accounts): the snapshot plus every leg after it. See the crate docs.
+/// `min_position`: wait (at most [`READ_WAIT_MS_MAX`]) until the event at that position is
+/// included.
 #[tracing::instrument(skip(db, store))]
 pub async fn read_balance(
     db: &Database,
@@ -36,7 +38,12 @@ pub async fn read_balance(
     min_position: Option<i64>,
 ) -> Result<AccountBalance, BalanceError> {
     let started = Instant::now();
-    let (mut reached, mut balance) = snapshot(db, tenant, account, currency).await?;
+    let names = [
+        account.to_owned(),
+        format!("{PENDING_DEBITS_ROOT}:{account}"),
+        format!("{PENDING_CREDITS_ROOT}:{account}"),
+    ];
+    let (mut reached, mut balances) = snapshot(db, tenant, &names, currency).await?;
     let mut tail_events = 0usize;
     let mut target: Option<Cursor> = None;
     loop {
@@ -50,12 +57,11 @@ pub async fn read_balance(
                 if posted.tenant != tenant {
                     continue;
                 }
-                for leg in posted
-                    .legs
-                    .iter()
-                    .filter(|l| l.account == account && l.currency == currency)
-                {
-                    balance = balance
+                for leg in posted.legs.iter().filter(|l| l.currency == currency) {
+                    let Some(slot) = names.iter().position(|name| *name == leg.account) else {
+                        continue;
+                    };
+                    balances[slot] = balances[slot]
                         .checked_add(Amount::new(leg.amount_minor))
                         .map_err(|_| asiento_projector::ProjectionError::Malformed {
                             position: event.position,
@@ -91,8 +97,18 @@ pub async fn read_balance(
         }
         tokio::time::sleep(Duration::from_millis(WAIT_POLL_MS)).await;
     }
+    let [balance, pending_debits, pending_credits] = balances;
+    // Money reserved to leave sits as a negative balance on `pending_debits:`.
+    let pending_debits = pending_debits.checked_neg().map_err(|_| {
+        asiento_projector::ProjectionError::Malformed {
+            position: reached.position(),
+            reason: "pending debits overflow i128".to_owned(),
+        }
+    })?;
     Ok(AccountBalance {
         balance_minor: balance,
+        pending_debits_minor: pending_debits,
+        pending_credits_minor: pending_credits,
         as_of_position: reached.position(),
     })
 }
@@ -102,26 +118,37 @@ pub async fn read_balance(
 async fn snapshot(
     db: &Database,
     tenant: &str,
-    account: &str,
+    accounts: &[String; 3],
     currency: &str,
-) -> Result<(Cursor, Balance), BalanceError> {
-    let row: Option<(i64, i64, Option<String>)> = on_db!(db, pool => {
+) -> Result<(Cursor, [Balance; 3]), BalanceError> {
+    type Row = (i64, i64, Option<String>, Option<String>, Option<String>);
+    let row: Option<Row> = on_db!(db, pool => {
         sqlx::query_as(
-            "SELECT p.checkpoint_xact, p.checkpoint_position, CAST(b.balance_minor AS TEXT) \
+            "SELECT p.checkpoint_xact, p.checkpoint_position, CAST(b.balance_minor AS TEXT), \
+                    CAST(d.balance_minor AS TEXT), CAST(c.balance_minor AS TEXT) \
              FROM projections p \
              LEFT JOIN balances b ON b.tenant = $2 AND b.account = $3 AND b.currency = $4 \
+             LEFT JOIN balances d ON d.tenant = $2 AND d.account = $5 AND d.currency = $4 \
+             LEFT JOIN balances c ON c.tenant = $2 AND c.account = $6 AND c.currency = $4 \
              WHERE p.name = $1",
         )
         .bind(NAME)
         .bind(tenant)
-        .bind(account)
+        .bind(&accounts[0])
         .bind(currency)
+        .bind(&accounts[1])
+        .bind(&accounts[2])
         .fetch_optional(pool)
         .await?
     });
-    let (x, p, balance) = row.ok_or(BalanceError::NotInstalled)?;
-    let balance = balance.as_deref().map(balance_of).transpose()?;
-    Ok((Cursor::new(x, p), balance.unwrap_or(Balance::ZERO)))
+    let (x, p, balance, debits, credits) = row.ok_or(BalanceError::NotInstalled)?;
+    let mut balances = [Balance::ZERO; 3];
+    for (slot, text) in balances.iter_mut().zip([balance, debits, credits]) {
+        if let Some(text) = text {
+            *slot = balance_of(&text)?;
+        }
+    }
+    Ok((Cursor::new(x, p), balances))
 }
 
 #[derive(sqlx::FromRow)]

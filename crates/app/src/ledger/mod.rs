@@ -1,5 +1,5 @@
-//! Ledger commands: transfers between client accounts ([`transfers`]) and declarations of an
-//! account's policy ([`accounts`]).
+//! Ledger commands: transfers between client accounts ([`transfers`]), the endings of holds
+//! ([`holds`]) and declarations of an account's policy ([`accounts`]).
 //!
 //! Each is decided against the debit guards it touches and then committed by [`LedgerFlow::commit`]
 //! in one transaction: the idempotency claim, the events with each guard at its exact expected
@@ -8,6 +8,7 @@
 //! decided again against the new state, after a short pause that grows with each lost race.
 
 pub mod accounts;
+pub mod holds;
 pub mod transfers;
 
 use std::sync::Arc;

@@ -1,7 +1,7 @@
-//! `POST /v1/transfers`: a two-leg journal entry between two client accounts of one tenant,
-//! committed with the debit guards of both (see [`super`]). Of two transfers racing for the same
-//! money, the second is decided again against the new balance, where it may be refused with
-//! `insufficient_funds`.
+//! `POST /v1/transfers`: a two-leg journal entry between two client accounts of one tenant, or a
+//! hold (`pending`) reserving the amount on their pending accounts, committed with the debit
+//! guards of both (see [`super`]). Of two transfers racing for the same money, the second is
+//! decided again against the new balance, where it may be refused with `insufficient_funds`.
 
 use asiento_domain::{
     transfer::{decide_with_guards, TransferDecision},
@@ -9,6 +9,7 @@ use asiento_domain::{
     TransferRejection,
 };
 use asiento_eventstore::Metadata;
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{conflict_backoff, Decided, LedgerFlow, LEDGER_CONFLICT_RETRIES_MAX};
@@ -25,6 +26,9 @@ pub struct NewTransfer {
     pub amount: Amount,
     pub currency: Currency,
     pub description: Option<String>,
+    /// A hold, posted or voided later ([`super::holds`]).
+    pub pending: bool,
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 impl LedgerFlow {
@@ -50,6 +54,8 @@ impl LedgerFlow {
                 amount: transfer.amount,
                 currency: transfer.currency,
                 description: transfer.description.clone(),
+                pending: transfer.pending,
+                expires_at: transfer.expires_at,
                 at: self.clock.now(),
             };
             // Rejections of the request itself (same accounts, a system account, a long
@@ -88,6 +94,7 @@ impl LedgerFlow {
                     Decided::Append(appends, move |render: &dyn Render, position| {
                         render.render(&Reply::Transfer {
                             transfer: &record,
+                            created: true,
                             position,
                         })
                     })

@@ -1,0 +1,151 @@
+//! `POST /v1/transfers/{id}/post` and `/void`: ending a hold, and the worker's expiry of one
+//! whose `expires_at` has passed ([`crate::hold_expiry`]).
+//!
+//! An ending is appended to the transfer's stream at the version it was decided against, with the
+//! guards of both accounts: of a post and a void racing on one hold, the loser conflicts, is
+//! decided again, and is refused because the hold has ended (`hold_posted`, `hold_voided`).
+
+use asiento_domain::hold::{self, HoldAction, HoldRejection, SettleHold};
+use asiento_domain::transfer::{evolve, TransferRecord};
+use asiento_domain::{transfer_stream, TenantId, TransferId};
+use asiento_eventstore::{Metadata, StreamAppend};
+
+use super::{conflict_backoff, Decided, LedgerFlow, LEDGER_CONFLICT_RETRIES_MAX};
+use crate::log;
+use crate::payments::{FlowError, Idempotent};
+use crate::reply::{Answer, Rejected, Render, Reply};
+
+/// What the worker's expiry of one hold found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HoldExpiry {
+    /// Voided now, as expired.
+    Expired,
+    /// Posted or voided before: nothing to do.
+    AlreadyEnded,
+    /// Its `expires_at` has not passed (by this process's clock).
+    NotDue,
+    /// Refused for another reason: the row that named it does not name an open hold (a bug).
+    Refused(HoldRejection),
+}
+
+/// An ending decided: the appends, and the transfer as they leave it.
+type Ending = Result<(Vec<StreamAppend>, TransferRecord), HoldRejection>;
+
+impl LedgerFlow {
+    #[tracing::instrument(skip_all, fields(tenant = %tenant, transfer = %id))]
+    pub async fn settle_hold(
+        &self,
+        request: &Idempotent,
+        tenant: &TenantId,
+        id: TransferId,
+        action: HoldAction,
+    ) -> Result<Answer, FlowError> {
+        let metadata = Metadata {
+            tenant: Some(tenant.to_string()),
+            correlation_id: request.correlation_id,
+            causation_id: None,
+            idempotency_key: Some(request.key.as_str().to_owned()),
+        };
+        for attempt in 0..LEDGER_CONFLICT_RETRIES_MAX {
+            let decided = match self.decide_ending(tenant, id, action, &metadata).await? {
+                Err(rejection) => Decided::Refused(Rejected::Hold(rejection)),
+                Ok((appends, record)) => {
+                    Decided::Append(appends, move |render: &dyn Render, position| {
+                        render.render(&Reply::Transfer {
+                            transfer: &record,
+                            created: false,
+                            position,
+                        })
+                    })
+                }
+            };
+            if let Some(answer) = self.commit(request, &id.to_string(), decided).await? {
+                return Ok(answer);
+            }
+            tokio::time::sleep(conflict_backoff(attempt)).await;
+        }
+        Err(FlowError::Inconsistent(format!(
+            "hold {id} kept losing races"
+        )))
+    }
+
+    /// Voids hold `id` of `tenant` as expired, if its `expires_at` has passed and nobody ended it.
+    #[tracing::instrument(skip_all, fields(tenant = %tenant, transfer = %id))]
+    pub async fn expire_hold(
+        &self,
+        tenant: &TenantId,
+        id: TransferId,
+    ) -> Result<HoldExpiry, FlowError> {
+        let metadata = Metadata {
+            tenant: Some(tenant.to_string()),
+            correlation_id: None,
+            causation_id: None,
+            idempotency_key: None,
+        };
+        for attempt in 0..LEDGER_CONFLICT_RETRIES_MAX {
+            let appends = match self
+                .decide_ending(tenant, id, HoldAction::Expire, &metadata)
+                .await?
+            {
+                Ok((appends, _)) => appends,
+                Err(HoldRejection::Ended { .. }) => return Ok(HoldExpiry::AlreadyEnded),
+                Err(HoldRejection::NotDue(_)) => return Ok(HoldExpiry::NotDue),
+                Err(other) => return Ok(HoldExpiry::Refused(other)),
+            };
+            match self.store.append(&appends).await {
+                Ok(_) => {
+                    metrics::counter!("asiento_holds_expired_total").increment(1);
+                    return Ok(HoldExpiry::Expired);
+                }
+                Err(error) if log::is_conflict(&error) => {
+                    metrics::counter!("asiento_ledger_conflicts_total").increment(1);
+                    tokio::time::sleep(conflict_backoff(attempt)).await;
+                }
+                Err(error) => return Err(FlowError::Append(error)),
+            }
+        }
+        Err(FlowError::Inconsistent(format!(
+            "the expiry of hold {id} kept losing races"
+        )))
+    }
+
+    /// Loads the transfer and the guards its ending touches, and decides the ending.
+    async fn decide_ending(
+        &self,
+        tenant: &TenantId,
+        id: TransferId,
+        action: HoldAction,
+        metadata: &Metadata,
+    ) -> Result<Ending, FlowError> {
+        let transfer = log::load_transfer(self.store.as_ref(), id).await?.aggregate;
+        let command = SettleHold {
+            id,
+            tenant: tenant.clone(),
+            action,
+            at: self.clock.now(),
+        };
+        let events = match hold::decide(&transfer, &command) {
+            Ok(events) => events,
+            Err(rejection) => return Ok(Err(rejection)),
+        };
+        let guards = log::load_guards(self.store.as_ref(), log::transfer_entries(&events)).await?;
+        let decision = match hold::decide_with_guards(&transfer, &command, &guards) {
+            Ok(decision) => decision,
+            Err(rejection) => return Ok(Err(rejection)),
+        };
+        let appends = log::decision_appends(
+            transfer_stream(id),
+            transfer.version,
+            log::encode(&decision.events, metadata, log::transfer_codec)?,
+            &decision.guards,
+            metadata,
+        )?;
+        let record = decision
+            .events
+            .iter()
+            .fold(transfer, evolve)
+            .record
+            .ok_or_else(|| FlowError::Inconsistent(format!("hold {id} without a record")))?;
+        Ok(Ok((appends, record)))
+    }
+}
