@@ -1,7 +1,8 @@
 //! Holds (two-phase transfers) through the real binary over real HTTP, on SQLite and PostgreSQL:
 //! a hold reserves the amount out of reach of every later command, is posted whole or in part
 //! (the rest released) or voided, each ending its own entry; the worker voids one whose
-//! `expires_at` passed; of concurrent posts and voids of one hold exactly one wins; and
+//! `expires_at` passed; of concurrent posts and voids of one hold exactly one wins; an authorized
+//! card payment shows as a pending credit to its customer until captured or cancelled; and
 //! `asiento verify` finds every guard in agreement with the entries.
 #![allow(clippy::unwrap_used)]
 
@@ -9,7 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{asiento, payment_body, Backend, Client, Server, TestDatabase};
+use common::{asiento, payment_body, sim_list, Backend, Client, Server, TestDatabase};
 use serde_json::{json, Value};
 
 const CUSTOMER: &str = "customer:42:available";
@@ -308,7 +309,7 @@ async fn holds_reserve_then_post_or_void(backend: Backend) {
         .post(
             "/v1/transfers",
             "hold-3",
-            &hold(CUSTOMER, "merchant:shop", 1_000),
+            &hold(CUSTOMER, "merchant:new", 1_000),
         )
         .await;
     let at = third.json()["position"].as_i64().unwrap();
@@ -335,6 +336,15 @@ async fn holds_reserve_then_post_or_void(backend: Backend) {
             &customer["available_minor"]
         ),
         (&json!(3_500), &json!(1_000), &json!(2_500))
+    );
+    // An account with nothing posted yet is listed with what holds reserve for it.
+    let new = data
+        .iter()
+        .find(|a| a["account"] == "merchant:new")
+        .unwrap();
+    assert_eq!(
+        (&new["balance_minor"], &new["pending_credits_minor"]),
+        (&json!(0), &json!(1_000))
     );
     verify_clean(&database.url).await;
 }
@@ -445,7 +455,95 @@ async fn racing_endings_of_one_hold_exactly_one_wins(backend: Backend) {
     verify_clean(&database.url).await;
 }
 
+/// A manual-capture payment of 4,000 shows as a pending credit of 4,000 to the customer (nothing
+/// posted, nothing available); capturing 2,500 of it posts the capture and releases the whole
+/// hold. A second one, cancelled at the provider, releases its hold without posting anything.
+async fn an_authorized_payment_is_a_pending_credit_until_captured_or_cancelled(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let server = Server::start(&database.url, &[]);
+    let client = server.client();
+    let authorize = |key: &'static str| {
+        let client = client.clone();
+        async move {
+            let mut body = payment_body(4_000, "pm_card_ok");
+            body["capture"] = json!("manual");
+            let answer = client.post("/v1/payments", key, &body).await;
+            assert_eq!(
+                answer.status,
+                201,
+                "{}",
+                String::from_utf8_lossy(&answer.body)
+            );
+            let payment = answer.json();
+            assert_eq!(payment["status"], "authorized");
+            (
+                payment["id"].as_str().unwrap().to_owned(),
+                payment["position"].as_i64().unwrap(),
+            )
+        }
+    };
+    let (first, at) = authorize("auth-1").await;
+    assert_eq!(amounts(&client, CUSTOMER, at).await, [0, 0, 4_000, 0]);
+    let captured = client
+        .post(
+            &format!("/v1/payments/{first}/capture"),
+            "capture-1",
+            &json!({"amount_minor": 2_500}),
+        )
+        .await;
+    assert_eq!(
+        captured.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&captured.body)
+    );
+    let at = captured.json()["position"].as_i64().unwrap();
+    // 2,500 less the 3% fee (75) is posted; the hold of 4,000 is gone.
+    assert_eq!(amounts(&client, CUSTOMER, at).await, [2_425, 0, 0, 2_425]);
+
+    let (second, at) = authorize("auth-2").await;
+    assert_eq!(
+        amounts(&client, CUSTOMER, at).await,
+        [2_425, 0, 4_000, 2_425]
+    );
+    let charge = sim_list(&client, "/sim/charges")
+        .await
+        .into_iter()
+        .find(|charge| charge["reference"] == second.as_str())
+        .unwrap_or_else(|| panic!("no charge for {second}"));
+    let cancelled = client
+        .post(
+            &format!("/sim/v1/charges/{}/cancel", charge["id"].as_str().unwrap()),
+            "cancel-at-provider",
+            &json!({}),
+        )
+        .await;
+    assert_eq!(
+        cancelled.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&cancelled.body)
+    );
+    // The provider's webhook fails the payment; its hold is released.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let failed = loop {
+        let payment = client.get(&format!("/v1/payments/{second}")).await.json();
+        if payment["status"] == "failed" {
+            break payment;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cancel never arrived: {payment}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let at = failed["position"].as_i64().unwrap();
+    assert_eq!(amounts(&client, CUSTOMER, at).await, [2_425, 0, 0, 2_425]);
+    verify_clean(&database.url).await;
+}
+
 common::on_both_backends!(
+    an_authorized_payment_is_a_pending_credit_until_captured_or_cancelled,
     holds_reserve_then_post_or_void,
     the_worker_voids_an_expired_hold,
     racing_endings_of_one_hold_exactly_one_wins,

@@ -79,9 +79,12 @@ fn payment_fixtures() -> Vec<(PaymentEvent, Value)> {
             PaymentEvent::ChargeAuthorized(ChargeAuthorized {
                 charge_id: CHARGE.into(),
                 amount_minor: amt(10_000),
+                held: true,
                 at: at(10),
             }),
-            json!({"charge_id": "ch_1", "amount_minor": 10000, "at": AT}),
+            // Without `held` (events written before authorizations were held) it decodes as
+            // holding nothing: see `an_authorization_written_before_holds_holds_nothing`.
+            json!({"charge_id": "ch_1", "amount_minor": 10000, "held": true, "at": AT}),
         ),
         (
             PaymentEvent::CaptureRequested(CaptureRequested {
@@ -232,6 +235,21 @@ fn transfer_fixtures() -> Vec<(TransferEvent, Value)> {
             json!({"reason": "expired", "at": AT}),
         ),
     ]
+}
+
+#[test]
+fn an_authorization_written_before_holds_holds_nothing() {
+    let old = json!({"charge_id": "ch_1", "amount_minor": 10000, "at": AT});
+    let event = PaymentEvent::decode("ChargeAuthorized", 1, &old).unwrap();
+    assert_eq!(
+        event,
+        PaymentEvent::ChargeAuthorized(ChargeAuthorized {
+            charge_id: CHARGE.into(),
+            amount_minor: amt(10_000),
+            held: false,
+            at: at(10),
+        })
+    );
 }
 
 #[test]

@@ -137,13 +137,7 @@ fn expected(from: PaymentStatus, input: Input) -> Vec<PaymentEvent> {
                 at: at(10),
             })]
         }
-        (Pending | RequiresAction, FactAuthorized) => {
-            vec![PaymentEvent::ChargeAuthorized(ChargeAuthorized {
-                charge_id: CHARGE.into(),
-                amount_minor: amt(10_000),
-                at: at(10),
-            })]
-        }
+        (Pending | RequiresAction, FactAuthorized) => e_authorized(10_000),
         (Pending | RequiresAction | Authorized, FactCaptured) => {
             vec![e_captured(10_000, 300, false), e_capture_entry(10_000, 300)]
         }
@@ -306,6 +300,15 @@ fn every_cell_of_the_table() {
                     psp_key: "psp_01900000000070008000000000000042".into(),
                     at: at(0),
                 })]),
+                // Leaving `authorized` releases the authorization's hold, last.
+                (Some(PaymentStatus::Authorized), _) => {
+                    let mut events = expected(PaymentStatus::Authorized, input);
+                    let after = events.iter().fold(Payment::replay(&given(from)), evolve);
+                    if after.record.map(|r| r.status) != Some(PaymentStatus::Authorized) {
+                        events.push(e_released(10_000));
+                    }
+                    Ok(events)
+                }
                 (Some(from), _) => Ok(expected(from, input)),
             };
             check(given(from), when(input), then);
@@ -353,12 +356,14 @@ fn capture_at_most_the_authorized_amount() {
         }),
     );
     // The provider captures the partial amount: fee on 6000 only.
+    // The whole hold of 10000 is released, whatever was captured.
     check(
         requested,
         f_captured(6_000),
         Ok(vec![
             e_captured(6_000, 180, false),
             e_capture_entry(6_000, 180),
+            e_released(10_000),
         ]),
     );
     check(
@@ -898,6 +903,7 @@ fn a_refused_capture_lets_another_be_asked_under_a_new_key() {
         Ok(vec![
             e_captured(5_000, 150, false),
             e_capture_entry(5_000, 150),
+            e_released(10_000),
         ]),
     );
 }

@@ -288,6 +288,12 @@ proptest! {
                 balance(&balances, &clearing()),
                 record.refunded.minor() - record.captured.minor() + lost_disputes
             );
+            // An authorization holds its amount as a pending credit to the customer exactly
+            // while the payment is authorized; leaving releases it whole.
+            let held = if record.status == PaymentStatus::Authorized { record.authorized.minor() } else { 0 };
+            prop_assert_eq!(record.authorization_held.minor(), held);
+            prop_assert_eq!(balance(&balances, &customer().pending(PendingSide::Credits)), held);
+            prop_assert_eq!(balance(&balances, &clearing().pending(PendingSide::Debits)), -held);
             // Refunds alone never take the customer below zero; only a lost
             // dispute (a provider fact) may.
             if lost_disputes == 0 {

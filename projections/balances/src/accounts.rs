@@ -1,5 +1,5 @@
 //! The account listing (`GET /v1/accounts?prefix=`): every account of a tenant that has a balance
-//! row (a posting or a declaration), with its balance, what holds reserve on it and the policy in
+//! row (a posting, a reservation or a declaration), with its balance, what holds reserve on it and the policy in
 //! force, read from the projected tables in one statement. Pending accounts are not listed on
 //! their own: their balances show on the account they reserve for.
 

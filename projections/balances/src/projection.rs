@@ -295,6 +295,11 @@ impl BatchWrites {
                     .slot(tenant, leg.account.as_str(), leg.currency.code());
                 slot.0 = slot.0.checked_add(leg.amount).map_err(|_| overflow())?;
                 slot.1 = event.position;
+                // A reservation gives its account a balance row (a change of 0), so that an
+                // account with only pending amounts is listed.
+                if let Some((_, of)) = leg.account.pending_of() {
+                    self.deltas.slot(tenant, of.as_str(), leg.currency.code()).1 = event.position;
+                }
             }
             return Ok(());
         }

@@ -515,6 +515,7 @@ mod tests {
             provider_charge_id: Some("ch_1".into()),
             status,
             authorized: Amount::new(10_000),
+            authorization_held: Amount::ZERO,
             captured: Amount::new(captured),
             fee: Amount::ZERO,
             fee_schedule: None,

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 
 use super::table::{rule, Outcome};
 use super::*;
-use crate::account::AccountName;
+use crate::account::{AccountName, PendingSide};
 use crate::entry::JournalEntry;
 use crate::fee::{fee, FeeSchedule};
 use crate::ids::{psp_capture_key, psp_charge_key, psp_refund_key, EntryId};
@@ -35,9 +35,11 @@ pub fn decide(
         Outcome::Ignore => return Ok(Vec::new()),
         Outcome::Apply | Outcome::Flag => {}
     }
+    let at = command.at();
     let mut draft = Draft {
         record: record.clone(),
         events: Vec::new(),
+        released: Amount::ZERO,
     };
     match command {
         PaymentCommand::Create(_) => {
@@ -62,6 +64,7 @@ pub fn decide(
             }
         }
     }
+    draft.release_authorization(at)?;
     Ok(draft.events)
 }
 
@@ -69,12 +72,42 @@ pub fn decide(
 struct Draft {
     record: PaymentRecord,
     events: Vec<PaymentEvent>,
+    /// What a held authorization reserved, once these events took the payment out of
+    /// `authorized`: its release is posted last.
+    released: Amount,
 }
 
 impl Draft {
     fn push(&mut self, event: PaymentEvent) {
+        let held = self.record.authorization_held;
         apply(&mut self.record, &event);
+        if !held.is_zero() && self.record.authorization_held.is_zero() {
+            self.released = held;
+        }
         self.events.push(event);
+    }
+
+    /// The authorization's hold: a pending credit of `amount` to the customer, from the
+    /// provider's clearing account (docs/ledger.md, `ChargeAuthorized`).
+    fn hold_legs(&self, amount: Amount) -> Result<Vec<(AccountName, Amount)>, PaymentRejection> {
+        Ok(vec![
+            (self.customer().pending(PendingSide::Credits), amount),
+            (
+                self.clearing().pending(PendingSide::Debits),
+                amount.checked_neg()?,
+            ),
+        ])
+    }
+
+    /// Posts the release of the authorization's hold when these events took the payment out of
+    /// `authorized` (captured, failed, disputed): whatever the capture, the hold ends whole.
+    fn release_authorization(&mut self, at: DateTime<Utc>) -> Result<(), PaymentRejection> {
+        if self.released.is_zero() {
+            return Ok(());
+        }
+        let legs = self.hold_legs(self.released.checked_neg()?)?;
+        self.released = Amount::ZERO;
+        self.post("authorization:released", legs, at)
     }
 
     /// Flags once: the same reason with the same detail is already on record
@@ -473,8 +506,11 @@ fn apply_fact(
                 draft.push(PaymentEvent::ChargeAuthorized(ChargeAuthorized {
                     charge_id,
                     amount_minor: amount,
+                    held: true,
                     at,
                 }));
+                let legs = draft.hold_legs(amount)?;
+                draft.post("authorization", legs, at)?;
             }
         }
         ProviderFact::Captured { charge_id, amount } => {

@@ -177,6 +177,9 @@ pub struct PaymentRecord {
     pub provider_charge_id: Option<String>,
     pub status: PaymentStatus,
     pub authorized: Amount,
+    /// What the authorization holds as a pending credit to the customer while `authorized`
+    /// (zero otherwise, and for authorizations recorded before they were held).
+    pub authorization_held: Amount,
     pub captured: Amount,
     /// The fee charged at capture, and the schedule it was computed with:
     /// refunds reverse fee shares with the same schedule.
@@ -425,6 +428,19 @@ pub enum PaymentCommand {
 }
 
 impl PaymentCommand {
+    /// When the command was issued.
+    #[must_use]
+    pub fn at(&self) -> DateTime<Utc> {
+        match self {
+            PaymentCommand::Create(create) => create.at,
+            PaymentCommand::RequestCapture { at, .. }
+            | PaymentCommand::RequestRefund { at, .. }
+            | PaymentCommand::Expire { at }
+            | PaymentCommand::FlagForReview { at, .. }
+            | PaymentCommand::Provider { at, .. } => *at,
+        }
+    }
+
     /// The row of the transition table this command belongs to.
     #[must_use]
     pub fn input(&self) -> Input {
@@ -558,7 +574,16 @@ pub struct ActionRequired {
 pub struct ChargeAuthorized {
     pub charge_id: String,
     pub amount_minor: Amount,
+    /// The entry after it holds the amount as a pending credit to the customer until the payment
+    /// leaves `authorized` (absent in events written before authorizations were held, which
+    /// hold nothing).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub held: bool,
     pub at: DateTime<Utc>,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -764,6 +789,7 @@ pub fn evolve(mut payment: Payment, event: &PaymentEvent) -> Payment {
             provider_charge_id: None,
             status: PaymentStatus::Pending,
             authorized: Amount::ZERO,
+            authorization_held: Amount::ZERO,
             captured: Amount::ZERO,
             fee: Amount::ZERO,
             fee_schedule: None,
@@ -793,6 +819,10 @@ pub fn evolve(mut payment: Payment, event: &PaymentEvent) -> Payment {
 fn apply(record: &mut PaymentRecord, event: &PaymentEvent) {
     apply_fields(record, event);
     record.updated_at = event.at();
+    // Leaving `authorized` ends the hold (its release is posted by the decision that left).
+    if record.status != PaymentStatus::Authorized {
+        record.authorization_held = Amount::ZERO;
+    }
     // API.md: next_action exists only while requires_action, whatever order
     // the facts came in.
     if record.status != PaymentStatus::RequiresAction {
@@ -816,6 +846,7 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
             record.provider_charge_id = Some(e.charge_id.clone());
             record.status = PaymentStatus::Authorized;
             record.authorized = e.amount_minor;
+            record.authorization_held = if e.held { e.amount_minor } else { Amount::ZERO };
         }
         PaymentEvent::CaptureRequested(e) => record.operations.push(Operation::requested(
             OperationKind::Capture,

@@ -3,7 +3,7 @@
 // Each test binary uses a different subset; a failed unwrap is a failed test.
 #![allow(dead_code, clippy::unwrap_used)]
 
-use asiento_domain::account::AccountName;
+use asiento_domain::account::{AccountName, PendingSide};
 use asiento_domain::payment::*;
 use asiento_domain::*;
 use chrono::{DateTime, Utc};
@@ -187,6 +187,36 @@ pub fn posted(cause: &str, legs: Vec<(AccountName, i64)>) -> PaymentEvent {
     )
     .unwrap();
     PaymentEvent::EntryPosted(EntryPosted { entry, at: at(10) })
+}
+
+/// An authorization and its hold: a pending credit to the customer from the clearing account.
+pub fn e_authorized(amount: i64) -> Vec<PaymentEvent> {
+    vec![
+        PaymentEvent::ChargeAuthorized(ChargeAuthorized {
+            charge_id: CHARGE.into(),
+            amount_minor: amt(amount),
+            held: true,
+            at: at(10),
+        }),
+        posted(
+            "authorization",
+            vec![
+                (customer().pending(PendingSide::Credits), amount),
+                (clearing().pending(PendingSide::Debits), -amount),
+            ],
+        ),
+    ]
+}
+
+/// The release of an authorization's hold of `amount`, once the payment left `authorized`.
+pub fn e_released(amount: i64) -> PaymentEvent {
+    posted(
+        "authorization:released",
+        vec![
+            (customer().pending(PendingSide::Credits), -amount),
+            (clearing().pending(PendingSide::Debits), amount),
+        ],
+    )
 }
 
 pub fn e_captured(amount: i64, fee: i64, implied: bool) -> PaymentEvent {
