@@ -346,24 +346,19 @@ pub async fn post_hold(
     headers: HeaderMap,
     JsonObject(body): JsonObject,
 ) -> Result<Response, Problem> {
-    let tenant = tenant_id(&tenant)?;
-    let id = transfer_id(&raw_id)?;
-    let request = idempotent(
-        &headers,
-        &tenant,
-        &method,
-        format!("/v1/transfers/{id}/post"),
-        &body,
-    )?;
-    let fields = Fields(&body);
-    fields.only(&["amount_minor"])?;
-    let amount = fields.optional_positive_amount("amount_minor", state.amount_limit)?;
-    Ok(answer_response(
-        state
-            .ledger
-            .settle_hold(&request, &tenant, id, HoldAction::Post { amount })
-            .await,
-    ))
+    let request = HoldRequest {
+        tenant,
+        raw_id,
+        method,
+        headers,
+        body,
+    };
+    end_hold(&state, request, "post", |fields| {
+        fields.only(&["amount_minor"])?;
+        let amount = fields.optional_positive_amount("amount_minor", state.amount_limit)?;
+        Ok(HoldAction::Post { amount })
+    })
+    .await
 }
 
 /// `POST /v1/transfers/{id}/void`
@@ -385,20 +380,50 @@ pub async fn void_hold(
     headers: HeaderMap,
     JsonObject(body): JsonObject,
 ) -> Result<Response, Problem> {
-    let tenant = tenant_id(&tenant)?;
-    let id = transfer_id(&raw_id)?;
-    let request = idempotent(
-        &headers,
+    let request = HoldRequest {
+        tenant,
+        raw_id,
+        method,
+        headers,
+        body,
+    };
+    end_hold(&state, request, "void", |fields| {
+        fields.only(&[])?;
+        Ok(HoldAction::Void)
+    })
+    .await
+}
+
+/// A request to end a hold, as its route received it.
+struct HoldRequest {
+    tenant: AuthenticatedTenant,
+    raw_id: String,
+    method: Method,
+    headers: HeaderMap,
+    body: Map<String, Value>,
+}
+
+/// `POST /v1/transfers/{id}/{verb}`: the key, then the body as `action` reads it.
+async fn end_hold(
+    state: &AppState,
+    request: HoldRequest,
+    verb: &str,
+    action: impl FnOnce(&Fields<'_>) -> Result<HoldAction, Problem>,
+) -> Result<Response, Problem> {
+    let tenant = tenant_id(&request.tenant)?;
+    let id = transfer_id(&request.raw_id)?;
+    let idempotent = idempotent(
+        &request.headers,
         &tenant,
-        &method,
-        format!("/v1/transfers/{id}/void"),
-        &body,
+        &request.method,
+        format!("/v1/transfers/{id}/{verb}"),
+        &request.body,
     )?;
-    Fields(&body).only(&[])?;
+    let action = action(&Fields(&request.body))?;
     Ok(answer_response(
         state
             .ledger
-            .settle_hold(&request, &tenant, id, HoldAction::Void)
+            .settle_hold(&idempotent, &tenant, id, action)
             .await,
     ))
 }

@@ -10,11 +10,12 @@
 use std::time::Duration;
 
 use asiento_domain::{StreamKind, TenantId, TransferEvent, TransferId};
-use asiento_eventstore::{Cursor, Database, EventStore, RecordedEvent, StoreError, Tx};
+use asiento_eventstore::{Database, EventStore, RecordedEvent, StoreError, Tx};
 
 use crate::ledger::holds::HoldExpiry;
 use crate::ledger::LedgerFlow;
 use crate::log::LogError;
+use crate::log_cursor::{self, execute, Bind};
 use crate::payments::FlowError;
 
 /// Log events read per batch while catching up.
@@ -77,20 +78,12 @@ fn change_of(event: &RecordedEvent) -> Result<Option<Change>, LogError> {
     })
 }
 
-async fn cursor(database: &Database) -> Result<Cursor, ExpiryError> {
-    let sql = "select xact, position from hold_expiry_cursor where id = 1";
-    let row: Option<(i64, i64)> = match database {
-        Database::Postgres(pool) => sqlx::query_as(sql).fetch_optional(pool).await?,
-        Database::Sqlite(pool) => sqlx::query_as(sql).fetch_optional(pool).await?,
-    };
-    Ok(row.map_or(Cursor::START, |(xact, position)| {
-        Cursor::new(xact, position)
-    }))
-}
+/// The list's cursor table.
+const CURSOR_TABLE: &str = "hold_expiry_cursor";
 
 /// Brings the list up to the log.
 pub async fn catch_up(database: &Database, store: &dyn EventStore) -> Result<(), ExpiryError> {
-    let mut from = cursor(database).await?;
+    let mut from = log_cursor::read(database, CURSOR_TABLE).await?;
     loop {
         let events = store.read_all(from, EXPIRY_EVENTS_PER_BATCH_MAX).await?;
         let Some(last) = events.last() else {
@@ -103,35 +96,13 @@ pub async fn catch_up(database: &Database, store: &dyn EventStore) -> Result<(),
                 apply(&mut tx, &change).await?;
             }
         }
-        set_cursor(&mut tx, next).await?;
+        log_cursor::write(&mut tx, CURSOR_TABLE, next).await?;
         tx.commit().await?;
         from = next;
         if events.len() < EXPIRY_EVENTS_PER_BATCH_MAX {
             return Ok(());
         }
     }
-}
-
-async fn set_cursor(tx: &mut Tx, next: Cursor) -> Result<(), sqlx::Error> {
-    let sql = "insert into hold_expiry_cursor (id, xact, position) values (1, $1, $2) \
-               on conflict (id) do update set xact = excluded.xact, position = excluded.position";
-    match tx {
-        Tx::Postgres(tx) => {
-            sqlx::query(sql)
-                .bind(next.xact())
-                .bind(next.position())
-                .execute(&mut **tx)
-                .await?;
-        }
-        Tx::Sqlite(tx) => {
-            sqlx::query(sql)
-                .bind(next.xact())
-                .bind(next.position())
-                .execute(&mut **tx)
-                .await?;
-        }
-    }
-    Ok(())
 }
 
 async fn apply(tx: &mut Tx, change: &Change) -> Result<(), sqlx::Error> {
@@ -143,38 +114,18 @@ async fn apply(tx: &mut Tx, change: &Change) -> Result<(), sqlx::Error> {
         } => {
             let sql = "insert into hold_expiries (transfer_id, tenant, expires_ms) \
                        values ($1, $2, $3) on conflict (transfer_id) do nothing";
-            match tx {
-                Tx::Postgres(tx) => {
-                    sqlx::query(sql)
-                        .bind(transfer)
-                        .bind(tenant)
-                        .bind(expires_ms)
-                        .execute(&mut **tx)
-                        .await?;
-                }
-                Tx::Sqlite(tx) => {
-                    sqlx::query(sql)
-                        .bind(transfer)
-                        .bind(tenant)
-                        .bind(expires_ms)
-                        .execute(&mut **tx)
-                        .await?;
-                }
-            }
+            let binds = [
+                Bind::Text(transfer),
+                Bind::Text(tenant),
+                Bind::Int(*expires_ms),
+            ];
+            execute(tx, sql, &binds).await
         }
         Change::Unwatch { transfer } => {
             let sql = "delete from hold_expiries where transfer_id = $1";
-            match tx {
-                Tx::Postgres(tx) => {
-                    sqlx::query(sql).bind(transfer).execute(&mut **tx).await?;
-                }
-                Tx::Sqlite(tx) => {
-                    sqlx::query(sql).bind(transfer).execute(&mut **tx).await?;
-                }
-            }
+            execute(tx, sql, &[Bind::Text(transfer)]).await
         }
     }
-    Ok(())
 }
 
 /// Holds whose `expires_at` is at or before `now_ms`, most overdue first.
@@ -201,15 +152,10 @@ async fn due(database: &Database, now_ms: i64) -> Result<Vec<(String, String)>, 
 }
 
 async fn forget(database: &Database, transfer: &str) -> Result<(), ExpiryError> {
+    let mut tx = database.begin().await?;
     let sql = "delete from hold_expiries where transfer_id = $1";
-    match database {
-        Database::Postgres(pool) => {
-            sqlx::query(sql).bind(transfer).execute(pool).await?;
-        }
-        Database::Sqlite(pool) => {
-            sqlx::query(sql).bind(transfer).execute(pool).await?;
-        }
-    }
+    execute(&mut tx, sql, &[Bind::Text(transfer)]).await?;
+    tx.commit().await?;
     Ok(())
 }
 

@@ -18,6 +18,7 @@ pub mod latest;
 pub mod leases;
 pub mod ledger;
 pub mod log;
+mod log_cursor;
 pub mod payment_memory;
 pub mod payments;
 pub mod providers;

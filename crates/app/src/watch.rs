@@ -12,9 +12,10 @@
 //! newer ones from being looked at, however many there are.
 
 use asiento_domain::{OperationKind, PaymentEvent, PaymentId, StreamKind};
-use asiento_eventstore::{Cursor, Database, EventStore, RecordedEvent, StoreError, Tx};
+use asiento_eventstore::{Database, EventStore, RecordedEvent, StoreError, Tx};
 
 use crate::log::LogError;
+use crate::log_cursor::{self, execute, Bind};
 
 /// Log events read per batch while catching up.
 pub const WATCH_EVENTS_PER_BATCH_MAX: usize = 1_000;
@@ -151,20 +152,12 @@ fn changes_of(event: &RecordedEvent) -> Result<Vec<Change>, LogError> {
     Ok(change.into_iter().collect())
 }
 
-async fn cursor(database: &Database) -> Result<Cursor, WatchError> {
-    let sql = "select xact, position from reconciliation_watch_cursor where id = 1";
-    let row: Option<(i64, i64)> = match database {
-        Database::Postgres(pool) => sqlx::query_as(sql).fetch_optional(pool).await?,
-        Database::Sqlite(pool) => sqlx::query_as(sql).fetch_optional(pool).await?,
-    };
-    Ok(row.map_or(Cursor::START, |(xact, position)| {
-        Cursor::new(xact, position)
-    }))
-}
+/// The watch lists' cursor table.
+const CURSOR_TABLE: &str = "reconciliation_watch_cursor";
 
 /// Brings both watch lists up to the log.
 pub async fn catch_up(database: &Database, store: &dyn EventStore) -> Result<(), WatchError> {
-    let mut from = cursor(database).await?;
+    let mut from = log_cursor::read(database, CURSOR_TABLE).await?;
     loop {
         let events = store.read_all(from, WATCH_EVENTS_PER_BATCH_MAX).await?;
         let Some(last) = events.last() else {
@@ -179,36 +172,13 @@ pub async fn catch_up(database: &Database, store: &dyn EventStore) -> Result<(),
         for change in &changes {
             apply(&mut tx, change).await?;
         }
-        set_cursor(&mut tx, next).await?;
+        log_cursor::write(&mut tx, CURSOR_TABLE, next).await?;
         tx.commit().await?;
         from = next;
         if events.len() < WATCH_EVENTS_PER_BATCH_MAX {
             return Ok(());
         }
     }
-}
-
-async fn set_cursor(tx: &mut Tx, next: Cursor) -> Result<(), sqlx::Error> {
-    let sql = "insert into reconciliation_watch_cursor (id, xact, position) \
-               values (1, $1, $2) on conflict (id) do update \
-               set xact = excluded.xact, position = excluded.position";
-    match tx {
-        Tx::Postgres(tx) => {
-            sqlx::query(sql)
-                .bind(next.xact())
-                .bind(next.position())
-                .execute(&mut **tx)
-                .await?;
-        }
-        Tx::Sqlite(tx) => {
-            sqlx::query(&sqlite(sql))
-                .bind(next.xact())
-                .bind(next.position())
-                .execute(&mut **tx)
-                .await?;
-        }
-    }
-    Ok(())
 }
 
 async fn apply(tx: &mut Tx, change: &Change) -> Result<(), sqlx::Error> {
@@ -263,39 +233,6 @@ async fn apply(tx: &mut Tx, change: &Change) -> Result<(), sqlx::Error> {
             execute(tx, sql, &[Bind::Text(id), Bind::Text(kind_text(*kind))]).await
         }
     }
-}
-
-/// A statement argument: the watch tables hold only text and integers.
-enum Bind<'a> {
-    Text(&'a str),
-    Int(i64),
-}
-
-async fn execute(tx: &mut Tx, sql: &str, binds: &[Bind<'_>]) -> Result<(), sqlx::Error> {
-    match tx {
-        Tx::Postgres(tx) => {
-            let mut query = sqlx::query(sql);
-            for bind in binds {
-                query = match bind {
-                    Bind::Text(text) => query.bind(*text),
-                    Bind::Int(value) => query.bind(*value),
-                };
-            }
-            query.execute(&mut **tx).await?;
-        }
-        Tx::Sqlite(tx) => {
-            let sql = sqlite(sql);
-            let mut query = sqlx::query(&sql);
-            for bind in binds {
-                query = match bind {
-                    Bind::Text(text) => query.bind(*text),
-                    Bind::Int(value) => query.bind(*value),
-                };
-            }
-            query.execute(&mut **tx).await?;
-        }
-    }
-    Ok(())
 }
 
 async fn execute_alone(

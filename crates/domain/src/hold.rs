@@ -14,11 +14,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::account::PendingSide;
 use crate::entry::{EntryError, JournalEntry};
-use crate::guard::{decide_entry, DebitGuard, GuardKey, GuardRejection, Origin};
+use crate::guard::{DebitGuard, GuardKey, GuardRejection};
 use crate::ids::{EntryId, TenantId, TransferId};
 use crate::money::Amount;
 use crate::payment::EntryPosted;
-use crate::transfer::{Transfer, TransferDecision, TransferEvent, TransferStatus};
+use crate::transfer::{command_guards, Transfer, TransferDecision, TransferEvent, TransferStatus};
 
 /// Why a hold was released without being posted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -267,20 +267,9 @@ pub fn decide_with_guards(
     guards: &BTreeMap<GuardKey, DebitGuard>,
 ) -> Result<TransferDecision, HoldRejection> {
     let events = decide(transfer, command)?;
-    let mut appends = Vec::new();
-    for event in &events {
-        if let TransferEvent::EntryPosted(posted) = event {
-            appends.extend(decide_entry(
-                &posted.entry,
-                Origin::Command,
-                guards,
-                posted.at,
-            )?);
-        }
-    }
     Ok(TransferDecision {
+        guards: command_guards(&events, guards)?,
         events,
-        guards: appends,
     })
 }
 

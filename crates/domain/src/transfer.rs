@@ -282,8 +282,19 @@ pub fn decide_with_guards(
     guards: &BTreeMap<GuardKey, DebitGuard>,
 ) -> Result<TransferDecision, TransferRejection> {
     let events = decide(transfer, request)?;
+    Ok(TransferDecision {
+        guards: command_guards(&events, guards)?,
+        events,
+    })
+}
+
+/// The guard appends of the entries among `events`, decided as a command's.
+pub(crate) fn command_guards(
+    events: &[TransferEvent],
+    guards: &BTreeMap<GuardKey, DebitGuard>,
+) -> Result<Vec<GuardAppend>, GuardRejection> {
     let mut appends = Vec::new();
-    for event in &events {
+    for event in events {
         if let TransferEvent::EntryPosted(posted) = event {
             appends.extend(decide_entry(
                 &posted.entry,
@@ -293,10 +304,7 @@ pub fn decide_with_guards(
             )?);
         }
     }
-    Ok(TransferDecision {
-        events,
-        guards: appends,
-    })
+    Ok(appends)
 }
 
 #[must_use]
