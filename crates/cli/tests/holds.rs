@@ -542,7 +542,75 @@ async fn an_authorized_payment_is_a_pending_credit_until_captured_or_cancelled(b
     verify_clean(&database.url).await;
 }
 
+/// Ten posts of one hold sent across its `expires_at` (from 200 ms before to 250 ms after), while
+/// the worker looks for due holds once a second: however each is decided, the hold ends once,
+/// posted (exactly one post answered 200, the others 409) or expired (every post answered 409),
+/// and its pending account holds the hold and one ending.
+async fn posts_racing_the_expiry_of_one_hold_end_it_once(backend: Backend) {
+    let (database, _server, client, _) = funded(backend).await;
+    let expires_at = chrono::Utc::now() + chrono::Duration::milliseconds(1_500);
+    let held = client
+        .post(
+            "/v1/transfers",
+            "expiring",
+            &json!({"from": CUSTOMER, "to": "merchant:shop", "amount_minor": 1_000,
+                    "currency": "USD", "pending": true,
+                    "expires_at": expires_at.to_rfc3339()}),
+        )
+        .await;
+    assert_eq!(held.status, 201);
+    let id = held.json()["id"].as_str().unwrap().to_owned();
+    let mut tasks = Vec::new();
+    for n in 0..10u64 {
+        let (client, id) = (client.clone(), id.clone());
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1_300 + n * 50)).await;
+            let answer = client
+                .post(
+                    &format!("/v1/transfers/{id}/post"),
+                    &format!("post-{n}"),
+                    &json!({}),
+                )
+                .await;
+            (answer.status, answer.code())
+        }));
+    }
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    assert!(
+        answers
+            .iter()
+            .all(|(status, _)| [200, 409].contains(status)),
+        "{answers:?}"
+    );
+    let posted = answers.iter().filter(|(status, _)| *status == 200).count();
+    assert!(posted <= 1, "{answers:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ended = loop {
+        let read = client.get(&format!("/v1/transfers/{id}")).await.json();
+        if read["status"] != "pending" {
+            break read;
+        }
+        assert!(Instant::now() < deadline, "the hold never ended: {read}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let expected = if posted == 1 { "posted" } else { "expired" };
+    assert_eq!(ended["status"], expected, "{answers:?}");
+    let at = ended["position"].as_i64().unwrap();
+    let legs = client
+        .get(&format!(
+            "/v1/accounts/pending_debits:{CUSTOMER}/entries?currency=USD&min_position={at}"
+        ))
+        .await
+        .json();
+    assert_eq!(legs["data"].as_array().unwrap().len(), 2, "{legs}");
+    verify_clean(&database.url).await;
+}
+
 common::on_both_backends!(
+    posts_racing_the_expiry_of_one_hold_end_it_once,
     an_authorized_payment_is_a_pending_credit_until_captured_or_cancelled,
     holds_reserve_then_post_or_void,
     the_worker_voids_an_expired_hold,
