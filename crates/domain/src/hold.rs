@@ -51,6 +51,17 @@ pub enum HoldOutcome {
     Released(VoidReason),
 }
 
+impl HoldOutcome {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldOutcome::Posted { .. } => "posted",
+            HoldOutcome::Released(VoidReason::Voided) => "voided",
+            HoldOutcome::Released(VoidReason::Expired) => "expired",
+        }
+    }
+}
+
 /// A hold's ending, as the transfer record keeps it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HoldSettled {
@@ -122,10 +133,10 @@ pub enum HoldRejection {
     NotFound(TransferId),
     #[error("transfer {0} is not a hold: it was posted when requested")]
     NotAHold(TransferId),
-    #[error("hold {id} is already {}", status.as_str())]
+    #[error("hold {id} is already {}", outcome.as_str())]
     Ended {
         id: TransferId,
-        status: TransferStatus,
+        outcome: HoldOutcome,
     },
     #[error("hold {0} expired: it can only be voided, by the worker")]
     Expired(TransferId),
@@ -147,10 +158,10 @@ impl HoldRejection {
         match self {
             HoldRejection::NotFound(_) => "transfer_not_found",
             HoldRejection::NotAHold(_) => "not_a_hold",
-            HoldRejection::Ended { status, .. } => match status {
-                TransferStatus::Posted => "hold_posted",
-                TransferStatus::Voided => "hold_voided",
-                TransferStatus::Expired | TransferStatus::Pending => "hold_expired",
+            HoldRejection::Ended { outcome, .. } => match outcome {
+                HoldOutcome::Posted { .. } => "hold_posted",
+                HoldOutcome::Released(VoidReason::Voided) => "hold_voided",
+                HoldOutcome::Released(VoidReason::Expired) => "hold_expired",
             },
             HoldRejection::Expired(_) => "hold_expired",
             HoldRejection::NotDue(_) => "hold_not_due",
@@ -186,7 +197,7 @@ pub fn decide(
     if let Some(settled) = &record.settled {
         return Err(HoldRejection::Ended {
             id: command.id,
-            status: settled.status(),
+            outcome: settled.outcome,
         });
     }
     let due = requested
