@@ -123,7 +123,7 @@ pub async fn balance(
         &state.database,
         state.payments.store.as_ref(),
         &tenant.0,
-        account.as_str(),
+        &account,
         currency.code(),
         min_position,
     )

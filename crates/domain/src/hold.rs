@@ -52,12 +52,22 @@ pub enum HoldOutcome {
 }
 
 impl HoldOutcome {
+    /// The status of the transfer it leaves.
     #[must_use]
-    pub fn as_str(self) -> &'static str {
+    pub fn status(self) -> TransferStatus {
         match self {
-            HoldOutcome::Posted { .. } => "posted",
-            HoldOutcome::Released(VoidReason::Voided) => "voided",
-            HoldOutcome::Released(VoidReason::Expired) => "expired",
+            HoldOutcome::Posted { .. } => TransferStatus::Posted,
+            HoldOutcome::Released(VoidReason::Voided) => TransferStatus::Voided,
+            HoldOutcome::Released(VoidReason::Expired) => TransferStatus::Expired,
+        }
+    }
+
+    /// What moved between the posted balances.
+    #[must_use]
+    pub fn posted_amount(self) -> Amount {
+        match self {
+            HoldOutcome::Posted { amount } => amount,
+            HoldOutcome::Released(_) => Amount::ZERO,
         }
     }
 }
@@ -89,23 +99,6 @@ impl HoldSettled {
             at: event.at,
         }
     }
-
-    #[must_use]
-    pub fn status(&self) -> TransferStatus {
-        match self.outcome {
-            HoldOutcome::Posted { .. } => TransferStatus::Posted,
-            HoldOutcome::Released(VoidReason::Voided) => TransferStatus::Voided,
-            HoldOutcome::Released(VoidReason::Expired) => TransferStatus::Expired,
-        }
-    }
-
-    #[must_use]
-    pub fn posted_amount(&self) -> Amount {
-        match self.outcome {
-            HoldOutcome::Posted { amount } => amount,
-            HoldOutcome::Released(_) => Amount::ZERO,
-        }
-    }
 }
 
 /// What to do with a hold.
@@ -133,7 +126,7 @@ pub enum HoldRejection {
     NotFound(TransferId),
     #[error("transfer {0} is not a hold: it was posted when requested")]
     NotAHold(TransferId),
-    #[error("hold {id} is already {}", outcome.as_str())]
+    #[error("hold {id} is already {}", outcome.status().as_str())]
     Ended {
         id: TransferId,
         outcome: HoldOutcome,

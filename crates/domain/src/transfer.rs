@@ -114,7 +114,7 @@ impl TransferRecord {
         match &self.settled {
             _ if !self.requested.pending => TransferStatus::Posted,
             None => TransferStatus::Pending,
-            Some(settled) => settled.status(),
+            Some(settled) => settled.outcome.status(),
         }
     }
 
@@ -124,7 +124,7 @@ impl TransferRecord {
     pub fn posted_amount(&self) -> Amount {
         match &self.settled {
             _ if !self.requested.pending => self.requested.amount_minor,
-            Some(settled) => settled.posted_amount(),
+            Some(settled) => settled.outcome.posted_amount(),
             None => Amount::ZERO,
         }
     }

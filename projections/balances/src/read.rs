@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use asiento_domain::account::{PENDING_CREDITS_ROOT, PENDING_DEBITS_ROOT};
-use asiento_domain::{Amount, Balance};
+use asiento_domain::account::PendingSide;
+use asiento_domain::{AccountName, Amount, Balance};
 use asiento_eventstore::{Cursor, Database, EventStore};
 use asiento_projector::{on_db, wait_for_position, WaitError, READ_WAIT_MS_MAX};
 use chrono::{DateTime, Utc};
@@ -33,16 +33,17 @@ pub async fn read_balance(
     db: &Database,
     store: &dyn EventStore,
     tenant: &str,
-    account: &str,
+    account: &AccountName,
     currency: &str,
     min_position: Option<i64>,
 ) -> Result<AccountBalance, BalanceError> {
     let started = Instant::now();
     let names = [
-        account.to_owned(),
-        format!("{PENDING_DEBITS_ROOT}:{account}"),
-        format!("{PENDING_CREDITS_ROOT}:{account}"),
-    ];
+        account.clone(),
+        account.pending(PendingSide::Debits),
+        account.pending(PendingSide::Credits),
+    ]
+    .map(String::from);
     let (mut reached, mut balances) = snapshot(db, tenant, &names, currency).await?;
     let mut tail_events = 0usize;
     let mut target: Option<Cursor> = None;

@@ -314,7 +314,7 @@ async fn assert_reads_match(h: &Harness, expected: &BTreeMap<BalanceKey, Balance
             &h.db,
             h.store.as_ref(),
             &k.tenant,
-            &k.account,
+            &AccountName::parse(&k.account).unwrap(),
             &k.currency,
             None,
         )
@@ -361,7 +361,7 @@ async fn reads_are_exact_whether_the_projector_is_current_behind_or_stopped(h: H
         &h.db,
         h.store.as_ref(),
         "acme",
-        "customer:1:available",
+        &AccountName::parse("customer:1:available").unwrap(),
         "USD",
         Some(appended.last_position),
     )
@@ -376,9 +376,16 @@ async fn reads_are_exact_whether_the_projector_is_current_behind_or_stopped(h: H
     );
     assert_reads_match(&h, &expected).await;
     // Unknown balances are zero.
-    let none = read_balance(&h.db, h.store.as_ref(), "acme", "nobody", "JPY", None)
-        .await
-        .unwrap();
+    let none = read_balance(
+        &h.db,
+        h.store.as_ref(),
+        "acme",
+        &AccountName::parse("nobody").unwrap(),
+        "JPY",
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(none.balance_minor, Balance::ZERO);
 }
 
@@ -402,9 +409,16 @@ async fn balances_beyond_i64_are_exact_in_the_snapshot_the_tail_and_verify(h: Ha
     h.settle().await;
     let three = 3 * i128::from(max);
     for (account, want) in [("merchant:a", three), ("merchant:b", -three)] {
-        let got = read_balance(&h.db, h.store.as_ref(), "acme", account, "USD", None)
-            .await
-            .unwrap();
+        let got = read_balance(
+            &h.db,
+            h.store.as_ref(),
+            "acme",
+            &AccountName::parse(account).unwrap(),
+            "USD",
+            None,
+        )
+        .await
+        .unwrap();
         assert_eq!(got.balance_minor, Balance::new(want), "{account}");
     }
     let snapshot = snapshot_all(&h.db).await.unwrap().1;
@@ -428,7 +442,7 @@ async fn min_position_that_is_never_reached_is_projection_lagging(h: Harness) {
         &h.db,
         h.store.as_ref(),
         "acme",
-        "revenue:fees",
+        &AccountName::parse("revenue:fees").unwrap(),
         "USD",
         Some(i64::MAX / 2),
     )
@@ -660,9 +674,16 @@ async fn a_rebuild_under_load_never_fails_a_read_and_ends_exact(h: Harness) {
             let mut reads = 0u64;
             while running.load(Ordering::SeqCst) {
                 for account in ACCOUNTS {
-                    read_balance(&h.db, h.store.as_ref(), "acme", account, "USD", None)
-                        .await
-                        .expect("a balance read failed during the rebuild");
+                    read_balance(
+                        &h.db,
+                        h.store.as_ref(),
+                        "acme",
+                        &AccountName::parse(account).unwrap(),
+                        "USD",
+                        None,
+                    )
+                    .await
+                    .expect("a balance read failed during the rebuild");
                     reads += 1;
                 }
                 entries(
