@@ -21,6 +21,7 @@ pub mod event;
 pub mod provider;
 pub mod signature;
 pub mod sim;
+pub mod stripe;
 
 pub use client::{ClientConfig, ClientInitError, HttpProvider, RetrySleeper, TokioSleeper};
 pub use event::{EventData, EventType, WebhookEvent};
