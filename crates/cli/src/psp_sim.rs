@@ -7,11 +7,16 @@ use std::net::SocketAddr;
 
 use anyhow::Context;
 use asiento_psp::sim::{
-    random_seed, random_webhook_secret, run as run_simulator, SimConfig, Simulator,
+    random_seed, random_webhook_secret, run as run_simulator, Dialect, SimConfig, Simulator,
 };
 
 #[derive(clap::Args, Debug)]
 pub struct PspSimArgs {
+    /// The provider it plays: `sim` (our own JSON protocol) or `stripe` (Stripe's API: form
+    /// bodies, PaymentIntents and refunds, `Stripe-Signature` events; any `sk_test_…` key).
+    #[arg(long, env = "ASIENTO_PSP_SIM_DIALECT", default_value = "sim")]
+    pub dialect: Dialect,
+
     /// Address to listen on.
     #[arg(long, env = "ASIENTO_PSP_SIM_LISTEN", default_value = "127.0.0.1:8081")]
     pub listen: SocketAddr,
@@ -21,7 +26,8 @@ pub struct PspSimArgs {
     #[arg(long, env = "ASIENTO_PSP_SIM_WEBHOOK_URL")]
     pub webhook_url: Option<String>,
 
-    /// Secret of the Psp-Signature header; unset: a random one, printed.
+    /// Secret of the webhook signature (`Psp-Signature`, or `Stripe-Signature` in the Stripe
+    /// dialect); unset: a random one, printed.
     #[arg(long, env = "ASIENTO_PSP_SIM_WEBHOOK_SECRET", hide_env_values = true)]
     pub webhook_secret: Option<String>,
 
@@ -53,6 +59,7 @@ pub async fn run(args: PspSimArgs) -> anyhow::Result<()> {
         None => (random_webhook_secret(), true),
     };
     let config = SimConfig {
+        dialect: args.dialect,
         webhook_url: args.webhook_url.clone(),
         webhook_secret: webhook_secret.clone(),
         seed,
@@ -66,7 +73,10 @@ pub async fn run(args: PspSimArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr().context("reading the bound address")?;
-    println!("psp-sim listening on http://{addr} (seed {seed}; replay with --seed {seed})");
+    println!(
+        "psp-sim listening on http://{addr} (dialect {}; seed {seed}; replay with --seed {seed})",
+        args.dialect.as_str()
+    );
     match &args.webhook_url {
         Some(url) => println!("psp-sim webhooks to {url}"),
         None => println!("psp-sim webhooks: no --webhook-url, events are only recorded"),

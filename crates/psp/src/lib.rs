@@ -16,6 +16,9 @@
 //! This crate does not know the ledger's domain: the simulator plays someone
 //! else's system, and the client speaks the provider's protocol.
 
+// `json!` literals of Stripe's objects (every field of its fixtures) nest past the default.
+#![recursion_limit = "256"]
+
 pub mod client;
 pub mod event;
 pub mod provider;

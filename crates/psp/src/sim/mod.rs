@@ -27,6 +27,7 @@
 mod faults;
 mod routes;
 mod state;
+mod stripe;
 mod webhooks;
 
 use std::future::{Future, IntoFuture};
@@ -54,10 +55,43 @@ pub const REBIND_PAUSE_MS: u64 = 20;
 /// "overloaded" and drops them (logged).
 pub const WEBHOOK_QUEUE_LEN_MAX: usize = 100_000;
 
+/// The provider the simulator plays: its own protocol (`sim`, JSON at `/v1/charges`) or
+/// Stripe's (`stripe`, form-encoded PaymentIntents and refunds, Stripe's objects, errors and
+/// `Stripe-Signature` events). Faults, truth and control routes are the same in both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Dialect {
+    #[default]
+    Sim,
+    Stripe,
+}
+
+impl Dialect {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Sim => "sim",
+            Dialect::Stripe => "stripe",
+        }
+    }
+}
+
+impl std::str::FromStr for Dialect {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Dialect, String> {
+        match text {
+            "sim" => Ok(Dialect::Sim),
+            "stripe" => Ok(Dialect::Stripe),
+            other => Err(format!("unknown dialect {other:?}: expected sim or stripe")),
+        }
+    }
+}
+
 /// How the simulator behaves. [`SimConfig::default`] is for tests; set a
 /// real `webhook_secret`.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
+    /// The wire format it speaks.
+    pub dialect: Dialect,
     /// Where events are POSTed; `None`: events are only recorded
     /// (`GET /sim/events`).
     pub webhook_url: Option<String>,
@@ -87,6 +121,7 @@ pub struct SimConfig {
 impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
+            dialect: Dialect::Sim,
             webhook_url: None,
             webhook_secret: String::new(),
             seed: 0,
@@ -152,7 +187,12 @@ impl Simulator {
         let (unreachable, _) = watch::channel(None);
         Simulator {
             inner: Arc::new(Inner {
-                state: Mutex::new(SimState::new(config.seed, config.fee_bps, tx)),
+                state: Mutex::new(SimState::new(
+                    config.seed,
+                    config.fee_bps,
+                    config.dialect,
+                    tx,
+                )),
                 outbox: Mutex::new(rx),
                 stop,
                 unreachable,

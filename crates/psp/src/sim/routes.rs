@@ -25,7 +25,7 @@ use super::state::{
     check_idempotency_key, AnswerDelay, CancelRequest, CaptureRequest, CreateChargeRequest,
     RefundRequest, Reply, SimError, SimState,
 };
-use super::Simulator;
+use super::{Dialect, Simulator};
 use crate::client::IDEMPOTENCY_KEY_HEADER;
 use crate::provider::SettlementReport;
 
@@ -64,9 +64,11 @@ fn control_routes() -> Router<Simulator> {
 }
 
 pub(super) fn standalone(sim: Simulator) -> Router {
-    provider_routes()
-        .nest("/sim", control_routes())
-        .with_state(sim)
+    let provider = match sim.config().dialect {
+        Dialect::Sim => provider_routes(),
+        Dialect::Stripe => super::stripe::routes(),
+    };
+    provider.nest("/sim", control_routes()).with_state(sim)
 }
 
 pub(super) fn mounted(sim: Simulator) -> Router {
@@ -142,16 +144,16 @@ impl Drop for InFlight {
 /// holds the answer as the fault, the payment method and `latency_ms` say.
 /// `key` is the write's idempotency key (`None` for reads, or when the
 /// header is unusable and `op` will refuse it).
-async fn provider_call(
+pub(super) async fn provider_call<E: From<SimError> + IntoResponse>(
     sim: &Simulator,
     key: Option<String>,
-    op: impl FnOnce(&mut SimState) -> Result<Reply, SimError>,
+    op: impl FnOnce(&mut SimState) -> Result<Reply, E>,
 ) -> Response {
     let (fault, latency_ms, result, in_flight, scheduled) = {
         let mut state = sim.state();
         // Refused before anything is drawn: the request never reached.
         if state.unreachable(std::time::Instant::now()) {
-            return SimError::Unreachable.into_response();
+            return E::from(SimError::Unreachable).into_response();
         }
         let fault = state.draw_fault();
         let latency_ms = state.faults.latency_ms;
@@ -160,7 +162,7 @@ async fn provider_call(
         if in_use && fault != CallFault::ErrorBefore {
             // Answered at once, as a provider's idempotency layer does,
             // without the latency of the request it stands behind.
-            return SimError::IdempotencyKeyInUse.into_response();
+            return E::from(SimError::IdempotencyKeyInUse).into_response();
         }
         let result = match fault {
             CallFault::ErrorBefore => None,
@@ -185,7 +187,7 @@ async fn provider_call(
     let config = sim.config();
     let response = match (fault, result) {
         (CallFault::ErrorBefore | CallFault::ErrorAfter, _) | (_, None) => {
-            SimError::Simulated.into_response()
+            E::from(SimError::Simulated).into_response()
         }
         (_, Some(Ok(reply))) => {
             match reply.delay {
@@ -213,7 +215,7 @@ fn key_of(headers: &HeaderMap) -> Option<String> {
     idempotency_key(headers).ok()
 }
 
-fn redirect_base(sim: &Simulator, headers: &HeaderMap) -> String {
+pub(super) fn redirect_base(sim: &Simulator, headers: &HeaderMap) -> String {
     if let Some(url) = &sim.config().public_url {
         return url.clone();
     }
@@ -316,7 +318,7 @@ fn parse_time(name: &str, value: Option<&str>) -> Result<DateTime<Utc>, SimError
 }
 
 async fn settlement_report(State(sim): State<Simulator>, query: Query<WindowQuery>) -> Response {
-    provider_call(&sim, None, |state| {
+    provider_call(&sim, None, |state| -> Result<Reply, SimError> {
         let from = parse_time("from", query.from.as_deref())?;
         let to = parse_time("to", query.to.as_deref())?;
         let data = state.report(from, to)?;

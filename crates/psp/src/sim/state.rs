@@ -25,6 +25,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::faults::{call_fault, CallFault, Faults};
+use super::stripe::{self, IntentBook};
+use super::Dialect;
 use crate::event::{EventData, EventType, WebhookEvent};
 use crate::provider::{
     Charge, ChargeStatus, Dispute, DisputeStatus, NextAction, Operation, OperationAnswer,
@@ -335,6 +337,10 @@ pub(crate) struct SimState {
     in_flight: HashMap<String, u32>,
     /// Until when the provider routes refuse service (`unreachable_ms`).
     pub unreachable_until: Option<std::time::Instant>,
+    /// The wire format of answers and events.
+    dialect: Dialect,
+    /// The Stripe dialect's PaymentIntents and stored answers.
+    pub stripe: IntentBook,
 }
 
 fn new_id(prefix: &str) -> String {
@@ -410,7 +416,12 @@ fn check_create(req: &CreateChargeRequest) -> Result<(), SimError> {
 }
 
 impl SimState {
-    pub fn new(seed: u64, fee_bps: u32, outbox: Option<mpsc::Sender<Outgoing>>) -> SimState {
+    pub fn new(
+        seed: u64,
+        fee_bps: u32,
+        dialect: Dialect,
+        outbox: Option<mpsc::Sender<Outgoing>>,
+    ) -> SimState {
         SimState {
             charges: HashMap::new(),
             order: Vec::new(),
@@ -424,6 +435,8 @@ impl SimState {
             scheduled: Vec::new(),
             in_flight: HashMap::new(),
             unreachable_until: None,
+            dialect,
+            stripe: IntentBook::default(),
         }
     }
 
@@ -485,14 +498,19 @@ impl SimState {
             },
         };
         if let Some(outbox) = &self.outbox {
-            let outgoing = Outgoing {
-                event_id: event.id.clone(),
-                body: to_bytes(&event),
+            let outgoing = match self.dialect {
+                Dialect::Sim => vec![Outgoing {
+                    event_id: event.id.clone(),
+                    body: to_bytes(&event),
+                }],
+                Dialect::Stripe => stripe::events(&event, self),
             };
-            // Never block a request on the dispatcher; a full queue loses
-            // the event, as an overloaded provider would, and says so.
-            if let Err(error) = outbox.try_send(outgoing) {
-                tracing::warn!(event_id = %event.id, %error, "webhook queue full or closed; event not sent");
+            for outgoing in outgoing {
+                // Never block a request on the dispatcher; a full queue loses
+                // the event, as an overloaded provider would, and says so.
+                if let Err(error) = outbox.try_send(outgoing) {
+                    tracing::warn!(event_id = %event.id, %error, "webhook queue full or closed; event not sent");
+                }
             }
         }
         if self.events.len() >= EVENTS_RECORDED_MAX {
@@ -536,6 +554,19 @@ impl SimState {
         now: DateTime<Utc>,
         redirect_base: &str,
     ) -> Result<Reply, SimError> {
+        self.create_charge_as(key, req, now, redirect_base, new_id("ch"))
+    }
+
+    /// [`SimState::create_charge`] under a chosen id: the Stripe dialect's
+    /// PaymentIntent `pi_<x>` confirms into the charge `ch_<x>`.
+    pub fn create_charge_as(
+        &mut self,
+        key: &str,
+        req: &CreateChargeRequest,
+        now: DateTime<Utc>,
+        redirect_base: &str,
+        id: String,
+    ) -> Result<Reply, SimError> {
         let fingerprint = fingerprint("POST", "/v1/charges", req);
         if let Some(record) = self.keys.get(key) {
             return match record {
@@ -560,7 +591,10 @@ impl SimState {
         if self.charges.len() >= CHARGES_MAX {
             return Err(SimError::CapacityExhausted);
         }
-        let id = new_id("ch");
+        assert!(
+            !self.charges.contains_key(&id),
+            "charge {id} is created twice: a PaymentIntent confirms once"
+        );
         let mut charge = Charge {
             id: id.clone(),
             status: ChargeStatus::RequiresAction,
@@ -1298,6 +1332,34 @@ impl SimState {
         })
     }
 
+    /// The charge with this id, as it stands.
+    pub fn charge(&self, charge_id: &str) -> Option<&Charge> {
+        self.charges.get(charge_id).map(|record| &record.charge)
+    }
+
+    /// The operation with this id, as it stands.
+    pub fn operation(&self, operation_id: &str) -> Option<&Operation> {
+        self.operations
+            .get(operation_id)
+            .map(|record| &record.operation)
+    }
+
+    /// A charge's operations of one kind, in request order.
+    pub fn operations_of(&self, charge_id: &str, kind: OperationKind) -> Vec<Operation> {
+        self.charges
+            .get(charge_id)
+            .into_iter()
+            .flat_map(|record| record.operations.iter())
+            .filter_map(|id| self.operations.get(id))
+            .map(|record| record.operation.clone())
+            .filter(|operation| operation.kind == kind)
+            .collect()
+    }
+
+    pub fn fee_bps(&self) -> u32 {
+        self.fee_bps
+    }
+
     pub fn charges(&self) -> Vec<Charge> {
         self.order
             .iter()
@@ -1355,7 +1417,7 @@ mod tests {
 
     #[test]
     fn payment_methods_decide_the_outcome() {
-        let mut s = SimState::new(1, 0, None);
+        let mut s = SimState::new(1, 0, Dialect::Sim, None);
         let now = Utc::now();
         let cases = [
             (
@@ -1437,7 +1499,7 @@ mod tests {
 
     #[test]
     fn a_key_returns_its_charge_and_refuses_another_request() {
-        let mut s = SimState::new(1, 0, None);
+        let mut s = SimState::new(1, 0, Dialect::Sim, None);
         let now = Utc::now();
         let first = charge_of(
             &s.create_charge("k", &request(PM_CARD_OK, true), now, "")
@@ -1468,7 +1530,7 @@ mod tests {
 
     #[test]
     fn refunds_are_bounded_by_captured_minus_refunded_and_replay() {
-        let mut s = SimState::new(1, 0, None);
+        let mut s = SimState::new(1, 0, Dialect::Sim, None);
         let now = Utc::now();
         let charge = charge_of(
             &s.create_charge("k", &request(PM_CARD_OK, true), now, "")
@@ -1502,7 +1564,7 @@ mod tests {
 
     #[test]
     fn capture_only_an_authorization_and_at_most_its_amount() {
-        let mut s = SimState::new(1, 0, None);
+        let mut s = SimState::new(1, 0, Dialect::Sim, None);
         let now = Utc::now();
         let auth = charge_of(
             &s.create_charge("k", &request(PM_CARD_OK, false), now, "")
@@ -1545,7 +1607,7 @@ mod tests {
 
     #[test]
     fn redirects_complete_disputes_close_and_amounts_drift() {
-        let mut s = SimState::new(1, 0, None);
+        let mut s = SimState::new(1, 0, Dialect::Sim, None);
         let now = Utc::now();
         let pending = charge_of(
             &s.create_charge("k", &request(PM_REDIRECT, true), now, "http://h/")
@@ -1594,7 +1656,7 @@ mod tests {
 
     #[test]
     fn invalid_requests_are_refused_before_anything_is_created() {
-        let mut s = SimState::new(1, 0, None);
+        let mut s = SimState::new(1, 0, Dialect::Sim, None);
         let now = Utc::now();
         let mut bad = request(PM_CARD_OK, true);
         bad.amount_minor = 0;
@@ -1669,7 +1731,7 @@ mod tests {
 
     #[test]
     fn async_modifications_answer_pending_and_change_the_charge_only_when_decided() {
-        let mut s = SimState::new(1, 0, None);
+        let mut s = SimState::new(1, 0, Dialect::Sim, None);
         s.faults.async_modifications = true;
         s.faults.async_delay_ms = 7;
         let now = Utc::now();
@@ -1743,7 +1805,7 @@ mod tests {
 
     #[test]
     fn a_reversed_refund_fails_later_and_stops_counting() {
-        let mut s = SimState::new(1, 0, None);
+        let mut s = SimState::new(1, 0, Dialect::Sim, None);
         s.faults.refund_reversal_rate = 1.0;
         s.faults.refund_reversal_delay_ms = 9;
         let now = Utc::now();
@@ -1781,7 +1843,7 @@ mod tests {
 
     #[test]
     fn operations_fail_on_demand_and_cancels_void_what_is_not_captured() {
-        let mut s = SimState::new(1, 0, None);
+        let mut s = SimState::new(1, 0, Dialect::Sim, None);
         let now = Utc::now();
         let charge = captured_charge(&mut s, "k", now);
         let refund = answer_of(&s.refund("r1", &refund_of(&charge, 2_000), now).unwrap());
@@ -1856,7 +1918,7 @@ mod tests {
 
     #[test]
     fn refusals_are_4xx_other_than_409_and_409_means_a_key_in_use() {
-        let mut s = SimState::new(1, 0, None);
+        let mut s = SimState::new(1, 0, Dialect::Sim, None);
         let now = Utc::now();
         let charge = captured_charge(&mut s, "k", now);
         s.open_dispute(&charge.id, None, now).unwrap();
@@ -1890,7 +1952,7 @@ mod tests {
 
     #[test]
     fn without_the_lookup_routes_a_lookup_by_key_is_a_bare_404() {
-        let mut s = SimState::new(1, 0, None);
+        let mut s = SimState::new(1, 0, Dialect::Sim, None);
         let now = Utc::now();
         let charge = captured_charge(&mut s, "k", now);
         s.refund("r", &refund_of(&charge, 1), now).unwrap();
@@ -1918,7 +1980,7 @@ mod tests {
 
     #[test]
     fn an_unreachable_period_ends_by_itself() {
-        let mut s = SimState::new(1, 0, None);
+        let mut s = SimState::new(1, 0, Dialect::Sim, None);
         let now = std::time::Instant::now();
         assert!(!s.unreachable(now));
         s.unreachable_until = Some(now + std::time::Duration::from_millis(50));
@@ -1934,7 +1996,7 @@ mod tests {
             ..Faults::default()
         };
         let draws = |seed| {
-            let mut s = SimState::new(seed, 0, None);
+            let mut s = SimState::new(seed, 0, Dialect::Sim, None);
             s.faults = faults.clone();
             (0..50).map(|_| s.draw_fault()).collect::<Vec<_>>()
         };

@@ -29,6 +29,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 
 use super::state::Outgoing;
+use super::Dialect;
 use super::Simulator;
 use crate::client::FullJitter;
 use crate::signature::{sign, SIGNATURE_HEADER};
@@ -46,6 +47,8 @@ pub(super) struct Dispatcher {
     sim: Simulator,
     url: String,
     secret: Arc<str>,
+    /// The signature's header: `Psp-Signature`, or `Stripe-Signature` in the Stripe dialect.
+    header: &'static str,
     http: reqwest::Client,
     rx: mpsc::Receiver<Outgoing>,
     rng: StdRng,
@@ -86,6 +89,10 @@ impl Dispatcher {
             sim,
             url,
             secret: Arc::from(config.webhook_secret.as_str()),
+            header: match config.dialect {
+                Dialect::Sim => SIGNATURE_HEADER,
+                Dialect::Stripe => crate::stripe::SIGNATURE_HEADER,
+            },
             http,
             rx,
             rng: StdRng::seed_from_u64(config.seed ^ WEBHOOK_SEED_SALT),
@@ -148,6 +155,7 @@ impl Dispatcher {
                 http: self.http.clone(),
                 url: self.url.clone(),
                 secret: Arc::clone(&self.secret),
+                header: self.header,
                 delay_ms: faults.webhook_delay_ms,
                 backoff: FullJitter::new(
                     self.backoff_base_ms,
@@ -173,6 +181,7 @@ struct Delivery {
     http: reqwest::Client,
     url: String,
     secret: Arc<str>,
+    header: &'static str,
     delay_ms: u64,
     backoff: FullJitter,
     event: Outgoing,
@@ -189,7 +198,7 @@ impl Delivery {
                 .http
                 .post(&self.url)
                 .header(CONTENT_TYPE, "application/json")
-                .header(SIGNATURE_HEADER, header)
+                .header(self.header, header)
                 .body(self.event.body.clone())
                 .send()
                 .await

@@ -6,5 +6,9 @@
 pub mod form;
 pub mod wire;
 
+/// The header of Stripe's webhook signature. Its scheme, `t=<unix>,v1=<hex HMAC-SHA256(secret,
+/// "<t>.<raw body>")>` with one `v1` per active secret, is [`crate::signature`]'s.
+pub const SIGNATURE_HEADER: &str = "Stripe-Signature";
+
 pub use form::{Form, FormError, FormValue};
 pub use wire::API_VERSION;

@@ -1,0 +1,107 @@
+//! What the Stripe dialect keeps beside the simulator's charges: the PaymentIntents (a
+//! PaymentIntent exists before its charge, unconfirmed, and a duplicate that is never confirmed
+//! moves no money), the answers to writes that never reach the charge model (creating and
+//! cancelling an unconfirmed PaymentIntent), and the metadata of refunds.
+//!
+//! A PaymentIntent `pi_<x>` confirms into the simulator's charge `ch_<x>`, so either id names
+//! the other without a table.
+
+use std::collections::{BTreeMap, HashMap};
+
+use axum::body::Bytes;
+use axum::http::StatusCode;
+
+/// A PaymentIntent as created; what happens after its confirmation lives in its charge.
+#[derive(Clone, Debug)]
+pub(crate) struct IntentRecord {
+    pub id: String,
+    pub amount: i64,
+    /// Lower case, as Stripe writes it.
+    pub currency: String,
+    pub capture_method: &'static str,
+    pub description: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub payment_method: Option<String>,
+    pub payment_method_types: Vec<String>,
+    pub return_url: Option<String>,
+    pub created: i64,
+    /// Whether a confirmation reached the charge model (`ch_<x>` exists).
+    pub confirmed: bool,
+    /// When and why it was canceled, as the cancel request said.
+    pub canceled: Option<(i64, Option<&'static str>)>,
+}
+
+/// A stored answer: replayed byte for byte to the same request under the same key.
+#[derive(Clone, Debug)]
+pub(crate) struct StoredAnswer {
+    pub fingerprint: String,
+    pub status: StatusCode,
+    pub body: Bytes,
+}
+
+#[derive(Default)]
+pub(crate) struct IntentBook {
+    intents: HashMap<String, IntentRecord>,
+    /// Intent ids in creation order, for listings.
+    order: Vec<String>,
+    answers: HashMap<String, StoredAnswer>,
+    refund_metadata: HashMap<String, BTreeMap<String, String>>,
+}
+
+/// The charge a PaymentIntent confirms into.
+pub(crate) fn charge_id_of(intent_id: &str) -> String {
+    format!("ch_{}", intent_id.strip_prefix("pi_").unwrap_or(intent_id))
+}
+
+/// The PaymentIntent a simulator charge belongs to.
+pub(crate) fn intent_id_of(charge_id: &str) -> String {
+    format!("pi_{}", charge_id.strip_prefix("ch_").unwrap_or(charge_id))
+}
+
+impl IntentBook {
+    pub fn insert(&mut self, record: IntentRecord) {
+        self.order.push(record.id.clone());
+        self.intents.insert(record.id.clone(), record);
+    }
+
+    pub fn get(&self, id: &str) -> Option<&IntentRecord> {
+        self.intents.get(id)
+    }
+
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut IntentRecord> {
+        self.intents.get_mut(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.intents.len()
+    }
+
+    /// Every intent, newest first.
+    pub fn newest_first(&self) -> impl Iterator<Item = &IntentRecord> {
+        self.order
+            .iter()
+            .rev()
+            .filter_map(|id| self.intents.get(id))
+    }
+
+    pub fn answer(&self, key: &str) -> Option<&StoredAnswer> {
+        self.answers.get(key)
+    }
+
+    pub fn store_answer(&mut self, key: &str, answer: StoredAnswer) {
+        self.answers.insert(key.to_owned(), answer);
+    }
+
+    pub fn set_refund_metadata(&mut self, refund_id: &str, metadata: BTreeMap<String, String>) {
+        if !metadata.is_empty() {
+            self.refund_metadata.insert(refund_id.to_owned(), metadata);
+        }
+    }
+
+    pub fn refund_metadata(&self, refund_id: &str) -> BTreeMap<String, String> {
+        self.refund_metadata
+            .get(refund_id)
+            .cloned()
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,954 @@
+//! The simulator's Stripe dialect (`psp-sim --dialect stripe`): the same charge model, faults
+//! and truth routes, answering at Stripe's paths in Stripe's wire format, so that Stripe's own
+//! client library and asiento's Stripe adapter can be tested against it.
+//!
+//! - Requests are form-encoded and read strictly ([`params`]): an unknown parameter is a 400
+//!   `parameter_unknown`, as Stripe answers it. Any `sk_test_…` key is accepted, as a Bearer
+//!   token or as the Basic user.
+//! - A PaymentIntent is created unconfirmed (or with `confirm=true`) and confirms into the
+//!   charge model ([`book`]); Stripe's test payment methods (`pm_card_visa`,
+//!   `pm_card_chargeDeclined`, `pm_card_authenticationRequired`, …) map onto the simulator's
+//!   own, which are accepted too. A decline is a 402 `card_error` carrying the PaymentIntent.
+//! - Every POST is idempotent as Stripe's are: the first answer (a refusal made after the
+//!   request began included) is stored under the key and replayed byte for byte with
+//!   `Idempotent-Replayed: true`; the same key with other parameters is a 400
+//!   `idempotency_error`; a key still running is a 409 (the `key_in_use_conflict` fault).
+//!   A POST without a key is not idempotent.
+//! - There is no lookup by our key: only by id and by listing.
+//! - Answers carry `Request-Id`, echo `Idempotency-Key`, and carry `Stripe-Version`.
+
+mod book;
+mod events;
+mod params;
+mod render;
+
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::header::AUTHORIZATION;
+use axum::http::Uri;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use chrono::Utc;
+use serde_json::Value;
+
+pub(crate) use book::IntentBook;
+pub(crate) use events::events;
+
+use self::book::{charge_id_of, intent_id_of, IntentRecord, StoredAnswer};
+use self::params::Params;
+use self::render::{Expand, StripeError, CHARGE_EXPANSIONS, INTENT_EXPANSIONS};
+use super::routes::{provider_call, redirect_base};
+use super::state::{
+    check_idempotency_key, AnswerDelay, CaptureRequest, CreateChargeRequest, RefundRequest, Reply,
+    SimError, SimState, CHARGES_MAX, PM_CARD_DECLINED, PM_CARD_OK, PM_CARD_SLOW, PM_CARD_TIMEOUT,
+    PM_REDIRECT,
+};
+use super::Simulator;
+use crate::client::IDEMPOTENCY_KEY_HEADER;
+use crate::provider::{Charge, OperationAnswer, OperationKind, OperationStatus};
+use crate::stripe::API_VERSION;
+
+/// Stripe's documented test payment methods, and what the simulator does for each.
+const TEST_METHODS: &[(&str, &str)] = &[
+    ("pm_card_visa", PM_CARD_OK),
+    ("pm_card_visa_debit", PM_CARD_OK),
+    ("pm_card_mastercard", PM_CARD_OK),
+    ("pm_card_amex", PM_CARD_OK),
+    ("pm_card_chargeDeclined", PM_CARD_DECLINED),
+    ("pm_card_visa_chargeDeclined", PM_CARD_DECLINED),
+    ("pm_card_chargeDeclinedInsufficientFunds", PM_CARD_DECLINED),
+    ("pm_card_authenticationRequired", PM_REDIRECT),
+    ("pm_card_threeDSecure2Required", PM_REDIRECT),
+    (PM_CARD_OK, PM_CARD_OK),
+    (PM_CARD_DECLINED, PM_CARD_DECLINED),
+    (PM_CARD_TIMEOUT, PM_CARD_TIMEOUT),
+    (PM_CARD_SLOW, PM_CARD_SLOW),
+    (PM_REDIRECT, PM_REDIRECT),
+];
+
+const CAPTURE_METHODS: &[&str] = &["automatic", "automatic_async", "manual"];
+const CANCELLATION_REASONS: &[&str] = &[
+    "abandoned",
+    "duplicate",
+    "fraudulent",
+    "requested_by_customer",
+];
+const REFUND_REASONS: &[&str] = &["duplicate", "fraudulent", "requested_by_customer"];
+
+/// What the simulator's error answers say when a request names our own control of the sim.
+pub(super) fn routes() -> Router<Simulator> {
+    Router::new()
+        .route("/v1/payment_intents", post(create_intent).get(list_intents))
+        .route("/v1/payment_intents/{id}", get(get_intent))
+        .route("/v1/payment_intents/{id}/confirm", post(confirm_intent))
+        .route("/v1/payment_intents/{id}/capture", post(capture_intent))
+        .route("/v1/payment_intents/{id}/cancel", post(cancel_intent))
+        .route("/v1/refunds", post(create_refund))
+        .route("/v1/refunds/{id}", get(get_refund))
+        .route("/v1/charges/{id}", get(get_charge))
+        .fallback(no_route)
+}
+
+async fn no_route(method: Method, uri: Uri) -> Response {
+    StripeError::no_route(method.as_str(), uri.path()).into_response()
+}
+
+/// Any `sk_test_…` key, as `Bearer` or as the Basic user (`curl -u sk_test_…:`).
+fn authorize(headers: &HeaderMap) -> Result<(), StripeError> {
+    let Some(value) = headers.get(AUTHORIZATION) else {
+        return Err(StripeError::unauthorized(
+            "You did not provide an API key. You need to provide your API key in the \
+             Authorization header, using Bearer auth (e.g. 'Authorization: Bearer YOUR_SECRET_KEY').",
+        ));
+    };
+    let value = value.to_str().unwrap_or_default();
+    let key = if let Some(token) = value.strip_prefix("Bearer ") {
+        token.trim().to_owned()
+    } else if let Some(basic) = value.strip_prefix("Basic ") {
+        basic_user(basic.trim()).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    let valid = key.strip_prefix("sk_test_").is_some_and(|rest| {
+        !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    });
+    if valid {
+        Ok(())
+    } else {
+        Err(StripeError::unauthorized(
+            "Invalid API Key provided: the simulator accepts any sk_test_ key.",
+        ))
+    }
+}
+
+fn basic_user(encoded: &str) -> Option<String> {
+    let decoded = base64_decode(encoded)?;
+    let text = String::from_utf8(decoded).ok()?;
+    Some(
+        text.split_once(':')
+            .map_or(text.clone(), |(user, _)| user.to_owned()),
+    )
+}
+
+/// Standard base64 with padding, which is all Basic auth uses.
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let value = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let bytes = text.trim_end_matches('=').as_bytes();
+    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+    for chunk in bytes.chunks(4) {
+        let mut acc = 0u32;
+        for (index, c) in chunk.iter().enumerate() {
+            acc |= value(*c)? << (18 - 6 * index);
+        }
+        let produced = match chunk.len() {
+            4 => 3,
+            3 => 2,
+            2 => 1,
+            _ => return None,
+        };
+        out.extend_from_slice(&acc.to_be_bytes()[1..1 + produced]);
+    }
+    Some(out)
+}
+
+/// The request's idempotency key: the header's when it is usable, else a fresh one (a POST
+/// without a key is not idempotent).
+fn request_key(headers: &HeaderMap) -> Result<(String, bool), StripeError> {
+    match headers.get(IDEMPOTENCY_KEY_HEADER) {
+        None => Ok((
+            format!("asiento_sim_{}", uuid::Uuid::new_v4().simple()),
+            false,
+        )),
+        Some(value) => {
+            let text = value
+                .to_str()
+                .map_err(|_| StripeError::from(SimError::IdempotencyKeyInvalid))?;
+            let key = check_idempotency_key(Some(text)).map_err(StripeError::from)?;
+            Ok((key.to_owned(), true))
+        }
+    }
+}
+
+/// Adds the headers every Stripe answer has.
+fn stamp(mut response: Response, key: Option<&str>) -> Response {
+    let headers = response.headers_mut();
+    let request_id = format!("req_{}", &uuid::Uuid::new_v4().simple().to_string()[..14]);
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        headers.insert("Request-Id", value);
+    }
+    headers.insert("Stripe-Version", HeaderValue::from_static(API_VERSION));
+    if let Some(value) = key.and_then(|key| HeaderValue::from_str(key).ok()) {
+        headers.insert(IDEMPOTENCY_KEY_HEADER, value);
+    }
+    response
+}
+
+/// A read: authorized, then through the simulator's faults.
+async fn read_call(
+    sim: &Simulator,
+    headers: &HeaderMap,
+    op: impl FnOnce(&mut SimState) -> Result<Reply, StripeError>,
+) -> Response {
+    if let Err(error) = authorize(headers) {
+        return stamp(error.into_response(), None);
+    }
+    stamp(provider_call(sim, None, op).await, None)
+}
+
+/// A write: authorized, keyed, then through the simulator's faults and Stripe's idempotency
+/// layer (`fingerprint` is the request as Stripe compares it: route and parameters).
+async fn write_call(
+    sim: &Simulator,
+    headers: &HeaderMap,
+    route: String,
+    body: &[u8],
+    op: impl FnOnce(&mut SimState, &str) -> Result<Reply, StripeError>,
+) -> Response {
+    if let Err(error) = authorize(headers) {
+        return stamp(error.into_response(), None);
+    }
+    let (key, given) = match request_key(headers) {
+        Ok(key) => key,
+        Err(error) => return stamp(error.into_response(), None),
+    };
+    let fingerprint = format!("{route} {}", String::from_utf8_lossy(body));
+    let echoed = given.then_some(key.clone());
+    let response = provider_call(sim, Some(key.clone()), |state| {
+        stored_write(state, &key, fingerprint, |state| op(state, &key))
+    })
+    .await;
+    stamp(response, echoed.as_deref())
+}
+
+/// Replays the answer stored under `key`, refuses the key for another request, or runs `op` and
+/// stores what it answered. A refusal made while the request ran is stored too, as Stripe
+/// stores it; a conflict or a server error is not.
+fn stored_write(
+    state: &mut SimState,
+    key: &str,
+    fingerprint: String,
+    op: impl FnOnce(&mut SimState) -> Result<Reply, StripeError>,
+) -> Result<Reply, StripeError> {
+    if let Some(stored) = state.stripe.answer(key) {
+        if stored.fingerprint != fingerprint {
+            return Err(SimError::IdempotencyKeyReused.into());
+        }
+        return Ok(Reply {
+            status: stored.status,
+            body: stored.body.clone(),
+            replayed: true,
+            delay: AnswerDelay::None,
+        });
+    }
+    let reply = match op(state) {
+        Ok(reply) => reply,
+        Err(error)
+            if error.status() == StatusCode::CONFLICT || error.status().is_server_error() =>
+        {
+            return Err(error)
+        }
+        Err(error) => Reply {
+            status: error.status(),
+            body: json_bytes(&error.body()),
+            replayed: false,
+            delay: AnswerDelay::None,
+        },
+    };
+    state.stripe.store_answer(
+        key,
+        StoredAnswer {
+            fingerprint,
+            status: reply.status,
+            body: reply.body.clone(),
+        },
+    );
+    Ok(reply)
+}
+
+fn json_bytes(value: &Value) -> Bytes {
+    Bytes::from(serde_json::to_vec(value).expect("a JSON value always serializes"))
+}
+
+fn ok(value: &Value) -> Reply {
+    Reply {
+        status: StatusCode::OK,
+        body: json_bytes(value),
+        replayed: false,
+        delay: AnswerDelay::None,
+    }
+}
+
+/// Reads the simulator's own JSON answer back.
+fn decoded<T: serde::de::DeserializeOwned>(reply: &Reply) -> T {
+    serde_json::from_slice(&reply.body).expect("the simulator decodes what it encoded")
+}
+
+fn intent_record<'a>(state: &'a SimState, id: &str) -> Result<&'a IntentRecord, StripeError> {
+    state
+        .stripe
+        .get(id)
+        .ok_or_else(|| StripeError::not_found("payment_intent", id))
+}
+
+/// The PaymentIntent as it stands.
+fn render_intent(state: &SimState, record: &IntentRecord, expand: &Expand) -> Value {
+    let charge_id = charge_id_of(&record.id);
+    let charge = state.charge(&charge_id);
+    let refunds = state.operations_of(&charge_id, OperationKind::Refund);
+    render::intent(record, charge, &refunds, state.fee_bps(), expand)
+}
+
+fn intent_with(state: &SimState, record: &IntentRecord, charge: &Charge, expand: &Expand) -> Value {
+    let refunds = state.operations_of(&charge.id, OperationKind::Refund);
+    render::intent(record, Some(charge), &refunds, state.fee_bps(), expand)
+}
+
+fn expand_of(params: &mut Params, allowed: &[&str]) -> Result<Expand, StripeError> {
+    Expand::new(params.list("expand")?, allowed)
+}
+
+fn currency_of(text: &str) -> Result<String, StripeError> {
+    if text.len() == 3 && text.bytes().all(|b| b.is_ascii_alphabetic()) {
+        Ok(text.to_ascii_lowercase())
+    } else {
+        Err(StripeError::invalid_param(
+            "currency",
+            format!("Invalid currency: {text}. Stripe currently supports these currencies: usd, eur, gbp, …"),
+        ))
+    }
+}
+
+fn test_method(id: &str) -> Result<&'static str, StripeError> {
+    TEST_METHODS
+        .iter()
+        .find(|(name, _)| *name == id)
+        .map(|(_, sim)| *sim)
+        .ok_or_else(|| {
+            StripeError::invalid_param("payment_method", format!("No such PaymentMethod: '{id}'"))
+                .with_code("resource_missing")
+        })
+}
+
+/// What a confirmation asks beside the intent's own fields.
+struct Confirmation {
+    payment_method: Option<String>,
+    return_url: Option<String>,
+    expand: Expand,
+}
+
+struct NewIntent {
+    record: IntentRecord,
+    confirm: Option<Confirmation>,
+}
+
+fn read_new_intent(body: &[u8]) -> Result<NewIntent, StripeError> {
+    let mut params = Params::parse(body)?;
+    let amount = params
+        .integer("amount")?
+        .ok_or_else(|| StripeError::missing("amount"))?;
+    if amount < 1 {
+        return Err(SimError::AmountMustBePositive.into());
+    }
+    let currency = currency_of(&params.required_text("currency")?)?;
+    let payment_method = params.text("payment_method")?;
+    if let Some(method) = &payment_method {
+        test_method(method)?;
+    }
+    let confirm = params.boolean("confirm")?.unwrap_or(false);
+    let capture_method = params
+        .one_of("capture_method", CAPTURE_METHODS)?
+        .unwrap_or("automatic_async");
+    let description = params.text("description")?;
+    let metadata = params.metadata()?;
+    let payment_method_types = params.list("payment_method_types")?;
+    if payment_method_types.iter().any(|kind| kind != "card") {
+        return Err(StripeError::invalid_param(
+            "payment_method_types",
+            "The simulator takes card payments only.",
+        ));
+    }
+    let mut redirects_allowed = payment_method_types.is_empty();
+    if let Some(mut automatic) = params.hash("automatic_payment_methods")? {
+        let enabled = automatic.boolean("enabled")?.unwrap_or(false);
+        let allow = automatic.one_of("allow_redirects", &["always", "never"])?;
+        automatic.finish_hash("automatic_payment_methods")?;
+        redirects_allowed = enabled && allow != Some("never");
+    }
+    let return_url = params.text("return_url")?;
+    params.one_of("off_session", &["true", "false", "one_off", "recurring"])?;
+    params.boolean("error_on_requires_action")?;
+    params.text("receipt_email")?;
+    params.text("statement_descriptor")?;
+    params.text("statement_descriptor_suffix")?;
+    let expand = expand_of(&mut params, INTENT_EXPANSIONS)?;
+    params.finish()?;
+    if confirm && redirects_allowed && return_url.is_none() {
+        return Err(return_url_trap());
+    }
+    let record = IntentRecord {
+        id: format!("pi_{}", uuid::Uuid::now_v7().simple()),
+        amount,
+        currency,
+        capture_method,
+        description,
+        metadata,
+        payment_method: payment_method.clone(),
+        payment_method_types: if redirects_allowed {
+            Vec::new()
+        } else {
+            vec!["card".to_owned()]
+        },
+        return_url: return_url.clone(),
+        created: Utc::now().timestamp(),
+        confirmed: false,
+        canceled: None,
+    };
+    Ok(NewIntent {
+        record,
+        confirm: confirm.then_some(Confirmation {
+            payment_method,
+            return_url,
+            expand,
+        }),
+    })
+}
+
+fn return_url_trap() -> StripeError {
+    StripeError::invalid_param(
+        "return_url",
+        "A `return_url` must be specified because this Payment Intent is configured to \
+         automatically accept the payment methods enabled in the Dashboard, some of which may \
+         require a full page redirect to succeed. If you do not want to accept redirect-based \
+         payment methods, set `automatic_payment_methods[enabled]` to `true` and \
+         `automatic_payment_methods[allow_redirects]` to `never` when creating Setup Intents \
+         and Payment Intents.",
+    )
+}
+
+async fn create_intent(State(sim): State<Simulator>, headers: HeaderMap, body: Bytes) -> Response {
+    let redirect = redirect_base(&sim, &headers);
+    let new = match read_new_intent(&body) {
+        Ok(new) => new,
+        Err(error) => return stamp(error.into_response(), None),
+    };
+    write_call(
+        &sim,
+        &headers,
+        "POST /v1/payment_intents".into(),
+        &body,
+        |state, key| {
+            if state.stripe.len() >= CHARGES_MAX {
+                return Err(SimError::CapacityExhausted.into());
+            }
+            let id = new.record.id.clone();
+            state.stripe.insert(new.record);
+            match new.confirm {
+                Some(confirmation) => confirm(state, key, &id, confirmation, &redirect),
+                None => {
+                    let record = intent_record(state, &id)?;
+                    Ok(ok(&render_intent(state, record, &Expand::default())))
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// Confirms `id` into the charge model under `key`.
+fn confirm(
+    state: &mut SimState,
+    key: &str,
+    id: &str,
+    confirmation: Confirmation,
+    redirect: &str,
+) -> Result<Reply, StripeError> {
+    let record = intent_record(state, id)?.clone();
+    let status = render::intent_status(&record, state.charge(&charge_id_of(id)));
+    if !matches!(status, "requires_payment_method" | "requires_confirmation") || record.confirmed {
+        return Err(StripeError::unexpected_state(format!(
+            "You cannot confirm this PaymentIntent because it has a status of {status}."
+        )));
+    }
+    let payment_method = confirmation
+        .payment_method
+        .or(record.payment_method.clone())
+        .ok_or_else(|| {
+            StripeError::invalid_param(
+                "payment_method",
+                "You cannot confirm this PaymentIntent because it's missing a payment method.",
+            )
+            .with_code("payment_intent_unexpected_state")
+        })?;
+    let method = test_method(&payment_method)?;
+    let return_url = confirmation.return_url.or(record.return_url.clone());
+    if record.payment_method_types.is_empty() && return_url.is_none() {
+        return Err(return_url_trap());
+    }
+    let request = CreateChargeRequest {
+        amount_minor: record.amount,
+        currency: record.currency.to_ascii_uppercase(),
+        payment_method: method.to_owned(),
+        capture: record.capture_method != "manual",
+        reference: record.metadata.get("asiento_payment_id").cloned(),
+        metadata: record.metadata.clone(),
+    };
+    let reply = state
+        .create_charge_as(key, &request, Utc::now(), redirect, charge_id_of(id))
+        .map_err(StripeError::from)?;
+    let charge: Charge = decoded(&reply);
+    let record = {
+        let stored = state
+            .stripe
+            .get_mut(id)
+            .expect("the intent was read above under the same lock");
+        stored.payment_method = Some(payment_method);
+        stored.return_url = return_url;
+        stored.confirmed = true;
+        stored.clone()
+    };
+    let intent = intent_with(state, &record, &charge, &confirmation.expand);
+    if render::intent_status(&record, Some(&charge)) == "requires_payment_method" {
+        return Err(StripeError::declined(intent, &charge.id));
+    }
+    Ok(Reply {
+        delay: reply.delay,
+        ..ok(&intent)
+    })
+}
+
+async fn confirm_intent(
+    State(sim): State<Simulator>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let redirect = redirect_base(&sim, &headers);
+    let confirmation = (|| {
+        let mut params = Params::parse(&body)?;
+        let payment_method = params.text("payment_method")?;
+        if let Some(method) = &payment_method {
+            test_method(method)?;
+        }
+        let return_url = params.text("return_url")?;
+        params.one_of("off_session", &["true", "false", "one_off", "recurring"])?;
+        params.boolean("error_on_requires_action")?;
+        params.text("receipt_email")?;
+        let expand = expand_of(&mut params, INTENT_EXPANSIONS)?;
+        params.finish()?;
+        Ok::<_, StripeError>(Confirmation {
+            payment_method,
+            return_url,
+            expand,
+        })
+    })();
+    let confirmation = match confirmation {
+        Ok(confirmation) => confirmation,
+        Err(error) => return stamp(error.into_response(), None),
+    };
+    let route = format!("POST /v1/payment_intents/{id}/confirm");
+    write_call(&sim, &headers, route, &body, |state, key| {
+        confirm(state, key, &id, confirmation, &redirect)
+    })
+    .await
+}
+
+async fn capture_intent(
+    State(sim): State<Simulator>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let read = (|| {
+        let mut params = Params::parse(&body)?;
+        let amount = params.integer("amount_to_capture")?;
+        if params.boolean("final_capture")? == Some(false) {
+            return Err(StripeError::invalid_param(
+                "final_capture",
+                "Multicapture is not available on this account.",
+            ));
+        }
+        params.metadata()?;
+        params.text("statement_descriptor")?;
+        params.text("statement_descriptor_suffix")?;
+        let expand = expand_of(&mut params, INTENT_EXPANSIONS)?;
+        params.finish()?;
+        Ok::<_, StripeError>((amount, expand))
+    })();
+    let (amount, expand) = match read {
+        Ok(read) => read,
+        Err(error) => return stamp(error.into_response(), None),
+    };
+    let route = format!("POST /v1/payment_intents/{id}/capture");
+    write_call(&sim, &headers, route, &body, |state, key| {
+        let record = intent_record(state, &id)?.clone();
+        let status = render::intent_status(&record, state.charge(&charge_id_of(&id)));
+        if status != "requires_capture" {
+            return Err(StripeError::unexpected_state(format!(
+                "This PaymentIntent could not be captured because it has a status of {status}. \
+                 Only a PaymentIntent with one of the following statuses may be captured: \
+                 requires_capture."
+            )));
+        }
+        let reply = state
+            .capture(
+                key,
+                &charge_id_of(&id),
+                &CaptureRequest {
+                    amount_minor: amount,
+                },
+                Utc::now(),
+            )
+            .map_err(StripeError::from)?;
+        let answer: OperationAnswer = decoded(&reply);
+        let charge = answer
+            .charge
+            .clone()
+            .or_else(|| state.charge(&charge_id_of(&id)).cloned())
+            .ok_or_else(|| StripeError::not_found("payment_intent", &id))?;
+        let mut intent = intent_with(state, &record, &charge, &expand);
+        if answer.operation.status == OperationStatus::Pending {
+            intent["status"] = Value::from("processing");
+        }
+        Ok(ok(&intent))
+    })
+    .await
+}
+
+async fn cancel_intent(
+    State(sim): State<Simulator>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let read = (|| {
+        let mut params = Params::parse(&body)?;
+        let reason = params.one_of("cancellation_reason", CANCELLATION_REASONS)?;
+        let expand = expand_of(&mut params, INTENT_EXPANSIONS)?;
+        params.finish()?;
+        Ok::<_, StripeError>((reason, expand))
+    })();
+    let (reason, expand) = match read {
+        Ok(read) => read,
+        Err(error) => return stamp(error.into_response(), None),
+    };
+    let route = format!("POST /v1/payment_intents/{id}/cancel");
+    write_call(&sim, &headers, route, &body, |state, key| {
+        let record = intent_record(state, &id)?.clone();
+        let status = render::intent_status(&record, state.charge(&charge_id_of(&id)));
+        let cancelable = [
+            "requires_payment_method",
+            "requires_confirmation",
+            "requires_action",
+            "requires_capture",
+        ];
+        if !cancelable.contains(&status) {
+            return Err(StripeError::unexpected_state(format!(
+                "You cannot cancel this PaymentIntent because it has a status of {status}. Only \
+                 a PaymentIntent with one of the following statuses may be canceled: {}.",
+                cancelable.join(", ")
+            )));
+        }
+        let now = Utc::now();
+        if record.confirmed
+            && state.charge(&charge_id_of(&id)).is_some_and(|c| {
+                matches!(
+                    c.status,
+                    crate::provider::ChargeStatus::RequiresCapture
+                        | crate::provider::ChargeStatus::RequiresAction
+                )
+            })
+        {
+            state
+                .cancel(key, &charge_id_of(&id), now)
+                .map_err(StripeError::from)?;
+        }
+        let record = {
+            let stored = state
+                .stripe
+                .get_mut(&id)
+                .expect("the intent was read above under the same lock");
+            stored.canceled = Some((now.timestamp(), reason));
+            stored.clone()
+        };
+        Ok(ok(&render_intent(state, &record, &expand)))
+    })
+    .await
+}
+
+fn query_params(query: Option<String>) -> Result<Params, StripeError> {
+    Params::parse(query.unwrap_or_default().as_bytes())
+}
+
+async fn get_intent(
+    State(sim): State<Simulator>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    read_call(&sim, &headers, |state| {
+        let mut params = query_params(query)?;
+        let expand = expand_of(&mut params, INTENT_EXPANSIONS)?;
+        params.text("client_secret")?;
+        params.finish()?;
+        let record = intent_record(state, &id)?;
+        Ok(ok(&render_intent(state, record, &expand)))
+    })
+    .await
+}
+
+async fn list_intents(
+    State(sim): State<Simulator>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    read_call(&sim, &headers, |state| {
+        let mut params = query_params(query)?;
+        let (from, to) = params.created()?;
+        let limit = params.limit()?;
+        let starting_after = params.text("starting_after")?;
+        let ending_before = params.text("ending_before")?;
+        let expand: Vec<String> = params
+            .list("expand")?
+            .into_iter()
+            .map(|path| {
+                path.strip_prefix("data.")
+                    .map(str::to_owned)
+                    .ok_or_else(|| {
+                        StripeError::invalid_param(
+                            "expand",
+                            format!("This property cannot be expanded ({path})."),
+                        )
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        let expand = Expand::new(expand, INTENT_EXPANSIONS)?;
+        params.finish()?;
+        let matching: Vec<&IntentRecord> = state
+            .stripe
+            .newest_first()
+            .filter(|record| (from..=to).contains(&record.created))
+            .collect();
+        let page = page(
+            &matching,
+            starting_after.as_deref(),
+            ending_before.as_deref(),
+            limit,
+        )?;
+        let data = page
+            .items
+            .iter()
+            .map(|record| render_intent(state, record, &expand))
+            .collect();
+        Ok(ok(&render::list(
+            "/v1/payment_intents",
+            data,
+            page.has_more,
+        )))
+    })
+    .await
+}
+
+struct Page<'a, T> {
+    items: Vec<&'a T>,
+    has_more: bool,
+}
+
+trait Listed {
+    fn id(&self) -> &str;
+}
+
+impl Listed for IntentRecord {
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// One page of a newest-first listing, after (older than) or before (newer than) a cursor.
+fn page<'a, T: Listed>(
+    items: &[&'a T],
+    starting_after: Option<&str>,
+    ending_before: Option<&str>,
+    limit: usize,
+) -> Result<Page<'a, T>, StripeError> {
+    let position = |cursor: &str, param: &str| {
+        items
+            .iter()
+            .position(|item| item.id() == cursor)
+            .ok_or_else(|| {
+                StripeError::invalid_param(param, format!("No such object: '{cursor}'"))
+                    .with_code("resource_missing")
+            })
+    };
+    match (starting_after, ending_before) {
+        (Some(_), Some(_)) => Err(StripeError::invalid(
+            "You may only specify one of these parameters: starting_after, ending_before.",
+        )),
+        (Some(cursor), None) => {
+            let start = position(cursor, "starting_after")? + 1;
+            let rest = &items[start..];
+            Ok(Page {
+                items: rest.iter().take(limit).copied().collect(),
+                has_more: rest.len() > limit,
+            })
+        }
+        (None, Some(cursor)) => {
+            let end = position(cursor, "ending_before")?;
+            let before = &items[..end];
+            let skip = before.len().saturating_sub(limit);
+            Ok(Page {
+                items: before[skip..].to_vec(),
+                has_more: skip > 0,
+            })
+        }
+        (None, None) => Ok(Page {
+            items: items.iter().take(limit).copied().collect(),
+            has_more: items.len() > limit,
+        }),
+    }
+}
+
+async fn create_refund(State(sim): State<Simulator>, headers: HeaderMap, body: Bytes) -> Response {
+    let read = (|| {
+        let mut params = Params::parse(&body)?;
+        let intent = params.text("payment_intent")?;
+        let charge = params.text("charge")?;
+        let amount = params.integer("amount")?;
+        params.one_of("reason", REFUND_REASONS)?;
+        let metadata = params.metadata()?;
+        params.text("instructions_email")?;
+        let _ = expand_of(&mut params, &[])?;
+        params.finish()?;
+        let charge_id = match (intent, charge) {
+            (Some(intent), None) => charge_id_of(&intent),
+            (None, Some(charge)) => charge,
+            _ => {
+                return Err(StripeError::invalid(
+                    "You must provide exactly one of payment_intent or charge.",
+                ))
+            }
+        };
+        Ok::<_, StripeError>((charge_id, amount, metadata))
+    })();
+    let (charge_id, amount, metadata) = match read {
+        Ok(read) => read,
+        Err(error) => return stamp(error.into_response(), None),
+    };
+    write_call(
+        &sim,
+        &headers,
+        "POST /v1/refunds".into(),
+        &body,
+        |state, key| {
+            let charge = state
+                .charge(&charge_id)
+                .filter(|_| state.stripe.get(&intent_id_of(&charge_id)).is_some())
+                .ok_or_else(|| StripeError::not_found("charge", &charge_id))?
+                .clone();
+            let amount = match amount {
+                Some(amount) => amount,
+                None => {
+                    let pending: i64 = state
+                        .operations_of(&charge.id, OperationKind::Refund)
+                        .iter()
+                        .filter(|operation| operation.status == OperationStatus::Pending)
+                        .map(|operation| operation.amount_minor)
+                        .sum();
+                    charge.amount_captured - charge.amount_refunded - pending
+                }
+            };
+            let reply = state
+                .refund(
+                    key,
+                    &RefundRequest {
+                        charge: charge.id.clone(),
+                        amount_minor: amount,
+                    },
+                    Utc::now(),
+                )
+                .map_err(StripeError::from)?;
+            let answer: OperationAnswer = decoded(&reply);
+            state
+                .stripe
+                .set_refund_metadata(&answer.operation.id, metadata.clone());
+            Ok(ok(&render::refund(&answer.operation, &metadata)))
+        },
+    )
+    .await
+}
+
+async fn get_refund(
+    State(sim): State<Simulator>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    read_call(&sim, &headers, |state| {
+        let mut params = query_params(query)?;
+        let _ = expand_of(&mut params, &[])?;
+        params.finish()?;
+        let operation = state
+            .operation(&id)
+            .filter(|operation| operation.kind == OperationKind::Refund)
+            .ok_or_else(|| StripeError::not_found("refund", &id))?;
+        Ok(ok(&render::refund(
+            operation,
+            &state.stripe.refund_metadata(&id),
+        )))
+    })
+    .await
+}
+
+async fn get_charge(
+    State(sim): State<Simulator>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    read_call(&sim, &headers, |state| {
+        let mut params = query_params(query)?;
+        let expand = expand_of(&mut params, CHARGE_EXPANSIONS)?;
+        params.finish()?;
+        let record = state
+            .stripe
+            .get(&intent_id_of(&id))
+            .ok_or_else(|| StripeError::not_found("charge", &id))?;
+        let charge = state
+            .charge(&id)
+            .ok_or_else(|| StripeError::not_found("charge", &id))?;
+        let refunds = state.operations_of(&id, OperationKind::Refund);
+        Ok(ok(&render::charge(
+            charge,
+            record,
+            &refunds,
+            state.fee_bps(),
+            &expand,
+        )))
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn basic_auth_users_decode() {
+        // "sk_test_abc:" in base64.
+        assert_eq!(
+            basic_user("c2tfdGVzdF9hYmM6").as_deref(),
+            Some("sk_test_abc")
+        );
+        assert_eq!(basic_user("not base64!"), None);
+    }
+}
