@@ -25,6 +25,7 @@ pub mod provider;
 pub mod signature;
 pub mod sim;
 pub mod stripe;
+pub mod transport;
 
 pub use client::{ClientConfig, ClientInitError, HttpProvider, RetrySleeper, TokioSleeper};
 pub use event::{EventData, EventType, WebhookEvent};

@@ -578,14 +578,14 @@ async fn capture_intent(
                 "Multicapture is not available on this account.",
             ));
         }
-        params.metadata()?;
+        let metadata = params.metadata()?;
         params.text("statement_descriptor")?;
         params.text("statement_descriptor_suffix")?;
         let expand = expand_of(&mut params, INTENT_EXPANSIONS)?;
         params.finish()?;
-        Ok::<_, StripeError>((amount, expand))
+        Ok::<_, StripeError>((amount, metadata, expand))
     })();
-    let (amount, expand) = match read {
+    let (amount, metadata, expand) = match read {
         Ok(read) => read,
         Err(error) => return stamp(error.into_response(), None),
     };
@@ -616,6 +616,14 @@ async fn capture_intent(
             .clone()
             .or_else(|| state.charge(&charge_id_of(&id)).cloned())
             .ok_or_else(|| StripeError::not_found("payment_intent", &id))?;
+        let record = {
+            let stored = state
+                .stripe
+                .get_mut(&id)
+                .expect("the intent was read above under the same lock");
+            stored.metadata.extend(metadata);
+            stored.clone()
+        };
         let mut intent = intent_with(state, &record, &charge, &expand);
         if answer.operation.status == OperationStatus::Pending {
             intent["status"] = Value::from("processing");

@@ -1,0 +1,422 @@
+//! The Stripe adapter: asiento's provider port over Stripe's API (`docs/providers.md`), sent
+//! through [`crate::transport`] with a pinned `Stripe-Version`, form bodies and an
+//! `Idempotency-Key` on every POST.
+//!
+//! - A charge is a PaymentIntent, created unconfirmed under the payment's PSP key and then
+//!   confirmed under `<key>:confirm`: a duplicate that is never confirmed moves no money, and a
+//!   re-send of both steps under the same keys while they live (under 23 h) finds the same
+//!   PaymentIntent. A decline is Stripe's 402 `card_error`, whose PaymentIntent exists.
+//! - Captures and cancels answer the PaymentIntent; refunds are Refund objects, `pending` until
+//!   Stripe decides them (modifications are asynchronous), and a succeeded refund may still
+//!   fail later.
+//! - Stripe has no lookup by our key: the lookups by key are `Unsupported`, and what an answer
+//!   that was lost stands for is found by id, by re-sending under the same key, or from the
+//!   webhooks and the report.
+//! - `idempotency_error` (the same key with another request) is a bug of ours: it is logged as
+//!   an error and reported as unknown, never retried with another body.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::body::Bytes;
+use chrono::{DateTime, Utc};
+use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+use reqwest::StatusCode;
+
+use super::form::Form;
+use super::reading::{
+    cancel_operation, capture_operation, charge_of, refund_operation, OperationRef,
+    METADATA_CAPTURE_KEY, METADATA_PAYMENT_ID, METADATA_PSP_KEY,
+};
+use super::wire::{ErrorBody, ErrorType, List, PaymentIntent, Refund, API_VERSION};
+use crate::provider::{
+    Capabilities, Charge, ChargeOutcome, CreateCharge, Operation, OperationAnswer, Provider,
+    ProviderError, ReportLine,
+};
+use crate::transport::{
+    decode, Answered, Call, CallError, ClientConfig, ClientInitError, Transport,
+};
+
+const FORM: &str = "application/x-www-form-urlencoded";
+
+/// What Stripe allows: lookups by id only, asynchronous refunds, keys planned for 23 hours
+/// (Stripe prunes them "at least 24 hours" after first use).
+pub const CAPABILITIES: Capabilities = Capabilities {
+    lookup_by_key: false,
+    lookup_by_id: true,
+    async_modifications: true,
+    key_lifetime: Duration::from_secs(23 * 60 * 60),
+};
+
+/// The most PaymentIntents one settlement report reads (100 pages of 100).
+pub const REPORT_INTENTS_MAX: usize = 10_000;
+
+/// A [`Provider`] speaking Stripe's API.
+#[derive(Debug)]
+pub struct StripeProvider {
+    transport: Transport,
+}
+
+/// Why a Stripe adapter could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum StripeInitError {
+    #[error("the Stripe API key is not a valid header value")]
+    ApiKeyInvalid,
+    #[error(transparent)]
+    Client(#[from] ClientInitError),
+}
+
+impl StripeProvider {
+    /// `base_url` is `https://api.stripe.com` (or a Stripe dialect simulator); `api_key` is the
+    /// account's secret key, sent as a Bearer token and never logged.
+    pub fn new(
+        name: impl Into<String>,
+        base_url: &str,
+        api_key: &str,
+        config: ClientConfig,
+    ) -> Result<StripeProvider, StripeInitError> {
+        let mut headers = HeaderMap::new();
+        let mut authorization = HeaderValue::from_str(&format!("Bearer {api_key}"))
+            .map_err(|_| StripeInitError::ApiKeyInvalid)?;
+        authorization.set_sensitive(true);
+        headers.insert(AUTHORIZATION, authorization);
+        headers.insert("Stripe-Version", HeaderValue::from_static(API_VERSION));
+        Ok(StripeProvider {
+            transport: Transport::new(name, base_url, config, headers)?,
+        })
+    }
+
+    async fn post(&self, segments: &[&str], key: &str, form: &Form) -> Result<Answered, CallError> {
+        let body = Bytes::from(form.encode());
+        let answered = self
+            .transport
+            .call(Call::write(self.transport.url(segments), key, body, FORM))
+            .await?;
+        let header = |name: &str| {
+            answered
+                .headers
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        tracing::info!(
+            provider = %self.transport.name(),
+            key,
+            request_id = %header("Request-Id"),
+            replayed = header("Idempotent-Replayed") == "true",
+            "stripe answered"
+        );
+        Ok(answered)
+    }
+
+    async fn post_object<T: serde::de::DeserializeOwned>(
+        &self,
+        segments: &[&str],
+        key: &str,
+        form: &Form,
+    ) -> Result<T, ProviderError> {
+        let answered = self
+            .post(segments, key, form)
+            .await
+            .map_err(|error| self.provider_error(error))?;
+        decode(&answered.body)
+    }
+
+    /// A refusal, unless it is `idempotency_error`: our bug, whose first request may have acted.
+    fn provider_error(&self, error: CallError) -> ProviderError {
+        if let Some((_, body)) = error.answered() {
+            if let Ok(ErrorBody { error: object }) = serde_json::from_slice::<ErrorBody>(body) {
+                if object.kind == ErrorType::IdempotencyError {
+                    tracing::error!(
+                        provider = %self.transport.name(),
+                        message = object.message.as_deref().unwrap_or_default(),
+                        "Stripe refused a key sent with another request: a bug of ours"
+                    );
+                    return ProviderError::Unknown {
+                        reason: "idempotency_error: the key was first sent with another request"
+                            .to_owned(),
+                    };
+                }
+            }
+        }
+        error.into_provider_error()
+    }
+
+    /// What a failed creation or confirmation says about the charge.
+    fn charge_outcome(&self, error: CallError) -> ChargeOutcome {
+        if let Some((StatusCode::PAYMENT_REQUIRED, body)) = error.answered() {
+            if let Ok(ErrorBody { error: object }) = serde_json::from_slice::<ErrorBody>(body) {
+                if let Some(intent) = object.payment_intent {
+                    return match charge_of(&intent) {
+                        Ok(charge) => ChargeOutcome::from_charge(charge),
+                        Err(error) => ChargeOutcome::Unknown {
+                            reason: error.to_string(),
+                        },
+                    };
+                }
+            }
+        }
+        match self.provider_error(error) {
+            ProviderError::Rejected(rejection) => ChargeOutcome::Rejected(rejection),
+            other => ChargeOutcome::Unknown {
+                reason: other.to_string(),
+            },
+        }
+    }
+
+    async fn intent(&self, id: &str) -> Result<Option<PaymentIntent>, ProviderError> {
+        let mut url = self.transport.url(&["v1", "payment_intents", id]);
+        url.query_pairs_mut()
+            .append_pair("expand[0]", "latest_charge");
+        self.transport.lookup(url).await
+    }
+}
+
+#[async_trait]
+impl Provider for StripeProvider {
+    fn name(&self) -> &str {
+        self.transport.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), key = %req.idempotency_key))]
+    async fn create_charge(&self, req: &CreateCharge) -> ChargeOutcome {
+        let mut metadata: BTreeMap<String, String> = req.metadata.clone();
+        if let Some(reference) = &req.reference {
+            metadata.insert(METADATA_PAYMENT_ID.to_owned(), reference.clone());
+        }
+        metadata.insert(METADATA_PSP_KEY.to_owned(), req.idempotency_key.clone());
+        let create = Form::new()
+            .field("amount", req.amount_minor.to_string())
+            .field("currency", req.currency.to_ascii_lowercase())
+            .field("payment_method", &req.payment_method)
+            .field(
+                "capture_method",
+                if req.capture { "automatic" } else { "manual" },
+            )
+            .list("payment_method_types", ["card"])
+            .map("metadata", &metadata);
+        let created = match self
+            .post(&["v1", "payment_intents"], &req.idempotency_key, &create)
+            .await
+        {
+            Ok(answered) => answered,
+            Err(error) => return self.charge_outcome(error),
+        };
+        let intent: PaymentIntent = match decode(&created.body) {
+            Ok(intent) => intent,
+            Err(error) => {
+                return ChargeOutcome::Unknown {
+                    reason: error.to_string(),
+                }
+            }
+        };
+        let confirm = Form::new().list("expand", ["latest_charge"]);
+        let key = format!("{}:confirm", req.idempotency_key);
+        match self
+            .post(
+                &["v1", "payment_intents", &intent.id, "confirm"],
+                &key,
+                &confirm,
+            )
+            .await
+        {
+            Ok(answered) => match decode::<PaymentIntent>(&answered.body)
+                .and_then(|intent| charge_of(&intent))
+            {
+                Ok(charge) => ChargeOutcome::from_charge(charge),
+                Err(error) => ChargeOutcome::Unknown {
+                    reason: error.to_string(),
+                },
+            },
+            Err(error) => self.charge_outcome(error),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), charge_id, key = %idempotency_key))]
+    async fn capture(
+        &self,
+        charge_id: &str,
+        amount_minor: Option<i64>,
+        idempotency_key: &str,
+    ) -> Result<OperationAnswer, ProviderError> {
+        let form = Form::new()
+            .optional(
+                "amount_to_capture",
+                amount_minor.map(|amount| amount.to_string()),
+            )
+            .map(
+                "metadata",
+                &BTreeMap::from([(METADATA_CAPTURE_KEY.to_owned(), idempotency_key.to_owned())]),
+            )
+            .list("expand", ["latest_charge"]);
+        let intent: PaymentIntent = self
+            .post_object(
+                &["v1", "payment_intents", charge_id, "capture"],
+                idempotency_key,
+                &form,
+            )
+            .await?;
+        Ok(OperationAnswer {
+            operation: capture_operation(&intent, Some(idempotency_key)),
+            charge: charge_of(&intent).ok(),
+        })
+    }
+
+    #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), charge_id, key = %idempotency_key))]
+    async fn refund(
+        &self,
+        charge_id: &str,
+        amount_minor: i64,
+        idempotency_key: &str,
+    ) -> Result<OperationAnswer, ProviderError> {
+        let form = Form::new()
+            .field("payment_intent", charge_id)
+            .field("amount", amount_minor.to_string())
+            .map(
+                "metadata",
+                &BTreeMap::from([(METADATA_PSP_KEY.to_owned(), idempotency_key.to_owned())]),
+            );
+        let refund: Refund = self
+            .post_object(&["v1", "refunds"], idempotency_key, &form)
+            .await?;
+        Ok(OperationAnswer {
+            operation: refund_operation(&refund, Some(idempotency_key)),
+            charge: None,
+        })
+    }
+
+    #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), charge_id, key = %idempotency_key))]
+    async fn cancel(
+        &self,
+        charge_id: &str,
+        idempotency_key: &str,
+    ) -> Result<OperationAnswer, ProviderError> {
+        let form = Form::new().list("expand", ["latest_charge"]);
+        let intent: PaymentIntent = self
+            .post_object(
+                &["v1", "payment_intents", charge_id, "cancel"],
+                idempotency_key,
+                &form,
+            )
+            .await?;
+        Ok(OperationAnswer {
+            operation: cancel_operation(&intent, idempotency_key),
+            charge: charge_of(&intent).ok(),
+        })
+    }
+
+    #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), charge_id))]
+    async fn get_charge(&self, charge_id: &str) -> Result<Option<Charge>, ProviderError> {
+        match self.intent(charge_id).await? {
+            Some(intent) => charge_of(&intent).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn find_charge_by_key(&self, _key: &str) -> Result<Option<Charge>, ProviderError> {
+        Err(ProviderError::Unsupported {
+            what: "look a PaymentIntent up by our idempotency key (Stripe has no such lookup)"
+                .to_owned(),
+        })
+    }
+
+    async fn find_operation_by_key(&self, _key: &str) -> Result<Option<Operation>, ProviderError> {
+        Err(ProviderError::Unsupported {
+            what: "look a refund or capture up by our idempotency key (Stripe has no such lookup)"
+                .to_owned(),
+        })
+    }
+
+    #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), operation_id = %id))]
+    async fn get_operation(&self, id: &str) -> Result<Option<Operation>, ProviderError> {
+        match OperationRef::parse(id) {
+            Some(OperationRef::Refund(refund)) => {
+                let url = self.transport.url(&["v1", "refunds", refund]);
+                let refund: Option<Refund> = self.transport.lookup(url).await?;
+                Ok(refund.map(|refund| refund_operation(&refund, None)))
+            }
+            Some(OperationRef::Capture(intent)) => Ok(self
+                .intent(intent)
+                .await?
+                .map(|intent| capture_operation(&intent, None))),
+            Some(OperationRef::Cancel(intent)) => Ok(self
+                .intent(intent)
+                .await?
+                .map(|intent| cancel_operation(&intent, ""))),
+            None => Ok(None),
+        }
+    }
+
+    /// The PaymentIntents created in `[from, to)`, each as it stands, with Stripe's fee from its
+    /// charge's balance transaction.
+    #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), %from, %to))]
+    async fn settlement_report(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<Vec<ReportLine>, ProviderError> {
+        let mut lines = Vec::new();
+        let mut cursor: Option<String> = None;
+        let mut read = 0usize;
+        loop {
+            let mut url = self.transport.url(&["v1", "payment_intents"]);
+            {
+                let mut query = url.query_pairs_mut();
+                query
+                    .append_pair("limit", "100")
+                    .append_pair("created[gte]", &from.timestamp().to_string())
+                    .append_pair("created[lt]", &to.timestamp().to_string())
+                    .append_pair("expand[0]", "data.latest_charge.balance_transaction");
+                if let Some(cursor) = &cursor {
+                    query.append_pair("starting_after", cursor);
+                }
+            }
+            let page: List<PaymentIntent> = self.transport.object(Call::read(url)).await?;
+            read += page.data.len();
+            for intent in &page.data {
+                let Ok(charge) = charge_of(intent) else {
+                    continue;
+                };
+                let fee_minor = intent
+                    .latest_charge
+                    .as_ref()
+                    .and_then(|charge| charge.object())
+                    .and_then(|charge| charge.balance_transaction.as_ref())
+                    .and_then(|txn| txn.object())
+                    .map_or(0, |txn| txn.fee);
+                lines.push(ReportLine {
+                    charge_id: charge.id.clone(),
+                    status: charge.status,
+                    amount_minor: charge.amount_minor,
+                    amount_captured: charge.amount_captured,
+                    amount_refunded: charge.amount_refunded,
+                    fee_minor,
+                    currency: charge.currency.clone(),
+                    reference: charge.reference.clone(),
+                    idempotency_key: charge.idempotency_key.clone(),
+                    dispute_status: None,
+                    dispute: None,
+                    last_touched: charge.updated,
+                });
+            }
+            cursor = page.data.last().map(|intent| intent.id.clone());
+            if !page.has_more || cursor.is_none() {
+                break;
+            }
+            if read >= REPORT_INTENTS_MAX {
+                return Err(ProviderError::Unknown {
+                    reason: format!(
+                        "more than {REPORT_INTENTS_MAX} PaymentIntents in one report window"
+                    ),
+                });
+            }
+        }
+        Ok(lines)
+    }
+}

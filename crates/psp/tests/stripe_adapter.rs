@@ -1,0 +1,258 @@
+//! The Stripe adapter against the simulator's Stripe dialect over real HTTP: what each answer
+//! means in the port's terms, and that a lost answer re-sent under the same keys converges to
+//! one PaymentIntent.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use asiento_psp::sim::Dialect;
+use asiento_psp::stripe::StripeProvider;
+use asiento_psp::{
+    ChargeOutcome, ChargeStatus, ClientConfig, CreateCharge, OperationStatus, Provider,
+    ProviderError, SimConfig,
+};
+use chrono::{Duration, Utc};
+
+use common::{bounded, RunningSim};
+
+async fn stripe_sim(hang_ms: u64) -> RunningSim {
+    RunningSim::start(SimConfig {
+        dialect: Dialect::Stripe,
+        fee_bps: 290,
+        hang_ms,
+        ..SimConfig::default()
+    })
+    .await
+}
+
+fn adapter(sim: &RunningSim, request_timeout_ms: u64) -> StripeProvider {
+    let config = ClientConfig {
+        connect_timeout_ms: 500,
+        request_timeout_ms,
+        attempts_max: 3,
+        backoff_base_ms: 5,
+        backoff_max_ms: 20,
+        ..ClientConfig::default()
+    };
+    StripeProvider::new("stripe", &sim.base, "sk_test_adapter", config).unwrap()
+}
+
+fn charge(key: &str, method: &str, capture: bool) -> CreateCharge {
+    CreateCharge {
+        idempotency_key: key.to_owned(),
+        amount_minor: 1000,
+        currency: "USD".to_owned(),
+        payment_method: method.to_owned(),
+        capture,
+        reference: Some(format!("pay_{key}")),
+        metadata: BTreeMap::from([("order".to_owned(), "42".to_owned())]),
+    }
+}
+
+#[tokio::test]
+async fn a_captured_payment_is_a_succeeded_payment_intent_and_a_re_send_finds_the_same() {
+    bounded(async {
+        let sim = stripe_sim(30_000).await;
+        let stripe = adapter(&sim, 2_000);
+        let ChargeOutcome::Succeeded(first) = stripe
+            .create_charge(&charge("k1", "pm_card_visa", true))
+            .await
+        else {
+            panic!("a visa test card succeeds");
+        };
+        assert!(first.id.starts_with("pi_"), "{}", first.id);
+        assert_eq!((first.amount_minor, first.amount_captured), (1000, 1000));
+        assert_eq!(first.currency, "USD");
+        assert_eq!(first.reference.as_deref(), Some("pay_k1"));
+        assert_eq!(first.idempotency_key, "k1");
+        assert_eq!(first.metadata.get("order").map(String::as_str), Some("42"));
+        let ChargeOutcome::Succeeded(again) = stripe
+            .create_charge(&charge("k1", "pm_card_visa", true))
+            .await
+        else {
+            panic!("a re-send answers the same");
+        };
+        assert_eq!(again.id, first.id, "one PaymentIntent for one key");
+        let read = stripe.get_charge(&first.id).await.unwrap().unwrap();
+        assert_eq!(read.status, ChargeStatus::Succeeded);
+        assert_eq!(stripe.get_charge("pi_missing").await.unwrap(), None);
+        sim.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_authorisation_is_captured_in_part_and_refunded_as_operations() {
+    bounded(async {
+        let sim = stripe_sim(30_000).await;
+        let stripe = adapter(&sim, 2_000);
+        let ChargeOutcome::Authorized(authorized) = stripe
+            .create_charge(&charge("k2", "pm_card_visa", false))
+            .await
+        else {
+            panic!("manual capture authorizes");
+        };
+        let captured = stripe
+            .capture(&authorized.id, Some(600), "k2:capture:1")
+            .await
+            .unwrap();
+        assert_eq!(captured.operation.status, OperationStatus::Succeeded);
+        assert_eq!(captured.operation.amount_minor, 600);
+        assert_eq!(captured.operation.idempotency_key, "k2:capture:1");
+        let read = stripe
+            .get_operation(&captured.operation.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            read.idempotency_key, "k2:capture:1",
+            "the capture key travels in metadata"
+        );
+        assert_eq!(read.status, OperationStatus::Succeeded);
+
+        let refund = stripe
+            .refund(&authorized.id, 250, "k2:refund:1")
+            .await
+            .unwrap();
+        assert!(refund.operation.id.starts_with("re_"));
+        assert_eq!(refund.operation.status, OperationStatus::Succeeded);
+        assert_eq!(refund.operation.charge, authorized.id);
+        let read = stripe
+            .get_operation(&refund.operation.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            read.idempotency_key, "k2:refund:1",
+            "the refund key travels in metadata"
+        );
+        assert_eq!(read.amount_minor, 250);
+
+        let over = stripe.refund(&authorized.id, 351, "k2:refund:2").await;
+        let Err(ProviderError::Rejected(rejection)) = over else {
+            panic!("a refund above what is left is refused: {over:?}");
+        };
+        assert_eq!(rejection.code, "amount_too_large");
+        let charge = stripe.get_charge(&authorized.id).await.unwrap().unwrap();
+        assert_eq!((charge.amount_captured, charge.amount_refunded), (600, 250));
+        sim.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn declines_redirects_and_cancels_mean_what_they_say() {
+    bounded(async {
+        let sim = stripe_sim(30_000).await;
+        let stripe = adapter(&sim, 2_000);
+        let ChargeOutcome::Declined(declined) = stripe
+            .create_charge(&charge("k3", "pm_card_chargeDeclined", true))
+            .await
+        else {
+            panic!("a declining test card declines");
+        };
+        assert!(
+            declined.id.starts_with("pi_"),
+            "the 402 carries the PaymentIntent"
+        );
+        assert_eq!(declined.failure_code.as_deref(), Some("generic_decline"));
+
+        let ChargeOutcome::RequiresAction(waiting) = stripe
+            .create_charge(&charge("k4", "pm_card_authenticationRequired", true))
+            .await
+        else {
+            panic!("3-D Secure waits for the customer");
+        };
+        let action = waiting.next_action.as_ref().expect("a redirect");
+        assert!(
+            action.redirect_url.contains("/authenticate"),
+            "{}",
+            action.redirect_url
+        );
+        let canceled = stripe.cancel(&waiting.id, "k4:cancel").await.unwrap();
+        assert_eq!(canceled.operation.status, OperationStatus::Succeeded);
+        let after = stripe.get_charge(&waiting.id).await.unwrap().unwrap();
+        assert_eq!(after.status, ChargeStatus::Failed);
+        assert_eq!(after.failure_code.as_deref(), Some("canceled"));
+        sim.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_lost_confirm_answer_re_sent_under_the_same_keys_is_one_payment_intent() {
+    bounded(async {
+        // The confirmation of pm_card_timeout charges, then holds its answer 400 ms, past the
+        // adapter's 150 ms: the outcome is unknown, never declined.
+        let sim = stripe_sim(400).await;
+        let stripe = adapter(&sim, 150);
+        let lost = stripe
+            .create_charge(&charge("k5", "pm_card_timeout", true))
+            .await;
+        assert!(matches!(lost, ChargeOutcome::Unknown { .. }), "{lost:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let ChargeOutcome::Succeeded(found) = stripe
+            .create_charge(&charge("k5", "pm_card_timeout", true))
+            .await
+        else {
+            panic!("the re-send replays the confirmation");
+        };
+        let charges = sim.sim.charges();
+        assert_eq!(charges.len(), 1, "one charge at the provider: {charges:?}");
+        assert_eq!(
+            found.id.trim_start_matches("pi_"),
+            charges[0].id.trim_start_matches("ch_")
+        );
+        sim.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn there_is_no_lookup_by_key_and_the_report_lists_the_window_with_fees() {
+    bounded(async {
+        let sim = stripe_sim(30_000).await;
+        let stripe = adapter(&sim, 2_000);
+        assert!(!stripe.capabilities().lookup_by_key);
+        assert!(matches!(
+            stripe.find_charge_by_key("k6").await,
+            Err(ProviderError::Unsupported { .. })
+        ));
+        assert!(matches!(
+            stripe.find_operation_by_key("k6").await,
+            Err(ProviderError::Unsupported { .. })
+        ));
+        for n in 0..3 {
+            let outcome = stripe
+                .create_charge(&charge(&format!("r{n}"), "pm_card_visa", true))
+                .await;
+            assert!(
+                matches!(outcome, ChargeOutcome::Succeeded(_)),
+                "{outcome:?}"
+            );
+        }
+        let now = Utc::now();
+        let report = stripe
+            .settlement_report(now - Duration::minutes(5), now + Duration::minutes(5))
+            .await
+            .unwrap();
+        assert_eq!(report.len(), 3);
+        for line in &report {
+            assert_eq!(line.amount_captured, 1000);
+            assert_eq!(line.fee_minor, 29, "2.9 % from the balance transaction");
+            assert!(line
+                .reference
+                .as_deref()
+                .is_some_and(|r| r.starts_with("pay_r")));
+        }
+        let earlier = stripe
+            .settlement_report(now - Duration::hours(2), now - Duration::hours(1))
+            .await
+            .unwrap();
+        assert!(earlier.is_empty());
+        sim.shutdown().await;
+    })
+    .await;
+}
