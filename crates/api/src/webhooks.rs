@@ -7,7 +7,9 @@
 //! A refusal (unknown provider, bad or stale signature, malformed body) is a 400 problem with a
 //! stable code and stores nothing; a failure of ours is a 500, which makes the provider retry.
 
-use asiento_app::webhooks::{ReceiveError, WebhookReceiver, SIGNATURE_HEADER};
+use asiento_app::webhooks::{
+    ReceiveError, WebhookReceiver, SIGNATURE_HEADER, STRIPE_SIGNATURE_HEADER,
+};
 use axum::{
     body::Bytes,
     extract::{Path, State},
@@ -36,8 +38,10 @@ where
     S: HasWebhooks + Clone + Send + Sync + 'static,
 {
     // A header that is not visible ASCII cannot be a valid signature: treated as missing.
+    // Stripe's header carries the same scheme under its own name.
     let signature = headers
         .get(SIGNATURE_HEADER)
+        .or_else(|| headers.get(STRIPE_SIGNATURE_HEADER))
         .and_then(|value| value.to_str().ok());
     match state.webhooks().receive(&provider, signature, &body).await {
         Ok(received) => Json(serde_json::json!({

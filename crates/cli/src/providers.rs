@@ -1,5 +1,8 @@
-//! Provider configuration from flags: which providers exist, where they live and what the
-//! platform charges on each (`--psp-url`, `--providers`, `--fees`).
+//! Provider configuration from flags and the environment: which providers exist, what they are
+//! (`sim` or `stripe`), where they live and what the platform charges on each (`--psp-url`,
+//! `--providers`, `--fees`), and their secrets, which come only from the environment
+//! (`ASIENTO_PROVIDER_<NAME>_API_KEY`, `ASIENTO_PROVIDER_<NAME>_WEBHOOK_SECRET`, or the same
+//! names with `_FILE` naming a file that holds the secret), never from the command line.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -7,35 +10,125 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use asiento_app::providers::{ConfiguredProvider, Providers};
 use asiento_domain::{Amount, FeeSchedule, ProviderName};
-use asiento_psp::{ClientConfig, HttpProvider};
+use asiento_psp::stripe::StripeProvider;
+use asiento_psp::{ClientConfig, EventFormat, HttpProvider, Provider};
 
 /// The provider a payment uses when it names none, and the one `--psp-url` configures.
 pub const DEFAULT_PROVIDER: &str = "sim";
 
-/// `name=url,name=url` from `--providers`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProviderUrls(pub Vec<(ProviderName, String)>);
+/// Which protocol a provider's adapter speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProviderKind {
+    /// The simulator's protocol (`asiento psp-sim`, or the in-process simulator).
+    Sim,
+    /// Stripe's API (`https://api.stripe.com`, or `asiento psp-sim --dialect stripe`).
+    Stripe,
+}
 
-pub fn parse_provider_urls(raw: &str) -> Result<ProviderUrls, String> {
-    let mut pairs: Vec<(ProviderName, String)> = Vec::new();
+impl ProviderKind {
+    fn parse(text: &str) -> Option<ProviderKind> {
+        match text {
+            "sim" => Some(ProviderKind::Sim),
+            "stripe" => Some(ProviderKind::Stripe),
+            _ => None,
+        }
+    }
+
+    /// How its webhook bodies are written.
+    pub fn event_format(self) -> EventFormat {
+        match self {
+            ProviderKind::Sim => EventFormat::Sim,
+            ProviderKind::Stripe => EventFormat::Stripe,
+        }
+    }
+}
+
+/// One configured provider.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProviderSpec {
+    pub name: ProviderName,
+    pub kind: ProviderKind,
+    pub url: String,
+}
+
+/// `name=kind:url,…` from `--providers` (`name=url` is kind `sim`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProviderSpecs(pub Vec<ProviderSpec>);
+
+impl ProviderSpecs {
+    /// One provider of the simulator's protocol.
+    pub fn sim(name: ProviderName, url: String) -> ProviderSpecs {
+        ProviderSpecs(vec![ProviderSpec {
+            name,
+            kind: ProviderKind::Sim,
+            url,
+        }])
+    }
+}
+
+pub fn parse_providers(raw: &str) -> Result<ProviderSpecs, String> {
+    let mut specs: Vec<ProviderSpec> = Vec::new();
     for item in raw
         .split(',')
         .map(str::trim)
         .filter(|item| !item.is_empty())
     {
-        let (name, url) = item
+        let (name, target) = item
             .split_once('=')
-            .ok_or_else(|| format!("expected name=url, got {item:?}"))?;
+            .ok_or_else(|| format!("expected name=kind:url, got {item:?}"))?;
         let name = ProviderName::parse(name.trim()).map_err(|error| error.to_string())?;
-        if pairs.iter().any(|(existing, _)| existing == &name) {
+        let target = target.trim();
+        let (kind, url) = match target.split_once(':') {
+            Some((kind, url)) if !url.starts_with("//") => (
+                ProviderKind::parse(kind).ok_or_else(|| {
+                    format!("provider {name}: unknown kind {kind:?} (expected sim or stripe)")
+                })?,
+                url,
+            ),
+            _ => (ProviderKind::Sim, target),
+        };
+        if specs.iter().any(|existing| existing.name == name) {
             return Err(format!("provider {name} is configured twice"));
         }
-        pairs.push((name, url.trim().to_owned()));
+        specs.push(ProviderSpec {
+            name,
+            kind,
+            url: url.to_owned(),
+        });
     }
-    if pairs.is_empty() {
-        return Err("no name=url pair given".to_owned());
+    if specs.is_empty() {
+        return Err("no name=kind:url pair given".to_owned());
     }
-    Ok(ProviderUrls(pairs))
+    Ok(ProviderSpecs(specs))
+}
+
+/// A provider's secret from the environment: `ASIENTO_PROVIDER_<NAME>_<WHAT>`, or the file
+/// `ASIENTO_PROVIDER_<NAME>_<WHAT>_FILE` names (its contents, trimmed).
+pub fn provider_secret(
+    name: &ProviderName,
+    what: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Option<String>> {
+    let variable = format!(
+        "ASIENTO_PROVIDER_{}_{what}",
+        name.as_str().to_ascii_uppercase().replace('-', "_")
+    );
+    let file_variable = format!("{variable}_FILE");
+    let secret = match (env(&variable), env(&file_variable)) {
+        (Some(_), Some(_)) => {
+            anyhow::bail!("set {variable} or {file_variable}, not both")
+        }
+        (Some(secret), None) => secret,
+        (None, Some(path)) => std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {file_variable} ({path})"))?
+            .trim()
+            .to_owned(),
+        (None, None) => return Ok(None),
+    };
+    if secret.is_empty() {
+        anyhow::bail!("{variable} is empty");
+    }
+    Ok(Some(secret))
 }
 
 /// `--fees`: `300` (basis points for every provider) or `name:bps[+fixed],…` per provider.
@@ -90,22 +183,45 @@ pub fn parse_fees(raw: &str) -> Result<Fees, String> {
     Ok(fees)
 }
 
-/// Builds the HTTP adapters for every configured provider.
-pub fn build(urls: &ProviderUrls, fees: &Fees, client: &ClientConfig) -> anyhow::Result<Providers> {
+/// Builds the adapter of every configured provider; `env` reads the environment (their API keys).
+pub fn build(
+    specs: &ProviderSpecs,
+    fees: &Fees,
+    client: &ClientConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Providers> {
     let mut providers = Vec::new();
-    for (name, url) in &urls.0 {
-        let adapter = HttpProvider::new(name.as_str(), url, client.clone())
-            .with_context(|| format!("configuring provider {name} at {url}"))?;
+    for spec in &specs.0 {
+        let (name, url) = (&spec.name, &spec.url);
+        let adapter: Arc<dyn Provider> = match spec.kind {
+            ProviderKind::Sim => Arc::new(
+                HttpProvider::new(name.as_str(), url, client.clone())
+                    .with_context(|| format!("configuring provider {name} at {url}"))?,
+            ),
+            ProviderKind::Stripe => {
+                let key = provider_secret(name, "API_KEY", env)?.with_context(|| {
+                    format!(
+                        "provider {name} (stripe) needs its secret key in \
+                         ASIENTO_PROVIDER_{}_API_KEY (or _API_KEY_FILE)",
+                        name.as_str().to_ascii_uppercase().replace('-', "_")
+                    )
+                })?;
+                Arc::new(
+                    StripeProvider::new(name.as_str(), url, &key, client.clone())
+                        .with_context(|| format!("configuring provider {name} at {url}"))?,
+                )
+            }
+        };
         providers.push((
             name.clone(),
             ConfiguredProvider {
-                adapter: Arc::new(adapter),
+                adapter,
                 fees: fees.for_provider(name),
             },
         ));
     }
     for name in fees.per_provider.keys() {
-        if !urls.0.iter().any(|(configured, _)| configured == name) {
+        if !specs.0.iter().any(|spec| &spec.name == name) {
             anyhow::bail!("--fees names provider {name}, which is not configured");
         }
     }
@@ -120,20 +236,77 @@ mod tests {
         ProviderName::parse(raw).expect("name")
     }
 
+    fn spec(raw: &str, kind: ProviderKind, url: &str) -> ProviderSpec {
+        ProviderSpec {
+            name: name(raw),
+            kind,
+            url: url.to_owned(),
+        }
+    }
+
     #[test]
-    fn provider_urls_are_name_equals_url() {
-        let parsed = parse_provider_urls("sim=http://127.0.0.1:8081, acme=http://127.0.0.1:9000")
-            .expect("valid");
+    fn providers_are_name_equals_kind_and_url() {
+        let parsed = parse_providers(
+            "sim=http://127.0.0.1:8081, acme=sim:http://127.0.0.1:9000,\
+             stripe=stripe:https://api.stripe.com",
+        )
+        .expect("valid");
         assert_eq!(
             parsed.0,
             vec![
-                (name("sim"), "http://127.0.0.1:8081".to_owned()),
-                (name("acme"), "http://127.0.0.1:9000".to_owned()),
+                spec("sim", ProviderKind::Sim, "http://127.0.0.1:8081"),
+                spec("acme", ProviderKind::Sim, "http://127.0.0.1:9000"),
+                spec("stripe", ProviderKind::Stripe, "https://api.stripe.com"),
             ]
         );
-        for bad in ["", "sim", "Sim=http://x", "sim=http://a,sim=http://b"] {
-            assert!(parse_provider_urls(bad).is_err(), "{bad:?}");
+        for bad in [
+            "",
+            "sim",
+            "Sim=http://x",
+            "sim=http://a,sim=http://b",
+            "x=adyen:https://a",
+        ] {
+            assert!(parse_providers(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn secrets_come_from_the_environment_or_a_file_it_names() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("key");
+        std::fs::write(&file, "sk_test_from_file\n").expect("write");
+        let file = file.display().to_string();
+        let env = |variable: &str| match variable {
+            "ASIENTO_PROVIDER_STRIPE_API_KEY" => Some("sk_test_env".to_owned()),
+            "ASIENTO_PROVIDER_EU_STRIPE_API_KEY_FILE" => Some(file.clone()),
+            "ASIENTO_PROVIDER_BOTH_API_KEY" | "ASIENTO_PROVIDER_BOTH_API_KEY_FILE" => {
+                Some("x".to_owned())
+            }
+            "ASIENTO_PROVIDER_EMPTY_API_KEY" => Some(String::new()),
+            _ => None,
+        };
+        let read = |raw: &str| provider_secret(&name(raw), "API_KEY", &env);
+        assert_eq!(read("stripe").expect("set").as_deref(), Some("sk_test_env"));
+        assert_eq!(
+            read("eu-stripe").expect("file").as_deref(),
+            Some("sk_test_from_file")
+        );
+        assert_eq!(read("other").expect("unset"), None);
+        assert!(read("both").is_err());
+        assert!(read("empty").is_err());
+
+        let specs = parse_providers("stripe=stripe:http://127.0.0.1:1").expect("valid");
+        let none = |_: &str| None;
+        let Err(error) = build(&specs, &Fees::default(), &ClientConfig::default(), &none) else {
+            panic!("a Stripe provider needs its key");
+        };
+        assert!(
+            error
+                .to_string()
+                .contains("ASIENTO_PROVIDER_STRIPE_API_KEY"),
+            "{error}"
+        );
+        build(&specs, &Fees::default(), &ClientConfig::default(), &env).expect("with its key");
     }
 
     #[test]

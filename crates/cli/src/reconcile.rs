@@ -16,7 +16,7 @@ use asiento_app::reconcile::{Reconciler, ReconcilerConfig};
 use asiento_domain::exception::ExceptionStatus;
 use asiento_psp::ClientConfig;
 
-use crate::providers::{parse_fees, parse_provider_urls, Fees, ProviderUrls, DEFAULT_PROVIDER};
+use crate::providers::{parse_fees, parse_providers, Fees, ProviderSpecs, DEFAULT_PROVIDER};
 use crate::DatabaseArgs;
 
 /// How long `reconcile` waits for a sweep running elsewhere to release the lease.
@@ -37,9 +37,9 @@ pub struct ReconcileArgs {
     #[arg(long, env = "ASIENTO_PSP_URL")]
     pub psp_url: Option<String>,
 
-    /// Several providers at once: `name=url,name=url`.
-    #[arg(long, env = "ASIENTO_PROVIDERS", value_parser = parse_provider_urls, conflicts_with = "psp_url")]
-    pub providers: Option<ProviderUrls>,
+    /// Several providers at once: `name=kind:url,…` (see `serve --providers`).
+    #[arg(long, env = "ASIENTO_PROVIDERS", value_parser = parse_providers, conflicts_with = "psp_url")]
+    pub providers: Option<ProviderSpecs>,
 
     /// Platform fees: `300` basis points for every provider, or `name:bps[+fixed],…`.
     #[arg(long, env = "ASIENTO_FEES", value_parser = parse_fees, default_value = "300")]
@@ -124,13 +124,14 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
     let database = crate::serve::connect(&args.database.database_url).await?;
     let urls = match (args.providers, args.psp_url) {
         (Some(urls), _) => urls,
-        (None, url) => ProviderUrls(vec![(
+        (None, url) => ProviderSpecs::sim(
             asiento_domain::ProviderName::parse(DEFAULT_PROVIDER)
                 .context("the default provider name")?,
             url.unwrap_or_else(|| IN_PROCESS_SIM_URL_DEFAULT.to_owned()),
-        )]),
+        ),
     };
-    let providers = crate::providers::build(&urls, &args.fees, &ClientConfig::default())?;
+    let env = |variable: &str| std::env::var(variable).ok();
+    let providers = crate::providers::build(&urls, &args.fees, &ClientConfig::default(), &env)?;
     let store = database.event_store();
     let flow = PaymentFlow {
         database: database.clone(),

@@ -19,7 +19,9 @@ use asiento_eventstore::{Database, EventStore};
 use asiento_psp::{sim::SimConfig, ClientConfig, Simulator};
 use tokio::sync::watch;
 
-use crate::providers::{parse_fees, parse_provider_urls, Fees, ProviderUrls, DEFAULT_PROVIDER};
+use crate::providers::{
+    parse_fees, parse_providers, provider_secret, Fees, ProviderSpecs, DEFAULT_PROVIDER,
+};
 use crate::DatabaseArgs;
 
 /// Which parts of the system this process runs. Several processes with different roles may share
@@ -73,9 +75,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ASIENTO_PSP_URL")]
     pub psp_url: Option<String>,
 
-    /// Several providers at once: `name=url,name=url` (each a Stripe-like API such as psp-sim).
-    #[arg(long, env = "ASIENTO_PROVIDERS", value_parser = parse_provider_urls, conflicts_with = "psp_url")]
-    pub providers: Option<ProviderUrls>,
+    /// Several providers at once: `name=kind:url,…`, kind `sim` (our simulator's protocol, the
+    /// default: `name=url`) or `stripe` (e.g. `stripe=stripe:https://api.stripe.com`). Secrets
+    /// come from the environment: `ASIENTO_PROVIDER_<NAME>_API_KEY` and `…_WEBHOOK_SECRET`.
+    #[arg(long, env = "ASIENTO_PROVIDERS", value_parser = parse_providers, conflicts_with = "psp_url")]
+    pub providers: Option<ProviderSpecs>,
 
     /// Platform fees: `300` basis points for every provider, or `name:bps[+fixed],…`.
     #[arg(long, env = "ASIENTO_FEES", value_parser = parse_fees, default_value = "300")]
@@ -366,7 +370,7 @@ fn duration_ms(duration: Duration) -> i64 {
 struct Core {
     payments: PaymentFlow,
     ledger: LedgerFlow,
-    urls: ProviderUrls,
+    urls: ProviderSpecs,
     /// The in-process simulator, when no provider URL was given.
     simulator: Option<Simulator>,
     secrets: WebhookSecrets,
@@ -391,7 +395,7 @@ impl Core {
         }
         let (urls, simulator) = match (&args.providers, &args.psp_url) {
             (Some(urls), _) => (urls.clone(), None),
-            (None, Some(url)) => (ProviderUrls(vec![(sim_name, url.clone())]), None),
+            (None, Some(url)) => (ProviderSpecs::sim(sim_name, url.clone()), None),
             (None, None) if args.role.serves_api() => {
                 // The in-process simulator signs with `sim`'s secret (random unless given) and
                 // delivers to this very process.
@@ -414,7 +418,7 @@ impl Core {
                     .spawn_webhook_dispatcher(wait_for(stopped.clone()))
                     .context("starting the simulator's webhook dispatcher")?;
                 let url = format!("http://{address}/sim");
-                (ProviderUrls(vec![(sim_name, url)]), Some(simulator))
+                (ProviderSpecs::sim(sim_name, url), Some(simulator))
             }
             (None, None) => anyhow::bail!(
                 "--role {:?} needs --psp-url or --providers: the in-process simulator lives in the \
@@ -422,12 +426,17 @@ impl Core {
                 args.role
             ),
         };
-        for (name, _) in &urls.0 {
-            if secrets.get(name.as_str()).is_none() {
-                tracing::warn!(provider = %name, "no webhook secret: its webhooks will be refused");
+        let env = |variable: &str| std::env::var(variable).ok();
+        for spec in &urls.0 {
+            if let Some(secret) = provider_secret(&spec.name, "WEBHOOK_SECRET", &env)? {
+                secrets.set(&spec.name, &secret).context("webhook secret")?;
+            }
+            secrets.set_format(&spec.name, spec.kind.event_format());
+            if secrets.get(spec.name.as_str()).is_none() {
+                tracing::warn!(provider = %spec.name, "no webhook secret: its webhooks will be refused");
             }
         }
-        let providers = crate::providers::build(&urls, &args.fees, &client)?;
+        let providers = crate::providers::build(&urls, &args.fees, &client, &env)?;
         let clock = Arc::new(SystemClock);
         let render = Arc::new(asiento_api::render::JsonRender);
         let store = Arc::clone(store);
@@ -485,8 +494,8 @@ impl Core {
         if let Some(simulator) = &self.simulator {
             app = app.merge(simulator.mounted_router());
         }
-        for (name, url) in &self.urls.0 {
-            println!("provider {name}: {url}");
+        for spec in &self.urls.0 {
+            println!("provider {} ({:?}): {}", spec.name, spec.kind, spec.url);
         }
         let key = match demo_key {
             Some(key) => {

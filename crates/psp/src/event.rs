@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::provider::{Charge, Operation};
+use crate::provider::{Charge, Operation, ProviderError};
 
 /// What happened to the charge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -74,6 +74,61 @@ pub struct WebhookEvent {
     /// Unix seconds.
     pub created: i64,
     pub data: EventData,
+}
+
+/// Reads a body of the simulator's protocol: the event itself.
+pub fn read(body: &[u8]) -> Result<WebhookEvent, ProviderError> {
+    serde_json::from_slice(body).map_err(|error| ProviderError::Protocol {
+        reason: format!("the body is not a webhook event: {error}"),
+    })
+}
+
+/// How a provider writes its webhook bodies, for what the receiver reads before storing one:
+/// the event's id, its type, and the payment it names when the body says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EventFormat {
+    /// The simulator's protocol: [`WebhookEvent`].
+    #[default]
+    Sim,
+    /// Stripe's event object; its `data.object` carries our payment id in its metadata when it
+    /// is a PaymentIntent or a charge.
+    Stripe,
+}
+
+/// What the receiver stores beside a verified body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Envelope {
+    pub id: String,
+    pub kind: String,
+    pub payment_ref: Option<String>,
+}
+
+impl EventFormat {
+    pub fn envelope(self, body: &[u8]) -> Result<Envelope, String> {
+        match self {
+            EventFormat::Sim => {
+                let event = read(body).map_err(|error| error.to_string())?;
+                Ok(Envelope {
+                    id: event.id,
+                    kind: event.kind.as_str().to_owned(),
+                    payment_ref: event.data.charge.reference,
+                })
+            }
+            EventFormat::Stripe => {
+                let event: crate::stripe::wire::Event =
+                    serde_json::from_slice(body).map_err(|error| error.to_string())?;
+                let payment_ref = event.data.object["metadata"]
+                    [crate::stripe::reading::METADATA_PAYMENT_ID]
+                    .as_str()
+                    .map(str::to_owned);
+                Ok(Envelope {
+                    id: event.id,
+                    kind: event.kind,
+                    payment_ref,
+                })
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ pub mod stripe;
 pub mod transport;
 
 pub use client::{ClientConfig, ClientInitError, HttpProvider, RetrySleeper, TokioSleeper};
-pub use event::{EventData, EventType, WebhookEvent};
+pub use event::{Envelope, EventData, EventFormat, EventType, WebhookEvent};
 pub use provider::{
     Capabilities, Charge, ChargeOutcome, ChargeStatus, CreateCharge, Dispute, DisputeStatus,
     NextAction, Operation, OperationAnswer, OperationKind, OperationStatus, Provider,

@@ -12,6 +12,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::event::WebhookEvent;
+
 /// Where a charge stands at the provider.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -397,4 +399,13 @@ pub trait Provider: Send + Sync {
         from: DateTime<Utc>,
         to: DateTime<Utc>,
     ) -> Result<Vec<ReportLine>, ProviderError>;
+
+    /// What a verified webhook body stands for. The simulator's body is the event itself, the
+    /// charge as it stood (the default). A provider whose events are hints (Stripe: events
+    /// arrive in any order, and a refund's event does not carry its payment) reads the objects
+    /// the event names instead. `Ok(None)`: a type the ledger does not use, acknowledged and
+    /// ignored; `Err(Protocol)`: a body that is no event; any other error: asked again later.
+    async fn read_event(&self, body: &[u8]) -> Result<Option<WebhookEvent>, ProviderError> {
+        crate::event::read(body).map(Some)
+    }
 }

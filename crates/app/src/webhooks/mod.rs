@@ -41,6 +41,7 @@ mod secrets;
 mod worker;
 
 /// The header carrying a webhook's signature, re-exported for the HTTP layer.
+pub use asiento_psp::stripe::SIGNATURE_HEADER as STRIPE_SIGNATURE_HEADER;
 pub use asiento_psp::{SIGNATURE_HEADER, TOLERANCE_S_DEFAULT};
 pub use queries::{
     dead_letters, inbox_counts, pending_count, DeadLetter, InboxCounts, DEAD_LETTERS_PAGE_MAX,

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use asiento_eventstore::{Database, Tx};
-use asiento_psp::{SignatureError, WebhookEvent, SIGNATURE_HEADER};
+use asiento_psp::{SignatureError, SIGNATURE_HEADER};
 use sqlx::error::BoxDynError;
 use sqlx::postgres::PgArguments;
 use sqlx::Arguments;
@@ -129,24 +129,24 @@ impl WebhookReceiver {
             SignatureError::TimestampOutsideTolerance { .. } => ReceiveError::SignatureStale(error),
             other => ReceiveError::SignatureInvalid(other),
         })?;
-        let event: WebhookEvent = serde_json::from_slice(body)
-            .map_err(|error| ReceiveError::InvalidBody(error.to_string()))?;
+        let event = self
+            .secrets
+            .format(provider)
+            .envelope(body)
+            .map_err(ReceiveError::InvalidBody)?;
         if event.id.is_empty() || event.id.len() > EVENT_ID_LEN_MAX {
             return Err(ReceiveError::InvalidBody(format!(
                 "the event id must be 1 to {EVENT_ID_LEN_MAX} bytes"
             )));
         }
         let payment_ref = event
-            .data
-            .charge
-            .reference
-            .as_deref()
+            .payment_ref
             .filter(|reference| reference.len() <= PAYMENT_REF_LEN_MAX);
         let row = InboxRow {
             provider: provider.to_owned(),
-            event_id: event.id.clone(),
-            event_type: event.kind.as_str().to_owned(),
-            payment_ref: payment_ref.map(str::to_owned),
+            event_id: event.id,
+            event_type: event.kind,
+            payment_ref,
             payload: body.to_vec(),
             now_ms,
         };

@@ -1,14 +1,20 @@
 //! Each provider's webhook signing secret, as configured (`ASIENTO_WEBHOOK_SECRETS`,
-//! `--webhook-secret`): the receiver verifies every delivery against it.
+//! `--webhook-secret`, `ASIENTO_PROVIDER_<NAME>_WEBHOOK_SECRET`): the receiver verifies every
+//! delivery against it, and reads the body in the provider's event format.
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use asiento_domain::ProviderName;
+use asiento_psp::EventFormat;
 
-/// Each provider's webhook signing secret. `Debug` never shows a secret.
+/// Each provider's webhook signing secret and event format (the simulator's unless set).
+/// `Debug` never shows a secret.
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct WebhookSecrets(BTreeMap<String, String>);
+pub struct WebhookSecrets {
+    secrets: BTreeMap<String, String>,
+    formats: BTreeMap<String, EventFormat>,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SecretsError {
@@ -34,20 +40,29 @@ impl WebhookSecrets {
                 provider: provider.to_string(),
             });
         }
-        self.0.insert(provider.to_string(), secret.to_owned());
+        self.secrets.insert(provider.to_string(), secret.to_owned());
         Ok(())
     }
 
     pub fn get(&self, provider: &str) -> Option<&str> {
-        self.0.get(provider).map(String::as_str)
+        self.secrets.get(provider).map(String::as_str)
+    }
+
+    /// How `provider` writes its webhook bodies.
+    pub fn set_format(&mut self, provider: &ProviderName, format: EventFormat) {
+        self.formats.insert(provider.to_string(), format);
+    }
+
+    pub fn format(&self, provider: &str) -> EventFormat {
+        self.formats.get(provider).copied().unwrap_or_default()
     }
 
     pub fn providers(&self) -> impl Iterator<Item = &str> {
-        self.0.keys().map(String::as_str)
+        self.secrets.keys().map(String::as_str)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.secrets.is_empty()
     }
 }
 
@@ -86,7 +101,7 @@ impl FromStr for WebhookSecrets {
 impl std::fmt::Debug for WebhookSecrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_map()
-            .entries(self.0.keys().map(|provider| (provider, "***")))
+            .entries(self.secrets.keys().map(|provider| (provider, "***")))
             .finish()
     }
 }

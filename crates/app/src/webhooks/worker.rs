@@ -6,9 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use asiento_domain::{PaymentCommand, PaymentId, ProviderFact};
+use asiento_domain::{PaymentCommand, PaymentId, ProviderFact, ProviderName};
 use asiento_eventstore::{Database, StoreError, Tx};
-use asiento_psp::{EventType, WebhookEvent};
+use asiento_psp::{EventType, ProviderError, WebhookEvent};
 use uuid::Uuid;
 
 use super::{pending_count, sqlite, truncate};
@@ -261,15 +261,15 @@ impl Worker {
         // Rows whose event a state this process committed already reflects need no read at all
         // (`PaymentMemory`); the others are read together and processed one by one.
         let mut reflected: Vec<&Row> = Vec::new();
-        let mut rest: Vec<(&Row, Result<WebhookEvent, serde_json::Error>)> = Vec::new();
+        let mut rest: Vec<(&Row, Result<Option<WebhookEvent>, ProviderError>)> = Vec::new();
         for row in &rows {
-            let event = serde_json::from_slice(&row.payload);
+            let event = self.read_event(row).await;
             match &event {
-                Ok(event) if self.remembered_reflects(row, event) => reflected.push(row),
+                Ok(Some(event)) if self.remembered_reflects(row, event) => reflected.push(row),
                 _ => rest.push((row, event)),
             }
         }
-        let events: Vec<&Result<WebhookEvent, serde_json::Error>> =
+        let events: Vec<&Result<Option<WebhookEvent>, ProviderError>> =
             rest.iter().map(|(_, event)| event).collect();
         let mut payments = self.load_payments(&events).await;
         for (row, event) in rest {
@@ -309,6 +309,19 @@ impl Worker {
         Ok(report)
     }
 
+    /// What the row's stored body stands for, read by its provider's adapter (an event that is a
+    /// hint names objects the adapter reads); a row of a provider no longer configured is read
+    /// as the simulator's protocol, whose body is the event.
+    async fn read_event(&self, row: &Row) -> Result<Option<WebhookEvent>, ProviderError> {
+        let provider = ProviderName::parse(&row.provider)
+            .ok()
+            .and_then(|name| self.flow.providers.get(&name));
+        match provider {
+            Some(provider) => provider.adapter.read_event(&row.payload).await,
+            None => asiento_psp::event::read(&row.payload).map(Some),
+        }
+    }
+
     /// Whether a payment state this process committed already reflects `event` (then the row is
     /// only marked, as when a read shows it reflected). `false` tells nothing: the log decides.
     fn remembered_reflects(&self, row: &Row, event: &WebhookEvent) -> bool {
@@ -338,11 +351,11 @@ impl Worker {
     /// that fails, each row reads its payment itself.
     async fn load_payments(
         &self,
-        events: &[&Result<WebhookEvent, serde_json::Error>],
+        events: &[&Result<Option<WebhookEvent>, ProviderError>],
     ) -> HashMap<PaymentId, LoadedPayment> {
         let ids: Vec<PaymentId> = events
             .iter()
-            .filter_map(|event| event.as_ref().ok())
+            .filter_map(|event| event.as_ref().ok()?.as_ref())
             .filter_map(|event| PaymentId::parse(event.data.charge.reference.as_deref()?).ok())
             .collect();
         if ids.is_empty() {
@@ -474,29 +487,26 @@ impl Worker {
     async fn process(
         &self,
         row: &Row,
-        event: Result<WebhookEvent, serde_json::Error>,
+        event: Result<Option<WebhookEvent>, ProviderError>,
         payments: &mut HashMap<PaymentId, LoadedPayment>,
     ) -> Result<Done, WorkerError> {
         let now_ms = self.flow.clock.now_ms();
         let event = match event {
             Ok(event) => event,
-            Err(error) => {
-                return self
-                    .bury(row, DeadReason::InvalidPayload, &error.to_string())
-                    .await
+            Err(ProviderError::Protocol { reason }) => {
+                return self.bury(row, DeadReason::InvalidPayload, &reason).await
             }
+            // The provider could not say what the event names (an outage): asked again later.
+            Err(error) => return self.failed(row, None, &error.to_string()).await,
         };
-        let facts = facts_from_event(&event);
-        if facts.is_empty() {
-            tracing::info!(
-                kind = event.kind.as_str(),
-                "webhook event acknowledged and ignored"
-            );
+        let facts = event.as_ref().map(facts_from_event).unwrap_or_default();
+        let Some(event) = event.filter(|_| !facts.is_empty()) else {
+            tracing::info!("webhook event acknowledged and ignored");
             return self
                 .finish_alone(row, Finish::Processed { outcome: "ignored" })
                 .await
                 .map(|kept| if kept { Done::Ignored } else { Done::Lost });
-        }
+        };
         let reference = event.data.charge.reference.as_deref().unwrap_or_default();
         let Ok(payment) = PaymentId::parse(reference) else {
             let error = format!(

@@ -129,10 +129,11 @@ pub struct Server {
     pub key: String,
     pub database_url: String,
     extra: Vec<String>,
+    envs: Vec<(String, String)>,
 }
 
 impl Server {
-    fn spawn_process(database_url: &str, extra: &[String]) -> Process {
+    fn spawn_process(database_url: &str, extra: &[String], envs: &[(String, String)]) -> Process {
         let mut args = vec![
             "serve",
             "--listen",
@@ -143,13 +144,26 @@ impl Server {
             "acme:sk_test_acme_0123456789abcdef,beta:sk_test_beta_0123456789abcdef",
         ];
         args.extend(extra.iter().map(String::as_str));
-        Process::spawn(&args, &[])
+        let envs: Vec<(&str, &str)> = envs
+            .iter()
+            .map(|(key, value)| (key.as_str(), value.as_str()))
+            .collect();
+        Process::spawn(&args, &envs)
     }
 
     /// Starts the server with tenants `acme` and `beta`; the client uses `acme`'s key.
     pub fn start(database_url: &str, extra: &[&str]) -> Self {
+        Self::start_with_env(database_url, extra, &[])
+    }
+
+    /// [`Server::start`] with environment variables (a provider's secrets).
+    pub fn start_with_env(database_url: &str, extra: &[&str], envs: &[(&str, &str)]) -> Self {
         let extra_owned: Vec<String> = extra.iter().map(|arg| (*arg).to_owned()).collect();
-        let mut process = Self::spawn_process(database_url, &extra_owned);
+        let envs: Vec<(String, String)> = envs
+            .iter()
+            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+            .collect();
+        let mut process = Self::spawn_process(database_url, &extra_owned, &envs);
         let base = url_after(
             &process.wait_for_line("asiento listening on "),
             "listening on ",
@@ -160,13 +174,14 @@ impl Server {
             key: "sk_test_acme_0123456789abcdef".to_owned(),
             database_url: database_url.to_owned(),
             extra: extra_owned,
+            envs,
         }
     }
 
     /// SIGKILLs the server and starts it again on the same database (a new port).
     pub fn crash_and_restart(&mut self) {
         self.process.kill();
-        let mut process = Self::spawn_process(&self.database_url, &self.extra);
+        let mut process = Self::spawn_process(&self.database_url, &self.extra, &self.envs);
         self.base = url_after(
             &process.wait_for_line("asiento listening on "),
             "listening on ",

@@ -29,7 +29,8 @@ use super::reading::{
     cancel_operation, capture_operation, charge_of, refund_operation, OperationRef,
     METADATA_CAPTURE_KEY, METADATA_PAYMENT_ID, METADATA_PSP_KEY,
 };
-use super::wire::{ErrorBody, ErrorType, List, PaymentIntent, Refund, API_VERSION};
+use super::wire::{ErrorBody, ErrorType, Event, List, PaymentIntent, Refund, API_VERSION};
+use crate::event::{EventData, EventType, WebhookEvent};
 use crate::provider::{
     Capabilities, Charge, ChargeOutcome, CreateCharge, Operation, OperationAnswer, Provider,
     ProviderError, ReportLine,
@@ -353,6 +354,45 @@ impl Provider for StripeProvider {
         }
     }
 
+    /// The event as a hint: the PaymentIntent it is about (and the refund, for a refund's
+    /// event) read as they stand now, so that events arriving late, twice or out of order all
+    /// say the same.
+    #[tracing::instrument(skip_all, fields(provider = %self.transport.name()))]
+    async fn read_event(&self, body: &[u8]) -> Result<Option<WebhookEvent>, ProviderError> {
+        let event: Event = decode(body)?;
+        let Some(hint) = Hint::of(&event) else {
+            tracing::debug!(kind = %event.kind, "Stripe event type not used by the ledger");
+            return Ok(None);
+        };
+        let operation = match hint.refund {
+            Some(refund) => {
+                let url = self.transport.url(&["v1", "refunds", refund]);
+                match self.transport.lookup::<Refund>(url).await? {
+                    Some(refund) => Some(refund_operation(&refund, None)),
+                    None => return Err(gone("refund", refund)),
+                }
+            }
+            None => None,
+        };
+        let intent_id = match (&operation, hint.intent) {
+            (Some(operation), _) => operation.charge.clone(),
+            (None, Some(intent)) => intent.to_owned(),
+            (None, None) => return Ok(None),
+        };
+        let Some(intent) = self.intent(&intent_id).await? else {
+            return Err(gone("payment_intent", &intent_id));
+        };
+        Ok(Some(WebhookEvent {
+            id: event.id.clone(),
+            kind: hint.kind,
+            created: event.created,
+            data: EventData {
+                charge: charge_of(&intent)?,
+                operation,
+            },
+        }))
+    }
+
     /// The PaymentIntents created in `[from, to)`, each as it stands, with Stripe's fee from its
     /// charge's balance transaction.
     #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), %from, %to))]
@@ -418,5 +458,54 @@ impl Provider for StripeProvider {
             }
         }
         Ok(lines)
+    }
+}
+
+/// A Stripe event's object was announced and is not there: Stripe keeps objects, so this is a
+/// stale or foreign event, asked again later and then dead-lettered by the worker.
+fn gone(object: &str, id: &str) -> ProviderError {
+    ProviderError::Unknown {
+        reason: format!("the event names {object} {id}, which Stripe does not have"),
+    }
+}
+
+/// What a Stripe event points at: the PaymentIntent (directly, or through the charge or dispute
+/// it is about), or the refund, and which of our event types it stands for.
+struct Hint<'a> {
+    kind: EventType,
+    intent: Option<&'a str>,
+    refund: Option<&'a str>,
+}
+
+impl<'a> Hint<'a> {
+    fn of(event: &'a Event) -> Option<Hint<'a>> {
+        let object = &event.data.object;
+        let id = object["id"].as_str();
+        let intent_of_object = object["payment_intent"].as_str();
+        let (kind, intent, refund) = match event.kind.as_str() {
+            "payment_intent.succeeded" => (EventType::ChargeSucceeded, id, None),
+            "payment_intent.amount_capturable_updated" => (EventType::ChargeAuthorized, id, None),
+            "payment_intent.payment_failed" | "payment_intent.canceled" => {
+                (EventType::ChargeFailed, id, None)
+            }
+            "charge.succeeded" | "charge.updated" => {
+                (EventType::ChargeSucceeded, intent_of_object, None)
+            }
+            "charge.captured" => (EventType::ChargeCaptured, intent_of_object, None),
+            "charge.failed" | "charge.expired" => (EventType::ChargeFailed, intent_of_object, None),
+            "charge.refunded" => (EventType::ChargeRefunded, intent_of_object, None),
+            "refund.created" | "refund.updated" | "refund.failed" | "charge.refund.updated" => {
+                (EventType::OperationUpdated, None, id)
+            }
+            _ => return None,
+        };
+        if intent.is_none() && refund.is_none() {
+            return None;
+        }
+        Some(Hint {
+            kind,
+            intent,
+            refund,
+        })
     }
 }
