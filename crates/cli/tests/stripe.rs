@@ -1,8 +1,13 @@
 //! asiento with a Stripe provider (`--providers stripe=stripe:…`, its secrets from the
-//! environment) against `asiento psp-sim --dialect stripe`, on both backends: payments captured at
-//! once and by a later capture, a refund, a decline, and a payment whose confirmation answer was
-//! lost settled by Stripe's signed webhook alone (read as a hint: the worker reads the
-//! PaymentIntent), with `asiento verify` holding after.
+//! environment) against `asiento psp-sim --dialect stripe`, on both backends, `asiento verify`
+//! holding after each:
+//! - payments captured at once and by a later capture, a refund, a decline, and a payment whose
+//!   confirmation answer was lost settled by Stripe's signed webhook alone (read as a hint: the
+//!   worker reads the PaymentIntent);
+//! - a refund whose answer was lost, sent again by the sweep under its key (one refund at
+//!   Stripe), and a refund that fails after it succeeded, reversed;
+//! - a kill -9 between Stripe's answer and our commit, resumed by the client's retry to one
+//!   PaymentIntent and one posting.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -267,4 +272,224 @@ async fn payments_through_stripe_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payments_through_stripe_postgres() {
     payments_through_stripe(Backend::Postgres).await;
+}
+
+async fn sim_faults(client: &Client, sim_listen: &str, faults: Value) {
+    let answer = client
+        .http
+        .post(format!("http://{sim_listen}/sim/faults"))
+        .json(&faults)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        answer.status().is_success(),
+        "{}",
+        answer.text().await.unwrap()
+    );
+}
+
+/// A truth list of the simulator (`/sim/charges`, `/sim/operations`).
+async fn sim_truth(client: &Client, sim_listen: &str, path: &str) -> Vec<Value> {
+    let answer: Value = client
+        .http
+        .get(format!("http://{sim_listen}{path}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    answer
+        .as_array()
+        .or(answer["data"].as_array())
+        .unwrap_or_else(|| panic!("unexpected {path} body {answer}"))
+        .clone()
+}
+
+async fn sim_charges(client: &Client, sim_listen: &str) -> Vec<Value> {
+    sim_truth(client, sim_listen, "/sim/charges").await
+}
+
+async fn sim_refunds(client: &Client, sim_listen: &str) -> Vec<Value> {
+    sim_truth(client, sim_listen, "/sim/operations")
+        .await
+        .into_iter()
+        .filter(|operation| operation["kind"] == "refund")
+        .collect()
+}
+
+/// A refund whose answer was lost is sent again by the sweep under its key and is one refund at
+/// Stripe; a refund that fails after it succeeded (Stripe's `refund.failed`) is reversed.
+async fn refunds_through_stripe(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let sim_listen = format!("127.0.0.1:{}", free_port());
+    let providers = format!("stripe=stripe:http://{sim_listen}");
+    let server = Server::start_with_env(
+        &database.url,
+        &[
+            "--providers",
+            &providers,
+            "--psp-timeout",
+            "500ms",
+            "--reconcile-interval",
+            "300ms",
+            "--operation-timeout",
+            "0s",
+        ],
+        &[
+            ("ASIENTO_PROVIDER_STRIPE_API_KEY", API_KEY),
+            ("ASIENTO_PROVIDER_STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET),
+        ],
+    );
+    let client = server.client();
+    let _sim = start_stripe_sim(&sim_listen, &server.base);
+    let captured = client
+        .post(
+            "/v1/payments",
+            "refunds-1",
+            &stripe_payment(5_000, "pm_card_visa"),
+        )
+        .await
+        .json();
+    assert_eq!(captured["status"], "captured", "{captured}");
+    let id = captured["id"].as_str().unwrap().to_owned();
+
+    // Stripe refunds, then its answer hangs past --psp-timeout.
+    sim_faults(&client, &sim_listen, json!({"timeout_rate": 1.0})).await;
+    let lost = client
+        .post(
+            &format!("/v1/payments/{id}/refunds"),
+            "refunds-1-a",
+            &json!({"amount_minor": 2_000}),
+        )
+        .await;
+    assert_eq!(lost.status, 202, "{}", String::from_utf8_lossy(&lost.body));
+    sim_faults(&client, &sim_listen, json!({"timeout_rate": 0.0})).await;
+    let refunded = wait_for(&client, &id, "the lost refund never settled", |p| {
+        p["refunded_minor"] == 2_000 && p["operations"][0]["state"] == "succeeded"
+    })
+    .await;
+    assert_eq!(refunded["status"], "partially_refunded");
+    assert_eq!(
+        sim_refunds(&client, &sim_listen).await.len(),
+        1,
+        "one refund at Stripe"
+    );
+
+    // The next refund succeeds, then fails at Stripe.
+    sim_faults(
+        &client,
+        &sim_listen,
+        json!({"refund_reversal_rate": 1.0, "refund_reversal_delay_ms": 300}),
+    )
+    .await;
+    let second = client
+        .post(
+            &format!("/v1/payments/{id}/refunds"),
+            "refunds-1-b",
+            &json!({"amount_minor": 1_000}),
+        )
+        .await;
+    assert_eq!(
+        second.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&second.body)
+    );
+    let reversed = wait_for(&client, &id, "the failed refund was never reversed", |p| {
+        p["operations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|operation| operation["state"] == "reversed")
+    })
+    .await;
+    assert_eq!(reversed["refunded_minor"], 2_000, "{reversed}");
+    assert_eq!(sim_refunds(&client, &sim_listen).await.len(), 2);
+    verify(&database);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_through_stripe_sqlite() {
+    refunds_through_stripe(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_through_stripe_postgres() {
+    refunds_through_stripe(Backend::Postgres).await;
+}
+
+/// The server is killed after Stripe confirmed and before we committed: after a restart, a retry
+/// with the same key re-sends both steps under their keys and finishes the payment with one
+/// PaymentIntent at Stripe and one posting.
+async fn a_kill_between_stripe_s_answer_and_our_commit_resumes_once(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let sim_listen = format!("127.0.0.1:{}", free_port());
+    let providers = format!("stripe=stripe:http://{sim_listen}");
+    let mut server = Server::start_with_env(
+        &database.url,
+        &["--providers", &providers, "--idempotency-lease", "1s"],
+        &[
+            ("ASIENTO_PROVIDER_STRIPE_API_KEY", API_KEY),
+            ("ASIENTO_PROVIDER_STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET),
+        ],
+    );
+    let client = server.client();
+    // Events go to the first server, which will be dead: only the retry can finish the payment.
+    let _sim = start_stripe_sim(&sim_listen, &server.base);
+    let body = stripe_payment(4_000, "pm_card_slow");
+    let in_flight = {
+        let client = client.clone();
+        let body = body.clone();
+        tokio::spawn(async move {
+            client
+                .http
+                .post(format!("{}/v1/payments", client.base))
+                .bearer_auth(&client.key)
+                .header("idempotency-key", "crash-stripe")
+                .json(&body)
+                .send()
+                .await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if !sim_charges(&client, &sim_listen).await.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "Stripe never confirmed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.crash_and_restart();
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the killed server cannot have answered"
+    );
+    let client = server.client();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let resumed = client.post("/v1/payments", "crash-stripe", &body).await;
+    assert_eq!(
+        resumed.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&resumed.body)
+    );
+    let payment = resumed.json();
+    assert_eq!(payment["status"], "captured");
+    let seen = sim_charges(&client, &sim_listen).await;
+    assert_eq!(seen.len(), 1, "one PaymentIntent confirmed: {seen:?}");
+    let entries = client.entries_of(payment["id"].as_str().unwrap()).await;
+    assert_eq!(entries.len(), 1, "one posting: {entries:?}");
+    verify(&database);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_between_stripe_s_answer_and_our_commit_resumes_once_sqlite() {
+    a_kill_between_stripe_s_answer_and_our_commit_resumes_once(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_between_stripe_s_answer_and_our_commit_resumes_once_postgres() {
+    a_kill_between_stripe_s_answer_and_our_commit_resumes_once(Backend::Postgres).await;
 }
