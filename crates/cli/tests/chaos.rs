@@ -30,7 +30,10 @@
 //! Knobs (env): `CHAOS_KILLS` (10), `CHAOS_CLIENTS` (4), `CHAOS_SECONDS` (8, the load run),
 //! `CHAOS_SEED` (random, printed), `CHAOS_BACKEND` (`postgres` | `sqlite`, postgres),
 //! `CHAOS_CONVERGE_SECONDS` (90), `CHAOS_PG_OUTAGE` (1), `CHAOS_PG_DOWN_SECONDS` (3),
-//! `CHAOS_RECOVERY_SECONDS` (30), `CHAOS_STRICT` (0). `scripts/chaos` runs a long form.
+//! `CHAOS_RECOVERY_SECONDS` (30), `CHAOS_STRICT` (0), `CHAOS_DIALECT` (`sim` | `stripe`: the
+//! simulator speaks Stripe's API and the server's provider `sim` is of kind `stripe`; unset, the
+//! campaign runs as the other knobs say, then once more in the Stripe dialect on SQLite).
+//! `scripts/chaos` runs a long form.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 mod common;
@@ -50,6 +53,26 @@ const SECRET: &str = "whsec_chaos_0123456789";
 const API_KEY: &str = "sk_test_acme_0123456789abcdef";
 /// The simulator's `failure_reason` of a refund that failed after succeeding.
 const REVERSAL_REASON: &str = "expired_or_canceled_card";
+/// The Stripe secret key of provider `sim` when the simulator speaks Stripe's dialect.
+const STRIPE_KEY_ENV: (&str, &str) = ("ASIENTO_PROVIDER_SIM_API_KEY", "sk_test_chaos");
+
+/// How the server and `asiento reconcile` name the simulator as provider `sim`.
+fn provider_args(dialect: &str, sim: &str) -> [String; 2] {
+    match dialect {
+        "stripe" => ["--providers".to_owned(), format!("sim=stripe:{sim}")],
+        _ => ["--psp-url".to_owned(), sim.to_owned()],
+    }
+}
+
+/// How long before now the server's settlement-report windows end. Without a lookup by key
+/// (Stripe), a payment the provider never got is known absent only once a report window past its
+/// expiry was compared, so the Stripe campaign settles windows sooner than the default minute.
+fn report_settle(dialect: &str) -> &'static str {
+    match dialect {
+        "stripe" => "5s",
+        _ => "1m",
+    }
+}
 
 /// A small seeded generator (splitmix64): the kill schedule and the clients' choices replay.
 #[derive(Clone)]
@@ -81,6 +104,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+#[derive(Clone)]
 struct Knobs {
     kills: u32,
     clients: u32,
@@ -95,6 +119,8 @@ struct Knobs {
     /// What the app is known to do short of issue 19 fails the run: a reversed refund left to
     /// a manual exception.
     strict: bool,
+    /// The wire format the simulator speaks: `sim` or `stripe`.
+    dialect: String,
 }
 
 impl Knobs {
@@ -124,6 +150,10 @@ impl Knobs {
             pg_down: Duration::from_secs_f64(env_or("CHAOS_PG_DOWN_SECONDS", 3.0f64).max(0.0)),
             recovery: Duration::from_secs(env_or("CHAOS_RECOVERY_SECONDS", 30)),
             strict: env_or("CHAOS_STRICT", 0u32) == 1,
+            dialect: match std::env::var("CHAOS_DIALECT").as_deref() {
+                Ok("stripe") => "stripe".to_owned(),
+                _ => "sim".to_owned(),
+            },
         }
     }
 }
@@ -148,6 +178,7 @@ impl ChaosServer {
         let mut child = Command::new(BIN)
             .args(args)
             .env("ASIENTO_LOG", "error")
+            .env(STRIPE_KEY_ENV.0, STRIPE_KEY_ENV.1)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -184,7 +215,7 @@ impl ChaosServer {
         panic!("the server does not start: {args:?}");
     }
 
-    fn start(database_url: &str, port: u16, psp_url: &str) -> Self {
+    fn start(database_url: &str, port: u16, provider: &[String; 2], report_settle: &str) -> Self {
         let args: Vec<String> = [
             "serve",
             "--listen",
@@ -193,8 +224,8 @@ impl ChaosServer {
             database_url,
             "--api-keys",
             &format!("acme:{API_KEY}"),
-            "--psp-url",
-            psp_url,
+            &provider[0],
+            &provider[1],
             "--webhook-secret",
             SECRET,
             "--psp-timeout",
@@ -209,6 +240,8 @@ impl ChaosServer {
             "1s",
             "--operation-timeout",
             "1s",
+            "--report-settle",
+            report_settle,
         ]
         .iter()
         .map(|arg| (*arg).to_owned())
@@ -1047,6 +1080,7 @@ fn asiento_bounded(args: &[String], limit: Duration) -> (bool, String) {
     let mut child = Command::new(BIN)
         .args(args)
         .env("ASIENTO_LOG", "warn")
+        .env(STRIPE_KEY_ENV.0, STRIPE_KEY_ENV.1)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1450,14 +1484,31 @@ fn outage_verdict(
     (counts, wrong)
 }
 
+/// The campaign as the knobs say; unless `CHAOS_DIALECT` names one dialect, then once more with
+/// the simulator speaking Stripe's (on SQLite, the same seed: `CHAOS_DIALECT=stripe
+/// CHAOS_BACKEND=sqlite CHAOS_SEED=…` replays it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fault_campaign() {
     let knobs = Knobs::from_env();
+    let stripe = std::env::var("CHAOS_DIALECT").is_err().then(|| Knobs {
+        dialect: "stripe".to_owned(),
+        backend: Backend::Sqlite,
+        pg_outage: false,
+        ..knobs.clone()
+    });
+    campaign(knobs).await;
+    if let Some(knobs) = stripe {
+        campaign(knobs).await;
+    }
+}
+
+async fn campaign(knobs: Knobs) {
     let started = Instant::now();
     println!(
-        "chaos: seed={} backend={:?} kills={} clients={} seconds={} pg_outage={}",
+        "chaos: seed={} backend={:?} dialect={} kills={} clients={} seconds={} pg_outage={}",
         knobs.seed,
         knobs.backend,
+        knobs.dialect,
         knobs.kills,
         knobs.clients,
         knobs.seconds,
@@ -1486,6 +1537,8 @@ async fn fault_campaign() {
     let mut simulator = Process::spawn(
         &[
             "psp-sim",
+            "--dialect",
+            &knobs.dialect,
             "--listen",
             "127.0.0.1:0",
             "--seed",
@@ -1505,7 +1558,13 @@ async fn fault_campaign() {
         &simulator.wait_for_line("psp-sim listening on "),
         "listening on ",
     );
-    let server = Arc::new(Mutex::new(ChaosServer::start(&database.url, port, &sim)));
+    let provider = provider_args(&knobs.dialect, &sim);
+    let server = Arc::new(Mutex::new(ChaosServer::start(
+        &database.url,
+        port,
+        &provider,
+        report_settle(&knobs.dialect),
+    )));
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()
@@ -1693,8 +1752,8 @@ async fn fault_campaign() {
                 "reconcile".to_owned(),
                 "--database-url".to_owned(),
                 database.url.clone(),
-                "--psp-url".to_owned(),
-                sim.clone(),
+                provider[0].clone(),
+                provider[1].clone(),
                 "--settle".to_owned(),
                 "0s".to_owned(),
                 "--pending-timeout".to_owned(),

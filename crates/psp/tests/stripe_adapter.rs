@@ -256,3 +256,62 @@ async fn there_is_no_lookup_by_key_and_the_report_lists_the_window_with_fees() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn captures_and_refunds_decided_later_are_pending_for_the_amount_asked() {
+    bounded(async {
+        let sim = stripe_sim(30_000).await;
+        sim.sim
+            .set_faults(
+                &serde_json::from_value(serde_json::json!({
+                    "async_modifications": true,
+                    "async_delay_ms": 200
+                }))
+                .unwrap(),
+            )
+            .unwrap();
+        let stripe = adapter(&sim, 2_000);
+        let ChargeOutcome::Authorized(authorized) = stripe
+            .create_charge(&charge("k7", "pm_card_visa", false))
+            .await
+        else {
+            panic!("manual capture authorizes");
+        };
+        let pending = stripe
+            .capture(&authorized.id, Some(700), "k7:capture")
+            .await
+            .unwrap();
+        assert_eq!(pending.operation.status, OperationStatus::Pending);
+        assert_eq!(
+            pending.operation.amount_minor, 700,
+            "the amount asked, not 0 received"
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let decided = loop {
+            let read = stripe
+                .get_operation(&pending.operation.id)
+                .await
+                .unwrap()
+                .unwrap();
+            if read.status != OperationStatus::Pending {
+                break read;
+            }
+            assert!(std::time::Instant::now() < deadline, "never decided");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        assert_eq!(
+            (decided.status, decided.amount_minor),
+            (OperationStatus::Succeeded, 700)
+        );
+        let refund = stripe
+            .refund(&authorized.id, 300, "k7:refund")
+            .await
+            .unwrap();
+        assert_eq!(
+            (refund.operation.status, refund.operation.amount_minor),
+            (OperationStatus::Pending, 300)
+        );
+        sim.shutdown().await;
+    })
+    .await;
+}

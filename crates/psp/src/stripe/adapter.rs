@@ -264,7 +264,7 @@ impl Provider for StripeProvider {
             )
             .await?;
         Ok(OperationAnswer {
-            operation: capture_operation(&intent, Some(idempotency_key)),
+            operation: capture_operation(&intent, Some(idempotency_key), amount_minor),
             charge: charge_of(&intent).ok(),
         })
     }
@@ -345,7 +345,7 @@ impl Provider for StripeProvider {
             Some(OperationRef::Capture(intent)) => Ok(self
                 .intent(intent)
                 .await?
-                .map(|intent| capture_operation(&intent, None))),
+                .map(|intent| capture_operation(&intent, None, None))),
             Some(OperationRef::Cancel(intent)) => Ok(self
                 .intent(intent)
                 .await?

@@ -156,12 +156,25 @@ pub fn refund_operation(refund: &Refund, key: Option<&str>) -> Operation {
     }
 }
 
-/// A capture as Stripe answers it: the PaymentIntent after it. `processing` is pending.
-pub fn capture_operation(intent: &PaymentIntent, key: Option<&str>) -> Operation {
+/// A capture as Stripe answers it: the PaymentIntent after it. `processing` is pending, for the
+/// amount asked (`asked`, when the answer is to our request) or else what is capturable.
+pub fn capture_operation(
+    intent: &PaymentIntent,
+    key: Option<&str>,
+    asked: Option<i64>,
+) -> Operation {
     let status = match intent.status {
         IntentStatus::Succeeded => OperationStatus::Succeeded,
         IntentStatus::Processing | IntentStatus::RequiresCapture => OperationStatus::Pending,
         _ => OperationStatus::Failed,
+    };
+    let amount_minor = match status {
+        OperationStatus::Succeeded => intent.amount_received,
+        _ => asked.unwrap_or(if intent.amount_capturable > 0 {
+            intent.amount_capturable
+        } else {
+            intent.amount
+        }),
     };
     Operation {
         id: format!("{}{CAPTURE_SUFFIX}", intent.id),
@@ -171,7 +184,7 @@ pub fn capture_operation(intent: &PaymentIntent, key: Option<&str>) -> Operation
             .map(str::to_owned)
             .or_else(|| intent.metadata.get(METADATA_CAPTURE_KEY).cloned())
             .unwrap_or_default(),
-        amount_minor: intent.amount_received,
+        amount_minor,
         currency: intent.currency.to_ascii_uppercase(),
         failure_reason: (status == OperationStatus::Failed)
             .then(|| format!("payment_intent_{:?}", intent.status).to_ascii_lowercase()),
