@@ -1,9 +1,9 @@
 //! asiento with a Stripe provider (`--providers stripe=stripe:…`, its secrets from the
 //! environment) against `asiento psp-sim --dialect stripe`, on both backends, `asiento verify`
 //! holding after each:
-//! - payments captured at once and by a later capture, a refund, a decline, and a payment whose
+//! - payments captured at once and by a later capture, a refund, a decline, a payment whose
 //!   confirmation answer was lost settled by Stripe's signed webhook alone (read as a hint: the
-//!   worker reads the PaymentIntent);
+//!   worker reads the PaymentIntent), and a dispute opened and lost, posted from its webhooks;
 //! - a refund whose answer was lost, sent again by the sweep under its key (one refund at
 //!   Stripe), and a refund that fails after it succeeded, reversed;
 //! - a kill -9 between Stripe's answer and our commit, resumed by the client's retry to one
@@ -235,6 +235,42 @@ async fn payments_through_stripe(backend: Backend) {
     expected.sort_unstable();
     assert_eq!(ours, expected);
 
+    // A dispute opened and lost at Stripe reaches the ledger by its webhooks alone.
+    let charge_id = sim_charges(&client, &sim_listen)
+        .await
+        .into_iter()
+        .find(|charge| charge["reference"] == id.as_str())
+        .and_then(|charge| charge["id"].as_str().map(str::to_owned))
+        .unwrap();
+    sim_control(
+        &client,
+        &sim_listen,
+        &format!("/sim/charges/{charge_id}/dispute"),
+        json!({}),
+    )
+    .await;
+    wait_for(&client, &id, "the dispute never opened", |p| {
+        p["status"] == "disputed"
+    })
+    .await;
+    let before = client.entries_of(&id).await.len();
+    sim_control(
+        &client,
+        &sim_listen,
+        &format!("/sim/charges/{charge_id}/dispute/close"),
+        json!({"outcome": "lost"}),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while client.entries_of(&id).await.len() == before {
+        assert!(
+            Instant::now() < deadline,
+            "the lost dispute was never posted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(payment(&client, &id).await["status"], "disputed");
+
     // Every event was verified and stored, none refused or dead-lettered.
     assert!(
         metric(
@@ -274,11 +310,12 @@ async fn payments_through_stripe_postgres() {
     payments_through_stripe(Backend::Postgres).await;
 }
 
-async fn sim_faults(client: &Client, sim_listen: &str, faults: Value) {
+/// A control route of the simulator (`/sim/faults`, `/sim/charges/{id}/dispute`, …).
+async fn sim_control(client: &Client, sim_listen: &str, path: &str, body: Value) {
     let answer = client
         .http
-        .post(format!("http://{sim_listen}/sim/faults"))
-        .json(&faults)
+        .post(format!("http://{sim_listen}{path}"))
+        .json(&body)
         .send()
         .await
         .unwrap();
@@ -287,6 +324,10 @@ async fn sim_faults(client: &Client, sim_listen: &str, faults: Value) {
         "{}",
         answer.text().await.unwrap()
     );
+}
+
+async fn sim_faults(client: &Client, sim_listen: &str, faults: Value) {
+    sim_control(client, sim_listen, "/sim/faults", faults).await;
 }
 
 /// A truth list of the simulator (`/sim/charges`, `/sim/operations`).

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use asiento_psp::sim::Dialect;
 use asiento_psp::stripe::StripeProvider;
 use asiento_psp::{
-    ChargeOutcome, ChargeStatus, ClientConfig, CreateCharge, OperationStatus, Provider,
-    ProviderError, SimConfig,
+    ChargeOutcome, ChargeStatus, ClientConfig, CreateCharge, DisputeStatus, OperationStatus,
+    Provider, ProviderError, SimConfig,
 };
 use chrono::{Duration, Utc};
 
@@ -311,6 +311,72 @@ async fn captures_and_refunds_decided_later_are_pending_for_the_amount_asked() {
             (refund.operation.status, refund.operation.amount_minor),
             (OperationStatus::Pending, 300)
         );
+        sim.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_dispute_is_read_with_the_payment_intent_until_it_is_lost() {
+    bounded(async {
+        let sim = stripe_sim(30_000).await;
+        let stripe = adapter(&sim, 2_000);
+        let ChargeOutcome::Succeeded(paid) = stripe
+            .create_charge(&charge("k8", "pm_card_visa", true))
+            .await
+        else {
+            panic!("a visa test card succeeds");
+        };
+        let charge_id = format!("ch_{}", paid.id.trim_start_matches("pi_"));
+        let control = |path: String, body: serde_json::Value| {
+            let url = format!("{}/sim/charges/{charge_id}/{path}", sim.base);
+            async move {
+                let answer = reqwest::Client::new()
+                    .post(url)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(
+                    answer.status().is_success(),
+                    "{}",
+                    answer.text().await.unwrap()
+                );
+            }
+        };
+        assert_eq!(
+            stripe.get_charge(&paid.id).await.unwrap().unwrap().dispute,
+            None
+        );
+        control(
+            "dispute".to_owned(),
+            serde_json::json!({"amount_minor": 400}),
+        )
+        .await;
+        let open = stripe.get_charge(&paid.id).await.unwrap().unwrap();
+        let dispute = open.dispute.expect("the charge's dispute comes with it");
+        assert_eq!(
+            (dispute.status, dispute.amount_minor),
+            (DisputeStatus::Open, 400)
+        );
+        control(
+            "dispute/close".to_owned(),
+            serde_json::json!({"outcome": "lost"}),
+        )
+        .await;
+        let lost = stripe.get_charge(&paid.id).await.unwrap().unwrap();
+        let closed = lost.dispute.expect("still there");
+        assert_eq!(closed.status, DisputeStatus::Lost);
+        assert_eq!(
+            closed.created, dispute.created,
+            "one dispute, named alike by every read"
+        );
+        let now = Utc::now();
+        let report = stripe
+            .settlement_report(now - Duration::minutes(5), now + Duration::minutes(5))
+            .await
+            .unwrap();
+        assert_eq!(report[0].dispute_status, Some(DisputeStatus::Lost));
         sim.shutdown().await;
     })
     .await;

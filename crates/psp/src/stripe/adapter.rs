@@ -26,10 +26,10 @@ use reqwest::StatusCode;
 
 use super::form::Form;
 use super::reading::{
-    cancel_operation, capture_operation, charge_of, refund_operation, OperationRef,
-    METADATA_CAPTURE_KEY, METADATA_PAYMENT_ID, METADATA_PSP_KEY,
+    cancel_operation, capture_operation, charge_of, dispute_of, disputed, refund_operation,
+    OperationRef, METADATA_CAPTURE_KEY, METADATA_PAYMENT_ID, METADATA_PSP_KEY,
 };
-use super::wire::{ErrorBody, ErrorType, Event, List, PaymentIntent, Refund, API_VERSION};
+use super::wire::{self, ErrorBody, ErrorType, Event, List, PaymentIntent, Refund, API_VERSION};
 use crate::event::{EventData, EventType, WebhookEvent};
 use crate::provider::{
     Capabilities, Charge, ChargeOutcome, CreateCharge, Operation, OperationAnswer, Provider,
@@ -165,6 +165,21 @@ impl StripeProvider {
                 reason: other.to_string(),
             },
         }
+    }
+
+    /// The charge a PaymentIntent stands for now, with its charge's dispute when it has one (a
+    /// PaymentIntent does not carry it: one more read, for disputed charges only).
+    async fn charge_now(&self, intent: &PaymentIntent) -> Result<Charge, ProviderError> {
+        let mut charge = charge_of(intent)?;
+        if disputed(intent) {
+            let mut url = self.transport.url(&["v1", "disputes"]);
+            url.query_pairs_mut()
+                .append_pair("payment_intent", &intent.id)
+                .append_pair("limit", "1");
+            let newest: List<wire::Dispute> = self.transport.object(Call::read(url)).await?;
+            charge.dispute = newest.data.first().map(dispute_of);
+        }
+        Ok(charge)
     }
 
     async fn intent(&self, id: &str) -> Result<Option<PaymentIntent>, ProviderError> {
@@ -315,7 +330,7 @@ impl Provider for StripeProvider {
     #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), charge_id))]
     async fn get_charge(&self, charge_id: &str) -> Result<Option<Charge>, ProviderError> {
         match self.intent(charge_id).await? {
-            Some(intent) => charge_of(&intent).map(Some),
+            Some(intent) => self.charge_now(&intent).await.map(Some),
             None => Ok(None),
         }
     }
@@ -387,7 +402,7 @@ impl Provider for StripeProvider {
             kind: hint.kind,
             created: event.created,
             data: EventData {
-                charge: charge_of(&intent)?,
+                charge: self.charge_now(&intent).await?,
                 operation,
             },
         }))
@@ -420,8 +435,11 @@ impl Provider for StripeProvider {
             let page: List<PaymentIntent> = self.transport.object(Call::read(url)).await?;
             read += page.data.len();
             for intent in &page.data {
-                let Ok(charge) = charge_of(intent) else {
-                    continue;
+                let charge = match self.charge_now(intent).await {
+                    Ok(charge) => charge,
+                    // No outcome yet: nothing to compare.
+                    Err(ProviderError::Unknown { .. }) if charge_of(intent).is_err() => continue,
+                    Err(error) => return Err(error),
                 };
                 let fee_minor = intent
                     .latest_charge
@@ -440,8 +458,8 @@ impl Provider for StripeProvider {
                     currency: charge.currency.clone(),
                     reference: charge.reference.clone(),
                     idempotency_key: charge.idempotency_key.clone(),
-                    dispute_status: None,
-                    dispute: None,
+                    dispute_status: charge.dispute.as_ref().map(|dispute| dispute.status),
+                    dispute: charge.dispute.clone(),
                     last_touched: charge.updated,
                 });
             }
@@ -496,6 +514,14 @@ impl<'a> Hint<'a> {
             "charge.refunded" => (EventType::ChargeRefunded, intent_of_object, None),
             "refund.created" | "refund.updated" | "refund.failed" | "charge.refund.updated" => {
                 (EventType::OperationUpdated, None, id)
+            }
+            "charge.dispute.created"
+            | "charge.dispute.updated"
+            | "charge.dispute.funds_withdrawn" => {
+                (EventType::ChargeDisputeCreated, intent_of_object, None)
+            }
+            "charge.dispute.closed" | "charge.dispute.funds_reinstated" => {
+                (EventType::ChargeDisputeClosed, intent_of_object, None)
             }
             _ => return None,
         };

@@ -9,9 +9,10 @@
 
 use chrono::{DateTime, Utc};
 
-use super::wire::{IntentStatus, PaymentIntent, Refund, RefundStatus};
+use super::wire::{self, IntentStatus, PaymentIntent, Refund, RefundStatus};
 use crate::provider::{
-    Charge, ChargeStatus, NextAction, Operation, OperationKind, OperationStatus, ProviderError,
+    Charge, ChargeStatus, Dispute, DisputeStatus, NextAction, Operation, OperationKind,
+    OperationStatus, ProviderError,
 };
 
 pub const METADATA_PAYMENT_ID: &str = "asiento_payment_id";
@@ -121,6 +122,32 @@ pub fn charge_of(intent: &PaymentIntent) -> Result<Charge, ProviderError> {
     })
 }
 
+/// A Stripe dispute in the port's terms: open while Stripe waits for evidence or reviews it,
+/// won when the money stays with us (`won`, an inquiry's `warning_closed`, `prevented`), lost
+/// when it is gone. Its creation time names it, so every read of one dispute says the same.
+pub fn dispute_of(dispute: &wire::Dispute) -> Dispute {
+    let status = match dispute.status.as_str() {
+        "won" | "warning_closed" | "prevented" => DisputeStatus::Won,
+        "lost" => DisputeStatus::Lost,
+        _ => DisputeStatus::Open,
+    };
+    Dispute {
+        status,
+        amount_minor: dispute.amount,
+        created: time(dispute.created),
+        closed: None,
+    }
+}
+
+/// Whether the PaymentIntent's charge (expanded) is disputed.
+pub fn disputed(intent: &PaymentIntent) -> bool {
+    intent
+        .latest_charge
+        .as_ref()
+        .and_then(|charge| charge.object())
+        .is_some_and(|charge| charge.disputed)
+}
+
 /// A refund as a refund operation; `key` is the one it was asked with when known from the
 /// answer, else what its metadata says.
 pub fn refund_operation(refund: &Refund, key: Option<&str>) -> Operation {
@@ -217,6 +244,37 @@ pub fn cancel_operation(intent: &PaymentIntent, key: &str) -> Operation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn disputes_are_open_until_won_or_lost() {
+        let dispute = |status: &str| wire::Dispute {
+            id: "dp_1".into(),
+            amount: 500,
+            currency: "usd".into(),
+            charge: wire::Expandable::Id("ch_1".into()),
+            payment_intent: None,
+            status: status.into(),
+            balance_transactions: Vec::new(),
+            created: 1_700_000_000,
+        };
+        for (status, expected) in [
+            ("warning_needs_response", DisputeStatus::Open),
+            ("needs_response", DisputeStatus::Open),
+            ("under_review", DisputeStatus::Open),
+            ("won", DisputeStatus::Won),
+            ("warning_closed", DisputeStatus::Won),
+            ("prevented", DisputeStatus::Won),
+            ("lost", DisputeStatus::Lost),
+        ] {
+            let read = dispute_of(&dispute(status));
+            assert_eq!(
+                (read.status, read.amount_minor),
+                (expected, 500),
+                "{status}"
+            );
+            assert_eq!(read.created.timestamp(), 1_700_000_000);
+        }
+    }
 
     #[test]
     fn operation_ids_name_what_they_are_at_stripe() {

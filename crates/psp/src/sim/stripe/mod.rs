@@ -88,6 +88,8 @@ pub(super) fn routes() -> Router<Simulator> {
         .route("/v1/refunds", post(create_refund))
         .route("/v1/refunds/{id}", get(get_refund))
         .route("/v1/charges/{id}", get(get_charge))
+        .route("/v1/disputes", get(list_disputes))
+        .route("/v1/disputes/{id}", get(get_dispute))
         .fallback(no_route)
 }
 
@@ -942,6 +944,61 @@ async fn get_charge(
             state.fee_bps(),
             &expand,
         )))
+    })
+    .await
+}
+
+/// Disputes, newest first: one per disputed charge (the simulator keeps a charge's latest).
+async fn list_disputes(
+    State(sim): State<Simulator>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    read_call(&sim, &headers, |state| {
+        let mut params = query_params(query)?;
+        let intent = params.text("payment_intent")?;
+        let charge = params.text("charge")?;
+        let limit = params.limit()?;
+        params.finish()?;
+        let charges: Vec<Charge> = match intent.map(|intent| charge_id_of(&intent)).or(charge) {
+            Some(id) => state.charge(&id).cloned().into_iter().collect(),
+            None => state.charges(),
+        };
+        let mut disputes: Vec<(i64, Value)> = charges
+            .iter()
+            .filter(|charge| state.stripe.get(&intent_id_of(&charge.id)).is_some())
+            .filter_map(|charge| {
+                let created = charge.dispute.as_ref()?.created.timestamp_millis();
+                render::dispute(charge).map(|dispute| (created, dispute))
+            })
+            .collect();
+        disputes.sort_by_key(|(created, _)| std::cmp::Reverse(*created));
+        let has_more = disputes.len() > limit;
+        let data = disputes
+            .into_iter()
+            .take(limit)
+            .map(|(_, dispute)| dispute)
+            .collect();
+        Ok(ok(&render::list("/v1/disputes", data, has_more)))
+    })
+    .await
+}
+
+async fn get_dispute(
+    State(sim): State<Simulator>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    read_call(&sim, &headers, |state| {
+        query_params(query)?.finish()?;
+        let charge_id = format!("ch_{}", id.strip_prefix("dp_").unwrap_or(&id));
+        let dispute = state
+            .charge(&charge_id)
+            .filter(|_| state.stripe.get(&intent_id_of(&charge_id)).is_some())
+            .and_then(render::dispute)
+            .ok_or_else(|| StripeError::not_found("dispute", &id))?;
+        Ok(ok(&dispute))
     })
     .await
 }
