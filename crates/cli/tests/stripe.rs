@@ -52,6 +52,35 @@ fn start_stripe_sim(listen: &str, server: &str) -> Process {
     process
 }
 
+/// A server whose provider `stripe` is the Stripe dialect. The server calls its provider only for
+/// a payment, so the simulator starts after it, on a port chosen before, knowing where to deliver.
+struct Rig {
+    server: Server,
+    sim_listen: String,
+    _sim: Process,
+}
+
+fn start_rig(database: &TestDatabase, extra: &[&str]) -> Rig {
+    let sim_listen = format!("127.0.0.1:{}", free_port());
+    let providers = format!("stripe=stripe:http://{sim_listen}");
+    let mut args = vec!["--providers", providers.as_str()];
+    args.extend_from_slice(extra);
+    let server = Server::start_with_env(
+        &database.url,
+        &args,
+        &[
+            ("ASIENTO_PROVIDER_STRIPE_API_KEY", API_KEY),
+            ("ASIENTO_PROVIDER_STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET),
+        ],
+    );
+    let sim = start_stripe_sim(&sim_listen, &server.base);
+    Rig {
+        server,
+        sim_listen,
+        _sim: sim,
+    }
+}
+
 async fn payment(client: &Client, id: &str) -> Value {
     client.get(&format!("/v1/payments/{id}")).await.json()
 }
@@ -106,25 +135,12 @@ async fn payments_through_stripe(backend: Backend) {
     let database = TestDatabase::new(backend).await;
     // The server does not call its provider before a payment, so the simulator can start after
     // it, on a port chosen now, knowing where to deliver.
-    let sim_listen = format!("127.0.0.1:{}", free_port());
-    let providers = format!("stripe=stripe:http://{sim_listen}");
-    let server = Server::start_with_env(
-        &database.url,
-        &[
-            "--providers",
-            &providers,
-            "--psp-timeout",
-            "500ms",
-            "--reconcile-interval",
-            "300ms",
-        ],
-        &[
-            ("ASIENTO_PROVIDER_STRIPE_API_KEY", API_KEY),
-            ("ASIENTO_PROVIDER_STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET),
-        ],
+    let rig = start_rig(
+        &database,
+        &["--psp-timeout", "500ms", "--reconcile-interval", "300ms"],
     );
-    let client = server.client();
-    let _sim = start_stripe_sim(&sim_listen, &server.base);
+    let client = rig.server.client();
+    let sim_listen = rig.sim_listen.clone();
 
     let captured = client
         .post(
@@ -364,13 +380,9 @@ async fn sim_refunds(client: &Client, sim_listen: &str) -> Vec<Value> {
 /// Stripe; a refund that fails after it succeeded (Stripe's `refund.failed`) is reversed.
 async fn refunds_through_stripe(backend: Backend) {
     let database = TestDatabase::new(backend).await;
-    let sim_listen = format!("127.0.0.1:{}", free_port());
-    let providers = format!("stripe=stripe:http://{sim_listen}");
-    let server = Server::start_with_env(
-        &database.url,
+    let rig = start_rig(
+        &database,
         &[
-            "--providers",
-            &providers,
             "--psp-timeout",
             "500ms",
             "--reconcile-interval",
@@ -378,13 +390,9 @@ async fn refunds_through_stripe(backend: Backend) {
             "--operation-timeout",
             "0s",
         ],
-        &[
-            ("ASIENTO_PROVIDER_STRIPE_API_KEY", API_KEY),
-            ("ASIENTO_PROVIDER_STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET),
-        ],
     );
-    let client = server.client();
-    let _sim = start_stripe_sim(&sim_listen, &server.base);
+    let client = rig.server.client();
+    let sim_listen = rig.sim_listen.clone();
     let captured = client
         .post(
             "/v1/payments",
@@ -466,19 +474,10 @@ async fn refunds_through_stripe_postgres() {
 /// PaymentIntent at Stripe and one posting.
 async fn a_kill_between_stripe_s_answer_and_our_commit_resumes_once(backend: Backend) {
     let database = TestDatabase::new(backend).await;
-    let sim_listen = format!("127.0.0.1:{}", free_port());
-    let providers = format!("stripe=stripe:http://{sim_listen}");
-    let mut server = Server::start_with_env(
-        &database.url,
-        &["--providers", &providers, "--idempotency-lease", "1s"],
-        &[
-            ("ASIENTO_PROVIDER_STRIPE_API_KEY", API_KEY),
-            ("ASIENTO_PROVIDER_STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET),
-        ],
-    );
-    let client = server.client();
     // Events go to the first server, which will be dead: only the retry can finish the payment.
-    let _sim = start_stripe_sim(&sim_listen, &server.base);
+    let mut rig = start_rig(&database, &["--idempotency-lease", "1s"]);
+    let client = rig.server.client();
+    let sim_listen = rig.sim_listen.clone();
     let body = stripe_payment(4_000, "pm_card_slow");
     let in_flight = {
         let client = client.clone();
@@ -502,12 +501,12 @@ async fn a_kill_between_stripe_s_answer_and_our_commit_resumes_once(backend: Bac
         assert!(Instant::now() < deadline, "Stripe never confirmed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    server.crash_and_restart();
+    rig.server.crash_and_restart();
     assert!(
         in_flight.await.unwrap().is_err(),
         "the killed server cannot have answered"
     );
-    let client = server.client();
+    let client = rig.server.client();
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let resumed = client.post("/v1/payments", "crash-stripe", &body).await;
     assert_eq!(

@@ -208,26 +208,31 @@ async fn read_call(
     stamp(provider_call(sim, None, op).await, None)
 }
 
-/// A write: authorized, keyed, then through the simulator's faults and Stripe's idempotency
-/// layer (`fingerprint` is the request as Stripe compares it: route and parameters).
-async fn write_call(
+/// A write: authorized, its parameters read by `read` (whatever it leaves is refused; a refusal
+/// here is never stored), keyed, then through the simulator's faults and Stripe's idempotency
+/// layer, which compares the request as Stripe does: route and parameters.
+async fn write_call<P>(
     sim: &Simulator,
     headers: &HeaderMap,
     route: String,
     body: &[u8],
-    op: impl FnOnce(&mut SimState, &str) -> Result<Reply, StripeError>,
+    read: impl FnOnce(&mut Params) -> Result<P, StripeError>,
+    op: impl FnOnce(&mut SimState, &str, P) -> Result<Reply, StripeError>,
 ) -> Response {
-    if let Err(error) = authorize(headers) {
-        return stamp(error.into_response(), None);
-    }
-    let (key, given) = match request_key(headers) {
-        Ok(key) => key,
+    let checked = authorize(headers).and_then(|()| {
+        let mut params = Params::parse(body)?;
+        let read = read(&mut params)?;
+        params.finish()?;
+        Ok((read, request_key(headers)?))
+    });
+    let (params, (key, given)) = match checked {
+        Ok(checked) => checked,
         Err(error) => return stamp(error.into_response(), None),
     };
     let fingerprint = format!("{route} {}", String::from_utf8_lossy(body));
     let echoed = given.then_some(key.clone());
     let response = provider_call(sim, Some(key.clone()), |state| {
-        stored_write(state, &key, fingerprint, |state| op(state, &key))
+        stored_write(state, &key, fingerprint, |state| op(state, &key, params))
     })
     .await;
     stamp(response, echoed.as_deref())
@@ -354,8 +359,7 @@ struct NewIntent {
     confirm: Option<Confirmation>,
 }
 
-fn read_new_intent(body: &[u8]) -> Result<NewIntent, StripeError> {
-    let mut params = Params::parse(body)?;
+fn read_new_intent(params: &mut Params) -> Result<NewIntent, StripeError> {
     let amount = params
         .integer("amount")?
         .ok_or_else(|| StripeError::missing("amount"))?;
@@ -393,8 +397,7 @@ fn read_new_intent(body: &[u8]) -> Result<NewIntent, StripeError> {
     params.text("receipt_email")?;
     params.text("statement_descriptor")?;
     params.text("statement_descriptor_suffix")?;
-    let expand = expand_of(&mut params, INTENT_EXPANSIONS)?;
-    params.finish()?;
+    let expand = expand_of(params, INTENT_EXPANSIONS)?;
     if confirm && redirects_allowed && return_url.is_none() {
         return Err(return_url_trap());
     }
@@ -440,16 +443,13 @@ fn return_url_trap() -> StripeError {
 
 async fn create_intent(State(sim): State<Simulator>, headers: HeaderMap, body: Bytes) -> Response {
     let redirect = redirect_base(&sim, &headers);
-    let new = match read_new_intent(&body) {
-        Ok(new) => new,
-        Err(error) => return stamp(error.into_response(), None),
-    };
     write_call(
         &sim,
         &headers,
         "POST /v1/payment_intents".into(),
         &body,
-        |state, key| {
+        read_new_intent,
+        |state, key, new| {
             if state.stripe.len() >= CHARGES_MAX {
                 return Err(SimError::CapacityExhausted.into());
             }
@@ -536,8 +536,7 @@ async fn confirm_intent(
     body: Bytes,
 ) -> Response {
     let redirect = redirect_base(&sim, &headers);
-    let confirmation = (|| {
-        let mut params = Params::parse(&body)?;
+    let read = |params: &mut Params| {
         let payment_method = params.text("payment_method")?;
         if let Some(method) = &payment_method {
             test_method(method)?;
@@ -546,22 +545,22 @@ async fn confirm_intent(
         params.one_of("off_session", &["true", "false", "one_off", "recurring"])?;
         params.boolean("error_on_requires_action")?;
         params.text("receipt_email")?;
-        let expand = expand_of(&mut params, INTENT_EXPANSIONS)?;
-        params.finish()?;
-        Ok::<_, StripeError>(Confirmation {
+        let expand = expand_of(params, INTENT_EXPANSIONS)?;
+        Ok(Confirmation {
             payment_method,
             return_url,
             expand,
         })
-    })();
-    let confirmation = match confirmation {
-        Ok(confirmation) => confirmation,
-        Err(error) => return stamp(error.into_response(), None),
     };
     let route = format!("POST /v1/payment_intents/{id}/confirm");
-    write_call(&sim, &headers, route, &body, |state, key| {
-        confirm(state, key, &id, confirmation, &redirect)
-    })
+    write_call(
+        &sim,
+        &headers,
+        route,
+        &body,
+        read,
+        |state, key, confirmation| confirm(state, key, &id, confirmation, &redirect),
+    )
     .await
 }
 
@@ -571,8 +570,7 @@ async fn capture_intent(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let read = (|| {
-        let mut params = Params::parse(&body)?;
+    let read = |params: &mut Params| {
         let amount = params.integer("amount_to_capture")?;
         if params.boolean("final_capture")? == Some(false) {
             return Err(StripeError::invalid_param(
@@ -583,55 +581,57 @@ async fn capture_intent(
         let metadata = params.metadata()?;
         params.text("statement_descriptor")?;
         params.text("statement_descriptor_suffix")?;
-        let expand = expand_of(&mut params, INTENT_EXPANSIONS)?;
-        params.finish()?;
-        Ok::<_, StripeError>((amount, metadata, expand))
-    })();
-    let (amount, metadata, expand) = match read {
-        Ok(read) => read,
-        Err(error) => return stamp(error.into_response(), None),
+        let expand = expand_of(params, INTENT_EXPANSIONS)?;
+        Ok((amount, metadata, expand))
     };
     let route = format!("POST /v1/payment_intents/{id}/capture");
-    write_call(&sim, &headers, route, &body, |state, key| {
-        let record = intent_record(state, &id)?.clone();
-        let status = render::intent_status(&record, state.charge(&charge_id_of(&id)));
-        if status != "requires_capture" {
-            return Err(StripeError::unexpected_state(format!(
+    write_call(
+        &sim,
+        &headers,
+        route,
+        &body,
+        read,
+        |state, key, (amount, metadata, expand)| {
+            let record = intent_record(state, &id)?.clone();
+            let status = render::intent_status(&record, state.charge(&charge_id_of(&id)));
+            if status != "requires_capture" {
+                return Err(StripeError::unexpected_state(format!(
                 "This PaymentIntent could not be captured because it has a status of {status}. \
                  Only a PaymentIntent with one of the following statuses may be captured: \
                  requires_capture."
             )));
-        }
-        let reply = state
-            .capture(
-                key,
-                &charge_id_of(&id),
-                &CaptureRequest {
-                    amount_minor: amount,
-                },
-                Utc::now(),
-            )
-            .map_err(StripeError::from)?;
-        let answer: OperationAnswer = decoded(&reply);
-        let charge = answer
-            .charge
-            .clone()
-            .or_else(|| state.charge(&charge_id_of(&id)).cloned())
-            .ok_or_else(|| StripeError::not_found("payment_intent", &id))?;
-        let record = {
-            let stored = state
-                .stripe
-                .get_mut(&id)
-                .expect("the intent was read above under the same lock");
-            stored.metadata.extend(metadata);
-            stored.clone()
-        };
-        let mut intent = intent_with(state, &record, &charge, &expand);
-        if answer.operation.status == OperationStatus::Pending {
-            intent["status"] = Value::from("processing");
-        }
-        Ok(ok(&intent))
-    })
+            }
+            let reply = state
+                .capture(
+                    key,
+                    &charge_id_of(&id),
+                    &CaptureRequest {
+                        amount_minor: amount,
+                    },
+                    Utc::now(),
+                )
+                .map_err(StripeError::from)?;
+            let answer: OperationAnswer = decoded(&reply);
+            let charge = answer
+                .charge
+                .clone()
+                .or_else(|| state.charge(&charge_id_of(&id)).cloned())
+                .ok_or_else(|| StripeError::not_found("payment_intent", &id))?;
+            let record = {
+                let stored = state
+                    .stripe
+                    .get_mut(&id)
+                    .expect("the intent was read above under the same lock");
+                stored.metadata.extend(metadata);
+                stored.clone()
+            };
+            let mut intent = intent_with(state, &record, &charge, &expand);
+            if answer.operation.status == OperationStatus::Pending {
+                intent["status"] = Value::from("processing");
+            }
+            Ok(ok(&intent))
+        },
+    )
     .await
 }
 
@@ -641,58 +641,59 @@ async fn cancel_intent(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let read = (|| {
-        let mut params = Params::parse(&body)?;
+    let read = |params: &mut Params| {
         let reason = params.one_of("cancellation_reason", CANCELLATION_REASONS)?;
-        let expand = expand_of(&mut params, INTENT_EXPANSIONS)?;
-        params.finish()?;
-        Ok::<_, StripeError>((reason, expand))
-    })();
-    let (reason, expand) = match read {
-        Ok(read) => read,
-        Err(error) => return stamp(error.into_response(), None),
+        let expand = expand_of(params, INTENT_EXPANSIONS)?;
+        Ok((reason, expand))
     };
     let route = format!("POST /v1/payment_intents/{id}/cancel");
-    write_call(&sim, &headers, route, &body, |state, key| {
-        let record = intent_record(state, &id)?.clone();
-        let status = render::intent_status(&record, state.charge(&charge_id_of(&id)));
-        let cancelable = [
-            "requires_payment_method",
-            "requires_confirmation",
-            "requires_action",
-            "requires_capture",
-        ];
-        if !cancelable.contains(&status) {
-            return Err(StripeError::unexpected_state(format!(
+    write_call(
+        &sim,
+        &headers,
+        route,
+        &body,
+        read,
+        |state, key, (reason, expand)| {
+            let record = intent_record(state, &id)?.clone();
+            let status = render::intent_status(&record, state.charge(&charge_id_of(&id)));
+            let cancelable = [
+                "requires_payment_method",
+                "requires_confirmation",
+                "requires_action",
+                "requires_capture",
+            ];
+            if !cancelable.contains(&status) {
+                return Err(StripeError::unexpected_state(format!(
                 "You cannot cancel this PaymentIntent because it has a status of {status}. Only \
                  a PaymentIntent with one of the following statuses may be canceled: {}.",
                 cancelable.join(", ")
             )));
-        }
-        let now = Utc::now();
-        if record.confirmed
-            && state.charge(&charge_id_of(&id)).is_some_and(|c| {
-                matches!(
-                    c.status,
-                    crate::provider::ChargeStatus::RequiresCapture
-                        | crate::provider::ChargeStatus::RequiresAction
-                )
-            })
-        {
-            state
-                .cancel(key, &charge_id_of(&id), now)
-                .map_err(StripeError::from)?;
-        }
-        let record = {
-            let stored = state
-                .stripe
-                .get_mut(&id)
-                .expect("the intent was read above under the same lock");
-            stored.canceled = Some((now.timestamp(), reason));
-            stored.clone()
-        };
-        Ok(ok(&render_intent(state, &record, &expand)))
-    })
+            }
+            let now = Utc::now();
+            if record.confirmed
+                && state.charge(&charge_id_of(&id)).is_some_and(|c| {
+                    matches!(
+                        c.status,
+                        crate::provider::ChargeStatus::RequiresCapture
+                            | crate::provider::ChargeStatus::RequiresAction
+                    )
+                })
+            {
+                state
+                    .cancel(key, &charge_id_of(&id), now)
+                    .map_err(StripeError::from)?;
+            }
+            let record = {
+                let stored = state
+                    .stripe
+                    .get_mut(&id)
+                    .expect("the intent was read above under the same lock");
+                stored.canceled = Some((now.timestamp(), reason));
+                stored.clone()
+            };
+            Ok(ok(&render_intent(state, &record, &expand)))
+        },
+    )
     .await
 }
 
@@ -829,16 +830,14 @@ fn page<'a, T: Listed>(
 }
 
 async fn create_refund(State(sim): State<Simulator>, headers: HeaderMap, body: Bytes) -> Response {
-    let read = (|| {
-        let mut params = Params::parse(&body)?;
+    let read = |params: &mut Params| {
         let intent = params.text("payment_intent")?;
         let charge = params.text("charge")?;
         let amount = params.integer("amount")?;
         params.one_of("reason", REFUND_REASONS)?;
         let metadata = params.metadata()?;
         params.text("instructions_email")?;
-        let _ = expand_of(&mut params, &[])?;
-        params.finish()?;
+        expand_of(params, &[])?;
         let charge_id = match (intent, charge) {
             (Some(intent), None) => charge_id_of(&intent),
             (None, Some(charge)) => charge,
@@ -848,18 +847,15 @@ async fn create_refund(State(sim): State<Simulator>, headers: HeaderMap, body: B
                 ))
             }
         };
-        Ok::<_, StripeError>((charge_id, amount, metadata))
-    })();
-    let (charge_id, amount, metadata) = match read {
-        Ok(read) => read,
-        Err(error) => return stamp(error.into_response(), None),
+        Ok((charge_id, amount, metadata))
     };
     write_call(
         &sim,
         &headers,
         "POST /v1/refunds".into(),
         &body,
-        |state, key| {
+        read,
+        |state, key, (charge_id, amount, metadata)| {
             let charge = state
                 .charge(&charge_id)
                 .filter(|_| state.stripe.get(&intent_id_of(&charge_id)).is_some())
@@ -905,7 +901,7 @@ async fn get_refund(
 ) -> Response {
     read_call(&sim, &headers, |state| {
         let mut params = query_params(query)?;
-        let _ = expand_of(&mut params, &[])?;
+        expand_of(&mut params, &[])?;
         params.finish()?;
         let operation = state
             .operation(&id)
