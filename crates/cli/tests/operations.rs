@@ -10,7 +10,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{asiento, payment_body, sim_list, Answer, Backend, Client, Server, TestDatabase};
+use common::{
+    payment_body, sim_list, verify, wait_for, Answer, Backend, Client, Server, TestDatabase,
+};
 use serde_json::{json, Value};
 
 const SECRET: &str = "whsec_test_0123456789";
@@ -56,23 +58,6 @@ async fn faults(client: &Client, body: Value) {
         "{}",
         String::from_utf8_lossy(&answer.body)
     );
-}
-
-async fn payment(client: &Client, id: &str) -> Value {
-    client.get(&format!("/v1/payments/{id}")).await.json()
-}
-
-/// Polls the payment until `done` holds (at most 30 s).
-async fn wait_for(client: &Client, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let current = payment(client, id).await;
-        if done(&current) {
-            return current;
-        }
-        assert!(Instant::now() < deadline, "{what}: payment is {current}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// The simulator's operations of `kind` on the charge of payment `id`.
@@ -136,18 +121,6 @@ async fn refund_then_fail(client: &Client, id: &str, key: &str, amount: i64) {
         "{}",
         String::from_utf8_lossy(&failed.body)
     );
-}
-
-fn verify(database: &TestDatabase) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (ok, output) = asiento(&["verify", "--database-url", &database.url]);
-        if ok {
-            return;
-        }
-        assert!(Instant::now() < deadline, "verify: {output}");
-        std::thread::sleep(Duration::from_millis(300));
-    }
 }
 
 fn refund_entries(entries: &[Value]) -> usize {

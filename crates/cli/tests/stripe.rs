@@ -14,7 +14,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{asiento, payment_body, Backend, Client, Process, Server, TestDatabase};
+use common::{
+    payment, payment_body, verify, wait_for, Backend, Client, Process, Server, TestDatabase,
+};
 use serde_json::{json, Value};
 
 const WEBHOOK_SECRET: &str = "whsec_stripe_test_0123456789";
@@ -78,34 +80,6 @@ fn start_rig(database: &TestDatabase, extra: &[&str]) -> Rig {
         server,
         sim_listen,
         _sim: sim,
-    }
-}
-
-async fn payment(client: &Client, id: &str) -> Value {
-    client.get(&format!("/v1/payments/{id}")).await.json()
-}
-
-async fn wait_for(client: &Client, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let current = payment(client, id).await;
-        if done(&current) {
-            return current;
-        }
-        assert!(Instant::now() < deadline, "{what}: payment is {current}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-fn verify(database: &TestDatabase) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (ok, output) = asiento(&["verify", "--database-url", &database.url]);
-        if ok {
-            return;
-        }
-        assert!(Instant::now() < deadline, "verify: {output}");
-        std::thread::sleep(Duration::from_millis(300));
     }
 }
 

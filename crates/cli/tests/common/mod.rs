@@ -363,6 +363,45 @@ pub async fn sim_list(client: &Client, path: &str) -> Vec<Value> {
         .clone()
 }
 
+/// The payment as the API shows it now.
+pub async fn payment(client: &Client, id: &str) -> Value {
+    client.get(&format!("/v1/payments/{id}")).await.json()
+}
+
+/// Polls the payment until `done` holds (at most 30 s).
+pub async fn wait_for(
+    client: &Client,
+    id: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let current = payment(client, id).await;
+        if done(&current) {
+            return current;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: payment is {current}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `asiento verify` until it passes (at most 30 s: the projections and the sealer catch up).
+pub fn verify(database: &TestDatabase) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, output) = asiento(&["verify", "--database-url", &database.url]);
+        if ok {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "verify: {output}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
 pub fn payment_body(amount_minor: i64, method: &str) -> Value {
     serde_json::json!({
         "amount_minor": amount_minor,
