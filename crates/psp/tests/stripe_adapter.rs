@@ -381,3 +381,66 @@ async fn a_dispute_is_read_with_the_payment_intent_until_it_is_lost() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn an_event_is_read_as_the_objects_it_names_stand_now() {
+    bounded(async {
+        let sim = stripe_sim(30_000).await;
+        let stripe = adapter(&sim, 2_000);
+        let ChargeOutcome::Succeeded(paid) = stripe.create_charge(&charge("k9", "pm_card_visa", true)).await else {
+            panic!("a visa test card succeeds");
+        };
+        let event = |kind: &str, object: serde_json::Value| {
+            serde_json::to_vec(&serde_json::json!({
+                "id": "evt_1", "object": "event", "type": kind, "created": 1_700_000_000,
+                "data": {"object": object},
+            }))
+            .unwrap()
+        };
+        // The object in the event is stale (requires_capture); the read says what it is now.
+        let body = event(
+            "payment_intent.amount_capturable_updated",
+            serde_json::json!({"id": paid.id, "object": "payment_intent", "status": "requires_capture"}),
+        );
+        let read = stripe.read_event(&body).await.unwrap().expect("ours");
+        assert_eq!(read.id, "evt_1");
+        assert_eq!(read.data.charge.status, ChargeStatus::Succeeded);
+        assert_eq!(read.data.charge.reference.as_deref(), Some("pay_k9"));
+
+        let refund = stripe.refund(&paid.id, 100, "k9:refund").await.unwrap();
+        let body = event(
+            "refund.updated",
+            serde_json::json!({"id": refund.operation.id, "object": "refund"}),
+        );
+        let read = stripe.read_event(&body).await.unwrap().expect("ours");
+        let operation = read.data.operation.expect("a refund's event names the refund");
+        assert_eq!((operation.status, operation.idempotency_key.as_str()), (OperationStatus::Succeeded, "k9:refund"));
+        assert_eq!(read.data.charge.amount_refunded, 100);
+
+        // A type the ledger does not use, and a PaymentIntent asiento did not create, are ignored.
+        let unused = event("customer.created", serde_json::json!({"id": "cus_1"}));
+        assert_eq!(stripe.read_event(&unused).await.unwrap(), None);
+        let foreign = reqwest::Client::new()
+            .post(format!("{}/v1/payment_intents", sim.base))
+            .bearer_auth("sk_test_other")
+            .form(&[("amount", "300"), ("currency", "usd"), ("payment_method_types[0]", "card")])
+            .send()
+            .await
+            .unwrap()
+            .json::<serde_json::Value>()
+            .await
+            .unwrap();
+        let body = event("payment_intent.created", foreign.clone());
+        assert_eq!(stripe.read_event(&body).await.unwrap(), None, "an unused type");
+        let body = event("payment_intent.canceled", foreign);
+        assert_eq!(stripe.read_event(&body).await.unwrap(), None, "not ours");
+
+        // A body that is no event is a protocol error (dead-lettered), not a retry.
+        assert!(matches!(
+            stripe.read_event(b"{\"nope\": 1}").await,
+            Err(ProviderError::Protocol { .. })
+        ));
+        sim.shutdown().await;
+    })
+    .await;
+}

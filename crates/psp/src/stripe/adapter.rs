@@ -397,6 +397,11 @@ impl Provider for StripeProvider {
         let Some(intent) = self.intent(&intent_id).await? else {
             return Err(gone("payment_intent", &intent_id));
         };
+        if !intent.metadata.contains_key(METADATA_PAYMENT_ID) {
+            // Made on the same account by something other than asiento: not ours to apply.
+            tracing::debug!(intent = %intent.id, "Stripe event about a PaymentIntent asiento did not create");
+            return Ok(None);
+        }
         Ok(Some(WebhookEvent {
             id: event.id.clone(),
             kind: hint.kind,
