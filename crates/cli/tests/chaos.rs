@@ -53,6 +53,8 @@ const SECRET: &str = "whsec_chaos_0123456789";
 const API_KEY: &str = "sk_test_acme_0123456789abcdef";
 /// The simulator's `failure_reason` of a refund that failed after succeeding.
 const REVERSAL_REASON: &str = "expired_or_canceled_card";
+/// The least convergence time the Stripe campaign gets (see `fault_campaign`).
+const STRIPE_CONVERGE_S_MIN: u64 = 180;
 /// The Stripe secret key of provider `sim` when the simulator speaks Stripe's dialect.
 const STRIPE_KEY_ENV: (&str, &str) = ("ASIENTO_PROVIDER_SIM_API_KEY", "sk_test_chaos");
 
@@ -61,6 +63,18 @@ fn provider_args(dialect: &str, sim: &str) -> [String; 2] {
     match dialect {
         "stripe" => ["--providers".to_owned(), format!("sim=stripe:{sim}")],
         _ => ["--psp-url".to_owned(), sim.to_owned()],
+    }
+}
+
+/// How long a payment stays pending before the sweeps look at it. Without a lookup by key
+/// (Stripe), a payment whose report windows were compared is expired as never created, so this
+/// must outlast the creating request itself (two calls of up to four 500 ms attempts with
+/// backoff, about 6 s here): a shorter one expires a payment whose confirmation is still on its
+/// way, and the charge then lands on an expired payment (a manual exception).
+fn pending_timeout(dialect: &str) -> &'static str {
+    match dialect {
+        "stripe" => "10s",
+        _ => "2s",
     }
 }
 
@@ -215,7 +229,13 @@ impl ChaosServer {
         panic!("the server does not start: {args:?}");
     }
 
-    fn start(database_url: &str, port: u16, provider: &[String; 2], report_settle: &str) -> Self {
+    fn start(
+        database_url: &str,
+        port: u16,
+        provider: &[String; 2],
+        pending_timeout: &str,
+        report_settle: &str,
+    ) -> Self {
         let args: Vec<String> = [
             "serve",
             "--listen",
@@ -235,7 +255,7 @@ impl ChaosServer {
             "--payment-lease",
             "3s",
             "--pending-timeout",
-            "2s",
+            pending_timeout,
             "--reconcile-interval",
             "1s",
             "--operation-timeout",
@@ -1494,6 +1514,11 @@ async fn fault_campaign() {
         dialect: "stripe".to_owned(),
         backend: Backend::Sqlite,
         pg_outage: false,
+        // Payments Stripe never got expire only through report windows (no lookup by key):
+        // 30 to 80 s of convergence here.
+        converge: knobs
+            .converge
+            .max(Duration::from_secs(STRIPE_CONVERGE_S_MIN)),
         ..knobs.clone()
     });
     campaign(knobs).await;
@@ -1563,6 +1588,7 @@ async fn campaign(knobs: Knobs) {
         &database.url,
         port,
         &provider,
+        pending_timeout(&knobs.dialect),
         report_settle(&knobs.dialect),
     )));
     let http = reqwest::Client::builder()
@@ -1757,7 +1783,10 @@ async fn campaign(knobs: Knobs) {
                 "--settle".to_owned(),
                 "0s".to_owned(),
                 "--pending-timeout".to_owned(),
-                "1s".to_owned(),
+                match knobs.dialect.as_str() {
+                    "stripe" => pending_timeout("stripe").to_owned(),
+                    _ => "1s".to_owned(),
+                },
                 // As the server's sweeps: open operations are driven after a second.
                 "--operation-timeout".to_owned(),
                 "1s".to_owned(),

@@ -40,7 +40,8 @@ mod receive;
 mod secrets;
 mod worker;
 
-/// The header carrying a webhook's signature, re-exported for the HTTP layer.
+/// The headers carrying a webhook's signature (ours, and Stripe's with the same scheme),
+/// re-exported for the HTTP layer.
 pub use asiento_psp::stripe::SIGNATURE_HEADER as STRIPE_SIGNATURE_HEADER;
 pub use asiento_psp::{SIGNATURE_HEADER, TOLERANCE_S_DEFAULT};
 pub use queries::{

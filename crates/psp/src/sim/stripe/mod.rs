@@ -77,7 +77,7 @@ const CANCELLATION_REASONS: &[&str] = &[
 ];
 const REFUND_REASONS: &[&str] = &["duplicate", "fraudulent", "requested_by_customer"];
 
-/// What the simulator's error answers say when a request names our own control of the sim.
+/// Stripe's routes; any other path is Stripe's 404 "Unrecognized request URL".
 pub(super) fn routes() -> Router<Simulator> {
     Router::new()
         .route("/v1/payment_intents", post(create_intent).get(list_intents))
