@@ -79,6 +79,9 @@ pub struct Payment {
     pub currency: String,
     pub customer: String,
     pub provider: String,
+    /// The provider's id of the charge (a Stripe PaymentIntent `pi_…`), once the provider has
+    /// answered with one: what a support person searches the provider's dashboard for.
+    pub provider_charge_id: Option<String>,
     pub capture: String,
     pub captured_minor: i64,
     pub refunded_minor: i64,

@@ -189,6 +189,7 @@ pub fn payment_json(payment: &PaymentRecord, position: i64) -> Value {
         "currency": payment.currency.code(),
         "customer": payment.customer.as_str(),
         "provider": payment.provider.as_str(),
+        "provider_charge_id": payment.provider_charge_id,
         "capture": payment.capture_mode,
         "captured_minor": payment.captured.minor(),
         "refunded_minor": payment.refunded.minor(),

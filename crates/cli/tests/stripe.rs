@@ -132,6 +132,12 @@ async fn payments_through_stripe(backend: Backend) {
     let captured = captured.json();
     assert_eq!(captured["status"], "captured", "{captured}");
     assert_eq!(captured["provider"], "stripe", "{captured}");
+    assert!(
+        captured["provider_charge_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("pi_")),
+        "the PaymentIntent is the charge: {captured}"
+    );
     let id = captured["id"].as_str().unwrap().to_owned();
 
     let refund = client
