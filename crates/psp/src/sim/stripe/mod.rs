@@ -126,42 +126,15 @@ fn authorize(headers: &HeaderMap) -> Result<(), StripeError> {
 }
 
 fn basic_user(encoded: &str) -> Option<String> {
-    let decoded = base64_decode(encoded)?;
+    use base64::Engine as _;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()?;
     let text = String::from_utf8(decoded).ok()?;
     Some(
         text.split_once(':')
             .map_or(text.clone(), |(user, _)| user.to_owned()),
     )
-}
-
-/// Standard base64 with padding, which is all Basic auth uses.
-fn base64_decode(text: &str) -> Option<Vec<u8>> {
-    let value = |c: u8| -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    };
-    let bytes = text.trim_end_matches('=').as_bytes();
-    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
-    for chunk in bytes.chunks(4) {
-        let mut acc = 0u32;
-        for (index, c) in chunk.iter().enumerate() {
-            acc |= value(*c)? << (18 - 6 * index);
-        }
-        let produced = match chunk.len() {
-            4 => 3,
-            3 => 2,
-            2 => 1,
-            _ => return None,
-        };
-        out.extend_from_slice(&acc.to_be_bytes()[1..1 + produced]);
-    }
-    Some(out)
 }
 
 /// The request's idempotency key: the header's when it is usable, else a fresh one (a POST
@@ -196,16 +169,29 @@ fn stamp(mut response: Response, key: Option<&str>) -> Response {
     response
 }
 
-/// A read: authorized, then through the simulator's faults.
-async fn read_call(
+/// A read: authorized, its query read by `read` (whatever it leaves is refused), then through
+/// the simulator's faults.
+async fn read_call<P>(
     sim: &Simulator,
     headers: &HeaderMap,
-    op: impl FnOnce(&mut SimState) -> Result<Reply, StripeError>,
+    query: Option<String>,
+    read: impl FnOnce(&mut Params) -> Result<P, StripeError>,
+    op: impl FnOnce(&mut SimState, P) -> Result<Reply, StripeError>,
 ) -> Response {
-    if let Err(error) = authorize(headers) {
-        return stamp(error.into_response(), None);
-    }
-    stamp(provider_call(sim, None, op).await, None)
+    let checked = authorize(headers).and_then(|()| {
+        let mut params = Params::parse(query.unwrap_or_default().as_bytes())?;
+        let read = read(&mut params)?;
+        params.finish()?;
+        Ok(read)
+    });
+    let params = match checked {
+        Ok(params) => params,
+        Err(error) => return stamp(error.into_response(), None),
+    };
+    stamp(
+        provider_call(sim, None, |state| op(state, params)).await,
+        None,
+    )
 }
 
 /// A write: authorized, its parameters read by `read` (whatever it leaves is refused; a refusal
@@ -697,21 +683,17 @@ async fn cancel_intent(
     .await
 }
 
-fn query_params(query: Option<String>) -> Result<Params, StripeError> {
-    Params::parse(query.unwrap_or_default().as_bytes())
-}
-
 async fn get_intent(
     State(sim): State<Simulator>,
     Path(id): Path<String>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    read_call(&sim, &headers, |state| {
-        let mut params = query_params(query)?;
-        let expand = expand_of(&mut params, INTENT_EXPANSIONS)?;
+    let read = |params: &mut Params| {
         params.text("client_secret")?;
-        params.finish()?;
+        expand_of(params, INTENT_EXPANSIONS)
+    };
+    read_call(&sim, &headers, query, read, |state, expand| {
         let record = intent_record(state, &id)?;
         Ok(ok(&render_intent(state, record, &expand)))
     })
@@ -723,8 +705,7 @@ async fn list_intents(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    read_call(&sim, &headers, |state| {
-        let mut params = query_params(query)?;
+    let read = |params: &mut Params| {
         let (from, to) = params.created()?;
         let limit = params.limit()?;
         let starting_after = params.text("starting_after")?;
@@ -744,58 +725,56 @@ async fn list_intents(
             })
             .collect::<Result<_, _>>()?;
         let expand = Expand::new(expand, INTENT_EXPANSIONS)?;
-        params.finish()?;
-        let matching: Vec<&IntentRecord> = state
-            .stripe
-            .newest_first()
-            .filter(|record| (from..=to).contains(&record.created))
-            .collect();
-        let page = page(
-            &matching,
-            starting_after.as_deref(),
-            ending_before.as_deref(),
-            limit,
-        )?;
-        let data = page
-            .items
-            .iter()
-            .map(|record| render_intent(state, record, &expand))
-            .collect();
-        Ok(ok(&render::list(
-            "/v1/payment_intents",
-            data,
-            page.has_more,
-        )))
-    })
+        Ok((from, to, limit, starting_after, ending_before, expand))
+    };
+    read_call(
+        &sim,
+        &headers,
+        query,
+        read,
+        |state, (from, to, limit, starting_after, ending_before, expand)| {
+            let matching: Vec<&IntentRecord> = state
+                .stripe
+                .newest_first()
+                .filter(|record| (from..=to).contains(&record.created))
+                .collect();
+            let page = page(
+                &matching,
+                starting_after.as_deref(),
+                ending_before.as_deref(),
+                limit,
+            )?;
+            let data = page
+                .items
+                .iter()
+                .map(|record| render_intent(state, record, &expand))
+                .collect();
+            Ok(ok(&render::list(
+                "/v1/payment_intents",
+                data,
+                page.has_more,
+            )))
+        },
+    )
     .await
 }
 
-struct Page<'a, T> {
-    items: Vec<&'a T>,
+struct Page<'a> {
+    items: Vec<&'a IntentRecord>,
     has_more: bool,
 }
 
-trait Listed {
-    fn id(&self) -> &str;
-}
-
-impl Listed for IntentRecord {
-    fn id(&self) -> &str {
-        &self.id
-    }
-}
-
 /// One page of a newest-first listing, after (older than) or before (newer than) a cursor.
-fn page<'a, T: Listed>(
-    items: &[&'a T],
+fn page<'a>(
+    items: &[&'a IntentRecord],
     starting_after: Option<&str>,
     ending_before: Option<&str>,
     limit: usize,
-) -> Result<Page<'a, T>, StripeError> {
+) -> Result<Page<'a>, StripeError> {
     let position = |cursor: &str, param: &str| {
         items
             .iter()
-            .position(|item| item.id() == cursor)
+            .position(|item| item.id == cursor)
             .ok_or_else(|| {
                 StripeError::invalid_param(param, format!("No such object: '{cursor}'"))
                     .with_code("resource_missing")
@@ -899,10 +878,8 @@ async fn get_refund(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    read_call(&sim, &headers, |state| {
-        let mut params = query_params(query)?;
-        expand_of(&mut params, &[])?;
-        params.finish()?;
+    let read = |params: &mut Params| expand_of(params, &[]);
+    read_call(&sim, &headers, query, read, |state, _| {
         let operation = state
             .operation(&id)
             .filter(|operation| operation.kind == OperationKind::Refund)
@@ -921,10 +898,8 @@ async fn get_charge(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    read_call(&sim, &headers, |state| {
-        let mut params = query_params(query)?;
-        let expand = expand_of(&mut params, CHARGE_EXPANSIONS)?;
-        params.finish()?;
+    let read = |params: &mut Params| expand_of(params, CHARGE_EXPANSIONS);
+    read_call(&sim, &headers, query, read, |state, expand| {
         let record = state
             .stripe
             .get(&intent_id_of(&id))
@@ -950,13 +925,16 @@ async fn list_disputes(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    read_call(&sim, &headers, |state| {
-        let mut params = query_params(query)?;
+    let read = |params: &mut Params| {
         let intent = params.text("payment_intent")?;
         let charge = params.text("charge")?;
-        let limit = params.limit()?;
-        params.finish()?;
-        let charges: Vec<Charge> = match intent.map(|intent| charge_id_of(&intent)).or(charge) {
+        Ok((
+            intent.map(|intent| charge_id_of(&intent)).or(charge),
+            params.limit()?,
+        ))
+    };
+    read_call(&sim, &headers, query, read, |state, (wanted, limit)| {
+        let charges: Vec<Charge> = match wanted {
             Some(id) => state.charge(&id).cloned().into_iter().collect(),
             None => state.charges(),
         };
@@ -986,16 +964,21 @@ async fn get_dispute(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    read_call(&sim, &headers, |state| {
-        query_params(query)?.finish()?;
-        let charge_id = format!("ch_{}", id.strip_prefix("dp_").unwrap_or(&id));
-        let dispute = state
-            .charge(&charge_id)
-            .filter(|_| state.stripe.get(&intent_id_of(&charge_id)).is_some())
-            .and_then(render::dispute)
-            .ok_or_else(|| StripeError::not_found("dispute", &id))?;
-        Ok(ok(&dispute))
-    })
+    read_call(
+        &sim,
+        &headers,
+        query,
+        |_| Ok(()),
+        |state, ()| {
+            let charge_id = format!("ch_{}", id.strip_prefix("dp_").unwrap_or(&id));
+            let dispute = state
+                .charge(&charge_id)
+                .filter(|_| state.stripe.get(&intent_id_of(&charge_id)).is_some())
+                .and_then(render::dispute)
+                .ok_or_else(|| StripeError::not_found("dispute", &id))?;
+            Ok(ok(&dispute))
+        },
+    )
     .await
 }
 
