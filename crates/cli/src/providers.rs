@@ -102,6 +102,14 @@ pub fn parse_providers(raw: &str) -> Result<ProviderSpecs, String> {
     Ok(ProviderSpecs(specs))
 }
 
+/// `ASIENTO_PROVIDER_<NAME>_<WHAT>`: the name upper case, `-` as `_`.
+fn secret_variable(name: &ProviderName, what: &str) -> String {
+    format!(
+        "ASIENTO_PROVIDER_{}_{what}",
+        name.as_str().to_ascii_uppercase().replace('-', "_")
+    )
+}
+
 /// A provider's secret from the environment: `ASIENTO_PROVIDER_<NAME>_<WHAT>`, or the file
 /// `ASIENTO_PROVIDER_<NAME>_<WHAT>_FILE` names (its contents, trimmed).
 pub fn provider_secret(
@@ -109,10 +117,7 @@ pub fn provider_secret(
     what: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> anyhow::Result<Option<String>> {
-    let variable = format!(
-        "ASIENTO_PROVIDER_{}_{what}",
-        name.as_str().to_ascii_uppercase().replace('-', "_")
-    );
+    let variable = secret_variable(name, what);
     let file_variable = format!("{variable}_FILE");
     let secret = match (env(&variable), env(&file_variable)) {
         (Some(_), Some(_)) => {
@@ -201,9 +206,8 @@ pub fn build(
             ProviderKind::Stripe => {
                 let key = provider_secret(name, "API_KEY", env)?.with_context(|| {
                     format!(
-                        "provider {name} (stripe) needs its secret key in \
-                         ASIENTO_PROVIDER_{}_API_KEY (or _API_KEY_FILE)",
-                        name.as_str().to_ascii_uppercase().replace('-', "_")
+                        "provider {name} (stripe) needs its secret key in {} (or _FILE)",
+                        secret_variable(name, "API_KEY")
                     )
                 })?;
                 Arc::new(

@@ -167,10 +167,18 @@ impl StripeProvider {
         }
     }
 
-    /// The charge a PaymentIntent stands for now, with its charge's dispute when it has one (a
-    /// PaymentIntent does not carry it: one more read, for disputed charges only).
+    /// The charge a PaymentIntent stands for now, with its charge's dispute when it has one.
     async fn charge_now(&self, intent: &PaymentIntent) -> Result<Charge, ProviderError> {
-        let mut charge = charge_of(intent)?;
+        self.with_dispute(intent, charge_of(intent)?).await
+    }
+
+    /// `charge` with its dispute, when the PaymentIntent's charge is disputed (a PaymentIntent
+    /// does not carry it: one more read, for disputed charges only).
+    async fn with_dispute(
+        &self,
+        intent: &PaymentIntent,
+        mut charge: Charge,
+    ) -> Result<Charge, ProviderError> {
         if disputed(intent) {
             let mut url = self.transport.url(&["v1", "disputes"]);
             url.query_pairs_mut()
@@ -440,12 +448,11 @@ impl Provider for StripeProvider {
             let page: List<PaymentIntent> = self.transport.object(Call::read(url)).await?;
             read += page.data.len();
             for intent in &page.data {
-                let charge = match self.charge_now(intent).await {
-                    Ok(charge) => charge,
-                    // No outcome yet: nothing to compare.
-                    Err(ProviderError::Unknown { .. }) if charge_of(intent).is_err() => continue,
-                    Err(error) => return Err(error),
+                // No outcome yet: nothing to compare.
+                let Ok(charge) = charge_of(intent) else {
+                    continue;
                 };
+                let charge = self.with_dispute(intent, charge).await?;
                 let fee_minor = intent
                     .latest_charge
                     .as_ref()
