@@ -147,20 +147,7 @@ async fn crash_between_charge_and_finalisation_resumes_once(backend: Backend) {
     );
     let client = server.client();
     let body = payment_body(10_000, "pm_card_slow");
-    let in_flight = {
-        let client = client.clone();
-        let body = body.clone();
-        tokio::spawn(async move {
-            client
-                .http
-                .post(format!("{}/v1/payments", client.base))
-                .bearer_auth(&client.key)
-                .header("idempotency-key", "crashy")
-                .json(&body)
-                .send()
-                .await
-        })
-    };
+    let in_flight = client.post_in_background("/v1/payments", "crashy", &body);
     // Wait until the provider has charged, then kill the server while the answer is held.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while simulator.charges().await.is_empty() {

@@ -459,20 +459,7 @@ async fn a_kill_between_stripe_s_answer_and_our_commit_resumes_once(backend: Bac
     let client = rig.server.client();
     let sim_listen = rig.sim_listen.clone();
     let body = stripe_payment(4_000, "pm_card_slow");
-    let in_flight = {
-        let client = client.clone();
-        let body = body.clone();
-        tokio::spawn(async move {
-            client
-                .http
-                .post(format!("{}/v1/payments", client.base))
-                .bearer_auth(&client.key)
-                .header("idempotency-key", "crash-stripe")
-                .json(&body)
-                .send()
-                .await
-        })
-    };
+    let in_flight = client.post_in_background("/v1/payments", "crash-stripe", &body);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if !sim_charges(&client, &sim_listen).await.is_empty() {

@@ -318,6 +318,23 @@ impl Client {
         self.send(request).await
     }
 
+    /// A POST sent on a task of its own, so that the server can be killed while it is in flight;
+    /// the raw result, because a killed server answers nothing.
+    pub fn post_in_background(
+        &self,
+        path: &str,
+        key: &str,
+        body: &Value,
+    ) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+        let request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.key)
+            .header("idempotency-key", key)
+            .json(body);
+        tokio::spawn(request.send())
+    }
+
     pub async fn post(&self, path: &str, key: &str, body: &Value) -> Answer {
         self.post_raw(path, Some(key), serde_json::to_vec(body).unwrap())
             .await
