@@ -288,8 +288,12 @@ impl CallError {
 
     /// A non-transient status: what the provider answered the last attempt.
     fn refusal(&self) -> Option<Rejection> {
+        // A 5xx or a 409 stays a possible effect even when the provider says not to retry it
+        // (`Stripe-Should-Retry: false`): never a refusal.
         match &self.last {
-            AttemptError::Status { status, body, .. } if !self.last.is_transient(false) => {
+            AttemptError::Status { status, body, .. }
+                if !self.last.is_transient(false) && !self.last.may_have_reached() =>
+            {
                 Some(parse_rejection(*status, body))
             }
             _ => None,
@@ -784,6 +788,35 @@ mod tests {
             in_use.into_provider_error(),
             ProviderError::Unknown { reason } if reason.contains("4 attempt")
         ));
+    }
+
+    #[test]
+    fn the_provider_s_word_on_retrying_never_makes_a_possible_effect_a_refusal() {
+        let answered = |code: u16, should_retry: Option<bool>| AttemptError::Status {
+            should_retry,
+            status: StatusCode::from_u16(code).unwrap(),
+            body: Bytes::from_static(br#"{"error":{"type":"api_error"}}"#),
+            retry_after: None,
+        };
+        // `Stripe-Should-Retry` decides whether to retry, either way.
+        assert!(!answered(500, Some(false)).is_transient(false));
+        assert!(answered(400, Some(true)).is_transient(false));
+        // A 500 it says not to retry may still have had its effect: unknown, for a write and a
+        // read alike, never a refusal.
+        for write in [true, false] {
+            let error = CallError {
+                last: answered(500, Some(false)),
+                attempts: 1,
+                retry_timeouts: !write,
+                write,
+                earlier_reached: false,
+            };
+            assert_eq!(error.rejection(), None);
+            assert!(matches!(
+                error.into_provider_error(),
+                ProviderError::Unknown { .. }
+            ));
+        }
     }
 
     #[test]
