@@ -68,6 +68,16 @@ pub struct ProviderOperation {
     pub updated_at: String,
 }
 
+/// A fee the provider kept (Stripe's processing fee, a dispute fee), posted from
+/// `psp:{provider}:clearing` to `expense:provider_fees:{provider}`.
+#[derive(Serialize, ToSchema)]
+pub struct ProviderFeeView {
+    /// The provider's balance transaction (`txn_…`).
+    pub transaction_id: String,
+    /// Negative when the provider gave a fee back.
+    pub fee_minor: i64,
+}
+
 /// A payment.
 #[derive(Serialize, ToSchema)]
 pub struct Payment {
@@ -87,6 +97,8 @@ pub struct Payment {
     pub refunded_minor: i64,
     /// The platform fee kept after refunds.
     pub fee_minor: i64,
+    /// The fees the provider itself kept, one per balance transaction (single payment only).
+    pub provider_fees: Vec<ProviderFeeView>,
     pub description: Option<String>,
     #[schema(value_type = Object)]
     pub metadata: serde_json::Value,

@@ -157,6 +157,7 @@ fn withheld(event: &PaymentEvent) -> &'static [&'static str] {
         | PaymentEvent::RefundReversed(_)
         | PaymentEvent::DisputeOpened(_)
         | PaymentEvent::DisputeClosed(_)
+        | PaymentEvent::ProviderFeeCharged(_)
         | PaymentEvent::EntryPosted(_) => &[],
     }
 }

@@ -194,6 +194,10 @@ pub fn payment_json(payment: &PaymentRecord, position: i64) -> Value {
         "captured_minor": payment.captured.minor(),
         "refunded_minor": payment.refunded.minor(),
         "fee_minor": payment.fee_net().map(|fee| fee.minor()).unwrap_or(payment.fee.minor()),
+        "provider_fees": payment.provider_fees.iter().map(|fee| json!({
+            "transaction_id": fee.transaction_id,
+            "fee_minor": fee.fee.minor(),
+        })).collect::<Vec<_>>(),
         "description": payment.description,
         "metadata": payment.metadata,
         "failure_reason": payment.failure_reason,

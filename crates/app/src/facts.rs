@@ -16,7 +16,7 @@ use asiento_domain::payment::DisputeOutcome;
 use asiento_domain::{Amount, ExceptionKind, OperationOutcome, PaymentRecord, ProviderFact};
 use asiento_psp::{
     Charge, ChargeOutcome, ChargeStatus, Dispute, DisputeStatus, Operation, OperationAnswer,
-    OperationKind as ProviderOperationKind, OperationStatus, ProviderError,
+    OperationKind as ProviderOperationKind, OperationStatus, ProviderError, ProviderFee,
 };
 
 /// How fresh a charge is: read from the provider just now (a lookup, an answer), or a snapshot
@@ -161,9 +161,10 @@ pub fn charge_status_fact(charge: &Charge, read: Read) -> ProviderFact {
 }
 
 /// Every fact a charge, as the provider holds it now, stands for, in the order to apply them:
-/// the capture it implies, its cumulative refund, its dispute (opened or closed).
+/// the capture it implies, its cumulative refund, its dispute (opened or closed), then the fees
+/// the provider kept (which need the captured money to exist).
 pub fn charge_facts(charge: &Charge, read: Read) -> Vec<ProviderFact> {
-    let mut facts = Vec::with_capacity(3);
+    let mut facts = Vec::with_capacity(3 + charge.provider_fees.len());
     let status = charge_status_fact(charge, read);
     if matches!(status, ProviderFact::Refunded { .. }) || charge.dispute.is_some() {
         facts.extend(captured(charge));
@@ -178,7 +179,21 @@ pub fn charge_facts(charge: &Charge, read: Read) -> Vec<ProviderFact> {
         facts.push(status);
     }
     facts.extend(dispute_fact(charge));
+    facts.extend(provider_fee_facts(&charge.id, &charge.provider_fees));
     facts
+}
+
+/// The provider's fees on `charge_id`, one fact per balance transaction.
+pub fn provider_fee_facts<'a>(
+    charge_id: &'a str,
+    fees: &'a [ProviderFee],
+) -> impl Iterator<Item = ProviderFact> + 'a {
+    fees.iter()
+        .map(move |fee| ProviderFact::ProviderFeeCharged {
+            charge_id: charge_id.to_owned(),
+            transaction_id: fee.transaction_id.clone(),
+            fee: Amount::new(fee.fee_minor),
+        })
 }
 
 fn captured(charge: &Charge) -> Option<ProviderFact> {
@@ -334,6 +349,7 @@ mod tests {
             idempotency_key: record.psp_key.clone(),
             payment_method: "pm_card_ok".into(),
             capture: true,
+            provider_fees: Vec::new(),
             failure_code: None,
             next_action: None,
             dispute: None,

@@ -40,7 +40,8 @@
 //! profile makes it unresolvable (pending at a provider without lookups, or requested past its
 //! key's lifetime), and then it must have its `operation_unresolved` exception. Every final state
 //! is delivered (a dark charge's never); the ledger must then agree with the provider about every
-//! charge (captured, refunded net of reversals, the dispute and its outcome) and every operation.
+//! charge (captured, refunded net of reversals, the provider's fees, the dispute and its outcome)
+//! and every operation.
 //!
 //! Run: `cargo test -p asiento-app --test simulation` (`SIMULATION_SEEDS`, default 1000,
 //! `SIMULATION_SEED_START`, `SIMULATION_STEPS`, default 20). A failure prints its seed, step and
@@ -72,7 +73,7 @@ use asiento_eventstore::Database;
 use asiento_psp::{
     Capabilities, Charge, ChargeOutcome, ChargeStatus, CreateCharge, Dispute, DisputeStatus,
     NextAction, Operation, OperationAnswer, OperationKind, OperationStatus, Provider,
-    ProviderError, Rejection, ReportLine,
+    ProviderError, ProviderFee, Rejection, ReportLine,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -328,6 +329,7 @@ impl ProviderState {
     fn touched(&mut self, index: usize, now: DateTime<Utc>) -> Charge {
         let charge = &mut self.charges[index];
         charge.updated = now;
+        charge_fee(charge);
         let snapshot = charge.clone();
         self.history.push(snapshot.clone());
         snapshot
@@ -695,6 +697,17 @@ impl SimProvider {
     }
 }
 
+/// The provider's processing fee (2.9 %, rounded down) on a charge's capture, as its balance
+/// transaction `txn_<charge>`: set once, when the charge first has captured money.
+fn charge_fee(charge: &mut Charge) {
+    if charge.amount_captured > 0 && charge.provider_fees.is_empty() {
+        charge.provider_fees.push(ProviderFee {
+            transaction_id: format!("txn_{}", charge.id),
+            fee_minor: charge.amount_captured * 29 / 1_000,
+        });
+    }
+}
+
 fn create_effect(state: &mut ProviderState, now: DateTime<Utc>, req: &CreateCharge) -> Charge {
     if let Some(&index) = state.by_key.get(&req.idempotency_key) {
         return state.charges[index].clone();
@@ -720,7 +733,7 @@ fn create_effect(state: &mut ProviderState, now: DateTime<Utc>, req: &CreateChar
         _ if req.capture => (ChargeStatus::Succeeded, req.amount_minor, None, None),
         _ => (ChargeStatus::RequiresCapture, 0, None, None),
     };
-    let charge = Charge {
+    let mut charge = Charge {
         id: id.clone(),
         status,
         amount_minor: req.amount_minor,
@@ -735,9 +748,11 @@ fn create_effect(state: &mut ProviderState, now: DateTime<Utc>, req: &CreateChar
         next_action,
         dispute: None,
         metadata: req.metadata.clone(),
+        provider_fees: Vec::new(),
         created: now,
         updated: now,
     };
+    charge_fee(&mut charge);
     state.charges.push(charge.clone());
     state.by_key.insert(req.idempotency_key.clone(), index);
     state.by_id.insert(id, index);
@@ -950,7 +965,7 @@ impl Provider for SimProvider {
                     amount_minor: charge.amount_minor,
                     amount_captured: charge.amount_captured,
                     amount_refunded: charge.amount_refunded,
-                    fee_minor: 0,
+                    provider_fees: charge.provider_fees.clone(),
                     currency: charge.currency.clone(),
                     reference: charge.reference.clone(),
                     idempotency_key: charge.idempotency_key.clone(),
@@ -1944,6 +1959,7 @@ impl Sim {
                     ChargeStatus::Succeeded => {
                         record.captured.minor() == charge.amount_captured
                             && record.refunded.minor() == charge.amount_refunded
+                            && provider_fees_agree(&record, &charge)
                     }
                     ChargeStatus::RequiresCapture => record.status == PaymentStatus::Authorized,
                     ChargeStatus::RequiresAction => matches!(
@@ -2215,4 +2231,20 @@ async fn simulation_seeds_hold_every_invariant() {
     for (flag, count) in &total.flags {
         println!("  flagged {count}x: {flag}");
     }
+}
+
+/// Our posted provider fees are the provider's, one per balance transaction.
+fn provider_fees_agree(record: &PaymentRecord, charge: &Charge) -> bool {
+    let ours: Vec<(&str, i64)> = record
+        .provider_fees
+        .iter()
+        .map(|fee| (fee.transaction_id.as_str(), fee.fee.minor()))
+        .collect();
+    let theirs: Vec<(&str, i64)> = charge
+        .provider_fees
+        .iter()
+        .filter(|fee| fee.fee_minor != 0)
+        .map(|fee| (fee.transaction_id.as_str(), fee.fee_minor))
+        .collect();
+    ours == theirs
 }

@@ -4,10 +4,11 @@
 //! - payments captured at once and by a later capture, a refund, a decline, a payment whose
 //!   confirmation answer was lost settled by Stripe's signed webhook alone (read as a hint: the
 //!   worker reads the PaymentIntent), and a dispute opened and lost, posted from its webhooks;
+//!   Stripe's fee on each captured PaymentIntent posted once to `expense:provider_fees:stripe`;
 //! - a refund whose answer was lost, sent again by the sweep under its key (one refund at
 //!   Stripe), and a refund that fails after it succeeded, reversed;
 //! - a kill -9 between Stripe's answer and our commit, resumed by the client's retry to one
-//!   PaymentIntent and one posting.
+//!   PaymentIntent, one capture posting and one fee posting.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -267,6 +268,41 @@ async fn payments_through_stripe(backend: Backend) {
     }
     assert_eq!(payment(&client, &id).await["status"], "disputed");
 
+    // Stripe's fee on each captured PaymentIntent (2.9 % in the simulator), read from the
+    // charge's balance transaction, is posted once: the clearing account comes up by it and
+    // Stripe's expense account takes it. The declined payment moved no money and has none.
+    let mut fees = 0;
+    for (paid, captured) in [(&id, 5_000), (&manual_id, 3_000), (&lost_id, 900)] {
+        let paid = wait_for(&client, paid, "Stripe's fee was never posted", |p| {
+            p["provider_fees"]
+                .as_array()
+                .is_some_and(|fees| !fees.is_empty())
+        })
+        .await;
+        let posted = paid["provider_fees"].as_array().unwrap();
+        assert_eq!(posted.len(), 1, "{paid}");
+        assert!(posted[0]["transaction_id"]
+            .as_str()
+            .is_some_and(|txn| txn.starts_with("txn_")));
+        let fee = posted[0]["fee_minor"].as_i64().unwrap();
+        assert_eq!(fee, (captured * 290 + 5_000) / 10_000, "{paid}");
+        fees += fee;
+    }
+    let declined_now = payment(&client, declined["id"].as_str().unwrap()).await;
+    assert_eq!(declined_now["provider_fees"], json!([]));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let balance = client
+            .get("/v1/accounts/expense:provider_fees:stripe/balance?currency=USD")
+            .await
+            .json();
+        if balance["balance_minor"] == -fees {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{balance}, expected -{fees}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     // Every event was verified and stored, none refused or dead-lettered.
     assert!(
         metric(
@@ -451,7 +487,7 @@ async fn refunds_through_stripe_postgres() {
 
 /// The server is killed after Stripe confirmed and before we committed: after a restart, a retry
 /// with the same key re-sends both steps under their keys and finishes the payment with one
-/// PaymentIntent at Stripe and one posting.
+/// PaymentIntent at Stripe, one capture posting and one posting of Stripe's fee.
 async fn a_kill_between_stripe_s_answer_and_our_commit_resumes_once(backend: Backend) {
     let database = TestDatabase::new(backend).await;
     // Events go to the first server, which will be dead: only the retry can finish the payment.
@@ -486,8 +522,27 @@ async fn a_kill_between_stripe_s_answer_and_our_commit_resumes_once(backend: Bac
     assert_eq!(payment["status"], "captured");
     let seen = sim_charges(&client, &sim_listen).await;
     assert_eq!(seen.len(), 1, "one PaymentIntent confirmed: {seen:?}");
+    // One capture posting and one posting of Stripe's fee on it, each once.
     let entries = client.entries_of(payment["id"].as_str().unwrap()).await;
-    assert_eq!(entries.len(), 1, "one posting: {entries:?}");
+    let touching = |account: &str| {
+        entries
+            .iter()
+            .filter(|entry| {
+                entry["legs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|leg| leg["account"] == account)
+            })
+            .count()
+    };
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    assert_eq!(touching("revenue:fees"), 1, "one capture: {entries:?}");
+    assert_eq!(
+        touching("expense:provider_fees:stripe"),
+        1,
+        "one fee of Stripe's: {entries:?}"
+    );
     verify(&database);
 }
 

@@ -167,6 +167,12 @@ impl AccountName {
         AccountName(format!("psp:{provider}:clearing"))
     }
 
+    /// `expense:provider_fees:{provider}`: the fees the provider keeps out of what it owes us.
+    #[must_use]
+    pub fn provider_fees(provider: &ProviderName) -> Self {
+        AccountName(format!("expense:provider_fees:{provider}"))
+    }
+
     /// `revenue:fees`: the platform's fees.
     #[must_use]
     pub fn revenue_fees() -> Self {

@@ -138,10 +138,16 @@ pub enum ExceptionKind {
     /// lost: found when the report shows less refunded than we do (auto: the reversal and its
     /// entry are posted).
     RefundReversedAtProvider,
+    /// A fee the provider reports for one of its balance transactions that we have not posted:
+    /// the read that carried it was lost (auto: the fee and its entry are posted).
+    ProviderFeeUnposted,
+    /// The provider reports another fee for a balance transaction than the one we posted
+    /// (manual).
+    ProviderFeeMismatch,
 }
 
 impl ExceptionKind {
-    pub const ALL: [ExceptionKind; 13] = [
+    pub const ALL: [ExceptionKind; 15] = [
         ExceptionKind::CapturedAtProvider,
         ExceptionKind::AuthorizedAtProvider,
         ExceptionKind::RefundedOutOfBand,
@@ -155,6 +161,8 @@ impl ExceptionKind {
         ExceptionKind::DisputedAtProvider,
         ExceptionKind::OperationUnresolved,
         ExceptionKind::RefundReversedAtProvider,
+        ExceptionKind::ProviderFeeUnposted,
+        ExceptionKind::ProviderFeeMismatch,
     ];
 
     #[must_use]
@@ -173,6 +181,8 @@ impl ExceptionKind {
             ExceptionKind::DisputedAtProvider => "disputed_at_provider",
             ExceptionKind::OperationUnresolved => "operation_unresolved",
             ExceptionKind::RefundReversedAtProvider => "refund_reversed_at_provider",
+            ExceptionKind::ProviderFeeUnposted => "provider_fee_unposted",
+            ExceptionKind::ProviderFeeMismatch => "provider_fee_mismatch",
         }
     }
 
@@ -192,6 +202,7 @@ impl ExceptionKind {
                 | ExceptionKind::FailedAtProvider
                 | ExceptionKind::DisputedAtProvider
                 | ExceptionKind::RefundReversedAtProvider
+                | ExceptionKind::ProviderFeeUnposted
         )
     }
 }

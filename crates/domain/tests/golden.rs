@@ -183,6 +183,10 @@ fn payment_fixtures() -> Vec<(PaymentEvent, Value)> {
             json!({"dispute_id": "dp_1", "outcome": "lost", "at": AT}),
         ),
         (
+            e_provider_fee("txn_1", 320).remove(0),
+            json!({"transaction_id": "txn_1", "fee_minor": 320, "at": AT}),
+        ),
+        (
             e_flag(
                 ReviewReason::ContradictingFact,
                 "captured 10000 while failed (captured 0)",
@@ -453,6 +457,7 @@ fn type_names_and_schemas_are_stable() {
             ("RefundReversed", 1),
             ("DisputeOpened", 1),
             ("DisputeClosed", 1),
+            ("ProviderFeeCharged", 1),
             ("FlaggedForReview", 1),
             ("EntryPosted", 1),
         ]

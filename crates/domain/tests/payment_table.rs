@@ -56,17 +56,17 @@ fn check(
 const GRID: [(Option<PaymentStatus>, &str); 10] = {
     use PaymentStatus::*;
     [
-        //                          cre cap ref exp flg act aut cpt fai rfd dop dcl cop rop
-        (None,                     "A   N   N   N   N   N   N   N   N   N   N   N   N   N"),
-        (Some(Pending),            "R   R   R   A   F   A   A   A   A   A   A   A   F   F"),
-        (Some(RequiresAction),     "R   R   R   A   F   A   A   A   A   A   A   A   F   F"),
-        (Some(Authorized),         "R   A   R   R   F   I   I   A   A   A   A   A   A   F"),
-        (Some(Captured),           "R   R   A   R   F   I   I   F   F   A   A   A   A   A"),
-        (Some(PartiallyRefunded),  "R   R   A   R   F   I   I   F   F   A   A   A   A   A"),
-        (Some(Refunded),           "R   R   R   R   F   I   I   F   F   F   F   F   A   A"),
-        (Some(Failed),             "R   R   R   R   F   I   F   F   I   F   F   F   F   F"),
-        (Some(Expired),            "R   R   R   I   F   I   F   F   I   F   F   F   F   F"),
-        (Some(Disputed),           "R   R   R   R   F   I   I   F   F   F   F   A   A   A"),
+        //                          cre cap ref exp flg act aut cpt fai rfd dop dcl cop rop   fee
+        (None,                     "A   N   N   N   N   N   N   N   N   N   N   N   N   N   N"),
+        (Some(Pending),            "R   R   R   A   F   A   A   A   A   A   A   A   F   F   F"),
+        (Some(RequiresAction),     "R   R   R   A   F   A   A   A   A   A   A   A   F   F   F"),
+        (Some(Authorized),         "R   A   R   R   F   I   I   A   A   A   A   A   A   F   F"),
+        (Some(Captured),           "R   R   A   R   F   I   I   F   F   A   A   A   A   A   A"),
+        (Some(PartiallyRefunded),  "R   R   A   R   F   I   I   F   F   A   A   A   A   A   A"),
+        (Some(Refunded),           "R   R   R   R   F   I   I   F   F   F   F   F   A   A   A"),
+        (Some(Failed),             "R   R   R   R   F   I   F   F   I   F   F   F   F   F   F"),
+        (Some(Expired),            "R   R   R   I   F   I   F   F   I   F   F   F   F   F   F"),
+        (Some(Disputed),           "R   R   R   R   F   I   I   F   F   F   F   A   A   A   A"),
     ]
 };
 
@@ -108,6 +108,7 @@ fn when(input: Input) -> PaymentCommand {
             2_500,
             OperationOutcome::Succeeded,
         ),
+        Input::FactProviderFee => f_provider_fee("txn_1", 320),
     }
 }
 
@@ -253,6 +254,12 @@ fn expected(from: PaymentStatus, input: Input) -> Vec<PaymentEvent> {
                 psp_refund_key(pid(), 1)
             ))
         }
+        (Captured | PartiallyRefunded | Refunded | Disputed, FactProviderFee) => {
+            e_provider_fee("txn_1", 320)
+        }
+        (Pending | RequiresAction | Authorized | Failed | Expired, FactProviderFee) => {
+            contradiction(&format!("provider fee 320 for txn_1 while {s}"))
+        }
         other => panic!("no expectation written for {other:?}"),
     }
 }
@@ -314,7 +321,7 @@ fn every_cell_of_the_table() {
             check(given(from), when(input), then);
         }
     }
-    assert_eq!(cells, 140);
+    assert_eq!(cells, 150);
 }
 
 // ------------------------------------------------------- rules within cells

@@ -43,6 +43,9 @@ enum Step {
     DisputeOpened(u8, Part),
     DisputeClosed(u8, Part, bool),
     OtherCharge,
+    /// The provider's fee on balance transaction `txn_{0}` (a second report of one transaction
+    /// with another fee contradicts the first).
+    ProviderFee(u8, i64),
     /// The outcome of our capture (false) or refund (true) numbered 1..=3: pending (0),
     /// succeeded (1) or failed (2), for the amount asked (or another one when not `exact`).
     Outcome {
@@ -71,6 +74,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..2, part()).prop_map(|(d, p)| Step::DisputeOpened(d, p)),
         1 => (0u8..2, part(), any::<bool>()).prop_map(|(d, p, won)| Step::DisputeClosed(d, p, won)),
         1 => Just(Step::OtherCharge),
+        2 => (0u8..3, -50i64..=500).prop_map(|(n, fee)| Step::ProviderFee(n, fee)),
         4 => (any::<bool>(), 1u32..=3, 0u8..3, prop_oneof![6 => Just(true), 1 => Just(false)])
             .prop_map(|(refund, sequence, outcome, exact)| Step::Outcome { refund, sequence, outcome, exact }),
     ]
@@ -142,6 +146,11 @@ fn command(step: &Step, record: &PaymentRecord, fees: FeeSchedule, t: i64) -> Pa
         Step::OtherCharge => provider(ProviderFact::Captured {
             charge_id: "ch_other".into(),
             amount: amt(amount),
+        }),
+        Step::ProviderFee(n, fee) => provider(ProviderFact::ProviderFeeCharged {
+            charge_id: charge(),
+            transaction_id: format!("txn_{n}"),
+            fee: amt(*fee),
         }),
         Step::Outcome {
             refund,
@@ -284,9 +293,14 @@ proptest! {
             prop_assert!(sum_per_currency(&balances).values().all(|s| *s == 0));
             // The ledger agrees with the payment's own amounts.
             prop_assert_eq!(balance(&balances, &revenue()), record.fee_net().unwrap().minor());
+            // The provider's fees come off what it owes us, once per balance transaction.
+            let provider_fees: i64 = record.provider_fees.iter().map(|f| f.fee.minor()).sum();
+            prop_assert_eq!(balance(&balances, &provider_expense()), -provider_fees);
+            prop_assert!(record.provider_fees.iter().all(|f| !f.fee.is_zero()));
+            prop_assert!(provider_fees == 0 || !record.captured.is_zero());
             prop_assert_eq!(
                 balance(&balances, &clearing()),
-                record.refunded.minor() - record.captured.minor() + lost_disputes
+                record.refunded.minor() - record.captured.minor() + lost_disputes + provider_fees
             );
             // An authorization holds its amount as a pending credit to the customer exactly
             // while the payment is authorized; leaving releases it whole.

@@ -94,8 +94,20 @@ pub struct Charge {
     pub dispute: Option<Dispute>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
+    /// The fees the provider keeps out of this charge's money, one per balance transaction that
+    /// carries one (its processing fee, a dispute fee). Empty where the provider reports none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub provider_fees: Vec<ProviderFee>,
     pub created: DateTime<Utc>,
     pub updated: DateTime<Utc>,
+}
+
+/// A fee the provider kept, named by its balance transaction (`txn_…`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderFee {
+    pub transaction_id: String,
+    /// Negative when the provider gives a fee back.
+    pub fee_minor: i64,
 }
 
 fn default_true() -> bool {
@@ -279,8 +291,9 @@ pub struct ReportLine {
     pub amount_minor: i64,
     pub amount_captured: i64,
     pub amount_refunded: i64,
-    /// The provider's own processing fee on the captured amount.
-    pub fee_minor: i64,
+    /// The fees the provider kept on this charge, per balance transaction (as on [`Charge`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub provider_fees: Vec<ProviderFee>,
     pub currency: String,
     #[serde(default)]
     pub reference: Option<String>,

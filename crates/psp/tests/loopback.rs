@@ -780,24 +780,33 @@ async fn the_report_for_a_window_lists_exactly_the_charges_touched_in_it() {
         let all = client.settlement_report(t0, t3).await.unwrap();
         assert_eq!(ids(&all), [a.id.clone(), b.id.clone(), c.id.clone()]);
 
+        let fee = |line: &asiento_psp::ReportLine| -> Vec<(String, i64)> {
+            line.provider_fees
+                .iter()
+                .map(|fee| (fee.transaction_id.clone(), fee.fee_minor))
+                .collect()
+        };
         let line_a = &w23[0];
         assert_eq!(
-            (
-                line_a.amount_captured,
-                line_a.amount_refunded,
-                line_a.fee_minor
-            ),
-            (10_000, 1_000, 300)
+            (line_a.amount_captured, line_a.amount_refunded, fee(line_a)),
+            (10_000, 1_000, vec![(format!("txn_{}", a.id), 300)])
         );
         assert_eq!(line_a.reference.as_deref(), Some("pay_a"));
         assert_eq!(line_a.idempotency_key, "a");
         assert!(line_a.last_touched >= t2 && line_a.last_touched < t3);
         let line_b = &w12[0];
         assert_eq!(
-            (line_b.status, line_b.amount_captured, line_b.fee_minor),
-            (ChargeStatus::Succeeded, 6_000, 180)
+            (line_b.status, line_b.amount_captured, fee(line_b)),
+            (
+                ChargeStatus::Succeeded,
+                6_000,
+                vec![(format!("txn_{}", b.id), 180)]
+            )
         );
-        assert_eq!((w12[1].status, w12[1].fee_minor), (ChargeStatus::Failed, 0));
+        assert_eq!(
+            (w12[1].status, fee(&w12[1])),
+            (ChargeStatus::Failed, vec![])
+        );
 
         let backwards = client.settlement_report(t1, t0).await;
         assert!(matches!(backwards, Err(ProviderError::Rejected(r)) if r.code == "window_invalid"));

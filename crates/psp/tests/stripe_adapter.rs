@@ -210,6 +210,10 @@ async fn a_lost_confirm_answer_re_sent_under_the_same_keys_is_one_payment_intent
     .await;
 }
 
+fn fees(fees: &[asiento_psp::ProviderFee]) -> Vec<i64> {
+    fees.iter().map(|fee| fee.fee_minor).collect()
+}
+
 #[tokio::test]
 async fn there_is_no_lookup_by_key_and_the_report_lists_the_window_with_fees() {
     bounded(async {
@@ -228,9 +232,13 @@ async fn there_is_no_lookup_by_key_and_the_report_lists_the_window_with_fees() {
             let outcome = stripe
                 .create_charge(&charge(&format!("r{n}"), "pm_card_visa", true))
                 .await;
-            assert!(
-                matches!(outcome, ChargeOutcome::Succeeded(_)),
-                "{outcome:?}"
+            let ChargeOutcome::Succeeded(charged) = outcome else {
+                panic!("{outcome:?}");
+            };
+            assert_eq!(
+                fees(&charged.provider_fees),
+                [29],
+                "the confirmation's answer carries the balance transaction's fee"
             );
         }
         let now = Utc::now();
@@ -241,7 +249,12 @@ async fn there_is_no_lookup_by_key_and_the_report_lists_the_window_with_fees() {
         assert_eq!(report.len(), 3);
         for line in &report {
             assert_eq!(line.amount_captured, 1000);
-            assert_eq!(line.fee_minor, 29, "2.9 % from the balance transaction");
+            assert_eq!(
+                fees(&line.provider_fees),
+                [29],
+                "2.9 % from the balance transaction"
+            );
+            assert!(line.provider_fees[0].transaction_id.starts_with("txn_"));
             assert!(line
                 .reference
                 .as_deref()

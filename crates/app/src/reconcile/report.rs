@@ -107,6 +107,7 @@ pub fn classify(record: &PaymentRecord, line: &ReportLine) -> Verdict {
                             .as_ref()
                             .map(|dispute| facts::dispute_of(&charge_id, dispute)),
                     );
+                    facts.extend(facts::provider_fee_facts(&charge_id, &line.provider_fees));
                     Verdict::Auto {
                         kind: ExceptionKind::CapturedAtProvider,
                         facts,
@@ -138,7 +139,10 @@ pub fn classify(record: &PaymentRecord, line: &ReportLine) -> Verdict {
                             format!("refunded:{}", line.amount_refunded),
                         )
                     } else {
-                        dispute_verdict(record, line)
+                        match dispute_verdict(record, line) {
+                            Verdict::Agree => fee_verdict(record, line),
+                            behind => behind,
+                        }
                     }
                 }
             }
@@ -178,6 +182,39 @@ fn dispute_verdict(record: &PaymentRecord, line: &ReportLine) -> Verdict {
     Verdict::Auto {
         kind: ExceptionKind::DisputedAtProvider,
         facts: vec![fact],
+        fingerprint,
+    }
+}
+
+/// Compares the provider's fees with the ones we posted, by balance transaction: a fee we never
+/// heard of is posted (the read that carried it was lost); another fee for a transaction we
+/// posted is for a person.
+fn fee_verdict(record: &PaymentRecord, line: &ReportLine) -> Verdict {
+    let mut unposted = Vec::new();
+    for fee in &line.provider_fees {
+        match record.provider_fee(&fee.transaction_id) {
+            Some(posted) if posted.minor() == fee.fee_minor => {}
+            Some(_) => {
+                return Verdict::Manual {
+                    kind: ExceptionKind::ProviderFeeMismatch,
+                    fingerprint: format!("{}:{}", fee.transaction_id, fee.fee_minor),
+                }
+            }
+            None if fee.fee_minor == 0 => {}
+            None => unposted.push(fee.clone()),
+        }
+    }
+    if unposted.is_empty() {
+        return Verdict::Agree;
+    }
+    let fingerprint = unposted
+        .iter()
+        .map(|fee| fee.transaction_id.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    Verdict::Auto {
+        kind: ExceptionKind::ProviderFeeUnposted,
+        facts: facts::provider_fee_facts(&line.charge_id, &unposted).collect(),
         fingerprint,
     }
 }
@@ -523,6 +560,7 @@ mod tests {
             refunded: Amount::new(refunded),
             refund_reversed: Amount::ZERO,
             fee_reversed: Amount::ZERO,
+            provider_fees: Vec::new(),
             next_action: None,
             failure_reason: None,
             dispute: None,
@@ -539,7 +577,7 @@ mod tests {
             amount_minor: amount,
             amount_captured: captured,
             amount_refunded: refunded,
-            fee_minor: 0,
+            provider_fees: Vec::new(),
             currency: "USD".into(),
             reference: None,
             idempotency_key: "psp_00000000000000000000000000000001".into(),
@@ -719,6 +757,67 @@ mod tests {
             classify(&ours, &line(ChargeStatus::Succeeded, 10_000, 10_000, 0)),
             Verdict::Agree
         );
+    }
+
+    #[test]
+    fn provider_fees_in_the_report_are_compared_with_ours() {
+        use asiento_domain::payment::ProviderFee as OurFee;
+        use asiento_psp::ProviderFee;
+        let with_fees = |fees: &[(&str, i64)]| ReportLine {
+            provider_fees: fees
+                .iter()
+                .map(|(txn, fee)| ProviderFee {
+                    transaction_id: (*txn).to_owned(),
+                    fee_minor: *fee,
+                })
+                .collect(),
+            ..line(ChargeStatus::Succeeded, 10_000, 10_000, 0)
+        };
+        let mut ours = record(PaymentStatus::Captured, 10_000, 0);
+        assert_eq!(
+            classify(&ours, &with_fees(&[("txn_1", 0)])),
+            Verdict::Agree,
+            "a zero fee posts nothing"
+        );
+        assert_eq!(
+            classify(&ours, &with_fees(&[("txn_1", 320)])),
+            Verdict::Auto {
+                kind: ExceptionKind::ProviderFeeUnposted,
+                facts: vec![ProviderFact::ProviderFeeCharged {
+                    charge_id: "ch_1".into(),
+                    transaction_id: "txn_1".into(),
+                    fee: Amount::new(320),
+                }],
+                fingerprint: "txn_1".into(),
+            },
+            "a fee we never heard of is posted"
+        );
+        ours.provider_fees.push(OurFee {
+            transaction_id: "txn_1".into(),
+            fee: Amount::new(320),
+        });
+        assert_eq!(
+            classify(&ours, &with_fees(&[("txn_1", 320)])),
+            Verdict::Agree
+        );
+        assert!(matches!(
+            classify(&ours, &with_fees(&[("txn_1", 320), ("txn_2", 1_500)])),
+            Verdict::Auto { kind: ExceptionKind::ProviderFeeUnposted, facts, .. } if facts.len() == 1
+        ));
+        assert_eq!(
+            classify(&ours, &with_fees(&[("txn_1", 300)])),
+            Verdict::Manual {
+                kind: ExceptionKind::ProviderFeeMismatch,
+                fingerprint: "txn_1:300".into(),
+            }
+        );
+        // Captured there, pending here: the capture and its fee are applied together.
+        let pending = record(PaymentStatus::Pending, 0, 0);
+        assert!(matches!(
+            classify(&pending, &with_fees(&[("txn_1", 320)])),
+            Verdict::Auto { kind: ExceptionKind::CapturedAtProvider, facts, .. }
+                if matches!(facts.last(), Some(ProviderFact::ProviderFeeCharged { .. }))
+        ));
     }
 
     #[test]

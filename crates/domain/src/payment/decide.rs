@@ -351,6 +351,16 @@ fn check_fact(fact: &ProviderFact) -> Result<(), PaymentRejection> {
             }
             positive(*amount)
         }
+        ProviderFact::ProviderFeeCharged {
+            charge_id,
+            transaction_id,
+            fee,
+        } => {
+            check_text("charge_id", charge_id)?;
+            check_text("transaction_id", transaction_id)?;
+            AmountLimit::CEILING.check(Amount::new(fee.minor().saturating_abs()))?;
+            Ok(())
+        }
     }
 }
 
@@ -412,6 +422,18 @@ fn contradiction(record: &PaymentRecord, fact: &ProviderFact) -> Option<String> 
                 outcome_text(outcome)
             )),
         },
+        ProviderFact::ProviderFeeCharged {
+            transaction_id,
+            fee,
+            ..
+        } if fee.is_zero() || record.provider_fee(transaction_id).is_some() => None,
+        ProviderFact::ProviderFeeCharged {
+            transaction_id,
+            fee,
+            ..
+        } => Some(format!(
+            "provider fee {fee} for {transaction_id} while {status}"
+        )),
     }
 }
 
@@ -472,7 +494,8 @@ fn apply_fact(
         | ProviderFact::Refunded { charge_id, .. }
         | ProviderFact::DisputeOpened { charge_id, .. }
         | ProviderFact::DisputeClosed { charge_id, .. }
-        | ProviderFact::Operation { charge_id, .. } => Some(charge_id.clone()),
+        | ProviderFact::Operation { charge_id, .. }
+        | ProviderFact::ProviderFeeCharged { charge_id, .. } => Some(charge_id.clone()),
     };
     if let Some(detail) = charge_id.and_then(|id| charge_mismatch(&draft.record, &id)) {
         draft.flag(ReviewReason::ChargeMismatch, detail, at);
@@ -612,8 +635,44 @@ fn apply_fact(
                 OperationKind::Refund => refund_outcome(draft, reported, at)?,
             }
         }
+        ProviderFact::ProviderFeeCharged {
+            transaction_id,
+            fee,
+            ..
+        } => provider_fee(draft, transaction_id, fee, at)?,
     }
     Ok(())
+}
+
+/// The provider kept `fee` for one balance transaction: the clearing account comes up by it (the
+/// provider owes us that much less) and the provider's expense account takes it. Posted once per
+/// transaction; a different fee reported later for the same one is for a person to look at (the
+/// table flags a fee on a payment that moved no money).
+fn provider_fee(
+    draft: &mut Draft,
+    transaction_id: String,
+    fee: Amount,
+    at: DateTime<Utc>,
+) -> Result<(), PaymentRejection> {
+    if let Some(posted) = draft.record.provider_fee(&transaction_id) {
+        if posted != fee {
+            let detail =
+                format!("provider fee {fee} for {transaction_id}, {posted} already posted for it");
+            draft.flag(ReviewReason::ContradictingFact, detail, at);
+        }
+        return Ok(());
+    }
+    if fee.is_zero() {
+        return Ok(());
+    }
+    draft.push(PaymentEvent::ProviderFeeCharged(ProviderFeeCharged {
+        transaction_id: transaction_id.clone(),
+        fee_minor: fee,
+        at,
+    }));
+    let expense = AccountName::provider_fees(&draft.record.provider);
+    let legs = vec![(draft.clearing(), fee), (expense, fee.checked_neg()?)];
+    draft.post(&format!("provider_fee:{transaction_id}"), legs, at)
 }
 
 /// An operation outcome, taken apart.

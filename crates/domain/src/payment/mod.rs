@@ -195,6 +195,8 @@ pub struct PaymentRecord {
     pub refund_reversed: Amount,
     /// The part of `fee` given back by refunds so far.
     pub fee_reversed: Amount,
+    /// The provider's own fees posted so far, one per balance transaction, in the order posted.
+    pub provider_fees: Vec<ProviderFee>,
     pub next_action: Option<NextAction>,
     pub failure_reason: Option<String>,
     pub dispute: Option<Dispute>,
@@ -203,7 +205,23 @@ pub struct PaymentRecord {
     pub updated_at: DateTime<Utc>,
 }
 
+/// A fee the provider kept, named by the balance transaction that carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderFee {
+    pub transaction_id: String,
+    pub fee: Amount,
+}
+
 impl PaymentRecord {
+    /// The provider's fee posted for `transaction_id`, if any.
+    #[must_use]
+    pub fn provider_fee(&self, transaction_id: &str) -> Option<Amount> {
+        self.provider_fees
+            .iter()
+            .find(|fee| fee.transaction_id == transaction_id)
+            .map(|fee| fee.fee)
+    }
+
     /// The fee the platform keeps after refunds: `fee_minor` of API.md.
     pub fn fee_net(&self) -> Result<Amount, AmountError> {
         self.fee.checked_sub(self.fee_reversed)
@@ -397,6 +415,13 @@ pub enum ProviderFact {
         amount: Amount,
         outcome: OperationOutcome,
     },
+    /// The provider kept `fee` out of the money it owes us for one of its balance transactions
+    /// (a charge's processing fee, a dispute fee). Negative when it gives a fee back.
+    ProviderFeeCharged {
+        charge_id: String,
+        transaction_id: String,
+        fee: Amount,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -466,6 +491,7 @@ impl PaymentCommand {
                     kind: OperationKind::Refund,
                     ..
                 } => Input::FactRefundOutcome,
+                ProviderFact::ProviderFeeCharged { .. } => Input::FactProviderFee,
             },
         }
     }
@@ -702,6 +728,14 @@ pub struct DisputeClosed {
     pub at: DateTime<Utc>,
 }
 
+/// The provider kept `fee_minor` for balance transaction `transaction_id`; posted beside it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProviderFeeCharged {
+    pub transaction_id: String,
+    pub fee_minor: Amount,
+    pub at: DateTime<Utc>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FlaggedForReview {
     pub reason: ReviewReason,
@@ -735,6 +769,7 @@ crate::event::event_family! {
         RefundReversed = 1,
         DisputeOpened = 1,
         DisputeClosed = 1,
+        ProviderFeeCharged = 1,
         FlaggedForReview = 1,
         EntryPosted = 1,
     }
@@ -759,6 +794,7 @@ impl PaymentEvent {
             PaymentEvent::RefundReversed(e) => e.at,
             PaymentEvent::DisputeOpened(e) => e.at,
             PaymentEvent::DisputeClosed(e) => e.at,
+            PaymentEvent::ProviderFeeCharged(e) => e.at,
             PaymentEvent::FlaggedForReview(e) => e.at,
             PaymentEvent::EntryPosted(e) => e.at,
         }
@@ -797,6 +833,7 @@ pub fn evolve(mut payment: Payment, event: &PaymentEvent) -> Payment {
             refunded: Amount::ZERO,
             refund_reversed: Amount::ZERO,
             fee_reversed: Amount::ZERO,
+            provider_fees: Vec::new(),
             next_action: None,
             failure_reason: None,
             dispute: None,
@@ -956,6 +993,10 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
                 };
             }
         }
+        PaymentEvent::ProviderFeeCharged(e) => record.provider_fees.push(ProviderFee {
+            transaction_id: e.transaction_id.clone(),
+            fee: e.fee_minor,
+        }),
         PaymentEvent::FlaggedForReview(e) => record.flags.push(ReviewFlag {
             reason: e.reason,
             detail: e.detail.clone(),

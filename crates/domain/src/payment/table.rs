@@ -29,10 +29,11 @@ pub enum Input {
     FactDisputeClosed,
     FactCaptureOutcome,
     FactRefundOutcome,
+    FactProviderFee,
 }
 
 impl Input {
-    pub const ALL: [Input; 14] = [
+    pub const ALL: [Input; 15] = [
         Input::Create,
         Input::RequestCapture,
         Input::RequestRefund,
@@ -47,6 +48,7 @@ impl Input {
         Input::FactDisputeClosed,
         Input::FactCaptureOutcome,
         Input::FactRefundOutcome,
+        Input::FactProviderFee,
     ];
 
     #[must_use]
@@ -66,6 +68,7 @@ impl Input {
             Input::FactDisputeClosed => "fact_dispute_closed",
             Input::FactCaptureOutcome => "fact_capture_outcome",
             Input::FactRefundOutcome => "fact_refund_outcome",
+            Input::FactProviderFee => "fact_provider_fee",
         }
     }
 
@@ -82,6 +85,7 @@ impl Input {
                 | Input::FactDisputeClosed
                 | Input::FactCaptureOutcome
                 | Input::FactRefundOutcome
+                | Input::FactProviderFee
         )
     }
 }
@@ -212,6 +216,12 @@ pub const fn rule(from: Option<PaymentStatus>, input: Input) -> Rule {
         }
         (Input::FactRefundOutcome, Disputed) => apply(&[Disputed]),
         (Input::FactRefundOutcome, _) => FLAG,
+
+        // The provider's own fee on money it holds for us: only once money has moved.
+        (Input::FactProviderFee, Captured | PartiallyRefunded | Refunded | Disputed) => {
+            apply(one(from))
+        }
+        (Input::FactProviderFee, _) => FLAG,
     }
 }
 

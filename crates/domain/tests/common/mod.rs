@@ -112,6 +112,13 @@ pub fn f_operation(
         outcome,
     })
 }
+pub fn f_provider_fee(transaction_id: &str, fee: i64) -> PaymentCommand {
+    fact(ProviderFact::ProviderFeeCharged {
+        charge_id: CHARGE.into(),
+        transaction_id: transaction_id.into(),
+        fee: amt(fee),
+    })
+}
 pub fn f_dispute_opened(id: &str, amount: i64) -> PaymentCommand {
     fact(ProviderFact::DisputeOpened {
         charge_id: CHARGE.into(),
@@ -173,6 +180,9 @@ pub fn clearing() -> AccountName {
 }
 pub fn customer() -> AccountName {
     AccountName::parse("customer:42:available").unwrap()
+}
+pub fn provider_expense() -> AccountName {
+    AccountName::parse("expense:provider_fees:sim").unwrap()
 }
 pub fn revenue() -> AccountName {
     AccountName::parse("revenue:fees").unwrap()
@@ -285,6 +295,22 @@ pub fn e_dispute_closed(id: &str, outcome: DisputeOutcome) -> PaymentEvent {
         outcome,
         at: at(10),
     })
+}
+
+/// The provider's fee and its entry: the clearing account comes up, the provider's expense
+/// account takes it.
+pub fn e_provider_fee(transaction_id: &str, fee: i64) -> Vec<PaymentEvent> {
+    vec![
+        PaymentEvent::ProviderFeeCharged(ProviderFeeCharged {
+            transaction_id: transaction_id.into(),
+            fee_minor: amt(fee),
+            at: at(10),
+        }),
+        posted(
+            &format!("provider_fee:{transaction_id}"),
+            vec![(clearing(), fee), (provider_expense(), -fee)],
+        ),
+    ]
 }
 
 pub fn e_lost_entry(id: &str, amount: i64) -> PaymentEvent {

@@ -30,7 +30,7 @@ use super::Dialect;
 use crate::event::{EventData, EventType, WebhookEvent};
 use crate::provider::{
     Charge, ChargeStatus, Dispute, DisputeStatus, NextAction, Operation, OperationAnswer,
-    OperationKind, OperationStatus, ReportLine,
+    OperationKind, OperationStatus, ProviderFee, ReportLine,
 };
 
 /// Why a reversed refund failed, as card networks say it.
@@ -610,6 +610,7 @@ impl SimState {
             next_action: None,
             dispute: None,
             metadata: req.metadata.clone(),
+            provider_fees: Vec::new(),
             created: now,
             updated: now,
         };
@@ -1205,7 +1206,7 @@ impl SimState {
                     amount_minor: c.amount_minor,
                     amount_captured: c.amount_captured,
                     amount_refunded: c.amount_refunded,
-                    fee_minor: fee_minor(c.amount_captured, self.fee_bps),
+                    provider_fees: self.provider_fees(c),
                     currency: c.currency.clone(),
                     reference: c.reference.clone(),
                     idempotency_key: c.idempotency_key.clone(),
@@ -1354,6 +1355,19 @@ impl SimState {
             .map(|record| record.operation.clone())
             .filter(|operation| operation.kind == kind)
             .collect()
+    }
+
+    /// The fee the simulator keeps on a charge's capture, as its one balance transaction
+    /// (`txn_<charge>`): the simulator's protocol reports it in the settlement report only.
+    fn provider_fees(&self, charge: &Charge) -> Vec<ProviderFee> {
+        let fee = fee_minor(charge.amount_captured, self.fee_bps);
+        if fee == 0 {
+            return Vec::new();
+        }
+        vec![ProviderFee {
+            transaction_id: format!("txn_{}", charge.id),
+            fee_minor: fee,
+        }]
     }
 
     pub fn fee_bps(&self) -> u32 {

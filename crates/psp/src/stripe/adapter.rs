@@ -26,8 +26,8 @@ use reqwest::StatusCode;
 
 use super::form::Form;
 use super::reading::{
-    cancel_operation, capture_operation, charge_of, dispute_of, disputed, refund_operation,
-    OperationRef, METADATA_CAPTURE_KEY, METADATA_PAYMENT_ID, METADATA_PSP_KEY,
+    cancel_operation, capture_operation, charge_of, dispute_fees, dispute_of, disputed,
+    refund_operation, OperationRef, METADATA_CAPTURE_KEY, METADATA_PAYMENT_ID, METADATA_PSP_KEY,
 };
 use super::wire::{self, ErrorBody, ErrorType, Event, List, PaymentIntent, Refund, API_VERSION};
 use crate::event::{EventData, EventType, WebhookEvent};
@@ -40,6 +40,9 @@ use crate::transport::{
 };
 
 const FORM: &str = "application/x-www-form-urlencoded";
+/// What every read or write of a PaymentIntent expands: its charge, and the charge's balance
+/// transaction, whose fee is posted as Stripe's.
+const EXPAND_CHARGE: &str = "latest_charge.balance_transaction";
 
 /// What Stripe allows: lookups by id only, asynchronous refunds, keys planned for 23 hours
 /// (Stripe prunes them "at least 24 hours" after first use).
@@ -185,7 +188,10 @@ impl StripeProvider {
                 .append_pair("payment_intent", &intent.id)
                 .append_pair("limit", "1");
             let newest: List<wire::Dispute> = self.transport.object(Call::read(url)).await?;
-            charge.dispute = newest.data.first().map(dispute_of);
+            if let Some(dispute) = newest.data.first() {
+                charge.dispute = Some(dispute_of(dispute));
+                charge.provider_fees.extend(dispute_fees(dispute));
+            }
         }
         Ok(charge)
     }
@@ -193,7 +199,7 @@ impl StripeProvider {
     async fn intent(&self, id: &str) -> Result<Option<PaymentIntent>, ProviderError> {
         let mut url = self.transport.url(&["v1", "payment_intents", id]);
         url.query_pairs_mut()
-            .append_pair("expand[0]", "latest_charge");
+            .append_pair("expand[0]", EXPAND_CHARGE);
         self.transport.lookup(url).await
     }
 }
@@ -240,7 +246,7 @@ impl Provider for StripeProvider {
                 }
             }
         };
-        let confirm = Form::new().list("expand", ["latest_charge"]);
+        let confirm = Form::new().list("expand", [EXPAND_CHARGE]);
         let key = format!("{}:confirm", req.idempotency_key);
         match self
             .post(
@@ -278,7 +284,7 @@ impl Provider for StripeProvider {
                 "metadata",
                 &BTreeMap::from([(METADATA_CAPTURE_KEY.to_owned(), idempotency_key.to_owned())]),
             )
-            .list("expand", ["latest_charge"]);
+            .list("expand", [EXPAND_CHARGE]);
         let intent: PaymentIntent = self
             .post_object(
                 &["v1", "payment_intents", charge_id, "capture"],
@@ -321,7 +327,7 @@ impl Provider for StripeProvider {
         charge_id: &str,
         idempotency_key: &str,
     ) -> Result<OperationAnswer, ProviderError> {
-        let form = Form::new().list("expand", ["latest_charge"]);
+        let form = Form::new().list("expand", [EXPAND_CHARGE]);
         let intent: PaymentIntent = self
             .post_object(
                 &["v1", "payment_intents", charge_id, "cancel"],
@@ -440,7 +446,7 @@ impl Provider for StripeProvider {
                     .append_pair("limit", "100")
                     .append_pair("created[gte]", &from.timestamp().to_string())
                     .append_pair("created[lt]", &to.timestamp().to_string())
-                    .append_pair("expand[0]", "data.latest_charge.balance_transaction");
+                    .append_pair("expand[0]", &format!("data.{EXPAND_CHARGE}"));
                 if let Some(cursor) = &cursor {
                     query.append_pair("starting_after", cursor);
                 }
@@ -453,20 +459,13 @@ impl Provider for StripeProvider {
                     continue;
                 };
                 let charge = self.with_dispute(intent, charge).await?;
-                let fee_minor = intent
-                    .latest_charge
-                    .as_ref()
-                    .and_then(|charge| charge.object())
-                    .and_then(|charge| charge.balance_transaction.as_ref())
-                    .and_then(|txn| txn.object())
-                    .map_or(0, |txn| txn.fee);
                 lines.push(ReportLine {
                     charge_id: charge.id.clone(),
                     status: charge.status,
                     amount_minor: charge.amount_minor,
                     amount_captured: charge.amount_captured,
                     amount_refunded: charge.amount_refunded,
-                    fee_minor,
+                    provider_fees: charge.provider_fees.clone(),
                     currency: charge.currency.clone(),
                     reference: charge.reference.clone(),
                     idempotency_key: charge.idempotency_key.clone(),

@@ -9,10 +9,10 @@
 
 use chrono::{DateTime, Utc};
 
-use super::wire::{self, IntentStatus, PaymentIntent, Refund, RefundStatus};
+use super::wire::{self, BalanceTransaction, IntentStatus, PaymentIntent, Refund, RefundStatus};
 use crate::provider::{
     Charge, ChargeStatus, Dispute, DisputeStatus, NextAction, Operation, OperationKind,
-    OperationStatus, ProviderError,
+    OperationStatus, ProviderError, ProviderFee,
 };
 
 pub const METADATA_PAYMENT_ID: &str = "asiento_payment_id";
@@ -117,9 +117,30 @@ pub fn charge_of(intent: &PaymentIntent) -> Result<Charge, ProviderError> {
         next_action,
         dispute: None,
         metadata: intent.metadata.clone(),
+        provider_fees: latest
+            .and_then(|charge| charge.balance_transaction.as_ref())
+            .and_then(|txn| txn.object())
+            .and_then(provider_fee)
+            .into_iter()
+            .collect(),
         created: time(intent.created),
         updated: time(intent.created),
     })
+}
+
+/// The fee Stripe kept on a balance transaction (read only when the transaction is expanded:
+/// its id alone says nothing of the fee); `None` for a transaction without one.
+pub fn provider_fee(txn: &BalanceTransaction) -> Option<ProviderFee> {
+    (txn.fee != 0).then(|| ProviderFee {
+        transaction_id: txn.id.clone(),
+        fee_minor: txn.fee,
+    })
+}
+
+/// The fees of a dispute's balance transactions (the withdrawal's dispute fee, and any fee a
+/// reinstatement gives back).
+pub fn dispute_fees(dispute: &wire::Dispute) -> impl Iterator<Item = ProviderFee> + '_ {
+    dispute.balance_transactions.iter().filter_map(provider_fee)
 }
 
 /// A Stripe dispute in the port's terms: open while Stripe waits for evidence or reviews it,
