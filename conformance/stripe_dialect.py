@@ -7,7 +7,8 @@ conformance/requirements.txt. Arguments come from the environment:
 
 Each check raises on a mismatch; the process exits non-zero with the traceback, which the cargo
 test prints. The library is used as a merchant's code uses it: module-level api_key and
-api_base, resources' create/confirm/capture/retrieve/list, errors as exceptions, and
+api_base, resources' create/confirm/capture/retrieve/list (balance transactions with their
+sources expanded too), errors as exceptions, and
 Webhook.construct_event on every event the simulator delivered.
 """
 
@@ -158,6 +159,20 @@ def run_checks(base):
         )
     listed = [pi.id for pi in stripe.PaymentIntent.list(limit=2).auto_paging_iter()]
     check(listed == list(reversed(made)), (listed, made))
+
+    # Balance transactions, auto-paged with their sources expanded: the capture net of Stripe's
+    # fee and the refund, each naming the PaymentIntent it moved money for.
+    moved = list(
+        stripe.BalanceTransaction.list(limit=1, expand=["data.source"]).auto_paging_iter()
+    )
+    ours = [t for t in moved if t.source.payment_intent == intent.id]
+    kinds = sorted((t.type, t.amount, t.fee, t.net) for t in ours)
+    check(kinds == [("charge", 1500, 44, 1456), ("refund", -500, 0, -500)], kinds)
+    check(isinstance(ours[0], stripe.BalanceTransaction), type(ours[0]))
+    check(
+        stripe.BalanceTransaction.retrieve(txn.id).net == 1456,
+        "a balance transaction is read by id",
+    )
 
     # A decline raises the library's CardError, with the PaymentIntent it was made on.
     try:

@@ -270,23 +270,33 @@ async fn payments_through_stripe(backend: Backend) {
 
     // Stripe's fee on each captured PaymentIntent (2.9 % in the simulator), read from the
     // charge's balance transaction, is posted once: the clearing account comes up by it and
-    // Stripe's expense account takes it. The declined payment moved no money and has none.
+    // Stripe's expense account takes it. The disputed one also carries the dispute fee of its
+    // withdrawal. The declined payment moved no money and has none.
     let mut fees = 0;
-    for (paid, captured) in [(&id, 5_000), (&manual_id, 3_000), (&lost_id, 900)] {
-        let paid = wait_for(&client, paid, "Stripe's fee was never posted", |p| {
+    for (paid, expected) in [
+        (&id, vec![145, 1_500]),
+        (&manual_id, vec![87]),
+        (&lost_id, vec![26]),
+    ] {
+        let paid = wait_for(&client, paid, "Stripe's fees were never posted", |p| {
             p["provider_fees"]
                 .as_array()
-                .is_some_and(|fees| !fees.is_empty())
+                .is_some_and(|fees| fees.len() == expected.len())
         })
         .await;
-        let posted = paid["provider_fees"].as_array().unwrap();
-        assert_eq!(posted.len(), 1, "{paid}");
-        assert!(posted[0]["transaction_id"]
-            .as_str()
-            .is_some_and(|txn| txn.starts_with("txn_")));
-        let fee = posted[0]["fee_minor"].as_i64().unwrap();
-        assert_eq!(fee, (captured * 290 + 5_000) / 10_000, "{paid}");
-        fees += fee;
+        let posted: Vec<i64> = paid["provider_fees"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|fee| {
+                assert!(fee["transaction_id"]
+                    .as_str()
+                    .is_some_and(|txn| txn.starts_with("txn_")));
+                fee["fee_minor"].as_i64().unwrap()
+            })
+            .collect();
+        assert_eq!(posted, expected, "{paid}");
+        fees += posted.iter().sum::<i64>();
     }
     let declined_now = payment(&client, declined["id"].as_str().unwrap()).await;
     assert_eq!(declined_now["provider_fees"], json!([]));

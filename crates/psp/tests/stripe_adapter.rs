@@ -457,3 +457,71 @@ async fn an_event_is_read_as_the_objects_it_names_stand_now() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_refund_or_a_dispute_on_an_earlier_payment_intent_is_in_the_window_it_happened_in() {
+    bounded(async {
+        let sim = stripe_sim(30_000).await;
+        let stripe = adapter(&sim, 2_000);
+        let mut charged = Vec::new();
+        for key in ["w1", "w2", "w3"] {
+            let outcome = stripe
+                .create_charge(&charge(key, "pm_card_visa", true))
+                .await;
+            let ChargeOutcome::Succeeded(charge) = outcome else {
+                panic!("{outcome:?}");
+            };
+            charged.push(charge.id);
+        }
+        // Stripe's times are in seconds: the window starts after the PaymentIntents were made.
+        tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+        let later = Utc::now();
+        stripe.refund(&charged[0], 400, "w1-refund").await.unwrap();
+        let disputed_charge = charged[1].replacen("pi_", "ch_", 1);
+        let answer = reqwest::Client::new()
+            .post(format!(
+                "{}/sim/charges/{disputed_charge}/dispute",
+                sim.base
+            ))
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert!(answer.status().is_success());
+
+        let report = stripe
+            .settlement_report(later, later + Duration::minutes(5))
+            .await
+            .unwrap();
+        let mut ids: Vec<&str> = report.iter().map(|line| line.charge_id.as_str()).collect();
+        ids.sort_unstable();
+        assert_eq!(
+            ids,
+            [charged[0].as_str(), charged[1].as_str()],
+            "the untouched PaymentIntent is in no later window"
+        );
+        let refunded = report
+            .iter()
+            .find(|line| line.charge_id == charged[0])
+            .unwrap();
+        assert_eq!(refunded.amount_refunded, 400);
+        assert_eq!(fees(&refunded.provider_fees), [29]);
+        let disputed = report
+            .iter()
+            .find(|line| line.charge_id == charged[1])
+            .unwrap();
+        assert_eq!(
+            disputed.dispute.as_ref().map(|dispute| dispute.status),
+            Some(DisputeStatus::Open)
+        );
+        assert_eq!(
+            fees(&disputed.provider_fees),
+            [29, 1_500],
+            "the charge's fee and the dispute fee of its withdrawal"
+        );
+        let read = stripe.get_charge(&charged[1]).await.unwrap().unwrap();
+        assert_eq!(read.provider_fees, disputed.provider_fees);
+        sim.shutdown().await;
+    })
+    .await;
+}

@@ -17,7 +17,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing;
 use axum::Router;
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
 use common::{bounded, eventually, RunningSim};
@@ -501,6 +501,132 @@ async fn listings_page_newest_first_by_cursor_within_a_creation_window() {
         }
         assert_eq!(seen, ids);
         let old = get(&sim, "/v1/payment_intents?created[lt]=1000").await;
+        assert_eq!(old.body["data"], Value::Array(Vec::new()));
+        sim.shutdown().await;
+    })
+    .await;
+}
+
+async fn control(sim: &RunningSim, path: &str, body: Value) {
+    let answer = send(
+        reqwest::Client::new()
+            .post(format!("{}/sim{path}", sim.base))
+            .json(&body),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{path}: {}", answer.body);
+}
+
+#[tokio::test]
+async fn balance_transactions_record_every_movement_with_fees_and_nets() {
+    bounded(async {
+        let sim = stripe_sim().await;
+        let charged =
+            |n: i64| intent_form(10_000 * n, "pm_card_visa", "automatic").field("confirm", "true");
+        let refunded = post(&sim, "/v1/payment_intents", &charged(1), Some("b-1")).await;
+        let refunded_id = refunded.body["id"].as_str().unwrap().to_owned();
+        let refund = post(
+            &sim,
+            "/v1/refunds",
+            &Form::new()
+                .field("payment_intent", refunded_id.as_str())
+                .field("amount", "2500"),
+            Some("b-1-refund"),
+        )
+        .await;
+        assert_eq!(refund.status, StatusCode::OK, "{}", refund.body);
+        let refund_id = refund.body["id"].as_str().unwrap().to_owned();
+        control(&sim, &format!("/operations/{refund_id}/fail"), json!({})).await;
+        let disputed = post(&sim, "/v1/payment_intents", &charged(2), Some("b-2")).await;
+        let disputed_charge = disputed.body["latest_charge"].as_str().unwrap().to_owned();
+        control(
+            &sim,
+            &format!("/charges/{disputed_charge}/dispute"),
+            json!({}),
+        )
+        .await;
+
+        // Newest first, two per page, until has_more is false.
+        let mut seen: Vec<Value> = Vec::new();
+        loop {
+            let after = seen
+                .last()
+                .map(|txn| format!("&starting_after={}", txn["id"].as_str().unwrap()))
+                .unwrap_or_default();
+            let page = get(
+                &sim,
+                &format!("/v1/balance_transactions?limit=2&expand[]=data.source{after}"),
+            )
+            .await;
+            assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+            seen.extend(page.body["data"].as_array().unwrap().iter().cloned());
+            if page.body["has_more"] != true {
+                break;
+            }
+        }
+        let mut movements: Vec<(String, i64, i64, i64)> = seen
+            .iter()
+            .map(|txn| {
+                let parsed: BalanceTransaction = serde_json::from_value(txn.clone()).unwrap();
+                assert_eq!(parsed.net, parsed.amount - parsed.fee, "{txn}");
+                (
+                    parsed.reporting_category,
+                    parsed.amount,
+                    parsed.fee,
+                    parsed.net,
+                )
+            })
+            .collect();
+        movements.sort();
+        assert_eq!(
+            movements,
+            [
+                ("charge".to_owned(), 10_000, 290, 9_710),
+                ("charge".to_owned(), 20_000, 580, 19_420),
+                ("dispute".to_owned(), -20_000, 1_500, -21_500),
+                ("refund".to_owned(), -2_500, 0, -2_500),
+                ("refund_failure".to_owned(), 2_500, 0, 2_500),
+            ]
+        );
+        for txn in &seen {
+            let mut plain = txn.clone();
+            plain["source"] = Value::String(String::new());
+            assert_shaped_as_fixture("balance_transaction", &plain, &[]);
+            // The expanded source names its PaymentIntent, whatever it is.
+            let intent = txn["source"]["payment_intent"].as_str().unwrap();
+            assert!(
+                intent == refunded_id || intent == disputed.body["id"],
+                "{txn}"
+            );
+        }
+
+        let by_type = get(&sim, "/v1/balance_transactions?type=refund_failure").await;
+        assert_eq!(by_type.body["data"].as_array().unwrap().len(), 1);
+        let dispute = get(
+            &sim,
+            &format!(
+                "/v1/disputes?payment_intent={}",
+                disputed.body["id"].as_str().unwrap()
+            ),
+        )
+        .await;
+        let withdrawal = &dispute.body["data"][0]["balance_transactions"][0];
+        assert_eq!(
+            (withdrawal["amount"].as_i64(), withdrawal["fee"].as_i64()),
+            (Some(-20_000), Some(1_500))
+        );
+        let one = get(
+            &sim,
+            &format!(
+                "/v1/balance_transactions/{}",
+                withdrawal["id"].as_str().unwrap()
+            ),
+        )
+        .await;
+        assert_eq!(&one.body, withdrawal);
+        let missing = get(&sim, "/v1/balance_transactions?payout=po_none").await;
+        assert_eq!(missing.status, StatusCode::NOT_FOUND);
+        let old = get(&sim, "/v1/balance_transactions?created[lt]=1000").await;
         assert_eq!(old.body["data"], Value::Array(Vec::new()));
         sim.shutdown().await;
     })

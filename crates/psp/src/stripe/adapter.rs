@@ -15,7 +15,7 @@
 //! - `idempotency_error` (the same key with another request) is a bug of ours: it is logged as
 //!   an error and reported as unknown, never retried with another body.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -53,8 +53,9 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     key_lifetime: Duration::from_secs(23 * 60 * 60),
 };
 
-/// The most PaymentIntents one settlement report reads (100 pages of 100).
-pub const REPORT_INTENTS_MAX: usize = 10_000;
+/// The most PaymentIntents, and the most balance transactions, one settlement report reads
+/// (100 pages of 100 each).
+pub const REPORT_OBJECTS_MAX: usize = 10_000;
 
 /// A [`Provider`] speaking Stripe's API.
 #[derive(Debug)]
@@ -427,8 +428,10 @@ impl Provider for StripeProvider {
         }))
     }
 
-    /// The PaymentIntents created in `[from, to)`, each as it stands, with Stripe's fee from its
-    /// charge's balance transaction.
+    /// Every PaymentIntent created in `[from, to)` or whose money moved then (a balance
+    /// transaction of its charge, a refund, a refund failure or a dispute, paged by `created`),
+    /// each as it stands now, with Stripe's fees from its balance transactions. A refund or a
+    /// dispute on a PaymentIntent created in an earlier window is in the window it happened in.
     #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), %from, %to))]
     async fn settlement_report(
         &self,
@@ -436,57 +439,103 @@ impl Provider for StripeProvider {
         to: DateTime<Utc>,
     ) -> Result<Vec<ReportLine>, ProviderError> {
         let mut lines = Vec::new();
-        let mut cursor: Option<String> = None;
-        let mut read = 0usize;
+        let mut listed = BTreeSet::new();
+        let created: Vec<PaymentIntent> = self
+            .listed(
+                &["v1", "payment_intents"],
+                from,
+                to,
+                &format!("data.{EXPAND_CHARGE}"),
+            )
+            .await?;
+        for intent in &created {
+            listed.insert(intent.id.clone());
+            // No outcome yet: nothing to compare.
+            if let Ok(charge) = charge_of(intent) {
+                lines.push(report_line(self.with_dispute(intent, charge).await?));
+            }
+        }
+        let moved: Vec<wire::BalanceTransaction> = self
+            .listed(&["v1", "balance_transactions"], from, to, "data.source")
+            .await?;
+        let touched: BTreeSet<String> = moved
+            .iter()
+            .filter_map(|txn| txn.source.as_ref()?.object()?.payment_intent.as_ref())
+            .map(|intent| intent.id().to_owned())
+            .filter(|id| !listed.contains(id))
+            .collect();
+        for id in touched {
+            let Some(intent) = self.intent(&id).await? else {
+                return Err(gone("PaymentIntent", &id));
+            };
+            if let Ok(charge) = charge_of(&intent) {
+                lines.push(report_line(self.with_dispute(&intent, charge).await?));
+            }
+        }
+        Ok(lines)
+    }
+}
+
+impl StripeProvider {
+    /// Every object of a listing created in `[from, to)`, page after page (`starting_after` the
+    /// last one's id), at most [`REPORT_OBJECTS_MAX`].
+    async fn listed<T>(
+        &self,
+        path: &[&str],
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        expand: &str,
+    ) -> Result<Vec<T>, ProviderError>
+    where
+        T: serde::de::DeserializeOwned + wire::HasId,
+    {
+        let mut all: Vec<T> = Vec::new();
         loop {
-            let mut url = self.transport.url(&["v1", "payment_intents"]);
+            let mut url = self.transport.url(path);
             {
                 let mut query = url.query_pairs_mut();
                 query
                     .append_pair("limit", "100")
                     .append_pair("created[gte]", &from.timestamp().to_string())
                     .append_pair("created[lt]", &to.timestamp().to_string())
-                    .append_pair("expand[0]", &format!("data.{EXPAND_CHARGE}"));
-                if let Some(cursor) = &cursor {
-                    query.append_pair("starting_after", cursor);
+                    .append_pair("expand[0]", expand);
+                if let Some(last) = all.last() {
+                    query.append_pair("starting_after", last.id());
                 }
             }
-            let page: List<PaymentIntent> = self.transport.object(Call::read(url)).await?;
-            read += page.data.len();
-            for intent in &page.data {
-                // No outcome yet: nothing to compare.
-                let Ok(charge) = charge_of(intent) else {
-                    continue;
-                };
-                let charge = self.with_dispute(intent, charge).await?;
-                lines.push(ReportLine {
-                    charge_id: charge.id.clone(),
-                    status: charge.status,
-                    amount_minor: charge.amount_minor,
-                    amount_captured: charge.amount_captured,
-                    amount_refunded: charge.amount_refunded,
-                    provider_fees: charge.provider_fees.clone(),
-                    currency: charge.currency.clone(),
-                    reference: charge.reference.clone(),
-                    idempotency_key: charge.idempotency_key.clone(),
-                    dispute_status: charge.dispute.as_ref().map(|dispute| dispute.status),
-                    dispute: charge.dispute.clone(),
-                    last_touched: charge.updated,
-                });
+            let page: List<T> = self.transport.object(Call::read(url)).await?;
+            let more = page.has_more && !page.data.is_empty();
+            all.extend(page.data);
+            if !more {
+                return Ok(all);
             }
-            cursor = page.data.last().map(|intent| intent.id.clone());
-            if !page.has_more || cursor.is_none() {
-                break;
-            }
-            if read >= REPORT_INTENTS_MAX {
+            if all.len() >= REPORT_OBJECTS_MAX {
                 return Err(ProviderError::Unknown {
                     reason: format!(
-                        "more than {REPORT_INTENTS_MAX} PaymentIntents in one report window"
+                        "more than {REPORT_OBJECTS_MAX} objects at {} in one report window",
+                        path.join("/")
                     ),
                 });
             }
         }
-        Ok(lines)
+    }
+}
+
+/// A charge as a settlement report's line.
+fn report_line(charge: Charge) -> ReportLine {
+    ReportLine {
+        status: charge.status,
+        amount_minor: charge.amount_minor,
+        amount_captured: charge.amount_captured,
+        amount_refunded: charge.amount_refunded,
+        provider_fees: charge.provider_fees,
+        currency: charge.currency,
+        reference: charge.reference,
+        idempotency_key: charge.idempotency_key,
+        dispute_status: charge.dispute.as_ref().map(|dispute| dispute.status),
+        dispute: charge.dispute,
+        last_touched: charge.updated,
+        charge_id: charge.id,
     }
 }
 

@@ -237,12 +237,29 @@ pub struct BalanceTransaction {
     #[serde(rename = "type")]
     pub kind: String,
     pub reporting_category: String,
-    /// The charge, refund, dispute or payout it stems from.
+    /// The charge, refund, dispute or payout it stems from (expanded with
+    /// `expand[]=data.source`).
     #[serde(default)]
-    pub source: Option<String>,
+    pub source: Option<Expandable<BalanceSource>>,
     pub status: String,
     pub created: i64,
     pub available_on: i64,
+}
+
+/// A balance transaction's source, expanded: a charge, refund or dispute names its
+/// PaymentIntent (a payout names none).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalanceSource {
+    pub id: String,
+    pub object: String,
+    #[serde(default)]
+    pub payment_intent: Option<Expandable<PaymentIntent>>,
+}
+
+impl HasId for BalanceSource {
+    fn id(&self) -> &str {
+        &self.id
+    }
 }
 
 impl HasId for BalanceTransaction {

@@ -17,6 +17,7 @@
 //! - There is no lookup by our key: only by id and by listing.
 //! - Answers carry `Request-Id`, echo `Idempotency-Key`, and carry `Stripe-Version`.
 
+mod balance;
 mod book;
 mod events;
 mod params;
@@ -90,6 +91,11 @@ pub(super) fn routes() -> Router<Simulator> {
         .route("/v1/charges/{id}", get(get_charge))
         .route("/v1/disputes", get(list_disputes))
         .route("/v1/disputes/{id}", get(get_dispute))
+        .route("/v1/balance_transactions", get(list_balance_transactions))
+        .route(
+            "/v1/balance_transactions/{id}",
+            get(get_balance_transaction),
+        )
         .fallback(no_route)
 }
 
@@ -309,6 +315,25 @@ fn intent_with(state: &SimState, record: &IntentRecord, charge: &Charge, expand:
 
 fn expand_of(params: &mut Params, allowed: &[&str]) -> Result<Expand, StripeError> {
     Expand::new(params.list("expand")?, allowed)
+}
+
+/// A listing's expansions: each names a field of the listed objects under `data.`.
+fn list_expand_of(params: &mut Params, allowed: &[&str]) -> Result<Expand, StripeError> {
+    let expand: Vec<String> = params
+        .list("expand")?
+        .into_iter()
+        .map(|path| {
+            path.strip_prefix("data.")
+                .map(str::to_owned)
+                .ok_or_else(|| {
+                    StripeError::invalid_param(
+                        "expand",
+                        format!("This property cannot be expanded ({path})."),
+                    )
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    Expand::new(expand, allowed)
 }
 
 fn currency_of(text: &str) -> Result<String, StripeError> {
@@ -710,21 +735,7 @@ async fn list_intents(
         let limit = params.limit()?;
         let starting_after = params.text("starting_after")?;
         let ending_before = params.text("ending_before")?;
-        let expand: Vec<String> = params
-            .list("expand")?
-            .into_iter()
-            .map(|path| {
-                path.strip_prefix("data.")
-                    .map(str::to_owned)
-                    .ok_or_else(|| {
-                        StripeError::invalid_param(
-                            "expand",
-                            format!("This property cannot be expanded ({path})."),
-                        )
-                    })
-            })
-            .collect::<Result<_, _>>()?;
-        let expand = Expand::new(expand, INTENT_EXPANSIONS)?;
+        let expand = list_expand_of(params, INTENT_EXPANSIONS)?;
         Ok((from, to, limit, starting_after, ending_before, expand))
     };
     read_call(
@@ -740,6 +751,7 @@ async fn list_intents(
                 .collect();
             let page = page(
                 &matching,
+                |record| record.id.as_str(),
                 starting_after.as_deref(),
                 ending_before.as_deref(),
                 limit,
@@ -759,22 +771,24 @@ async fn list_intents(
     .await
 }
 
-struct Page<'a> {
-    items: Vec<&'a IntentRecord>,
+struct Page<'a, T> {
+    items: Vec<&'a T>,
     has_more: bool,
 }
 
-/// One page of a newest-first listing, after (older than) or before (newer than) a cursor.
-fn page<'a>(
-    items: &[&'a IntentRecord],
+/// One page of a newest-first listing of objects named by `id`, after (older than) or before
+/// (newer than) a cursor.
+fn page<'a, T>(
+    items: &[&'a T],
+    id: impl Fn(&T) -> &str,
     starting_after: Option<&str>,
     ending_before: Option<&str>,
     limit: usize,
-) -> Result<Page<'a>, StripeError> {
+) -> Result<Page<'a, T>, StripeError> {
     let position = |cursor: &str, param: &str| {
         items
             .iter()
-            .position(|item| item.id == cursor)
+            .position(|item| id(item) == cursor)
             .ok_or_else(|| {
                 StripeError::invalid_param(param, format!("No such object: '{cursor}'"))
                     .with_code("resource_missing")
@@ -980,6 +994,138 @@ async fn get_dispute(
         },
     )
     .await
+}
+
+/// The account's balance transactions, newest first, by `created` window, `type` and `source`,
+/// paged with `starting_after` / `ending_before`.
+async fn list_balance_transactions(
+    State(sim): State<Simulator>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let read = |params: &mut Params| {
+        let (from, to) = params.created()?;
+        let limit = params.limit()?;
+        let starting_after = params.text("starting_after")?;
+        let ending_before = params.text("ending_before")?;
+        let kind = params.text("type")?;
+        let source = params.text("source")?;
+        let currency = params.text("currency")?;
+        // The dialect makes no payouts: a payout named is one it does not have.
+        let payout = params.text("payout")?;
+        let expand = list_expand_of(params, BALANCE_EXPANSIONS)?;
+        Ok((
+            (from, to),
+            limit,
+            (starting_after, ending_before),
+            (kind, source, currency, payout),
+            expand,
+        ))
+    };
+    read_call(
+        &sim,
+        &headers,
+        query,
+        read,
+        |state, ((from, to), limit, (starting_after, ending_before), filters, expand)| {
+            let (kind, source, currency, payout) = filters;
+            if let Some(payout) = payout {
+                return Err(StripeError::not_found("payout", &payout));
+            }
+            let all = balance::all(state);
+            let matching: Vec<&balance::BalanceTransaction> = all
+                .iter()
+                .filter(|txn| (from..=to).contains(&txn.created))
+                .filter(|txn| kind.as_deref().is_none_or(|kind| txn.kind == kind))
+                .filter(|txn| source.as_deref().is_none_or(|source| txn.source == source))
+                .filter(|txn| {
+                    currency
+                        .as_deref()
+                        .is_none_or(|currency| txn.currency.eq_ignore_ascii_case(currency))
+                })
+                .collect();
+            let page = page(
+                &matching,
+                |txn| txn.id.as_str(),
+                starting_after.as_deref(),
+                ending_before.as_deref(),
+                limit,
+            )?;
+            let data = page
+                .items
+                .iter()
+                .map(|txn| render_balance_transaction(state, txn, &expand))
+                .collect();
+            Ok(ok(&render::list(
+                "/v1/balance_transactions",
+                data,
+                page.has_more,
+            )))
+        },
+    )
+    .await
+}
+
+async fn get_balance_transaction(
+    State(sim): State<Simulator>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let read = |params: &mut Params| expand_of(params, BALANCE_EXPANSIONS);
+    read_call(&sim, &headers, query, read, |state, expand| {
+        let txn = balance::all(state)
+            .into_iter()
+            .find(|txn| txn.id == id)
+            .ok_or_else(|| StripeError::not_found("balance_transaction", &id))?;
+        Ok(ok(&render_balance_transaction(state, &txn, &expand)))
+    })
+    .await
+}
+
+/// What a balance transaction's answer may expand: its source.
+const BALANCE_EXPANSIONS: &[&str] = &["source"];
+
+/// A balance transaction, with its source object when `source` is expanded.
+fn render_balance_transaction(
+    state: &SimState,
+    txn: &balance::BalanceTransaction,
+    expand: &Expand,
+) -> Value {
+    let mut rendered = txn.render();
+    if expand.has("source") {
+        if let Some(source) = render_source(state, &txn.source) {
+            rendered["source"] = source;
+        }
+    }
+    rendered
+}
+
+/// The charge, refund or dispute a balance transaction names.
+fn render_source(state: &SimState, source: &str) -> Option<Value> {
+    if let Some(refund) = state.operation(source) {
+        return Some(render::refund(
+            refund,
+            &state.stripe.refund_metadata(source),
+        ));
+    }
+    let (charge_id, dispute) = match source.strip_prefix("dp_") {
+        Some(suffix) => (format!("ch_{suffix}"), true),
+        None => (source.to_owned(), false),
+    };
+    let charge = state.charge(&charge_id)?;
+    if dispute {
+        return render::dispute(charge);
+    }
+    let record = state.stripe.get(&intent_id_of(&charge_id))?;
+    let refunds = state.operations_of(&charge_id, OperationKind::Refund);
+    Some(render::charge(
+        charge,
+        record,
+        &refunds,
+        state.fee_bps(),
+        &Expand::default(),
+    ))
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The Stripe dialect's answers: the simulator's charges and operations rendered as Stripe's
-//! PaymentIntent, Charge, Refund and BalanceTransaction objects with every field of Stripe's
+//! PaymentIntent, Charge, Refund and Dispute objects (balance transactions in [`balance`]) with
+//! every field of Stripe's
 //! published fixtures (`tests/fixtures/stripe/fixtures3.json`), its error envelope, and its
 //! event objects.
 
@@ -9,11 +10,12 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
+use super::balance;
 use super::book::{intent_id_of, IntentRecord};
 use crate::provider::{
     Charge, ChargeStatus, DisputeStatus, Operation, OperationKind, OperationStatus,
 };
-use crate::sim::state::{fee_minor, SimError};
+use crate::sim::state::SimError;
 use crate::stripe::wire::API_VERSION;
 
 /// Stripe's `Stripe-Should-Retry` answer header.
@@ -248,7 +250,7 @@ impl Expand {
         Ok(Expand { paths })
     }
 
-    fn has(&self, field: &str) -> bool {
+    pub(crate) fn has(&self, field: &str) -> bool {
         self.paths.iter().any(|path| {
             path == field
                 || path
@@ -438,39 +440,6 @@ fn payment_method(id: &str, created: i64) -> Value {
     })
 }
 
-/// The balance transaction of a charge's capture: Stripe's fee taken from the gross.
-pub(crate) fn charge_balance_transaction(charge: &Charge, fee_bps: u32) -> Value {
-    let amount = charge.amount_captured;
-    let fee = fee_minor(amount, fee_bps);
-    let currency = charge.currency.to_ascii_lowercase();
-    json!({
-        "id": balance_transaction_id(&charge.id),
-        "object": "balance_transaction",
-        "amount": amount,
-        "available_on": charge.updated.timestamp() + 2 * 24 * 60 * 60,
-        "balance_type": "payments",
-        "created": charge.updated.timestamp(),
-        "currency": currency,
-        "description": null,
-        "exchange_rate": null,
-        "fee": fee,
-        "fee_details": if fee > 0 {
-            json!([{"amount": fee, "application": null, "currency": currency, "description": "Stripe processing fees", "type": "stripe_fee"}])
-        } else {
-            json!([])
-        },
-        "net": amount - fee,
-        "reporting_category": "charge",
-        "source": charge.id,
-        "status": "pending",
-        "type": "charge",
-    })
-}
-
-fn balance_transaction_id(charge_id: &str) -> String {
-    format!("txn_{}", charge_id.strip_prefix("ch_").unwrap_or(charge_id))
-}
-
 /// The Charge of a confirmed PaymentIntent.
 pub(crate) fn charge(
     charge: &Charge,
@@ -486,10 +455,10 @@ pub(crate) fn charge(
         ChargeStatus::RequiresAction => "pending",
         _ => "succeeded",
     };
-    let balance_transaction = match captured {
-        false => Value::Null,
-        true if expand.has("balance_transaction") => charge_balance_transaction(charge, fee_bps),
-        true => json!(balance_transaction_id(&charge.id)),
+    let balance_transaction = match balance::of_capture(charge, fee_bps) {
+        None => Value::Null,
+        Some(txn) if expand.has("balance_transaction") => txn.render(),
+        Some(txn) => json!(txn.id),
     };
     let payment_intent = if expand.has("payment_intent") {
         intent(record, Some(charge), refunds, fee_bps, &Expand::default())
@@ -573,15 +542,12 @@ pub(crate) fn refund(operation: &Operation, metadata: &BTreeMap<String, String>)
     };
     let charge = json!(operation.charge);
     let payment_intent = json!(intent_id_of(&operation.charge));
+    let moved = balance::of_refund(operation);
     let mut refund = json!({
         "id": operation.id,
         "object": "refund",
         "amount": operation.amount_minor,
-        "balance_transaction": if operation.status == OperationStatus::Succeeded || operation.status == OperationStatus::Failed {
-            json!(format!("txn_{}", operation.id.strip_prefix("re_").unwrap_or(&operation.id)))
-        } else {
-            Value::Null
-        },
+        "balance_transaction": moved.first().map(|txn| txn.id.clone()),
         "charge": charge,
         "created": operation.created.timestamp(),
         "currency": operation.currency.to_ascii_lowercase(),
@@ -599,10 +565,7 @@ pub(crate) fn refund(operation: &Operation, metadata: &BTreeMap<String, String>)
     });
     if operation.status == OperationStatus::Failed {
         refund["failure_reason"] = json!(operation.failure_reason.as_deref().unwrap_or("unknown"));
-        refund["failure_balance_transaction"] = json!(format!(
-            "txn_f{}",
-            operation.id.strip_prefix("re_").unwrap_or(&operation.id)
-        ));
+        refund["failure_balance_transaction"] = json!(moved.get(1).map(|txn| txn.id.clone()));
     }
     if operation.status == OperationStatus::Pending {
         refund["pending_reason"] = json!("processing");
@@ -623,7 +586,7 @@ pub(crate) fn dispute(charge: &Charge) -> Option<Value> {
         "id": format!("dp_{suffix}"),
         "object": "dispute",
         "amount": dispute.amount_minor,
-        "balance_transactions": [],
+        "balance_transactions": balance::of_dispute(charge).iter().map(balance::BalanceTransaction::render).collect::<Vec<_>>(),
         "charge": charge.id,
         "created": dispute.created.timestamp(),
         "currency": charge.currency.to_ascii_lowercase(),
