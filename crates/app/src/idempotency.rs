@@ -444,6 +444,40 @@ pub(crate) fn add_completions<'c>(
     )
 }
 
+/// Whether a request for `resource_id` may still be running: its key is in flight under a lease
+/// that has not run out (a lease outlives the provider client's worst case). The stale sweep
+/// never expires a payment whose creation may still reach its provider.
+pub async fn resource_in_flight(
+    database: &asiento_eventstore::Database,
+    resource_id: &str,
+    now_ms: i64,
+) -> Result<bool, IdempotencyError> {
+    use asiento_eventstore::Database;
+    let found: Option<i64> = match database {
+        Database::Postgres(pool) => {
+            sqlx::query_scalar(
+                "select 1::bigint from idempotency_keys where state = 'in_flight' \
+                 and lease_expires_ms > $1 and resource_id = $2 limit 1",
+            )
+            .bind(now_ms)
+            .bind(resource_id)
+            .fetch_optional(pool)
+            .await?
+        }
+        Database::Sqlite(pool) => {
+            sqlx::query_scalar(
+                "select 1 from idempotency_keys where state = 'in_flight' \
+                 and lease_expires_ms > ?1 and resource_id = ?2 limit 1",
+            )
+            .bind(now_ms)
+            .bind(resource_id)
+            .fetch_optional(pool)
+            .await?
+        }
+    };
+    Ok(found.is_some())
+}
+
 /// Inserts a new in-flight record under `lease`; `false` if the key exists.
 async fn insert_fresh(
     tx: &mut Tx,

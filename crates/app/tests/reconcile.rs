@@ -596,6 +596,91 @@ async fn abandoned_redirects_do_not_starve_the_sweep_postgres() {
     abandoned_redirects_do_not_starve_the_sweep(Backend::Postgres).await;
 }
 
+/// A payment the provider has not got is not expired while a request creating it still runs
+/// (its key in flight under a live lease): that request may yet reach the provider, and a charge
+/// on an expired payment would be money nobody books. Once the lease runs out, the sweep settles
+/// it (the stuck key is resumed, or the payment expires).
+async fn a_payment_whose_creation_still_runs_is_not_expired(backend: Backend) {
+    let h = Harness::start(backend).await;
+    h.sim
+        .set_faults(&serde_json::from_value(json!({"error_rate": 1.0})).unwrap())
+        .unwrap();
+    let mut never_sent = None;
+    for _ in 0..40 {
+        let id = h.create("pm_card_ok", 1_111).await;
+        let reference = id.to_string();
+        if !h
+            .sim
+            .charges()
+            .iter()
+            .any(|c| c.reference.as_deref() == Some(reference.as_str()))
+        {
+            never_sent = Some(id);
+            break;
+        }
+    }
+    let never_sent = never_sent.expect("a charge that never reached the provider");
+    h.sim
+        .set_faults(&serde_json::from_value(json!({"error_rate": 0.0})).unwrap())
+        .unwrap();
+    // A request creating it that is still running: its key is in flight for two more seconds.
+    let running = create_request("still-running");
+    let mut tx = h.database.begin().await.unwrap();
+    let claim = asiento_app::idempotency::claim(
+        &mut tx,
+        &running.scope,
+        &running.key,
+        running.body,
+        &never_sent.to_string(),
+        h.flow.clock.now_ms(),
+        2_000,
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        claim,
+        asiento_app::idempotency::Claim::Fresh { .. }
+    ));
+    tx.commit().await.unwrap();
+    let eager = ReconcilerConfig {
+        interval_ms: 0,
+        ..config()
+    };
+    let summary = Reconciler::new(h.flow.clone(), eager.clone())
+        .sweep_once()
+        .await
+        .unwrap();
+    assert_eq!(summary.errors, 0, "{summary}");
+    assert_eq!(
+        h.status(never_sent).await,
+        PaymentStatus::Pending,
+        "expired while its creation runs: {summary}"
+    );
+
+    tokio::time::sleep(std::time::Duration::from_millis(2_100)).await;
+    let summary = Reconciler::new(h.flow.clone(), eager)
+        .sweep_once()
+        .await
+        .unwrap();
+    assert_eq!(summary.errors, 0, "{summary}");
+    let settled = h.status(never_sent).await;
+    assert!(
+        matches!(settled, PaymentStatus::Expired | PaymentStatus::Captured),
+        "{settled:?}: {summary}"
+    );
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn a_payment_whose_creation_still_runs_is_not_expired_sqlite() {
+    a_payment_whose_creation_still_runs_is_not_expired(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn a_payment_whose_creation_still_runs_is_not_expired_postgres() {
+    a_payment_whose_creation_still_runs_is_not_expired(Backend::Postgres).await;
+}
+
 /// A redirect nobody finishes is cancelled at the provider and expires once the timeout for
 /// customer action has passed; one the customer finished meanwhile is settled instead.
 async fn abandoned_redirects_are_cancelled_and_expire(backend: Backend) {

@@ -144,6 +144,8 @@ pub enum ReconcileError {
     Lease(#[from] LeaseError),
     #[error(transparent)]
     Watch(#[from] WatchError),
+    #[error(transparent)]
+    Idempotency(#[from] crate::idempotency::IdempotencyError),
     #[error("provider {0} is not configured")]
     UnknownProvider(ProviderName),
 }

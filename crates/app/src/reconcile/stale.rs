@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use super::findings::Finding;
 use super::{local_state, report_cursor, ReconcileError, Reconciler, SweepSummary};
 use crate::facts;
+use crate::idempotency;
 use crate::leases;
 use crate::log;
 use crate::payments::FlowError;
@@ -156,7 +157,15 @@ impl Reconciler {
         };
         match (charge, &record.provider_charge_id) {
             (None, None) if expired_ms <= self.flow.clock.now_ms() => {
-                // The provider never got the charge, and the payment is past its expiry.
+                // The provider has not got the charge, and the payment is past its expiry. A
+                // request creating it that still runs (a pending timeout shorter than the
+                // provider calls it makes) may yet reach the provider: it is left to finish.
+                let now_ms = self.flow.clock.now_ms();
+                if idempotency::resource_in_flight(self.database(), &id.to_string(), now_ms).await?
+                {
+                    tracing::info!(payment = %id, "past its expiry, its creation still runs; not expired");
+                    return Ok(());
+                }
                 match self
                     .flow
                     .apply(
