@@ -537,6 +537,14 @@ async fn balance_transactions_record_every_movement_with_fees_and_nets() {
         assert_eq!(refund.status, StatusCode::OK, "{}", refund.body);
         let refund_id = refund.body["id"].as_str().unwrap().to_owned();
         control(&sim, &format!("/operations/{refund_id}/fail"), json!({})).await;
+        // A refund made in the dashboard is a Refund object with its balance transaction too.
+        let refunded_charge = refunded.body["latest_charge"].as_str().unwrap().to_owned();
+        control(
+            &sim,
+            &format!("/charges/{refunded_charge}/refund_out_of_band"),
+            json!({"amount_minor": 1_000}),
+        )
+        .await;
         let disputed = post(&sim, "/v1/payment_intents", &charged(2), Some("b-2")).await;
         let disputed_charge = disputed.body["latest_charge"].as_str().unwrap().to_owned();
         control(
@@ -585,9 +593,29 @@ async fn balance_transactions_record_every_movement_with_fees_and_nets() {
                 ("charge".to_owned(), 20_000, 580, 19_420),
                 ("dispute".to_owned(), -20_000, 1_500, -21_500),
                 ("refund".to_owned(), -2_500, 0, -2_500),
+                ("refund".to_owned(), -1_000, 0, -1_000),
                 ("refund_failure".to_owned(), 2_500, 0, 2_500),
             ]
         );
+        let dashboard = seen.iter().find(|txn| txn["amount"] == -1_000).unwrap();
+        let refund_of_dashboard = get(
+            &sim,
+            &format!(
+                "/v1/refunds/{}",
+                dashboard["source"]["id"].as_str().unwrap()
+            ),
+        )
+        .await;
+        assert_eq!(
+            refund_of_dashboard.status,
+            StatusCode::OK,
+            "{}",
+            refund_of_dashboard.body
+        );
+        assert_eq!(refund_of_dashboard.body["status"], "succeeded");
+        let charge = get(&sim, &format!("/v1/charges/{refunded_charge}")).await;
+        assert_eq!(charge.body["amount_refunded"], 1_000);
+        assert_eq!(charge.body["refunds"]["data"].as_array().unwrap().len(), 2);
         for txn in &seen {
             let mut plain = txn.clone();
             plain["source"] = Value::String(String::new());

@@ -1253,7 +1253,11 @@ impl SimState {
         amount_minor: i64,
         now: DateTime<Utc>,
     ) -> Result<Charge, SimError> {
-        self.refund_charge(charge_id, amount_minor, now)
+        let charge = self.refund_charge(charge_id, amount_minor, now)?;
+        if self.dialect == Dialect::Stripe {
+            self.stripe.add_dashboard_refund(&charge, amount_minor, now);
+        }
+        Ok(charge)
     }
 
     pub fn open_dispute(

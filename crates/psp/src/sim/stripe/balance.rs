@@ -184,7 +184,7 @@ pub(crate) fn all(state: &SimState) -> Vec<BalanceTransaction> {
         .iter()
         .filter(|charge| state.stripe.get(&intent_id_of(&charge.id)).is_some())
         .flat_map(|charge| {
-            let refunds = state.operations_of(&charge.id, OperationKind::Refund);
+            let refunds = super::refunds_of(state, &charge.id);
             of_capture(charge, fee_bps)
                 .into_iter()
                 .chain(refunds.iter().flat_map(of_refund))

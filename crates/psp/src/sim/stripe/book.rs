@@ -1,7 +1,8 @@
 //! What the Stripe dialect keeps beside the simulator's charges: the PaymentIntents (a
 //! PaymentIntent exists before its charge, unconfirmed, and a duplicate that is never confirmed
 //! moves no money), the answers to writes that never reach the charge model (creating and
-//! cancelling an unconfirmed PaymentIntent), and the metadata of refunds.
+//! cancelling an unconfirmed PaymentIntent), the metadata of refunds, and the refunds made
+//! outside the API (a dashboard's), which Stripe has as Refund objects too.
 //!
 //! A PaymentIntent `pi_<x>` confirms into the simulator's charge `ch_<x>`, so either id names
 //! the other without a table.
@@ -10,6 +11,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use axum::body::Bytes;
 use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+
+use crate::provider::{Charge, Operation, OperationKind, OperationStatus};
 
 /// A PaymentIntent as created; what happens after its confirmation lives in its charge.
 #[derive(Clone, Debug)]
@@ -46,6 +50,9 @@ pub(crate) struct IntentBook {
     order: Vec<String>,
     answers: HashMap<String, StoredAnswer>,
     refund_metadata: HashMap<String, BTreeMap<String, String>>,
+    /// Refunds made outside the API (the simulator's `refund_out_of_band`, Stripe's dashboard):
+    /// Refund objects with no key of ours, in the order made.
+    dashboard_refunds: Vec<Operation>,
 }
 
 /// The charge a PaymentIntent confirms into.
@@ -96,6 +103,41 @@ impl IntentBook {
         if !metadata.is_empty() {
             self.refund_metadata.insert(refund_id.to_owned(), metadata);
         }
+    }
+
+    /// Records a refund of `amount_minor` on `charge` made outside the API.
+    pub fn add_dashboard_refund(&mut self, charge: &Charge, amount_minor: i64, now: DateTime<Utc>) {
+        let suffix = charge.id.strip_prefix("ch_").unwrap_or(&charge.id);
+        let made = self
+            .dashboard_refunds
+            .iter()
+            .filter(|refund| refund.charge == charge.id)
+            .count();
+        self.dashboard_refunds.push(Operation {
+            id: format!("re_dash{made}_{suffix}"),
+            kind: OperationKind::Refund,
+            charge: charge.id.clone(),
+            idempotency_key: String::new(),
+            amount_minor,
+            currency: charge.currency.clone(),
+            status: OperationStatus::Succeeded,
+            failure_reason: None,
+            created: now,
+            updated: now,
+        });
+    }
+
+    pub fn dashboard_refunds_of<'a>(
+        &'a self,
+        charge_id: &'a str,
+    ) -> impl Iterator<Item = &'a Operation> + 'a {
+        self.dashboard_refunds
+            .iter()
+            .filter(move |refund| refund.charge == charge_id)
+    }
+
+    pub fn dashboard_refund(&self, id: &str) -> Option<&Operation> {
+        self.dashboard_refunds.iter().find(|refund| refund.id == id)
     }
 
     pub fn refund_metadata(&self, refund_id: &str) -> BTreeMap<String, String> {

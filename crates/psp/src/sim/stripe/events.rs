@@ -20,7 +20,7 @@ pub(crate) fn events(event: &WebhookEvent, state: &SimState) -> Vec<Outgoing> {
         // A charge without a PaymentIntent was not made through this dialect.
         return Vec::new();
     };
-    let refunds = state.operations_of(&charge.id, OperationKind::Refund);
+    let refunds = super::refunds_of(state, &charge.id);
     let fee_bps = state.fee_bps();
     let intent = || render::intent(record, Some(charge), &refunds, fee_bps, &Expand::default());
     let charge_object = || render::charge(charge, record, &refunds, fee_bps, &Expand::default());

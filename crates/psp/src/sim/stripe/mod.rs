@@ -20,6 +20,7 @@
 mod balance;
 mod book;
 mod events;
+mod listing;
 mod params;
 mod render;
 
@@ -38,6 +39,7 @@ pub(crate) use book::IntentBook;
 pub(crate) use events::events;
 
 use self::book::{charge_id_of, intent_id_of, IntentRecord, StoredAnswer};
+use self::listing::Listing;
 use self::params::Params;
 use self::render::{Expand, StripeError, CHARGE_EXPANSIONS, INTENT_EXPANSIONS};
 use super::routes::{provider_call, redirect_base};
@@ -48,7 +50,7 @@ use super::state::{
 };
 use super::Simulator;
 use crate::client::IDEMPOTENCY_KEY_HEADER;
-use crate::provider::{Charge, OperationAnswer, OperationKind, OperationStatus};
+use crate::provider::{Charge, Operation, OperationAnswer, OperationKind, OperationStatus};
 use crate::stripe::API_VERSION;
 
 /// Stripe's documented test payment methods, and what the simulator does for each.
@@ -300,16 +302,25 @@ fn intent_record<'a>(state: &'a SimState, id: &str) -> Result<&'a IntentRecord, 
         .ok_or_else(|| StripeError::not_found("payment_intent", id))
 }
 
+/// Every refund of a charge, oldest first: ours (the simulator's refund operations) and those
+/// made outside the API.
+pub(crate) fn refunds_of(state: &SimState, charge_id: &str) -> Vec<Operation> {
+    let mut refunds = state.operations_of(charge_id, OperationKind::Refund);
+    refunds.extend(state.stripe.dashboard_refunds_of(charge_id).cloned());
+    refunds.sort_by_key(|refund| refund.created);
+    refunds
+}
+
 /// The PaymentIntent as it stands.
 fn render_intent(state: &SimState, record: &IntentRecord, expand: &Expand) -> Value {
     let charge_id = charge_id_of(&record.id);
     let charge = state.charge(&charge_id);
-    let refunds = state.operations_of(&charge_id, OperationKind::Refund);
+    let refunds = refunds_of(state, &charge_id);
     render::intent(record, charge, &refunds, state.fee_bps(), expand)
 }
 
 fn intent_with(state: &SimState, record: &IntentRecord, charge: &Charge, expand: &Expand) -> Value {
-    let refunds = state.operations_of(&charge.id, OperationKind::Refund);
+    let refunds = refunds_of(state, &charge.id);
     render::intent(record, Some(charge), &refunds, state.fee_bps(), expand)
 }
 
@@ -731,95 +742,24 @@ async fn list_intents(
     RawQuery(query): RawQuery,
 ) -> Response {
     let read = |params: &mut Params| {
-        let (from, to) = params.created()?;
-        let limit = params.limit()?;
-        let starting_after = params.text("starting_after")?;
-        let ending_before = params.text("ending_before")?;
+        let listing = Listing::read(params)?;
         let expand = list_expand_of(params, INTENT_EXPANSIONS)?;
-        Ok((from, to, limit, starting_after, ending_before, expand))
+        Ok((listing, expand))
     };
-    read_call(
-        &sim,
-        &headers,
-        query,
-        read,
-        |state, (from, to, limit, starting_after, ending_before, expand)| {
-            let matching: Vec<&IntentRecord> = state
-                .stripe
-                .newest_first()
-                .filter(|record| (from..=to).contains(&record.created))
-                .collect();
-            let page = page(
-                &matching,
-                |record| record.id.as_str(),
-                starting_after.as_deref(),
-                ending_before.as_deref(),
-                limit,
-            )?;
-            let data = page
-                .items
-                .iter()
-                .map(|record| render_intent(state, record, &expand))
-                .collect();
-            Ok(ok(&render::list(
-                "/v1/payment_intents",
-                data,
-                page.has_more,
-            )))
-        },
-    )
+    read_call(&sim, &headers, query, read, |state, (listing, expand)| {
+        let matching: Vec<&IntentRecord> = state
+            .stripe
+            .newest_first()
+            .filter(|record| listing.created(record.created))
+            .collect();
+        listing.answer(
+            "/v1/payment_intents",
+            &matching,
+            |record| record.id.as_str(),
+            |record| render_intent(state, record, &expand),
+        )
+    })
     .await
-}
-
-struct Page<'a, T> {
-    items: Vec<&'a T>,
-    has_more: bool,
-}
-
-/// One page of a newest-first listing of objects named by `id`, after (older than) or before
-/// (newer than) a cursor.
-fn page<'a, T>(
-    items: &[&'a T],
-    id: impl Fn(&T) -> &str,
-    starting_after: Option<&str>,
-    ending_before: Option<&str>,
-    limit: usize,
-) -> Result<Page<'a, T>, StripeError> {
-    let position = |cursor: &str, param: &str| {
-        items
-            .iter()
-            .position(|item| id(item) == cursor)
-            .ok_or_else(|| {
-                StripeError::invalid_param(param, format!("No such object: '{cursor}'"))
-                    .with_code("resource_missing")
-            })
-    };
-    match (starting_after, ending_before) {
-        (Some(_), Some(_)) => Err(StripeError::invalid(
-            "You may only specify one of these parameters: starting_after, ending_before.",
-        )),
-        (Some(cursor), None) => {
-            let start = position(cursor, "starting_after")? + 1;
-            let rest = &items[start..];
-            Ok(Page {
-                items: rest.iter().take(limit).copied().collect(),
-                has_more: rest.len() > limit,
-            })
-        }
-        (None, Some(cursor)) => {
-            let end = position(cursor, "ending_before")?;
-            let before = &items[..end];
-            let skip = before.len().saturating_sub(limit);
-            Ok(Page {
-                items: before[skip..].to_vec(),
-                has_more: skip > 0,
-            })
-        }
-        (None, None) => Ok(Page {
-            items: items.iter().take(limit).copied().collect(),
-            has_more: items.len() > limit,
-        }),
-    }
 }
 
 async fn create_refund(State(sim): State<Simulator>, headers: HeaderMap, body: Bytes) -> Response {
@@ -897,6 +837,7 @@ async fn get_refund(
         let operation = state
             .operation(&id)
             .filter(|operation| operation.kind == OperationKind::Refund)
+            .or_else(|| state.stripe.dashboard_refund(&id))
             .ok_or_else(|| StripeError::not_found("refund", &id))?;
         Ok(ok(&render::refund(
             operation,
@@ -921,7 +862,7 @@ async fn get_charge(
         let charge = state
             .charge(&id)
             .ok_or_else(|| StripeError::not_found("charge", &id))?;
-        let refunds = state.operations_of(&id, OperationKind::Refund);
+        let refunds = refunds_of(state, &id);
         Ok(ok(&render::charge(
             charge,
             record,
@@ -1004,30 +945,21 @@ async fn list_balance_transactions(
     RawQuery(query): RawQuery,
 ) -> Response {
     let read = |params: &mut Params| {
-        let (from, to) = params.created()?;
-        let limit = params.limit()?;
-        let starting_after = params.text("starting_after")?;
-        let ending_before = params.text("ending_before")?;
+        let listing = Listing::read(params)?;
         let kind = params.text("type")?;
         let source = params.text("source")?;
         let currency = params.text("currency")?;
         // The dialect makes no payouts: a payout named is one it does not have.
         let payout = params.text("payout")?;
         let expand = list_expand_of(params, BALANCE_EXPANSIONS)?;
-        Ok((
-            (from, to),
-            limit,
-            (starting_after, ending_before),
-            (kind, source, currency, payout),
-            expand,
-        ))
+        Ok((listing, (kind, source, currency, payout), expand))
     };
     read_call(
         &sim,
         &headers,
         query,
         read,
-        |state, ((from, to), limit, (starting_after, ending_before), filters, expand)| {
+        |state, (listing, filters, expand)| {
             let (kind, source, currency, payout) = filters;
             if let Some(payout) = payout {
                 return Err(StripeError::not_found("payout", &payout));
@@ -1035,7 +967,7 @@ async fn list_balance_transactions(
             let all = balance::all(state);
             let matching: Vec<&balance::BalanceTransaction> = all
                 .iter()
-                .filter(|txn| (from..=to).contains(&txn.created))
+                .filter(|txn| listing.created(txn.created))
                 .filter(|txn| kind.as_deref().is_none_or(|kind| txn.kind == kind))
                 .filter(|txn| source.as_deref().is_none_or(|source| txn.source == source))
                 .filter(|txn| {
@@ -1044,23 +976,12 @@ async fn list_balance_transactions(
                         .is_none_or(|currency| txn.currency.eq_ignore_ascii_case(currency))
                 })
                 .collect();
-            let page = page(
+            listing.answer(
+                "/v1/balance_transactions",
                 &matching,
                 |txn| txn.id.as_str(),
-                starting_after.as_deref(),
-                ending_before.as_deref(),
-                limit,
-            )?;
-            let data = page
-                .items
-                .iter()
-                .map(|txn| render_balance_transaction(state, txn, &expand))
-                .collect();
-            Ok(ok(&render::list(
-                "/v1/balance_transactions",
-                data,
-                page.has_more,
-            )))
+                |txn| render_balance_transaction(state, txn, &expand),
+            )
         },
     )
     .await
@@ -1103,7 +1024,10 @@ fn render_balance_transaction(
 
 /// The charge, refund or dispute a balance transaction names.
 fn render_source(state: &SimState, source: &str) -> Option<Value> {
-    if let Some(refund) = state.operation(source) {
+    if let Some(refund) = state
+        .operation(source)
+        .or_else(|| state.stripe.dashboard_refund(source))
+    {
         return Some(render::refund(
             refund,
             &state.stripe.refund_metadata(source),
@@ -1118,7 +1042,7 @@ fn render_source(state: &SimState, source: &str) -> Option<Value> {
         return render::dispute(charge);
     }
     let record = state.stripe.get(&intent_id_of(&charge_id))?;
-    let refunds = state.operations_of(&charge_id, OperationKind::Refund);
+    let refunds = refunds_of(state, &charge_id);
     Some(render::charge(
         charge,
         record,
