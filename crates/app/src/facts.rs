@@ -7,8 +7,10 @@
 //! - [`charge_facts`]: what a charge, as the provider holds it now, stands for, in the order to
 //!   apply them (a refund or dispute implies the capture of `amount_captured`, so that is first).
 //! - [`operation_fact`]: what the provider says of one of our captures or refunds.
-//! - [`answer_fact`]: what an answer to an operation request means: an operation's outcome, a
-//!   refusal, or nothing (unknown: the operation stays requested and the sweep drives it).
+//! - [`charge_outcome_facts`] / [`answer_facts`]: what an answer to a creation or an operation
+//!   request means: the charge's status or the operation's outcome (a refusal included), then the
+//!   fees the provider says it kept; or nothing (unknown: the payment or operation stays as it is
+//!   and the sweep drives it).
 //! - [`charge_misfit`] / [`operation_misfit`]: an object that is not the one we asked for (other
 //!   currency, amount, reference or key) is never applied: the caller flags it for a person.
 
@@ -106,20 +108,25 @@ pub fn outcome_misfit(record: &PaymentRecord, outcome: &ChargeOutcome) -> Option
     }
 }
 
-/// What a provider's answer to a charge creation means for the payment; `None` when unknown.
-pub fn charge_outcome_fact(outcome: ChargeOutcome) -> Option<ProviderFact> {
+/// What a provider's answer to a charge creation means for the payment: its status, then the
+/// fees the provider says it kept; nothing when unknown.
+pub fn charge_outcome_facts(outcome: ChargeOutcome) -> Vec<ProviderFact> {
     match outcome {
         ChargeOutcome::Succeeded(charge)
         | ChargeOutcome::Authorized(charge)
         | ChargeOutcome::RequiresAction(charge)
-        | ChargeOutcome::Declined(charge) => Some(charge_status_fact(&charge, Read::Now)),
-        ChargeOutcome::Rejected(rejection) => Some(ProviderFact::Failed {
+        | ChargeOutcome::Declined(charge) => {
+            std::iter::once(charge_status_fact(&charge, Read::Now))
+                .chain(provider_fee_facts(&charge.id, &charge.provider_fees))
+                .collect()
+        }
+        ChargeOutcome::Rejected(rejection) => vec![ProviderFact::Failed {
             charge_id: None,
             reason: format!("rejected by the provider: {}", rejection.code),
-        }),
+        }],
         ChargeOutcome::Unknown { reason } => {
             tracing::warn!(%reason, "provider outcome unknown; the payment stays pending");
-            None
+            Vec::new()
         }
     }
 }
@@ -273,22 +280,32 @@ pub struct Asked<'a> {
     pub amount: Amount,
 }
 
-/// What the answer to an operation request means. A refusal fails the operation (releasing
-/// what it reserved); an answer for another key, currency or charge is a misfit; an unknown or
-/// unreadable answer is nothing: the operation stays requested and the sweep drives it.
-pub fn answer_fact(
+/// What the answer to an operation request means: the operation's outcome, then the fees the
+/// provider says it kept on the charge it answered with (a capture's). A refusal fails the
+/// operation (releasing what it reserved); an answer for another key, currency or charge is a
+/// misfit; an unknown or unreadable answer is nothing: the operation stays requested and the
+/// sweep drives it.
+pub fn answer_facts(
     record: &PaymentRecord,
     asked: &Asked<'_>,
     answer: &Result<OperationAnswer, ProviderError>,
-) -> Result<Option<ProviderFact>, Misfit> {
+) -> Result<Vec<ProviderFact>, Misfit> {
     match answer {
         Ok(answer) => {
             if let Some(misfit) = operation_misfit(record, asked.psp_key, &answer.operation) {
                 return Err(misfit);
             }
-            Ok(operation_fact(&answer.operation))
+            let fees = answer
+                .charge
+                .iter()
+                .filter(|charge| charge.id == asked.charge_id)
+                .flat_map(|charge| provider_fee_facts(&charge.id, &charge.provider_fees));
+            Ok(operation_fact(&answer.operation)
+                .into_iter()
+                .chain(fees)
+                .collect())
         }
-        Err(ProviderError::Rejected(rejection)) => Ok(Some(ProviderFact::Operation {
+        Err(ProviderError::Rejected(rejection)) => Ok(vec![ProviderFact::Operation {
             kind: asked.kind,
             charge_id: asked.charge_id.to_owned(),
             psp_key: asked.psp_key.to_owned(),
@@ -297,10 +314,10 @@ pub fn answer_fact(
             outcome: OperationOutcome::Failed {
                 reason: rejection.code.clone(),
             },
-        })),
+        }]),
         Err(error) => {
             tracing::warn!(key = asked.psp_key, %error, "operation outcome unknown; the sweep drives it");
-            Ok(None)
+            Ok(Vec::new())
         }
     }
 }
@@ -406,17 +423,59 @@ mod tests {
             code: "charge_disputed".into(),
             message: "disputed".into(),
         }));
-        let fact = answer_fact(&record, &asked, &refused).expect("fits");
+        let facts = answer_facts(&record, &asked, &refused).expect("fits");
         assert!(matches!(
-            fact,
-            Some(ProviderFact::Operation {
+            facts.as_slice(),
+            [ProviderFact::Operation {
                 outcome: OperationOutcome::Failed { ref reason },
                 ..
-            }) if reason == "charge_disputed"
+            }] if reason == "charge_disputed"
         ));
         let unknown = Err(ProviderError::Unknown {
             reason: "timeout".into(),
         });
-        assert_eq!(answer_fact(&record, &asked, &unknown), Ok(None));
+        assert_eq!(answer_facts(&record, &asked, &unknown), Ok(Vec::new()));
+    }
+
+    #[test]
+    fn an_answer_carries_the_provider_s_fees_after_the_outcome() {
+        let record = record();
+        let mut charge = charge(&record);
+        charge.provider_fees.push(asiento_psp::ProviderFee {
+            transaction_id: "txn_1".into(),
+            fee_minor: 290,
+        });
+        let fee = ProviderFact::ProviderFeeCharged {
+            charge_id: "ch_1".into(),
+            transaction_id: "txn_1".into(),
+            fee: Amount::new(290),
+        };
+        let created = charge_outcome_facts(ChargeOutcome::Succeeded(charge.clone()));
+        assert!(
+            matches!(created.as_slice(), [ProviderFact::Captured { .. }, last] if *last == fee)
+        );
+        let asked = Asked {
+            kind: OperationKind::Capture,
+            charge_id: "ch_1",
+            psp_key: "psp_x_capture_1",
+            amount: Amount::new(10_000),
+        };
+        let captured = Ok(OperationAnswer {
+            operation: asiento_psp::Operation {
+                id: "ch_1/capture".into(),
+                kind: asiento_psp::OperationKind::Capture,
+                charge: "ch_1".into(),
+                idempotency_key: "psp_x_capture_1".into(),
+                amount_minor: 10_000,
+                currency: "USD".into(),
+                status: OperationStatus::Succeeded,
+                failure_reason: None,
+                created: charge.created,
+                updated: charge.created,
+            },
+            charge: Some(charge),
+        });
+        let facts = answer_facts(&record, &asked, &captured).expect("fits");
+        assert!(matches!(facts.as_slice(), [ProviderFact::Operation { .. }, last] if *last == fee));
     }
 }

@@ -128,15 +128,25 @@ struct Completion<'a> {
 enum Change {
     /// Nothing new: answer with the current state.
     Nothing,
-    /// A provider fact (never refused: a contradicting one is flagged).
-    Fact(ProviderFact),
+    /// Provider facts, decided in order (never refused: a contradicting one is flagged).
+    Facts(Vec<ProviderFact>),
     /// A command of ours (an expiry, a review flag); its rejection is returned.
     Command(PaymentCommand),
 }
 
 impl From<Option<ProviderFact>> for Change {
     fn from(fact: Option<ProviderFact>) -> Self {
-        fact.map_or(Change::Nothing, Change::Fact)
+        Change::from(Vec::from_iter(fact))
+    }
+}
+
+impl From<Vec<ProviderFact>> for Change {
+    fn from(facts: Vec<ProviderFact>) -> Self {
+        if facts.is_empty() {
+            Change::Nothing
+        } else {
+            Change::Facts(facts)
+        }
     }
 }
 
@@ -404,7 +414,7 @@ impl PaymentFlow {
             .record
             .as_ref()
             .ok_or_else(|| FlowError::Inconsistent(format!("payment {id} has no intent")))?;
-        let fact = if record.status == PaymentStatus::Pending {
+        let facts = if record.status == PaymentStatus::Pending {
             let provider = self.provider(&record.provider)?;
             let outcome = provider
                 .adapter
@@ -423,32 +433,33 @@ impl PaymentFlow {
                 // stale sweep, finding the same charge, records the exception and flags it.
                 Some(misfit) => {
                     tracing::error!(payment = %id, kind = %misfit.kind, fingerprint = %misfit.fingerprint, "the provider answered with a charge that is not this payment's; left to the reconciler");
-                    None
+                    Vec::new()
                 }
-                None => facts::charge_outcome_fact(outcome),
+                None => facts::charge_outcome_facts(outcome),
             }
         } else {
-            None
+            Vec::new()
         };
         self.settle(
             request,
             id,
             lease,
             PaymentCommandKind::Create,
-            fact,
+            facts,
             Some(current),
         )
         .await
     }
 
-    /// Applies one provider fact (or none: just answer with the current state) to a payment, once,
-    /// whoever calls: the synchronous path, the webhook worker, the reconciler.
+    /// Applies provider facts, in order (or none: just answer with the current state) to a
+    /// payment, once, whoever calls: the synchronous path, the webhook worker, the reconciler.
     pub async fn finalize(
         &self,
         id: PaymentId,
-        fact: Option<ProviderFact>,
+        facts: impl IntoIterator<Item = ProviderFact>,
     ) -> Result<Finalized, FlowError> {
-        self.finalize_with(id, fact.into(), None, None, None).await
+        let facts: Vec<ProviderFact> = facts.into_iter().collect();
+        self.finalize_with(id, facts.into(), None, None, None).await
     }
 
     /// Applies a command of ours (`Expire`, `FlagForReview` …) through the same guarded path as
@@ -566,7 +577,19 @@ impl PaymentFlow {
                     asiento_domain::decide_payment(&payment, command.clone())
                         .map_err(FlowError::Rejected)?
                 }
-                Change::Fact(fact) => self.decide_fact(&payment, &record, fact, now)?,
+                Change::Facts(facts) => {
+                    let mut events = Vec::new();
+                    let mut decided = payment.clone();
+                    for fact in facts {
+                        let record = decided.record.clone().ok_or_else(|| {
+                            FlowError::Inconsistent(format!("payment {id} lost its record"))
+                        })?;
+                        let new = self.decide_fact(&decided, &record, fact, now)?;
+                        decided = new.iter().fold(decided, asiento_domain::evolve_payment);
+                        events.extend(new);
+                    }
+                    events
+                }
             };
             let after = events
                 .iter()
@@ -784,27 +807,27 @@ impl PaymentFlow {
             .ok_or_else(|| {
                 FlowError::Inconsistent(format!("request on {id} names no {}", kind.as_str()))
             })?;
-        let fact = match record.operation(kind, sequence) {
+        let facts = match record.operation(kind, sequence) {
             Some(op) if op.state.is_open() => self.send_operation(record, op).await?,
-            _ => None,
+            _ => Vec::new(),
         };
         let current = Some(loaded.into());
         let kind = match kind {
             OperationKind::Capture => PaymentCommandKind::Capture { sequence },
             OperationKind::Refund => PaymentCommandKind::Refund { sequence },
         };
-        self.settle(request, id, lease, kind, fact, current).await
+        self.settle(request, id, lease, kind, facts, current).await
     }
 
     /// Sends one open operation to the provider under its PSP key and reads the answer through
-    /// [`facts::answer_fact`]: the same reading the reconciler makes when it sends it again. An
+    /// [`facts::answer_facts`]: the same reading the reconciler makes when it sends it again. An
     /// answer that fits no operation of ours is logged and left to the reconciler, which flags
     /// it.
     pub(crate) async fn send_operation(
         &self,
         record: &PaymentRecord,
         op: &Operation,
-    ) -> Result<Option<ProviderFact>, FlowError> {
+    ) -> Result<Vec<ProviderFact>, FlowError> {
         let Some(charge_id) = record.provider_charge_id.as_deref() else {
             return Err(FlowError::Inconsistent(format!(
                 "{} {} of {} before any charge",
@@ -835,11 +858,11 @@ impl PaymentFlow {
             psp_key: &op.psp_key,
             amount: op.amount,
         };
-        match facts::answer_fact(record, &asked, &answer) {
-            Ok(fact) => Ok(fact),
+        match facts::answer_facts(record, &asked, &answer) {
+            Ok(facts) => Ok(facts),
             Err(misfit) => {
                 tracing::error!(payment = %record.id, key = %op.psp_key, kind = %misfit.kind, fingerprint = %misfit.fingerprint, "the provider answered for another operation; left to the reconciler");
-                Ok(None)
+                Ok(Vec::new())
             }
         }
     }
@@ -884,7 +907,7 @@ impl PaymentFlow {
         id: PaymentId,
         lease: Lease,
         kind: PaymentCommandKind,
-        fact: Option<ProviderFact>,
+        facts: Vec<ProviderFact>,
         current: Option<CurrentPayment>,
     ) -> Result<Answer, FlowError> {
         let completion = Completion {
@@ -893,7 +916,7 @@ impl PaymentFlow {
             kind,
         };
         let finalized = self
-            .finalize_with(id, fact.into(), Some(&completion), None, current)
+            .finalize_with(id, facts.into(), Some(&completion), None, current)
             .await?;
         Ok(Answer::Done(
             self.render.render(&reply_for(kind, &finalized)),

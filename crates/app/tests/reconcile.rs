@@ -99,6 +99,62 @@ impl Harness {
         }
     }
 
+    /// A payment whose charge never reached the provider: every call fails. Half the failures
+    /// happen after the effect (the provider charged, then answered 500), so payments are made
+    /// until one really never reached it.
+    async fn never_sent(&self, amount: i64) -> PaymentId {
+        self.sim
+            .set_faults(&serde_json::from_value(json!({"error_rate": 1.0})).unwrap())
+            .unwrap();
+        let mut never_sent = None;
+        for _ in 0..40 {
+            let id = self.create("pm_card_ok", amount).await;
+            let reference = id.to_string();
+            if !self
+                .sim
+                .charges()
+                .iter()
+                .any(|c| c.reference.as_deref() == Some(reference.as_str()))
+            {
+                never_sent = Some(id);
+                break;
+            }
+        }
+        self.sim
+            .set_faults(&serde_json::from_value(json!({"error_rate": 0.0})).unwrap())
+            .unwrap();
+        never_sent.expect("a charge that never reached the provider")
+    }
+
+    /// A create request for `payment` under `key` whose work has begun and not finished: its key
+    /// in flight under a lease of `lease_ms` from now (negative: already run out).
+    async fn claim_creation(
+        &self,
+        key: &str,
+        payment: PaymentId,
+        lease_ms: i64,
+    ) -> asiento_app::payments::Idempotent {
+        let request = create_request(key);
+        let mut tx = self.database.begin().await.unwrap();
+        let claim = asiento_app::idempotency::claim(
+            &mut tx,
+            &request.scope,
+            &request.key,
+            request.body,
+            &payment.to_string(),
+            self.flow.clock.now_ms(),
+            lease_ms,
+        )
+        .await
+        .unwrap();
+        assert!(matches!(
+            claim,
+            asiento_app::idempotency::Claim::Fresh { .. }
+        ));
+        tx.commit().await.unwrap();
+        request
+    }
+
     async fn create(&self, method: &str, amount: i64) -> PaymentId {
         let key = uuid::Uuid::new_v4().to_string();
         let answer = self
@@ -434,30 +490,8 @@ async fn unknown_expired_stuck_and_lease(backend: Backend) {
         "the simulator took the foreign charge: {status}"
     );
 
-    // A payment whose charge never reached the provider: every call fails.
-    h.sim
-        .set_faults(&serde_json::from_value(json!({"error_rate": 1.0})).unwrap())
-        .unwrap();
-    // Half the failures happen after the effect (the provider charged, then answered 500): keep
-    // creating until one really never reached it.
-    let mut never_sent = None;
-    for _ in 0..40 {
-        let id = h.create("pm_card_ok", 1_234).await;
-        let reference = id.to_string();
-        if !h
-            .sim
-            .charges()
-            .iter()
-            .any(|c| c.reference.as_deref() == Some(reference.as_str()))
-        {
-            never_sent = Some(id);
-            break;
-        }
-    }
-    let never_sent = never_sent.expect("a charge that never reached the provider");
-    h.sim
-        .set_faults(&serde_json::from_value(json!({"error_rate": 0.0})).unwrap())
-        .unwrap();
+    // A payment whose charge never reached the provider.
+    let never_sent = h.never_sent(1_234).await;
     assert_eq!(h.status(never_sent).await, PaymentStatus::Pending);
 
     // A request that died after its intent: its key is in flight past its lease. (The payment's
@@ -465,24 +499,7 @@ async fn unknown_expired_stuck_and_lease(backend: Backend) {
     // before it could answer.)
     let died = h.create("pm_card_timeout", 4_321).await;
     assert_eq!(h.status(died).await, PaymentStatus::Pending);
-    let stuck = create_request("died-mid-flight");
-    let mut tx = h.database.begin().await.unwrap();
-    let claim = asiento_app::idempotency::claim(
-        &mut tx,
-        &stuck.scope,
-        &stuck.key,
-        stuck.body,
-        &died.to_string(),
-        h.flow.clock.now_ms(),
-        -1,
-    )
-    .await
-    .unwrap();
-    assert!(matches!(
-        claim,
-        asiento_app::idempotency::Claim::Fresh { .. }
-    ));
-    tx.commit().await.unwrap();
+    let stuck = h.claim_creation("died-mid-flight", died, -1).await;
 
     // Another process holds the sweep lease: this sweep does nothing.
     let holder = uuid::Uuid::new_v4();
@@ -602,46 +619,9 @@ async fn abandoned_redirects_do_not_starve_the_sweep_postgres() {
 /// it (the stuck key is resumed, or the payment expires).
 async fn a_payment_whose_creation_still_runs_is_not_expired(backend: Backend) {
     let h = Harness::start(backend).await;
-    h.sim
-        .set_faults(&serde_json::from_value(json!({"error_rate": 1.0})).unwrap())
-        .unwrap();
-    let mut never_sent = None;
-    for _ in 0..40 {
-        let id = h.create("pm_card_ok", 1_111).await;
-        let reference = id.to_string();
-        if !h
-            .sim
-            .charges()
-            .iter()
-            .any(|c| c.reference.as_deref() == Some(reference.as_str()))
-        {
-            never_sent = Some(id);
-            break;
-        }
-    }
-    let never_sent = never_sent.expect("a charge that never reached the provider");
-    h.sim
-        .set_faults(&serde_json::from_value(json!({"error_rate": 0.0})).unwrap())
-        .unwrap();
+    let never_sent = h.never_sent(1_111).await;
     // A request creating it that is still running: its key is in flight for two more seconds.
-    let running = create_request("still-running");
-    let mut tx = h.database.begin().await.unwrap();
-    let claim = asiento_app::idempotency::claim(
-        &mut tx,
-        &running.scope,
-        &running.key,
-        running.body,
-        &never_sent.to_string(),
-        h.flow.clock.now_ms(),
-        2_000,
-    )
-    .await
-    .unwrap();
-    assert!(matches!(
-        claim,
-        asiento_app::idempotency::Claim::Fresh { .. }
-    ));
-    tx.commit().await.unwrap();
+    h.claim_creation("still-running", never_sent, 2_000).await;
     let eager = ReconcilerConfig {
         interval_ms: 0,
         ..config()

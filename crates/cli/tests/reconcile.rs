@@ -1,6 +1,8 @@
 //! Reconciliation and proof through the real binary, on SQLite and PostgreSQL: a dashboard refund
-//! found by `asiento reconcile` and posted once; payments converging through the sweeper alone
-//! when every webhook is lost; an amount mismatch left open for a person, moving no money; and
+//! found by `asiento reconcile` and posted once, and payments converging through the sweeper
+//! alone when every webhook is lost, each against the simulator and against its Stripe dialect
+//! (as a `stripe` provider, where nothing can be looked up by our key); an amount mismatch left
+//! open for a person, moving no money; and
 //! `asiento verify` passing on a healthy database and naming what a hand-made corruption broke.
 #![allow(clippy::unwrap_used)]
 
@@ -9,48 +11,145 @@ mod common;
 use std::time::{Duration, Instant};
 
 use asiento_eventstore::Database;
-use common::{asiento, payment_body, sim_list, Backend, Client, Server, TestDatabase};
+use common::{
+    asiento, asiento_with_env, payment_body, stripe, verify, Backend, Client, Process, Server,
+    TestDatabase,
+};
 use serde_json::{json, Value};
 
-async fn sim(client: &Client, path: &str, body: Value) -> Value {
-    let answer = client
-        .send(
-            client
-                .http
-                .post(format!("{}/sim{path}", client.base))
-                .json(&body),
-        )
-        .await;
-    assert_eq!(
-        answer.status,
-        200,
-        "{path}: {}",
-        String::from_utf8_lossy(&answer.body)
-    );
-    answer.json()
+/// The provider a test runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Psp {
+    /// The simulator `serve` mounts under `/sim`, as provider `sim`.
+    Sim,
+    /// `asiento psp-sim --dialect stripe` in its own process, as provider `stripe`.
+    Stripe,
 }
 
-async fn charge_of(client: &Client, payment_id: &str) -> Value {
-    let charges = sim_list(client, "/sim/charges").await;
-    charges
-        .into_iter()
-        .find(|charge| charge["reference"] == payment_id)
-        .unwrap_or_else(|| panic!("no charge for {payment_id}"))
+/// A server and the simulator it charges through, whichever dialect it speaks.
+struct Rig {
+    server: Server,
+    psp: Psp,
+    /// The simulator's control and truth routes (`…/sim`).
+    sim_base: String,
+    /// The Stripe dialect's address, when it runs in its own process.
+    stripe_listen: Option<String>,
+    _stripe_sim: Option<Process>,
 }
 
-fn reconcile(database_url: &str, server: &Server) -> String {
-    let psp = format!("{}/sim", server.base);
-    let (ok, output) = asiento(&[
-        "reconcile",
-        "--database-url",
-        database_url,
-        "--psp-url",
-        &psp,
-        "--settle",
-        "0s",
-    ]);
-    assert!(ok, "reconcile failed: {output}");
-    output
+impl Rig {
+    fn start(database: &TestDatabase, psp: Psp, extra: &[&str]) -> Rig {
+        match psp {
+            Psp::Sim => {
+                let server = Server::start(&database.url, extra);
+                let sim_base = format!("{}/sim", server.base);
+                Rig {
+                    server,
+                    psp,
+                    sim_base,
+                    stripe_listen: None,
+                    _stripe_sim: None,
+                }
+            }
+            Psp::Stripe => {
+                let rig = stripe::start_rig(database, extra);
+                Rig {
+                    server: rig.server,
+                    psp,
+                    sim_base: format!("http://{}/sim", rig.sim_listen),
+                    stripe_listen: Some(rig.sim_listen),
+                    _stripe_sim: Some(rig.sim),
+                }
+            }
+        }
+    }
+
+    fn client(&self) -> Client {
+        self.server.client()
+    }
+
+    fn payment(&self, amount_minor: i64, method: &str) -> Value {
+        match self.psp {
+            Psp::Sim => payment_body(amount_minor, method),
+            Psp::Stripe => stripe::stripe_payment(amount_minor, method),
+        }
+    }
+
+    /// A control route of the simulator (`/faults`, `/charges/{id}/…`).
+    async fn sim(&self, path: &str, body: Value) -> Value {
+        let client = self.client();
+        let answer = client
+            .send(
+                client
+                    .http
+                    .post(format!("{}{path}", self.sim_base))
+                    .json(&body),
+            )
+            .await;
+        assert_eq!(
+            answer.status,
+            200,
+            "{path}: {}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        answer.json()
+    }
+
+    /// The simulator's charge for our payment.
+    async fn charge_of(&self, payment_id: &str) -> Value {
+        let client = self.client();
+        let path = format!("{}/charges", self.sim_base);
+        let answer = client.send(client.http.get(&path)).await.json();
+        answer
+            .as_array()
+            .or(answer["data"].as_array())
+            .unwrap_or_else(|| panic!("unexpected {path} body {answer}"))
+            .iter()
+            .find(|charge| charge["reference"] == payment_id)
+            .unwrap_or_else(|| panic!("no charge for {payment_id}"))
+            .clone()
+    }
+
+    async fn drop_every_webhook(&self) {
+        self.sim("/faults", json!({"webhook_drop_rate": 1.0})).await;
+    }
+
+    /// `asiento reconcile` once, against this provider. Stripe's times are in seconds and a
+    /// window ends before the current one, so the sweep waits for the second to turn.
+    fn reconcile(&self, database_url: &str) -> String {
+        let (ok, output) = match &self.stripe_listen {
+            None => {
+                let psp = format!("{}/sim", self.server.base);
+                asiento(&[
+                    "reconcile",
+                    "--database-url",
+                    database_url,
+                    "--psp-url",
+                    &psp,
+                    "--settle",
+                    "0s",
+                ])
+            }
+            Some(listen) => {
+                std::thread::sleep(Duration::from_millis(1_100));
+                let providers = format!("stripe=stripe:http://{listen}");
+                asiento_with_env(
+                    &[
+                        "reconcile",
+                        "--database-url",
+                        database_url,
+                        "--providers",
+                        &providers,
+                        "--settle",
+                        "0s",
+                    ],
+                    &[("ASIENTO_PROVIDER_STRIPE_API_KEY", stripe::API_KEY)],
+                )
+            }
+        };
+        assert!(ok, "reconcile failed: {output}");
+        output
+    }
 }
 
 async fn exceptions(client: &Client, status: &str) -> Vec<Value> {
@@ -71,26 +170,20 @@ async fn exceptions(client: &Client, status: &str) -> Vec<Value> {
         .clone()
 }
 
-/// Every webhook is lost, so only the sweep can learn of the provider's changes.
-async fn drop_every_webhook(client: &Client) {
-    sim(client, "/faults", json!({"webhook_drop_rate": 1.0})).await;
-}
-
 /// A refund made in the provider's dashboard is found by the next sweep, posted once and listed as
 /// an auto-resolved exception; the sweep again changes nothing.
-async fn dashboard_refund_is_found_and_posted_once(backend: Backend) {
+async fn dashboard_refund_is_found_and_posted_once_at(backend: Backend, psp: Psp) {
     let database = TestDatabase::new(backend).await;
-    let server = Server::start(&database.url, &[]);
-    let client = server.client();
-    drop_every_webhook(&client).await;
+    let rig = Rig::start(&database, psp, &[]);
+    let client = rig.client();
+    rig.drop_every_webhook().await;
     let payment = client
-        .post("/v1/payments", "p-1", &payment_body(10_000, "pm_card_ok"))
+        .post("/v1/payments", "p-1", &rig.payment(10_000, "pm_card_ok"))
         .await
         .json();
     let id = payment["id"].as_str().unwrap();
-    let charge = charge_of(&client, id).await;
-    sim(
-        &client,
+    let charge = rig.charge_of(id).await;
+    rig.sim(
         &format!(
             "/charges/{}/refund_out_of_band",
             charge["id"].as_str().unwrap()
@@ -99,7 +192,7 @@ async fn dashboard_refund_is_found_and_posted_once(backend: Backend) {
     )
     .await;
 
-    reconcile(&database.url, &server);
+    rig.reconcile(&database.url);
     let after = client.get(&format!("/v1/payments/{id}")).await.json();
     assert_eq!(
         (after["status"].as_str(), after["refunded_minor"].as_i64()),
@@ -119,9 +212,11 @@ async fn dashboard_refund_is_found_and_posted_once(backend: Backend) {
         (Some("auto"), Some(id))
     );
     let entries = client.entries_of(id).await.len();
-    assert_eq!(entries, 2, "capture + refund");
+    // The capture and the refund; at Stripe also Stripe's fee on the capture.
+    let expected = if psp == Psp::Stripe { 3 } else { 2 };
+    assert_eq!(entries, expected, "capture + refund");
 
-    reconcile(&database.url, &server);
+    rig.reconcile(&database.url);
     assert_eq!(
         client.entries_of(id).await.len(),
         entries,
@@ -129,14 +224,25 @@ async fn dashboard_refund_is_found_and_posted_once(backend: Backend) {
     );
     assert_eq!(exceptions(&client, "resolved").await.len(), resolved.len());
     assert!(exceptions(&client, "open").await.is_empty());
+    verify(&database);
+}
+
+async fn dashboard_refund_is_found_and_posted_once(backend: Backend) {
+    dashboard_refund_is_found_and_posted_once_at(backend, Psp::Sim).await;
+}
+
+async fn dashboard_refund_at_stripe_is_found_and_posted_once(backend: Backend) {
+    dashboard_refund_is_found_and_posted_once_at(backend, Psp::Stripe).await;
 }
 
 /// With every webhook lost, mixed payments converge to the provider's truth through the
-/// reconciler inside `serve` alone.
-async fn payments_converge_through_the_sweeper_alone(backend: Backend) {
+/// reconciler inside `serve` alone. At Stripe, without a lookup by our key, a payment whose
+/// confirmation answer was lost is settled by the settlement report.
+async fn payments_converge_through_the_sweeper_alone_at(backend: Backend, psp: Psp) {
     let database = TestDatabase::new(backend).await;
-    let server = Server::start(
-        &database.url,
+    let rig = Rig::start(
+        &database,
+        psp,
         &[
             "--psp-timeout",
             "300ms",
@@ -144,10 +250,12 @@ async fn payments_converge_through_the_sweeper_alone(backend: Backend) {
             "1s",
             "--reconcile-interval",
             "1s",
+            "--report-settle",
+            "1s",
         ],
     );
-    let client = server.client();
-    drop_every_webhook(&client).await;
+    let client = rig.client();
+    rig.drop_every_webhook().await;
     let methods = [
         "pm_card_ok",
         "pm_card_declined",
@@ -161,15 +269,14 @@ async fn payments_converge_through_the_sweeper_alone(backend: Backend) {
             .post(
                 "/v1/payments",
                 &format!("p-{index}"),
-                &payment_body(1_000 + index as i64, method),
+                &rig.payment(1_000 + index as i64, method),
             )
             .await
             .json();
         let id = payment["id"].as_str().unwrap().to_owned();
         if method == "pm_redirect" {
-            let charge = charge_of(&client, &id).await;
-            sim(
-                &client,
+            let charge = rig.charge_of(&id).await;
+            rig.sim(
                 &format!("/charges/{}/complete", charge["id"].as_str().unwrap()),
                 json!({"result": "succeeded"}),
             )
@@ -180,7 +287,7 @@ async fn payments_converge_through_the_sweeper_alone(backend: Backend) {
     let deadline = Instant::now() + Duration::from_secs(90);
     for id in &ids {
         loop {
-            let charge = charge_of(&client, id).await;
+            let charge = rig.charge_of(id).await;
             let want = match charge["status"].as_str().unwrap() {
                 "succeeded" => "captured",
                 "failed" => "failed",
@@ -197,16 +304,23 @@ async fn payments_converge_through_the_sweeper_alone(backend: Backend) {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
-    let (ok, output) = asiento(&["verify", "--database-url", &database.url]);
-    assert!(ok, "verify after convergence: {output}");
+    verify(&database);
+}
+
+async fn payments_converge_through_the_sweeper_alone(backend: Backend) {
+    payments_converge_through_the_sweeper_alone_at(backend, Psp::Sim).await;
+}
+
+async fn payments_at_stripe_converge_through_the_sweeper_alone(backend: Backend) {
+    payments_converge_through_the_sweeper_alone_at(backend, Psp::Stripe).await;
 }
 
 /// An amount changed at the provider becomes an open manual exception and moves no money.
 async fn amount_mismatch_is_left_open_for_a_person(backend: Backend) {
     let database = TestDatabase::new(backend).await;
-    let server = Server::start(&database.url, &[]);
-    let client = server.client();
-    drop_every_webhook(&client).await;
+    let rig = Rig::start(&database, Psp::Sim, &[]);
+    let client = rig.client();
+    rig.drop_every_webhook().await;
     let payment = client
         .post("/v1/payments", "m-1", &payment_body(10_000, "pm_card_ok"))
         .await
@@ -217,15 +331,14 @@ async fn amount_mismatch_is_left_open_for_a_person(backend: Backend) {
         format!("/v1/accounts/customer:42:available/balance?currency=USD&min_position={position}");
     let balance = || client.get(&balance_path);
     let before = balance().await.json()["balance_minor"].clone();
-    let charge = charge_of(&client, id).await;
-    sim(
-        &client,
+    let charge = rig.charge_of(id).await;
+    rig.sim(
         &format!("/charges/{}/amount", charge["id"].as_str().unwrap()),
         json!({"amount_minor": 12_000}),
     )
     .await;
 
-    reconcile(&database.url, &server);
+    rig.reconcile(&database.url);
     let open = exceptions(&client, "open").await;
     assert_eq!(open.len(), 1, "{open:?}");
     assert_eq!(
@@ -395,7 +508,9 @@ async fn verify_names_what_was_corrupted(backend: Backend) {
 
 common::on_both_backends!(
     dashboard_refund_is_found_and_posted_once,
+    dashboard_refund_at_stripe_is_found_and_posted_once,
     payments_converge_through_the_sweeper_alone,
+    payments_at_stripe_converge_through_the_sweeper_alone,
     amount_mismatch_is_left_open_for_a_person,
     verify_names_what_was_corrupted,
 );

@@ -15,80 +15,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{
-    payment, payment_body, verify, wait_for, Backend, Client, Process, Server, TestDatabase,
+use common::stripe::{
+    sim_charges, sim_control, sim_faults, sim_truth, start_rig, stripe_payment, API_KEY,
 };
+use common::{payment, verify, wait_for, Backend, Client, TestDatabase};
 use serde_json::{json, Value};
-
-const WEBHOOK_SECRET: &str = "whsec_stripe_test_0123456789";
-const API_KEY: &str = "sk_test_asiento_stripe";
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
-/// The Stripe dialect on `listen`, delivering its events to the server at `server`.
-fn start_stripe_sim(listen: &str, server: &str) -> Process {
-    let webhook_url = format!("{server}/webhooks/stripe");
-    let mut process = Process::spawn(
-        &[
-            "psp-sim",
-            "--dialect",
-            "stripe",
-            "--listen",
-            listen,
-            "--seed",
-            "5",
-            "--fee-bps",
-            "290",
-            "--hang-ms",
-            "1500",
-            "--webhook-url",
-            &webhook_url,
-            "--webhook-secret",
-            WEBHOOK_SECRET,
-        ],
-        &[],
-    );
-    process.wait_for_line("psp-sim listening on ");
-    process
-}
-
-/// A server whose provider `stripe` is the Stripe dialect. The server calls its provider only for
-/// a payment, so the simulator starts after it, on a port chosen before, knowing where to deliver.
-struct Rig {
-    server: Server,
-    sim_listen: String,
-    _sim: Process,
-}
-
-fn start_rig(database: &TestDatabase, extra: &[&str]) -> Rig {
-    let sim_listen = format!("127.0.0.1:{}", free_port());
-    let providers = format!("stripe=stripe:http://{sim_listen}");
-    let mut args = vec!["--providers", providers.as_str()];
-    args.extend_from_slice(extra);
-    let server = Server::start_with_env(
-        &database.url,
-        &args,
-        &[
-            ("ASIENTO_PROVIDER_STRIPE_API_KEY", API_KEY),
-            ("ASIENTO_PROVIDER_STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET),
-        ],
-    );
-    let sim = start_stripe_sim(&sim_listen, &server.base);
-    Rig {
-        server,
-        sim_listen,
-        _sim: sim,
-    }
-}
-
-fn stripe_payment(amount_minor: i64, method: &str) -> Value {
-    let mut body = payment_body(amount_minor, method);
-    body["provider"] = json!("stripe");
-    body
-}
 
 async fn metric(client: &Client, line_start: &str) -> f64 {
     let text = client
@@ -350,48 +281,6 @@ async fn payments_through_stripe_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payments_through_stripe_postgres() {
     payments_through_stripe(Backend::Postgres).await;
-}
-
-/// A control route of the simulator (`/sim/faults`, `/sim/charges/{id}/dispute`, …).
-async fn sim_control(client: &Client, sim_listen: &str, path: &str, body: Value) {
-    let answer = client
-        .http
-        .post(format!("http://{sim_listen}{path}"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        answer.status().is_success(),
-        "{}",
-        answer.text().await.unwrap()
-    );
-}
-
-async fn sim_faults(client: &Client, sim_listen: &str, faults: Value) {
-    sim_control(client, sim_listen, "/sim/faults", faults).await;
-}
-
-/// A truth list of the simulator (`/sim/charges`, `/sim/operations`).
-async fn sim_truth(client: &Client, sim_listen: &str, path: &str) -> Vec<Value> {
-    let answer: Value = client
-        .http
-        .get(format!("http://{sim_listen}{path}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    answer
-        .as_array()
-        .or(answer["data"].as_array())
-        .unwrap_or_else(|| panic!("unexpected {path} body {answer}"))
-        .clone()
-}
-
-async fn sim_charges(client: &Client, sim_listen: &str) -> Vec<Value> {
-    sim_truth(client, sim_listen, "/sim/charges").await
 }
 
 async fn sim_refunds(client: &Client, sim_listen: &str) -> Vec<Value> {

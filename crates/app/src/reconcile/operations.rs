@@ -35,8 +35,9 @@ pub const OPERATION_PENDING_DEADLINE_MS_DEFAULT: i64 = 3 * 24 * 3_600_000;
 
 /// What driving one operation did.
 enum Driven {
-    /// The operation's outcome (or some news of it) was applied.
-    Applied(Option<ProviderFact>),
+    /// The operation's outcome (or some news of it), to apply, with what else the answer said
+    /// (the provider's fee on a capture).
+    Applied(Vec<ProviderFact>),
     /// Nothing can be learned now; look again later.
     Wait,
     /// The provider said something that is not our operation, or it is past what can be safely
@@ -121,9 +122,10 @@ impl Reconciler {
             return Ok(watch::unwatch_operation(self.database(), watched).await?);
         };
         match self.learn(&record, &op).await? {
-            Driven::Applied(None) | Driven::Wait => {}
-            Driven::Applied(Some(fact)) => {
-                let finalized = self.flow.finalize(record.id, Some(fact)).await?;
+            Driven::Wait => {}
+            Driven::Applied(facts) if facts.is_empty() => {}
+            Driven::Applied(facts) => {
+                let finalized = self.flow.finalize(record.id, facts).await?;
                 let closed = finalized
                     .payment
                     .operation(op.kind, op.sequence)
@@ -222,7 +224,7 @@ impl Reconciler {
                         "charge": found.charge,
                     }),
                 },
-                None => Driven::Applied(facts::operation_fact(&found)),
+                None => Driven::Applied(facts::operation_fact(&found).into_iter().collect()),
             },
             Ok(None) => Driven::Wait,
             Err(error) => {

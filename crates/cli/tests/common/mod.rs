@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+pub mod stripe;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_asiento");
 /// How long a process may take to print its address.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -462,8 +464,14 @@ pub async fn raw_post_headers_only(
 
 /// Runs `asiento ARGS` to the end: whether it succeeded, and its stdout and stderr together.
 pub fn asiento(args: &[&str]) -> (bool, String) {
+    asiento_with_env(args, &[])
+}
+
+/// [`asiento`] with `envs` set (a provider's secrets).
+pub fn asiento_with_env(args: &[&str], envs: &[(&str, &str)]) -> (bool, String) {
     let output = Command::new(BIN)
         .args(args)
+        .envs(envs.iter().copied())
         .env("ASIENTO_LOG", "warn")
         .output()
         .unwrap();
