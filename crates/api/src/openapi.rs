@@ -64,8 +64,19 @@ pub struct ProviderOperation {
     pub provider_id: Option<String>,
     /// Why it was refused or reversed (the provider's code).
     pub reason: Option<String>,
+    /// The provider's requests that answered it (Stripe's `Request-Id`), each once.
+    pub provider_requests: Vec<ProviderRequestView>,
     pub requested_at: String,
     pub updated_at: String,
+}
+
+/// One of the provider's requests that answered an operation.
+#[derive(Serialize, ToSchema)]
+pub struct ProviderRequestView {
+    /// The provider's id of its request (`req_…`): what its support and logs know it by.
+    pub id: String,
+    /// The provider said it replayed its first answer under our key (`Idempotent-Replayed`).
+    pub replayed: bool,
 }
 
 /// A fee the provider kept (Stripe's processing fee, a dispute fee), posted from

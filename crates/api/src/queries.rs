@@ -153,6 +153,7 @@ fn withheld(event: &PaymentEvent) -> &'static [&'static str] {
         | PaymentEvent::RefundRequested(_)
         | PaymentEvent::RefundSettled(_)
         | PaymentEvent::OperationReceived(_)
+        | PaymentEvent::OperationAnswered(_)
         | PaymentEvent::OperationRefused(_)
         | PaymentEvent::RefundReversed(_)
         | PaymentEvent::DisputeOpened(_)

@@ -166,6 +166,10 @@ fn operations_json(payment: &PaymentRecord) -> Value {
                 "state": op.state.as_str(),
                 "provider_id": op.provider_id,
                 "reason": op.reason,
+                "provider_requests": op.requests.iter().map(|request| json!({
+                    "id": request.id,
+                    "replayed": request.replayed,
+                })).collect::<Vec<_>>(),
                 "requested_at": millis(&op.requested_at),
                 "updated_at": millis(&op.updated_at),
             })

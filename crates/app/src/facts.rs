@@ -14,7 +14,7 @@
 //! - [`charge_misfit`] / [`operation_misfit`]: an object that is not the one we asked for (other
 //!   currency, amount, reference or key) is never applied: the caller flags it for a person.
 
-use asiento_domain::payment::DisputeOutcome;
+use asiento_domain::payment::{DisputeOutcome, ProviderRequest};
 use asiento_domain::{Amount, ExceptionKind, OperationOutcome, PaymentRecord, ProviderFact};
 use asiento_psp::{
     Charge, ChargeOutcome, ChargeStatus, Dispute, DisputeStatus, Operation, OperationAnswer,
@@ -243,9 +243,13 @@ pub fn dispute_of(charge_id: &str, dispute: &Dispute) -> ProviderFact {
     }
 }
 
-/// What the provider says of one of our operations, as a fact; `None` for a cancel (its effect
-/// is the charge's, which [`charge_facts`] reads).
-pub fn operation_fact(op: &Operation) -> Option<ProviderFact> {
+/// What the provider says of one of our operations, as a fact, with the provider's request
+/// when this is its answer to ours; `None` for a cancel (its effect is the charge's, which
+/// [`charge_facts`] reads).
+pub fn operation_fact(
+    op: &Operation,
+    request: Option<&asiento_psp::ProviderRequest>,
+) -> Option<ProviderFact> {
     let kind = match op.kind {
         ProviderOperationKind::Capture => asiento_domain::OperationKind::Capture,
         ProviderOperationKind::Refund => asiento_domain::OperationKind::Refund,
@@ -268,6 +272,10 @@ pub fn operation_fact(op: &Operation) -> Option<ProviderFact> {
         provider_id: Some(op.id.clone()),
         amount: Amount::new(op.amount_minor),
         outcome,
+        request: request.map(|request| ProviderRequest {
+            id: request.id.clone(),
+            replayed: request.replayed,
+        }),
     })
 }
 
@@ -300,7 +308,7 @@ pub fn answer_facts(
                 .iter()
                 .filter(|charge| charge.id == asked.charge_id)
                 .flat_map(|charge| provider_fee_facts(&charge.id, &charge.provider_fees));
-            Ok(operation_fact(&answer.operation)
+            Ok(operation_fact(&answer.operation, answer.request.as_ref())
                 .into_iter()
                 .chain(fees)
                 .collect())
@@ -314,6 +322,7 @@ pub fn answer_facts(
             outcome: OperationOutcome::Failed {
                 reason: rejection.code.clone(),
             },
+            request: None,
         }]),
         Err(error) => {
             tracing::warn!(key = asked.psp_key, %error, "operation outcome unknown; the sweep drives it");
@@ -438,7 +447,7 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_carries_the_provider_s_fees_after_the_outcome() {
+    fn an_answer_carries_its_request_and_the_provider_s_fees_after_the_outcome() {
         let record = record();
         let mut charge = charge(&record);
         charge.provider_fees.push(asiento_psp::ProviderFee {
@@ -474,8 +483,16 @@ mod tests {
                 updated: charge.created,
             },
             charge: Some(charge),
+            request: Some(asiento_psp::ProviderRequest {
+                id: "req_1".into(),
+                replayed: true,
+            }),
         });
         let facts = answer_facts(&record, &asked, &captured).expect("fits");
-        assert!(matches!(facts.as_slice(), [ProviderFact::Operation { .. }, last] if *last == fee));
+        assert!(matches!(
+            facts.as_slice(),
+            [ProviderFact::Operation { request: Some(request), .. }, last]
+                if *last == fee && request.id == "req_1" && request.replayed
+        ));
     }
 }

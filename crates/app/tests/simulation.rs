@@ -73,7 +73,7 @@ use asiento_eventstore::Database;
 use asiento_psp::{
     Capabilities, Charge, ChargeOutcome, ChargeStatus, CreateCharge, Dispute, DisputeStatus,
     NextAction, Operation, OperationAnswer, OperationKind, OperationStatus, Provider,
-    ProviderError, ProviderFee, Rejection, ReportLine,
+    ProviderError, ProviderFee, ProviderRequest, Rejection, ReportLine,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -430,9 +430,14 @@ impl ProviderState {
             decide_fails,
             reverse_at_ms,
         });
+        let request = Some(ProviderRequest {
+            id: format!("req_{}", operation.id),
+            replayed: false,
+        });
         OperationAnswer {
             operation,
             charge: Some(charge),
+            request,
         }
     }
 
@@ -2039,7 +2044,7 @@ impl Sim {
 fn webhook_facts(charge: &Charge, operation: Option<&Operation>) -> Vec<ProviderFact> {
     let mut out = Vec::new();
     if let Some(op) = operation {
-        out.extend(facts::operation_fact(op));
+        out.extend(facts::operation_fact(op, None));
     }
     out.extend(facts::charge_facts(charge, facts::Read::Snapshot));
     out

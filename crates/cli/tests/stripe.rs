@@ -85,7 +85,18 @@ async fn payments_through_stripe(backend: Backend) {
         "{}",
         String::from_utf8_lossy(&refund.body)
     );
-    assert_eq!(refund.json()["refunded_minor"], 2_000);
+    let refunded = refund.json();
+    assert_eq!(refunded["refunded_minor"], 2_000);
+    // The operation names the request of Stripe's that answered it.
+    let requests = &refunded["operations"][0]["provider_requests"];
+    assert_eq!(requests.as_array().map(Vec::len), Some(1), "{refunded}");
+    assert!(
+        requests[0]["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("req_")),
+        "{refunded}"
+    );
+    assert_eq!(requests[0]["replayed"], false);
 
     let mut manual = stripe_payment(3_000, "pm_card_mastercard");
     manual["capture"] = json!("manual");
@@ -339,6 +350,15 @@ async fn refunds_through_stripe(backend: Backend) {
         sim_refunds(&client, &sim_listen).await.len(),
         1,
         "one refund at Stripe"
+    );
+    // Its first answer was lost: an answer heard afterwards, to the sweep's re-send under the
+    // same key, can only be Stripe's replay of it (the webhook may have settled it first).
+    let requests = refunded["operations"][0]["provider_requests"]
+        .as_array()
+        .unwrap();
+    assert!(
+        requests.iter().all(|request| request["replayed"] == true),
+        "{refunded}"
     );
 
     // The next refund succeeds, then fails at Stripe.

@@ -152,6 +152,16 @@ fn payment_fixtures() -> Vec<(PaymentEvent, Value)> {
             json!({"kind": "refund", "sequence": 2, "provider_id": "re_2", "at": AT}),
         ),
         (
+            PaymentEvent::OperationAnswered(OperationAnswered {
+                kind: OperationKind::Refund,
+                sequence: 2,
+                request_id: "req_2".into(),
+                replayed: true,
+                at: at(10),
+            }),
+            json!({"kind": "refund", "sequence": 2, "request_id": "req_2", "replayed": true, "at": AT}),
+        ),
+        (
             PaymentEvent::OperationRefused(OperationRefused {
                 kind: OperationKind::Capture,
                 sequence: 1,
@@ -453,6 +463,7 @@ fn type_names_and_schemas_are_stable() {
             ("RefundRequested", 1),
             ("RefundSettled", 1),
             ("OperationReceived", 1),
+            ("OperationAnswered", 1),
             ("OperationRefused", 1),
             ("RefundReversed", 1),
             ("DisputeOpened", 1),

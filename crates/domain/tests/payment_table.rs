@@ -932,3 +932,61 @@ fn an_outcome_of_another_amount_is_flagged_not_applied() {
         ))),
     );
 }
+
+#[test]
+fn the_request_that_answered_an_operation_is_recorded_once() {
+    let mut given = given(Some(PaymentStatus::Captured));
+    let refund = PaymentCommand::RequestRefund {
+        amount: amt(2_500),
+        at: at(10),
+    };
+    given.extend(decide(&Payment::replay(&given), refund).unwrap());
+    let answer = |id: &str, replayed: bool, outcome: OperationOutcome| {
+        fact(ProviderFact::Operation {
+            kind: OperationKind::Refund,
+            charge_id: CHARGE.into(),
+            psp_key: psp_refund_key(pid(), 1),
+            provider_id: Some("re_1".into()),
+            amount: amt(2_500),
+            outcome,
+            request: Some(ProviderRequest {
+                id: id.into(),
+                replayed,
+            }),
+        })
+    };
+    let pending = decide(
+        &Payment::replay(&given),
+        answer("req_1", false, OperationOutcome::Pending),
+    )
+    .unwrap();
+    assert!(matches!(
+        pending.as_slice(),
+        [
+            PaymentEvent::OperationAnswered(OperationAnswered { request_id, replayed: false, .. }),
+            PaymentEvent::OperationReceived(_),
+        ] if request_id == "req_1"
+    ));
+    given.extend(pending);
+    // The same answer replayed by the provider under the same request: nothing new.
+    let again = answer("req_1", true, OperationOutcome::Pending);
+    assert_eq!(decide(&Payment::replay(&given), again), Ok(vec![]));
+    // A later answer from another request is recorded beside the first, with its outcome.
+    let settled = decide(
+        &Payment::replay(&given),
+        answer("req_2", true, OperationOutcome::Succeeded),
+    )
+    .unwrap();
+    assert!(matches!(
+        settled.first(),
+        Some(PaymentEvent::OperationAnswered(_))
+    ));
+    given.extend(settled);
+    let record = Payment::replay(&given).record.unwrap();
+    let requests: Vec<(&str, bool)> = record.operations[0]
+        .requests
+        .iter()
+        .map(|request| (request.id.as_str(), request.replayed))
+        .collect();
+    assert_eq!(requests, [("req_1", false), ("req_2", true)]);
+}

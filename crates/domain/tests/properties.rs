@@ -182,6 +182,11 @@ fn command(step: &Step, record: &PaymentRecord, fees: FeeSchedule, t: i64) -> Pa
                         reason: "declined".into(),
                     },
                 },
+                // An answer to our request names the provider's request; a replay of it the same.
+                request: Some(ProviderRequest {
+                    id: format!("req_{sequence}_{outcome}"),
+                    replayed: t % 2 == 0,
+                }),
             })
         }
     }
@@ -284,6 +289,11 @@ proptest! {
             // At most one capture waits for the provider; an open refund is never already
             // counted in what our succeeded refunds account for.
             prop_assert!(record.operations.iter().filter(|op| op.kind == OperationKind::Capture && op.state.is_open()).count() <= 1);
+            // Each of the provider's requests is recorded once on the operation it answered.
+            for op in &record.operations {
+                let ids: std::collections::BTreeSet<&str> = op.requests.iter().map(|r| r.id.as_str()).collect();
+                prop_assert_eq!(ids.len(), op.requests.len());
+            }
             let settled_ops: i64 = record.operations.iter()
                 .filter(|op| op.kind == OperationKind::Refund && matches!(op.state, OperationState::Succeeded | OperationState::Reversed))
                 .map(|op| op.amount.minor()).sum();

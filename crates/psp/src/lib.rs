@@ -32,7 +32,7 @@ pub use event::{Envelope, EventData, EventFormat, EventType, WebhookEvent};
 pub use provider::{
     Capabilities, Charge, ChargeOutcome, ChargeStatus, CreateCharge, Dispute, DisputeStatus,
     NextAction, Operation, OperationAnswer, OperationKind, OperationStatus, Provider,
-    ProviderError, ProviderFee, Rejection, ReportLine, SettlementReport,
+    ProviderError, ProviderFee, ProviderRequest, Rejection, ReportLine, SettlementReport,
 };
 pub use signature::{sign, verify, SignatureError, SIGNATURE_HEADER, TOLERANCE_S_DEFAULT};
 pub use sim::{SimConfig, Simulator};

@@ -233,6 +233,17 @@ pub struct OperationAnswer {
     pub operation: Operation,
     #[serde(default)]
     pub charge: Option<Charge>,
+    /// The provider's request that answered, when it names one (Stripe's `Request-Id`, and
+    /// whether `Idempotent-Replayed` said it replayed an earlier answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<ProviderRequest>,
+}
+
+/// The provider's own name for the request that answered us.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderRequest {
+    pub id: String,
+    pub replayed: bool,
 }
 
 /// What a provider can do, so that the reconciler picks a strategy the

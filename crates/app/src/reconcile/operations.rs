@@ -224,7 +224,7 @@ impl Reconciler {
                         "charge": found.charge,
                     }),
                 },
-                None => Driven::Applied(facts::operation_fact(&found).into_iter().collect()),
+                None => Driven::Applied(facts::operation_fact(&found, None).into_iter().collect()),
             },
             Ok(None) => Driven::Wait,
             Err(error) => {

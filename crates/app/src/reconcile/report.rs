@@ -509,7 +509,7 @@ impl Reconciler {
             if found.status == asiento_psp::OperationStatus::Failed
                 && facts::operation_misfit(record, &op.psp_key, &found).is_none()
             {
-                reversed.extend(facts::operation_fact(&found));
+                reversed.extend(facts::operation_fact(&found, None));
             }
         }
         if reversed.is_empty() {

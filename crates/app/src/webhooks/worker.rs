@@ -35,7 +35,7 @@ pub fn facts_from_event(event: &WebhookEvent) -> Vec<ProviderFact> {
         EventType::OperationUpdated => {
             let mut facts = Vec::with_capacity(4);
             if let Some(op) = &event.data.operation {
-                facts.extend(facts::operation_fact(op));
+                facts.extend(facts::operation_fact(op, None));
             }
             facts.extend(facts::charge_facts(
                 &event.data.charge,

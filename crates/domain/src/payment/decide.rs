@@ -339,12 +339,16 @@ fn check_fact(fact: &ProviderFact) -> Result<(), PaymentRejection> {
             provider_id,
             amount,
             outcome,
+            request,
             ..
         } => {
             check_text("charge_id", charge_id)?;
             check_text("psp_key", psp_key)?;
             if let Some(provider_id) = provider_id {
                 check_text("provider_id", provider_id)?;
+            }
+            if let Some(request) = request {
+                check_text("request_id", &request.id)?;
             }
             if let OperationOutcome::Failed { reason } = outcome {
                 check_text("reason", reason)?;
@@ -622,6 +626,7 @@ fn apply_fact(
             provider_id,
             amount,
             outcome,
+            request,
         } => {
             let reported = ReportedOperation {
                 charge_id,
@@ -629,6 +634,7 @@ fn apply_fact(
                 provider_id,
                 amount,
                 outcome,
+                request,
             };
             match kind {
                 OperationKind::Capture => capture_outcome(draft, reported, fees, at)?,
@@ -682,6 +688,29 @@ struct ReportedOperation {
     provider_id: Option<String>,
     amount: Amount,
     outcome: OperationOutcome,
+    request: Option<ProviderRequest>,
+}
+
+/// Records the provider's request that answered `op`, once per request, before what it said.
+fn answered(
+    draft: &mut Draft,
+    op: &Operation,
+    request: Option<&ProviderRequest>,
+    at: DateTime<Utc>,
+) {
+    let Some(request) = request else {
+        return;
+    };
+    if op.requests.iter().any(|known| known.id == request.id) {
+        return;
+    }
+    draft.push(PaymentEvent::OperationAnswered(OperationAnswered {
+        kind: op.kind,
+        sequence: op.sequence,
+        request_id: request.id.clone(),
+        replayed: request.replayed,
+        at,
+    }));
 }
 
 /// The operation a reported outcome is about, if it is ours and its amount is the one we asked
@@ -723,6 +752,7 @@ fn capture_outcome(
     let Some(op) = reported_operation(draft, OperationKind::Capture, &reported, at) else {
         return Ok(());
     };
+    answered(draft, &op, reported.request.as_ref(), at);
     match (op.state, reported.outcome) {
         (OperationState::Requested, OperationOutcome::Pending) => {
             draft.received(&op, reported.provider_id, at);
@@ -760,6 +790,7 @@ fn refund_outcome(
     let Some(op) = reported_operation(draft, OperationKind::Refund, &reported, at) else {
         return Ok(());
     };
+    answered(draft, &op, reported.request.as_ref(), at);
     match (op.state, reported.outcome) {
         (OperationState::Requested, OperationOutcome::Pending) => {
             draft.received(&op, reported.provider_id, at);

@@ -21,7 +21,7 @@ use crate::ids::{CustomerId, PaymentId, ProviderName, TenantId};
 use crate::money::{Amount, AmountError, AmountLimitError, Currency};
 
 pub use decide::decide;
-pub use operations::{Operation, OperationKind, OperationOutcome, OperationState};
+pub use operations::{Operation, OperationKind, OperationOutcome, OperationState, ProviderRequest};
 pub use table::{rule, Input, Outcome, Rule};
 
 /// The longest description a merchant may attach, in characters.
@@ -414,6 +414,8 @@ pub enum ProviderFact {
         provider_id: Option<String>,
         amount: Amount,
         outcome: OperationOutcome,
+        /// The provider's request that answered, when this is an answer to our request.
+        request: Option<ProviderRequest>,
     },
     /// The provider kept `fee` out of the money it owes us for one of its balance transactions
     /// (a charge's processing fee, a dispute fee). Negative when it gives a fee back.
@@ -690,6 +692,17 @@ pub struct OperationReceived {
     pub at: DateTime<Utc>,
 }
 
+/// The provider answered one of our operations from its request `request_id` (replaying an
+/// earlier answer when `replayed`): recorded beside the outcome, once per request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationAnswered {
+    pub kind: OperationKind,
+    pub sequence: u32,
+    pub request_id: String,
+    pub replayed: bool,
+    pub at: DateTime<Utc>,
+}
+
 /// The provider refused an operation: what it reserved is free again (a refund's amount is
 /// refundable, another capture may be asked for).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -765,6 +778,7 @@ crate::event::event_family! {
         RefundRequested = 1,
         RefundSettled = 1,
         OperationReceived = 1,
+        OperationAnswered = 1,
         OperationRefused = 1,
         RefundReversed = 1,
         DisputeOpened = 1,
@@ -790,6 +804,7 @@ impl PaymentEvent {
             PaymentEvent::RefundRequested(e) => e.at,
             PaymentEvent::RefundSettled(e) => e.at,
             PaymentEvent::OperationReceived(e) => e.at,
+            PaymentEvent::OperationAnswered(e) => e.at,
             PaymentEvent::OperationRefused(e) => e.at,
             PaymentEvent::RefundReversed(e) => e.at,
             PaymentEvent::DisputeOpened(e) => e.at,
@@ -948,6 +963,16 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
                 op.updated_at = e.at;
                 if e.provider_id.is_some() {
                     op.provider_id = e.provider_id.clone();
+                }
+            }
+        }
+        PaymentEvent::OperationAnswered(e) => {
+            if let Some(op) = record.operation_mut(e.kind, e.sequence) {
+                if !op.requests.iter().any(|known| known.id == e.request_id) {
+                    op.requests.push(ProviderRequest {
+                        id: e.request_id.clone(),
+                        replayed: e.replayed,
+                    });
                 }
             }
         }

@@ -80,8 +80,19 @@ pub struct Operation {
     pub provider_id: Option<String>,
     /// Why it was refused or reversed.
     pub reason: Option<String>,
+    /// The provider's requests that answered it (Stripe's `Request-Id`), in the order heard,
+    /// each once: what to search the provider's logs for.
+    pub requests: Vec<ProviderRequest>,
     pub requested_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+/// One of the provider's requests that answered an operation: its id, and whether the provider
+/// said it replayed an earlier answer under the same key (`Idempotent-Replayed`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderRequest {
+    pub id: String,
+    pub replayed: bool,
 }
 
 impl Operation {
@@ -102,6 +113,7 @@ impl Operation {
             state: OperationState::Requested,
             provider_id: None,
             reason: None,
+            requests: Vec::new(),
             requested_at: at,
             updated_at: at,
         }

@@ -110,6 +110,7 @@ pub fn f_operation(
         provider_id: None,
         amount: amt(amount),
         outcome,
+        request: None,
     })
 }
 pub fn f_provider_fee(transaction_id: &str, fee: i64) -> PaymentCommand {

@@ -748,6 +748,7 @@ impl SimState {
         Ok(OperationAnswer {
             operation,
             charge: Some(charge),
+            request: None,
         })
     }
 
@@ -1019,6 +1020,7 @@ impl SimState {
         Ok(OperationAnswer {
             operation,
             charge: Some(charge),
+            request: None,
         })
     }
 

@@ -33,7 +33,7 @@ use super::wire::{self, ErrorBody, ErrorType, Event, List, PaymentIntent, Refund
 use crate::event::{EventData, EventType, WebhookEvent};
 use crate::provider::{
     Capabilities, Charge, ChargeOutcome, CreateCharge, Operation, OperationAnswer, Provider,
-    ProviderError, ReportLine,
+    ProviderError, ProviderRequest, ReportLine,
 };
 use crate::transport::{
     decode, Answered, Call, CallError, ClientConfig, ClientInitError, Transport,
@@ -98,35 +98,29 @@ impl StripeProvider {
             .transport
             .call(Call::write(self.transport.url(segments), key, body, FORM))
             .await?;
-        let header = |name: &str| {
-            answered
-                .headers
-                .get(name)
-                .and_then(|value| value.to_str().ok())
-                .unwrap_or_default()
-                .to_owned()
-        };
+        let request = request_of(&answered);
         tracing::info!(
             provider = %self.transport.name(),
             key,
-            request_id = %header("Request-Id"),
-            replayed = header("Idempotent-Replayed") == "true",
+            request_id = request.as_ref().map_or("", |request| request.id.as_str()),
+            replayed = request.as_ref().is_some_and(|request| request.replayed),
             "stripe answered"
         );
         Ok(answered)
     }
 
+    /// A write's answer, and the request of Stripe's that gave it.
     async fn post_object<T: serde::de::DeserializeOwned>(
         &self,
         segments: &[&str],
         key: &str,
         form: &Form,
-    ) -> Result<T, ProviderError> {
+    ) -> Result<(T, Option<ProviderRequest>), ProviderError> {
         let answered = self
             .post(segments, key, form)
             .await
             .map_err(|error| self.provider_error(error))?;
-        decode(&answered.body)
+        Ok((decode(&answered.body)?, request_of(&answered)))
     }
 
     /// A refusal, unless it is `idempotency_error`: our bug, whose first request may have acted.
@@ -286,7 +280,7 @@ impl Provider for StripeProvider {
                 &BTreeMap::from([(METADATA_CAPTURE_KEY.to_owned(), idempotency_key.to_owned())]),
             )
             .list("expand", [EXPAND_CHARGE]);
-        let intent: PaymentIntent = self
+        let (intent, request): (PaymentIntent, _) = self
             .post_object(
                 &["v1", "payment_intents", charge_id, "capture"],
                 idempotency_key,
@@ -296,6 +290,7 @@ impl Provider for StripeProvider {
         Ok(OperationAnswer {
             operation: capture_operation(&intent, Some(idempotency_key), amount_minor),
             charge: charge_of(&intent).ok(),
+            request,
         })
     }
 
@@ -313,12 +308,13 @@ impl Provider for StripeProvider {
                 "metadata",
                 &BTreeMap::from([(METADATA_PSP_KEY.to_owned(), idempotency_key.to_owned())]),
             );
-        let refund: Refund = self
+        let (refund, request): (Refund, _) = self
             .post_object(&["v1", "refunds"], idempotency_key, &form)
             .await?;
         Ok(OperationAnswer {
             operation: refund_operation(&refund, Some(idempotency_key)),
             charge: None,
+            request,
         })
     }
 
@@ -329,7 +325,7 @@ impl Provider for StripeProvider {
         idempotency_key: &str,
     ) -> Result<OperationAnswer, ProviderError> {
         let form = Form::new().list("expand", [EXPAND_CHARGE]);
-        let intent: PaymentIntent = self
+        let (intent, request): (PaymentIntent, _) = self
             .post_object(
                 &["v1", "payment_intents", charge_id, "cancel"],
                 idempotency_key,
@@ -339,6 +335,7 @@ impl Provider for StripeProvider {
         Ok(OperationAnswer {
             operation: cancel_operation(&intent, idempotency_key),
             charge: charge_of(&intent).ok(),
+            request,
         })
     }
 
@@ -537,6 +534,22 @@ fn report_line(charge: Charge) -> ReportLine {
         last_touched: charge.updated,
         charge_id: charge.id,
     }
+}
+
+/// The request Stripe names in an answer's `Request-Id`, and whether `Idempotent-Replayed` says
+/// it replayed the first answer under the key.
+fn request_of(answered: &Answered) -> Option<ProviderRequest> {
+    let header = |name: &str| {
+        answered
+            .headers
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+    };
+    let id = header("Request-Id").filter(|id| !id.is_empty())?;
+    Some(ProviderRequest {
+        id: id.to_owned(),
+        replayed: header("Idempotent-Replayed") == Some("true"),
+    })
 }
 
 /// A Stripe event's object was announced and is not there: Stripe keeps objects, so this is a
