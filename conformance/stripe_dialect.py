@@ -8,17 +8,19 @@ conformance/requirements.txt. Arguments come from the environment:
 Each check raises on a mismatch; the process exits non-zero with the traceback, which the cargo
 test prints. The library is used as a merchant's code uses it: module-level api_key and
 api_base, resources' create/confirm/capture/retrieve/list (balance transactions with their
-sources expanded too), errors as exceptions, and
+sources expanded, and payouts, too), errors as exceptions, and
 Webhook.construct_event on every event the simulator delivered.
 """
 
 import http.server
+import json
 import os
 import re
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import stripe
 
@@ -173,6 +175,22 @@ def run_checks(base):
         stripe.BalanceTransaction.retrieve(txn.id).net == 1456,
         "a balance transaction is read by id",
     )
+
+    # A payout (made through the simulator's control route, as Stripe's schedule would) reads
+    # back through the library, with the balance transactions it paid out.
+    payouts = urllib.request.urlopen(
+        urllib.request.Request(base + "/sim/payouts", data=b"{}", method="POST")
+    )
+    made = json.loads(payouts.read())["data"]
+    check(len(made) == 1 and made[0]["amount"] == 1456 - 500, made)
+    payout = stripe.Payout.retrieve(made[0]["id"])
+    check(isinstance(payout, stripe.Payout) and payout.status == "paid", payout)
+    listed = [p.id for p in stripe.Payout.list(limit=1).auto_paging_iter()]
+    check(listed == [payout.id], listed)
+    paid = sorted(
+        t.type for t in stripe.BalanceTransaction.list(payout=payout.id).auto_paging_iter()
+    )
+    check(paid == ["charge", "refund"], paid)
 
     # A decline raises the library's CardError, with the PaymentIntent it was made on.
     try:

@@ -741,3 +741,138 @@ async fn events_are_stripe_event_objects_signed_with_stripe_signature() {
     })
     .await;
 }
+
+/// `POST /sim/payouts` pays out every balance transaction not yet paid out, for their net; a
+/// payout that fails afterwards puts its money back (a `payout_failure` the next one covers);
+/// each is announced by a signed `payout.paid` or `payout.failed`.
+#[tokio::test]
+async fn payouts_pay_out_the_net_of_what_no_payout_covered_and_a_failed_one_comes_back() {
+    bounded(async {
+        let deliveries: Deliveries = Arc::default();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let app = Router::new()
+            .route("/hook", routing::post(receive))
+            .with_state(deliveries.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let sim = RunningSim::start(SimConfig {
+            dialect: Dialect::Stripe,
+            fee_bps: 290,
+            webhook_url: Some(url),
+            webhook_secret: "whsec_test".to_owned(),
+            ..SimConfig::default()
+        })
+        .await;
+        let charged = post(
+            &sim,
+            "/v1/payment_intents",
+            &intent_form(10_000, "pm_card_visa", "automatic").field("confirm", "true"),
+            Some("p-1"),
+        )
+        .await;
+        let intent = charged.body["id"].as_str().unwrap().to_owned();
+        let refund = post(
+            &sim,
+            "/v1/refunds",
+            &Form::new()
+                .field("payment_intent", intent.as_str())
+                .field("amount", "2500"),
+            Some("p-1-refund"),
+        )
+        .await;
+        assert_eq!(refund.status, StatusCode::OK, "{}", refund.body);
+
+        let pay_out = || async {
+            let answer = send(
+                reqwest::Client::new()
+                    .post(format!("{}/sim/payouts", sim.base))
+                    .json(&json!({})),
+            )
+            .await;
+            assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+            answer.body["data"].as_array().unwrap().clone()
+        };
+        let made = pay_out().await;
+        assert_eq!(made.len(), 1, "{made:?}");
+        let payout = &made[0];
+        assert_eq!(
+            (payout["amount"].as_i64(), payout["status"].as_str()),
+            (Some(10_000 - 290 - 2_500), Some("paid"))
+        );
+        assert_shaped_as_fixture("payout", payout, &[]);
+        let id = payout["id"].as_str().unwrap().to_owned();
+        let read = get(&sim, &format!("/v1/payouts/{id}")).await;
+        assert_eq!(&read.body, payout);
+        let paid = get(&sim, &format!("/v1/balance_transactions?payout={id}")).await;
+        let mut kinds: Vec<(String, i64)> = paid.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|txn| {
+                (
+                    txn["type"].as_str().unwrap().to_owned(),
+                    txn["net"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        kinds.sort();
+        assert_eq!(
+            kinds,
+            [("charge".to_owned(), 9_710), ("refund".to_owned(), -2_500)]
+        );
+        let own = get(&sim, &format!("/v1/balance_transactions?source={id}")).await;
+        assert_eq!(own.body["data"][0]["type"], "payout");
+        assert_eq!(own.body["data"][0]["amount"], -7_210);
+        assert!(pay_out().await.is_empty(), "nothing is left to pay out");
+
+        let failed = send(
+            reqwest::Client::new()
+                .post(format!("{}/sim/payouts/{id}/fail", sim.base))
+                .json(&json!({})),
+        )
+        .await;
+        assert_eq!(failed.status, StatusCode::OK, "{}", failed.body);
+        assert_eq!(failed.body["status"], "failed");
+        let listed = get(&sim, "/v1/payouts?status=failed").await;
+        assert_eq!(listed.body["data"].as_array().unwrap().len(), 1);
+        let again = pay_out().await;
+        assert_eq!(
+            again.len(),
+            1,
+            "the failed payout's money is paid out again"
+        );
+        assert_eq!(again[0]["amount"], 7_210);
+        let covered = get(
+            &sim,
+            &format!(
+                "/v1/balance_transactions?payout={}",
+                again[0]["id"].as_str().unwrap()
+            ),
+        )
+        .await;
+        assert_eq!(covered.body["data"][0]["type"], "payout_failure");
+
+        assert!(eventually(5_000, || deliveries.lock().unwrap().len() >= 8).await);
+        let now = chrono::Utc::now().timestamp();
+        let mut payout_events = Vec::new();
+        for (signature, body) in deliveries.lock().unwrap().iter() {
+            asiento_psp::verify("whsec_test", signature, body, now, 300).expect("signed");
+            let event: asiento_psp::stripe::wire::Event = serde_json::from_slice(body).unwrap();
+            if event.kind.starts_with("payout.") {
+                payout_events.push((event.kind, event.data.object["status"].clone()));
+            }
+        }
+        assert_eq!(
+            payout_events,
+            [
+                ("payout.created".to_owned(), json!("paid")),
+                ("payout.paid".to_owned(), json!("paid")),
+                ("payout.failed".to_owned(), json!("failed")),
+                ("payout.created".to_owned(), json!("paid")),
+                ("payout.paid".to_owned(), json!("paid")),
+            ]
+        );
+        sim.shutdown().await;
+    })
+    .await;
+}

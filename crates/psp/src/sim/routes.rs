@@ -64,11 +64,14 @@ fn control_routes() -> Router<Simulator> {
 }
 
 pub(super) fn standalone(sim: Simulator) -> Router {
-    let provider = match sim.config().dialect {
-        Dialect::Sim => provider_routes(),
-        Dialect::Stripe => super::stripe::routes(),
+    let (provider, control) = match sim.config().dialect {
+        Dialect::Sim => (provider_routes(), control_routes()),
+        Dialect::Stripe => (
+            super::stripe::routes(),
+            control_routes().merge(super::stripe::control_routes()),
+        ),
     };
-    provider.nest("/sim", control_routes()).with_state(sim)
+    provider.nest("/sim", control).with_state(sim)
 }
 
 pub(super) fn mounted(sim: Simulator) -> Router {

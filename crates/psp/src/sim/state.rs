@@ -343,7 +343,7 @@ pub(crate) struct SimState {
     pub stripe: IntentBook,
 }
 
-fn new_id(prefix: &str) -> String {
+pub(crate) fn new_id(prefix: &str) -> String {
     // Time-ordered and random rather than seeded: ids must stay unique
     // across simulator restarts, or the ledger would take a new `evt_` for
     // one it has already seen. Faults, not ids, are what a seed replays.
@@ -497,7 +497,7 @@ impl SimState {
                 operation: operation.cloned(),
             },
         };
-        if let Some(outbox) = &self.outbox {
+        if self.outbox.is_some() {
             let outgoing = match self.dialect {
                 Dialect::Sim => vec![Outgoing {
                     event_id: event.id.clone(),
@@ -505,18 +505,26 @@ impl SimState {
                 }],
                 Dialect::Stripe => stripe::events(&event, self),
             };
-            for outgoing in outgoing {
-                // Never block a request on the dispatcher; a full queue loses
-                // the event, as an overloaded provider would, and says so.
-                if let Err(error) = outbox.try_send(outgoing) {
-                    tracing::warn!(event_id = %event.id, %error, "webhook queue full or closed; event not sent");
-                }
-            }
+            self.send(outgoing);
         }
         if self.events.len() >= EVENTS_RECORDED_MAX {
             self.events.pop_front();
         }
         self.events.push_back(event);
+    }
+
+    /// Hands events to the webhook dispatcher, if one runs. Never blocks a request on it: a full
+    /// queue loses the event, as an overloaded provider would, and says so.
+    pub(crate) fn send(&self, outgoing: Vec<Outgoing>) {
+        let Some(outbox) = &self.outbox else {
+            return;
+        };
+        for outgoing in outgoing {
+            let event_id = outgoing.event_id.clone();
+            if let Err(error) = outbox.try_send(outgoing) {
+                tracing::warn!(%event_id, %error, "webhook queue full or closed; event not sent");
+            }
+        }
     }
 
     fn record_mut(&mut self, charge_id: &str) -> Result<&mut ChargeRecord, SimError> {

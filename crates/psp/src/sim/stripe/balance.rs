@@ -8,12 +8,16 @@
 //!   it opens; a second `adjustment` (category `dispute_reversal`) reinstating the amount when it
 //!   is won. The fee stays with Stripe.
 //!
+//! - A payout: `payout`, the amount out to the bank; a payout that failed after it was paid:
+//!   also `payout_failure`, the amount back (paid out again by the next payout).
+//!
 //! Each one's id names its source (`txn_<charge>`, `txn_<refund>`, `txn_f<refund>`,
-//! `txn_dw_<charge>`, `txn_dr_<charge>`), so every read says the same.
+//! `txn_dw_<charge>`, `txn_dr_<charge>`, `txn_<payout>`, `txn_f<payout>`), so every read says the
+//! same.
 
 use serde_json::{json, Value};
 
-use super::book::intent_id_of;
+use super::book::{intent_id_of, PayoutRecord};
 use crate::provider::{Charge, DisputeStatus, Operation, OperationKind, OperationStatus};
 use crate::sim::state::{fee_minor, SimState, REVERSAL_REASON};
 
@@ -175,8 +179,39 @@ pub(crate) fn of_dispute(charge: &Charge) -> Vec<BalanceTransaction> {
     moved
 }
 
-/// Every balance transaction of the PaymentIntents made through the dialect, newest first
-/// (ties by id, descending, so that a listing's order is total).
+/// A payout's balance transactions: the payout, and its failure when it failed.
+pub(crate) fn of_payout(payout: &PayoutRecord) -> Vec<BalanceTransaction> {
+    let id = suffix(&payout.id);
+    let mut moved = vec![BalanceTransaction {
+        id: format!("txn_{id}"),
+        amount: -payout.amount,
+        fee: 0,
+        kind: "payout",
+        reporting_category: "payout",
+        source: payout.id.clone(),
+        currency: payout.currency.clone(),
+        created: payout.created,
+        description: Some("STRIPE PAYOUT".to_owned()),
+    }];
+    if let Some(failed) = payout.failed {
+        moved.push(BalanceTransaction {
+            id: format!("txn_f{id}"),
+            amount: payout.amount,
+            fee: 0,
+            kind: "payout_failure",
+            reporting_category: "payout_reversal",
+            source: payout.id.clone(),
+            currency: payout.currency.clone(),
+            created: failed,
+            description: Some(format!("Payout failure ({})", payout.id)),
+        });
+    }
+    moved
+}
+
+/// Every balance transaction on the account (of the PaymentIntents made through the dialect,
+/// and of its payouts), newest first (ties by id, descending, so that a listing's order is
+/// total).
 pub(crate) fn all(state: &SimState) -> Vec<BalanceTransaction> {
     let fee_bps = state.fee_bps();
     let mut moved: Vec<BalanceTransaction> = state
@@ -192,6 +227,7 @@ pub(crate) fn all(state: &SimState) -> Vec<BalanceTransaction> {
                 .collect::<Vec<_>>()
         })
         .collect();
+    moved.extend(state.stripe.payouts().iter().flat_map(of_payout));
     moved.sort_by(|a, b| b.created.cmp(&a.created).then_with(|| b.id.cmp(&a.id)));
     moved
 }

@@ -1,8 +1,8 @@
 //! What the Stripe dialect keeps beside the simulator's charges: the PaymentIntents (a
 //! PaymentIntent exists before its charge, unconfirmed, and a duplicate that is never confirmed
 //! moves no money), the answers to writes that never reach the charge model (creating and
-//! cancelling an unconfirmed PaymentIntent), the metadata of refunds, and the refunds made
-//! outside the API (a dashboard's), which Stripe has as Refund objects too.
+//! cancelling an unconfirmed PaymentIntent), the metadata of refunds, the refunds made outside
+//! the API (a dashboard's), which Stripe has as Refund objects too, and the payouts.
 //!
 //! A PaymentIntent `pi_<x>` confirms into the simulator's charge `ch_<x>`, so either id names
 //! the other without a table.
@@ -53,6 +53,22 @@ pub(crate) struct IntentBook {
     /// Refunds made outside the API (the simulator's `refund_out_of_band`, Stripe's dashboard):
     /// Refund objects with no key of ours, in the order made.
     dashboard_refunds: Vec<Operation>,
+    /// Payouts made, in the order made.
+    payouts: Vec<PayoutRecord>,
+}
+
+/// A payout of the account's balance to its bank account.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PayoutRecord {
+    pub id: String,
+    /// What reached (or was to reach) the bank: the net of the transactions it covers.
+    pub amount: i64,
+    pub currency: String,
+    pub created: i64,
+    /// When it failed after it was paid: its money is back in the balance.
+    pub failed: Option<i64>,
+    /// The balance transactions it paid out, oldest first.
+    pub transactions: Vec<String>,
 }
 
 /// The charge a PaymentIntent confirms into.
@@ -138,6 +154,19 @@ impl IntentBook {
 
     pub fn dashboard_refund(&self, id: &str) -> Option<&Operation> {
         self.dashboard_refunds.iter().find(|refund| refund.id == id)
+    }
+
+    pub fn add_payout(&mut self, payout: PayoutRecord) {
+        self.payouts.push(payout);
+    }
+
+    /// Every payout, oldest first.
+    pub fn payouts(&self) -> &[PayoutRecord] {
+        &self.payouts
+    }
+
+    pub fn payout_mut(&mut self, id: &str) -> Option<&mut PayoutRecord> {
+        self.payouts.iter_mut().find(|payout| payout.id == id)
     }
 
     pub fn refund_metadata(&self, refund_id: &str) -> BTreeMap<String, String> {

@@ -22,6 +22,7 @@ mod book;
 mod events;
 mod listing;
 mod params;
+mod payouts;
 mod render;
 
 use axum::body::Bytes;
@@ -37,6 +38,7 @@ use serde_json::Value;
 
 pub(crate) use book::IntentBook;
 pub(crate) use events::events;
+pub(crate) use payouts::control_routes;
 
 use self::book::{charge_id_of, intent_id_of, IntentRecord, StoredAnswer};
 use self::listing::Listing;
@@ -98,6 +100,8 @@ pub(super) fn routes() -> Router<Simulator> {
             "/v1/balance_transactions/{id}",
             get(get_balance_transaction),
         )
+        .route("/v1/payouts", get(payouts::list_payouts))
+        .route("/v1/payouts/{id}", get(payouts::get_payout))
         .fallback(no_route)
 }
 
@@ -937,8 +941,9 @@ async fn get_dispute(
     .await
 }
 
-/// The account's balance transactions, newest first, by `created` window, `type` and `source`,
-/// paged with `starting_after` / `ending_before`.
+/// The account's balance transactions, newest first, by `created` window, `type`, `source`,
+/// `currency` and `payout` (the ones it paid out), paged with `starting_after` /
+/// `ending_before`.
 async fn list_balance_transactions(
     State(sim): State<Simulator>,
     headers: HeaderMap,
@@ -949,7 +954,6 @@ async fn list_balance_transactions(
         let kind = params.text("type")?;
         let source = params.text("source")?;
         let currency = params.text("currency")?;
-        // The dialect makes no payouts: a payout named is one it does not have.
         let payout = params.text("payout")?;
         let expand = list_expand_of(params, BALANCE_EXPANSIONS)?;
         Ok((listing, (kind, source, currency, payout), expand))
@@ -961,12 +965,21 @@ async fn list_balance_transactions(
         read,
         |state, (listing, filters, expand)| {
             let (kind, source, currency, payout) = filters;
-            if let Some(payout) = payout {
-                return Err(StripeError::not_found("payout", &payout));
-            }
             let all = balance::all(state);
+            let paid_out = match payout {
+                Some(id) => Some(
+                    state
+                        .stripe
+                        .payouts()
+                        .iter()
+                        .find(|payout| payout.id == id)
+                        .ok_or_else(|| StripeError::not_found("payout", &id))?,
+                ),
+                None => None,
+            };
             let matching: Vec<&balance::BalanceTransaction> = all
                 .iter()
+                .filter(|txn| paid_out.is_none_or(|payout| payout.transactions.contains(&txn.id)))
                 .filter(|txn| listing.created(txn.created))
                 .filter(|txn| kind.as_deref().is_none_or(|kind| txn.kind == kind))
                 .filter(|txn| source.as_deref().is_none_or(|source| txn.source == source))

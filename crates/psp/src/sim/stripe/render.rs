@@ -59,7 +59,7 @@ impl StripeError {
         self.0.status
     }
 
-    fn with_status(mut self, status: StatusCode) -> StripeError {
+    pub(crate) fn with_status(mut self, status: StatusCode) -> StripeError {
         self.0.status = status;
         self
     }
