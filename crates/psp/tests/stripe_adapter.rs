@@ -433,6 +433,12 @@ async fn an_event_is_read_as_the_objects_it_names_stand_now() {
         // A type the ledger does not use, and a PaymentIntent asiento did not create, are ignored.
         let unused = event("customer.created", serde_json::json!({"id": "cus_1"}));
         assert_eq!(stripe.read_event(&unused).await.unwrap(), None);
+        // Payouts are not posted yet: their events are acknowledged and ignored.
+        let payout = event(
+            "payout.paid",
+            serde_json::json!({"id": "po_1", "object": "payout", "amount": 100, "status": "paid"}),
+        );
+        assert_eq!(stripe.read_event(&payout).await.unwrap(), None);
         let foreign = reqwest::Client::new()
             .post(format!("{}/v1/payment_intents", sim.base))
             .bearer_auth("sk_test_other")
