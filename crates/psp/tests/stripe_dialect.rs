@@ -820,9 +820,17 @@ async fn payouts_pay_out_the_net_of_what_no_payout_covered_and_a_failed_one_come
             kinds,
             [("charge".to_owned(), 9_710), ("refund".to_owned(), -2_500)]
         );
-        let own = get(&sim, &format!("/v1/balance_transactions?source={id}")).await;
+        let own = get(
+            &sim,
+            &format!("/v1/balance_transactions?source={id}&expand[]=data.source"),
+        )
+        .await;
         assert_eq!(own.body["data"][0]["type"], "payout");
         assert_eq!(own.body["data"][0]["amount"], -7_210);
+        assert_eq!(
+            &own.body["data"][0]["source"], payout,
+            "the payout, expanded"
+        );
         assert!(pay_out().await.is_empty(), "nothing is left to pay out");
 
         let failed = send(

@@ -1035,8 +1035,16 @@ fn render_balance_transaction(
     rendered
 }
 
-/// The charge, refund or dispute a balance transaction names.
+/// The charge, refund, dispute or payout a balance transaction names.
 fn render_source(state: &SimState, source: &str) -> Option<Value> {
+    if let Some(payout) = state
+        .stripe
+        .payouts()
+        .iter()
+        .find(|payout| payout.id == source)
+    {
+        return Some(payouts::render(payout));
+    }
     if let Some(refund) = state
         .operation(source)
         .or_else(|| state.stripe.dashboard_refund(source))
