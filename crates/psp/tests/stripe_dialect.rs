@@ -663,6 +663,18 @@ async fn balance_transactions_record_every_movement_with_fees_and_nets() {
 
 type Deliveries = Arc<Mutex<Vec<(String, Bytes)>>>;
 
+/// A webhook endpoint on loopback: its URL, and what it received (signature, body).
+async fn start_receiver() -> (String, Deliveries) {
+    let deliveries: Deliveries = Arc::default();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let app = Router::new()
+        .route("/hook", routing::post(receive))
+        .with_state(deliveries.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, deliveries)
+}
+
 async fn receive(
     State(deliveries): State<Deliveries>,
     headers: HeaderMap,
@@ -680,13 +692,7 @@ async fn receive(
 #[tokio::test]
 async fn events_are_stripe_event_objects_signed_with_stripe_signature() {
     bounded(async {
-        let deliveries: Deliveries = Arc::default();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        let app = Router::new()
-            .route("/hook", routing::post(receive))
-            .with_state(deliveries.clone());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let (url, deliveries) = start_receiver().await;
         let secret = "whsec_test";
         let sim = RunningSim::start(SimConfig {
             dialect: Dialect::Stripe,
@@ -748,13 +754,7 @@ async fn events_are_stripe_event_objects_signed_with_stripe_signature() {
 #[tokio::test]
 async fn payouts_pay_out_the_net_of_what_no_payout_covered_and_a_failed_one_comes_back() {
     bounded(async {
-        let deliveries: Deliveries = Arc::default();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        let app = Router::new()
-            .route("/hook", routing::post(receive))
-            .with_state(deliveries.clone());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let (url, deliveries) = start_receiver().await;
         let sim = RunningSim::start(SimConfig {
             dialect: Dialect::Stripe,
             fee_bps: 290,
