@@ -1,15 +1,17 @@
-//! Provider operations through the real binary, on both backends, with the in-process simulator:
-//! a refund or capture sent while the provider is unreachable answers 202 and ends with exactly
-//! one provider operation and its posting, with no client retry; a refund the provider refuses is
-//! a 422 that releases its amount; a refund that fails after it succeeded posts a reversing
-//! entry; a lost dispute whose every webhook was dropped is posted by the sweep; `asiento verify`
-//! holds after each.
+//! Provider operations through the real binary, on both backends: a refund or capture sent while
+//! the provider is unreachable answers 202 and ends with exactly one provider operation and its
+//! posting, with no client retry (against the in-process simulator and against the Stripe
+//! dialect, which has no lookup by our key). With the in-process simulator: a refund the provider
+//! refuses is a 422 that releases its amount; a refund that fails after it succeeded posts a
+//! reversing entry; a lost dispute whose every webhook was dropped is posted by the sweep.
+//! `asiento verify` holds after each.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use std::time::{Duration, Instant};
 
+use common::rig::{Psp, Rig};
 use common::{
     payment_body, sim_list, verify, wait_for, Answer, Backend, Client, Server, TestDatabase,
 };
@@ -58,16 +60,6 @@ async fn faults(client: &Client, body: Value) {
         "{}",
         String::from_utf8_lossy(&answer.body)
     );
-}
-
-/// The simulator's operations of `kind` on the charge of payment `id`.
-async fn sim_operations(client: &Client, id: &str, kind: &str) -> Vec<Value> {
-    let charge = charge_of(client, id).await;
-    let operations = sim_list(client, "/sim/operations").await;
-    operations
-        .into_iter()
-        .filter(|op| op["charge"] == charge["id"] && op["kind"] == kind)
-        .collect()
 }
 
 async fn charge_of(client: &Client, id: &str) -> Value {
@@ -123,29 +115,50 @@ async fn refund_then_fail(client: &Client, id: &str, key: &str, amount: i64) {
     );
 }
 
-fn refund_entries(entries: &[Value]) -> usize {
+/// The refund entries among `entries`: money back to `psp:{provider}:clearing` (a provider's fee
+/// also raises the clearing account, and is not one).
+fn refund_entries(entries: &[Value], provider: &str) -> usize {
+    let clearing = format!("psp:{provider}:clearing");
     entries
         .iter()
         .filter(|entry| {
-            entry["legs"].as_array().unwrap().iter().any(|leg| {
-                leg["account"] == "psp:sim:clearing" && leg["amount_minor"].as_i64() > Some(0)
-            })
+            let legs = entry["legs"].as_array().unwrap();
+            legs.iter()
+                .any(|leg| leg["account"] == clearing && leg["amount_minor"].as_i64() > Some(0))
+                && !legs.iter().any(|leg| {
+                    leg["account"]
+                        .as_str()
+                        .is_some_and(|account| account.starts_with("expense:provider_fees:"))
+                })
         })
         .count()
 }
 
-async fn unreachable_refund_and_capture(backend: Backend) {
+/// A refund and a capture sent while the provider is unreachable answer 202 and are finished by
+/// the reconciler alone, with one operation each at the provider and one posting.
+async fn unreachable_refund_and_capture_at(backend: Backend, psp: Psp) {
     let database = TestDatabase::new(backend).await;
-    let server = start(&database);
-    let client = server.client();
+    let mut extra = vec![
+        "--reconcile-interval",
+        "300ms",
+        "--operation-timeout",
+        "0s",
+        "--report-settle",
+        "0s",
+    ];
+    if psp == Psp::Sim {
+        extra.extend(["--webhook-secret", SECRET]);
+    }
+    let rig = Rig::start(&database, psp, &extra);
+    let client = rig.client();
 
-    let refunded = create(&client, "op-refund", &payment_body(5_000, "pm_card_ok")).await;
-    let mut manual = payment_body(3_000, "pm_card_ok");
+    let refunded = create(&client, "op-refund", &rig.payment(5_000, "pm_card_ok")).await;
+    let mut manual = rig.payment(3_000, "pm_card_ok");
     manual["capture"] = json!("manual");
     let captured = create(&client, "op-capture", &manual).await;
 
     // Long enough that both requests give up (four attempts, under a second each) inside it.
-    faults(&client, json!({"unreachable_ms": 5_000})).await;
+    rig.sim("/faults", json!({"unreachable_ms": 5_000})).await;
     let refund = client
         .post(
             &format!("/v1/payments/{refunded}/refunds"),
@@ -185,9 +198,12 @@ async fn unreachable_refund_and_capture(backend: Backend) {
         p["status"] == "captured"
     })
     .await;
-    assert_eq!(sim_operations(&client, &refunded, "refund").await.len(), 1);
-    assert_eq!(sim_operations(&client, &captured, "capture").await.len(), 1);
-    assert_eq!(refund_entries(&client.entries_of(&refunded).await), 1);
+    assert_eq!(rig.operations_of(&refunded, "refund").await.len(), 1);
+    assert_eq!(rig.operations_of(&captured, "capture").await.len(), 1);
+    assert_eq!(
+        refund_entries(&client.entries_of(&refunded).await, rig.provider()),
+        1
+    );
     // The replay answers what the first request answered.
     let replay = client
         .post(
@@ -200,6 +216,14 @@ async fn unreachable_refund_and_capture(backend: Backend) {
     verify(&database);
 }
 
+async fn unreachable_refund_and_capture(backend: Backend) {
+    unreachable_refund_and_capture_at(backend, Psp::Sim).await;
+}
+
+async fn unreachable_refund_and_capture_at_stripe(backend: Backend) {
+    unreachable_refund_and_capture_at(backend, Psp::Stripe).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_and_captures_sent_while_the_provider_is_unreachable_converge_sqlite() {
     unreachable_refund_and_capture(Backend::Sqlite).await;
@@ -208,6 +232,16 @@ async fn refunds_and_captures_sent_while_the_provider_is_unreachable_converge_sq
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_and_captures_sent_while_the_provider_is_unreachable_converge_postgres() {
     unreachable_refund_and_capture(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_and_captures_sent_while_stripe_is_unreachable_converge_sqlite() {
+    unreachable_refund_and_capture_at_stripe(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_and_captures_sent_while_stripe_is_unreachable_converge_postgres() {
+    unreachable_refund_and_capture_at_stripe(Backend::Postgres).await;
 }
 
 async fn refusal_reversal_and_lost_dispute(backend: Backend) {

@@ -1,6 +1,8 @@
-//! Webhooks through the real binary: the in-process simulator delivers its own signed events with
-//! duplicates and reordering switched on, and every payment converges to the provider's truth with
-//! nothing posted twice; the endpoint refuses what is not signed right and stores nothing then.
+//! Webhooks through the real binary: the simulator delivers its signed events with duplicates and
+//! reordering switched on, in its own protocol and in Stripe's (as a `stripe` provider, where each
+//! event is a hint the worker reads the object for), and every payment converges to the provider's
+//! truth with nothing posted twice; the endpoint refuses what is not signed right and stores
+//! nothing then.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -8,15 +10,16 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{expected_status, payment_body, sim_list, Backend, Client, Server, TestDatabase};
+use common::rig::{Psp, Rig};
+use common::{expected_status, payment_body, verify, Backend, Client, Server, TestDatabase};
 use serde_json::{json, Value};
 
 const SECRET: &str = "whsec_test_0123456789";
 
 /// The provider's charges, by our payment id (their `reference`).
-async fn provider_truth(client: &Client) -> BTreeMap<String, Value> {
-    let charges = sim_list(client, "/sim/charges").await;
-    charges
+async fn provider_truth(rig: &Rig) -> BTreeMap<String, Value> {
+    rig.charges()
+        .await
         .into_iter()
         .filter_map(|charge| Some((charge["reference"].as_str()?.to_owned(), charge)))
         .collect()
@@ -49,24 +52,19 @@ async fn converged(client: &Client, truth: &BTreeMap<String, Value>) -> Result<(
 
 /// Mixed payments (ok, declined, redirect completed either way, refunded in parts) settle with the
 /// simulator duplicating half its webhooks and reordering them.
-async fn payments_converge_under_duplicated_and_reordered_webhooks(backend: Backend) {
+async fn payments_converge_under_duplicated_and_reordered_webhooks_at(backend: Backend, psp: Psp) {
     let database = TestDatabase::new(backend).await;
-    let server = Server::start(&database.url, &["--webhook-secret", SECRET]);
-    let client = server.client();
-    let faults = client
-        .send(
-            client
-                .http
-                .post(format!("{}/sim/faults", client.base))
-                .json(&json!({"webhook_duplicate_rate": 0.5, "webhook_reorder": true})),
-        )
-        .await;
-    assert_eq!(
-        faults.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&faults.body)
-    );
+    let extra: &[&str] = match psp {
+        Psp::Sim => &["--webhook-secret", SECRET],
+        Psp::Stripe => &[],
+    };
+    let rig = Rig::start(&database, psp, extra);
+    let client = rig.client();
+    rig.sim(
+        "/faults",
+        json!({"webhook_duplicate_rate": 0.5, "webhook_reorder": true}),
+    )
+    .await;
 
     let methods = [
         "pm_card_ok",
@@ -76,7 +74,7 @@ async fn payments_converge_under_duplicated_and_reordered_webhooks(backend: Back
     ];
     for index in 0..40 {
         let method = methods[index % methods.len()];
-        let mut body = payment_body(1_000 + index as i64 * 10, method);
+        let mut body = rig.payment(1_000 + index as i64 * 10, method);
         body["customer"] = json!(format!("c{}", index % 5));
         let created = client
             .post("/v1/payments", &format!("p-{index}"), &body)
@@ -90,25 +88,17 @@ async fn payments_converge_under_duplicated_and_reordered_webhooks(backend: Back
         let payment = created.json();
         let id = payment["id"].as_str().unwrap().to_owned();
         if method == "pm_redirect" {
-            let charge = payment["next_action"]["redirect_url"].as_str().unwrap();
-            let charge_id = charge
-                .split('/')
-                .find(|part| part.starts_with("ch_"))
-                .unwrap();
+            let charge = rig.charge_of(&id).await;
             let result = if index % 8 == 2 {
                 "succeeded"
             } else {
                 "failed"
             };
-            let completed = client
-                .send(
-                    client
-                        .http
-                        .post(format!("{}/sim/charges/{charge_id}/complete", client.base))
-                        .json(&json!({"result": result})),
-                )
-                .await;
-            assert_eq!(completed.status, 200);
+            rig.sim(
+                &format!("/charges/{}/complete", charge["id"].as_str().unwrap()),
+                json!({"result": result}),
+            )
+            .await;
         }
         if index % 4 == 3 {
             // Refunded in two parts through our API.
@@ -130,7 +120,7 @@ async fn payments_converge_under_duplicated_and_reordered_webhooks(backend: Back
         }
     }
 
-    let truth = provider_truth(&client).await;
+    let truth = provider_truth(&rig).await;
     assert_eq!(truth.len(), 40);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -143,7 +133,7 @@ async fn payments_converge_under_duplicated_and_reordered_webhooks(backend: Back
         }
     }
     // Nothing posted twice: each captured payment has one capture, and the provider's clearing
-    // account is exactly what the provider's truth implies.
+    // account is exactly what the provider's truth implies, less the fees it kept.
     let mut owed = 0;
     let mut last_position = 0;
     for (payment_id, charge) in &truth {
@@ -168,30 +158,47 @@ async fn payments_converge_under_duplicated_and_reordered_webhooks(backend: Back
             usize::from(captured > 0),
             "{payment_id}: {captures} captures"
         );
-        owed += captured - charge["amount_refunded"].as_i64().unwrap();
+        let fees: i64 = payment["provider_fees"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|fee| fee["fee_minor"].as_i64().unwrap())
+            .sum();
+        owed += captured - charge["amount_refunded"].as_i64().unwrap() - fees;
     }
     // Read-your-writes: the balance includes every event of these payments.
     let clearing = client
         .get(&format!(
-            "/v1/accounts/psp:sim:clearing/balance?currency=USD&min_position={last_position}"
+            "/v1/accounts/psp:{}:clearing/balance?currency=USD&min_position={last_position}",
+            rig.provider()
         ))
         .await
         .json();
     assert_eq!(clearing["balance_minor"].as_i64().unwrap(), -owed);
+    verify(&database);
+}
+
+async fn payments_converge_under_duplicated_and_reordered_webhooks(backend: Backend) {
+    payments_converge_under_duplicated_and_reordered_webhooks_at(backend, Psp::Sim).await;
+}
+
+async fn payments_at_stripe_converge_under_duplicated_and_reordered_webhooks(backend: Backend) {
+    payments_converge_under_duplicated_and_reordered_webhooks_at(backend, Psp::Stripe).await;
 }
 
 /// Only correctly signed, fresh events from a configured provider are stored; a repeat of one is
 /// acknowledged and changes nothing.
 async fn the_endpoint_refuses_what_is_not_signed_right(backend: Backend) {
     let database = TestDatabase::new(backend).await;
-    let server = Server::start(&database.url, &["--webhook-secret", SECRET]);
+    let rig = Rig::start(&database, Psp::Sim, &["--webhook-secret", SECRET]);
+    let server = &rig.server;
     let client = server.client();
     let created = client
         .post("/v1/payments", "w-1", &payment_body(10_000, "pm_card_ok"))
         .await
         .json();
     let id = created["id"].as_str().unwrap();
-    let truth = provider_truth(&client).await;
+    let truth = provider_truth(&rig).await;
     let charge_id = truth[id]["id"].as_str().unwrap();
     // The charge as the provider holds it, under our key: an event about a charge with another
     // key is not this payment's and is dead-lettered.
@@ -478,5 +485,6 @@ async fn two_worker_processes_drain_one_inbox_exactly_once() {
 
 common::on_both_backends!(
     payments_converge_under_duplicated_and_reordered_webhooks,
+    payments_at_stripe_converge_under_duplicated_and_reordered_webhooks,
     the_endpoint_refuses_what_is_not_signed_right,
 );

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+pub mod rig;
 pub mod stripe;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_asiento");

@@ -1,0 +1,177 @@
+//! A server and the simulator it charges through, in either dialect: the simulator `serve`
+//! mounts (provider `sim`), or `asiento psp-sim --dialect stripe` in its own process (provider
+//! `stripe`), so that one black-box test runs against both.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::{
+    asiento, asiento_with_env, payment_body, stripe, Client, Process, Server, TestDatabase,
+};
+
+/// The provider a test runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Psp {
+    /// The simulator `serve` mounts under `/sim`, as provider `sim`.
+    Sim,
+    /// `asiento psp-sim --dialect stripe` in its own process, as provider `stripe`.
+    Stripe,
+}
+
+/// A server and the simulator it charges through, whichever dialect it speaks.
+pub struct Rig {
+    pub server: Server,
+    pub psp: Psp,
+    /// The simulator's control and truth routes (`…/sim`).
+    sim_base: String,
+    /// The Stripe dialect's address, when it runs in its own process.
+    stripe_listen: Option<String>,
+    _stripe_sim: Option<Process>,
+}
+
+impl Rig {
+    pub fn start(database: &TestDatabase, psp: Psp, extra: &[&str]) -> Rig {
+        match psp {
+            Psp::Sim => {
+                let server = Server::start(&database.url, extra);
+                let sim_base = format!("{}/sim", server.base);
+                Rig {
+                    server,
+                    psp,
+                    sim_base,
+                    stripe_listen: None,
+                    _stripe_sim: None,
+                }
+            }
+            Psp::Stripe => {
+                let rig = stripe::start_rig(database, extra);
+                Rig {
+                    server: rig.server,
+                    psp,
+                    sim_base: format!("http://{}/sim", rig.sim_listen),
+                    stripe_listen: Some(rig.sim_listen),
+                    _stripe_sim: Some(rig.sim),
+                }
+            }
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        self.server.client()
+    }
+
+    pub fn payment(&self, amount_minor: i64, method: &str) -> Value {
+        match self.psp {
+            Psp::Sim => payment_body(amount_minor, method),
+            Psp::Stripe => stripe::stripe_payment(amount_minor, method),
+        }
+    }
+
+    /// A control route of the simulator (`/faults`, `/charges/{id}/…`).
+    pub async fn sim(&self, path: &str, body: Value) -> Value {
+        let client = self.client();
+        let answer = client
+            .send(
+                client
+                    .http
+                    .post(format!("{}{path}", self.sim_base))
+                    .json(&body),
+            )
+            .await;
+        assert_eq!(
+            answer.status,
+            200,
+            "{path}: {}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        answer.json()
+    }
+
+    /// The simulator's charges (its truth).
+    pub async fn charges(&self) -> Vec<Value> {
+        let client = self.client();
+        let path = format!("{}/charges", self.sim_base);
+        let answer = client.send(client.http.get(&path)).await.json();
+        answer
+            .as_array()
+            .or(answer["data"].as_array())
+            .unwrap_or_else(|| panic!("unexpected {path} body {answer}"))
+            .clone()
+    }
+
+    /// The simulator's operations (captures, refunds, cancels) on the charge of payment `id`,
+    /// of `kind`.
+    pub async fn operations_of(&self, payment_id: &str, kind: &str) -> Vec<Value> {
+        let charge = self.charge_of(payment_id).await;
+        let client = self.client();
+        let path = format!("{}/operations", self.sim_base);
+        let answer = client.send(client.http.get(&path)).await.json();
+        answer
+            .as_array()
+            .or(answer["data"].as_array())
+            .unwrap_or_else(|| panic!("unexpected {path} body {answer}"))
+            .iter()
+            .filter(|op| op["charge"] == charge["id"] && op["kind"] == kind)
+            .cloned()
+            .collect()
+    }
+
+    /// The simulator's charge for our payment.
+    pub async fn charge_of(&self, payment_id: &str) -> Value {
+        self.charges()
+            .await
+            .into_iter()
+            .find(|charge| charge["reference"] == payment_id)
+            .unwrap_or_else(|| panic!("no charge for {payment_id}"))
+    }
+
+    /// The provider's name in the ledger (`psp:{name}:clearing`).
+    pub fn provider(&self) -> &'static str {
+        match self.psp {
+            Psp::Sim => "sim",
+            Psp::Stripe => "stripe",
+        }
+    }
+
+    pub async fn drop_every_webhook(&self) {
+        self.sim("/faults", json!({"webhook_drop_rate": 1.0})).await;
+    }
+
+    /// `asiento reconcile` once, against this provider. Stripe's times are in seconds and a
+    /// window ends before the current one, so the sweep waits for the second to turn.
+    pub fn reconcile(&self, database_url: &str) -> String {
+        let (ok, output) = match &self.stripe_listen {
+            None => {
+                let psp = format!("{}/sim", self.server.base);
+                asiento(&[
+                    "reconcile",
+                    "--database-url",
+                    database_url,
+                    "--psp-url",
+                    &psp,
+                    "--settle",
+                    "0s",
+                ])
+            }
+            Some(listen) => {
+                std::thread::sleep(Duration::from_millis(1_100));
+                let providers = format!("stripe=stripe:http://{listen}");
+                asiento_with_env(
+                    &[
+                        "reconcile",
+                        "--database-url",
+                        database_url,
+                        "--providers",
+                        &providers,
+                        "--settle",
+                        "0s",
+                    ],
+                    &[("ASIENTO_PROVIDER_STRIPE_API_KEY", stripe::API_KEY)],
+                )
+            }
+        };
+        assert!(ok, "reconcile failed: {output}");
+        output
+    }
+}
