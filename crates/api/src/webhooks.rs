@@ -152,10 +152,21 @@ mod tests {
         signature: Option<String>,
         body: Vec<u8>,
     ) -> (u16, serde_json::Value) {
+        post_event_under(router, SIGNATURE_HEADER, provider, signature, body).await
+    }
+
+    /// [`post_event`] with the signature under `header` (ours, or Stripe's name for it).
+    async fn post_event_under(
+        router: &Router,
+        header: &str,
+        provider: &str,
+        signature: Option<String>,
+        body: Vec<u8>,
+    ) -> (u16, serde_json::Value) {
         let mut request = Request::post(format!("/webhooks/{provider}"))
             .header("content-type", "application/json");
         if let Some(signature) = signature {
-            request = request.header(SIGNATURE_HEADER, signature);
+            request = request.header(header, signature);
         }
         let response = router
             .clone()
@@ -195,6 +206,13 @@ mod tests {
         let signature = Some(sign("whsec_acme", NOW_S, &body));
         assert_eq!(post_event(&router, "acme", signature, body).await.0, 200);
         assert_eq!(stored(&database).await, 2);
+        // Stripe's header carries the same scheme.
+        let body = event_body("evt_4");
+        let signature = Some(sign("whsec_sim", NOW_S, &body));
+        let (status, answer) =
+            post_event_under(&router, STRIPE_SIGNATURE_HEADER, "sim", signature, body).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(stored(&database).await, 3);
     }
 
     #[tokio::test]
@@ -248,9 +266,13 @@ mod tests {
             ),
         ];
         for (name, provider, signature, body, code) in cases {
-            let (status, answer) = post_event(&router, provider, signature, body).await;
-            assert_eq!(status, 400, "{name}: {answer}");
-            assert_eq!(answer["code"], code, "{name}: {answer}");
+            for header in [SIGNATURE_HEADER, STRIPE_SIGNATURE_HEADER] {
+                let (status, answer) =
+                    post_event_under(&router, header, provider, signature.clone(), body.clone())
+                        .await;
+                assert_eq!(status, 400, "{name} under {header}: {answer}");
+                assert_eq!(answer["code"], code, "{name} under {header}: {answer}");
+            }
         }
         assert_eq!(stored(&database).await, 0);
     }
