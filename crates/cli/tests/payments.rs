@@ -1,21 +1,23 @@
 //! The command API through the real binary over real HTTP, on SQLite and PostgreSQL: idempotency
-//! under concurrency, byte-identical replays, a crash between the provider's charge and our
+//! under concurrency (against the simulator and against its Stripe dialect), byte-identical
+//! replays, a crash between the provider's charge and our
 //! finalisation, provider outcomes and their postings, transfers racing for the same money, and
 //! bad input that must never produce a 5xx.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
+use common::rig::{Psp, Rig};
 use common::{payment_body, Backend, Server, Simulator, TestDatabase};
 use serde_json::{json, Value};
 
 /// One key, twenty requests at once: the provider holds one charge, and every answer is either the
 /// one success (the same bytes each time) or 409 while it was in flight.
-async fn one_key_many_concurrent_requests_charge_once(backend: Backend) {
+async fn one_key_many_concurrent_requests_charge_once_at(backend: Backend, psp: Psp) {
     let database = TestDatabase::new(backend).await;
-    let server = Server::start(&database.url, &[]);
-    let client = server.client();
-    let body = payment_body(10_000, "pm_card_ok");
+    let rig = Rig::start(&database, psp, &[]);
+    let client = rig.client();
+    let body = rig.payment(10_000, "pm_card_ok");
     let mut tasks = Vec::new();
     for _ in 0..20 {
         let client = client.clone();
@@ -41,17 +43,24 @@ async fn one_key_many_concurrent_requests_charge_once(backend: Backend) {
         successes.windows(2).all(|pair| pair[0] == pair[1]),
         "bodies differ"
     );
-    let charges = client.get("/sim/charges").await.json();
-    let charges = charges
-        .as_array()
-        .or(charges["data"].as_array())
-        .unwrap()
-        .clone();
+    let charges = rig.charges().await;
     assert_eq!(
         charges.len(),
         1,
         "the provider must hold exactly one charge: {charges:?}"
     );
+    if psp == Psp::Stripe {
+        let intents = rig.payment_intents().await;
+        assert_eq!(intents.len(), 1, "one PaymentIntent at Stripe: {intents:?}");
+    }
+}
+
+async fn one_key_many_concurrent_requests_charge_once(backend: Backend) {
+    one_key_many_concurrent_requests_charge_once_at(backend, Psp::Sim).await;
+}
+
+async fn one_key_many_concurrent_requests_charge_once_at_stripe(backend: Backend) {
+    one_key_many_concurrent_requests_charge_once_at(backend, Psp::Stripe).await;
 }
 
 /// Replays are byte for byte with `Idempotent-Replayed: true`, whatever the original answer was;
@@ -675,6 +684,7 @@ async fn events_view_withholds_the_redirect_url(backend: Backend) {
 
 common::on_both_backends!(
     one_key_many_concurrent_requests_charge_once,
+    one_key_many_concurrent_requests_charge_once_at_stripe,
     replays_are_byte_identical,
     crash_between_charge_and_finalisation_resumes_once,
     provider_outcomes_and_their_postings,

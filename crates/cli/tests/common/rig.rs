@@ -117,6 +117,24 @@ impl Rig {
             .collect()
     }
 
+    /// The Stripe dialect's PaymentIntents, newest first (up to 100): unconfirmed ones included,
+    /// which hold no charge.
+    pub async fn payment_intents(&self) -> Vec<Value> {
+        let listen = self
+            .stripe_listen
+            .as_deref()
+            .expect("PaymentIntents exist in the Stripe dialect only");
+        let client = self.client();
+        let request = client
+            .http
+            .get(format!("http://{listen}/v1/payment_intents?limit=100"))
+            .bearer_auth(stripe::API_KEY);
+        client.send(request).await.json()["data"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
     /// The simulator's charge for our payment.
     pub async fn charge_of(&self, payment_id: &str) -> Value {
         self.charges()
