@@ -12,7 +12,7 @@ use anyhow::Context as _;
 use asiento_app::clock::SystemClock;
 use asiento_app::exceptions::{self, Scope, EXCEPTIONS_PAGE_MAX};
 use asiento_app::payments::{PaymentFlow, IDEMPOTENCY_LEASE_MS_DEFAULT};
-use asiento_app::reconcile::{Reconciler, ReconcilerConfig};
+use asiento_app::reconcile::{Reconciler, ReconcilerConfig, SWEEP_LEASE_MS_MIN};
 use asiento_domain::exception::ExceptionStatus;
 use asiento_psp::ClientConfig;
 
@@ -150,6 +150,9 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
         args.operations.apply(ReconcilerConfig {
             pending_timeout_ms: millis(args.pending_timeout),
             report_settle_ms: args.settle.ms(),
+            // Killed mid-sweep (by an operator's Ctrl-C, a job timeout), it must not keep every
+            // other sweeper out for the default ten minutes.
+            sweep_lease_ms: SWEEP_LEASE_MS_MIN,
             ..ReconcilerConfig::default()
         }),
     );

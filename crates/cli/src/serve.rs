@@ -12,7 +12,7 @@ use asiento_app::clock::SystemClock;
 use asiento_app::invariants::Sealer;
 use asiento_app::ledger::LedgerFlow;
 use asiento_app::payments::PaymentFlow;
-use asiento_app::reconcile::{Reconciler, ReconcilerConfig};
+use asiento_app::reconcile::{Reconciler, ReconcilerConfig, SWEEP_LEASE_MS_MIN};
 use asiento_app::webhooks::{WebhookReceiver, WebhookSecrets, Worker, WorkerConfig};
 use asiento_domain::ProviderName;
 use asiento_eventstore::{Database, EventStore};
@@ -520,9 +520,6 @@ struct IdempotencyPurger {
     clock: Arc<dyn asiento_app::clock::Clock>,
     keep_ms: i64,
 }
-
-/// The shortest reconciler sweep lease, whatever the interval.
-const SWEEP_LEASE_MS_MIN: i64 = 30_000;
 
 /// How often old idempotency records are purged.
 const IDEMPOTENCY_PURGE_INTERVAL_MS: u64 = 60_000;

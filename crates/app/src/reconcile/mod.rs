@@ -92,6 +92,11 @@ pub const REPORT_SETTLE_MS_DEFAULT: i64 = 60_000;
 /// How long a sweep holds the job lease: above the longest sweep we expect, so a live sweep is not
 /// overtaken; a crashed one delays the next by at most this.
 pub const SWEEP_LEASE_MS_DEFAULT: i64 = 10 * 60_000;
+/// The shortest sweep lease a process takes: a sweep killed mid-run holds the lease until it runs
+/// out, so a one-shot sweep (`asiento reconcile`) and a frequent one (`serve`'s) take a short lease
+/// rather than the default. A sweep that outlasts it may overlap the next one, which is safe:
+/// payments are leased and versioned.
+pub const SWEEP_LEASE_MS_MIN: i64 = 30_000;
 /// API.md: an abandoned redirect expires after this (and is cancelled at the provider).
 pub const REQUIRES_ACTION_TIMEOUT_MS_DEFAULT: i64 = 24 * 3_600_000;
 
