@@ -88,32 +88,31 @@ impl Rig {
         answer.json()
     }
 
-    /// The simulator's charges (its truth).
-    pub async fn charges(&self) -> Vec<Value> {
+    /// A truth list of the simulator (`/charges`, `/operations`), bare or in a `data` envelope.
+    async fn truth(&self, path: &str) -> Vec<Value> {
         let client = self.client();
-        let path = format!("{}/charges", self.sim_base);
-        let answer = client.send(client.http.get(&path)).await.json();
+        let url = format!("{}{path}", self.sim_base);
+        let answer = client.send(client.http.get(&url)).await.json();
         answer
             .as_array()
             .or(answer["data"].as_array())
-            .unwrap_or_else(|| panic!("unexpected {path} body {answer}"))
+            .unwrap_or_else(|| panic!("unexpected {url} body {answer}"))
             .clone()
+    }
+
+    /// The simulator's charges.
+    pub async fn charges(&self) -> Vec<Value> {
+        self.truth("/charges").await
     }
 
     /// The simulator's operations (captures, refunds, cancels) on the charge of payment `id`,
     /// of `kind`.
     pub async fn operations_of(&self, payment_id: &str, kind: &str) -> Vec<Value> {
         let charge = self.charge_of(payment_id).await;
-        let client = self.client();
-        let path = format!("{}/operations", self.sim_base);
-        let answer = client.send(client.http.get(&path)).await.json();
-        answer
-            .as_array()
-            .or(answer["data"].as_array())
-            .unwrap_or_else(|| panic!("unexpected {path} body {answer}"))
-            .iter()
+        self.truth("/operations")
+            .await
+            .into_iter()
             .filter(|op| op["charge"] == charge["id"] && op["kind"] == kind)
-            .cloned()
             .collect()
     }
 
