@@ -16,7 +16,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::stripe::{
-    sim_charges, sim_control, sim_faults, sim_truth, start_rig, stripe_payment, API_KEY,
+    payment_intents, sim_charges, sim_control, sim_faults, sim_truth, start_rig, stripe_payment,
 };
 use common::{payment, verify, wait_for, Backend, Client, TestDatabase};
 use serde_json::{json, Value};
@@ -148,19 +148,8 @@ async fn payments_through_stripe(backend: Backend) {
     .await;
 
     // One PaymentIntent per payment at Stripe, each with our payment id in its metadata.
-    let intents: Value = client
-        .http
-        .get(format!("http://{sim_listen}/v1/payment_intents?limit=100"))
-        .bearer_auth(API_KEY)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let mut ours: Vec<&str> = intents["data"]
-        .as_array()
-        .unwrap()
+    let intents = payment_intents(&client, &sim_listen).await;
+    let mut ours: Vec<&str> = intents
         .iter()
         .map(|intent| intent["metadata"]["asiento_payment_id"].as_str().unwrap())
         .collect();

@@ -372,14 +372,22 @@ impl Client {
     }
 }
 
-/// A list the simulator answers at `path` (`/sim/charges`, `/sim/operations`), bare or in a
-/// `data` envelope.
+/// A list the simulator answers at `path` of the server (`/sim/charges`, `/sim/operations`).
 pub async fn sim_list(client: &Client, path: &str) -> Vec<Value> {
-    let answer = client.get(path).await.json();
+    list_at(client, &format!("{}{path}", client.base)).await
+}
+
+/// A list answered at `url`, bare or in a `data` envelope (the simulator's truth routes, a
+/// Stripe listing).
+pub async fn list_at(client: &Client, url: &str) -> Vec<Value> {
+    let answer = client
+        .send(client.http.get(url).bearer_auth(&client.key))
+        .await
+        .json();
     answer
         .as_array()
         .or(answer["data"].as_array())
-        .unwrap_or_else(|| panic!("unexpected {path} body {answer}"))
+        .unwrap_or_else(|| panic!("unexpected {url} body {answer}"))
         .clone()
 }
 

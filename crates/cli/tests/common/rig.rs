@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::{
-    asiento, asiento_with_env, payment_body, stripe, Client, Process, Server, TestDatabase,
+    asiento, asiento_with_env, list_at, payment_body, stripe, Client, Process, Server, TestDatabase,
 };
 
 /// The provider a test runs against.
@@ -88,16 +88,9 @@ impl Rig {
         answer.json()
     }
 
-    /// A truth list of the simulator (`/charges`, `/operations`), bare or in a `data` envelope.
+    /// A truth list of the simulator (`/charges`, `/operations`).
     async fn truth(&self, path: &str) -> Vec<Value> {
-        let client = self.client();
-        let url = format!("{}{path}", self.sim_base);
-        let answer = client.send(client.http.get(&url)).await.json();
-        answer
-            .as_array()
-            .or(answer["data"].as_array())
-            .unwrap_or_else(|| panic!("unexpected {url} body {answer}"))
-            .clone()
+        list_at(&self.client(), &format!("{}{path}", self.sim_base)).await
     }
 
     /// The simulator's charges.
@@ -116,22 +109,13 @@ impl Rig {
             .collect()
     }
 
-    /// The Stripe dialect's PaymentIntents, newest first (up to 100): unconfirmed ones included,
-    /// which hold no charge.
+    /// The Stripe dialect's PaymentIntents (see [`stripe::payment_intents`]).
     pub async fn payment_intents(&self) -> Vec<Value> {
         let listen = self
             .stripe_listen
             .as_deref()
             .expect("PaymentIntents exist in the Stripe dialect only");
-        let client = self.client();
-        let request = client
-            .http
-            .get(format!("http://{listen}/v1/payment_intents?limit=100"))
-            .bearer_auth(stripe::API_KEY);
-        client.send(request).await.json()["data"]
-            .as_array()
-            .unwrap()
-            .clone()
+        stripe::payment_intents(&self.client(), listen).await
     }
 
     /// The simulator's charge for our payment.

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::{payment_body, Client, Process, Server, TestDatabase};
+use super::{list_at, payment_body, Client, Process, Server, TestDatabase};
 
 pub const WEBHOOK_SECRET: &str = "whsec_stripe_test_0123456789";
 pub const API_KEY: &str = "sk_test_asiento_stripe";
@@ -98,19 +98,19 @@ pub async fn sim_faults(client: &Client, sim_listen: &str, faults: Value) {
 
 /// A truth list of the simulator (`/sim/charges`, `/sim/operations`).
 pub async fn sim_truth(client: &Client, sim_listen: &str, path: &str) -> Vec<Value> {
-    let answer: Value = client
+    list_at(client, &format!("http://{sim_listen}{path}")).await
+}
+
+/// The dialect's PaymentIntents, newest first (up to 100): unconfirmed ones included, which hold
+/// no charge.
+pub async fn payment_intents(client: &Client, sim_listen: &str) -> Vec<Value> {
+    let request = client
         .http
-        .get(format!("http://{sim_listen}{path}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    answer
+        .get(format!("http://{sim_listen}/v1/payment_intents?limit=100"))
+        .bearer_auth(API_KEY);
+    client.send(request).await.json()["data"]
         .as_array()
-        .or(answer["data"].as_array())
-        .unwrap_or_else(|| panic!("unexpected {path} body {answer}"))
+        .unwrap()
         .clone()
 }
 
