@@ -21,6 +21,7 @@ pub mod log;
 mod log_cursor;
 pub mod payment_memory;
 pub mod payments;
+pub mod payouts;
 pub mod providers;
 pub mod reconcile;
 pub mod replay;

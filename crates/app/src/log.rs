@@ -9,8 +9,11 @@ use std::sync::Arc;
 
 use asiento_domain::{
     guard::{self, guarded_keys, GuardAppend},
-    payment_stream, transfer_stream, DebitGuard, DecodeError, EncodeError, GuardEvent, GuardKey,
-    JournalEntry, Payment, PaymentEvent, PaymentId, Transfer, TransferEvent, TransferId,
+    payment_stream,
+    payout::Payout,
+    payout_stream, transfer_stream, DebitGuard, DecodeError, EncodeError, GuardEvent, GuardKey,
+    JournalEntry, Payment, PaymentEvent, PaymentId, PayoutEvent, PayoutId, ProviderName, Transfer,
+    TransferEvent, TransferId,
 };
 use asiento_eventstore::{
     AppendError, EventStore, ExpectedVersion, Metadata, NewEvent, RecordedEvent, StoreError,
@@ -143,6 +146,25 @@ pub async fn load_transfer(
     })
 }
 
+pub async fn load_payout(
+    store: &dyn EventStore,
+    provider: &ProviderName,
+    id: &PayoutId,
+) -> Result<Loaded<Payout, PayoutEvent>, LogError> {
+    let recorded = read_whole_stream(store, &payout_stream(provider, id)).await?;
+    let mut payout = Payout::default();
+    let mut events = Vec::with_capacity(recorded.len());
+    for raw in recorded {
+        let event = PayoutEvent::decode_raw(&raw.event_type, raw.schema, raw.data.raw())?;
+        payout = asiento_domain::payout::evolve(payout, &event);
+        events.push((raw, event));
+    }
+    Ok(Loaded {
+        aggregate: payout,
+        events,
+    })
+}
+
 /// The state of one guard from its stream's last event (each carries the balance after it).
 pub async fn load_guard(store: &dyn EventStore, key: &GuardKey) -> Result<DebitGuard, LogError> {
     match store.last_event(&key.stream()).await? {
@@ -232,6 +254,12 @@ pub fn payment_codec(
 
 pub fn transfer_codec(
     event: &TransferEvent,
+) -> Result<(&'static str, i32, serde_json::Value), EncodeError> {
+    Ok((event.event_type(), event.schema_version(), event.encode()?))
+}
+
+pub fn payout_codec(
+    event: &PayoutEvent,
 ) -> Result<(&'static str, i32, serde_json::Value), EncodeError> {
     Ok((event.event_type(), event.schema_version(), event.encode()?))
 }

@@ -478,3 +478,112 @@ async fn sealer_lease_is_taken_over_sqlite() {
 async fn sealer_lease_is_taken_over_postgres() {
     sealer_lease_is_taken_over(Backend::Postgres).await;
 }
+
+/// Appends a payout's stream as `asiento_app::payouts` would (decided by the domain).
+async fn paid_payout(database: &Database, id: &str, lines: &[(PaymentId, i64, i64)]) {
+    use asiento_domain::payout::{self, Payout, PayoutFact, PayoutId, PayoutLine};
+    let provider = ProviderName::parse("sim").unwrap();
+    let id = PayoutId::parse(id).unwrap();
+    let total: i64 = lines.iter().map(|(_, net, _)| net).sum();
+    let fact = PayoutFact::Paid {
+        currency: Currency::parse("USD").unwrap(),
+        amount: Amount::new(total),
+        lines: lines
+            .iter()
+            .map(|(payment, net, provider_net)| PayoutLine {
+                payment: *payment,
+                tenant: TenantId::parse("acme").unwrap(),
+                net_minor: Amount::new(*net),
+                provider_net_minor: Amount::new(*provider_net),
+                transactions: vec![format!("txn_{payment}")],
+            })
+            .collect(),
+        unattributed: Amount::ZERO,
+        created: chrono::Utc::now(),
+    };
+    let events =
+        payout::decide(&Payout::default(), &provider, &id, fact, chrono::Utc::now()).unwrap();
+    let append = StreamAppend {
+        stream_id: asiento_domain::payout_stream(&provider, &id),
+        expected: asiento_eventstore::ExpectedVersion::NoStream,
+        events: asiento_app::log::encode(
+            &events,
+            &Metadata::default(),
+            asiento_app::log::payout_codec,
+        )
+        .unwrap(),
+    };
+    database.event_store().append(&[append]).await.unwrap();
+}
+
+/// A payout that covers a payment in full leaves nothing of it in clearing; one whose entries
+/// are not its lines is named.
+async fn payouts_are_checked(backend: Backend) {
+    let db = start(backend).await;
+    let paid = captured_payment(&db.database, 11, 10_000).await;
+    let short = captured_payment(&db.database, 12, 5_000).await;
+    let partly = captured_payment(&db.database, 13, 7_000).await;
+    // `paid` in full; `partly` half now (the provider holds 7000 for it), the rest later.
+    paid_payout(
+        &db.database,
+        "po_1",
+        &[(paid, 10_000, 10_000), (partly, 3_500, 7_000)],
+    )
+    .await;
+    paid_payout(&db.database, "po_2", &[(partly, 3_500, 7_000)]).await;
+    let appended = db.count("select count(*) from events").await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut report = db.check(0).await;
+    while report.events_checked < appended {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the log never served all events"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        report = db.check(0).await;
+    }
+    assert!(report.is_ok(), "{:?}", report.violations);
+
+    // The provider says it paid out all it held for `short` (4900, its fee kept), but the ledger
+    // never posted that fee: 100 stays in clearing.
+    paid_payout(&db.database, "po_3", &[(short, 4_900, 4_900)]).await;
+    let report = db.check(0).await;
+    assert_eq!(
+        subjects(&report, Check::PayoutClearing),
+        vec![short.to_string()]
+    );
+    assert_eq!(
+        report.count(Check::PayoutShare),
+        0,
+        "{:?}",
+        report.violations
+    );
+
+    // A payout's entry edited to move another amount (still zero-sum): its share is named.
+    db.unprotect().await;
+    let stream = "payout-sim:po_1";
+    let legs = match backend {
+        Backend::Postgres => "jsonb_set(jsonb_set(data, '{entry,legs,0,amount_minor}', '13000'), '{entry,legs,1,amount_minor}', '-13000')",
+        Backend::Sqlite => "json_set(data, '$.entry.legs[0].amount_minor', 13000, '$.entry.legs[1].amount_minor', -13000)",
+    };
+    db.exec(&format!(
+        "update events set data = {legs} where stream_id = '{stream}' and event_type = 'EntryPosted'"
+    ))
+    .await;
+    let report = db.check(0).await;
+    assert_eq!(
+        subjects(&report, Check::PayoutShare),
+        vec![stream.to_owned()]
+    );
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn payouts_are_checked_sqlite() {
+    payouts_are_checked(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn payouts_are_checked_postgres() {
+    payouts_are_checked(Backend::Postgres).await;
+}

@@ -173,6 +173,12 @@ impl AccountName {
         AccountName(format!("expense:provider_fees:{provider}"))
     }
 
+    /// `bank:{provider}:payouts`: what the provider paid out into our bank account.
+    #[must_use]
+    pub fn provider_payouts(provider: &ProviderName) -> Self {
+        AccountName(format!("bank:{provider}:payouts"))
+    }
+
     /// `revenue:fees`: the platform's fees.
     #[must_use]
     pub fn revenue_fees() -> Self {

@@ -15,6 +15,7 @@ use crate::entry::JournalEntry;
 use crate::exception::ExceptionEvent;
 use crate::guard::GuardEvent;
 use crate::payment::PaymentEvent;
+use crate::payout::PayoutEvent;
 use crate::stream::StreamKind;
 use crate::transfer::TransferEvent;
 
@@ -232,6 +233,7 @@ pub enum Event {
     Transfer(TransferEvent),
     Guard(GuardEvent),
     Exception(ExceptionEvent),
+    Payout(PayoutEvent),
 }
 
 impl Event {
@@ -253,6 +255,9 @@ impl Event {
             }
             Some(StreamKind::Exception(_)) => {
                 ExceptionEvent::decode(event_type, schema, data).map(Event::Exception)
+            }
+            Some(StreamKind::Payout { .. }) => {
+                PayoutEvent::decode(event_type, schema, data).map(Event::Payout)
             }
             None => Err(DecodeError::UnknownStream(stream_id.to_owned())),
         }
@@ -278,6 +283,9 @@ impl Event {
             Some(StreamKind::Exception(_)) => {
                 ExceptionEvent::decode_raw(event_type, schema, raw).map(Event::Exception)
             }
+            Some(StreamKind::Payout { .. }) => {
+                PayoutEvent::decode_raw(event_type, schema, raw).map(Event::Payout)
+            }
             None => Err(DecodeError::UnknownStream(stream_id.to_owned())),
         }
     }
@@ -289,6 +297,7 @@ impl Event {
             Event::Transfer(e) => e.event_type(),
             Event::Guard(e) => e.event_type(),
             Event::Exception(e) => e.event_type(),
+            Event::Payout(e) => e.event_type(),
         }
     }
 
@@ -299,6 +308,7 @@ impl Event {
             Event::Transfer(e) => e.schema_version(),
             Event::Guard(e) => e.schema_version(),
             Event::Exception(e) => e.schema_version(),
+            Event::Payout(e) => e.schema_version(),
         }
     }
 
@@ -308,6 +318,7 @@ impl Event {
             Event::Transfer(e) => e.encode(),
             Event::Guard(e) => e.encode(),
             Event::Exception(e) => e.encode(),
+            Event::Payout(e) => e.encode(),
         }
     }
 
@@ -316,7 +327,8 @@ impl Event {
     pub fn entry(&self) -> Option<&JournalEntry> {
         match self {
             Event::Payment(PaymentEvent::EntryPosted(e))
-            | Event::Transfer(TransferEvent::EntryPosted(e)) => Some(&e.entry),
+            | Event::Transfer(TransferEvent::EntryPosted(e))
+            | Event::Payout(PayoutEvent::EntryPosted(e)) => Some(&e.entry),
             _ => None,
         }
     }

@@ -144,10 +144,13 @@ pub enum ExceptionKind {
     /// The provider reports another fee for a balance transaction than the one we posted
     /// (manual).
     ProviderFeeMismatch,
+    /// A payout paid out money of no payment of ours (a balance transaction naming no charge,
+    /// or a charge naming no payment of this provider): that part is posted nowhere (manual).
+    PayoutUnattributed,
 }
 
 impl ExceptionKind {
-    pub const ALL: [ExceptionKind; 15] = [
+    pub const ALL: [ExceptionKind; 16] = [
         ExceptionKind::CapturedAtProvider,
         ExceptionKind::AuthorizedAtProvider,
         ExceptionKind::RefundedOutOfBand,
@@ -163,6 +166,7 @@ impl ExceptionKind {
         ExceptionKind::RefundReversedAtProvider,
         ExceptionKind::ProviderFeeUnposted,
         ExceptionKind::ProviderFeeMismatch,
+        ExceptionKind::PayoutUnattributed,
     ];
 
     #[must_use]
@@ -183,6 +187,7 @@ impl ExceptionKind {
             ExceptionKind::RefundReversedAtProvider => "refund_reversed_at_provider",
             ExceptionKind::ProviderFeeUnposted => "provider_fee_unposted",
             ExceptionKind::ProviderFeeMismatch => "provider_fee_mismatch",
+            ExceptionKind::PayoutUnattributed => "payout_unattributed",
         }
     }
 

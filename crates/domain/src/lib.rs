@@ -15,6 +15,7 @@
 //! - [`payment`]: `decide`/`evolve`, the transition table (`docs/payment-states.md`)
 //!   and the posting rules (`docs/ledger.md`).
 //! - [`transfer`], [`guard`]: transfers and the per-account debit guard.
+//! - [`payout`]: a provider's payouts, moved from clearing to the bank.
 //! - [`exception`]: reconciliation exceptions (findings against a provider's truth).
 //! - [`event`]: type names, schema versions, encode/decode, upcasting.
 
@@ -28,6 +29,7 @@ pub mod hold;
 pub mod ids;
 pub mod money;
 pub mod payment;
+pub mod payout;
 pub mod policy;
 pub mod stream;
 pub mod transfer;
@@ -52,6 +54,9 @@ pub use payment::{
     OperationKind, OperationOutcome, OperationState, Payment, PaymentCommand, PaymentEvent,
     PaymentRecord, PaymentRejection, PaymentStatus, ProviderFact,
 };
+pub use payout::{PayoutEvent, PayoutFact, PayoutId, PayoutLine, PayoutRejection};
 pub use policy::{AccountPolicy, NormalBalance, Overdraft};
-pub use stream::{exception_stream, guard_stream, payment_stream, transfer_stream, StreamKind};
+pub use stream::{
+    exception_stream, guard_stream, payment_stream, payout_stream, transfer_stream, StreamKind,
+};
 pub use transfer::{RequestTransfer, Transfer, TransferEvent, TransferRejection, TransferStatus};

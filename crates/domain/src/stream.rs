@@ -5,17 +5,20 @@
 //! - `transfer-{tr_…}`: a transfer and its entry;
 //! - `account-{tenant}:{account}:{currency}`: the debit guard of an account
 //!   that must not go negative;
-//! - `exception-{exc_…}`: a reconciliation exception.
+//! - `exception-{exc_…}`: a reconciliation exception;
+//! - `payout-{provider}:{po_…}`: a provider's payout and the entries that move it to the bank.
 
 use crate::account::AccountName;
 use crate::exception::ExceptionId;
-use crate::ids::{PaymentId, TenantId, TransferId};
+use crate::ids::{PaymentId, ProviderName, TenantId, TransferId};
 use crate::money::Currency;
+use crate::payout::PayoutId;
 
 pub const PAYMENT_PREFIX: &str = "payment-";
 pub const TRANSFER_PREFIX: &str = "transfer-";
 pub const GUARD_PREFIX: &str = "account-";
 pub const EXCEPTION_PREFIX: &str = "exception-";
+pub const PAYOUT_PREFIX: &str = "payout-";
 
 #[must_use]
 pub fn payment_stream(id: PaymentId) -> String {
@@ -30,6 +33,11 @@ pub fn transfer_stream(id: TransferId) -> String {
 #[must_use]
 pub fn exception_stream(id: ExceptionId) -> String {
     format!("{EXCEPTION_PREFIX}{id}")
+}
+
+#[must_use]
+pub fn payout_stream(provider: &ProviderName, payout: &PayoutId) -> String {
+    format!("{PAYOUT_PREFIX}{provider}:{payout}")
 }
 
 #[must_use]
@@ -48,6 +56,10 @@ pub enum StreamKind {
         currency: Currency,
     },
     Exception(ExceptionId),
+    Payout {
+        provider: ProviderName,
+        payout: PayoutId,
+    },
 }
 
 impl StreamKind {
@@ -61,6 +73,14 @@ impl StreamKind {
         }
         if let Some(id) = stream_id.strip_prefix(EXCEPTION_PREFIX) {
             return ExceptionId::parse(id).ok().map(StreamKind::Exception);
+        }
+        if let Some(rest) = stream_id.strip_prefix(PAYOUT_PREFIX) {
+            // A provider name has no ':' and a payout id none either.
+            let (provider, payout) = rest.split_once(':')?;
+            return Some(StreamKind::Payout {
+                provider: ProviderName::parse(provider).ok()?,
+                payout: PayoutId::parse(payout).ok()?,
+            });
         }
         let rest = stream_id.strip_prefix(GUARD_PREFIX)?;
         // Segments cannot contain ':', so the tenant ends at the first one
@@ -118,6 +138,17 @@ mod tests {
             StreamKind::parse(&exception_stream(exc)),
             Some(StreamKind::Exception(exc))
         );
+        let stripe = ProviderName::parse("stripe").unwrap();
+        let po = PayoutId::parse("po_1OaBc").unwrap();
+        assert_eq!(payout_stream(&stripe, &po), "payout-stripe:po_1OaBc");
+        assert_eq!(
+            StreamKind::parse(&payout_stream(&stripe, &po)),
+            Some(StreamKind::Payout {
+                provider: stripe,
+                payout: po
+            })
+        );
+        assert_eq!(StreamKind::parse("payout-stripe:po:1"), None);
         assert_eq!(StreamKind::parse("webhook-1"), None);
         assert_eq!(StreamKind::parse("account-acme:USD"), None);
     }

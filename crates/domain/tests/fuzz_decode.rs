@@ -82,6 +82,7 @@ fn event_type() -> impl Strategy<Value = String> {
         .chain(TransferEvent::TYPES)
         .chain(GuardEvent::TYPES)
         .chain(ExceptionEvent::TYPES)
+        .chain(PayoutEvent::TYPES)
         .map(|(name, _)| (*name).to_owned())
         .collect();
     prop_oneof![3 => proptest::sample::select(known), 1 => odd_text()]
@@ -105,7 +106,11 @@ fn stream_id() -> impl Strategy<Value = String> {
             &AccountName::parse("customer:42:available").unwrap(),
             Currency::parse("USD").unwrap(),
         )),
-        "(payment|transfer|account|exception)-\\PC{0,40}",
+        Just(payout_stream(
+            &ProviderName::parse("stripe").unwrap(),
+            &PayoutId::parse("po_1").unwrap(),
+        )),
+        "(payment|transfer|account|exception|payout)-\\PC{0,40}",
         odd_text(),
     ]
 }
@@ -479,6 +484,7 @@ proptest! {
         family!(TransferEvent);
         family!(GuardEvent);
         family!(ExceptionEvent);
+        family!(PayoutEvent);
         let decoded = Event::decode(&stream_id, &event_type, schema, &data);
         prop_assert_eq!(
             Event::decode_raw(&stream_id, &event_type, schema, &raw).ok(),

@@ -398,6 +398,81 @@ fn exception_fixtures() -> Vec<(ExceptionEvent, Value)> {
     ]
 }
 
+fn payout_fixtures() -> Vec<(PayoutEvent, Value)> {
+    use asiento_domain::payout::{PayoutFailed, PayoutPaid};
+    let stripe = ProviderName::parse("stripe").unwrap();
+    let payout_id = PayoutId::parse("po_1").unwrap();
+    let entry = JournalEntry::new(
+        EntryId::derived("payout:stripe:po_1:acme"),
+        tenant(),
+        vec![
+            Leg::new(
+                AccountName::parse("psp:stripe:clearing").unwrap(),
+                Currency::parse("USD").unwrap(),
+                Amount::new(9_710),
+            ),
+            Leg::new(
+                AccountName::parse("bank:stripe:payouts").unwrap(),
+                Currency::parse("USD").unwrap(),
+                Amount::new(-9_710),
+            ),
+        ],
+        None,
+    )
+    .unwrap();
+    vec![
+        (
+            PayoutEvent::PayoutPaid(PayoutPaid {
+                provider: stripe.clone(),
+                payout_id: payout_id.clone(),
+                currency: Currency::parse("USD").unwrap(),
+                amount_minor: Amount::new(9_710),
+                lines: vec![PayoutLine {
+                    payment: pid(),
+                    tenant: tenant(),
+                    net_minor: Amount::new(9_710),
+                    provider_net_minor: Amount::new(9_710),
+                    transactions: vec!["txn_1".into()],
+                }],
+                unattributed_minor: Amount::ZERO,
+                created: at(10),
+                at: at(10),
+            }),
+            json!({
+                "provider": "stripe", "payout_id": "po_1", "currency": "USD",
+                "amount_minor": 9710,
+                "lines": [{"payment": PAY, "tenant": "acme", "net_minor": 9710,
+                           "provider_net_minor": 9710, "transactions": ["txn_1"]}],
+                "unattributed_minor": 0, "created": AT, "at": AT
+            }),
+        ),
+        (
+            PayoutEvent::PayoutFailed(PayoutFailed {
+                provider: stripe,
+                payout_id,
+                failure_code: Some("account_closed".into()),
+                at: at(10),
+            }),
+            json!({"provider": "stripe", "payout_id": "po_1", "failure_code": "account_closed", "at": AT}),
+        ),
+        (
+            PayoutEvent::EntryPosted(EntryPosted { entry, at: at(10) }),
+            json!({
+                "entry": {
+                    "id": EntryId::derived("payout:stripe:po_1:acme").to_string(),
+                    "tenant": "acme",
+                    "legs": [
+                        {"account": "psp:stripe:clearing", "currency": "USD", "amount_minor": 9710},
+                        {"account": "bank:stripe:payouts", "currency": "USD", "amount_minor": -9710}
+                    ],
+                    "reverses": null
+                },
+                "at": AT
+            }),
+        ),
+    ]
+}
+
 /// Checks the fixtures of one family: exact JSON, round trip, and that every
 /// type of the family has exactly one fixture.
 macro_rules! check_family {
@@ -444,6 +519,11 @@ fn guard_events_match_their_golden_json() {
 #[test]
 fn exception_events_match_their_golden_json() {
     check_family!(ExceptionEvent, exception_fixtures());
+}
+
+#[test]
+fn payout_events_match_their_golden_json() {
+    check_family!(PayoutEvent, payout_fixtures());
 }
 
 /// Type names and schema versions are part of the stored contract too.
@@ -493,6 +573,10 @@ fn type_names_and_schemas_are_stable() {
     assert_eq!(
         ExceptionEvent::TYPES,
         &[("ExceptionRecorded", 1), ("ExceptionResolved", 1)]
+    );
+    assert_eq!(
+        PayoutEvent::TYPES,
+        &[("PayoutPaid", 1), ("PayoutFailed", 1), ("EntryPosted", 1)]
     );
 }
 
@@ -574,6 +658,14 @@ fn any_event_decodes_by_its_stream() {
         exception,
         Ok(Event::Exception(ExceptionEvent::ExceptionResolved(_)))
     ));
+    let payout = Event::decode(
+        "payout-stripe:po_1",
+        "EntryPosted",
+        1,
+        &payout_fixtures()[2].1,
+    )
+    .unwrap();
+    assert_eq!(payout.entry().unwrap().legs().len(), 2);
     assert!(matches!(
         Event::decode("webhook-1", "X", 1, &json!({})),
         Err(DecodeError::UnknownStream(_))

@@ -21,6 +21,7 @@
 
 pub mod client;
 pub mod event;
+pub mod payout;
 pub mod provider;
 pub mod signature;
 pub mod sim;
@@ -29,6 +30,7 @@ pub mod transport;
 
 pub use client::{ClientConfig, ClientInitError, HttpProvider, RetrySleeper, TokioSleeper};
 pub use event::{Envelope, EventData, EventFormat, EventType, WebhookEvent};
+pub use payout::{Payout, PayoutStatus, PayoutTransaction};
 pub use provider::{
     Capabilities, Charge, ChargeOutcome, ChargeStatus, CreateCharge, Dispute, DisputeStatus,
     NextAction, Operation, OperationAnswer, OperationKind, OperationStatus, Provider,

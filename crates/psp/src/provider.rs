@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::event::WebhookEvent;
+use crate::payout::Payout;
 
 /// Where a charge stands at the provider.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -431,5 +432,30 @@ pub trait Provider: Send + Sync {
     /// ignored; `Err(Protocol)`: a body that is no event; any other error: asked again later.
     async fn read_event(&self, body: &[u8]) -> Result<Option<WebhookEvent>, ProviderError> {
         crate::event::read(body).map(Some)
+    }
+
+    /// The payout a verified webhook body announces (`payout.paid`, `payout.failed`…), by the
+    /// provider's id; `None` for any other body. The event is a hint: the payout is read with
+    /// [`Provider::get_payout`]. The simulator's protocol has no payouts (the default).
+    fn payout_of_event(&self, _body: &[u8]) -> Option<String> {
+        None
+    }
+
+    /// The payout with the provider's id, with what it covered when it is paid; `None` when the
+    /// provider has none.
+    async fn get_payout(&self, id: &str) -> Result<Option<Payout>, ProviderError> {
+        Err(ProviderError::Unsupported {
+            what: format!("read payout {id}"),
+        })
+    }
+
+    /// The ids of the payouts created in `[from, to)`, for the sweep to post those whose events
+    /// were lost. None for a provider without payouts (the default).
+    async fn payouts_created(
+        &self,
+        _from: DateTime<Utc>,
+        _to: DateTime<Utc>,
+    ) -> Result<Vec<String>, ProviderError> {
+        Ok(Vec::new())
     }
 }

@@ -11,7 +11,7 @@ use asiento_psp::sim::Dialect;
 use asiento_psp::stripe::StripeProvider;
 use asiento_psp::{
     ChargeOutcome, ChargeStatus, ClientConfig, CreateCharge, DisputeStatus, OperationStatus,
-    Provider, ProviderError, SimConfig,
+    PayoutStatus, Provider, ProviderError, SimConfig,
 };
 use chrono::{Duration, Utc};
 
@@ -433,12 +433,14 @@ async fn an_event_is_read_as_the_objects_it_names_stand_now() {
         // A type the ledger does not use, and a PaymentIntent asiento did not create, are ignored.
         let unused = event("customer.created", serde_json::json!({"id": "cus_1"}));
         assert_eq!(stripe.read_event(&unused).await.unwrap(), None);
-        // Payouts are not posted yet: their events are acknowledged and ignored.
+        // A payout's event names no charge: it is read as the payout it names.
         let payout = event(
             "payout.paid",
             serde_json::json!({"id": "po_1", "object": "payout", "amount": 100, "status": "paid"}),
         );
         assert_eq!(stripe.read_event(&payout).await.unwrap(), None);
+        assert_eq!(stripe.payout_of_event(&payout).as_deref(), Some("po_1"));
+        assert_eq!(stripe.payout_of_event(&body), None);
         let foreign = reqwest::Client::new()
             .post(format!("{}/v1/payment_intents", sim.base))
             .bearer_auth("sk_test_other")
@@ -527,6 +529,102 @@ async fn a_refund_or_a_dispute_on_an_earlier_payment_intent_is_in_the_window_it_
         );
         let read = stripe.get_charge(&charged[1]).await.unwrap().unwrap();
         assert_eq!(read.provider_fees, disputed.provider_fees);
+        sim.shutdown().await;
+    })
+    .await;
+}
+
+async fn sim_post(sim: &RunningSim, path: &str) -> serde_json::Value {
+    let answer = reqwest::Client::new()
+        .post(format!("{}{path}", sim.base))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert!(answer.status().is_success(), "{path}");
+    answer.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_payout_is_read_with_every_transaction_it_covered_and_the_charges_they_moved() {
+    bounded(async {
+        let sim = stripe_sim(30_000).await;
+        let stripe = adapter(&sim, 2_000);
+        let mut charged = Vec::new();
+        for key in ["p1", "p2"] {
+            let ChargeOutcome::Succeeded(paid) = stripe
+                .create_charge(&charge(key, "pm_card_visa", true))
+                .await
+            else {
+                panic!("a visa test card succeeds");
+            };
+            charged.push(paid.id);
+        }
+        stripe.refund(&charged[1], 300, "p2-refund").await.unwrap();
+        let made = sim_post(&sim, "/sim/payouts").await;
+        let id = made["data"][0]["id"].as_str().unwrap().to_owned();
+
+        let payout = stripe.get_payout(&id).await.unwrap().expect("made");
+        assert_eq!(payout.status, PayoutStatus::Paid);
+        assert_eq!(payout.currency, "USD");
+        // 1000 less 29 each, one of them refunded 300.
+        assert_eq!(payout.amount_minor, 2 * 971 - 300);
+        let mut covered: Vec<(&str, i64, Option<&str>)> = payout
+            .transactions
+            .iter()
+            .map(|txn| (txn.kind.as_str(), txn.net_minor, txn.charge_id.as_deref()))
+            .collect();
+        covered.sort_unstable();
+        assert_eq!(
+            covered,
+            [
+                ("charge", 971, Some(charged[0].as_str())),
+                ("charge", 971, Some(charged[1].as_str())),
+                ("refund", -300, Some(charged[1].as_str())),
+            ]
+        );
+        let mut charges: Vec<(&str, Option<&str>)> = payout
+            .charges
+            .iter()
+            .map(|charge| (charge.id.as_str(), charge.reference.as_deref()))
+            .collect();
+        charges.sort_unstable();
+        assert_eq!(
+            charges,
+            [
+                (charged[0].as_str(), Some("pay_p1")),
+                (charged[1].as_str(), Some("pay_p2"))
+            ]
+        );
+
+        // Failed after it was paid: read as failed, with nothing covered.
+        sim_post(&sim, &format!("/sim/payouts/{id}/fail")).await;
+        let failed = stripe.get_payout(&id).await.unwrap().unwrap();
+        assert_eq!(failed.status, PayoutStatus::Failed);
+        assert_eq!(failed.failure_code.as_deref(), Some("account_closed"));
+        assert!(failed.transactions.is_empty());
+
+        // The next one pays the return out again: read as what the failed one covered.
+        let again = sim_post(&sim, "/sim/payouts").await;
+        let again = stripe
+            .get_payout(again["data"][0]["id"].as_str().unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(again.amount_minor, payout.amount_minor);
+        let mut ids: Vec<&str> = again.transactions.iter().map(|t| t.id.as_str()).collect();
+        let mut first: Vec<&str> = payout.transactions.iter().map(|t| t.id.as_str()).collect();
+        ids.sort_unstable();
+        first.sort_unstable();
+        assert_eq!(ids, first);
+
+        let now = Utc::now();
+        let listed = stripe
+            .payouts_created(now - Duration::minutes(5), now + Duration::minutes(5))
+            .await
+            .unwrap();
+        assert_eq!(listed.len(), 2);
+        assert!(stripe.get_payout("po_missing").await.unwrap().is_none());
         sim.shutdown().await;
     })
     .await;

@@ -3,7 +3,7 @@
 
 use asiento_domain::guard::AccountDeclared;
 use asiento_domain::{
-    Balance, Event, GuardEvent, JournalEntry, PaymentEvent, StreamKind, TransferEvent,
+    Balance, Event, GuardEvent, JournalEntry, PaymentEvent, PayoutEvent, StreamKind, TransferEvent,
 };
 use asiento_eventstore::RecordedEvent;
 use asiento_projector::ProjectionError;
@@ -105,7 +105,8 @@ pub(crate) fn journal_entry(
     })?;
     match decoded {
         Event::Payment(PaymentEvent::EntryPosted(posted))
-        | Event::Transfer(TransferEvent::EntryPosted(posted)) => Ok(Some(posted.entry)),
+        | Event::Transfer(TransferEvent::EntryPosted(posted))
+        | Event::Payout(PayoutEvent::EntryPosted(posted)) => Ok(Some(posted.entry)),
         _ => Err(ProjectionError::Malformed {
             position: event.position,
             reason: "an EntryPosted without a journal entry".to_owned(),

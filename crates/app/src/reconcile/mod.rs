@@ -22,7 +22,9 @@
 //!    through `finalize` and recorded as `auto` exceptions, already resolved, *in the same
 //!    transaction as the fix*; anything else is a `manual` exception and a review flag, and
 //!    changes no balance. The comparison is idempotent (exception ids derive from the finding),
-//!    so the overlap between windows is harmless and a re-run changes nothing.
+//!    so the overlap between windows is harmless and a re-run changes nothing. The payouts the
+//!    provider created in the window are read and posted too (`crate::payouts`), so that a
+//!    payout whose webhooks were lost still reaches the bank account.
 //! 4. **Dead letters.** Webhooks for payments we do not know (`unknown_payment`) become manual
 //!    exceptions.
 //!
@@ -37,7 +39,7 @@
 //!
 //! One file per job: `stale.rs` (stale payments, abandoned redirects), `operations.rs` (captures
 //! and refunds still open), `stuck_keys.rs` (stuck idempotency keys), `report.rs` (settlement
-//! reports), `dead_letters.rs` (dead-lettered webhooks), `findings.rs` (what a difference records:
+//! reports), `payouts.rs` (the report window's payouts), `dead_letters.rs` (dead-lettered webhooks), `findings.rs` (what a difference records:
 //! the exception and the review flag) and `jobs.rs` (the job lease a sweep holds). This file holds
 //! the reconciler itself: its settings, its summary and the sweep that calls each job in turn.
 
@@ -45,6 +47,7 @@ mod dead_letters;
 mod findings;
 mod jobs;
 mod operations;
+mod payouts;
 mod report;
 mod stale;
 mod stuck_keys;
@@ -183,6 +186,8 @@ pub struct SweepSummary {
     pub keys_finished: usize,
     pub keys_left: usize,
     pub report_lines: usize,
+    /// Payouts of the report windows posted by the sweep (their webhooks had not).
+    pub payouts_posted: usize,
     /// New exceptions by kind and resolution.
     pub exceptions: BTreeMap<(ExceptionKind, &'static str), usize>,
     /// Provider calls that gave no answer (the next sweep asks again).
@@ -225,6 +230,7 @@ impl fmt::Display for SweepSummary {
             self.keys_finished, self.keys_left
         )?;
         writeln!(f, "settlement report lines compared: {}", self.report_lines)?;
+        writeln!(f, "payouts posted: {}", self.payouts_posted)?;
         writeln!(f, "new exceptions: {}", self.exceptions_total())?;
         for ((kind, resolution), count) in &self.exceptions {
             writeln!(f, "  {kind} ({resolution}): {count}")?;

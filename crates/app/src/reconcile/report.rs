@@ -332,7 +332,10 @@ impl Reconciler {
                 }
             }
         }
-        if complete {
+        let payouts = self
+            .post_payouts(provider, millis(from_ms), millis(to_ms), summary)
+            .await;
+        if complete && payouts {
             self.set_cursor_mark(&cursor, to_ms).await?;
         }
         Ok(())

@@ -17,6 +17,7 @@ use crate::facts;
 use crate::leases;
 use crate::log::{self, LogError};
 use crate::payments::{Finalized, FlowError, InTransaction, LoadedPayment, PaymentFlow};
+use crate::payouts;
 
 /// Error texts kept on a row or put into a review note are cut to this many characters.
 pub const ERROR_TEXT_CHARS_MAX: usize = 1_000;
@@ -499,6 +500,11 @@ impl Worker {
             // The provider could not say what the event names (an outage): asked again later.
             Err(error) => return self.failed(row, None, &error.to_string()).await,
         };
+        if event.is_none() {
+            if let Some(payout) = self.payout_of(row) {
+                return self.post_payout(row, &payout).await;
+            }
+        }
         let facts = event.as_ref().map(facts_from_event).unwrap_or_default();
         let Some(event) = event.filter(|_| !facts.is_empty()) else {
             tracing::info!("webhook event acknowledged and ignored");
@@ -613,6 +619,53 @@ impl Worker {
                 Ok(Done::Lost)
             }
             Err(error) => self.failed(row, Some(payment), &error.to_string()).await,
+        }
+    }
+
+    /// The payout the row's event announces, by its provider's adapter.
+    fn payout_of(&self, row: &Row) -> Option<String> {
+        let name = ProviderName::parse(&row.provider).ok()?;
+        self.flow
+            .providers
+            .get(&name)?
+            .adapter
+            .payout_of_event(&row.payload)
+    }
+
+    /// A payout's event is a hint: the payout is read as it stands and posted
+    /// (`crate::payouts`), then the row is marked. Posting is idempotent, so a crash between the
+    /// two posts nothing twice.
+    async fn post_payout(&self, row: &Row, payout: &str) -> Result<Done, WorkerError> {
+        let name = ProviderName::parse(&row.provider).ok();
+        let configured = name
+            .as_ref()
+            .and_then(|name| Some((name, self.flow.providers.get(name)?)));
+        let Some((name, configured)) = configured else {
+            return self.failed(row, None, "provider not configured").await;
+        };
+        let posted = match configured.adapter.get_payout(payout).await {
+            Ok(Some(read)) => payouts::post(&self.flow, name, &read)
+                .await
+                .map_err(|error| error.to_string()),
+            Ok(None) => Err(format!(
+                "the event names payout {payout}, which the provider does not have"
+            )),
+            Err(error) => Err(error.to_string()),
+        };
+        match posted {
+            Ok(_) => {
+                let kept = self
+                    .finish_alone(row, Finish::Processed { outcome: "applied" })
+                    .await?;
+                if !kept {
+                    return Ok(Done::Lost);
+                }
+                self.record_lag(row);
+                metrics::counter!("asiento_webhook_events_processed_total", "outcome" => "applied")
+                    .increment(1);
+                Ok(Done::Applied)
+            }
+            Err(error) => self.failed(row, None, &error).await,
         }
     }
 

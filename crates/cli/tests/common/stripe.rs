@@ -76,8 +76,9 @@ pub fn stripe_payment(amount_minor: i64, method: &str) -> Value {
     body
 }
 
-/// A control route of the simulator (`/sim/faults`, `/sim/charges/{id}/dispute`, …).
-pub async fn sim_control(client: &Client, sim_listen: &str, path: &str, body: Value) {
+/// A control route of the simulator (`/sim/faults`, `/sim/charges/{id}/dispute`, …), and what
+/// it answered.
+pub async fn sim_control(client: &Client, sim_listen: &str, path: &str, body: Value) -> Value {
     let answer = client
         .http
         .post(format!("http://{sim_listen}{path}"))
@@ -85,11 +86,10 @@ pub async fn sim_control(client: &Client, sim_listen: &str, path: &str, body: Va
         .send()
         .await
         .unwrap();
-    assert!(
-        answer.status().is_success(),
-        "{}",
-        answer.text().await.unwrap()
-    );
+    let status = answer.status();
+    let text = answer.text().await.unwrap();
+    assert!(status.is_success(), "{text}");
+    serde_json::from_str(&text).unwrap_or(Value::Null)
 }
 
 pub async fn sim_faults(client: &Client, sim_listen: &str, faults: Value) {

@@ -31,6 +31,7 @@ use super::reading::{
 };
 use super::wire::{self, ErrorBody, ErrorType, Event, List, PaymentIntent, Refund, API_VERSION};
 use crate::event::{EventData, EventType, WebhookEvent};
+use crate::payout::Payout;
 use crate::provider::{
     Capabilities, Charge, ChargeOutcome, CreateCharge, Operation, OperationAnswer, Provider,
     ProviderError, ProviderRequest, ReportLine,
@@ -60,7 +61,7 @@ pub const REPORT_OBJECTS_MAX: usize = 10_000;
 /// A [`Provider`] speaking Stripe's API.
 #[derive(Debug)]
 pub struct StripeProvider {
-    transport: Transport,
+    pub(super) transport: Transport,
 }
 
 /// Why a Stripe adapter could not be built.
@@ -166,7 +167,7 @@ impl StripeProvider {
     }
 
     /// The charge a PaymentIntent stands for now, with its charge's dispute when it has one.
-    async fn charge_now(&self, intent: &PaymentIntent) -> Result<Charge, ProviderError> {
+    pub(super) async fn charge_now(&self, intent: &PaymentIntent) -> Result<Charge, ProviderError> {
         self.with_dispute(intent, charge_of(intent)?).await
     }
 
@@ -191,7 +192,7 @@ impl StripeProvider {
         Ok(charge)
     }
 
-    async fn intent(&self, id: &str) -> Result<Option<PaymentIntent>, ProviderError> {
+    pub(super) async fn intent(&self, id: &str) -> Result<Option<PaymentIntent>, ProviderError> {
         let mut url = self.transport.url(&["v1", "payment_intents", id]);
         url.query_pairs_mut()
             .append_pair("expand[0]", EXPAND_CHARGE);
@@ -425,6 +426,23 @@ impl Provider for StripeProvider {
         }))
     }
 
+    fn payout_of_event(&self, body: &[u8]) -> Option<String> {
+        super::payouts::payout_of_event(body)
+    }
+
+    #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), payout = %id))]
+    async fn get_payout(&self, id: &str) -> Result<Option<Payout>, ProviderError> {
+        self.read_payout(id).await
+    }
+
+    async fn payouts_created(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<Vec<String>, ProviderError> {
+        self.payout_ids_created(from, to).await
+    }
+
     /// Every PaymentIntent created in `[from, to)` or whose money moved then (a balance
     /// transaction of its charge, a refund, a refund failure or a dispute, paged by `created`),
     /// each as it stands now, with Stripe's fees from its balance transactions. A refund or a
@@ -440,9 +458,8 @@ impl Provider for StripeProvider {
         let created: Vec<PaymentIntent> = self
             .listed(
                 &["v1", "payment_intents"],
-                from,
-                to,
-                &format!("data.{EXPAND_CHARGE}"),
+                &created_in(from, to),
+                Some(&format!("data.{EXPAND_CHARGE}")),
             )
             .await?;
         for intent in &created {
@@ -453,7 +470,11 @@ impl Provider for StripeProvider {
             }
         }
         let moved: Vec<wire::BalanceTransaction> = self
-            .listed(&["v1", "balance_transactions"], from, to, "data.source")
+            .listed(
+                &["v1", "balance_transactions"],
+                &created_in(from, to),
+                Some("data.source"),
+            )
             .await?;
         let touched: BTreeSet<String> = moved
             .iter()
@@ -474,14 +495,13 @@ impl Provider for StripeProvider {
 }
 
 impl StripeProvider {
-    /// Every object of a listing created in `[from, to)`, page after page (`starting_after` the
-    /// last one's id), at most [`REPORT_OBJECTS_MAX`].
-    async fn listed<T>(
+    /// Every object of a listing with `filters`, page after page (`starting_after` the last
+    /// one's id), at most [`REPORT_OBJECTS_MAX`].
+    pub(super) async fn listed<T>(
         &self,
         path: &[&str],
-        from: DateTime<Utc>,
-        to: DateTime<Utc>,
-        expand: &str,
+        filters: &[(&str, String)],
+        expand: Option<&str>,
     ) -> Result<Vec<T>, ProviderError>
     where
         T: serde::de::DeserializeOwned + wire::HasId,
@@ -491,11 +511,13 @@ impl StripeProvider {
             let mut url = self.transport.url(path);
             {
                 let mut query = url.query_pairs_mut();
-                query
-                    .append_pair("limit", "100")
-                    .append_pair("created[gte]", &from.timestamp().to_string())
-                    .append_pair("created[lt]", &to.timestamp().to_string())
-                    .append_pair("expand[0]", expand);
+                query.append_pair("limit", "100");
+                for (name, value) in filters {
+                    query.append_pair(name, value);
+                }
+                if let Some(expand) = expand {
+                    query.append_pair("expand[0]", expand);
+                }
                 if let Some(last) = all.last() {
                     query.append_pair("starting_after", last.id());
                 }
@@ -509,13 +531,21 @@ impl StripeProvider {
             if all.len() >= REPORT_OBJECTS_MAX {
                 return Err(ProviderError::Unknown {
                     reason: format!(
-                        "more than {REPORT_OBJECTS_MAX} objects at {} in one report window",
+                        "more than {REPORT_OBJECTS_MAX} objects at {} in one listing",
                         path.join("/")
                     ),
                 });
             }
         }
     }
+}
+
+/// The filters of a listing by creation in `[from, to)`.
+pub(super) fn created_in(from: DateTime<Utc>, to: DateTime<Utc>) -> [(&'static str, String); 2] {
+    [
+        ("created[gte]", from.timestamp().to_string()),
+        ("created[lt]", to.timestamp().to_string()),
+    ]
 }
 
 /// A charge as a settlement report's line.

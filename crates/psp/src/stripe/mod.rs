@@ -5,6 +5,7 @@
 
 pub mod adapter;
 pub mod form;
+mod payouts;
 pub mod reading;
 pub mod wire;
 

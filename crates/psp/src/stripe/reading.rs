@@ -24,7 +24,7 @@ const CAPTURE_SUFFIX: &str = "/capture";
 /// The suffix of a cancel's operation id: `pi_…/cancel`.
 const CANCEL_SUFFIX: &str = "/cancel";
 
-fn time(unix: i64) -> DateTime<Utc> {
+pub(crate) fn time(unix: i64) -> DateTime<Utc> {
     DateTime::from_timestamp(unix, 0).unwrap_or(DateTime::UNIX_EPOCH)
 }
 

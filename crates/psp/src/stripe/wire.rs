@@ -298,6 +298,9 @@ pub struct Payout {
     pub status: String,
     #[serde(default)]
     pub balance_transaction: Option<Expandable<BalanceTransaction>>,
+    /// Why a failed payout failed (`account_closed`…).
+    #[serde(default)]
+    pub failure_code: Option<String>,
     pub arrival_date: i64,
     pub created: i64,
 }

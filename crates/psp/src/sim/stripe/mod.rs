@@ -979,7 +979,13 @@ async fn list_balance_transactions(
             };
             let matching: Vec<&balance::BalanceTransaction> = all
                 .iter()
-                .filter(|txn| paid_out.is_none_or(|payout| payout.transactions.contains(&txn.id)))
+                // What the payout covered, and the payout's own withdrawal, as Stripe lists them.
+                .filter(|txn| {
+                    paid_out.is_none_or(|payout| {
+                        payout.transactions.contains(&txn.id)
+                            || (txn.kind == "payout" && txn.source == payout.id)
+                    })
+                })
                 .filter(|txn| listing.created(txn.created))
                 .filter(|txn| kind.as_deref().is_none_or(|kind| txn.kind == kind))
                 .filter(|txn| source.as_deref().is_none_or(|source| txn.source == source))

@@ -15,7 +15,9 @@
 //! - no idempotency record is in flight past its lease by more than the grace the reconciler
 //!   needs to finish it (`idempotency_lease`, by tenant/method/route/key);
 //! - the events table still refuses UPDATE and DELETE (`events_immutable`), tried inside a
-//!   transaction that is always rolled back.
+//!   transaction that is always rolled back;
+//! - payouts post their lines, and a payment paid out in full has nothing left in clearing
+//!   (`payout_share`, `payout_clearing`: `payouts.rs`).
 //!
 //! Checks that need a read model (snapshots equal recomputation, the payment list equals the fold
 //! of each stream) live with their projections; the binary passes them in as [`ExtraCheck`]s, so
@@ -51,6 +53,8 @@ use asiento_eventstore::{Cursor, Database, EventStore, RecordedEvent, Tx};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
+
+mod payouts;
 
 use crate::clock::Clock;
 use crate::idempotency::canonical_body_hash;
@@ -91,10 +95,12 @@ pub enum Check {
     HashChain,
     /// A stored event that no longer decodes.
     Undecodable,
+    PayoutShare,
+    PayoutClearing,
 }
 
 impl Check {
-    pub const ALL: [Check; 10] = [
+    pub const ALL: [Check; 12] = [
         Check::EntryZeroSum,
         Check::Snapshot,
         Check::CapturePosting,
@@ -105,6 +111,8 @@ impl Check {
         Check::EventsImmutable,
         Check::HashChain,
         Check::Undecodable,
+        Check::PayoutShare,
+        Check::PayoutClearing,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -119,6 +127,8 @@ impl Check {
             Check::EventsImmutable => "events_immutable",
             Check::HashChain => "hash_chain",
             Check::Undecodable => "undecodable",
+            Check::PayoutShare => "payout_share",
+            Check::PayoutClearing => "payout_clearing",
         }
     }
 }
@@ -417,6 +427,7 @@ impl Checker {
         let mut awaiting_seal: HashMap<String, (u64, i64)> = HashMap::new();
         let mut captures: HashMap<String, CaptureCount> = HashMap::new();
         let mut guards = GuardTally::default();
+        let mut payouts = payouts::PayoutTally::default();
         let mut cursor = Cursor::START;
         loop {
             let events = store.read_all(cursor, EVENTS_PER_BATCH_MAX).await?;
@@ -487,7 +498,7 @@ impl Checker {
                     }
                     None => report.unsealed += 1,
                 }
-                self.check_event(event, &mut captures, &mut guards, report);
+                self.check_event(event, &mut captures, &mut guards, &mut payouts, report);
             }
             cursor = next;
             if events.len() < EVENTS_PER_BATCH_MAX {
@@ -507,6 +518,7 @@ impl Checker {
             );
         }
         guards.report(report);
+        payouts.report(report);
         let mut payments: Vec<_> = captures.into_iter().collect();
         payments.sort_by(|a, b| a.0.cmp(&b.0));
         for (payment, count) in payments {
@@ -530,6 +542,7 @@ impl Checker {
         event: &RecordedEvent,
         captures: &mut HashMap<String, CaptureCount>,
         guards: &mut GuardTally,
+        payouts: &mut payouts::PayoutTally,
         report: &mut Report,
     ) {
         let decoded = Event::decode_raw(
@@ -584,9 +597,15 @@ impl Checker {
                 }
             }
         }
+        if let Event::Payout(payout_event) = &decoded {
+            payouts.payout_event(&event.stream_id, payout_event, report);
+        }
         if let (Some(StreamKind::Payment(id)), Event::Payment(payment_event)) =
             (StreamKind::parse(&event.stream_id), &decoded)
         {
+            if let PaymentEvent::EntryPosted(posted) = payment_event {
+                payouts.payment_entry(id, &posted.entry);
+            }
             let count = captures.entry(id.to_string()).or_default();
             match payment_event {
                 PaymentEvent::ChargeCaptured(_) => count.captured += 1,

@@ -1,0 +1,156 @@
+//! The payout checks of `asiento verify`, tallied while the log is read in order:
+//!
+//! - `payout_share`: each payout's entries are its lines, per tenant (`psp:{provider}:clearing`
+//!   +share, `bank:{provider}:payouts` −share), its lines and unattributed part add up to its
+//!   amount, and a payout that failed after it was paid has every share reversed exactly once;
+//! - `payout_clearing`: once a payment's payout lines add up to everything the provider held
+//!   for it (`provider_net_minor`, read when the payout was posted), its clearing legs and those
+//!   lines net to zero: the clearing account's share the payouts covered is gone from it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use asiento_domain::payout::{PayoutEvent, PayoutPaid};
+use asiento_domain::{JournalEntry, PaymentId, TenantId};
+
+use super::{Check, Report};
+
+#[derive(Default)]
+struct PayoutSeen {
+    paid: Option<PayoutPaid>,
+    failed: bool,
+    /// Clearing legs of the payout's entries per tenant: shares, and reversals of shares.
+    posted: BTreeMap<TenantId, i128>,
+    reversed: BTreeMap<TenantId, i128>,
+}
+
+#[derive(Default)]
+pub(super) struct PayoutTally {
+    /// Every clearing leg a payment's stream posted, summed, up to where the log has been read.
+    clearing: HashMap<PaymentId, i128>,
+    /// Every payout line of a payment that stands (its payout not failed), summed.
+    paid_out: HashMap<PaymentId, i128>,
+    payouts: BTreeMap<String, PayoutSeen>,
+}
+
+fn clearing_legs(entry: &JournalEntry) -> i128 {
+    entry
+        .legs()
+        .iter()
+        .filter(|leg| {
+            let name = leg.account.as_str();
+            name.starts_with("psp:") && name.ends_with(":clearing")
+        })
+        .map(|leg| i128::from(leg.amount.minor()))
+        .sum()
+}
+
+impl PayoutTally {
+    pub(super) fn payment_entry(&mut self, payment: PaymentId, entry: &JournalEntry) {
+        *self.clearing.entry(payment).or_default() += clearing_legs(entry);
+    }
+
+    pub(super) fn payout_event(
+        &mut self,
+        stream_id: &str,
+        event: &PayoutEvent,
+        report: &mut Report,
+    ) {
+        let seen = self.payouts.entry(stream_id.to_owned()).or_default();
+        match event {
+            PayoutEvent::PayoutPaid(paid) => {
+                let lines: i128 = paid
+                    .lines
+                    .iter()
+                    .map(|line| i128::from(line.net_minor.minor()))
+                    .sum();
+                let unattributed = i128::from(paid.unattributed_minor.minor());
+                if lines + unattributed != i128::from(paid.amount_minor.minor()) {
+                    report.push(
+                        Check::PayoutShare,
+                        stream_id,
+                        format!(
+                            "lines of {lines} and {unattributed} unattributed do not make its amount of {}",
+                            paid.amount_minor.minor()
+                        ),
+                    );
+                }
+                for line in &paid.lines {
+                    let paid_out = self.paid_out.entry(line.payment).or_default();
+                    *paid_out += i128::from(line.net_minor.minor());
+                    if *paid_out != i128::from(line.provider_net_minor.minor()) {
+                        continue;
+                    }
+                    let clearing = self.clearing.get(&line.payment).copied().unwrap_or(0);
+                    if clearing + *paid_out != 0 {
+                        report.push(
+                            Check::PayoutClearing,
+                            line.payment.to_string(),
+                            format!(
+                                "paid out in full ({paid_out}, last by {stream_id}) but its clearing legs sum to {clearing}, not {}",
+                                -*paid_out
+                            ),
+                        );
+                    }
+                }
+                seen.paid = Some(paid.clone());
+            }
+            PayoutEvent::PayoutFailed(_) => {
+                seen.failed = true;
+                for line in seen.paid.iter().flat_map(|paid| &paid.lines) {
+                    *self.paid_out.entry(line.payment).or_default() -=
+                        i128::from(line.net_minor.minor());
+                }
+            }
+            PayoutEvent::EntryPosted(posted) => {
+                let sums = if posted.entry.reverses().is_some() {
+                    &mut seen.reversed
+                } else {
+                    &mut seen.posted
+                };
+                *sums.entry(posted.entry.tenant().clone()).or_default() +=
+                    clearing_legs(&posted.entry);
+            }
+        }
+    }
+
+    pub(super) fn report(self, report: &mut Report) {
+        for (stream_id, seen) in self.payouts {
+            let mut shares: BTreeMap<TenantId, i128> = BTreeMap::new();
+            for line in seen.paid.iter().flat_map(|paid| &paid.lines) {
+                *shares.entry(line.tenant.clone()).or_default() +=
+                    i128::from(line.net_minor.minor());
+            }
+            shares.retain(|_, share| *share != 0);
+            if seen.posted != shares {
+                report.push(
+                    Check::PayoutShare,
+                    &stream_id,
+                    format!(
+                        "its entries move {:?} from clearing, its lines say {shares:?}",
+                        seen.posted
+                    ),
+                );
+            }
+            let reversed: BTreeMap<TenantId, i128> = if seen.failed {
+                seen.posted.iter().map(|(t, s)| (t.clone(), -s)).collect()
+            } else {
+                BTreeMap::new()
+            };
+            if seen.reversed != reversed {
+                report.push(
+                    Check::PayoutShare,
+                    &stream_id,
+                    format!(
+                        "its reversals move {:?} back to clearing, {} says {reversed:?}",
+                        seen.reversed,
+                        if seen.failed {
+                            "its failure"
+                        } else {
+                            "a payout that did not fail"
+                        }
+                    ),
+                );
+            }
+        }
+    }
+}

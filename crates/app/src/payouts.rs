@@ -1,0 +1,306 @@
+//! Posting a provider's payouts: the payout read as it stands (a webhook names it, or the sweep
+//! finds it in a report window), its covered transactions attributed to our payments, each of
+//! those payments brought up to date with the charge the payout read, and the payout's stream
+//! appended at the version it was read at (`asiento_domain::payout`). Called again for the same
+//! payout, it finds nothing to do.
+
+use std::collections::{BTreeMap, HashMap};
+
+use asiento_domain::exception::{ExceptionRecorded, Resolution};
+use asiento_domain::payout::{self, PayoutEvent, PayoutFact, PayoutId, PayoutLine};
+use asiento_domain::{
+    payout_stream, Amount, Currency, ExceptionId, ExceptionKind, PaymentId, ProviderName,
+};
+use asiento_eventstore::{Metadata, StreamAppend};
+use asiento_psp::{Charge, DisputeStatus, Payout, PayoutStatus};
+use serde_json::json;
+
+use crate::exceptions::{self, ExceptionError};
+use crate::facts::{self, Read};
+use crate::leases::{self, LeaseError};
+use crate::log::{self, LogError};
+use crate::payments::{FlowError, PaymentFlow};
+
+/// Writers racing on one payout stream are at most the webhook worker and the sweep.
+const APPEND_ATTEMPTS_MAX: usize = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PayoutError {
+    #[error("the provider's payout does not read as one: {0}")]
+    Invalid(String),
+    #[error("payout {payout}: {rejection}")]
+    Rejected {
+        payout: String,
+        rejection: payout::PayoutRejection,
+    },
+    #[error("payment {0} is held by another worker; the payout is posted later")]
+    PaymentBusy(PaymentId),
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error(transparent)]
+    Flow(#[from] FlowError),
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    #[error(transparent)]
+    Exception(#[from] ExceptionError),
+}
+
+/// What posting one payout did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Posted {
+    /// The payout's fact is recorded with its entries.
+    Recorded,
+    /// The log already says what the provider says.
+    Already,
+    /// The payout is not final yet (pending, in transit): nothing to post.
+    NotFinal,
+}
+
+/// What the provider holds for a charge, all its balance transactions together: captured,
+/// less refunded, less an open or lost dispute's withdrawal, less the provider's fees.
+fn provider_net(charge: &Charge) -> i64 {
+    let disputed = match &charge.dispute {
+        Some(dispute) if dispute.status != DisputeStatus::Won => dispute.amount_minor,
+        _ => 0,
+    };
+    let fees: i64 = charge.provider_fees.iter().map(|fee| fee.fee_minor).sum();
+    charge.amount_captured - charge.amount_refunded - disputed - fees
+}
+
+/// Posts `payout`, read from `provider` as it stands.
+pub async fn post(
+    flow: &PaymentFlow,
+    provider: &ProviderName,
+    payout: &Payout,
+) -> Result<Posted, PayoutError> {
+    let id = PayoutId::parse(&payout.id).map_err(|e| PayoutError::Invalid(e.to_string()))?;
+    let fact = match payout.status {
+        PayoutStatus::Paid => paid_fact(flow, provider, payout).await?,
+        PayoutStatus::Failed | PayoutStatus::Canceled => PayoutFact::Failed {
+            failure_code: payout.failure_code.clone(),
+        },
+        PayoutStatus::Pending | PayoutStatus::InTransit | PayoutStatus::Other => {
+            return Ok(Posted::NotFinal)
+        }
+    };
+    let unattributed = match &fact {
+        PayoutFact::Paid { unattributed, .. } => *unattributed,
+        PayoutFact::Failed { .. } => Amount::ZERO,
+    };
+    let stream_id = payout_stream(provider, &id);
+    let mut recorded = None;
+    for _ in 0..APPEND_ATTEMPTS_MAX {
+        let loaded = log::load_payout(flow.store.as_ref(), provider, &id).await?;
+        let events = payout::decide(
+            &loaded.aggregate,
+            provider,
+            &id,
+            fact.clone(),
+            flow.clock.now(),
+        )
+        .map_err(|rejection| PayoutError::Rejected {
+            payout: payout.id.clone(),
+            rejection,
+        })?;
+        if events.is_empty() {
+            return Ok(Posted::Already);
+        }
+        let append = StreamAppend {
+            stream_id: stream_id.clone(),
+            expected: log::expected(loaded.aggregate.version),
+            events: log::encode(&events, &Metadata::default(), log::payout_codec)?,
+        };
+        match flow.store.append(&[append]).await {
+            Ok(_) => {
+                recorded = Some(events);
+                break;
+            }
+            // Another worker wrote the payout meanwhile: decided again on what it wrote.
+            Err(error) if log::is_conflict(&error) => {}
+            Err(error) => return Err(FlowError::Append(error).into()),
+        }
+    }
+    let Some(events) = recorded else {
+        return Err(FlowError::Inconsistent(format!(
+            "payout {} kept losing races to other writers",
+            payout.id
+        ))
+        .into());
+    };
+    if unattributed != Amount::ZERO {
+        record_unattributed(flow, provider, payout, unattributed).await?;
+    }
+    if events
+        .iter()
+        .any(|event| matches!(event, PayoutEvent::PayoutPaid(_)))
+    {
+        tracing::info!(%provider, payout = %payout.id, amount = payout.amount_minor, "payout posted");
+    } else {
+        tracing::warn!(%provider, payout = %payout.id, "payout failed; its postings are reversed");
+    }
+    Ok(Posted::Recorded)
+}
+
+/// A paid payout's lines: its transactions grouped by our payment, each payment brought up to
+/// date with its charge first, so that its clearing legs are what the payout read.
+async fn paid_fact(
+    flow: &PaymentFlow,
+    provider: &ProviderName,
+    payout: &Payout,
+) -> Result<PayoutFact, PayoutError> {
+    let currency =
+        Currency::parse(&payout.currency).map_err(|e| PayoutError::Invalid(e.to_string()))?;
+    let charges: HashMap<&str, &Charge> = payout
+        .charges
+        .iter()
+        .map(|charge| (charge.id.as_str(), charge))
+        .collect();
+    let mut covered: BTreeMap<PaymentId, (i64, Vec<String>, &Charge)> = BTreeMap::new();
+    let mut unattributed: i64 = 0;
+    for txn in &payout.transactions {
+        let charge = txn.charge_id.as_deref().and_then(|id| charges.get(id));
+        let payment = charge.and_then(|charge| PaymentId::parse(charge.reference.as_deref()?).ok());
+        match (charge, payment) {
+            (Some(charge), Some(payment)) => {
+                let line = covered.entry(payment).or_insert((0, Vec::new(), charge));
+                line.0 = line.0.saturating_add(txn.net_minor);
+                line.1.push(txn.id.clone());
+            }
+            _ => unattributed = unattributed.saturating_add(txn.net_minor),
+        }
+    }
+    let ids: Vec<PaymentId> = covered.keys().copied().collect();
+    let loaded = log::load_payments(flow.store.as_ref(), &ids).await?;
+    let mut lines = Vec::with_capacity(covered.len());
+    for (payment, (net, transactions, charge)) in covered {
+        let record = loaded
+            .get(&payment)
+            .and_then(|loaded| loaded.aggregate.record.as_ref())
+            .filter(|record| &record.provider == provider);
+        let Some(record) = record else {
+            unattributed = unattributed.saturating_add(net);
+            continue;
+        };
+        if facts::charge_misfit(record, charge).is_none() {
+            bring_up_to_date(flow, payment, charge).await?;
+        }
+        lines.push(PayoutLine {
+            payment,
+            tenant: record.tenant.clone(),
+            net_minor: Amount::new(net),
+            provider_net_minor: Amount::new(provider_net(charge)),
+            transactions,
+        });
+    }
+    Ok(PayoutFact::Paid {
+        currency,
+        amount: Amount::new(payout.amount_minor),
+        lines,
+        unattributed: Amount::new(unattributed),
+        created: payout.created,
+    })
+}
+
+/// Applies what the payout's read of `charge` says to the payment, under its lease.
+async fn bring_up_to_date(
+    flow: &PaymentFlow,
+    payment: PaymentId,
+    charge: &Charge,
+) -> Result<(), PayoutError> {
+    let now_ms = flow.clock.now_ms();
+    let Some(lease) =
+        leases::acquire(&flow.database, payment, now_ms, flow.payment_lease_ms).await?
+    else {
+        return Err(PayoutError::PaymentBusy(payment));
+    };
+    let applied = flow
+        .finalize(payment, facts::charge_facts(charge, Read::Snapshot))
+        .await;
+    if let Err(error) = leases::release(&flow.database, &lease).await {
+        tracing::warn!(%payment, %error, "payment lease not released; it runs out");
+    }
+    applied?;
+    Ok(())
+}
+
+async fn record_unattributed(
+    flow: &PaymentFlow,
+    provider: &ProviderName,
+    payout: &Payout,
+    unattributed: Amount,
+) -> Result<(), PayoutError> {
+    let kind = ExceptionKind::PayoutUnattributed;
+    let recorded = ExceptionRecorded {
+        exception_id: ExceptionId::derived(provider, &payout.id, kind, ""),
+        tenant: None,
+        payment_id: None,
+        provider: provider.clone(),
+        charge_id: Some(payout.id.clone()),
+        kind,
+        local: json!({"attributed_minor": payout.amount_minor - unattributed.minor()}),
+        provider_state: json!({
+            "payout": payout.id,
+            "amount_minor": payout.amount_minor,
+            "currency": payout.currency,
+        }),
+        difference: json!({"unattributed_minor": unattributed.minor()}),
+        resolution: Resolution::Manual,
+        at: flow.clock.now(),
+    };
+    if exceptions::record(&flow.database, flow.store.as_ref(), recorded).await? {
+        tracing::error!(%provider, payout = %payout.id, unattributed = unattributed.minor(), "a payout paid out money of no payment of ours");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+
+    use super::*;
+    use asiento_psp::{ChargeStatus, Dispute, ProviderFee};
+
+    #[test]
+    fn a_charge_s_provider_net_is_what_its_balance_transactions_add_up_to() {
+        let now = Utc::now();
+        let mut charge = Charge {
+            id: "pi_1".into(),
+            status: ChargeStatus::Succeeded,
+            amount_minor: 10_000,
+            currency: "USD".into(),
+            amount_captured: 10_000,
+            amount_refunded: 2_500,
+            reference: None,
+            idempotency_key: "k".into(),
+            payment_method: "pm_card_visa".into(),
+            capture: true,
+            failure_code: None,
+            next_action: None,
+            dispute: None,
+            metadata: Default::default(),
+            provider_fees: vec![ProviderFee {
+                transaction_id: "txn_1".into(),
+                fee_minor: 320,
+            }],
+            created: now,
+            updated: now,
+        };
+        assert_eq!(provider_net(&charge), 10_000 - 2_500 - 320);
+        let dispute = |status| Dispute {
+            status,
+            amount_minor: 7_500,
+            created: now,
+            closed: None,
+        };
+        charge.provider_fees.push(ProviderFee {
+            transaction_id: "txn_dw_1".into(),
+            fee_minor: 1_500,
+        });
+        charge.dispute = Some(dispute(DisputeStatus::Open));
+        assert_eq!(provider_net(&charge), 10_000 - 2_500 - 320 - 7_500 - 1_500);
+        charge.dispute = Some(dispute(DisputeStatus::Lost));
+        assert_eq!(provider_net(&charge), 10_000 - 2_500 - 320 - 7_500 - 1_500);
+        charge.dispute = Some(dispute(DisputeStatus::Won));
+        assert_eq!(provider_net(&charge), 10_000 - 2_500 - 320 - 1_500);
+    }
+}

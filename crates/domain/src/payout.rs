@@ -1,0 +1,461 @@
+//! Payouts: the provider paying what it holds for us into our bank account.
+//!
+//! A provider pays out many payments of many tenants at once (Stripe: every balance
+//! transaction not yet paid out, per currency). A payout is a stream of its own,
+//! `payout-{provider}:{payout id}`, because it belongs to no single payment. When the provider
+//! says it is paid, [`PayoutPaid`] records what it covered, one [`PayoutLine`] per payment, and
+//! posts one entry per tenant: its share moves from `psp:{provider}:clearing` to
+//! `bank:{provider}:payouts`, so the clearing account keeps only what the provider still owes.
+//! A payout that fails after it was paid (the bank refused it) puts the money back: its entries
+//! are reversed. A payout that fails before it was paid posts nothing.
+//!
+//! A payout's facts are read as they stand at the provider (events are hints), so a late
+//! `paid` after `failed` changes nothing, and a repeated one finds nothing to do.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::account::AccountName;
+use crate::entry::{EntryError, JournalEntry, Leg};
+use crate::ids::{EntryId, PaymentId, ProviderName, TenantId};
+use crate::money::{Amount, AmountError, Currency};
+use crate::payment::EntryPosted;
+
+/// A provider's id is at most this long.
+pub const PAYOUT_ID_CHARS_MAX: usize = 255;
+/// A payout names at most this many payments; a larger one is split by the provider's
+/// schedule long before (and would not fit one append).
+pub const PAYOUT_LINES_MAX: usize = 10_000;
+
+/// The provider's id of a payout (`po_…`): ASCII letters, digits, `_` and `-`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct PayoutId(String);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "payout id {0:?} must be 1 to {PAYOUT_ID_CHARS_MAX} characters from A-Z, a-z, 0-9, '_' and '-'"
+)]
+pub struct PayoutIdError(String);
+
+impl PayoutId {
+    pub fn parse(id: &str) -> Result<Self, PayoutIdError> {
+        let valid = !id.is_empty()
+            && id.len() <= PAYOUT_ID_CHARS_MAX
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if valid {
+            Ok(PayoutId(id.to_owned()))
+        } else {
+            Err(PayoutIdError(id.to_owned()))
+        }
+    }
+
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PayoutId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for PayoutId {
+    type Error = PayoutIdError;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        PayoutId::parse(&value)
+    }
+}
+
+impl From<PayoutId> for String {
+    fn from(value: PayoutId) -> String {
+        value.0
+    }
+}
+
+/// What a payout paid out of one payment's money.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PayoutLine {
+    pub payment: PaymentId,
+    pub tenant: TenantId,
+    /// The sum of the nets of the payment's balance transactions this payout covered (negative
+    /// when its refunds outweigh what it brought in).
+    pub net_minor: Amount,
+    /// Everything the provider holds for the payment, all its balance transactions, as read
+    /// when the payout was applied: once every payout line of a payment adds up to it, the
+    /// payment's clearing legs and those lines net to zero (`asiento verify` checks it).
+    pub provider_net_minor: Amount,
+    /// The provider's balance transactions (`txn_…`) the line covers.
+    pub transactions: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PayoutPaid {
+    pub provider: ProviderName,
+    pub payout_id: PayoutId,
+    pub currency: Currency,
+    /// What reached the bank.
+    pub amount_minor: Amount,
+    pub lines: Vec<PayoutLine>,
+    /// The part of the amount that stems from no payment of ours (money moved on the provider's
+    /// account by something else); posted nowhere, and a manual exception.
+    pub unattributed_minor: Amount,
+    /// When the provider created the payout.
+    pub created: DateTime<Utc>,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PayoutFailed {
+    pub provider: ProviderName,
+    pub payout_id: PayoutId,
+    /// The provider's reason (`account_closed`…).
+    pub failure_code: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
+crate::event::event_family! {
+    /// Events of a `payout-…` stream.
+    PayoutEvent {
+        PayoutPaid = 1,
+        PayoutFailed = 1,
+        EntryPosted = 1,
+    }
+}
+
+/// Where a payout stands in our log.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Payout {
+    pub version: u64,
+    pub paid: Option<PayoutPaid>,
+    pub failed: bool,
+    /// The entries the payout posted, in order (the shares, then their reversals).
+    pub entries: Vec<JournalEntry>,
+}
+
+#[must_use]
+pub fn evolve(mut payout: Payout, event: &PayoutEvent) -> Payout {
+    payout.version += 1;
+    match event {
+        PayoutEvent::PayoutPaid(paid) => payout.paid = Some(paid.clone()),
+        PayoutEvent::PayoutFailed(_) => payout.failed = true,
+        PayoutEvent::EntryPosted(posted) => payout.entries.push(posted.entry.clone()),
+    }
+    payout
+}
+
+/// What the provider says of a payout, read as it stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PayoutFact {
+    Paid {
+        currency: Currency,
+        amount: Amount,
+        lines: Vec<PayoutLine>,
+        unattributed: Amount,
+        created: DateTime<Utc>,
+    },
+    Failed {
+        failure_code: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PayoutRejection {
+    #[error(
+        "payout of {amount} is not its lines ({lines}) plus its unattributed part ({unattributed})"
+    )]
+    Unbalanced {
+        amount: Amount,
+        lines: Amount,
+        unattributed: Amount,
+    },
+    #[error("a payout names at most {PAYOUT_LINES_MAX} payments, this one {0}")]
+    TooManyLines(usize),
+    #[error("payment {0} has two lines in one payout")]
+    DuplicateLine(PaymentId),
+    #[error("the payout's shares do not fit: {0}")]
+    Amount(#[from] AmountError),
+    #[error("posting rule produced an invalid entry: {0}")]
+    InvalidEntry(String),
+}
+
+impl From<EntryError> for PayoutRejection {
+    fn from(e: EntryError) -> Self {
+        PayoutRejection::InvalidEntry(e.to_string())
+    }
+}
+
+/// `bank:{provider}:payouts`: what the provider paid into our bank account.
+#[must_use]
+pub fn bank_account(provider: &ProviderName) -> AccountName {
+    AccountName::provider_payouts(provider)
+}
+
+fn share_entry_id(provider: &ProviderName, payout: &PayoutId, tenant: &TenantId) -> EntryId {
+    EntryId::derived(&format!("payout:{provider}:{payout}:{tenant}"))
+}
+
+/// The events that record `fact` on `payout`: nothing when the log already says it (a repeated
+/// or late read), otherwise the fact and its postings.
+pub fn decide(
+    payout: &Payout,
+    provider: &ProviderName,
+    payout_id: &PayoutId,
+    fact: PayoutFact,
+    at: DateTime<Utc>,
+) -> Result<Vec<PayoutEvent>, PayoutRejection> {
+    match fact {
+        PayoutFact::Paid { .. } if payout.paid.is_some() || payout.failed => Ok(Vec::new()),
+        PayoutFact::Paid {
+            currency,
+            amount,
+            lines,
+            unattributed,
+            created,
+        } => {
+            if lines.len() > PAYOUT_LINES_MAX {
+                return Err(PayoutRejection::TooManyLines(lines.len()));
+            }
+            let mut shares: BTreeMap<&TenantId, Amount> = BTreeMap::new();
+            let mut seen = std::collections::HashSet::new();
+            let mut total = Amount::ZERO;
+            for line in &lines {
+                if !seen.insert(line.payment) {
+                    return Err(PayoutRejection::DuplicateLine(line.payment));
+                }
+                let share = shares.entry(&line.tenant).or_default();
+                *share = share.checked_add(line.net_minor)?;
+                total = total.checked_add(line.net_minor)?;
+            }
+            if total.checked_add(unattributed)? != amount {
+                return Err(PayoutRejection::Unbalanced {
+                    amount,
+                    lines: total,
+                    unattributed,
+                });
+            }
+            let mut events = Vec::with_capacity(1 + shares.len());
+            for (tenant, share) in shares.into_iter().filter(|(_, s)| *s != Amount::ZERO) {
+                let entry = JournalEntry::new(
+                    share_entry_id(provider, payout_id, tenant),
+                    tenant.clone(),
+                    vec![
+                        Leg::new(AccountName::psp_clearing(provider), currency, share),
+                        Leg::new(bank_account(provider), currency, share.checked_neg()?),
+                    ],
+                    None,
+                )?;
+                events.push(PayoutEvent::EntryPosted(EntryPosted { entry, at }));
+            }
+            events.insert(
+                0,
+                PayoutEvent::PayoutPaid(PayoutPaid {
+                    provider: provider.clone(),
+                    payout_id: payout_id.clone(),
+                    currency,
+                    amount_minor: amount,
+                    lines,
+                    unattributed_minor: unattributed,
+                    created,
+                    at,
+                }),
+            );
+            Ok(events)
+        }
+        PayoutFact::Failed { .. } if payout.failed => Ok(Vec::new()),
+        PayoutFact::Failed { failure_code } => {
+            let mut events = vec![PayoutEvent::PayoutFailed(PayoutFailed {
+                provider: provider.clone(),
+                payout_id: payout_id.clone(),
+                failure_code,
+                at,
+            })];
+            for entry in payout.entries.iter().filter(|e| e.reverses().is_none()) {
+                let id = EntryId::derived(&format!("{}:failed", entry.id()));
+                events.push(PayoutEvent::EntryPosted(EntryPosted {
+                    entry: entry.reversal(id)?,
+                    at,
+                }));
+            }
+            Ok(events)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone as _;
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn at() -> DateTime<Utc> {
+        Utc.timestamp_opt(1_700_000_000, 0).unwrap()
+    }
+
+    fn line(n: u128, tenant: &str, net: i64) -> PayoutLine {
+        PayoutLine {
+            payment: PaymentId::from_uuid(Uuid::from_u128(n)),
+            tenant: TenantId::parse(tenant).unwrap(),
+            net_minor: Amount::new(net),
+            provider_net_minor: Amount::new(net),
+            transactions: vec![format!("txn_{n}")],
+        }
+    }
+
+    fn paid(lines: Vec<PayoutLine>, unattributed: i64) -> PayoutFact {
+        let total: i64 = lines.iter().map(|l| l.net_minor.minor()).sum();
+        PayoutFact::Paid {
+            currency: Currency::parse("USD").unwrap(),
+            amount: Amount::new(total + unattributed),
+            lines,
+            unattributed: Amount::new(unattributed),
+            created: at(),
+        }
+    }
+
+    fn apply(payout: Payout, events: &[PayoutEvent]) -> Payout {
+        events.iter().fold(payout, evolve)
+    }
+
+    fn legs(events: &[PayoutEvent]) -> Vec<(String, String, i64)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                PayoutEvent::EntryPosted(posted) => Some(posted),
+                _ => None,
+            })
+            .flat_map(|posted| {
+                posted.entry.legs().iter().map(|leg| {
+                    (
+                        posted.entry.tenant().to_string(),
+                        leg.account.to_string(),
+                        leg.amount.minor(),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_paid_payout_moves_each_tenant_s_share_from_clearing_to_the_bank() {
+        let provider = ProviderName::parse("stripe").unwrap();
+        let id = PayoutId::parse("po_1Abc").unwrap();
+        let fact = paid(
+            vec![
+                line(1, "acme", 9_710),
+                line(2, "acme", -500),
+                line(3, "globex", 4_855),
+            ],
+            300,
+        );
+        let events = decide(&Payout::default(), &provider, &id, fact.clone(), at()).unwrap();
+        assert_eq!(
+            legs(&events),
+            [
+                ("acme".into(), "psp:stripe:clearing".into(), 9_210),
+                ("acme".into(), "bank:stripe:payouts".into(), -9_210),
+                ("globex".into(), "psp:stripe:clearing".into(), 4_855),
+                ("globex".into(), "bank:stripe:payouts".into(), -4_855),
+            ]
+        );
+        let payout = apply(Payout::default(), &events);
+        assert!(decide(&payout, &provider, &id, fact, at())
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn a_failure_after_paid_reverses_every_share_once_and_a_late_paid_changes_nothing() {
+        let provider = ProviderName::parse("stripe").unwrap();
+        let id = PayoutId::parse("po_1Abc").unwrap();
+        let fact = paid(vec![line(1, "acme", 9_710), line(3, "globex", 4_855)], 0);
+        let payout = apply(
+            Payout::default(),
+            &decide(&Payout::default(), &provider, &id, fact.clone(), at()).unwrap(),
+        );
+        let failed = PayoutFact::Failed {
+            failure_code: Some("account_closed".into()),
+        };
+        let events = decide(&payout, &provider, &id, failed.clone(), at()).unwrap();
+        assert!(matches!(events[0], PayoutEvent::PayoutFailed(_)));
+        assert_eq!(
+            legs(&events),
+            [
+                ("acme".into(), "psp:stripe:clearing".into(), -9_710),
+                ("acme".into(), "bank:stripe:payouts".into(), 9_710),
+                ("globex".into(), "psp:stripe:clearing".into(), -4_855),
+                ("globex".into(), "bank:stripe:payouts".into(), 4_855),
+            ]
+        );
+        let payout = apply(payout, &events);
+        assert!(decide(&payout, &provider, &id, failed, at())
+            .unwrap()
+            .is_empty());
+        assert!(decide(&payout, &provider, &id, fact, at())
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn a_failure_before_paid_posts_nothing_and_bars_a_later_paid() {
+        let provider = ProviderName::parse("stripe").unwrap();
+        let id = PayoutId::parse("po_1Abc").unwrap();
+        let failed = PayoutFact::Failed { failure_code: None };
+        let events = decide(&Payout::default(), &provider, &id, failed, at()).unwrap();
+        assert_eq!(events.len(), 1);
+        assert!(legs(&events).is_empty());
+        let payout = apply(Payout::default(), &events);
+        let fact = paid(vec![line(1, "acme", 9_710)], 0);
+        assert!(decide(&payout, &provider, &id, fact, at())
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn a_payout_that_is_not_its_lines_is_refused() {
+        let provider = ProviderName::parse("stripe").unwrap();
+        let id = PayoutId::parse("po_1Abc").unwrap();
+        let PayoutFact::Paid {
+            currency,
+            lines,
+            unattributed,
+            created,
+            ..
+        } = paid(vec![line(1, "acme", 9_710)], 0)
+        else {
+            unreachable!("paid() builds a paid fact")
+        };
+        let fact = PayoutFact::Paid {
+            currency,
+            amount: Amount::new(9_711),
+            lines: lines.clone(),
+            unattributed,
+            created,
+        };
+        assert!(matches!(
+            decide(&Payout::default(), &provider, &id, fact, at()),
+            Err(PayoutRejection::Unbalanced { .. })
+        ));
+        let twice = paid([lines.clone(), lines].concat(), 0);
+        assert!(matches!(
+            decide(&Payout::default(), &provider, &id, twice, at()),
+            Err(PayoutRejection::DuplicateLine(_))
+        ));
+    }
+
+    #[test]
+    fn payout_ids_are_what_providers_name_them() {
+        assert!(PayoutId::parse("po_1OaBcD2eZvKYlo2C").is_ok());
+        for bad in ["", "po 1", "po:1", "po/1", &"p".repeat(256)] {
+            assert!(PayoutId::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}
