@@ -346,15 +346,36 @@ async fn refusal_reversal_and_lost_dispute(backend: Backend) {
         |p| p["status"] == "disputed",
     )
     .await;
+    // The capture, the provider's withdrawal as the dispute opened (clearing +7000, disputed
+    // −7000), and the loss: the withdrawn money was the customer's (disputed +7000, customer
+    // −7000).
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let entries = loop {
         let entries = client.entries_of(&disputed).await;
-        if entries.len() == 2 {
-            break;
+        if entries.len() == 3 {
+            break entries;
         }
-        assert!(Instant::now() < deadline, "no dispute entry: {entries:?}");
+        assert!(Instant::now() < deadline, "no dispute entries: {entries:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    };
+    let moved = |account: &str| -> i64 {
+        entries
+            .iter()
+            .skip(1)
+            .flat_map(|entry| entry["legs"].as_array().unwrap())
+            .filter(|leg| leg["account"] == account)
+            .map(|leg| leg["amount_minor"].as_i64().unwrap())
+            .sum()
+    };
+    assert_eq!(
+        (
+            moved("psp:sim:clearing"),
+            moved("psp:sim:disputed"),
+            moved("customer:42:available")
+        ),
+        (7_000, 0, -7_000),
+        "{entries:?}"
+    );
 
     // A reversal whose webhook is lost (webhooks are still dropped) is found when the report
     // shows less refunded than we do: the refund is read again and reversed.

@@ -4,6 +4,8 @@
 //!   `psp:stripe:clearing` to `bank:stripe:payouts`: the clearing account is back at zero;
 //! - the same payout failing after it was paid (`payout.failed`) puts it back in clearing;
 //! - the next payout pays the failed one's money out again with what came in since;
+//! - a dispute's withdrawal, taken from clearing as it opens, is in the payout that follows, and
+//!   its reinstatement, once won, in the next one;
 //! - with every webhook lost, the reconciliation sweep finds the payout in its report window and
 //!   posts it.
 #![allow(clippy::unwrap_used)]
@@ -12,7 +14,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::stripe::{sim_control, sim_faults, start_rig, stripe_payment};
+use common::stripe::{sim_charges, sim_control, sim_faults, start_rig, stripe_payment};
 use common::{verify, wait_for, Backend, Client, TestDatabase};
 use serde_json::{json, Value};
 
@@ -120,6 +122,59 @@ async fn payouts_reach_the_bank_account(backend: Backend) {
     let owed = owed + (2_000 - 58);
     assert_eq!(again["amount"], owed, "{again}");
     wait_balances(&client, 0, -owed, "after the second payout").await;
+    verify(&database);
+
+    // A dispute: Stripe withdraws its amount (and a 1500 fee) as it opens, so the payout that
+    // follows pays out less, and the clearing account, which took the withdrawal, is at zero
+    // again. Won, the amount comes back and is paid out with the next payout.
+    captured(&client, "po-4", 20_000).await;
+    let disputed = captured(&client, "po-5", 2_000).await;
+    let charge = sim_charges(&client, &sim)
+        .await
+        .into_iter()
+        .find(|charge| charge["reference"] == disputed.as_str())
+        .and_then(|charge| charge["id"].as_str().map(str::to_owned))
+        .unwrap();
+    sim_control(
+        &client,
+        &sim,
+        &format!("/sim/charges/{charge}/dispute"),
+        json!({}),
+    )
+    .await;
+    wait_for(&client, &disputed, "the dispute never opened", |p| {
+        p["status"] == "disputed" && p["provider_fees"].as_array().is_some_and(|f| f.len() == 2)
+    })
+    .await;
+    assert_eq!(balance(&client, "psp:stripe:disputed").await, -2_000);
+    let third = pay_out(&client, &sim).await;
+    let net = (20_000 - 580) + (2_000 - 58 - 2_000 - 1_500);
+    assert_eq!(third["amount"], net, "{third}");
+    let owed = owed + net;
+    wait_balances(&client, 0, -owed, "after a payout with an open dispute").await;
+    verify(&database);
+    sim_control(
+        &client,
+        &sim,
+        &format!("/sim/charges/{charge}/dispute/close"),
+        json!({"outcome": "won"}),
+    )
+    .await;
+    wait_for(&client, &disputed, "the dispute was never won", |p| {
+        p["status"] == "captured"
+    })
+    .await;
+    assert_eq!(balance(&client, "psp:stripe:disputed").await, 0);
+    wait_balances(&client, -2_000, -owed, "after the dispute was won").await;
+    let fourth = pay_out(&client, &sim).await;
+    assert_eq!(fourth["amount"], 2_000, "{fourth}");
+    wait_balances(
+        &client,
+        0,
+        -(owed + 2_000),
+        "after the reinstatement was paid out",
+    )
+    .await;
     verify(&database);
 }
 

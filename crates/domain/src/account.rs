@@ -167,6 +167,13 @@ impl AccountName {
         AccountName(format!("psp:{provider}:clearing"))
     }
 
+    /// `psp:{provider}:disputed`: what the provider withdrew for disputes still open (negative
+    /// while it holds it).
+    #[must_use]
+    pub fn psp_disputed(provider: &ProviderName) -> Self {
+        AccountName(format!("psp:{provider}:disputed"))
+    }
+
     /// `expense:provider_fees:{provider}`: the fees the provider keeps out of what it owes us.
     #[must_use]
     pub fn provider_fees(provider: &ProviderName) -> Self {

@@ -185,7 +185,7 @@ fn payment_fixtures() -> Vec<(PaymentEvent, Value)> {
             }),
         ),
         (
-            e_dispute_opened("dp_1", 10_000),
+            e_dispute_opened("dp_1", 10_000).remove(0),
             json!({"dispute_id": "dp_1", "amount_minor": 10000, "at": AT}),
         ),
         (

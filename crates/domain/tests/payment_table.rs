@@ -153,15 +153,12 @@ fn expected(from: PaymentStatus, input: Input) -> Vec<PaymentEvent> {
             [implied_capture(), e_refund(10_000, 10_000, 300)].concat()
         }
         (Pending | RequiresAction | Authorized, FactDisputeOpened) => {
-            [implied_capture(), vec![e_dispute_opened("dp_2", 10_000)]].concat()
+            [implied_capture(), e_dispute_opened("dp_2", 10_000)].concat()
         }
         (Pending | RequiresAction | Authorized, FactDisputeClosed) => [
             implied_capture(),
-            vec![
-                e_dispute_opened("dp_1", 10_000),
-                e_dispute_closed("dp_1", Lost),
-                e_lost_entry("dp_1", 10_000),
-            ],
+            e_dispute_opened("dp_1", 10_000),
+            vec![e_dispute_closed("dp_1", Lost), e_lost_entry("dp_1", 10_000)],
         ]
         .concat(),
         (Authorized, RequestCapture) => vec![PaymentEvent::CaptureRequested(CaptureRequested {
@@ -189,28 +186,32 @@ fn expected(from: PaymentStatus, input: Input) -> Vec<PaymentEvent> {
         // 2500 refunded before with fee(2500) = 75 reversed: the rest of the
         // fee is 300 - 75.
         (PartiallyRefunded, FactRefunded) => e_refund(7_500, 10_000, 225),
-        (Captured, FactDisputeOpened) => vec![e_dispute_opened("dp_2", 10_000)],
-        (Captured, FactDisputeClosed) => vec![
+        (Captured, FactDisputeOpened) => e_dispute_opened("dp_2", 10_000),
+        (Captured, FactDisputeClosed) => [
             e_dispute_opened("dp_1", 10_000),
-            e_dispute_closed("dp_1", Lost),
-            e_lost_entry("dp_1", 10_000),
-        ],
-        (PartiallyRefunded, FactDisputeOpened) => vec![
+            vec![e_dispute_closed("dp_1", Lost), e_lost_entry("dp_1", 10_000)],
+        ]
+        .concat(),
+        (PartiallyRefunded, FactDisputeOpened) => [
             e_dispute_opened("dp_2", 10_000),
-            e_flag(
+            vec![e_flag(
                 ReviewReason::ContradictingFact,
                 "dispute dp_2 of 10000 beyond the 7500 captured and not refunded",
-            ),
-        ],
-        (PartiallyRefunded, FactDisputeClosed) => vec![
+            )],
+        ]
+        .concat(),
+        (PartiallyRefunded, FactDisputeClosed) => [
             e_dispute_opened("dp_1", 10_000),
-            e_flag(
-                ReviewReason::ContradictingFact,
-                "dispute dp_1 of 10000 beyond the 7500 captured and not refunded",
-            ),
-            e_dispute_closed("dp_1", Lost),
-            e_lost_entry("dp_1", 10_000),
-        ],
+            vec![
+                e_flag(
+                    ReviewReason::ContradictingFact,
+                    "dispute dp_1 of 10000 beyond the 7500 captured and not refunded",
+                ),
+                e_dispute_closed("dp_1", Lost),
+                e_lost_entry("dp_1", 10_000),
+            ],
+        ]
+        .concat(),
         // Everything refunded already: the same total again is a repeat.
         (Refunded, FactRefunded) => vec![],
         (Disputed, FactRefunded) => {
@@ -507,7 +508,10 @@ fn disputes_won_return_the_payment_and_repeats_change_nothing() {
     check(
         disputed.clone(),
         won.clone(),
-        Ok(vec![e_dispute_closed("dp_1", DisputeOutcome::Won)]),
+        Ok(vec![
+            e_dispute_closed("dp_1", DisputeOutcome::Won),
+            e_reinstated_entry("dp_1", 10_000),
+        ]),
     );
     let after = [disputed.clone(), history_from(disputed, vec![won.clone()])].concat();
     assert_eq!(
@@ -989,4 +993,28 @@ fn the_request_that_answered_an_operation_is_recorded_once() {
         .map(|request| (request.id.as_str(), request.replayed))
         .collect();
     assert_eq!(requests, [("req_1", false), ("req_2", true)]);
+}
+
+/// A log written before a dispute's opening posted the provider's withdrawal: its close moves
+/// the money as the rule then was (a lost one from clearing to the customer, a won one nothing).
+#[test]
+fn a_dispute_opened_without_a_withdrawal_closes_as_it_was_opened() {
+    let captured = given(Some(PaymentStatus::Captured));
+    let opened = [captured, vec![e_dispute_opened("dp_1", 10_000).remove(0)]].concat();
+    check(
+        opened.clone(),
+        f_dispute_closed("dp_1", 10_000, DisputeOutcome::Lost),
+        Ok(vec![
+            e_dispute_closed("dp_1", DisputeOutcome::Lost),
+            posted(
+                "dispute:dp_1:lost",
+                vec![(clearing(), 10_000), (customer(), -10_000)],
+            ),
+        ]),
+    );
+    check(
+        opened,
+        f_dispute_closed("dp_1", 10_000, DisputeOutcome::Won),
+        Ok(vec![e_dispute_closed("dp_1", DisputeOutcome::Won)]),
+    );
 }

@@ -308,9 +308,14 @@ proptest! {
             prop_assert_eq!(balance(&balances, &provider_expense()), -provider_fees);
             prop_assert!(record.provider_fees.iter().all(|f| !f.fee.is_zero()));
             prop_assert!(provider_fees == 0 || !record.captured.is_zero());
+            // What an open dispute's withdrawal holds is the provider's until the outcome.
+            let withdrawn = record.dispute.as_ref()
+                .filter(|d| d.withdrawn && d.outcome.is_none())
+                .map_or(0, |d| d.amount.minor());
+            prop_assert_eq!(balance(&balances, &disputed()), -withdrawn);
             prop_assert_eq!(
                 balance(&balances, &clearing()),
-                record.refunded.minor() - record.captured.minor() + lost_disputes + provider_fees
+                record.refunded.minor() - record.captured.minor() + lost_disputes + withdrawn + provider_fees
             );
             // An authorization holds its amount as a pending credit to the customer exactly
             // while the payment is authorized; leaving releases it whole.

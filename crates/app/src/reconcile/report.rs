@@ -738,6 +738,7 @@ mod tests {
             amount: Amount::new(10_000),
             outcome: None,
             status_before: PaymentStatus::Captured,
+            withdrawn: true,
         });
         assert_eq!(
             classify(&open_here, &with_dispute(DisputeStatus::Open)),

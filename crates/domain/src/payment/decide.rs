@@ -172,6 +172,10 @@ impl Draft {
     fn clearing(&self) -> AccountName {
         AccountName::psp_clearing(&self.record.provider)
     }
+
+    fn disputed(&self) -> AccountName {
+        AccountName::psp_disputed(&self.record.provider)
+    }
 }
 
 fn decide_create(create: CreatePayment) -> Result<Vec<PaymentEvent>, PaymentRejection> {
@@ -1051,10 +1055,17 @@ fn open_dispute(
     let detail =
         format!("dispute {dispute_id} of {amount} beyond the {open} captured and not refunded");
     draft.push(PaymentEvent::DisputeOpened(DisputeOpened {
-        dispute_id,
+        dispute_id: dispute_id.clone(),
         amount_minor: amount,
         at,
     }));
+    // The provider withdraws the disputed amount as the dispute opens (Stripe's `adjustment`
+    // balance transaction): it no longer owes it to us, and holds it until the outcome.
+    let legs = vec![
+        (draft.clearing(), amount),
+        (draft.disputed(), amount.checked_neg()?),
+    ];
+    draft.post(&format!("dispute:{dispute_id}:withdrawn"), legs, at)?;
     if amount > open {
         draft.flag(ReviewReason::ContradictingFact, detail, at);
     }
@@ -1099,8 +1110,10 @@ fn close_dispute(
     }
 }
 
-/// A lost dispute posts clearing +amount, customer −amount: the provider
-/// took the money back out of what it owed us, and it was the customer's.
+/// A won dispute's withdrawal comes back to clearing (disputed +amount, clearing −amount); a
+/// lost one was the customer's money (disputed +amount, customer −amount). A dispute whose
+/// opening posted no withdrawal (an older log) posts a lost one as clearing +amount, customer
+/// −amount: either way the provider took the money back out of what it owed us.
 fn settle_dispute(
     draft: &mut Draft,
     dispute_id: String,
@@ -1113,12 +1126,31 @@ fn settle_dispute(
         outcome,
         at,
     }));
-    if outcome == DisputeOutcome::Lost {
-        let legs = vec![
-            (draft.clearing(), amount),
-            (draft.customer(), amount.checked_neg()?),
-        ];
-        draft.post(&format!("dispute:{dispute_id}:lost"), legs, at)?;
-    }
+    let withdrawn = draft.record.dispute.as_ref().is_some_and(|d| d.withdrawn);
+    let legs = match (outcome, withdrawn) {
+        (DisputeOutcome::Won, false) => return Ok(()),
+        (DisputeOutcome::Won, true) => (
+            "reinstated",
+            vec![
+                (draft.disputed(), amount),
+                (draft.clearing(), amount.checked_neg()?),
+            ],
+        ),
+        (DisputeOutcome::Lost, true) => (
+            "lost",
+            vec![
+                (draft.disputed(), amount),
+                (draft.customer(), amount.checked_neg()?),
+            ],
+        ),
+        (DisputeOutcome::Lost, false) => (
+            "lost",
+            vec![
+                (draft.clearing(), amount),
+                (draft.customer(), amount.checked_neg()?),
+            ],
+        ),
+    };
+    draft.post(&format!("dispute:{dispute_id}:{}", legs.0), legs.1, at)?;
     Ok(())
 }

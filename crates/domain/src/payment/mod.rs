@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 
 use crate::entry::JournalEntry;
 use crate::fee::FeeSchedule;
-use crate::ids::{CustomerId, PaymentId, ProviderName, TenantId};
+use crate::ids::{CustomerId, EntryId, PaymentId, ProviderName, TenantId};
 use crate::money::{Amount, AmountError, AmountLimitError, Currency};
 
 pub use decide::decide;
@@ -137,6 +137,18 @@ pub struct Dispute {
     pub outcome: Option<DisputeOutcome>,
     /// Where a won dispute returns the payment to.
     pub status_before: PaymentStatus,
+    /// Whether its opening posted the provider's withdrawal (`{payment}:dispute:{id}:withdrawn`):
+    /// then its close moves that money on, a won one back to clearing and a lost one from the
+    /// customer. A dispute opened in a log written before withdrawals were posted has none.
+    pub withdrawn: bool,
+}
+
+impl Dispute {
+    /// The entry that posts the provider's withdrawal of the disputed amount.
+    #[must_use]
+    pub fn withdrawal_entry(payment: PaymentId, dispute_id: &str) -> EntryId {
+        EntryId::derived(&format!("{payment}:dispute:{dispute_id}:withdrawn"))
+    }
 }
 
 /// Why a payment needs a person to look at it.
@@ -1006,6 +1018,7 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
                 amount: e.amount_minor,
                 outcome: None,
                 status_before: record.status,
+                withdrawn: false,
             });
             record.status = PaymentStatus::Disputed;
         }
@@ -1027,8 +1040,13 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
             detail: e.detail.clone(),
             at: e.at,
         }),
-        // The entry is the ledger's business; the payment's amounts were
-        // already moved by the fact posted alongside it.
-        PaymentEvent::EntryPosted(_) => {}
+        // The entry is the ledger's business; the payment's amounts were already moved by the
+        // fact posted alongside it. Only a dispute's withdrawal is remembered, for its close.
+        PaymentEvent::EntryPosted(e) => {
+            let id = record.id;
+            if let Some(dispute) = record.dispute.as_mut().filter(|d| !d.withdrawn) {
+                dispute.withdrawn = e.entry.id() == Dispute::withdrawal_entry(id, &dispute.id);
+            }
+        }
     }
 }

@@ -179,6 +179,9 @@ pub fn given(status: Option<PaymentStatus>) -> Vec<PaymentEvent> {
 pub fn clearing() -> AccountName {
     AccountName::parse("psp:sim:clearing").unwrap()
 }
+pub fn disputed() -> AccountName {
+    AccountName::parse("psp:sim:disputed").unwrap()
+}
 pub fn customer() -> AccountName {
     AccountName::parse("customer:42:available").unwrap()
 }
@@ -282,12 +285,19 @@ pub fn e_flag(reason: ReviewReason, detail: &str) -> PaymentEvent {
     })
 }
 
-pub fn e_dispute_opened(id: &str, amount: i64) -> PaymentEvent {
-    PaymentEvent::DisputeOpened(DisputeOpened {
-        dispute_id: id.into(),
-        amount_minor: amt(amount),
-        at: at(10),
-    })
+/// A dispute's opening and the provider's withdrawal of its amount.
+pub fn e_dispute_opened(id: &str, amount: i64) -> Vec<PaymentEvent> {
+    vec![
+        PaymentEvent::DisputeOpened(DisputeOpened {
+            dispute_id: id.into(),
+            amount_minor: amt(amount),
+            at: at(10),
+        }),
+        posted(
+            &format!("dispute:{id}:withdrawn"),
+            vec![(clearing(), amount), (disputed(), -amount)],
+        ),
+    ]
 }
 
 pub fn e_dispute_closed(id: &str, outcome: DisputeOutcome) -> PaymentEvent {
@@ -314,9 +324,18 @@ pub fn e_provider_fee(transaction_id: &str, fee: i64) -> Vec<PaymentEvent> {
     ]
 }
 
+/// A lost dispute's withdrawal was the customer's money.
 pub fn e_lost_entry(id: &str, amount: i64) -> PaymentEvent {
     posted(
         &format!("dispute:{id}:lost"),
-        vec![(clearing(), amount), (customer(), -amount)],
+        vec![(disputed(), amount), (customer(), -amount)],
+    )
+}
+
+/// A won dispute's withdrawal comes back to what the provider owes us.
+pub fn e_reinstated_entry(id: &str, amount: i64) -> PaymentEvent {
+    posted(
+        &format!("dispute:{id}:reinstated"),
+        vec![(disputed(), amount), (clearing(), -amount)],
     )
 }
