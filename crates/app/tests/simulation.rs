@@ -976,6 +976,7 @@ impl Provider for SimProvider {
                     idempotency_key: charge.idempotency_key.clone(),
                     dispute_status: charge.dispute.as_ref().map(|d| d.status),
                     dispute: charge.dispute.clone(),
+                    movements: Vec::new(),
                     last_touched: charge.updated,
                 })
                 .collect()

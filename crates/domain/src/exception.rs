@@ -147,10 +147,14 @@ pub enum ExceptionKind {
     /// A payout paid out money of no payment of ours (a balance transaction naming no charge,
     /// or a charge naming no payment of this provider): that part is posted nowhere (manual).
     PayoutUnattributed,
+    /// One of the provider's movements of a charge's money (a balance transaction: a capture, a
+    /// refund or its failure, a dispute's withdrawal or reinstatement) disagrees with what we
+    /// posted for it, though the totals agree (manual).
+    BalanceTransactionMismatch,
 }
 
 impl ExceptionKind {
-    pub const ALL: [ExceptionKind; 16] = [
+    pub const ALL: [ExceptionKind; 17] = [
         ExceptionKind::CapturedAtProvider,
         ExceptionKind::AuthorizedAtProvider,
         ExceptionKind::RefundedOutOfBand,
@@ -167,6 +171,7 @@ impl ExceptionKind {
         ExceptionKind::ProviderFeeUnposted,
         ExceptionKind::ProviderFeeMismatch,
         ExceptionKind::PayoutUnattributed,
+        ExceptionKind::BalanceTransactionMismatch,
     ];
 
     #[must_use]
@@ -188,6 +193,7 @@ impl ExceptionKind {
             ExceptionKind::ProviderFeeUnposted => "provider_fee_unposted",
             ExceptionKind::ProviderFeeMismatch => "provider_fee_mismatch",
             ExceptionKind::PayoutUnattributed => "payout_unattributed",
+            ExceptionKind::BalanceTransactionMismatch => "balance_transaction_mismatch",
         }
     }
 

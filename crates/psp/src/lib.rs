@@ -33,8 +33,8 @@ pub use event::{Envelope, EventData, EventFormat, EventType, WebhookEvent};
 pub use payout::{Payout, PayoutStatus, PayoutTransaction};
 pub use provider::{
     Capabilities, Charge, ChargeOutcome, ChargeStatus, CreateCharge, Dispute, DisputeStatus,
-    NextAction, Operation, OperationAnswer, OperationKind, OperationStatus, Provider,
-    ProviderError, ProviderFee, ProviderRequest, Rejection, ReportLine, SettlementReport,
+    Movement, MovementKind, NextAction, Operation, OperationAnswer, OperationKind, OperationStatus,
+    Provider, ProviderError, ProviderFee, ProviderRequest, Rejection, ReportLine, SettlementReport,
 };
 pub use signature::{sign, verify, SignatureError, SIGNATURE_HEADER, TOLERANCE_S_DEFAULT};
 pub use sim::{SimConfig, Simulator};

@@ -316,8 +316,47 @@ pub struct ReportLine {
     /// posted from the report alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dispute: Option<Dispute>,
+    /// The charge's movements of money inside the window, where the provider reports them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub movements: Vec<Movement>,
     /// The last time the charge was touched inside the window.
     pub last_touched: DateTime<Utc>,
+}
+
+/// What a movement of money on the provider's account was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MovementKind {
+    /// A capture's money in.
+    Charge,
+    /// A refund's money out.
+    Refund,
+    /// A refund that failed after it succeeded: its money back in.
+    RefundFailure,
+    /// A dispute's amount withdrawn as it opened.
+    DisputeWithdrawal,
+    /// A won dispute's amount reinstated.
+    DisputeReinstatement,
+    /// Anything else (the ledger compares nothing of it).
+    #[serde(other)]
+    Other,
+}
+
+/// One movement of a charge's money on the provider's account (Stripe: a balance transaction),
+/// so that reconciliation compares each with what we posted for it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Movement {
+    /// The provider's id (`txn_…`).
+    pub id: String,
+    pub kind: MovementKind,
+    /// Signed gross, minor units.
+    pub amount_minor: i64,
+    /// The provider's fee on it.
+    pub fee_minor: i64,
+    /// What it changed the provider's balance by: `amount - fee`.
+    pub net_minor: i64,
+    /// The object it stems from: the charge, the refund (`re_…`), the dispute.
+    pub source: String,
 }
 
 /// The settlement report for `[from, to)`.

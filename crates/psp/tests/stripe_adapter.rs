@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use asiento_psp::sim::Dialect;
 use asiento_psp::stripe::StripeProvider;
 use asiento_psp::{
-    ChargeOutcome, ChargeStatus, ClientConfig, CreateCharge, DisputeStatus, OperationStatus,
-    PayoutStatus, Provider, ProviderError, SimConfig,
+    ChargeOutcome, ChargeStatus, ClientConfig, CreateCharge, DisputeStatus, MovementKind,
+    OperationStatus, PayoutStatus, Provider, ProviderError, SimConfig,
 };
 use chrono::{Duration, Utc};
 
@@ -514,6 +514,15 @@ async fn a_refund_or_a_dispute_on_an_earlier_payment_intent_is_in_the_window_it_
             .unwrap();
         assert_eq!(refunded.amount_refunded, 400);
         assert_eq!(fees(&refunded.provider_fees), [29]);
+        // Each line carries the window's balance transactions of its PaymentIntent.
+        let moved = |line: &asiento_psp::ReportLine| -> Vec<(MovementKind, i64, i64, i64)> {
+            line.movements
+                .iter()
+                .map(|m| (m.kind, m.amount_minor, m.fee_minor, m.net_minor))
+                .collect()
+        };
+        assert_eq!(moved(refunded), [(MovementKind::Refund, -400, 0, -400)]);
+        assert!(refunded.movements[0].source.starts_with("re_"));
         let disputed = report
             .iter()
             .find(|line| line.charge_id == charged[1])
@@ -526,6 +535,10 @@ async fn a_refund_or_a_dispute_on_an_earlier_payment_intent_is_in_the_window_it_
             fees(&disputed.provider_fees),
             [29, 1_500],
             "the charge's fee and the dispute fee of its withdrawal"
+        );
+        assert_eq!(
+            moved(disputed),
+            [(MovementKind::DisputeWithdrawal, -1_000, 1_500, -2_500)]
         );
         let read = stripe.get_charge(&charged[1]).await.unwrap().unwrap();
         assert_eq!(read.provider_fees, disputed.provider_fees);

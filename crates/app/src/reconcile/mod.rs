@@ -39,13 +39,14 @@
 //!
 //! One file per job: `stale.rs` (stale payments, abandoned redirects), `operations.rs` (captures
 //! and refunds still open), `stuck_keys.rs` (stuck idempotency keys), `report.rs` (settlement
-//! reports), `payouts.rs` (the report window's payouts), `dead_letters.rs` (dead-lettered webhooks), `findings.rs` (what a difference records:
+//! reports), `movements.rs` (a report line's balance transactions), `payouts.rs` (the report window's payouts), `dead_letters.rs` (dead-lettered webhooks), `findings.rs` (what a difference records:
 //! the exception and the review flag) and `jobs.rs` (the job lease a sweep holds). This file holds
 //! the reconciler itself: its settings, its summary and the sweep that calls each job in turn.
 
 mod dead_letters;
 mod findings;
 mod jobs;
+mod movements;
 mod operations;
 mod payouts;
 mod report;

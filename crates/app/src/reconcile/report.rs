@@ -13,6 +13,7 @@ use chrono::{DateTime, TimeZone as _, Utc};
 use serde_json::{json, Value};
 
 use super::findings::Finding;
+use super::movements;
 use super::{local_state, report_cursor, ReconcileError, Reconciler, SweepSummary};
 use crate::exceptions::{self, ExceptionError};
 use crate::facts;
@@ -140,7 +141,10 @@ pub fn classify(record: &PaymentRecord, line: &ReportLine) -> Verdict {
                         )
                     } else {
                         match dispute_verdict(record, line) {
-                            Verdict::Agree => fee_verdict(record, line),
+                            Verdict::Agree => match fee_verdict(record, line) {
+                                Verdict::Agree => movements::movement_verdict(record, line),
+                                behind => behind,
+                            },
                             behind => behind,
                         }
                     }
@@ -586,6 +590,7 @@ mod tests {
             idempotency_key: "psp_00000000000000000000000000000001".into(),
             dispute_status: None,
             dispute: None,
+            movements: Vec::new(),
             last_touched: Utc::now(),
         }
     }
@@ -822,6 +827,133 @@ mod tests {
             Verdict::Auto { kind: ExceptionKind::CapturedAtProvider, facts, .. }
                 if matches!(facts.last(), Some(ProviderFact::ProviderFeeCharged { .. }))
         ));
+    }
+
+    /// Each balance transaction of the window against what we posted for it, once the totals
+    /// agree: a capture's gross, a refund and its failure by the refund they stem from, a
+    /// dispute's withdrawal and reinstatement, every net.
+    #[test]
+    fn balance_transactions_in_the_report_are_compared_one_by_one() {
+        use asiento_domain::payment::{Dispute as OurDispute, DisputeOutcome};
+        use asiento_domain::{Operation, OperationKind, OperationState};
+        use asiento_psp::{Movement, MovementKind};
+        let moved = |kind, amount: i64, fee: i64, net: i64, source: &str| Movement {
+            id: format!("txn_{source}"),
+            kind,
+            amount_minor: amount,
+            fee_minor: fee,
+            net_minor: net,
+            source: source.to_owned(),
+        };
+        let with = |captured: i64, refunded: i64, movements: Vec<Movement>| ReportLine {
+            movements,
+            ..line(ChargeStatus::Succeeded, 10_000, captured, refunded)
+        };
+        let mismatch = |fingerprint: &str| Verdict::Manual {
+            kind: ExceptionKind::BalanceTransactionMismatch,
+            fingerprint: fingerprint.to_owned(),
+        };
+        let charge = moved(MovementKind::Charge, 10_000, 320, 9_680, "ch_1");
+        let mut ours = record(PaymentStatus::PartiallyRefunded, 10_000, 2_500);
+        let mut refund = Operation::requested(
+            OperationKind::Refund,
+            1,
+            Amount::new(2_500),
+            "psp_refund_1",
+            Utc::now(),
+        );
+        refund.state = OperationState::Succeeded;
+        refund.provider_id = Some("re_1".into());
+        ours.operations.push(refund);
+        let refunded = moved(MovementKind::Refund, -2_500, 0, -2_500, "re_1");
+        assert_eq!(
+            classify(
+                &ours,
+                &with(10_000, 2_500, vec![charge.clone(), refunded.clone()])
+            ),
+            Verdict::Agree
+        );
+        // A refund made in the dashboard has no operation of ours: the total covers it.
+        let dashboard = moved(MovementKind::Refund, -100, 0, -100, "re_dash");
+        assert_eq!(
+            classify(&ours, &with(10_000, 2_500, vec![dashboard])),
+            Verdict::Agree
+        );
+        let wrong_net = moved(MovementKind::Charge, 10_000, 320, 9_700, "ch_1");
+        assert_eq!(
+            classify(&ours, &with(10_000, 2_500, vec![wrong_net])),
+            mismatch("txn_ch_1:net")
+        );
+        let other_gross = moved(MovementKind::Charge, 9_000, 290, 8_710, "ch_1");
+        assert_eq!(
+            classify(&ours, &with(10_000, 2_500, vec![other_gross])),
+            mismatch("txn_ch_1:captured")
+        );
+        let other_refund = moved(MovementKind::Refund, -2_000, 0, -2_000, "re_1");
+        assert_eq!(
+            classify(&ours, &with(10_000, 2_500, vec![other_refund])),
+            mismatch("txn_re_1:refund_amount")
+        );
+        let failure = moved(MovementKind::RefundFailure, 2_500, 0, 2_500, "re_1");
+        assert_eq!(
+            classify(&ours, &with(10_000, 2_500, vec![refunded, failure])),
+            mismatch("txn_re_1:refund_state"),
+            "a failure of a refund that stands here"
+        );
+
+        let mut disputed = record(PaymentStatus::Disputed, 10_000, 0);
+        disputed.dispute = Some(OurDispute {
+            id: "dp_1".into(),
+            amount: Amount::new(10_000),
+            outcome: None,
+            status_before: PaymentStatus::Captured,
+            withdrawn: true,
+        });
+        let withdrawal = moved(
+            MovementKind::DisputeWithdrawal,
+            -10_000,
+            1_500,
+            -11_500,
+            "dp_1",
+        );
+        assert_eq!(
+            classify(&disputed, &with(10_000, 0, vec![withdrawal.clone()])),
+            Verdict::Agree
+        );
+        let reinstated = moved(
+            MovementKind::DisputeReinstatement,
+            10_000,
+            0,
+            10_000,
+            "dp_1",
+        );
+        assert_eq!(
+            classify(
+                &disputed,
+                &with(10_000, 0, vec![withdrawal.clone(), reinstated.clone()])
+            ),
+            mismatch("txn_dp_1:dispute_reinstatement"),
+            "reinstated there, still open here"
+        );
+        if let Some(dispute) = disputed.dispute.as_mut() {
+            dispute.outcome = Some(DisputeOutcome::Won);
+        }
+        disputed.status = PaymentStatus::Captured;
+        assert_eq!(
+            classify(&disputed, &with(10_000, 0, vec![withdrawal, reinstated])),
+            Verdict::Agree
+        );
+        let half = moved(
+            MovementKind::DisputeWithdrawal,
+            -5_000,
+            1_500,
+            -6_500,
+            "dp_1",
+        );
+        assert_eq!(
+            classify(&disputed, &with(10_000, 0, vec![half])),
+            mismatch("txn_dp_1:dispute_withdrawal")
+        );
     }
 
     #[test]

@@ -1222,6 +1222,7 @@ impl SimState {
                     idempotency_key: c.idempotency_key.clone(),
                     dispute_status: c.dispute.as_ref().map(|d| d.status),
                     dispute: c.dispute.clone(),
+                    movements: Vec::new(),
                     last_touched: *last_touched,
                 })
             })

@@ -33,8 +33,8 @@ use super::wire::{self, ErrorBody, ErrorType, Event, List, PaymentIntent, Refund
 use crate::event::{EventData, EventType, WebhookEvent};
 use crate::payout::Payout;
 use crate::provider::{
-    Capabilities, Charge, ChargeOutcome, CreateCharge, Operation, OperationAnswer, Provider,
-    ProviderError, ProviderRequest, ReportLine,
+    Capabilities, Charge, ChargeOutcome, CreateCharge, Movement, MovementKind, Operation,
+    OperationAnswer, Provider, ProviderError, ProviderRequest, ReportLine,
 };
 use crate::transport::{
     decode, Answered, Call, CallError, ClientConfig, ClientInitError, Transport,
@@ -462,13 +462,6 @@ impl Provider for StripeProvider {
                 Some(&format!("data.{EXPAND_CHARGE}")),
             )
             .await?;
-        for intent in &created {
-            listed.insert(intent.id.clone());
-            // No outcome yet: nothing to compare.
-            if let Ok(charge) = charge_of(intent) {
-                lines.push(report_line(self.with_dispute(intent, charge).await?));
-            }
-        }
         let moved: Vec<wire::BalanceTransaction> = self
             .listed(
                 &["v1", "balance_transactions"],
@@ -476,18 +469,39 @@ impl Provider for StripeProvider {
                 Some("data.source"),
             )
             .await?;
-        let touched: BTreeSet<String> = moved
-            .iter()
-            .filter_map(|txn| txn.source.as_ref()?.object()?.payment_intent.as_ref())
-            .map(|intent| intent.id().to_owned())
-            .filter(|id| !listed.contains(id))
-            .collect();
-        for id in touched {
+        let mut movements: BTreeMap<String, Vec<Movement>> = BTreeMap::new();
+        for txn in &moved {
+            let intent = txn
+                .source
+                .as_ref()
+                .and_then(|source| source.object()?.payment_intent.as_ref());
+            if let Some(intent) = intent {
+                movements
+                    .entry(intent.id().to_owned())
+                    .or_default()
+                    .push(movement_of(txn));
+            }
+        }
+        for intent in &created {
+            listed.insert(intent.id.clone());
+            // No outcome yet: nothing to compare.
+            if let Ok(charge) = charge_of(intent) {
+                let mut line = report_line(self.with_dispute(intent, charge).await?);
+                line.movements = movements.remove(&intent.id).unwrap_or_default();
+                lines.push(line);
+            }
+        }
+        for (id, moved) in movements {
+            if listed.contains(&id) {
+                continue;
+            }
             let Some(intent) = self.intent(&id).await? else {
                 return Err(gone("PaymentIntent", &id));
             };
             if let Ok(charge) = charge_of(&intent) {
-                lines.push(report_line(self.with_dispute(&intent, charge).await?));
+                let mut line = report_line(self.with_dispute(&intent, charge).await?);
+                line.movements = moved;
+                lines.push(line);
             }
         }
         Ok(lines)
@@ -561,8 +575,33 @@ fn report_line(charge: Charge) -> ReportLine {
         idempotency_key: charge.idempotency_key,
         dispute_status: charge.dispute.as_ref().map(|dispute| dispute.status),
         dispute: charge.dispute,
+        movements: Vec::new(),
         last_touched: charge.updated,
         charge_id: charge.id,
+    }
+}
+
+/// A balance transaction as a movement of a charge's money.
+fn movement_of(txn: &wire::BalanceTransaction) -> Movement {
+    let kind = match (txn.kind.as_str(), txn.reporting_category.as_str()) {
+        ("charge" | "payment", _) => MovementKind::Charge,
+        ("refund" | "payment_refund", _) => MovementKind::Refund,
+        ("refund_failure" | "payment_failure_refund", _) => MovementKind::RefundFailure,
+        ("adjustment", "dispute") => MovementKind::DisputeWithdrawal,
+        ("adjustment", "dispute_reversal") => MovementKind::DisputeReinstatement,
+        _ => MovementKind::Other,
+    };
+    Movement {
+        id: txn.id.clone(),
+        kind,
+        amount_minor: txn.amount,
+        fee_minor: txn.fee,
+        net_minor: txn.net,
+        source: txn
+            .source
+            .as_ref()
+            .map(|source| source.id().to_owned())
+            .unwrap_or_default(),
     }
 }
 
