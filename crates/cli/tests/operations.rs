@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::rig::{Psp, Rig};
-use common::{verify, wait_for, Backend, Client, TestDatabase};
+use common::{verify, wait_for, without_provider_fees, Backend, Client, TestDatabase};
 use serde_json::{json, Value};
 
 const SECRET: &str = "whsec_test_0123456789";
@@ -68,21 +68,6 @@ async fn refund_then_fail(rig: &Rig, id: &str, key: &str, amount: i64) {
         .to_owned();
     rig.sim(&format!("/operations/{refund_id}/fail"), json!({}))
         .await;
-}
-
-/// The entries that move the payment's money, without the provider's fees (Stripe reports one
-/// per balance transaction; the simulator's protocol none on these paths).
-fn money_entries(entries: Vec<Value>) -> Vec<Value> {
-    entries
-        .into_iter()
-        .filter(|entry| {
-            !entry["legs"].as_array().unwrap().iter().any(|leg| {
-                leg["account"]
-                    .as_str()
-                    .is_some_and(|account| account.starts_with("expense:provider_fees:"))
-            })
-        })
-        .collect()
 }
 
 /// The refund entries among `entries`: money back to `psp:{provider}:clearing` (a provider's fee
@@ -269,7 +254,7 @@ async fn refusal_reversal_and_lost_dispute(backend: Backend, psp: Psp) {
     .await;
     assert_eq!(after["status"], "captured");
     assert_eq!(after["refunded_minor"], 0);
-    let entries = money_entries(client.entries_of(&reversed).await);
+    let entries = without_provider_fees(client.entries_of(&reversed).await);
     assert_eq!(entries.len(), 3, "capture, refund, reversal: {entries:?}");
 
     // A lost dispute whose every webhook is dropped is posted by the sweep (the report).
@@ -301,7 +286,7 @@ async fn refusal_reversal_and_lost_dispute(backend: Backend, psp: Psp) {
     // −7000).
     let deadline = Instant::now() + Duration::from_secs(30);
     let entries = loop {
-        let entries = money_entries(client.entries_of(&disputed).await);
+        let entries = without_provider_fees(client.entries_of(&disputed).await);
         if entries.len() == 3 {
             break entries;
         }

@@ -1,14 +1,14 @@
 //! The command API through the real binary over real HTTP, on SQLite and PostgreSQL: idempotency
-//! under concurrency (against the simulator and against its Stripe dialect), byte-identical
-//! replays, a crash between the provider's charge and our
-//! finalisation, provider outcomes and their postings, transfers racing for the same money, and
-//! bad input that must never produce a 5xx.
+//! under concurrency, provider outcomes and their postings, and a capture repeated after its
+//! answer was lost (each against the simulator and against its Stripe dialect), byte-identical
+//! replays, a crash between the provider's charge and our finalisation, transfers racing for the
+//! same money, and bad input that must never produce a 5xx.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use common::rig::{Psp, Rig};
-use common::{payment_body, Backend, Server, Simulator, TestDatabase};
+use common::{payment_body, without_provider_fees, Backend, Server, Simulator, TestDatabase};
 use serde_json::{json, Value};
 
 /// One key, twenty requests at once: the provider holds one charge, and every answer is either the
@@ -214,29 +214,20 @@ fn legs(entry: &Value) -> Vec<(String, i64)> {
 
 /// Timeout → 202 pending with nothing posted, and the outcome arriving later posts once;
 /// declined → failed with nothing posted; a capture posts exactly API.md's entry with the 3% fee.
-async fn provider_outcomes_and_their_postings(backend: Backend) {
+async fn provider_outcomes_and_their_postings_at(backend: Backend, psp: Psp) {
     let database = TestDatabase::new(backend).await;
-    let server = Server::start(&database.url, &["--psp-timeout", "300ms"]);
-    let client = server.client();
+    let rig = Rig::start(&database, psp, &["--psp-timeout", "300ms"]);
+    let client = rig.client();
+    let entries = |id: String| {
+        let client = client.clone();
+        async move { without_provider_fees(client.entries_of(&id).await) }
+    };
     // The provider's webhook for the timed-out charge must come after our answer, as it would
     // from a provider that is slow to notify.
-    let delayed = client
-        .send(
-            client
-                .http
-                .post(format!("{}/sim/faults", client.base))
-                .json(&json!({"webhook_delay_ms": 1_500})),
-        )
-        .await;
-    assert_eq!(delayed.status, 200);
+    rig.sim("/faults", json!({"webhook_delay_ms": 1_500})).await;
 
-    let pending = client
-        .post(
-            "/v1/payments",
-            "t-1",
-            &payment_body(5_000, "pm_card_timeout"),
-        )
-        .await;
+    let timing_out = rig.payment(5_000, "pm_card_timeout");
+    let pending = client.post("/v1/payments", "t-1", &timing_out).await;
     assert_eq!(
         pending.status,
         202,
@@ -246,13 +237,7 @@ async fn provider_outcomes_and_their_postings(backend: Backend) {
     assert_eq!(pending.json()["status"], "pending");
     let id = pending.json()["id"].as_str().unwrap().to_owned();
     assert!(client.entries_of(&id).await.is_empty());
-    let replay = client
-        .post(
-            "/v1/payments",
-            "t-1",
-            &payment_body(5_000, "pm_card_timeout"),
-        )
-        .await;
+    let replay = client.post("/v1/payments", "t-1", &timing_out).await;
     assert_eq!((replay.status, replay.replayed()), (202, true));
     // The outcome arrives later (the provider's webhook): posted once.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -263,14 +248,8 @@ async fn provider_outcomes_and_their_postings(backend: Backend) {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert_eq!(client.entries_of(&id).await.len(), 1);
-    let replay = client
-        .post(
-            "/v1/payments",
-            "t-1",
-            &payment_body(5_000, "pm_card_timeout"),
-        )
-        .await;
+    assert_eq!(entries(id.clone()).await.len(), 1);
+    let replay = client.post("/v1/payments", "t-1", &timing_out).await;
     assert_eq!(
         replay.status, 202,
         "the stored answer is replayed as it was"
@@ -280,7 +259,7 @@ async fn provider_outcomes_and_their_postings(backend: Backend) {
         .post(
             "/v1/payments",
             "d-1",
-            &payment_body(5_000, "pm_card_declined"),
+            &rig.payment(5_000, "pm_card_declined"),
         )
         .await;
     assert_eq!(declined.status, 201);
@@ -291,23 +270,31 @@ async fn provider_outcomes_and_their_postings(backend: Backend) {
         .is_empty());
 
     let captured = client
-        .post("/v1/payments", "ok-1", &payment_body(10_000, "pm_card_ok"))
+        .post("/v1/payments", "ok-1", &rig.payment(10_000, "pm_card_ok"))
         .await;
     let payment = captured.json();
     assert_eq!(
         (payment["status"].as_str(), payment["fee_minor"].as_i64()),
         (Some("captured"), Some(300))
     );
-    let entries = client.entries_of(payment["id"].as_str().unwrap()).await;
-    assert_eq!(entries.len(), 1);
+    let posted = entries(payment["id"].as_str().unwrap().to_owned()).await;
+    assert_eq!(posted.len(), 1);
     assert_eq!(
-        legs(&entries[0]),
+        legs(&posted[0]),
         vec![
             ("customer:42:available".to_owned(), 9_700),
-            ("psp:sim:clearing".to_owned(), -10_000),
+            (format!("psp:{}:clearing", rig.provider()), -10_000),
             ("revenue:fees".to_owned(), 300),
         ]
     );
+}
+
+async fn provider_outcomes_and_their_postings(backend: Backend) {
+    provider_outcomes_and_their_postings_at(backend, Psp::Sim).await;
+}
+
+async fn provider_outcomes_and_their_postings_at_stripe(backend: Backend) {
+    provider_outcomes_and_their_postings_at(backend, Psp::Stripe).await;
 }
 
 /// Transfers racing for one customer's money: exactly those that fit succeed.
@@ -530,30 +517,28 @@ async fn bad_input_is_a_4xx_with_a_code(backend: Backend) {
 /// Regression (found by the simulation, seed 329): a second capture request for the amount of a
 /// capture still awaiting the provider's answer decided nothing new, and the empty decision was
 /// appended: a 500 on every retry. It must ask the provider again and capture.
-async fn repeated_capture_after_a_lost_answer_captures(backend: Backend) {
+async fn repeated_capture_after_a_lost_answer_captures_at(backend: Backend, psp: Psp) {
     let database = TestDatabase::new(backend).await;
-    let server = Server::start(&database.url, &["--psp-timeout", "300ms"]);
-    let client = server.client();
-    let mut body = payment_body(5_000, "pm_card_ok");
+    let rig = Rig::start(&database, psp, &["--psp-timeout", "300ms"]);
+    let client = rig.client();
+    let mut body = rig.payment(5_000, "pm_card_ok");
     body["capture"] = json!("manual");
     let authorized = client.post("/v1/payments", "m-1", &body).await.json();
     assert_eq!(authorized["status"], "authorized");
     let id = authorized["id"].as_str().unwrap();
+    // Webhooks dropped: only our own second request can learn the outcome.
     let faults = |rate: f64| {
-        client.send(
-            client
-                .http
-                .post(format!("{}/sim/faults", client.base))
-                // Webhooks dropped: only our own second request can learn the outcome.
-                .json(&json!({"timeout_rate": rate, "webhook_drop_rate": 1.0})),
+        rig.sim(
+            "/faults",
+            json!({"timeout_rate": rate, "webhook_drop_rate": 1.0}),
         )
     };
     // The provider captures, but its answer never arrives.
-    assert_eq!(faults(1.0).await.status, 200);
+    faults(1.0).await;
     let path = format!("/v1/payments/{id}/capture");
     let lost = client.post(&path, "c-1", &json!({})).await;
     assert_eq!(lost.status, 202, "{}", String::from_utf8_lossy(&lost.body));
-    assert_eq!(faults(0.0).await.status, 200);
+    faults(0.0).await;
     let again = client.post(&path, "c-2", &json!({})).await;
     assert_eq!(
         again.status,
@@ -563,19 +548,27 @@ async fn repeated_capture_after_a_lost_answer_captures(backend: Backend) {
     );
     assert_eq!(again.json()["status"], "captured");
     // The authorization's hold, one capture, the hold's release.
-    let captures = client
-        .entries_of(id)
-        .await
+    let clearing = format!("psp:{}:clearing", rig.provider());
+    let captures = without_provider_fees(client.entries_of(id).await)
         .into_iter()
         .filter(|entry| {
             entry["legs"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .any(|leg| leg["account"] == "psp:sim:clearing")
+                .any(|leg| leg["account"] == clearing.as_str())
         })
         .count();
     assert_eq!(captures, 1, "captured once");
+    assert_eq!(rig.operations_of(id, "capture").await.len(), 1);
+}
+
+async fn repeated_capture_after_a_lost_answer_captures(backend: Backend) {
+    repeated_capture_after_a_lost_answer_captures_at(backend, Psp::Sim).await;
+}
+
+async fn repeated_capture_after_a_lost_answer_captures_at_stripe(backend: Backend) {
+    repeated_capture_after_a_lost_answer_captures_at(backend, Psp::Stripe).await;
 }
 
 /// Creates a payment that needs a redirect (key `key`), completes the redirect at the simulator
@@ -688,9 +681,11 @@ common::on_both_backends!(
     replays_are_byte_identical,
     crash_between_charge_and_finalisation_resumes_once,
     provider_outcomes_and_their_postings,
+    provider_outcomes_and_their_postings_at_stripe,
     concurrent_transfers_never_overdraw,
     bad_input_is_a_4xx_with_a_code,
     repeated_capture_after_a_lost_answer_captures,
+    repeated_capture_after_a_lost_answer_captures_at_stripe,
     replay_after_the_redirect_carries_no_next_action,
     events_view_withholds_the_redirect_url,
 );

@@ -418,6 +418,21 @@ pub async fn wait_for(
 }
 
 /// `asiento verify` until it passes (at most 30 s: the projections and the sealer catch up).
+/// A payment's entries without the provider's fees (Stripe reports one per balance transaction;
+/// the simulator's protocol none outside its settlement report): the ones that move its money.
+pub fn without_provider_fees(entries: Vec<Value>) -> Vec<Value> {
+    entries
+        .into_iter()
+        .filter(|entry| {
+            !entry["legs"].as_array().unwrap().iter().any(|leg| {
+                leg["account"]
+                    .as_str()
+                    .is_some_and(|account| account.starts_with("expense:provider_fees:"))
+            })
+        })
+        .collect()
+}
+
 pub fn verify(database: &TestDatabase) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
