@@ -2,7 +2,8 @@
 //! reordering switched on, in its own protocol and in Stripe's (as a `stripe` provider, where each
 //! event is a hint the worker reads the object for), and every payment converges to the provider's
 //! truth with nothing posted twice; the endpoint refuses what is not signed right and stores
-//! nothing then.
+//! nothing then, under `Psp-Signature` and under `Stripe-Signature` (where a secret rotation's
+//! two `v1` values are accepted).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -11,7 +12,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::rig::{Psp, Rig};
-use common::{expected_status, payment_body, verify, Backend, Client, Server, TestDatabase};
+use common::stripe::WEBHOOK_SECRET;
+use common::{
+    expected_status, payment_body, verify, without_provider_fees, Backend, Client, Server,
+    TestDatabase,
+};
 use serde_json::{json, Value};
 
 const SECRET: &str = "whsec_test_0123456789";
@@ -296,6 +301,125 @@ async fn the_endpoint_refuses_what_is_not_signed_right(backend: Backend) {
     );
 }
 
+/// Stripe's endpoint, `/webhooks/stripe`, under `Stripe-Signature`: a wrong secret, a stale
+/// timestamp and a body that is no event are refused and store nothing; during a secret rotation
+/// (one `v1` per secret) any matching `v1` is enough; a repeat is acknowledged as a duplicate, and
+/// the one stored event, a hint, is read as the PaymentIntent stands: nothing posted twice.
+async fn the_stripe_endpoint_refuses_what_is_not_signed_right(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let rig = Rig::start(&database, Psp::Stripe, &[]);
+    let client = rig.client();
+    rig.drop_every_webhook().await;
+    let created = client
+        .post("/v1/payments", "ws-1", &rig.payment(10_000, "pm_card_ok"))
+        .await
+        .json();
+    assert_eq!(created["status"], "captured", "{created}");
+    let id = created["id"].as_str().unwrap();
+    let intent = created["provider_charge_id"].as_str().unwrap();
+    let body = serde_json::to_vec(&json!({
+        "id": "evt_test_stripe_1", "object": "event", "type": "payment_intent.succeeded",
+        "api_version": asiento_psp::stripe::API_VERSION, "created": 1_764_000_000,
+        "livemode": false, "pending_webhooks": 1,
+        "request": {"id": null, "idempotency_key": null},
+        "data": {"object": {"id": intent, "object": "payment_intent", "status": "succeeded",
+                            "metadata": {"asiento_payment_id": id}}}
+    }))
+    .unwrap();
+    let now = chrono::Utc::now().timestamp();
+    let post = |signature: String, body: Vec<u8>| {
+        client.send(
+            client
+                .http
+                .post(format!("{}/webhooks/stripe", client.base))
+                .header("stripe-signature", signature)
+                .body(body),
+        )
+    };
+    let v1 = |secret: &str, at: i64, body: &[u8]| {
+        let signed = asiento_psp::sign(secret, at, body);
+        signed.split_once(",v1=").unwrap().1.to_owned()
+    };
+    let cases = [
+        (
+            asiento_psp::sign("whsec_wrong", now, &body),
+            body.clone(),
+            "signature_invalid",
+        ),
+        (
+            asiento_psp::sign(WEBHOOK_SECRET, now - 3_600, &body),
+            body.clone(),
+            "signature_stale",
+        ),
+        (
+            asiento_psp::sign(WEBHOOK_SECRET, now, b"{not json"),
+            b"{not json".to_vec(),
+            "invalid_body",
+        ),
+    ];
+    for (signature, raw, code) in cases {
+        let answer = post(signature, raw).await;
+        assert_eq!((answer.status, answer.code().as_str()), (400, code));
+    }
+    // A rotation: the old secret's signature first, the current one's second.
+    let rotated = format!(
+        "t={now},v1={},v1={}",
+        v1("whsec_old_secret", now, &body),
+        v1(WEBHOOK_SECRET, now, &body)
+    );
+    let first = post(rotated, body.clone()).await;
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    assert_eq!(first.json()["duplicate"], false);
+    let again = post(asiento_psp::sign(WEBHOOK_SECRET, now, &body), body.clone()).await;
+    assert_eq!(
+        (again.status, again.json()["duplicate"].clone()),
+        (200, json!(true))
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !metric_at_least(
+        &client,
+        "asiento_webhook_events_processed_total{outcome=\"applied\"",
+        1.0,
+    )
+    .await
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the stored event was never applied"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let payment = client.get(&format!("/v1/payments/{id}")).await.json();
+    assert_eq!(payment["status"], "captured");
+    assert_eq!(payment["needs_review"], false, "{payment}");
+    let entries = without_provider_fees(client.entries_of(id).await);
+    assert_eq!(entries.len(), 1, "one capture entry: {entries:?}");
+    verify(&database);
+}
+
+async fn metric_at_least(client: &Client, line_start: &str, at_least: f64) -> bool {
+    let text = client
+        .http
+        .get(format!("{}/metrics", client.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let total: f64 = text
+        .lines()
+        .filter(|line| line.starts_with(line_start))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    total >= at_least
+}
+
 /// Two `serve --role worker` processes drain one PostgreSQL inbox of 1,000 events: every event is
 /// applied exactly once, and both processes did some of the work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -487,4 +611,5 @@ common::on_both_backends!(
     payments_converge_under_duplicated_and_reordered_webhooks,
     payments_at_stripe_converge_under_duplicated_and_reordered_webhooks,
     the_endpoint_refuses_what_is_not_signed_right,
+    the_stripe_endpoint_refuses_what_is_not_signed_right,
 );
