@@ -171,24 +171,44 @@ async fn paid_fact(
     }
     let ids: Vec<PaymentId> = covered.keys().copied().collect();
     let loaded = log::load_payments(flow.store.as_ref(), &ids).await?;
-    let mut lines = Vec::with_capacity(covered.len());
-    for (payment, (net, transactions, charge)) in covered {
+    let mut ours = Vec::with_capacity(covered.len());
+    for (payment, line) in covered {
         let record = loaded
             .get(&payment)
             .and_then(|loaded| loaded.aggregate.record.as_ref())
             .filter(|record| &record.provider == provider);
         let Some(record) = record else {
+            unattributed = unattributed.saturating_add(line.0);
+            continue;
+        };
+        if facts::charge_misfit(record, line.2).is_none() {
+            bring_up_to_date(flow, payment, line.2).await?;
+        }
+        ours.push((payment, line));
+    }
+    // Read again after the updates: what our books hold for each payment, at which version.
+    let ids: Vec<PaymentId> = ours.iter().map(|(payment, _)| *payment).collect();
+    let updated = log::load_payments(flow.store.as_ref(), &ids).await?;
+    let mut lines = Vec::with_capacity(ours.len());
+    for (payment, (net, transactions, charge)) in ours {
+        let Some((record, version)) = updated
+            .get(&payment)
+            .and_then(|loaded| Some((loaded.aggregate.record.as_ref()?, loaded.aggregate.version)))
+        else {
             unattributed = unattributed.saturating_add(net);
             continue;
         };
-        if facts::charge_misfit(record, charge).is_none() {
-            bring_up_to_date(flow, payment, charge).await?;
+        let provider_net = Amount::new(provider_net(charge));
+        let agreed = record.provider_holds().ok() == Some(provider_net);
+        if !agreed {
+            tracing::warn!(%payment, provider_net = provider_net.minor(), "our books for the payment disagree with what the provider holds for it");
         }
         lines.push(PayoutLine {
             payment,
             tenant: record.tenant.clone(),
             net_minor: Amount::new(net),
-            provider_net_minor: Amount::new(provider_net(charge)),
+            provider_net_minor: provider_net,
+            agreed_at_version: agreed.then_some(version),
             transactions,
         });
     }

@@ -495,6 +495,8 @@ async fn paid_payout(database: &Database, id: &str, lines: &[(PaymentId, i64, i6
                 tenant: TenantId::parse("acme").unwrap(),
                 net_minor: Amount::new(*net),
                 provider_net_minor: Amount::new(*provider_net),
+                // A captured payment's stream: its create, request, capture and entry.
+                agreed_at_version: Some(4),
                 transactions: vec![format!("txn_{payment}")],
             })
             .collect(),

@@ -693,11 +693,17 @@ async fn abandoned_redirects_are_cancelled_and_expire(backend: Backend) {
         requires_action_timeout_ms: 0,
         ..patient
     };
-    let summary = Reconciler::new(h.flow.clone(), impatient)
-        .sweep_once()
-        .await
-        .unwrap();
-    assert_eq!(summary.errors, 0, "{summary}");
+    // Under load a sweep may leave it to the next (its lease held by the webhook worker, the
+    // provider's answer to the cancel too slow): a few sweeps, never an error.
+    let sweeper = Reconciler::new(h.flow.clone(), impatient);
+    for _ in 0..20 {
+        let summary = sweeper.sweep_once().await.unwrap();
+        assert_eq!(summary.errors, 0, "{summary}");
+        if h.status(abandoned).await == PaymentStatus::Expired {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     assert_eq!(h.status(abandoned).await, PaymentStatus::Expired);
     assert_eq!(h.charge_of(abandoned).status, ChargeStatus::Failed);
     assert_eq!(h.status(finished).await, PaymentStatus::Captured);

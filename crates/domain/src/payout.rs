@@ -89,9 +89,14 @@ pub struct PayoutLine {
     /// when its refunds outweigh what it brought in).
     pub net_minor: Amount,
     /// Everything the provider holds for the payment, all its balance transactions, as read
-    /// when the payout was applied: once every payout line of a payment adds up to it, the
-    /// payment's clearing legs and those lines net to zero (`asiento verify` checks it).
+    /// when the payout was applied.
     pub provider_net_minor: Amount,
+    /// The payment's stream version at which our books held exactly `provider_net_minor` for
+    /// it (`PaymentRecord::provider_holds`), `None` when they did not. Once the payment's payout
+    /// lines add up to it, its clearing legs up to that version and those lines net to zero
+    /// (`asiento verify` checks it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agreed_at_version: Option<u64>,
     /// The provider's balance transactions (`txn_…`) the line covers.
     pub transactions: Vec<String>,
 }
@@ -306,6 +311,7 @@ mod tests {
             tenant: TenantId::parse(tenant).unwrap(),
             net_minor: Amount::new(net),
             provider_net_minor: Amount::new(net),
+            agreed_at_version: Some(2),
             transactions: vec![format!("txn_{n}")],
         }
     }

@@ -432,6 +432,7 @@ fn payout_fixtures() -> Vec<(PayoutEvent, Value)> {
                     tenant: tenant(),
                     net_minor: Amount::new(9_710),
                     provider_net_minor: Amount::new(9_710),
+                    agreed_at_version: Some(4),
                     transactions: vec!["txn_1".into()],
                 }],
                 unattributed_minor: Amount::ZERO,
@@ -442,7 +443,8 @@ fn payout_fixtures() -> Vec<(PayoutEvent, Value)> {
                 "provider": "stripe", "payout_id": "po_1", "currency": "USD",
                 "amount_minor": 9710,
                 "lines": [{"payment": PAY, "tenant": "acme", "net_minor": 9710,
-                           "provider_net_minor": 9710, "transactions": ["txn_1"]}],
+                           "provider_net_minor": 9710, "agreed_at_version": 4,
+                           "transactions": ["txn_1"]}],
                 "unattributed_minor": 0, "created": AT, "at": AT
             }),
         ),

@@ -317,6 +317,7 @@ proptest! {
                 balance(&balances, &clearing()),
                 record.refunded.minor() - record.captured.minor() + lost_disputes + withdrawn + provider_fees
             );
+            prop_assert_eq!(balance(&balances, &clearing()), -record.provider_holds().unwrap().minor());
             // An authorization holds its amount as a pending credit to the customer exactly
             // while the payment is authorized; leaving releases it whole.
             let held = if record.status == PaymentStatus::Authorized { record.authorized.minor() } else { 0 };

@@ -604,7 +604,7 @@ impl Checker {
             (StreamKind::parse(&event.stream_id), &decoded)
         {
             if let PaymentEvent::EntryPosted(posted) = payment_event {
-                payouts.payment_entry(id, &posted.entry);
+                payouts.payment_entry(id, event.version, &posted.entry);
             }
             let count = captures.entry(id.to_string()).or_default();
             match payment_event {

@@ -4,8 +4,9 @@
 //!   +share, `bank:{provider}:payouts` −share), its lines and unattributed part add up to its
 //!   amount, and a payout that failed after it was paid has every share reversed exactly once;
 //! - `payout_clearing`: once a payment's payout lines add up to everything the provider held
-//!   for it (`provider_net_minor`, read when the payout was posted), its clearing legs and those
-//!   lines net to zero: the clearing account's share the payouts covered is gone from it.
+//!   for it (`provider_net_minor`, read when the payout was posted, where our books agreed at
+//!   `agreed_at_version`), its clearing legs up to that version and those lines net to zero:
+//!   the clearing account's share the payouts covered is gone from it.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -25,8 +26,8 @@ struct PayoutSeen {
 
 #[derive(Default)]
 pub(super) struct PayoutTally {
-    /// Every clearing leg a payment's stream posted, summed, up to where the log has been read.
-    clearing: HashMap<PaymentId, i128>,
+    /// A payment's clearing legs summed at each version that posted one, in order.
+    clearing: HashMap<PaymentId, Vec<(u64, i128)>>,
     /// Every payout line of a payment that stands (its payout not failed), summed.
     paid_out: HashMap<PaymentId, i128>,
     payouts: BTreeMap<String, PayoutSeen>,
@@ -45,8 +46,20 @@ fn clearing_legs(entry: &JournalEntry) -> i128 {
 }
 
 impl PayoutTally {
-    pub(super) fn payment_entry(&mut self, payment: PaymentId, entry: &JournalEntry) {
-        *self.clearing.entry(payment).or_default() += clearing_legs(entry);
+    pub(super) fn payment_entry(&mut self, payment: PaymentId, version: u64, entry: &JournalEntry) {
+        let sums = self.clearing.entry(payment).or_default();
+        let before = sums.last().map_or(0, |(_, sum)| *sum);
+        sums.push((version, before + clearing_legs(entry)));
+    }
+
+    /// The payment's clearing legs summed up to `version`.
+    fn clearing_at(&self, payment: PaymentId, version: u64) -> i128 {
+        self.clearing.get(&payment).map_or(0, |sums| {
+            sums.iter()
+                .take_while(|(at, _)| *at <= version)
+                .last()
+                .map_or(0, |(_, sum)| *sum)
+        })
     }
 
     pub(super) fn payout_event(
@@ -55,7 +68,6 @@ impl PayoutTally {
         event: &PayoutEvent,
         report: &mut Report,
     ) {
-        let seen = self.payouts.entry(stream_id.to_owned()).or_default();
         match event {
             PayoutEvent::PayoutPaid(paid) => {
                 let lines: i128 = paid
@@ -77,24 +89,29 @@ impl PayoutTally {
                 for line in &paid.lines {
                     let paid_out = self.paid_out.entry(line.payment).or_default();
                     *paid_out += i128::from(line.net_minor.minor());
-                    if *paid_out != i128::from(line.provider_net_minor.minor()) {
+                    let paid_out = *paid_out;
+                    let Some(version) = line.agreed_at_version else {
+                        continue;
+                    };
+                    if paid_out != i128::from(line.provider_net_minor.minor()) {
                         continue;
                     }
-                    let clearing = self.clearing.get(&line.payment).copied().unwrap_or(0);
-                    if clearing + *paid_out != 0 {
+                    let clearing = self.clearing_at(line.payment, version);
+                    if clearing + paid_out != 0 {
                         report.push(
                             Check::PayoutClearing,
                             line.payment.to_string(),
                             format!(
-                                "paid out in full ({paid_out}, last by {stream_id}) but its clearing legs sum to {clearing}, not {}",
-                                -*paid_out
+                                "paid out in full ({paid_out}, last by {stream_id}) but its clearing legs up to version {version} sum to {clearing}, not {}",
+                                -paid_out
                             ),
                         );
                     }
                 }
-                seen.paid = Some(paid.clone());
+                self.seen(stream_id).paid = Some(paid.clone());
             }
             PayoutEvent::PayoutFailed(_) => {
+                let seen = self.payouts.entry(stream_id.to_owned()).or_default();
                 seen.failed = true;
                 for line in seen.paid.iter().flat_map(|paid| &paid.lines) {
                     *self.paid_out.entry(line.payment).or_default() -=
@@ -102,6 +119,7 @@ impl PayoutTally {
                 }
             }
             PayoutEvent::EntryPosted(posted) => {
+                let seen = self.seen(stream_id);
                 let sums = if posted.entry.reverses().is_some() {
                     &mut seen.reversed
                 } else {
@@ -111,6 +129,10 @@ impl PayoutTally {
                     clearing_legs(&posted.entry);
             }
         }
+    }
+
+    fn seen(&mut self, stream_id: &str) -> &mut PayoutSeen {
+        self.payouts.entry(stream_id.to_owned()).or_default()
     }
 
     pub(super) fn report(self, report: &mut Report) {

@@ -234,6 +234,25 @@ impl PaymentRecord {
             .map(|fee| fee.fee)
     }
 
+    /// What the provider holds for this payment by our books, all its movements together:
+    /// captured, less refunded, less a disputed amount it took (withdrawn while open, or lost),
+    /// less its fees. The payment's `psp:{provider}:clearing` legs sum to its negation.
+    pub fn provider_holds(&self) -> Result<Amount, AmountError> {
+        let disputed = match &self.dispute {
+            Some(d) if d.withdrawn && d.outcome != Some(DisputeOutcome::Won) => d.amount,
+            Some(d) if !d.withdrawn && d.outcome == Some(DisputeOutcome::Lost) => d.amount,
+            _ => Amount::ZERO,
+        };
+        let mut holds = self
+            .captured
+            .checked_sub(self.refunded)?
+            .checked_sub(disputed)?;
+        for fee in &self.provider_fees {
+            holds = holds.checked_sub(fee.fee)?;
+        }
+        Ok(holds)
+    }
+
     /// The fee the platform keeps after refunds: `fee_minor` of API.md.
     pub fn fee_net(&self) -> Result<Amount, AmountError> {
         self.fee.checked_sub(self.fee_reversed)
