@@ -128,22 +128,35 @@ pub async fn load_payments(
     Ok(loaded)
 }
 
+/// A stream folded into its aggregate with the family's own decoder and `evolve`.
+async fn load_folded<A: Default, E>(
+    store: &dyn EventStore,
+    stream_id: &str,
+    decode: fn(&str, i32, &str) -> Result<E, DecodeError>,
+    evolve: fn(A, &E) -> A,
+) -> Result<Loaded<A, E>, LogError> {
+    let recorded = read_whole_stream(store, stream_id).await?;
+    let mut aggregate = A::default();
+    let mut events = Vec::with_capacity(recorded.len());
+    for raw in recorded {
+        let event = decode(&raw.event_type, raw.schema, raw.data.raw())?;
+        aggregate = evolve(aggregate, &event);
+        events.push((raw, event));
+    }
+    Ok(Loaded { aggregate, events })
+}
+
 pub async fn load_transfer(
     store: &dyn EventStore,
     id: TransferId,
 ) -> Result<Loaded<Transfer, TransferEvent>, LogError> {
-    let recorded = read_whole_stream(store, &transfer_stream(id)).await?;
-    let mut transfer = Transfer::default();
-    let mut events = Vec::with_capacity(recorded.len());
-    for raw in recorded {
-        let event = TransferEvent::decode_raw(&raw.event_type, raw.schema, raw.data.raw())?;
-        transfer = asiento_domain::transfer::evolve(transfer, &event);
-        events.push((raw, event));
-    }
-    Ok(Loaded {
-        aggregate: transfer,
-        events,
-    })
+    load_folded(
+        store,
+        &transfer_stream(id),
+        TransferEvent::decode_raw,
+        asiento_domain::transfer::evolve,
+    )
+    .await
 }
 
 pub async fn load_payout(
@@ -151,18 +164,13 @@ pub async fn load_payout(
     provider: &ProviderName,
     id: &PayoutId,
 ) -> Result<Loaded<Payout, PayoutEvent>, LogError> {
-    let recorded = read_whole_stream(store, &payout_stream(provider, id)).await?;
-    let mut payout = Payout::default();
-    let mut events = Vec::with_capacity(recorded.len());
-    for raw in recorded {
-        let event = PayoutEvent::decode_raw(&raw.event_type, raw.schema, raw.data.raw())?;
-        payout = asiento_domain::payout::evolve(payout, &event);
-        events.push((raw, event));
-    }
-    Ok(Loaded {
-        aggregate: payout,
-        events,
-    })
+    load_folded(
+        store,
+        &payout_stream(provider, id),
+        PayoutEvent::decode_raw,
+        asiento_domain::payout::evolve,
+    )
+    .await
 }
 
 /// The state of one guard from its stream's last event (each carries the balance after it).

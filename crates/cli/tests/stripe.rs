@@ -21,22 +21,6 @@ use common::stripe::{
 use common::{payment, verify, wait_for, Backend, Client, TestDatabase};
 use serde_json::{json, Value};
 
-async fn metric(client: &Client, line_start: &str) -> f64 {
-    let text = client
-        .http
-        .get(format!("{}/metrics", client.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|line| line.starts_with(line_start))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 async fn payments_through_stripe(backend: Backend) {
     let database = TestDatabase::new(backend).await;
     // The server does not call its provider before a payment, so the simulator can start after
@@ -246,11 +230,9 @@ async fn payments_through_stripe(backend: Backend) {
 
     // Every event was verified and stored, none refused or dead-lettered.
     assert!(
-        metric(
-            &client,
-            "asiento_webhooks_received_total{outcome=\"stored\""
-        )
-        .await
+        client
+            .metric("asiento_webhooks_received_total{outcome=\"stored\"")
+            .await
             >= 4.0
     );
     for refused in [
@@ -260,14 +242,12 @@ async fn payments_through_stripe(backend: Backend) {
         "unknown_provider",
     ] {
         let line = format!("asiento_webhooks_received_total{{outcome=\"{refused}\"");
-        assert_eq!(metric(&client, &line).await, 0.0, "{refused}");
+        assert_eq!(client.metric(&line).await, 0.0, "{refused}");
     }
     assert_eq!(
-        metric(
-            &client,
-            "asiento_webhook_events_processed_total{outcome=\"dead\""
-        )
-        .await,
+        client
+            .metric("asiento_webhook_events_processed_total{outcome=\"dead\"")
+            .await,
         0.0
     );
     verify(&database);

@@ -381,12 +381,10 @@ async fn the_stripe_endpoint_refuses_what_is_not_signed_right(backend: Backend) 
         (200, json!(true))
     );
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !metric_at_least(
-        &client,
-        "asiento_webhook_events_processed_total{outcome=\"applied\"",
-        1.0,
-    )
-    .await
+    while client
+        .metric("asiento_webhook_events_processed_total{outcome=\"applied\"")
+        .await
+        < 1.0
     {
         assert!(
             Instant::now() < deadline,
@@ -400,24 +398,6 @@ async fn the_stripe_endpoint_refuses_what_is_not_signed_right(backend: Backend) 
     let entries = without_provider_fees(client.entries_of(id).await);
     assert_eq!(entries.len(), 1, "one capture entry: {entries:?}");
     verify(&database);
-}
-
-async fn metric_at_least(client: &Client, line_start: &str, at_least: f64) -> bool {
-    let text = client
-        .http
-        .get(format!("{}/metrics", client.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let total: f64 = text
-        .lines()
-        .filter(|line| line.starts_with(line_start))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    total >= at_least
 }
 
 /// Two `serve --role worker` processes drain one PostgreSQL inbox of 1,000 events: every event is

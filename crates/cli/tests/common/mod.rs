@@ -273,6 +273,24 @@ pub struct Client {
 }
 
 impl Client {
+    /// The sum of the `/metrics` samples whose line starts with `line_start` (a name and the
+    /// start of its labels).
+    pub async fn metric(&self, line_start: &str) -> f64 {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|line| line.starts_with(line_start))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// A client that opens a new connection per request: a server may close a connection whose
     /// body it refused to read (413), and a pooled client would then reuse a dead connection.
     pub fn unpooled(&self) -> Self {
