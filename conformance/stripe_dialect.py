@@ -8,7 +8,7 @@ conformance/requirements.txt. Arguments come from the environment:
 Each check raises on a mismatch; the process exits non-zero with the traceback, which the cargo
 test prints. The library is used as a merchant's code uses it: module-level api_key and
 api_base, resources' create/confirm/capture/retrieve/list (balance transactions with their
-sources expanded, and payouts, too), errors as exceptions, and
+sources expanded, payouts, and events), errors as exceptions, and
 Webhook.construct_event on every event the simulator delivered.
 """
 
@@ -259,6 +259,16 @@ def run_checks(base):
         raise AssertionError("another secret verified")
     except stripe.SignatureVerificationError:
         pass
+
+    # The same events, listed (a type group, auto-paged) and retrieved, delivered or not.
+    listed = list(stripe.Event.list(type="payment_intent.*", limit=2).auto_paging_iter())
+    kinds = {event.type for event in listed}
+    check("payment_intent.succeeded" in kinds, kinds)
+    check(all(event.type.startswith("payment_intent.") for event in listed), kinds)
+    check(len({event.id for event in listed}) == len(listed), "an event listed twice")
+    retrieved = stripe.Event.retrieve(listed[0].id)
+    check(isinstance(retrieved, stripe.Event) and retrieved.id == listed[0].id, retrieved)
+    check(retrieved.data.object.object == "payment_intent", retrieved)
 
 
 if __name__ == "__main__":

@@ -444,6 +444,23 @@ pub trait Provider: Send + Sync {
         idempotency_key: &str,
     ) -> Result<Option<Charge>, ProviderError>;
 
+    /// A cross-check before a charge is concluded absent, for a provider without a lookup by
+    /// key: the charge whose creation or confirmation a request under `idempotency_key` caused,
+    /// found in the provider's own record of the requests it acted on in `[from, to)` (Stripe's
+    /// events list, whose `request.idempotency_key` names each event's request). `None` when
+    /// that record names none with money moved; `Err(Unsupported)` without a network call when
+    /// the provider keeps no such record (the default).
+    async fn find_charge_in_events(
+        &self,
+        idempotency_key: &str,
+        _from: DateTime<Utc>,
+        _to: DateTime<Utc>,
+    ) -> Result<Option<Charge>, ProviderError> {
+        Err(ProviderError::Unsupported {
+            what: format!("search its events for key {idempotency_key}"),
+        })
+    }
+
     /// The operation requested with our idempotency key, or `None` when the
     /// provider never received (or never acted on) that key.
     /// `Err(Unsupported)` without a network call when

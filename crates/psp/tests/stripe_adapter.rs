@@ -642,3 +642,46 @@ async fn a_payout_is_read_with_every_transaction_it_covered_and_the_charges_they
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_payment_intent_made_under_our_key_is_found_in_stripe_s_events() {
+    bounded(async {
+        let sim = stripe_sim(30_000).await;
+        let stripe = adapter(&sim, 2_000);
+        let (from, to) = (
+            Utc::now() - Duration::minutes(1),
+            Utc::now() + Duration::minutes(1),
+        );
+        let ChargeOutcome::Succeeded(paid) = stripe
+            .create_charge(&charge("ev1", "pm_card_visa", true))
+            .await
+        else {
+            panic!("a visa test card succeeds");
+        };
+        let found = stripe
+            .find_charge_in_events("ev1", from, to)
+            .await
+            .unwrap()
+            .expect("the confirmation's events name it");
+        assert_eq!(
+            (found.id.as_str(), found.status),
+            (paid.id.as_str(), ChargeStatus::Succeeded)
+        );
+        assert_eq!(found.reference.as_deref(), Some("pay_ev1"));
+        assert_eq!(
+            stripe.find_charge_in_events("ev2", from, to).await.unwrap(),
+            None
+        );
+        // Events outside the window are not searched.
+        let earlier = from - Duration::minutes(5);
+        assert_eq!(
+            stripe
+                .find_charge_in_events("ev1", earlier, from)
+                .await
+                .unwrap(),
+            None
+        );
+        sim.shutdown().await;
+    })
+    .await;
+}

@@ -16,6 +16,10 @@ use crate::idempotency;
 use crate::leases;
 use crate::log;
 use crate::payments::FlowError;
+
+/// How far around a payment's life its provider's events are searched: the provider's clock may
+/// run behind or ahead of ours.
+const EVENTS_LEEWAY_MINUTES: i64 = 10;
 use crate::watch;
 
 /// Stale payments looked up in one sweep; the rest wait for the next.
@@ -128,6 +132,8 @@ impl Reconciler {
         // settlement report has been compared past the payment's expiry: a charge created for
         // it would have been touched inside one of those windows, and its line would have
         // settled the payment.
+        // Before that conclusion, the provider's own record of the requests it acted on (its
+        // events list, where it keeps one) is asked for a charge made under our key.
         let lookup = match lookup {
             Err(ProviderError::Unsupported { .. })
                 if record.provider_charge_id.is_none()
@@ -137,7 +143,21 @@ impl Reconciler {
                         .await?
                         .is_some_and(|mark| mark >= expired_ms) =>
             {
-                Ok(None)
+                // The requests that could have made it ran from its creation until its
+                // expiry (one still running past it keeps it from expiring, below).
+                let leeway = chrono::Duration::minutes(EVENTS_LEEWAY_MINUTES);
+                let from = record.created_at - leeway;
+                let to = record.created_at
+                    + chrono::Duration::milliseconds(self.config.pending_timeout_ms)
+                    + leeway;
+                match provider
+                    .adapter
+                    .find_charge_in_events(&record.psp_key, from, to.min(self.flow.clock.now()))
+                    .await
+                {
+                    Err(ProviderError::Unsupported { .. }) => Ok(None),
+                    found => found,
+                }
             }
             other => other,
         };

@@ -45,6 +45,9 @@ const FORM: &str = "application/x-www-form-urlencoded";
 /// transaction, whose fee is posted as Stripe's.
 const EXPAND_CHARGE: &str = "latest_charge.balance_transaction";
 
+/// What a PaymentIntent's confirmation is keyed with: its creation's key and this.
+const CONFIRM_KEY_SUFFIX: &str = ":confirm";
+
 /// What Stripe allows: lookups by id only, asynchronous refunds, keys planned for 23 hours
 /// (Stripe prunes them "at least 24 hours" after first use).
 pub const CAPABILITIES: Capabilities = Capabilities {
@@ -243,7 +246,7 @@ impl Provider for StripeProvider {
             }
         };
         let confirm = Form::new().list("expand", [EXPAND_CHARGE]);
-        let key = format!("{}:confirm", req.idempotency_key);
+        let key = format!("{}{CONFIRM_KEY_SUFFIX}", req.idempotency_key);
         match self
             .post(
                 &["v1", "payment_intents", &intent.id, "confirm"],
@@ -353,6 +356,36 @@ impl Provider for StripeProvider {
             what: "look a PaymentIntent up by our idempotency key (Stripe has no such lookup)"
                 .to_owned(),
         })
+    }
+
+    /// The events list (kept 30 days) of the window, paged: the first `payment_intent.*` event
+    /// whose request was made under the key, or under its confirmation's (`<key>:confirm`),
+    /// names the PaymentIntent, read as it stands; one never confirmed moved no money (`None`).
+    #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), key = %key))]
+    async fn find_charge_in_events(
+        &self,
+        key: &str,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<Option<Charge>, ProviderError> {
+        let [gte, lt] = created_in(from, to);
+        let filters = [("type", "payment_intent.*".to_owned()), gte, lt];
+        let events: Vec<Event> = self.listed(&["v1", "events"], &filters, None).await?;
+        let confirm_key = format!("{key}{CONFIRM_KEY_SUFFIX}");
+        let named = events.iter().find_map(|event| {
+            let request = event.request.as_ref()?.idempotency_key.as_deref()?;
+            (request == key || request == confirm_key)
+                .then(|| event.data.object["id"].as_str())
+                .flatten()
+        });
+        let Some(id) = named else {
+            return Ok(None);
+        };
+        tracing::warn!(intent = %id, "a PaymentIntent made under our key found in Stripe's events, not in the report");
+        match self.intent(id).await? {
+            Some(intent) if charge_of(&intent).is_ok() => Ok(Some(self.charge_now(&intent).await?)),
+            _ => Ok(None),
+        }
     }
 
     async fn find_operation_by_key(&self, _key: &str) -> Result<Option<Operation>, ProviderError> {

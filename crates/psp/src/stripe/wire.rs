@@ -386,3 +386,9 @@ pub struct Event {
     #[serde(default)]
     pub request: Option<EventRequest>,
 }
+
+impl HasId for Event {
+    fn id(&self) -> &str {
+        &self.id
+    }
+}

@@ -1,17 +1,26 @@
 //! The Stripe dialect's webhooks: each change of the simulator's charge model announced as the
 //! Stripe events a Stripe account sends for it (a captured card payment is both
 //! `payment_intent.succeeded` and `charge.succeeded`), each with its own `evt_` id and the
-//! object as it stood.
+//! object as it stood; and the same events listed as Stripe serves them (`GET /v1/events`, by
+//! `type`, a `*` wildcard after a dot included, and `created` window; `GET /v1/events/{id}`),
+//! delivered or not.
 
 use std::collections::BTreeMap;
 
+use axum::extract::{Path, RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
 use serde_json::Value;
 
 use super::book::intent_id_of;
-use super::render::{self, Expand};
+use super::listing::Listing;
+use super::params::Params;
+use super::render::{self, Expand, StripeError};
+use super::{ok, read_call};
 use crate::event::{EventType, WebhookEvent};
 use crate::provider::{OperationKind, OperationStatus};
 use crate::sim::state::{Outgoing, SimState};
+use crate::sim::Simulator;
 
 /// The Stripe events one change of the charge model stands for.
 pub(crate) fn events(event: &WebhookEvent, state: &SimState) -> Vec<Outgoing> {
@@ -101,4 +110,94 @@ pub(crate) fn events(event: &WebhookEvent, state: &SimState) -> Vec<Outgoing> {
             }
         })
         .collect()
+}
+
+/// Every Stripe event the simulator's recorded changes made in the window stand for, newest
+/// first (filtered before they are rendered: a page of a busy window renders no more).
+fn all_events(state: &SimState, window: impl Fn(i64) -> bool) -> Vec<Value> {
+    let mut all: Vec<Value> = state
+        .events()
+        .iter()
+        .filter(|event| window(event.created))
+        .flat_map(|event| events(event, state))
+        .filter_map(|outgoing| serde_json::from_slice(&outgoing.body).ok())
+        .collect();
+    all.reverse();
+    all
+}
+
+/// Whether an event of `kind` is of the type asked for: the same, or `group.*` for its group.
+fn of_type(kind: &str, asked: &str) -> bool {
+    match asked.strip_suffix('*') {
+        Some(group) if group.ends_with('.') => kind.starts_with(group),
+        _ => kind == asked,
+    }
+}
+
+pub(crate) async fn list_events(
+    State(sim): State<Simulator>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let read = |params: &mut Params| {
+        let listing = Listing::read(params)?;
+        let kind = params.text("type")?;
+        Ok((listing, kind))
+    };
+    read_call(&sim, &headers, query, read, |state, (listing, kind)| {
+        let all = all_events(state, |created| listing.created(created));
+        let matching: Vec<&Value> = all
+            .iter()
+            .filter(|event| {
+                kind.as_deref()
+                    .is_none_or(|asked| of_type(event["type"].as_str().unwrap_or_default(), asked))
+            })
+            .collect();
+        listing.answer(
+            "/v1/events",
+            &matching,
+            |event| event["id"].as_str().unwrap_or_default(),
+            Value::clone,
+        )
+    })
+    .await
+}
+
+pub(crate) async fn get_event(
+    State(sim): State<Simulator>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    read_call(
+        &sim,
+        &headers,
+        query,
+        |_| Ok(()),
+        |state, ()| {
+            let event = all_events(state, |_| true)
+                .into_iter()
+                .find(|event| event["id"] == id.as_str())
+                .ok_or_else(|| StripeError::not_found("event", &id))?;
+            Ok(ok(&event))
+        },
+    )
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::of_type;
+
+    #[test]
+    fn event_types_match_exactly_or_by_group() {
+        assert!(of_type(
+            "payment_intent.succeeded",
+            "payment_intent.succeeded"
+        ));
+        assert!(of_type("payment_intent.succeeded", "payment_intent.*"));
+        assert!(!of_type("charge.succeeded", "payment_intent.*"));
+        assert!(!of_type("payment_intent.succeeded", "payment_intent"));
+        assert!(!of_type("payment_intent.succeeded", "*"));
+    }
 }

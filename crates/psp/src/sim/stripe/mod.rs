@@ -95,6 +95,8 @@ pub(super) fn routes() -> Router<Simulator> {
         .route("/v1/charges/{id}", get(get_charge))
         .route("/v1/disputes", get(list_disputes))
         .route("/v1/disputes/{id}", get(get_dispute))
+        .route("/v1/events", get(events::list_events))
+        .route("/v1/events/{id}", get(events::get_event))
         .route("/v1/balance_transactions", get(list_balance_transactions))
         .route(
             "/v1/balance_transactions/{id}",
