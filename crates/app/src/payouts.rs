@@ -58,13 +58,25 @@ pub enum Posted {
 
 /// What the provider holds for a charge, all its balance transactions together: captured,
 /// less refunded, less an open or lost dispute's withdrawal, less the provider's fees.
-fn provider_net(charge: &Charge) -> i64 {
+fn provider_net(charge: &Charge) -> Result<i64, PayoutError> {
     let disputed = match &charge.dispute {
         Some(dispute) if dispute.status != DisputeStatus::Won => dispute.amount_minor,
         _ => 0,
     };
-    let fees: i64 = charge.provider_fees.iter().map(|fee| fee.fee_minor).sum();
-    charge.amount_captured - charge.amount_refunded - disputed - fees
+    let mut out = summed(charge.amount_refunded, disputed)?;
+    for fee in &charge.provider_fees {
+        out = summed(out, fee.fee_minor)?;
+    }
+    summed(
+        charge.amount_captured,
+        out.checked_neg().unwrap_or(i64::MAX),
+    )
+}
+
+/// `a + b` of the provider's amounts, refused when it does not fit.
+fn summed(a: i64, b: i64) -> Result<i64, PayoutError> {
+    a.checked_add(b)
+        .ok_or_else(|| PayoutError::Invalid(format!("the payout's amounts overflow at {a} + {b}")))
 }
 
 /// Posts `payout`, read from `provider` as it stands.
@@ -163,10 +175,10 @@ async fn paid_fact(
         match (charge, payment) {
             (Some(charge), Some(payment)) => {
                 let line = covered.entry(payment).or_insert((0, Vec::new(), charge));
-                line.0 = line.0.saturating_add(txn.net_minor);
+                line.0 = summed(line.0, txn.net_minor)?;
                 line.1.push(txn.id.clone());
             }
-            _ => unattributed = unattributed.saturating_add(txn.net_minor),
+            _ => unattributed = summed(unattributed, txn.net_minor)?,
         }
     }
     let ids: Vec<PaymentId> = covered.keys().copied().collect();
@@ -178,7 +190,7 @@ async fn paid_fact(
             .and_then(|loaded| loaded.aggregate.record.as_ref())
             .filter(|record| &record.provider == provider);
         let Some(record) = record else {
-            unattributed = unattributed.saturating_add(line.0);
+            unattributed = summed(unattributed, line.0)?;
             continue;
         };
         if facts::charge_misfit(record, line.2).is_none() {
@@ -195,10 +207,10 @@ async fn paid_fact(
             .get(&payment)
             .and_then(|loaded| Some((loaded.aggregate.record.as_ref()?, loaded.aggregate.version)))
         else {
-            unattributed = unattributed.saturating_add(net);
+            unattributed = summed(unattributed, net)?;
             continue;
         };
-        let provider_net = Amount::new(provider_net(charge));
+        let provider_net = Amount::new(provider_net(charge)?);
         let agreed = record.provider_holds().ok() == Some(provider_net);
         if !agreed {
             tracing::warn!(%payment, provider_net = provider_net.minor(), "our books for the payment disagree with what the provider holds for it");
@@ -305,7 +317,7 @@ mod tests {
             created: now,
             updated: now,
         };
-        assert_eq!(provider_net(&charge), 10_000 - 2_500 - 320);
+        assert_eq!(provider_net(&charge).unwrap(), 10_000 - 2_500 - 320);
         let dispute = |status| Dispute {
             status,
             amount_minor: 7_500,
@@ -317,10 +329,16 @@ mod tests {
             fee_minor: 1_500,
         });
         charge.dispute = Some(dispute(DisputeStatus::Open));
-        assert_eq!(provider_net(&charge), 10_000 - 2_500 - 320 - 7_500 - 1_500);
+        assert_eq!(
+            provider_net(&charge).unwrap(),
+            10_000 - 2_500 - 320 - 7_500 - 1_500
+        );
         charge.dispute = Some(dispute(DisputeStatus::Lost));
-        assert_eq!(provider_net(&charge), 10_000 - 2_500 - 320 - 7_500 - 1_500);
+        assert_eq!(
+            provider_net(&charge).unwrap(),
+            10_000 - 2_500 - 320 - 7_500 - 1_500
+        );
         charge.dispute = Some(dispute(DisputeStatus::Won));
-        assert_eq!(provider_net(&charge), 10_000 - 2_500 - 320 - 1_500);
+        assert_eq!(provider_net(&charge).unwrap(), 10_000 - 2_500 - 320 - 1_500);
     }
 }
