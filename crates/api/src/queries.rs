@@ -154,6 +154,7 @@ fn withheld(event: &PaymentEvent) -> &'static [&'static str] {
         | PaymentEvent::RefundSettled(_)
         | PaymentEvent::OperationReceived(_)
         | PaymentEvent::OperationAnswered(_)
+        | PaymentEvent::OperationIdentified(_)
         | PaymentEvent::OperationRefused(_)
         | PaymentEvent::RefundReversed(_)
         | PaymentEvent::DisputeOpened(_)

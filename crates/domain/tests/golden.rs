@@ -162,6 +162,15 @@ fn payment_fixtures() -> Vec<(PaymentEvent, Value)> {
             json!({"kind": "refund", "sequence": 2, "request_id": "req_2", "replayed": true, "at": AT}),
         ),
         (
+            PaymentEvent::OperationIdentified(OperationIdentified {
+                kind: OperationKind::Refund,
+                sequence: 2,
+                provider_id: "re_2".into(),
+                at: at(10),
+            }),
+            json!({"kind": "refund", "sequence": 2, "provider_id": "re_2", "at": AT}),
+        ),
+        (
             PaymentEvent::OperationRefused(OperationRefused {
                 kind: OperationKind::Capture,
                 sequence: 1,
@@ -546,6 +555,7 @@ fn type_names_and_schemas_are_stable() {
             ("RefundSettled", 1),
             ("OperationReceived", 1),
             ("OperationAnswered", 1),
+            ("OperationIdentified", 1),
             ("OperationRefused", 1),
             ("RefundReversed", 1),
             ("DisputeOpened", 1),

@@ -1018,3 +1018,61 @@ fn a_dispute_opened_without_a_withdrawal_closes_as_it_was_opened() {
         Ok(vec![e_dispute_closed("dp_1", DisputeOutcome::Won)]),
     );
 }
+
+/// A refund settled by a cumulative total before its own answer named it (Stripe's
+/// `charge.refunded` ahead of the refund's answer) learns its provider id from that answer, once.
+#[test]
+fn a_refund_settled_by_a_total_learns_its_id_from_its_answer() {
+    let captured = given(Some(PaymentStatus::Captured));
+    let asked = history_from(captured.clone(), vec![refund_request(2_500)]);
+    let requested = [captured, asked].concat();
+    let settled = history_from(requested.clone(), vec![f_refunded(2_500)]);
+    let before = [requested, settled].concat();
+    assert_eq!(record_after(&before).operations[0].provider_id, None);
+    let PaymentCommand::Provider {
+        fact,
+        fees,
+        at: answered_at,
+    } = refund_outcome(1, 2_500, OperationOutcome::Succeeded)
+    else {
+        unreachable!("refund_outcome builds a provider fact")
+    };
+    let ProviderFact::Operation {
+        kind,
+        charge_id,
+        psp_key,
+        amount,
+        outcome,
+        request,
+        ..
+    } = fact
+    else {
+        unreachable!("refund_outcome builds an operation fact")
+    };
+    let named = PaymentCommand::Provider {
+        fact: ProviderFact::Operation {
+            kind,
+            charge_id,
+            psp_key,
+            provider_id: Some("re_1".into()),
+            amount,
+            outcome,
+            request,
+        },
+        fees,
+        at: answered_at,
+    };
+    let identified = vec![PaymentEvent::OperationIdentified(OperationIdentified {
+        kind: OperationKind::Refund,
+        sequence: 1,
+        provider_id: "re_1".into(),
+        at: at(10),
+    })];
+    check(before.clone(), named.clone(), Ok(identified.clone()));
+    let after = [before, identified].concat();
+    assert_eq!(
+        record_after(&after).operations[0].provider_id.as_deref(),
+        Some("re_1")
+    );
+    check(after, named, Ok(vec![]));
+}

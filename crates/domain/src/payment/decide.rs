@@ -838,6 +838,17 @@ fn refund_outcome(
         (OperationState::Succeeded, OperationOutcome::Failed { reason }) => {
             reverse_refund(draft, &op, reason, at)?;
         }
+        // Settled by a cumulative total that named no refund: the answer names it.
+        (OperationState::Succeeded, OperationOutcome::Succeeded) if op.provider_id.is_none() => {
+            if let Some(provider_id) = reported.provider_id {
+                draft.push(PaymentEvent::OperationIdentified(OperationIdentified {
+                    kind: op.kind,
+                    sequence: op.sequence,
+                    provider_id,
+                    at,
+                }));
+            }
+        }
         // Late or repeated: already recorded. A provider's failure is final, so a success that
         // arrives after it (a refund that succeeded and then failed, its events delivered out of
         // order) is the earlier state, late; and a reversed refund did succeed once. So every

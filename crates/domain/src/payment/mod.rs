@@ -734,6 +734,17 @@ pub struct OperationAnswered {
     pub at: DateTime<Utc>,
 }
 
+/// The provider's id of an operation whose outcome was recorded before anything named it (a
+/// cumulative refund total settled the refund first): learnt from a later answer, so that the
+/// operation can be found at the provider by it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationIdentified {
+    pub kind: OperationKind,
+    pub sequence: u32,
+    pub provider_id: String,
+    pub at: DateTime<Utc>,
+}
+
 /// The provider refused an operation: what it reserved is free again (a refund's amount is
 /// refundable, another capture may be asked for).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -810,6 +821,7 @@ crate::event::event_family! {
         RefundSettled = 1,
         OperationReceived = 1,
         OperationAnswered = 1,
+        OperationIdentified = 1,
         OperationRefused = 1,
         RefundReversed = 1,
         DisputeOpened = 1,
@@ -836,6 +848,7 @@ impl PaymentEvent {
             PaymentEvent::RefundSettled(e) => e.at,
             PaymentEvent::OperationReceived(e) => e.at,
             PaymentEvent::OperationAnswered(e) => e.at,
+            PaymentEvent::OperationIdentified(e) => e.at,
             PaymentEvent::OperationRefused(e) => e.at,
             PaymentEvent::RefundReversed(e) => e.at,
             PaymentEvent::DisputeOpened(e) => e.at,
@@ -1005,6 +1018,11 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
                         replayed: e.replayed,
                     });
                 }
+            }
+        }
+        PaymentEvent::OperationIdentified(e) => {
+            if let Some(op) = record.operation_mut(e.kind, e.sequence) {
+                op.provider_id = Some(e.provider_id.clone());
             }
         }
         PaymentEvent::OperationRefused(e) => {
