@@ -501,8 +501,8 @@ impl Worker {
             Err(error) => return self.failed(row, None, &error.to_string()).await,
         };
         if event.is_none() {
-            if let Some(payout) = self.payout_of(row) {
-                return self.post_payout(row, &payout).await;
+            if let Some((provider, payout)) = self.payout_of(row) {
+                return self.post_payout(row, &provider, &payout).await;
             }
         }
         let facts = event.as_ref().map(facts_from_event).unwrap_or_default();
@@ -622,25 +622,28 @@ impl Worker {
         }
     }
 
-    /// The payout the row's event announces, by its provider's adapter.
-    fn payout_of(&self, row: &Row) -> Option<String> {
+    /// The payout the row's event announces, by its provider's adapter, with that provider.
+    fn payout_of(&self, row: &Row) -> Option<(ProviderName, String)> {
         let name = ProviderName::parse(&row.provider).ok()?;
-        self.flow
+        let payout = self
+            .flow
             .providers
             .get(&name)?
             .adapter
-            .payout_of_event(&row.payload)
+            .payout_of_event(&row.payload)?;
+        Some((name, payout))
     }
 
     /// A payout's event is a hint: the payout is read as it stands and posted
     /// (`crate::payouts`), then the row is marked. Posting is idempotent, so a crash between the
     /// two posts nothing twice.
-    async fn post_payout(&self, row: &Row, payout: &str) -> Result<Done, WorkerError> {
-        let name = ProviderName::parse(&row.provider).ok();
-        let configured = name
-            .as_ref()
-            .and_then(|name| Some((name, self.flow.providers.get(name)?)));
-        let Some((name, configured)) = configured else {
+    async fn post_payout(
+        &self,
+        row: &Row,
+        name: &ProviderName,
+        payout: &str,
+    ) -> Result<Done, WorkerError> {
+        let Some(configured) = self.flow.providers.get(name) else {
             return self.failed(row, None, "provider not configured").await;
         };
         let posted = match configured.adapter.get_payout(payout).await {
