@@ -16,7 +16,7 @@ use super::book::intent_id_of;
 use super::listing::Listing;
 use super::params::Params;
 use super::render::{self, Expand, StripeError};
-use super::{ok, read_call};
+use super::{read_call, read_object};
 use crate::event::{EventType, WebhookEvent};
 use crate::provider::{OperationKind, OperationStatus};
 use crate::sim::state::{Outgoing, SimState};
@@ -169,19 +169,12 @@ pub(crate) async fn get_event(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    read_call(
-        &sim,
-        &headers,
-        query,
-        |_| Ok(()),
-        |state, ()| {
-            let event = all_events(state, |_| true)
-                .into_iter()
-                .find(|event| event["id"] == id.as_str())
-                .ok_or_else(|| StripeError::not_found("event", &id))?;
-            Ok(ok(&event))
-        },
-    )
+    read_object(&sim, &headers, query, |state| {
+        all_events(state, |_| true)
+            .into_iter()
+            .find(|event| event["id"] == id.as_str())
+            .ok_or_else(|| StripeError::not_found("event", &id))
+    })
     .await
 }
 

@@ -208,6 +208,23 @@ async fn read_call<P>(
     )
 }
 
+/// A read of one object that takes no parameters: `find` renders it, or says it is missing.
+async fn read_object(
+    sim: &Simulator,
+    headers: &HeaderMap,
+    query: Option<String>,
+    find: impl FnOnce(&SimState) -> Result<Value, StripeError>,
+) -> Response {
+    read_call(
+        sim,
+        headers,
+        query,
+        |_| Ok(()),
+        |state, ()| Ok(ok(&find(state)?)),
+    )
+    .await
+}
+
 /// A write: authorized, its parameters read by `read` (whatever it leaves is refused; a refusal
 /// here is never stored), keyed, then through the simulator's faults and Stripe's idempotency
 /// layer, which compares the request as Stripe does: route and parameters.
@@ -925,21 +942,14 @@ async fn get_dispute(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    read_call(
-        &sim,
-        &headers,
-        query,
-        |_| Ok(()),
-        |state, ()| {
-            let charge_id = format!("ch_{}", id.strip_prefix("dp_").unwrap_or(&id));
-            let dispute = state
-                .charge(&charge_id)
-                .filter(|_| state.stripe.get(&intent_id_of(&charge_id)).is_some())
-                .and_then(render::dispute)
-                .ok_or_else(|| StripeError::not_found("dispute", &id))?;
-            Ok(ok(&dispute))
-        },
-    )
+    read_object(&sim, &headers, query, |state| {
+        let charge_id = format!("ch_{}", id.strip_prefix("dp_").unwrap_or(&id));
+        state
+            .charge(&charge_id)
+            .filter(|_| state.stripe.get(&intent_id_of(&charge_id)).is_some())
+            .and_then(render::dispute)
+            .ok_or_else(|| StripeError::not_found("dispute", &id))
+    })
     .await
 }
 

@@ -23,7 +23,7 @@ use super::book::PayoutRecord;
 use super::listing::Listing;
 use super::params::Params;
 use super::render::{self, StripeError};
-use super::{ok, read_call};
+use super::{read_call, read_object};
 use crate::sim::state::{new_id, Outgoing, SimState};
 use crate::sim::Simulator;
 
@@ -201,20 +201,14 @@ pub(crate) async fn get_payout(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    read_call(
-        &sim,
-        &headers,
-        query,
-        |_| Ok(()),
-        |state, ()| {
-            let payout = state
-                .stripe
-                .payouts()
-                .iter()
-                .find(|payout| payout.id == id)
-                .ok_or_else(|| StripeError::not_found("payout", &id))?;
-            Ok(ok(&render(payout)))
-        },
-    )
+    read_object(&sim, &headers, query, |state| {
+        state
+            .stripe
+            .payouts()
+            .iter()
+            .find(|payout| payout.id == id)
+            .map(render)
+            .ok_or_else(|| StripeError::not_found("payout", &id))
+    })
     .await
 }
