@@ -19,6 +19,7 @@
 // `json!` literals of Stripe's objects (every field of its fixtures) nest past the default.
 #![recursion_limit = "256"]
 
+pub mod adyen;
 pub mod client;
 pub mod event;
 pub mod payout;

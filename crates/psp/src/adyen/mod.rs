@@ -1,0 +1,10 @@
+//! Adyen (`docs/providers.md`, the wire contract with its sources in `../shared/providers/adyen/
+//! NOTES.md`): Checkout v71 and its standard notifications, signed item by item. The simulator's
+//! Adyen dialect answers with the same contract, and tests check both against Adyen's published
+//! OpenAPI schemas.
+
+pub mod hmac;
+pub mod wire;
+
+pub use hmac::{HmacError, HmacKey};
+pub use wire::API_VERSION;
