@@ -219,10 +219,13 @@ pub fn dispute_fact(charge: &Charge) -> Option<ProviderFact> {
 }
 
 /// A dispute of `charge_id` as a fact. The provider gives a charge at most one dispute at a
-/// time; its creation time tells a later one apart, and every report of one dispute (webhook,
-/// lookup, settlement report) carries the same, so all of them name it alike.
+/// time; its id, or else its creation time, tells a later one apart, and every report of one
+/// dispute (webhook, lookup, settlement report) carries the same, so all of them name it alike.
 pub fn dispute_of(charge_id: &str, dispute: &Dispute) -> ProviderFact {
-    let dispute_id = format!("dp_{charge_id}_{}", dispute.created.timestamp_millis());
+    let dispute_id = match &dispute.id {
+        Some(id) => format!("dp_{charge_id}_{id}"),
+        None => format!("dp_{charge_id}_{}", dispute.created.timestamp_millis()),
+    };
     let amount = Amount::new(dispute.amount_minor);
     match dispute.status {
         DisputeStatus::Open => ProviderFact::DisputeOpened {

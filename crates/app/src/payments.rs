@@ -425,6 +425,7 @@ impl PaymentFlow {
                     payment_method: payment_method.to_owned(),
                     capture: record.capture_mode == CaptureMode::Automatic,
                     reference: Some(id.to_string()),
+                    customer: Some(record.customer.to_string()),
                     metadata: string_metadata(&record.metadata),
                 })
                 .await;

@@ -323,6 +323,7 @@ mod tests {
             amount_minor: 7_500,
             created: now,
             closed: None,
+            id: None,
         };
         charge.provider_fees.push(ProviderFee {
             transaction_id: "txn_dw_1".into(),

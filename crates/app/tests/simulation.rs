@@ -668,6 +668,7 @@ impl SimProvider {
             amount_minor: disputable,
             created: now,
             closed: None,
+            id: None,
         });
         let id = charge.id.clone();
         let percent = state.profile.dispute_dark_percent;

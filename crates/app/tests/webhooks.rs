@@ -587,7 +587,7 @@ async fn redelivery(backend: Backend) {
     }
     let tampered = asiento_psp::sign(SECRET, now_s, &body);
     let mut other = fresh.clone();
-    other.data.charge.amount_captured += 1;
+    other.data.charge.as_mut().unwrap().amount_captured += 1;
     let error = h
         .receiver
         .receive("sim", Some(&tampered), &serde_json::to_vec(&other).unwrap())
@@ -657,7 +657,7 @@ async fn out_of_order(backend: Backend) {
     let mut events = h.new_events();
     let events: Vec<WebhookEvent> = events
         .drain(..)
-        .filter(|e| e.data.charge.amount_refunded > 0)
+        .filter(|e| e.data.charge.as_ref().unwrap().amount_refunded > 0)
         .collect();
     assert_eq!(events.len(), 2);
     h.deliver(&events[1]).await;
@@ -771,7 +771,8 @@ async fn dead_letters_case(backend: Backend) {
     let worker = h.worker(config.clone());
     let mut stranger = events[0].clone();
     stranger.id = "evt_stranger".into();
-    stranger.data.charge.reference = Some(PaymentId::from_uuid(uuid::Uuid::now_v7()).to_string());
+    stranger.data.charge.as_mut().unwrap().reference =
+        Some(PaymentId::from_uuid(uuid::Uuid::now_v7()).to_string());
     h.deliver(&stranger).await;
     assert_eq!(worker.drain().await.unwrap().deferred, 1);
     clock.advance_ms(30_000);
@@ -782,12 +783,15 @@ async fn dead_letters_case(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(unknown.len(), 1);
-    assert_eq!(unknown[0].payment_ref, stranger.data.charge.reference);
+    assert_eq!(
+        unknown[0].payment_ref,
+        stranger.data.charge.as_ref().unwrap().reference
+    );
 
     // No reference at all, and an event signed by another provider than the payment's.
     let mut orphan = events[0].clone();
     orphan.id = "evt_orphan".into();
-    orphan.data.charge.reference = None;
+    orphan.data.charge.as_mut().unwrap().reference = None;
     h.deliver(&orphan).await;
     let mut foreign = events[0].clone();
     foreign.id = "evt_foreign".into();
@@ -837,8 +841,8 @@ async fn dead_letters_case(backend: Backend) {
     {
         let mut event = misfit.clone();
         event.id = format!("evt_misfit_{n}");
-        change(&mut event.data.charge);
-        event.data.charge.amount_refunded = 500;
+        change(event.data.charge.as_mut().unwrap());
+        event.data.charge.as_mut().unwrap().amount_refunded = 500;
         h.deliver(&event).await;
     }
     assert_eq!(worker.drain().await.unwrap().dead, 2);

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::provider::{Charge, Operation, ProviderError};
+use crate::provider::{Charge, Dispute, Operation, ProviderError};
 
 /// What happened to the charge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -57,12 +57,48 @@ impl EventType {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventData {
-    /// The charge as it stood right after the change.
-    pub charge: Charge,
+    /// The charge as it stood right after the change. The simulator's and Stripe's events
+    /// always carry it; an asynchronous provider's notice of one operation or one dispute
+    /// (Adyen's) names only that, and then `reference` names the payment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub charge: Option<Charge>,
     /// The operation the event is about (`operation.updated`); absent on
     /// charge events, so their bodies stay as API.md shows them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<Operation>,
+    /// The dispute the event is about, when the event carries no charge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispute: Option<ChargeDispute>,
+    /// Our payment id, when no charge in the event carries it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+}
+
+impl EventData {
+    /// The event's charge and nothing else, as the simulator's and Stripe's events are.
+    pub fn of_charge(charge: Charge, operation: Option<Operation>) -> EventData {
+        EventData {
+            charge: Some(charge),
+            operation,
+            dispute: None,
+            reference: None,
+        }
+    }
+
+    /// Our payment id, as the charge or the event names it.
+    pub fn payment_ref(&self) -> Option<&str> {
+        self.charge
+            .as_ref()
+            .and_then(|charge| charge.reference.as_deref())
+            .or(self.reference.as_deref())
+    }
+}
+
+/// A dispute of one charge, by the provider's id of the charge.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChargeDispute {
+    pub charge: String,
+    pub dispute: Dispute,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,7 +147,7 @@ impl EventFormat {
                 Ok(Envelope {
                     id: event.id,
                     kind: event.kind.as_str().to_owned(),
-                    payment_ref: event.data.charge.reference,
+                    payment_ref: event.data.payment_ref().map(str::to_owned),
                 })
             }
             EventFormat::Stripe => {

@@ -58,6 +58,11 @@ pub struct Dispute {
     pub created: DateTime<Utc>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closed: Option<DateTime<Utc>>,
+    /// The provider's id of the dispute, where every report of it carries one but no common
+    /// creation time (Adyen's dispute `pspReference`: each of its notifications has its own
+    /// date). Without it a dispute is named by its charge and creation time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 /// A charge as the provider holds it.
@@ -128,6 +133,9 @@ pub struct CreateCharge {
     pub capture: bool,
     /// Our payment id, echoed in the charge and the settlement report.
     pub reference: Option<String>,
+    /// Our customer's id, for a provider that keeps payment methods per shopper (Adyen's
+    /// `shopperReference`).
+    pub customer: Option<String>,
     pub metadata: BTreeMap<String, String>,
 }
 

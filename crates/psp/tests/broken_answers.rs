@@ -117,6 +117,7 @@ fn charge_request(key: &str) -> CreateCharge {
         payment_method: "pm_card_ok".to_string(),
         capture: true,
         reference: Some(format!("pay_{key}")),
+        customer: None,
         metadata: BTreeMap::new(),
     }
 }

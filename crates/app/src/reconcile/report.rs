@@ -719,6 +719,7 @@ mod tests {
                 amount_minor: 10_000,
                 created,
                 closed: None,
+                id: None,
             }),
             ..line(ChargeStatus::Succeeded, 10_000, 10_000, 0)
         };

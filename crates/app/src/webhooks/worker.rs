@@ -29,24 +29,26 @@ const BACKOFF_DOUBLINGS_MAX: u32 = 30;
 /// The facts an event stands for, in the order to apply them: the ones it implies first (a refund
 /// or a dispute implies the capture of `amount_captured`), the event's own fact last. Empty for an
 /// event type we do not know (acknowledged and ignored) or a dispute event without its dispute.
+/// An event without a charge (an asynchronous provider's notice of one operation or dispute)
+/// stands for that operation's outcome or that dispute alone.
 pub fn facts_from_event(event: &WebhookEvent) -> Vec<ProviderFact> {
-    match event.kind {
-        EventType::Unknown => Vec::new(),
-        // An operation's update is that operation's outcome, then what its charge now stands for.
-        EventType::OperationUpdated => {
-            let mut facts = Vec::with_capacity(4);
-            if let Some(op) = &event.data.operation {
-                facts.extend(facts::operation_fact(op, None));
-            }
-            facts.extend(facts::charge_facts(
-                &event.data.charge,
-                facts::Read::Snapshot,
-            ));
-            facts
-        }
-        // The charge as it stands after the change is the fact; the type only says which change.
-        _ => facts::charge_facts(&event.data.charge, facts::Read::Snapshot),
+    if event.kind == EventType::Unknown {
+        return Vec::new();
     }
+    let mut facts = Vec::with_capacity(4);
+    // An operation's update is that operation's outcome, then what its charge now stands for.
+    if event.kind == EventType::OperationUpdated {
+        if let Some(op) = &event.data.operation {
+            facts.extend(facts::operation_fact(op, None));
+        }
+    }
+    // The charge as it stands after the change is the fact; the type only says which change.
+    if let Some(charge) = &event.data.charge {
+        facts.extend(facts::charge_facts(charge, facts::Read::Snapshot));
+    } else if let Some(disputed) = &event.data.dispute {
+        facts.push(facts::dispute_of(&disputed.charge, &disputed.dispute));
+    }
+    facts
 }
 
 /// Limits and timings of a [`Worker`].
@@ -328,9 +330,7 @@ impl Worker {
     fn remembered_reflects(&self, row: &Row, event: &WebhookEvent) -> bool {
         let Some(id) = event
             .data
-            .charge
-            .reference
-            .as_deref()
+            .payment_ref()
             .and_then(|reference| PaymentId::parse(reference).ok())
         else {
             return false;
@@ -357,7 +357,7 @@ impl Worker {
         let ids: Vec<PaymentId> = events
             .iter()
             .filter_map(|event| event.as_ref().ok()?.as_ref())
-            .filter_map(|event| PaymentId::parse(event.data.charge.reference.as_deref()?).ok())
+            .filter_map(|event| PaymentId::parse(event.data.payment_ref()?).ok())
             .collect();
         if ids.is_empty() {
             return HashMap::new();
@@ -513,12 +513,9 @@ impl Worker {
                 .await
                 .map(|kept| if kept { Done::Ignored } else { Done::Lost });
         };
-        let reference = event.data.charge.reference.as_deref().unwrap_or_default();
+        let reference = event.data.payment_ref().unwrap_or_default();
         let Ok(payment) = PaymentId::parse(reference) else {
-            let error = format!(
-                "charge {} carries no payment reference",
-                event.data.charge.id
-            );
+            let error = format!("event {} names no payment of ours", row.event_id);
             return self.bury(row, DeadReason::NoPaymentReference, &error).await;
         };
         // Read with the batch; a second row for the same payment reads it again (the first may
@@ -560,10 +557,13 @@ impl Worker {
             );
             return self.bury(row, DeadReason::ProviderMismatch, &error).await;
         }
-        if let Some(misfit) = facts::charge_misfit(record, &event.data.charge) {
+        let misfit = event.data.charge.as_ref().and_then(|charge| {
+            facts::charge_misfit(record, charge).map(|misfit| (charge.id.as_str(), misfit))
+        });
+        if let Some((charge, misfit)) = misfit {
             let error = format!(
-                "charge {} does not fit payment {payment}: {} ({})",
-                event.data.charge.id, misfit.kind, misfit.fingerprint
+                "charge {charge} does not fit payment {payment}: {} ({})",
+                misfit.kind, misfit.fingerprint
             );
             let note = format!("webhook {}/{}: {error}", row.provider, row.event_id);
             return self

@@ -492,10 +492,7 @@ impl SimState {
             id: new_id("evt"),
             kind,
             created: now.timestamp(),
-            data: EventData {
-                charge: charge.clone(),
-                operation: operation.cloned(),
-            },
+            data: EventData::of_charge(charge.clone(), operation.cloned()),
         };
         if self.outbox.is_some() {
             let outgoing = match self.dialect {
@@ -1297,6 +1294,7 @@ impl SimState {
                 amount_minor: amount,
                 created: now,
                 closed: None,
+                id: None,
             });
             Ok(())
         })
@@ -1824,7 +1822,10 @@ mod tests {
             (op.kind, op.status),
             (OperationKind::Refund, OperationStatus::Succeeded)
         );
-        assert_eq!(updates[1].data.charge.amount_refunded, 6_000);
+        assert_eq!(
+            updates[1].data.charge.as_ref().unwrap().amount_refunded,
+            6_000
+        );
         // No charge.captured / charge.refunded for the asynchronous ones.
         assert!(!s.events.iter().any(|e| matches!(
             e.kind,
@@ -1859,7 +1860,7 @@ mod tests {
         assert_eq!(found.status, OperationStatus::Failed);
         let last = s.events.back().unwrap();
         assert_eq!(last.kind, EventType::OperationUpdated);
-        assert_eq!(last.data.charge.amount_refunded, 0);
+        assert_eq!(last.data.charge.as_ref().unwrap().amount_refunded, 0);
         // The replay of the key still answers what it answered first.
         let replay = answer_of(&s.refund("r1", &refund_of(&charge, 6_000), now).unwrap());
         assert_eq!(replay.operation.status, OperationStatus::Succeeded);

@@ -452,10 +452,7 @@ impl Provider for StripeProvider {
             id: event.id.clone(),
             kind: hint.kind,
             created: event.created,
-            data: EventData {
-                charge: self.charge_now(&intent).await?,
-                operation,
-            },
+            data: EventData::of_charge(self.charge_now(&intent).await?, operation),
         }))
     }
 

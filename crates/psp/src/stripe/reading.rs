@@ -157,6 +157,8 @@ pub fn dispute_of(dispute: &wire::Dispute) -> Dispute {
         amount_minor: dispute.amount,
         created: time(dispute.created),
         closed: None,
+        // Named by charge and creation time, as every dispute posted from Stripe has been.
+        id: None,
     }
 }
 

@@ -280,6 +280,7 @@ mod tests {
             amount_minor: 10_000,
             created: charge.created,
             closed: None,
+            id: None,
         });
         let dispute = of_dispute(&charge);
         let nets: Vec<(&str, i64)> = dispute

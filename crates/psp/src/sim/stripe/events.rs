@@ -24,7 +24,9 @@ use crate::sim::Simulator;
 
 /// The Stripe events one change of the charge model stands for.
 pub(crate) fn events(event: &WebhookEvent, state: &SimState) -> Vec<Outgoing> {
-    let charge = &event.data.charge;
+    let Some(charge) = &event.data.charge else {
+        return Vec::new();
+    };
     let Some(record) = state.stripe.get(&intent_id_of(&charge.id)) else {
         // A charge without a PaymentIntent was not made through this dialect.
         return Vec::new();
