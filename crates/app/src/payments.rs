@@ -843,13 +843,13 @@ impl PaymentFlow {
             OperationKind::Capture => {
                 provider
                     .adapter
-                    .capture(charge_id, Some(amount), &op.psp_key)
+                    .capture(charge_id, Some(amount), record.currency.code(), &op.psp_key)
                     .await
             }
             OperationKind::Refund => {
                 provider
                     .adapter
-                    .refund(charge_id, amount, &op.psp_key)
+                    .refund(charge_id, amount, record.currency.code(), &op.psp_key)
                     .await
             }
         };

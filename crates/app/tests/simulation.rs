@@ -885,6 +885,7 @@ impl Provider for SimProvider {
         &self,
         charge_id: &str,
         amount_minor: Option<i64>,
+        _currency: &str,
         idempotency_key: &str,
     ) -> Result<OperationAnswer, ProviderError> {
         self.write(
@@ -898,6 +899,7 @@ impl Provider for SimProvider {
         &self,
         charge_id: &str,
         amount_minor: i64,
+        _currency: &str,
         idempotency_key: &str,
     ) -> Result<OperationAnswer, ProviderError> {
         self.write(

@@ -631,7 +631,7 @@ async fn out_of_order(backend: Backend) {
         .get(&ProviderName::parse("sim").unwrap())
         .unwrap();
     sim.adapter
-        .capture(&charge.id, Some(4_000), "test_capture_a")
+        .capture(&charge.id, Some(4_000), "USD", "test_capture_a")
         .await
         .unwrap();
     let mut events = h.new_events();

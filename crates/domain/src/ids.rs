@@ -220,9 +220,59 @@ pub fn psp_refund_key(payment: PaymentId, sequence: u32) -> String {
     format!("psp_{}_refund_{sequence}", payment.as_uuid().simple())
 }
 
+/// The payment a provider idempotency key of ours was derived from (the charge's, a capture's,
+/// a refund's or the cancel's), for a provider whose notices name an operation only by the
+/// reference we sent with it (Adyen's `merchantReference`). `None` for any other text.
+#[must_use]
+pub fn payment_of_psp_key(key: &str) -> Option<PaymentId> {
+    let rest = key.strip_prefix("psp_")?;
+    let (uuid, suffix) = rest.split_at_checked(32)?;
+    let known_suffix = suffix.is_empty()
+        || suffix == "_cancel"
+        || suffix == "_capture"
+        || ["_capture_", "_refund_"].iter().any(|prefix| {
+            suffix
+                .strip_prefix(prefix)
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        });
+    if !known_suffix || !uuid.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    Uuid::try_parse(uuid).ok().map(PaymentId::from_uuid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_psp_key_names_its_payment_and_nothing_else_does() {
+        let payment =
+            PaymentId::from_uuid(Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001));
+        for key in [
+            psp_charge_key(payment),
+            psp_capture_key(payment, 1),
+            psp_capture_key(payment, 7),
+            psp_refund_key(payment, 12),
+            psp_cancel_key(payment),
+        ] {
+            assert_eq!(payment_of_psp_key(&key), Some(payment), "{key}");
+        }
+        let charge = psp_charge_key(payment);
+        for other in [
+            String::new(),
+            "psp_".to_owned(),
+            payment.to_string(),
+            format!("{charge}_refund_"),
+            format!("{charge}_refund_x"),
+            format!("{charge}_other"),
+            format!("x{charge}"),
+            charge.replacen('0', "g", 1),
+            format!("{}é", &charge[..charge.len() - 1]),
+        ] {
+            assert_eq!(payment_of_psp_key(&other), None, "{other}");
+        }
+    }
 
     #[test]
     fn ids_display_with_prefix_and_parse_back() {

@@ -163,6 +163,7 @@ impl Provider for HttpProvider {
         &self,
         charge_id: &str,
         amount_minor: Option<i64>,
+        _currency: &str,
         idempotency_key: &str,
     ) -> Result<OperationAnswer, ProviderError> {
         let url = self.url(&["v1", "charges", charge_id, "capture"]);
@@ -176,6 +177,7 @@ impl Provider for HttpProvider {
         &self,
         charge_id: &str,
         amount_minor: i64,
+        _currency: &str,
         idempotency_key: &str,
     ) -> Result<OperationAnswer, ProviderError> {
         let body = RefundBody {

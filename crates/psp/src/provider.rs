@@ -413,20 +413,23 @@ pub trait Provider: Send + Sync {
     /// the charge.
     async fn create_charge(&self, req: &CreateCharge) -> ChargeOutcome;
 
-    /// Captures an authorized charge; `None` captures the whole amount.
+    /// Captures an authorized charge; `None` captures the whole amount. `currency` is the
+    /// charge's (a provider that wants the amount spelled out, as Adyen does, sends it).
     async fn capture(
         &self,
         charge_id: &str,
         amount_minor: Option<i64>,
+        currency: &str,
         idempotency_key: &str,
     ) -> Result<OperationAnswer, ProviderError>;
 
-    /// Refunds part or all of the captured amount. The charge's
+    /// Refunds part or all of the captured amount, in the charge's `currency`. The charge's
     /// `amount_refunded` counts the refund only once it has succeeded.
     async fn refund(
         &self,
         charge_id: &str,
         amount_minor: i64,
+        currency: &str,
         idempotency_key: &str,
     ) -> Result<OperationAnswer, ProviderError>;
 

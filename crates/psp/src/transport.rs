@@ -71,6 +71,10 @@ pub const CODE_RESOURCE_MISSING: &str = "resource_missing";
 /// heuristics (Stripe's).
 pub const SHOULD_RETRY_HEADER: &str = "Stripe-Should-Retry";
 
+/// Adyen's word that an error is worth retrying with the same key (`true`); with a 409 or 422
+/// it says the key's first request is still running.
+pub const TRANSIENT_ERROR_HEADER: &str = crate::adyen::wire::TRANSIENT_ERROR_HEADER;
+
 /// How much of an unreadable error body is kept in a message.
 const ERROR_BODY_CHARS_MAX: usize = 300;
 
@@ -199,6 +203,9 @@ pub(crate) enum AttemptError {
         /// The provider's own word on retrying (`Stripe-Should-Retry`), which
         /// overrides the status.
         should_retry: Option<bool>,
+        /// The provider says the key's first request is still running (Adyen's
+        /// `transient-error: true` on a 409 or 422 with error code 704), so it reached.
+        key_in_progress: bool,
     },
 }
 
@@ -240,9 +247,11 @@ impl AttemptError {
         match self {
             AttemptError::NotSent(_) => false,
             AttemptError::TimedOut | AttemptError::Broken(_) => true,
-            AttemptError::Status { status, .. } => {
-                *status == StatusCode::CONFLICT || status.is_server_error()
-            }
+            AttemptError::Status {
+                status,
+                key_in_progress,
+                ..
+            } => *key_in_progress || *status == StatusCode::CONFLICT || status.is_server_error(),
         }
     }
 
@@ -341,9 +350,21 @@ impl CallError {
     }
 }
 
+/// An error body: `{"error": {"code", "message"}}` (the simulator's protocol, Stripe), or
+/// Adyen's `{"errorCode", "message"}` (RFC 7807's `detail` and `title` in its newer APIs).
 #[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct ErrorEnvelope {
-    error: ErrorBody,
+    #[serde(default)]
+    error: Option<ErrorBody>,
+    #[serde(default)]
+    error_code: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    detail: Option<String>,
+    #[serde(default)]
+    title: Option<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -356,13 +377,18 @@ struct ErrorBody {
 
 fn parse_rejection(status: StatusCode, body: &[u8]) -> Rejection {
     let parsed = serde_json::from_slice::<ErrorEnvelope>(body).ok();
-    let code = parsed
-        .as_ref()
-        .and_then(|e| e.error.code.clone())
-        .unwrap_or_else(|| format!("http_{}", status.as_u16()));
-    let message = parsed
-        .and_then(|e| e.error.message)
-        .unwrap_or_else(|| truncate(&String::from_utf8_lossy(body)));
+    let (code, message) = match parsed {
+        Some(ErrorEnvelope {
+            error: Some(error), ..
+        }) => (error.code, error.message),
+        Some(envelope) => (
+            envelope.error_code,
+            envelope.message.or(envelope.detail).or(envelope.title),
+        ),
+        None => (None, None),
+    };
+    let code = code.unwrap_or_else(|| format!("http_{}", status.as_u16()));
+    let message = message.unwrap_or_else(|| truncate(&String::from_utf8_lossy(body)));
     Rejection {
         status: status.as_u16(),
         code,
@@ -637,11 +663,22 @@ async fn attempt(http: reqwest::Client, call: Arc<Call>) -> Result<Answered, Att
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(Duration::from_secs);
+    let transient = response
+        .headers()
+        .get(TRANSIENT_ERROR_HEADER)
+        .is_some_and(|value| value == "true");
     let should_retry = match response.headers().get(SHOULD_RETRY_HEADER) {
         Some(value) if value == "true" => Some(true),
         Some(value) if value == "false" => Some(false),
+        _ if transient => Some(true),
         _ => None,
     };
+    let key_in_progress = transient
+        && call.idempotency_key.is_some()
+        && matches!(
+            status,
+            StatusCode::CONFLICT | StatusCode::UNPROCESSABLE_ENTITY
+        );
     let headers = response.headers().clone();
     let body = response.bytes().await.map_err(AttemptError::from_reqwest)?;
     if status.is_success() {
@@ -652,6 +689,7 @@ async fn attempt(http: reqwest::Client, call: Arc<Call>) -> Result<Answered, Att
             body,
             retry_after,
             should_retry,
+            key_in_progress,
         })
     }
 }
@@ -718,6 +756,7 @@ mod tests {
             status: StatusCode::from_u16(code).unwrap(),
             body: Bytes::new(),
             retry_after: None,
+            key_in_progress: false,
         };
         for code in [409, 429, 500, 502, 503, 504] {
             assert!(status(code).is_transient(false), "{code}");
@@ -735,6 +774,7 @@ mod tests {
             status: StatusCode::from_u16(code).unwrap(),
             body: Bytes::from_static(body),
             retry_after: None,
+            key_in_progress: false,
         }
     }
 
@@ -797,6 +837,7 @@ mod tests {
             status: StatusCode::from_u16(code).unwrap(),
             body: Bytes::from_static(br#"{"error":{"type":"api_error"}}"#),
             retry_after: None,
+            key_in_progress: false,
         };
         // `Stripe-Should-Retry` decides whether to retry, either way.
         assert!(!answered(500, Some(false)).is_transient(false));
@@ -828,5 +869,51 @@ mod tests {
         let r = parse_rejection(StatusCode::NOT_FOUND, b"<html>nope</html>");
         assert_eq!(r.code, "http_404");
         assert_eq!(r.message, "<html>nope</html>");
+    }
+
+    /// Adyen's 704 (`transient-error: true`): the key's first request still runs, so the write
+    /// reached Adyen; retried, and unknown when the retries run out, never a refusal.
+    #[test]
+    fn a_key_still_in_progress_is_retried_and_never_a_refusal() {
+        let in_progress = AttemptError::Status {
+            should_retry: Some(true),
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            body: Bytes::from_static(
+                br#"{"status":422,"errorCode":"704","message":"request already processed or in progress","errorType":"validation"}"#,
+            ),
+            retry_after: None,
+            key_in_progress: true,
+        };
+        assert!(in_progress.is_transient(false));
+        assert!(in_progress.may_have_reached());
+        let error = CallError {
+            last: in_progress,
+            attempts: 3,
+            retry_timeouts: false,
+            write: true,
+            earlier_reached: true,
+        };
+        assert_eq!(error.rejection(), None);
+        assert!(matches!(
+            error.into_provider_error(),
+            ProviderError::Unknown { .. }
+        ));
+        // Adyen's other refusals are read with their code.
+        let refused = parse_rejection(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            br#"{"status":422,"errorCode":"130","message":"Reference Missing","errorType":"validation"}"#,
+        );
+        assert_eq!(
+            (refused.code.as_str(), refused.message.as_str()),
+            ("130", "Reference Missing")
+        );
+        let problem = parse_rejection(
+            StatusCode::TOO_MANY_REQUESTS,
+            br#"{"type":"x","title":"Too many","detail":"too many requests","errorCode":"00_500","status":429}"#,
+        );
+        assert_eq!(
+            (problem.code.as_str(), problem.message.as_str()),
+            ("00_500", "too many requests")
+        );
     }
 }

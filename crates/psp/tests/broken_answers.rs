@@ -204,14 +204,14 @@ async fn a_refund_refused_after_a_5xx_is_unknown_but_a_first_refusal_is_rejected
             Step::Status(422, "refund_exceeds_captured"),
         ])
         .await;
-        let answer = client(&base, 4).refund("ch_1", 500, "k-ref").await;
+        let answer = client(&base, 4).refund("ch_1", 500, "USD", "k-ref").await;
         assert!(
             matches!(&answer, Err(ProviderError::Unknown { reason }) if reason.contains("refund_exceeds_captured")),
             "{answer:?}"
         );
 
         let (base, _) = scripted(vec![Step::Status(422, "refund_exceeds_captured")]).await;
-        let answer = client(&base, 4).refund("ch_1", 500, "k-ref").await;
+        let answer = client(&base, 4).refund("ch_1", 500, "USD", "k-ref").await;
         assert!(
             matches!(&answer, Err(ProviderError::Rejected(r)) if r.code == "refund_exceeds_captured"),
             "{answer:?}"

@@ -572,7 +572,7 @@ async fn connect_errors_are_retried_and_end_unknown_not_failed() {
         assert!(matches!(&outcome, ChargeOutcome::Unknown { reason } if reason.contains("could not connect")), "{outcome:?}");
         assert_eq!(sleeper.delays.lock().unwrap().len(), 4);
         assert!(matches!(
-            client.capture("ch_x", None, "cap-1").await,
+            client.capture("ch_x", None, "USD", "cap-1").await,
             Err(ProviderError::Unknown { .. })
         ));
     })
@@ -634,13 +634,13 @@ async fn with_duplicate_and_reorder_faults_every_event_still_arrives() {
             );
             if i % 3 == 0 {
                 client
-                    .capture(&charge.id, None, &format!("{key}-cap"))
+                    .capture(&charge.id, None, "USD", &format!("{key}-cap"))
                     .await
                     .unwrap();
             }
             if i % 2 == 0 {
                 client
-                    .refund(&charge.id, 2_500, &format!("{key}-ref"))
+                    .refund(&charge.id, 2_500, "USD", &format!("{key}-ref"))
                     .await
                     .unwrap();
             }
@@ -751,7 +751,10 @@ async fn the_report_for_a_window_lists_exactly_the_charges_touched_in_it() {
         pause().await;
         let t1 = Utc::now();
         pause().await;
-        client.capture(&b.id, Some(6_000), "b-cap").await.unwrap();
+        client
+            .capture(&b.id, Some(6_000), "USD", "b-cap")
+            .await
+            .unwrap();
         let c = charge_of(
             client
                 .create_charge(&charge_request("c", "pm_card_declined", true))
@@ -760,7 +763,7 @@ async fn the_report_for_a_window_lists_exactly_the_charges_touched_in_it() {
         pause().await;
         let t2 = Utc::now();
         pause().await;
-        client.refund(&a.id, 1_000, "a-ref").await.unwrap();
+        client.refund(&a.id, 1_000, "USD", "a-ref").await.unwrap();
         pause().await;
         let t3 = Utc::now();
         charge_of(
@@ -838,10 +841,10 @@ async fn redirects_captures_refunds_disputes_and_out_of_band_changes() {
         assert_eq!(client.get_charge(&pending.id).await.unwrap(), Some(done.clone()));
 
         // Refunds: bounded, replayed by key.
-        let refund = client.refund(&done.id, 2_500, "r-ref-1").await.unwrap();
+        let refund = client.refund(&done.id, 2_500, "USD", "r-ref-1").await.unwrap();
         assert_eq!(refund.charge.as_ref().unwrap().amount_refunded, 2_500);
-        assert_eq!(client.refund(&done.id, 2_500, "r-ref-1").await.unwrap(), refund);
-        let too_much = client.refund(&done.id, 7_501, "r-ref-2").await;
+        assert_eq!(client.refund(&done.id, 2_500, "USD", "r-ref-1").await.unwrap(), refund);
+        let too_much = client.refund(&done.id, 7_501, "USD", "r-ref-2").await;
         assert!(matches!(too_much, Err(ProviderError::Rejected(r)) if r.status == 422 && r.code == "refund_exceeds_captured"));
 
         // Out of band: the provider's dashboard.
@@ -860,9 +863,9 @@ async fn redirects_captures_refunds_disputes_and_out_of_band_changes() {
         // Manual capture, once.
         let auth = charge_of(client.create_charge(&charge_request("m", "pm_card_ok", false)).await);
         assert_eq!(auth.status, ChargeStatus::RequiresCapture);
-        let captured = client.capture(&auth.id, Some(4_000), "m-cap").await.unwrap();
+        let captured = client.capture(&auth.id, Some(4_000), "USD", "m-cap").await.unwrap();
         assert_eq!(captured.charge.unwrap().amount_captured, 4_000);
-        let again = client.capture(&auth.id, None, "m-cap-2").await;
+        let again = client.capture(&auth.id, None, "USD", "m-cap-2").await;
         assert!(matches!(again, Err(ProviderError::Rejected(r)) if r.status == 400 && r.code == "charge_not_capturable"));
 
         // An amount mismatch, injected silently for reconciliation tests.

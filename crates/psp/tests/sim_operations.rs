@@ -139,7 +139,10 @@ async fn async_captures_and_refunds_answer_pending_and_are_decided_by_webhook() 
         let client = client(&sim.base);
         let auth = charge_of(client.create_charge(&charge_request("a", false)).await);
 
-        let capture = client.capture(&auth.id, None, "a-cap").await.unwrap();
+        let capture = client
+            .capture(&auth.id, None, "USD", "a-cap")
+            .await
+            .unwrap();
         assert_eq!(
             (capture.operation.kind, capture.operation.status),
             (OperationKind::Capture, OperationStatus::Pending)
@@ -172,7 +175,10 @@ async fn async_captures_and_refunds_answer_pending_and_are_decided_by_webhook() 
             ChargeStatus::Succeeded
         );
 
-        let refund = client.refund(&auth.id, 4_000, "a-ref").await.unwrap();
+        let refund = client
+            .refund(&auth.id, 4_000, "USD", "a-ref")
+            .await
+            .unwrap();
         assert_eq!(refund.operation.status, OperationStatus::Pending);
         assert_eq!(refund.charge.unwrap().amount_refunded, 0);
         assert!(eventually(5_000, || updates(&received).len() == 2).await);
@@ -210,7 +216,10 @@ async fn a_reversed_refund_fails_after_succeeding_and_the_refunded_amount_goes_b
             .await;
         let client = client(&sim.base);
         let charge = charge_of(client.create_charge(&charge_request("r", true)).await);
-        let refund = client.refund(&charge.id, 2_500, "r-ref").await.unwrap();
+        let refund = client
+            .refund(&charge.id, 2_500, "USD", "r-ref")
+            .await
+            .unwrap();
         assert_eq!(refund.operation.status, OperationStatus::Succeeded);
         assert_eq!(refund.charge.unwrap().amount_refunded, 2_500);
         assert!(eventually(5_000, || updates(&received).len() == 1).await);
@@ -234,7 +243,10 @@ async fn a_reversed_refund_fails_after_succeeding_and_the_refunded_amount_goes_b
 
         // On demand: a succeeded refund fails now.
         sim.set_faults(json!({"refund_reversal_rate": 0.0})).await;
-        let refund = client.refund(&charge.id, 1_000, "r-ref-2").await.unwrap();
+        let refund = client
+            .refund(&charge.id, 1_000, "USD", "r-ref-2")
+            .await
+            .unwrap();
         let path = format!("/sim/operations/{}/fail", refund.operation.id);
         let (status, body) = sim.post(&path, json!({})).await;
         assert_eq!(status, StatusCode::OK, "{body}");
@@ -270,13 +282,13 @@ async fn cancels_void_authorisations_and_refusals_are_refusals() {
             (ChargeStatus::Failed, Some("canceled"))
         );
         assert_eq!(client.cancel(&auth.id, "c-cnl").await.unwrap().operation.id, canceled.operation.id);
-        let again = client.capture(&auth.id, None, "c-cap").await;
+        let again = client.capture(&auth.id, None, "USD", "c-cap").await;
         assert!(matches!(&again, Err(ProviderError::Rejected(r)) if r.status == 400 && r.code == "charge_not_capturable"), "{again:?}");
 
         let paid = charge_of(client.create_charge(&charge_request("d", true)).await);
         let (status, _) = sim.post(&format!("/sim/charges/{}/dispute", paid.id), json!({})).await;
         assert_eq!(status, StatusCode::OK);
-        let disputed = client.refund(&paid.id, 100, "d-ref").await;
+        let disputed = client.refund(&paid.id, 100, "USD", "d-ref").await;
         assert!(matches!(&disputed, Err(ProviderError::Rejected(r)) if r.status == 400 && r.code == "charge_disputed"), "{disputed:?}");
         let not_cancelable = client.cancel(&paid.id, "d-cnl").await;
         assert!(matches!(&not_cancelable, Err(ProviderError::Rejected(r)) if r.code == "charge_not_cancelable"), "{not_cancelable:?}");
@@ -291,7 +303,7 @@ async fn without_the_lookup_routes_a_lookup_by_key_is_a_bare_404_not_none() {
         let sim = RunningSim::start(SimConfig::default()).await;
         let client = client(&sim.base);
         let charge = charge_of(client.create_charge(&charge_request("l", true)).await);
-        client.refund(&charge.id, 100, "l-ref").await.unwrap();
+        client.refund(&charge.id, 100, "USD", "l-ref").await.unwrap();
         sim.set_faults(json!({"lookup_disabled": true})).await;
         for answer in [
             client.find_charge_by_key("l").await.map(|c| c.is_some()),
@@ -389,7 +401,7 @@ async fn an_unreachable_provider_refuses_connections_then_comes_back_with_everyt
             },
         )
         .unwrap();
-        let refund = patient.refund(&before.id, 1_000, "u1-ref").await.unwrap();
+        let refund = patient.refund(&before.id, 1_000, "USD", "u1-ref").await.unwrap();
         assert_eq!(refund.operation.status, OperationStatus::Succeeded);
         assert!(started.elapsed() >= Duration::from_millis(350), "{:?}", started.elapsed());
         assert_eq!(

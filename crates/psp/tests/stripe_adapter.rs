@@ -96,7 +96,7 @@ async fn an_authorisation_is_captured_in_part_and_refunded_as_operations() {
             panic!("manual capture authorizes");
         };
         let captured = stripe
-            .capture(&authorized.id, Some(600), "k2:capture:1")
+            .capture(&authorized.id, Some(600), "USD", "k2:capture:1")
             .await
             .unwrap();
         assert_eq!(captured.operation.status, OperationStatus::Succeeded);
@@ -114,7 +114,7 @@ async fn an_authorisation_is_captured_in_part_and_refunded_as_operations() {
         assert_eq!(read.status, OperationStatus::Succeeded);
 
         let refund = stripe
-            .refund(&authorized.id, 250, "k2:refund:1")
+            .refund(&authorized.id, 250, "USD", "k2:refund:1")
             .await
             .unwrap();
         assert!(refund.operation.id.starts_with("re_"));
@@ -131,7 +131,9 @@ async fn an_authorisation_is_captured_in_part_and_refunded_as_operations() {
         );
         assert_eq!(read.amount_minor, 250);
 
-        let over = stripe.refund(&authorized.id, 351, "k2:refund:2").await;
+        let over = stripe
+            .refund(&authorized.id, 351, "USD", "k2:refund:2")
+            .await;
         let Err(ProviderError::Rejected(rejection)) = over else {
             panic!("a refund above what is left is refused: {over:?}");
         };
@@ -292,7 +294,7 @@ async fn captures_and_refunds_decided_later_are_pending_for_the_amount_asked() {
             panic!("manual capture authorizes");
         };
         let pending = stripe
-            .capture(&authorized.id, Some(700), "k7:capture")
+            .capture(&authorized.id, Some(700), "USD", "k7:capture")
             .await
             .unwrap();
         assert_eq!(pending.operation.status, OperationStatus::Pending);
@@ -318,7 +320,7 @@ async fn captures_and_refunds_decided_later_are_pending_for_the_amount_asked() {
             (OperationStatus::Succeeded, 700)
         );
         let refund = stripe
-            .refund(&authorized.id, 300, "k7:refund")
+            .refund(&authorized.id, 300, "USD", "k7:refund")
             .await
             .unwrap();
         assert_eq!(
@@ -421,7 +423,7 @@ async fn an_event_is_read_as_the_objects_it_names_stand_now() {
         assert_eq!(read.data.charge.as_ref().unwrap().status, ChargeStatus::Succeeded);
         assert_eq!(read.data.charge.as_ref().unwrap().reference.as_deref(), Some("pay_k9"));
 
-        let refund = stripe.refund(&paid.id, 100, "k9:refund").await.unwrap();
+        let refund = stripe.refund(&paid.id, 100, "USD", "k9:refund").await.unwrap();
         let body = event(
             "refund.updated",
             serde_json::json!({"id": refund.operation.id, "object": "refund"}),
@@ -485,7 +487,10 @@ async fn a_refund_or_a_dispute_on_an_earlier_payment_intent_is_in_the_window_it_
         // Stripe's times are in seconds: the window starts after the PaymentIntents were made.
         tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
         let later = Utc::now();
-        stripe.refund(&charged[0], 400, "w1-refund").await.unwrap();
+        stripe
+            .refund(&charged[0], 400, "USD", "w1-refund")
+            .await
+            .unwrap();
         let disputed_charge = charged[1].replacen("pi_", "ch_", 1);
         let answer = reqwest::Client::new()
             .post(format!(
@@ -574,7 +579,10 @@ async fn a_payout_is_read_with_every_transaction_it_covered_and_the_charges_they
             };
             charged.push(paid.id);
         }
-        stripe.refund(&charged[1], 300, "p2-refund").await.unwrap();
+        stripe
+            .refund(&charged[1], 300, "USD", "p2-refund")
+            .await
+            .unwrap();
         let made = sim_post(&sim, "/sim/payouts").await;
         let id = made["data"][0]["id"].as_str().unwrap().to_owned();
 

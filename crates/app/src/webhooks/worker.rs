@@ -51,6 +51,15 @@ pub fn facts_from_event(event: &WebhookEvent) -> Vec<ProviderFact> {
     facts
 }
 
+/// The payment an event names: by our payment id, or by the PSP key of one of its operations
+/// (an asynchronous provider names a modification by the reference we sent with it).
+fn payment_named(event: &WebhookEvent) -> Option<PaymentId> {
+    let reference = event.data.payment_ref()?;
+    PaymentId::parse(reference)
+        .ok()
+        .or_else(|| asiento_domain::payment_of_psp_key(reference))
+}
+
 /// Limits and timings of a [`Worker`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerConfig {
@@ -328,11 +337,7 @@ impl Worker {
     /// Whether a payment state this process committed already reflects `event` (then the row is
     /// only marked, as when a read shows it reflected). `false` tells nothing: the log decides.
     fn remembered_reflects(&self, row: &Row, event: &WebhookEvent) -> bool {
-        let Some(id) = event
-            .data
-            .payment_ref()
-            .and_then(|reference| PaymentId::parse(reference).ok())
-        else {
+        let Some(id) = payment_named(event) else {
             return false;
         };
         let Some(payment) = self.flow.committed.recall(id) else {
@@ -357,7 +362,7 @@ impl Worker {
         let ids: Vec<PaymentId> = events
             .iter()
             .filter_map(|event| event.as_ref().ok()?.as_ref())
-            .filter_map(|event| PaymentId::parse(event.data.payment_ref()?).ok())
+            .filter_map(payment_named)
             .collect();
         if ids.is_empty() {
             return HashMap::new();
@@ -513,8 +518,7 @@ impl Worker {
                 .await
                 .map(|kept| if kept { Done::Ignored } else { Done::Lost });
         };
-        let reference = event.data.payment_ref().unwrap_or_default();
-        let Ok(payment) = PaymentId::parse(reference) else {
+        let Some(payment) = payment_named(&event) else {
             let error = format!("event {} names no payment of ours", row.event_id);
             return self.bury(row, DeadReason::NoPaymentReference, &error).await;
         };

@@ -3,8 +3,11 @@
 //! Adyen dialect answers with the same contract, and tests check both against Adyen's published
 //! OpenAPI schemas.
 
+pub mod adapter;
 pub mod hmac;
+pub mod reading;
 pub mod wire;
 
+pub use adapter::{AdyenAccount, AdyenInitError, AdyenProvider};
 pub use hmac::{HmacError, HmacKey};
 pub use wire::API_VERSION;

@@ -272,6 +272,7 @@ impl Provider for StripeProvider {
         &self,
         charge_id: &str,
         amount_minor: Option<i64>,
+        _currency: &str,
         idempotency_key: &str,
     ) -> Result<OperationAnswer, ProviderError> {
         let form = Form::new()
@@ -303,6 +304,7 @@ impl Provider for StripeProvider {
         &self,
         charge_id: &str,
         amount_minor: i64,
+        _currency: &str,
         idempotency_key: &str,
     ) -> Result<OperationAnswer, ProviderError> {
         let form = Form::new()
