@@ -2,17 +2,19 @@
 //!
 //! No API key: the provider authenticates by signing the raw body (`Psp-Signature`), so the body
 //! is taken as raw `Bytes`, never through a JSON extractor that would parse (and re-encode) it
-//! before the signature is checked. The handler does no processing: a verified event is stored in
+//! before the signature is checked. A provider that delivers batches of items signed one by one
+//! (Adyen) authenticates with basic auth and each item's HMAC, and is answered `[accepted]`. The handler does no processing: a verified event is stored in
 //! the inbox (`asiento_app::webhooks`) and answered 200 at once; the webhook worker applies it.
 //! A refusal (unknown provider, bad or stale signature, malformed body) is a 400 problem with a
 //! stable code and stores nothing; a failure of ours is a 500, which makes the provider retry.
 
 use asiento_app::webhooks::{
-    ReceiveError, WebhookReceiver, SIGNATURE_HEADER, STRIPE_SIGNATURE_HEADER,
+    EventFormat, ReceiveError, WebhookReceiver, SIGNATURE_HEADER, STRIPE_SIGNATURE_HEADER,
 };
 use axum::{
     body::Bytes,
     extract::{Path, State},
+    http::header::{AUTHORIZATION, CONTENT_TYPE},
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
     Json,
@@ -37,13 +39,27 @@ pub async fn receive<S>(
 where
     S: HasWebhooks + Clone + Send + Sync + 'static,
 {
+    let receiver = state.webhooks();
+    if receiver.secrets.format(&provider) == EventFormat::Adyen {
+        let authorization = headers
+            .get(AUTHORIZATION)
+            .and_then(|value| value.to_str().ok());
+        return match receiver
+            .receive_batch(&provider, authorization, &body)
+            .await
+        {
+            // Adyen's acknowledgement, valid both where any 2xx accepts and where the body must say so.
+            Ok(_) => ([(CONTENT_TYPE, "text/plain")], ADYEN_ACCEPTED).into_response(),
+            Err(error) => problem(&error).into_response(),
+        };
+    }
     // A header that is not visible ASCII cannot be a valid signature: treated as missing.
     // Stripe's header carries the same scheme under its own name.
     let signature = headers
         .get(SIGNATURE_HEADER)
         .or_else(|| headers.get(STRIPE_SIGNATURE_HEADER))
         .and_then(|value| value.to_str().ok());
-    match state.webhooks().receive(&provider, signature, &body).await {
+    match receiver.receive(&provider, signature, &body).await {
         Ok(received) => Json(serde_json::json!({
             "received": true,
             "duplicate": received.duplicate,
@@ -53,8 +69,13 @@ where
     }
 }
 
+/// The body Adyen's notifications are acknowledged with.
+pub const ADYEN_ACCEPTED: &str = "[accepted]";
+
 fn problem(error: &ReceiveError) -> Problem {
-    if error.is_client_fault() {
+    if matches!(error, ReceiveError::Unauthorized) {
+        Problem::new(StatusCode::UNAUTHORIZED, error.code(), error.to_string())
+    } else if error.is_client_fault() {
         Problem::bad_request(error.code(), error.to_string())
     } else {
         // Logged by the receiver with its cause; the provider only learns to retry.

@@ -129,6 +129,9 @@ pub enum EventFormat {
     /// Stripe's event object; its `data.object` carries our payment id in its metadata when it
     /// is a PaymentIntent or a charge.
     Stripe,
+    /// Adyen's standard notifications: a batch of items under basic auth, each signed on its
+    /// own and stored as its own event (`crate::adyen::notifications`), never read here.
+    Adyen,
 }
 
 /// What the receiver stores beside a verified body.
@@ -163,6 +166,9 @@ impl EventFormat {
                     payment_ref,
                 })
             }
+            EventFormat::Adyen => Err(
+                "an Adyen delivery is a batch of items, each stored as its own event".to_owned(),
+            ),
         }
     }
 }

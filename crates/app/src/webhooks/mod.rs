@@ -32,9 +32,11 @@
 //! never guessed from the authorization.
 //!
 //! One file per job: `secrets.rs` holds each provider's signing secret, `receive.rs` verifies and
-//! stores a delivery (the inbox's one insert, shared with group commit), `worker.rs` drains the
-//! inbox, and `queries.rs` reads it (depth, counts, dead letters).
+//! stores a delivery (the inbox's one insert, shared with group commit), `batch.rs` does so for a
+//! batch of items signed one by one (Adyen's), `worker.rs` drains the inbox, and `queries.rs`
+//! reads it (depth, counts, dead letters).
 
+mod batch;
 mod queries;
 mod receive;
 mod secrets;
@@ -43,7 +45,8 @@ mod worker;
 /// The headers carrying a webhook's signature (ours, and Stripe's with the same scheme),
 /// re-exported for the HTTP layer.
 pub use asiento_psp::stripe::SIGNATURE_HEADER as STRIPE_SIGNATURE_HEADER;
-pub use asiento_psp::{SIGNATURE_HEADER, TOLERANCE_S_DEFAULT};
+pub use asiento_psp::{EventFormat, SIGNATURE_HEADER, TOLERANCE_S_DEFAULT};
+pub use batch::BatchReceived;
 pub use queries::{
     dead_letters, inbox_counts, pending_count, DeadLetter, InboxCounts, DEAD_LETTERS_PAGE_MAX,
 };

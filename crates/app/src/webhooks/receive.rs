@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use asiento_eventstore::{Database, Tx};
+use asiento_psp::adyen::BatchError;
 use asiento_psp::{SignatureError, SIGNATURE_HEADER};
 use sqlx::error::BoxDynError;
 use sqlx::postgres::PgArguments;
@@ -55,6 +56,10 @@ pub enum ReceiveError {
     SignatureInvalid(SignatureError),
     #[error("the body is not a webhook event: {0}")]
     InvalidBody(String),
+    #[error("the endpoint's credentials are missing or wrong")]
+    Unauthorized,
+    #[error("the batch is refused: {0}")]
+    BatchRefused(BatchError),
     #[error("storing the event failed: {0}")]
     Store(#[from] GroupCommitError),
 }
@@ -69,6 +74,9 @@ impl ReceiveError {
             }
             ReceiveError::SignatureStale(_) => "signature_stale",
             ReceiveError::InvalidBody(_) => "invalid_body",
+            ReceiveError::Unauthorized => "unauthorized",
+            ReceiveError::BatchRefused(BatchError::Signature { .. }) => "signature_invalid",
+            ReceiveError::BatchRefused(_) => "invalid_body",
             ReceiveError::Store(_) => "internal_error",
         }
     }
@@ -91,18 +99,10 @@ impl WebhookReceiver {
         body: &[u8],
     ) -> Result<Received, ReceiveError> {
         let result = self.receive_inner(provider, signature, body).await;
-        let outcome = match &result {
-            Ok(Received { duplicate: true }) => "duplicate",
-            Ok(Received { duplicate: false }) => "stored",
-            Err(error) => error.code(),
-        };
-        metrics::counter!("asiento_webhooks_received_total", "outcome" => outcome).increment(1);
-        if let Err(error) = &result {
-            if error.is_client_fault() {
-                tracing::warn!(%error, "webhook refused");
-            } else {
-                tracing::error!(%error, "webhook could not be stored");
-            }
+        match &result {
+            Ok(Received { duplicate: true }) => count_received("duplicate", 1),
+            Ok(Received { duplicate: false }) => count_received("stored", 1),
+            Err(error) => refused(error),
         }
         result
     }
@@ -164,6 +164,24 @@ impl WebhookReceiver {
             }
         };
         Ok(Received { duplicate })
+    }
+}
+
+/// Counts `n` events received with `outcome` (`stored`, `duplicate`, or a refusal's code).
+pub(super) fn count_received(outcome: &'static str, n: usize) {
+    if n > 0 {
+        metrics::counter!("asiento_webhooks_received_total", "outcome" => outcome)
+            .increment(u64::try_from(n).unwrap_or(u64::MAX));
+    }
+}
+
+/// Counts and logs a refused or unstored delivery.
+pub(super) fn refused(error: &ReceiveError) {
+    count_received(error.code(), 1);
+    if error.is_client_fault() {
+        tracing::warn!(%error, "webhook refused");
+    } else {
+        tracing::error!(%error, "webhook could not be stored");
     }
 }
 

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use asiento_domain::ProviderName;
+use asiento_psp::adyen::{BasicCredentials, HmacKey};
 use asiento_psp::EventFormat;
 
 /// Each provider's webhook signing secret and event format (the simulator's unless set).
@@ -14,6 +15,8 @@ use asiento_psp::EventFormat;
 pub struct WebhookSecrets {
     secrets: BTreeMap<String, String>,
     formats: BTreeMap<String, EventFormat>,
+    /// A batch provider's HMAC key and the basic credentials it sends (Adyen's).
+    batch: BTreeMap<String, (HmacKey, BasicCredentials)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,6 +29,10 @@ pub enum SecretsError {
     SecretEmpty { provider: String },
     #[error("provider {provider} has more than one webhook secret")]
     ProviderRepeated { provider: String },
+    #[error("the HMAC key of provider {provider} is not hexadecimal")]
+    HmacKeyInvalid { provider: String },
+    #[error("the webhook username or password of provider {provider} is empty")]
+    CredentialsEmpty { provider: String },
 }
 
 impl WebhookSecrets {
@@ -57,12 +64,44 @@ impl WebhookSecrets {
         self.formats.get(provider).copied().unwrap_or_default()
     }
 
+    /// Configures a provider that delivers batches of items signed one by one (Adyen): its hex
+    /// HMAC key and the basic credentials its deliveries carry. Its format becomes
+    /// [`EventFormat::Adyen`].
+    pub fn set_batch(
+        &mut self,
+        provider: &ProviderName,
+        hmac_key_hex: &str,
+        credentials: BasicCredentials,
+    ) -> Result<(), SecretsError> {
+        let key = HmacKey::from_hex(hmac_key_hex).map_err(|_| SecretsError::HmacKeyInvalid {
+            provider: provider.to_string(),
+        })?;
+        if credentials.username.is_empty() || credentials.password.is_empty() {
+            return Err(SecretsError::CredentialsEmpty {
+                provider: provider.to_string(),
+            });
+        }
+        self.batch.insert(provider.to_string(), (key, credentials));
+        self.set_format(provider, EventFormat::Adyen);
+        Ok(())
+    }
+
+    /// A batch provider's HMAC key and credentials.
+    pub fn batch_keys(&self, provider: &str) -> Option<(&HmacKey, &BasicCredentials)> {
+        self.batch
+            .get(provider)
+            .map(|(key, credentials)| (key, credentials))
+    }
+
     pub fn providers(&self) -> impl Iterator<Item = &str> {
-        self.secrets.keys().map(String::as_str)
+        self.secrets
+            .keys()
+            .chain(self.batch.keys())
+            .map(String::as_str)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.secrets.is_empty()
+        self.secrets.is_empty() && self.batch.is_empty()
     }
 }
 
@@ -101,7 +140,7 @@ impl FromStr for WebhookSecrets {
 impl std::fmt::Debug for WebhookSecrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_map()
-            .entries(self.secrets.keys().map(|provider| (provider, "***")))
+            .entries(self.providers().map(|provider| (provider, "***")))
             .finish()
     }
 }
