@@ -1,14 +1,18 @@
-//! The provider simulator: a Stripe-like provider that fails on demand, over
-//! real HTTP. It plays someone else's system, so its state lives in memory
-//! and it knows nothing of the ledger.
+//! The provider simulator: a provider that fails on demand, over real HTTP,
+//! speaking its own protocol or Stripe's or Adyen's ([`Dialect`]). It plays
+//! someone else's system, so its state lives in memory and it knows nothing
+//! of the ledger.
 //!
 //! Two ways to run it:
-//! - standalone ([`run`], `asiento psp-sim`): provider routes at `/v1/…`,
-//!   control and truth routes at `/sim/…`; [`run`] also runs the webhook
-//!   dispatcher and stops everything on shutdown;
+//! - standalone ([`run`], `asiento psp-sim`): provider routes at `/v1/…`
+//!   (`/v71/…` in the Adyen dialect), control and truth routes at `/sim/…`;
+//!   [`run`] also runs the webhook dispatcher and stops everything on
+//!   shutdown;
 //! - mounted inside asiento's own server: [`Simulator::mounted_router`]
-//!   serves the provider routes at `/sim/v1/…` (base URL `http://host/sim`)
-//!   and the control routes at the same `/sim/…` paths as standalone; the
+//!   serves the provider routes of the simulator's own protocol at
+//!   `/sim/v1/…` (base URL `http://host/sim`; the Stripe and Adyen dialects
+//!   are served standalone only) and the control routes at the same `/sim/…`
+//!   paths as standalone; the
 //!   host must call [`Simulator::spawn_webhook_dispatcher`] once, with its
 //!   own shutdown signal, for webhooks to leave.
 //!
