@@ -1149,3 +1149,57 @@ async fn a_failing_endpoint_is_retried_and_items_ready_together_leave_in_one_bat
     })
     .await;
 }
+
+#[tokio::test]
+async fn webhook_faults_apply_to_items_a_duplicate_is_the_same_signed_item() {
+    bounded(async {
+        let (sim, received) = adyen_sim().await;
+        let faults = send(
+            reqwest::Client::new()
+                .post(format!("{}/sim/faults", sim.base))
+                .json(&json!({"webhook_duplicate_rate": 1.0})),
+        )
+        .await;
+        assert_eq!(faults.status, StatusCode::OK);
+        let paid = post(
+            &sim,
+            "/v71/payments",
+            &payment("APPROVED", 100, "w-1"),
+            None,
+        )
+        .await;
+        let psp = paid.psp();
+        assert!(
+            eventually(3_000, || items(&received)
+                .iter()
+                .filter(|item| item["pspReference"] == psp.as_str())
+                .count()
+                == 2)
+            .await
+        );
+        let copies: Vec<Value> = items(&received)
+            .into_iter()
+            .filter(|item| item["pspReference"] == psp.as_str())
+            .collect();
+        assert_eq!(copies[0], copies[1]);
+
+        let dropped = send(
+            reqwest::Client::new()
+                .post(format!("{}/sim/faults", sim.base))
+                .json(&json!({"webhook_duplicate_rate": 0.0, "webhook_drop_rate": 1.0})),
+        )
+        .await;
+        assert_eq!(dropped.status, StatusCode::OK);
+        let lost = post(
+            &sim,
+            "/v71/payments",
+            &payment("APPROVED", 100, "w-2"),
+            None,
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(codes_for(&received, &lost.psp()).is_empty());
+        sim.shutdown().await;
+    })
+    .await;
+}

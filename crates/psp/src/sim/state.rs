@@ -1948,6 +1948,39 @@ mod tests {
     }
 
     #[test]
+    fn a_set_modification_delay_decides_later_and_a_capture_may_fail_after_succeeding() {
+        let mut s = SimState::new(1, 0, Dialect::Sim, None);
+        s.set_modification_delay(25);
+        let now = Utc::now();
+        let auth = charge_of(
+            &s.create_charge("k", &request(PM_CARD_OK, false), now, "")
+                .unwrap(),
+        );
+        let pending = answer_of(
+            &s.capture("c", &auth.id, &CaptureRequest::default(), now)
+                .unwrap(),
+        );
+        assert_eq!(pending.operation.status, OperationStatus::Pending);
+        s.set_reverses(&pending.operation.id, true);
+        let decided = s.take_scheduled();
+        assert_eq!(decided[0].after_ms, 25);
+        let captured = s.run_scheduled(&decided[0], now).unwrap().unwrap();
+        assert_eq!(captured.charge.unwrap().amount_captured, 10_000);
+        let reversal = s.take_scheduled();
+        assert_eq!(reversal[0].action, LaterAction::Reverse);
+        let failed = s.run_scheduled(&reversal[0], now).unwrap().unwrap();
+        assert_eq!(
+            failed.operation.failure_reason.as_deref(),
+            Some(CAPTURE_REVERSAL_REASON)
+        );
+        let after = failed.charge.unwrap();
+        assert_eq!(
+            (after.status, after.amount_captured),
+            (ChargeStatus::RequiresCapture, 0)
+        );
+    }
+
+    #[test]
     fn operations_fail_on_demand_and_cancels_void_what_is_not_captured() {
         let mut s = SimState::new(1, 0, Dialect::Sim, None);
         let now = Utc::now();
