@@ -17,11 +17,11 @@ exits non-zero with the traceback, which the cargo test prints.
 """
 
 import copy
+import importlib.metadata
 import json
 import os
 import sys
 
-import Adyen
 from Adyen.util import is_valid_hmac_notification
 
 SIGNED_FIELDS = [
@@ -74,8 +74,8 @@ def main():
             checked += 1
     missing = wanted - seen
     assert not missing, f"no item of {sorted(missing)} among {sorted(seen)}"
-    print(f"Adyen {Adyen.__version__ if hasattr(Adyen, '__version__') else ''}: "
-          f"{checked} items in {len(batches)} batches valid, every tampered copy refused")
+    print(f"Adyen {importlib.metadata.version('Adyen')}: {checked} items in {len(batches)} "
+          "batches valid, every tampered copy refused")
 
 
 if __name__ == "__main__":
