@@ -18,6 +18,7 @@ use asiento_psp::SimConfig;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing;
 use axum::Router;
 use base64::Engine as _;
@@ -148,8 +149,6 @@ async fn receive(State(received): State<Receiver>, headers: HeaderMap, body: Byt
     }
     (StatusCode::OK, "[accepted]").into_response()
 }
-
-use axum::response::{IntoResponse, Response};
 
 async fn start_receiver(failures: usize) -> (String, Receiver) {
     let received: Receiver = Arc::new(Mutex::new(Received {
@@ -956,8 +955,6 @@ async fn disputes_are_notified_from_the_control_routes_and_from_triggers() {
         };
         let opened = control(format!("/sim/charges/{psp}/dispute"), json!({})).await;
         assert_eq!(opened.status, StatusCode::OK, "{}", opened.body);
-        let notice = items(&received);
-        let _ = notice;
         assert!(
             eventually(2_000, || codes_for(&received, &psp)
                 .contains(&"NOTIFICATION_OF_CHARGEBACK".to_owned()))
