@@ -6,14 +6,19 @@
 use std::net::SocketAddr;
 
 use anyhow::Context;
+use asiento_psp::adyen::HmacKey;
 use asiento_psp::sim::{
-    random_seed, random_webhook_secret, run as run_simulator, Dialect, SimConfig, Simulator,
+    random_hmac_key, random_seed, random_webhook_secret, run as run_simulator, Dialect, SimConfig,
+    Simulator,
 };
 
 #[derive(clap::Args, Debug)]
 pub struct PspSimArgs {
-    /// The provider it plays: `sim` (our own JSON protocol) or `stripe` (Stripe's API: form
-    /// bodies, PaymentIntents and refunds, `Stripe-Signature` events; any `sk_test_…` key).
+    /// The provider it plays: `sim` (our own JSON protocol), `stripe` (Stripe's API: form
+    /// bodies, PaymentIntents and refunds, `Stripe-Signature` events; any `sk_test_…` key) or
+    /// `adyen` (Adyen's Checkout v71 at /v71/…: any `X-API-Key`, modifications decided by
+    /// notification, batches of notification items signed with --webhook-hmac-key and sent
+    /// with basic auth; no lookup routes).
     #[arg(long, env = "ASIENTO_PSP_SIM_DIALECT", default_value = "sim")]
     pub dialect: Dialect,
 
@@ -30,6 +35,28 @@ pub struct PspSimArgs {
     /// dialect); unset: a random one, printed.
     #[arg(long, env = "ASIENTO_PSP_SIM_WEBHOOK_SECRET", hide_env_values = true)]
     pub webhook_secret: Option<String>,
+
+    /// The Adyen dialect's HMAC key (hex, as Adyen's Customer Area shows it): every
+    /// notification item is signed with it; unset: a random one, printed.
+    #[arg(long, env = "ASIENTO_PSP_SIM_WEBHOOK_HMAC_KEY", hide_env_values = true)]
+    pub webhook_hmac_key: Option<String>,
+
+    /// Basic-auth username sent with every webhook delivery (Adyen's webhook username);
+    /// unset: no Authorization header.
+    #[arg(long, env = "ASIENTO_PSP_SIM_WEBHOOK_USERNAME")]
+    pub webhook_username: Option<String>,
+
+    /// Basic-auth password sent with the username.
+    #[arg(long, env = "ASIENTO_PSP_SIM_WEBHOOK_PASSWORD", hide_env_values = true)]
+    pub webhook_password: Option<String>,
+
+    /// How long after it is asked the Adyen dialect decides a capture, refund or cancel.
+    #[arg(
+        long,
+        env = "ASIENTO_PSP_SIM_MODIFICATION_DELAY_MS",
+        default_value_t = 300
+    )]
+    pub modification_delay_ms: u64,
 
     /// Seed of every fault draw, to replay a failing run; unset: random, printed.
     #[arg(long, env = "ASIENTO_PSP_SIM_SEED")]
@@ -58,6 +85,15 @@ pub async fn run(args: PspSimArgs) -> anyhow::Result<()> {
         Some(secret) => (secret, false),
         None => (random_webhook_secret(), true),
     };
+    let (webhook_hmac_key, hmac_key_generated) = match args.webhook_hmac_key {
+        Some(key) => {
+            HmacKey::from_hex(&key).map_err(|error| {
+                anyhow::anyhow!("--webhook-hmac-key (ASIENTO_PSP_SIM_WEBHOOK_HMAC_KEY): {error}")
+            })?;
+            (key, false)
+        }
+        None => (random_hmac_key(), true),
+    };
     let config = SimConfig {
         dialect: args.dialect,
         webhook_url: args.webhook_url.clone(),
@@ -67,6 +103,10 @@ pub async fn run(args: PspSimArgs) -> anyhow::Result<()> {
         hang_ms: args.hang_ms,
         fee_bps: args.fee_bps,
         public_url: args.public_url,
+        webhook_hmac_key: webhook_hmac_key.clone(),
+        webhook_username: args.webhook_username,
+        webhook_password: args.webhook_password,
+        modification_delay_ms: args.modification_delay_ms,
         ..SimConfig::default()
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -83,6 +123,9 @@ pub async fn run(args: PspSimArgs) -> anyhow::Result<()> {
     }
     if secret_generated {
         println!("psp-sim webhook secret (generated): {webhook_secret}");
+    }
+    if args.dialect == Dialect::Adyen && hmac_key_generated {
+        println!("psp-sim webhook HMAC key (generated): {webhook_hmac_key}");
     }
     let shutdown = async {
         if let Err(error) = tokio::signal::ctrl_c().await {

@@ -11,7 +11,8 @@
 //! - [`event`]: the webhook event body.
 //! - [`sim`]: a provider simulator that fails on demand over real HTTP, since
 //!   a real provider cannot be made to time out after charging, send a
-//!   webhook twice or refund from its dashboard on cue.
+//!   webhook twice or refund from its dashboard on cue; it speaks its own
+//!   protocol, Stripe's or Adyen's.
 //!
 //! This crate does not know the ledger's domain: the simulator plays someone
 //! else's system, and the client speaks the provider's protocol.

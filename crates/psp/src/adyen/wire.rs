@@ -175,6 +175,9 @@ pub struct ModificationResponse {
     pub amount: Option<Amount>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
+    /// A refund's reason, as its request said it (`FRAUD`, `CUSTOMER REQUEST`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merchant_refund_reason: Option<String>,
 }
 
 /// An error answer: Checkout's `ServiceError` (`errorCode`, `message`), or the RFC 7807 shape of

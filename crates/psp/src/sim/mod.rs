@@ -1,14 +1,18 @@
-//! The provider simulator: a Stripe-like provider that fails on demand, over
-//! real HTTP. It plays someone else's system, so its state lives in memory
-//! and it knows nothing of the ledger.
+//! The provider simulator: a provider that fails on demand, over real HTTP,
+//! speaking its own protocol or Stripe's or Adyen's ([`Dialect`]). It plays
+//! someone else's system, so its state lives in memory and it knows nothing
+//! of the ledger.
 //!
 //! Two ways to run it:
-//! - standalone ([`run`], `asiento psp-sim`): provider routes at `/v1/…`,
-//!   control and truth routes at `/sim/…`; [`run`] also runs the webhook
-//!   dispatcher and stops everything on shutdown;
+//! - standalone ([`run`], `asiento psp-sim`): provider routes at `/v1/…`
+//!   (`/v71/…` in the Adyen dialect), control and truth routes at `/sim/…`;
+//!   [`run`] also runs the webhook dispatcher and stops everything on
+//!   shutdown;
 //! - mounted inside asiento's own server: [`Simulator::mounted_router`]
-//!   serves the provider routes at `/sim/v1/…` (base URL `http://host/sim`)
-//!   and the control routes at the same `/sim/…` paths as standalone; the
+//!   serves the provider routes of the simulator's own protocol at
+//!   `/sim/v1/…` (base URL `http://host/sim`; the Stripe and Adyen dialects
+//!   are served standalone only) and the control routes at the same `/sim/…`
+//!   paths as standalone; the
 //!   host must call [`Simulator::spawn_webhook_dispatcher`] once, with its
 //!   own shutdown signal, for webhooks to leave.
 //!
@@ -24,6 +28,7 @@
 //! same seed and the same order of requests replay the same failures even
 //! though webhooks are dispatched concurrently with requests.
 
+mod adyen;
 mod faults;
 mod routes;
 mod state;
@@ -55,14 +60,20 @@ pub const REBIND_PAUSE_MS: u64 = 20;
 /// "overloaded" and drops them (logged).
 pub const WEBHOOK_QUEUE_LEN_MAX: usize = 100_000;
 
-/// The provider the simulator plays: its own protocol (`sim`, JSON at `/v1/charges`) or
+/// The provider the simulator plays: its own protocol (`sim`, JSON at `/v1/charges`),
 /// Stripe's (`stripe`, form-encoded PaymentIntents and refunds, Stripe's objects, errors and
-/// `Stripe-Signature` events). Faults, truth and control routes are the same in both.
+/// `Stripe-Signature` events), or Adyen's (`adyen`, Checkout v71 at `/v71/…`: `X-API-Key`,
+/// payments answered at once from Adyen's test triggers, every modification `received` and
+/// decided by notification, batches of standard notifications signed item by item with an HMAC
+/// key and sent with basic auth; no lookup routes). Faults, truth and control routes are the
+/// same in all three; a payment's id in the truth routes is its pspReference in the Adyen
+/// dialect.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Dialect {
     #[default]
     Sim,
     Stripe,
+    Adyen,
 }
 
 impl Dialect {
@@ -70,6 +81,7 @@ impl Dialect {
         match self {
             Dialect::Sim => "sim",
             Dialect::Stripe => "stripe",
+            Dialect::Adyen => "adyen",
         }
     }
 }
@@ -81,7 +93,10 @@ impl std::str::FromStr for Dialect {
         match text {
             "sim" => Ok(Dialect::Sim),
             "stripe" => Ok(Dialect::Stripe),
-            other => Err(format!("unknown dialect {other:?}: expected sim or stripe")),
+            "adyen" => Ok(Dialect::Adyen),
+            other => Err(format!(
+                "unknown dialect {other:?}: expected sim, stripe or adyen"
+            )),
         }
     }
 }
@@ -116,6 +131,17 @@ pub struct SimConfig {
     pub webhook_backoff_max_ms: u64,
     /// Time allowed for one delivery attempt.
     pub webhook_timeout_ms: u64,
+    /// The Adyen dialect's HMAC key, hex as Adyen's Customer Area shows it: every notification
+    /// item carries `additionalData.hmacSignature` under it. Empty or not hex: items go
+    /// unsigned (and a warning says so).
+    pub webhook_hmac_key: String,
+    /// The basic auth every delivery carries (Adyen's webhook username and password); `None`:
+    /// no `Authorization` header.
+    pub webhook_username: Option<String>,
+    pub webhook_password: Option<String>,
+    /// How long after it is asked the Adyen dialect decides a capture, refund or cancel (and
+    /// authorises a `PENDING` payment, and takes each step of a triggered dispute).
+    pub modification_delay_ms: u64,
 }
 
 impl Default for SimConfig {
@@ -133,6 +159,10 @@ impl Default for SimConfig {
             webhook_backoff_base_ms: 250,
             webhook_backoff_max_ms: 30_000,
             webhook_timeout_ms: 5_000,
+            webhook_hmac_key: String::new(),
+            webhook_username: None,
+            webhook_password: None,
+            modification_delay_ms: 300,
         }
     }
 }
@@ -185,14 +215,18 @@ impl Simulator {
         };
         let (stop, _) = watch::channel(false);
         let (unreachable, _) = watch::channel(None);
+        let mut state = SimState::new(config.seed, config.fee_bps, config.dialect, tx);
+        if config.dialect == Dialect::Adyen {
+            state.set_modification_delay(config.modification_delay_ms);
+            let key = crate::adyen::HmacKey::from_hex(&config.webhook_hmac_key).ok();
+            if key.is_none() {
+                tracing::warn!("no usable webhook HMAC key: Adyen notification items go unsigned");
+            }
+            state.adyen.set_hmac_key(key);
+        }
         Simulator {
             inner: Arc::new(Inner {
-                state: Mutex::new(SimState::new(
-                    config.seed,
-                    config.fee_bps,
-                    config.dialect,
-                    tx,
-                )),
+                state: Mutex::new(state),
                 outbox: Mutex::new(rx),
                 stop,
                 unreachable,
@@ -349,6 +383,11 @@ impl Simulator {
 /// replayed).
 pub fn random_seed() -> u64 {
     rand::random()
+}
+
+/// A fresh HMAC key for an Adyen run that was given none: 32 random bytes, 64 hex digits.
+pub fn random_hmac_key() -> String {
+    hex::encode_upper(rand::random::<[u8; 32]>())
 }
 
 /// A fresh webhook secret for a run that was given none.

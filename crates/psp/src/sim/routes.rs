@@ -70,6 +70,7 @@ pub(super) fn standalone(sim: Simulator) -> Router {
             super::stripe::routes(),
             control_routes().merge(super::stripe::control_routes()),
         ),
+        Dialect::Adyen => (super::adyen::routes(), control_routes()),
     };
     provider.nest("/sim", control).with_state(sim)
 }
@@ -161,7 +162,7 @@ pub(super) async fn provider_call<E: From<SimError> + IntoResponse>(
         let fault = state.draw_fault();
         let latency_ms = state.faults.latency_ms;
         let in_use =
-            state.faults.key_in_use_conflict && key.as_deref().is_some_and(|k| state.in_use(k));
+            state.conflicts_while_in_flight() && key.as_deref().is_some_and(|k| state.in_use(k));
         if in_use && fault != CallFault::ErrorBefore {
             // Answered at once, as a provider's idempotency layer does,
             // without the latency of the request it stands behind.
@@ -409,7 +410,12 @@ async fn complete(State(sim): State<Simulator>, Path(id): Path<String>, body: By
     let sim = &sim;
     with_body(&body, |b: CompleteBody| {
         let succeeded = matches!(b.result, CompleteResult::Succeeded);
-        let result = sim.state().complete(&id, succeeded, Utc::now());
+        let (result, scheduled) = {
+            let mut state = sim.state();
+            let result = state.complete(&id, succeeded, Utc::now());
+            (result, state.take_scheduled())
+        };
+        sim.spawn_scheduled(scheduled);
         into_response(result)
     })
 }

@@ -24,6 +24,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+use super::adyen::{self, AdyenBook};
 use super::faults::{call_fault, CallFault, Faults};
 use super::stripe::{self, IntentBook};
 use super::Dialect;
@@ -35,6 +36,8 @@ use crate::provider::{
 
 /// Why a reversed refund failed, as card networks say it.
 pub const REVERSAL_REASON: &str = "expired_or_canceled_card";
+/// Why a capture that succeeded failed afterwards (the Adyen dialect's `capture failed`).
+pub const CAPTURE_REVERSAL_REASON: &str = "capture_failed";
 /// Why an operation failed by `POST /sim/operations/{id}/fail` failed.
 pub const FAILED_ON_DEMAND_REASON: &str = "failed_on_demand";
 
@@ -308,13 +311,16 @@ pub(crate) struct Scheduled {
 pub(crate) enum LaterAction {
     /// An asynchronous capture or refund is decided (succeeded).
     Decide,
-    /// A succeeded refund fails (the reversal fault).
+    /// A succeeded refund fails (the reversal fault), or a succeeded capture (the Adyen
+    /// dialect's `capture failed`).
     Reverse,
+    /// A change the Adyen dialect makes later; `operation_id` names what it acts on.
+    Adyen(adyen::Later),
 }
 
 struct OperationRecord {
     operation: Operation,
-    /// Drawn when the refund was requested: it fails after succeeding.
+    /// Drawn when the refund was requested (or set by a dialect): it fails after succeeding.
     reverses: bool,
 }
 
@@ -341,6 +347,11 @@ pub(crate) struct SimState {
     dialect: Dialect,
     /// The Stripe dialect's PaymentIntents and stored answers.
     pub stripe: IntentBook,
+    /// The Adyen dialect's payments, modifications, disputes and stored answers.
+    pub adyen: AdyenBook,
+    /// Captures and refunds are always decided this long after they are asked, whatever the
+    /// faults say (the Adyen dialect: every modification is asynchronous there).
+    modification_delay_ms: Option<u64>,
 }
 
 pub(crate) fn new_id(prefix: &str) -> String {
@@ -437,7 +448,35 @@ impl SimState {
             unreachable_until: None,
             dialect,
             stripe: IntentBook::default(),
+            adyen: AdyenBook::default(),
+            modification_delay_ms: None,
         }
+    }
+
+    /// Makes every capture and refund asynchronous, decided `delay_ms` after it is asked
+    /// (the `async_modifications` fault, when on, says the delay instead).
+    pub fn set_modification_delay(&mut self, delay_ms: u64) {
+        self.modification_delay_ms = Some(delay_ms);
+    }
+
+    /// The delay of [`SimState::set_modification_delay`] (0 when none was set).
+    pub fn modification_delay_ms(&self) -> u64 {
+        self.modification_delay_ms.unwrap_or(0)
+    }
+
+    /// How long after it is asked a capture or refund is decided; `None`: at once.
+    fn async_delay_ms(&self) -> Option<u64> {
+        if self.faults.async_modifications {
+            Some(self.faults.async_delay_ms)
+        } else {
+            self.modification_delay_ms
+        }
+    }
+
+    /// Whether a write whose key's first request still runs is refused at once (409, or 422
+    /// `704` in the Adyen dialect, which always does so) rather than served.
+    pub fn conflicts_while_in_flight(&self) -> bool {
+        self.faults.key_in_use_conflict || self.dialect == Dialect::Adyen
     }
 
     /// Whether the provider routes refuse service at `now`.
@@ -501,6 +540,7 @@ impl SimState {
                     body: to_bytes(&event),
                 }],
                 Dialect::Stripe => stripe::events(&event, self),
+                Dialect::Adyen => adyen::notifications(&event, self),
             };
             self.send(outgoing);
         }
@@ -757,8 +797,8 @@ impl SimState {
         })
     }
 
-    /// Marks a refund as one that fails after succeeding.
-    fn set_reverses(&mut self, operation_id: &str, reverses: bool) {
+    /// Marks a refund (or a capture) as one that fails after succeeding.
+    pub(crate) fn set_reverses(&mut self, operation_id: &str, reverses: bool) {
         if let Some(record) = self.operations.get_mut(operation_id) {
             record.reverses = reverses;
         }
@@ -775,7 +815,7 @@ impl SimState {
             .filter(move |o| o.kind == kind && o.status == OperationStatus::Pending)
     }
 
-    fn schedule(&mut self, after_ms: u64, operation_id: &str, action: LaterAction) {
+    pub(crate) fn schedule(&mut self, after_ms: u64, operation_id: &str, action: LaterAction) {
         self.scheduled.push(Scheduled {
             after_ms,
             operation_id: operation_id.to_string(),
@@ -821,7 +861,7 @@ impl SimState {
                 .charge
                 .clone();
             let amount = state.capturable(&charge, req.amount_minor)?;
-            if state.faults.async_modifications {
+            if let Some(delay) = state.async_delay_ms() {
                 let answer = state.new_operation(
                     OperationKind::Capture,
                     charge_id,
@@ -830,7 +870,6 @@ impl SimState {
                     OperationStatus::Pending,
                     now,
                 )?;
-                let delay = state.faults.async_delay_ms;
                 state.schedule(delay, &answer.operation.id, LaterAction::Decide);
                 return Ok(answer);
             }
@@ -918,7 +957,7 @@ impl SimState {
                 .charge
                 .clone();
             state.refundable(&current, req.amount_minor)?;
-            if state.faults.async_modifications {
+            if let Some(delay) = state.async_delay_ms() {
                 let answer = state.new_operation(
                     OperationKind::Refund,
                     &req.charge,
@@ -928,7 +967,6 @@ impl SimState {
                     now,
                 )?;
                 state.set_reverses(&answer.operation.id, reverses);
-                let delay = state.faults.async_delay_ms;
                 state.schedule(delay, &answer.operation.id, LaterAction::Decide);
                 return Ok(answer);
             }
@@ -1036,6 +1074,10 @@ impl SimState {
         item: &Scheduled,
         now: DateTime<Utc>,
     ) -> Result<Option<OperationAnswer>, SimError> {
+        if let LaterAction::Adyen(later) = item.action {
+            adyen::run_later(self, later, &item.operation_id, now)?;
+            return Ok(None);
+        }
         let record = self
             .operations
             .get(&item.operation_id)
@@ -1047,7 +1089,11 @@ impl SimState {
                 self.decide(&operation, reverses, now).map(Some)
             }
             (LaterAction::Reverse, OperationStatus::Succeeded) => {
-                self.reverse(&operation, REVERSAL_REASON, now).map(Some)
+                let reason = match operation.kind {
+                    OperationKind::Capture => CAPTURE_REVERSAL_REASON,
+                    _ => REVERSAL_REASON,
+                };
+                self.reverse(&operation, reason, now).map(Some)
             }
             _ => Ok(None),
         }
@@ -1082,7 +1128,7 @@ impl SimState {
             Ok(_) => {
                 let answer =
                     self.settle_operation(&operation.id, OperationStatus::Succeeded, None, now)?;
-                if reverses && operation.kind == OperationKind::Refund {
+                if reverses && operation.kind != OperationKind::Cancel {
                     let delay = self.faults.refund_reversal_delay_ms;
                     self.schedule(delay, &operation.id, LaterAction::Reverse);
                 }
@@ -1095,7 +1141,8 @@ impl SimState {
         }
     }
 
-    /// A succeeded refund fails: the refunded amount counts no more.
+    /// A succeeded refund fails: the refunded amount counts no more. A succeeded capture fails:
+    /// nothing is captured, and the authorisation stands again.
     fn reverse(
         &mut self,
         operation: &Operation,
@@ -1103,8 +1150,16 @@ impl SimState {
         now: DateTime<Utc>,
     ) -> Result<OperationAnswer, SimError> {
         let amount = operation.amount_minor;
+        let kind = operation.kind;
         self.change(&operation.charge, now, None, |c| {
-            c.amount_refunded = (c.amount_refunded - amount).max(0);
+            if kind == OperationKind::Capture {
+                c.amount_captured = (c.amount_captured - amount).max(0);
+                if c.amount_captured == 0 {
+                    c.status = ChargeStatus::RequiresCapture;
+                }
+            } else {
+                c.amount_refunded = (c.amount_refunded - amount).max(0);
+            }
             Ok(())
         })?;
         self.settle_operation(&operation.id, OperationStatus::Failed, Some(reason), now)
@@ -1317,6 +1372,28 @@ impl SimState {
                     } else {
                         DisputeStatus::Lost
                     };
+                    d.closed = Some(now);
+                    Ok(())
+                }
+                _ => Err(SimError::DisputeNotOpen),
+            },
+        )
+    }
+
+    /// A dispute that was won is lost after all (a second chargeback): the disputed money is
+    /// withdrawn again.
+    pub fn second_chargeback(
+        &mut self,
+        charge_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Charge, SimError> {
+        self.change(
+            charge_id,
+            now,
+            Some(EventType::ChargeDisputeClosed),
+            |c| match &mut c.dispute {
+                Some(d) if d.status == DisputeStatus::Won => {
+                    d.status = DisputeStatus::Lost;
                     d.closed = Some(now);
                     Ok(())
                 }
@@ -1869,6 +1946,39 @@ mod tests {
         s.faults.refund_reversal_rate = 0.0;
         s.refund("r2", &refund_of(&charge, 1_000), now).unwrap();
         assert!(s.take_scheduled().is_empty());
+    }
+
+    #[test]
+    fn a_set_modification_delay_decides_later_and_a_capture_may_fail_after_succeeding() {
+        let mut s = SimState::new(1, 0, Dialect::Sim, None);
+        s.set_modification_delay(25);
+        let now = Utc::now();
+        let auth = charge_of(
+            &s.create_charge("k", &request(PM_CARD_OK, false), now, "")
+                .unwrap(),
+        );
+        let pending = answer_of(
+            &s.capture("c", &auth.id, &CaptureRequest::default(), now)
+                .unwrap(),
+        );
+        assert_eq!(pending.operation.status, OperationStatus::Pending);
+        s.set_reverses(&pending.operation.id, true);
+        let decided = s.take_scheduled();
+        assert_eq!(decided[0].after_ms, 25);
+        let captured = s.run_scheduled(&decided[0], now).unwrap().unwrap();
+        assert_eq!(captured.charge.unwrap().amount_captured, 10_000);
+        let reversal = s.take_scheduled();
+        assert_eq!(reversal[0].action, LaterAction::Reverse);
+        let failed = s.run_scheduled(&reversal[0], now).unwrap().unwrap();
+        assert_eq!(
+            failed.operation.failure_reason.as_deref(),
+            Some(CAPTURE_REVERSAL_REASON)
+        );
+        let after = failed.charge.unwrap();
+        assert_eq!(
+            (after.status, after.amount_captured),
+            (ChargeStatus::RequiresCapture, 0)
+        );
     }
 
     #[test]

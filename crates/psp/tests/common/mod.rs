@@ -2,6 +2,8 @@
 //! holds, and the simulator served on 127.0.0.1:0 until it is shut down.
 #![allow(clippy::unwrap_used, dead_code)]
 
+pub mod adyen_schema;
+
 use std::future::Future;
 use std::time::{Duration, Instant};
 
