@@ -48,7 +48,7 @@ impl BasicCredentials {
         let matches_scheme = header
             .get(..6)
             .is_some_and(|scheme| scheme.eq_ignore_ascii_case("basic "));
-        matches_scheme && bool::from(header[6..].as_bytes().ct_eq(&expected.as_bytes()[6..]))
+        matches_scheme && bool::from(header.as_bytes()[6..].ct_eq(&expected.as_bytes()[6..]))
     }
 }
 

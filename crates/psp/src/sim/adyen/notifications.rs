@@ -265,7 +265,9 @@ fn dispute_after_capture(state: &mut SimState, payment: &PaymentRecord) {
 /// The items one change of the charge model stands for. Run for every change, webhooks or
 /// not: the test triggers that follow a capture are started here.
 pub(crate) fn notifications(event: &WebhookEvent, state: &mut SimState) -> Vec<Outgoing> {
-    let charge = &event.data.charge;
+    let Some(charge) = &event.data.charge else {
+        return Vec::new();
+    };
     let Some(payment) = state.adyen.payment(&charge.id).cloned() else {
         // A charge this dialect did not make.
         return Vec::new();
