@@ -1,8 +1,9 @@
 //! Provider configuration from flags and the environment: which providers exist, what they are
-//! (`sim` or `stripe`), where they live and what the platform charges on each (`--psp-url`,
+//! (`sim`, `stripe` or `adyen`), where they live and what the platform charges on each (`--psp-url`,
 //! `--providers`, `--fees`), and their secrets, which come only from the environment
-//! (`ASIENTO_PROVIDER_<NAME>_API_KEY`, `ASIENTO_PROVIDER_<NAME>_WEBHOOK_SECRET`, or the same
-//! names with `_FILE` naming a file that holds the secret), never from the command line.
+//! (`ASIENTO_PROVIDER_<NAME>_API_KEY`, `ASIENTO_PROVIDER_<NAME>_WEBHOOK_SECRET`; for Adyen also
+//! `_MERCHANT_ACCOUNT`, `_RETURN_URL`, `_HMAC_KEY`, `_WEBHOOK_USERNAME`, `_WEBHOOK_PASSWORD`; or
+//! the same names with `_FILE` naming a file that holds the secret), never from the command line.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,6 +11,8 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use asiento_app::providers::{ConfiguredProvider, Providers};
 use asiento_domain::{Amount, FeeSchedule, ProviderName};
+use asiento_psp::adyen::adapter::RETURN_URL_DEFAULT;
+use asiento_psp::adyen::{AdyenAccount, AdyenProvider, BasicCredentials};
 use asiento_psp::stripe::StripeProvider;
 use asiento_psp::{ClientConfig, EventFormat, HttpProvider, Provider};
 
@@ -23,6 +26,9 @@ pub enum ProviderKind {
     Sim,
     /// Stripe's API (`https://api.stripe.com`, or `asiento psp-sim --dialect stripe`).
     Stripe,
+    /// Adyen's Checkout API (`https://checkout-test.adyen.com`, or `asiento psp-sim --dialect
+    /// adyen`).
+    Adyen,
 }
 
 impl ProviderKind {
@@ -30,6 +36,7 @@ impl ProviderKind {
         match text {
             "sim" => Some(ProviderKind::Sim),
             "stripe" => Some(ProviderKind::Stripe),
+            "adyen" => Some(ProviderKind::Adyen),
             _ => None,
         }
     }
@@ -39,6 +46,7 @@ impl ProviderKind {
         match self {
             ProviderKind::Sim => EventFormat::Sim,
             ProviderKind::Stripe => EventFormat::Stripe,
+            ProviderKind::Adyen => EventFormat::Adyen,
         }
     }
 }
@@ -81,7 +89,9 @@ pub fn parse_providers(raw: &str) -> Result<ProviderSpecs, String> {
         let (kind, url) = match target.split_once(':') {
             Some((kind, url)) if !url.starts_with("//") => (
                 ProviderKind::parse(kind).ok_or_else(|| {
-                    format!("provider {name}: unknown kind {kind:?} (expected sim or stripe)")
+                    format!(
+                        "provider {name}: unknown kind {kind:?} (expected sim, stripe or adyen)"
+                    )
                 })?,
                 url,
             ),
@@ -134,6 +144,45 @@ pub fn provider_secret(
         anyhow::bail!("{variable} is empty");
     }
     Ok(Some(secret))
+}
+
+/// What a provider's webhooks are verified with, from the environment: a signing secret
+/// (`…_WEBHOOK_SECRET`), or for Adyen its hex HMAC key (`…_HMAC_KEY`) and the basic credentials
+/// its deliveries carry (`…_WEBHOOK_USERNAME`, `…_WEBHOOK_PASSWORD`). `None` when unset.
+pub enum WebhookAuth {
+    Secret(String),
+    Batch {
+        hmac_key: String,
+        credentials: BasicCredentials,
+    },
+}
+
+pub fn webhook_auth(
+    spec: &ProviderSpec,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Option<WebhookAuth>> {
+    let name = &spec.name;
+    if spec.kind != ProviderKind::Adyen {
+        return Ok(provider_secret(name, "WEBHOOK_SECRET", env)?.map(WebhookAuth::Secret));
+    }
+    let parts = (
+        provider_secret(name, "HMAC_KEY", env)?,
+        provider_secret(name, "WEBHOOK_USERNAME", env)?,
+        provider_secret(name, "WEBHOOK_PASSWORD", env)?,
+    );
+    match parts {
+        (Some(hmac_key), Some(username), Some(password)) => Ok(Some(WebhookAuth::Batch {
+            hmac_key,
+            credentials: BasicCredentials { username, password },
+        })),
+        (None, None, None) => Ok(None),
+        _ => anyhow::bail!(
+            "provider {name} (adyen) verifies webhooks with {}, {} and {}: set all three",
+            secret_variable(name, "HMAC_KEY"),
+            secret_variable(name, "WEBHOOK_USERNAME"),
+            secret_variable(name, "WEBHOOK_PASSWORD")
+        ),
+    }
 }
 
 /// `--fees`: `300` (basis points for every provider) or `name:bps[+fixed],…` per provider.
@@ -215,6 +264,26 @@ pub fn build(
                         .with_context(|| format!("configuring provider {name} at {url}"))?,
                 )
             }
+            ProviderKind::Adyen => {
+                let required = |what: &str| -> anyhow::Result<String> {
+                    provider_secret(name, what, env)?.with_context(|| {
+                        format!(
+                            "provider {name} (adyen) needs {} (or _FILE)",
+                            secret_variable(name, what)
+                        )
+                    })
+                };
+                let key = required("API_KEY")?;
+                let account = AdyenAccount {
+                    merchant_account: required("MERCHANT_ACCOUNT")?,
+                    return_url: provider_secret(name, "RETURN_URL", env)?
+                        .unwrap_or_else(|| RETURN_URL_DEFAULT.to_owned()),
+                };
+                Arc::new(
+                    AdyenProvider::new(name.as_str(), url, &key, account, client.clone())
+                        .with_context(|| format!("configuring provider {name} at {url}"))?,
+                )
+            }
         };
         providers.push((
             name.clone(),
@@ -268,7 +337,7 @@ mod tests {
             "sim",
             "Sim=http://x",
             "sim=http://a,sim=http://b",
-            "x=adyen:https://a",
+            "x=worldpay:https://a",
         ] {
             assert!(parse_providers(bad).is_err(), "{bad:?}");
         }

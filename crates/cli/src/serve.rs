@@ -20,7 +20,7 @@ use asiento_psp::{sim::SimConfig, ClientConfig, Simulator};
 use tokio::sync::watch;
 
 use crate::providers::{
-    parse_fees, parse_providers, provider_secret, Fees, ProviderSpecs, DEFAULT_PROVIDER,
+    parse_fees, parse_providers, webhook_auth, Fees, ProviderSpecs, WebhookAuth, DEFAULT_PROVIDER,
 };
 use crate::DatabaseArgs;
 
@@ -428,11 +428,22 @@ impl Core {
         };
         let env = |variable: &str| std::env::var(variable).ok();
         for spec in &urls.0 {
-            if let Some(secret) = provider_secret(&spec.name, "WEBHOOK_SECRET", &env)? {
-                secrets.set(&spec.name, &secret).context("webhook secret")?;
-            }
             secrets.set_format(&spec.name, spec.kind.event_format());
-            if secrets.get(spec.name.as_str()).is_none() {
+            match webhook_auth(spec, &env)? {
+                Some(WebhookAuth::Secret(secret)) => {
+                    secrets.set(&spec.name, &secret).context("webhook secret")?
+                }
+                Some(WebhookAuth::Batch {
+                    hmac_key,
+                    credentials,
+                }) => secrets
+                    .set_batch(&spec.name, &hmac_key, credentials)
+                    .context("webhook HMAC key")?,
+                None => {}
+            }
+            if secrets.get(spec.name.as_str()).is_none()
+                && secrets.batch_keys(spec.name.as_str()).is_none()
+            {
                 tracing::warn!(provider = %spec.name, "no webhook secret: its webhooks will be refused");
             }
         }
