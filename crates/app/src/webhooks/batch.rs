@@ -9,12 +9,10 @@ use tokio::task::JoinSet;
 
 use super::receive::{
     count_received, refused, InboxRow, ReceiveError, EVENT_ID_LEN_MAX, PAYMENT_REF_LEN_MAX,
+    PROVIDER_ECHO_CHARS_MAX,
 };
 use super::{truncate, WebhookReceiver};
 use crate::group_commit::{Committed, GroupCommitError, Work};
-
-/// A provider name from the URL is cut to this many characters before it appears in an error.
-const PROVIDER_ECHO_CHARS_MAX: usize = 64;
 
 /// What a stored batch held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,7 +22,7 @@ pub const EVENT_ID_LEN_MAX: usize = 255;
 /// A charge reference longer than this cannot be one of our payment ids; it is not indexed.
 pub const PAYMENT_REF_LEN_MAX: usize = 255;
 /// A provider name from the URL is cut to this many characters before it appears in an error.
-const PROVIDER_ECHO_CHARS_MAX: usize = 64;
+pub(super) const PROVIDER_ECHO_CHARS_MAX: usize = 64;
 
 /// What the HTTP handler needs: where to store, which secrets, which clock.
 #[derive(Clone)]

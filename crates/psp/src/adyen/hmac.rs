@@ -1,7 +1,7 @@
 //! The HMAC signature of Adyen's standard notifications, item by item: the eight values
 //! `pspReference:originalReference:merchantAccountCode:merchantReference:value:currency:eventCode:success`
 //! joined by `:` with no escaping (an absent value is empty), signed with HMAC-SHA256 under the
-//! hex-decoded key, base64 in `additionalData.hmacSignature` (NOTES.md §4; Adyen's libraries'
+//! hex-decoded key, base64 in `additionalData.hmacSignature` (docs/adyen-wire.md §4; Adyen's libraries'
 //! `generate_notification_sig` / `getDataToSign`). The signature covers the parsed fields, not the
 //! raw body, so every item of a batch is checked on its own.
 //!

@@ -1,6 +1,6 @@
-//! Adyen (`docs/providers.md`, the wire contract with its sources in `../shared/providers/adyen/
-//! NOTES.md`): Checkout v71 and its standard notifications, signed item by item. The simulator's
-//! Adyen dialect answers with the same contract, and tests check both against Adyen's published
+//! Adyen (`docs/providers.md`; the wire contract with its sources in `docs/adyen-wire.md`):
+//! Checkout v71 and its standard notifications, signed item by item. The simulator's Adyen
+//! dialect answers with the same contract, and tests check both against Adyen's published
 //! OpenAPI schemas.
 
 pub mod adapter;

@@ -1,4 +1,4 @@
-//! Receiving Adyen's standard notifications (NOTES.md §4): a batch arrives with HTTP basic auth,
+//! Receiving Adyen's standard notifications (docs/adyen-wire.md §4): a batch arrives with HTTP basic auth,
 //! and every item in it carries its own HMAC over its fields. The endpoint checks the
 //! credentials, verifies every item, and stores each item on its own (a batch is only a
 //! transport: Adyen retries it whole, and each item is deduplicated by its own id).

@@ -1,4 +1,4 @@
-//! The one reading of Adyen's answers and notifications in the port's terms (NOTES.md §1, §4,
+//! The one reading of Adyen's answers and notifications in the port's terms (docs/adyen-wire.md §1, §4,
 //! §6): a `/payments` answer's `resultCode` as a charge outcome, a modification's `received` as
 //! a pending operation, and each notification item as what it says of one charge, one operation
 //! or one dispute.
@@ -268,7 +268,7 @@ pub fn item_event(item: &NotificationItem) -> Option<WebhookEvent> {
     })
 }
 
-/// Where a dispute stands after one of its money events (NOTES.md §6). A CHARGEBACK withdraws
+/// Where a dispute stands after one of its money events (docs/adyen-wire.md §6). A CHARGEBACK withdraws
 /// the money; it is final when `disputeStatus` says the merchant lost or gave up, and a won
 /// status or a reversal gives it back.
 fn dispute_status(code: &str, status: Option<&str>) -> DisputeStatus {

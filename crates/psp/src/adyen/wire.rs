@@ -258,7 +258,7 @@ impl NotificationItem {
     }
 
     /// What identifies this item among every notification of the account, for deduplication:
-    /// a repeated delivery carries the same four values (NOTES.md §4).
+    /// a repeated delivery carries the same four values (docs/adyen-wire.md §4).
     pub fn dedup_id(&self) -> String {
         format!(
             "{}:{}:{}",

@@ -1,4 +1,4 @@
-//! Adyen's idempotency layer (NOTES.md §2): the first answer under an `Idempotency-Key` is
+//! Adyen's idempotency layer (docs/adyen-wire.md §2): the first answer under an `Idempotency-Key` is
 //! stored and replayed byte for byte, a refusal made after the request began included; a key
 //! whose first request still runs answers 422 `704` with `transient-error: true` (the
 //! simulator's `provider_call` says so while the answer is held); keys are kept for the
