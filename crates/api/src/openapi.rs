@@ -460,6 +460,7 @@ mod tests {
             capture_mode: CaptureMode::Automatic,
             description: None,
             metadata: serde_json::Map::new(),
+            payment_method: None,
             at,
         };
         let events =

@@ -137,8 +137,8 @@ pub const REDACTED: &str = "[redacted]";
 ///
 /// Everything else is shown. `ChargeFailed.reason` stays: it is the payment object's
 /// `failure_reason` (the provider's failure code, or a fixed phrase of ours), never a raw error
-/// message; so do `OperationRefused.reason` and `RefundReversed.reason`, which are the provider's
-/// refusal or failure code. The match names every event, so that a new one is a decision, not a leak.
+/// message; so do `OperationRefused.reason`, `RefundReversed.reason` and `CaptureReversed.reason`,
+/// which are the provider's refusal or failure code. The match names every event, so that a new one is a decision, not a leak.
 fn withheld(event: &PaymentEvent) -> &'static [&'static str] {
     match event {
         PaymentEvent::ActionRequired(_) => &["redirect_url"],
@@ -157,6 +157,7 @@ fn withheld(event: &PaymentEvent) -> &'static [&'static str] {
         | PaymentEvent::OperationIdentified(_)
         | PaymentEvent::OperationRefused(_)
         | PaymentEvent::RefundReversed(_)
+        | PaymentEvent::CaptureReversed(_)
         | PaymentEvent::DisputeOpened(_)
         | PaymentEvent::DisputeClosed(_)
         | PaymentEvent::ProviderFeeCharged(_)

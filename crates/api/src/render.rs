@@ -377,6 +377,7 @@ mod tests {
                 capture_mode: CaptureMode::Automatic,
                 description: None,
                 metadata,
+                payment_method: None,
                 at,
             }),
         );

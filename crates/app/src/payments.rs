@@ -273,6 +273,7 @@ impl PaymentFlow {
             capture_mode: payment.capture_mode,
             description: payment.description.clone(),
             metadata: payment.metadata.clone(),
+            payment_method: Some(payment.payment_method.clone()),
             at: now,
         };
         // Every rejection of a new payment is a validation of its request: answered before the
@@ -415,29 +416,7 @@ impl PaymentFlow {
             .as_ref()
             .ok_or_else(|| FlowError::Inconsistent(format!("payment {id} has no intent")))?;
         let facts = if record.status == PaymentStatus::Pending {
-            let provider = self.provider(&record.provider)?;
-            let outcome = provider
-                .adapter
-                .create_charge(&CreateCharge {
-                    idempotency_key: record.psp_key.clone(),
-                    amount_minor: record.amount.minor(),
-                    currency: record.currency.code().to_owned(),
-                    payment_method: payment_method.to_owned(),
-                    capture: record.capture_mode == CaptureMode::Automatic,
-                    reference: Some(id.to_string()),
-                    customer: Some(record.customer.to_string()),
-                    metadata: string_metadata(&record.metadata),
-                })
-                .await;
-            match facts::outcome_misfit(record, &outcome) {
-                // Not the charge we asked for: never applied. The payment stays pending and the
-                // stale sweep, finding the same charge, records the exception and flags it.
-                Some(misfit) => {
-                    tracing::error!(payment = %id, kind = %misfit.kind, fingerprint = %misfit.fingerprint, "the provider answered with a charge that is not this payment's; left to the reconciler");
-                    Vec::new()
-                }
-                None => facts::charge_outcome_facts(outcome),
-            }
+            self.request_charge(record, payment_method).await?
         } else {
             Vec::new()
         };
@@ -450,6 +429,39 @@ impl PaymentFlow {
             Some(current),
         )
         .await
+    }
+
+    /// Asks the provider for `record`'s charge under its key (again, identical, when resuming or
+    /// when the first answer was lost: the provider answers the first outcome) and reads the
+    /// answer as facts, for the caller to finalize.
+    pub(crate) async fn request_charge(
+        &self,
+        record: &PaymentRecord,
+        payment_method: &str,
+    ) -> Result<Vec<ProviderFact>, FlowError> {
+        let provider = self.provider(&record.provider)?;
+        let outcome = provider
+            .adapter
+            .create_charge(&CreateCharge {
+                idempotency_key: record.psp_key.clone(),
+                amount_minor: record.amount.minor(),
+                currency: record.currency.code().to_owned(),
+                payment_method: payment_method.to_owned(),
+                capture: record.capture_mode == CaptureMode::Automatic,
+                reference: Some(record.id.to_string()),
+                customer: Some(record.customer.to_string()),
+                metadata: string_metadata(&record.metadata),
+            })
+            .await;
+        Ok(match facts::outcome_misfit(record, &outcome) {
+            // Not the charge we asked for: never applied. The payment stays pending and the
+            // stale sweep, finding the same charge, records the exception and flags it.
+            Some(misfit) => {
+                tracing::error!(payment = %record.id, kind = %misfit.kind, fingerprint = %misfit.fingerprint, "the provider answered with a charge that is not this payment's; left to the reconciler");
+                Vec::new()
+            }
+            None => facts::charge_outcome_facts(outcome),
+        })
     }
 
     /// Applies provider facts, in order (or none: just answer with the current state) to a

@@ -125,6 +125,7 @@ async fn captured_payment(database: &Database, n: u128, amount: i64) -> PaymentI
             capture_mode: CaptureMode::Automatic,
             description: Some("order".into()),
             metadata: serde_json::Map::new(),
+            payment_method: None,
             at: now,
         }),
         PaymentCommand::Provider {

@@ -208,6 +208,7 @@ impl Profile {
             lookup_by_id: self.lookup_by_id,
             async_modifications: self.async_modifications,
             key_lifetime: std::time::Duration::from_millis(self.key_lifetime_ms as u64),
+            absence_confirmed_after: std::time::Duration::ZERO,
         }
     }
 

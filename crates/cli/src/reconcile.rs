@@ -45,7 +45,9 @@ pub struct ReconcileArgs {
     #[arg(long, env = "ASIENTO_FEES", value_parser = parse_fees, default_value = "300")]
     pub fees: Fees,
 
-    /// Payments pending longer than this are looked up at their provider.
+    /// Payments pending longer than this whose provider never got the charge expire. The
+    /// reconciler looks pending payments up (or, at a provider without a lookup, sends their
+    /// request again) from the operation timeout on.
     #[arg(long, env = "ASIENTO_PENDING_TIMEOUT", value_parser = humantime::parse_duration, default_value = "15m")]
     pub pending_timeout: Duration,
 

@@ -116,8 +116,9 @@ pub struct ServeArgs {
     #[arg(long, env = "ASIENTO_PAYMENT_LEASE", value_parser = humantime::parse_duration, default_value = "30s")]
     pub payment_lease: Duration,
 
-    /// Payments pending (or requiring action) longer than this are looked up at the provider by
-    /// the reconciler.
+    /// Payments pending longer than this whose provider never got the charge expire. The
+    /// reconciler looks pending payments up (or, at a provider without a lookup, sends their
+    /// request again) from the operation timeout on.
     #[arg(long, env = "ASIENTO_PENDING_TIMEOUT", value_parser = humantime::parse_duration, default_value = "15m")]
     pub pending_timeout: Duration,
 

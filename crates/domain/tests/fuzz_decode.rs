@@ -240,6 +240,7 @@ fn payment_history(input: &NewPaymentInput, steps: &[Step]) -> Vec<PaymentEvent>
         },
         description: input.description.clone(),
         metadata: input.metadata.clone(),
+        payment_method: None,
         at: at(0, input.nanos),
     });
     let mut payment = Payment::default();

@@ -51,6 +51,7 @@ fn payment_fixtures() -> Vec<(PaymentEvent, Value)> {
                 description: Some("order 1001".into()),
                 metadata: [("order".to_owned(), json!("1001"))].into_iter().collect(),
                 psp_key: "psp_01900000000070008000000000000042".into(),
+                payment_method: None,
                 at: at(10),
             }),
             json!({
@@ -191,6 +192,19 @@ fn payment_fixtures() -> Vec<(PaymentEvent, Value)> {
             json!({
                 "sequence": 2, "amount_minor": 2500, "refunded_total_minor": 2500,
                 "fee_restored_minor": 75, "reason": "expired_or_canceled_card", "at": AT
+            }),
+        ),
+        (
+            PaymentEvent::CaptureReversed(CaptureReversed {
+                sequence: 1,
+                amount_minor: amt(10_000),
+                fee_minor: amt(300),
+                reason: "capture_failed".into(),
+                at: at(10),
+            }),
+            json!({
+                "sequence": 1, "amount_minor": 10000, "fee_minor": 300,
+                "reason": "capture_failed", "at": AT
             }),
         ),
         (
@@ -558,6 +572,7 @@ fn type_names_and_schemas_are_stable() {
             ("OperationIdentified", 1),
             ("OperationRefused", 1),
             ("RefundReversed", 1),
+            ("CaptureReversed", 1),
             ("DisputeOpened", 1),
             ("DisputeClosed", 1),
             ("ProviderFeeCharged", 1),

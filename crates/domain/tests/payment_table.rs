@@ -306,6 +306,7 @@ fn every_cell_of_the_table() {
                         .into_iter()
                         .collect(),
                     psp_key: "psp_01900000000070008000000000000042".into(),
+                    payment_method: None,
                     at: at(0),
                 })]),
                 // Leaving `authorized` releases the authorization's hold, last.
@@ -916,6 +917,110 @@ fn a_refused_capture_lets_another_be_asked_under_a_new_key() {
             e_capture_entry(5_000, 150),
             e_released(10_000),
         ]),
+    );
+}
+
+#[test]
+fn a_capture_that_fails_after_it_succeeded_is_reversed_and_the_payment_fails() {
+    let authorized = given(Some(PaymentStatus::Authorized));
+    let requested = [
+        authorized.clone(),
+        history_from(
+            authorized,
+            vec![PaymentCommand::RequestCapture {
+                amount: None,
+                at: at(10),
+            }],
+        ),
+    ]
+    .concat();
+    let outcome = |outcome: OperationOutcome| {
+        f_operation(
+            OperationKind::Capture,
+            &psp_capture_key(pid(), 1),
+            10_000,
+            outcome,
+        )
+    };
+    let captured = [
+        requested.clone(),
+        history_from(requested, vec![outcome(OperationOutcome::Succeeded)]),
+    ]
+    .concat();
+    assert_eq!(record_after(&captured).status, PaymentStatus::Captured);
+    // fee(10000) = 300: the capture's posting, mirrored.
+    check(
+        captured.clone(),
+        outcome(failed("capture_failed")),
+        Ok(vec![
+            PaymentEvent::CaptureReversed(CaptureReversed {
+                sequence: 1,
+                amount_minor: amt(10_000),
+                fee_minor: amt(300),
+                reason: "capture_failed".into(),
+                at: at(10),
+            }),
+            posted(
+                "capture:op:1:reversed",
+                vec![
+                    (clearing(), 10_000),
+                    (customer(), 300 - 10_000),
+                    (revenue(), -300),
+                ],
+            ),
+        ]),
+    );
+    let reversed = [
+        captured.clone(),
+        history_from(captured.clone(), vec![outcome(failed("capture_failed"))]),
+    ]
+    .concat();
+    let record = record_after(&reversed);
+    assert_eq!(record.status, PaymentStatus::Failed);
+    assert_eq!(record.captured, amt(0));
+    assert_eq!(record.fee, amt(0));
+    assert_eq!(record.failure_reason.as_deref(), Some("capture_failed"));
+    // Repeated, the failure changes nothing more; a late success is the earlier state.
+    check(
+        reversed.clone(),
+        outcome(failed("capture_failed")),
+        Ok(vec![]),
+    );
+    check(
+        reversed.clone(),
+        outcome(OperationOutcome::Succeeded),
+        Ok(vec![]),
+    );
+    check(
+        reversed,
+        refund_request(1_000),
+        Err(PaymentRejection::InvalidTransition {
+            from: PaymentStatus::Failed,
+            input: Input::RequestRefund,
+        }),
+    );
+
+    // Refunded since: the failure is flagged for a person, nothing is reversed.
+    let refunded = [
+        captured.clone(),
+        history_from(captured, vec![refund_request(2_500)]),
+    ]
+    .concat();
+    let refunded = [
+        refunded.clone(),
+        history_from(
+            refunded,
+            vec![refund_outcome(1, 2_500, OperationOutcome::Succeeded)],
+        ),
+    ]
+    .concat();
+    check(
+        refunded,
+        outcome(failed("capture_failed")),
+        Ok(contradiction(&format!(
+            "capture {} failed (capture_failed) after it succeeded, with the payment partially_refunded",
+            psp_capture_key(pid(), 1)
+        ))),
     );
 }
 

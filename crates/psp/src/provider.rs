@@ -282,6 +282,11 @@ pub struct Capabilities {
     /// a re-send could repeat the effect) and raises a manual exception
     /// past it.
     pub key_lifetime: std::time::Duration,
+    /// How long past a payment's expiry the settlement report must have been compared before a
+    /// charge whose creation was never answered is concluded absent, for a provider without a
+    /// lookup by key. Zero where the report lists every charge of its window; Adyen's webhook
+    /// window and two daily reports where a payment may surface a day late.
+    pub absence_confirmed_after: std::time::Duration,
 }
 
 impl Capabilities {
@@ -292,6 +297,7 @@ impl Capabilities {
         lookup_by_id: true,
         async_modifications: false,
         key_lifetime: std::time::Duration::from_secs(24 * 60 * 60),
+        absence_confirmed_after: std::time::Duration::ZERO,
     };
 }
 
@@ -441,6 +447,21 @@ pub trait Provider: Send + Sync {
         charge_id: &str,
         idempotency_key: &str,
     ) -> Result<OperationAnswer, ProviderError>;
+
+    /// Cancels whatever the charge request named by `reference` (our payment id) created, for a
+    /// payment whose creation was never answered and is no longer wanted; the provider tells the
+    /// outcome by webhook. Answers the provider's id of the cancel request. `Err(Unsupported)`
+    /// without a network call where the provider cannot find a payment by our reference (the
+    /// default).
+    async fn cancel_by_reference(
+        &self,
+        reference: &str,
+        _idempotency_key: &str,
+    ) -> Result<String, ProviderError> {
+        Err(ProviderError::Unsupported {
+            what: format!("cancel by reference {reference}"),
+        })
+    }
 
     /// The charge with the provider's id, or `None` when the provider has
     /// none.

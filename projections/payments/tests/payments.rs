@@ -188,6 +188,7 @@ impl Harness {
                 capture_mode: CaptureMode::Automatic,
                 description: None,
                 metadata: serde_json::Map::new(),
+                payment_method: None,
                 at: created,
             }),
         )

@@ -60,7 +60,7 @@ pub use operations::{
     OPERATIONS_PER_SWEEP_MAX, OPERATION_PENDING_DEADLINE_MS_DEFAULT, OPERATION_TIMEOUT_MS_DEFAULT,
 };
 pub use report::{classify, Verdict};
-pub use stale::{MISFIT_RECHECK_MS, STALE_PAYMENTS_PER_SWEEP_MAX};
+pub use stale::{ABSENCE_RECHECK_MS, MISFIT_RECHECK_MS, STALE_PAYMENTS_PER_SWEEP_MAX};
 pub use stuck_keys::STUCK_KEYS_PER_SWEEP_MAX;
 
 use std::collections::BTreeMap;
@@ -174,6 +174,10 @@ pub struct SweepSummary {
     /// Stale payments whose provider state was applied and moved them.
     pub settled: usize,
     pub expired: usize,
+    /// Charge requests sent again under their key (a provider without a lookup by key).
+    pub charges_resent: usize,
+    /// Never-answered charge requests of expired payments cancelled by our reference.
+    pub cancelled_by_reference: usize,
     /// Payments flagged for review (an answer that fits no expected state).
     pub flagged: usize,
     /// Lookups whose answer fits no expected state, flagged now or before.
@@ -219,6 +223,11 @@ impl fmt::Display for SweepSummary {
             f,
             "stale payments: {} checked, {} settled, {} expired, {} flagged, {} busy",
             self.stale_checked, self.settled, self.expired, self.flagged, self.busy
+        )?;
+        writeln!(
+            f,
+            "unanswered charges: {} sent again, {} cancelled by reference",
+            self.charges_resent, self.cancelled_by_reference
         )?;
         writeln!(
             f,

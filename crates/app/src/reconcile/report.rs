@@ -556,6 +556,7 @@ mod tests {
             description: None,
             metadata: serde_json::Map::new(),
             psp_key: "psp_00000000000000000000000000000001".into(),
+            payment_method: None,
             provider_charge_id: Some("ch_1".into()),
             status,
             authorized: Amount::new(10_000),

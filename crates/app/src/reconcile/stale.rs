@@ -2,6 +2,13 @@
 //! timeout are looked up at their provider and settled from what it answers, expired when it
 //! never got the charge, or cancelled and expired when the customer abandoned the redirect. The
 //! watch list is visited in rotation, so payments that never resolve cannot starve the others.
+//!
+//! A provider without a lookup by our key (docs/adyen-wire.md §3) is asked in the ways it
+//! allows: while the payment is still wanted and its key surely lives, the charge request is
+//! sent again, identical, under the same key (the provider answers the first outcome, or makes
+//! the one charge now); once it is no longer wanted, whatever the request made is cancelled by
+//! our reference; it is concluded absent only after the settlement report has been compared
+//! past its expiry by the provider's [`asiento_psp::Capabilities::absence_confirmed_after`].
 
 use asiento_domain::{
     psp_cancel_key, ExceptionKind, PaymentCommand, PaymentId, PaymentRecord, PaymentStatus,
@@ -17,16 +24,29 @@ use crate::leases;
 use crate::log;
 use crate::payments::FlowError;
 
+use crate::watch;
+
 /// How far around a payment's life its provider's events are searched: the provider's clock may
 /// run behind or ahead of ours.
 const EVENTS_LEEWAY_MINUTES: i64 = 10;
-use crate::watch;
 
 /// Stale payments looked up in one sweep; the rest wait for the next.
 pub const STALE_PAYMENTS_PER_SWEEP_MAX: i64 = 1_000;
 /// How long a payment flagged as a misfit waits before the stale sweep looks it up again: a
 /// person is on it, and every lookup would find the same misfit.
 pub const MISFIT_RECHECK_MS: i64 = 3_600_000;
+/// How long a payment that only the settlement report can conclude absent waits before the stale
+/// sweep visits it again (and asks again for the cancel of whatever its request made).
+pub const ABSENCE_RECHECK_MS: i64 = 3_600_000;
+
+/// When a visited payment is due again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Revisit {
+    /// At the next sweep.
+    NextSweep,
+    /// Not before `ms` after now: nothing can be learned sooner.
+    After(i64),
+}
 
 fn charge_state(charge: &Charge) -> Value {
     json!({
@@ -42,15 +62,20 @@ fn charge_state(charge: &Charge) -> Value {
 }
 
 impl Reconciler {
-    /// Looks up the most overdue watched payments past the pending timeout. Each one visited
-    /// is due again one sweep later (a flagged misfit only after [`MISFIT_RECHECK_MS`]), so the
-    /// list rotates: rows that never resolve cannot hold back the others.
+    /// Looks up the most overdue watched payments older than the operation timeout (or the
+    /// pending timeout, their expiry, when that is shorter). Each one visited is due again one
+    /// sweep later (a flagged misfit only after [`MISFIT_RECHECK_MS`]), so the list rotates:
+    /// rows that never resolve cannot hold back the others.
     pub(super) async fn sweep_stale(
         &self,
         summary: &mut SweepSummary,
     ) -> Result<(), ReconcileError> {
         let now_ms = self.flow.clock.now_ms();
-        let before = now_ms.saturating_sub(self.config.pending_timeout_ms);
+        let first_visit_ms = self
+            .config
+            .operation_timeout_ms
+            .min(self.config.pending_timeout_ms);
+        let before = now_ms.saturating_sub(first_visit_ms);
         let due = watch::due_payments(
             self.database(),
             before,
@@ -68,14 +93,18 @@ impl Reconciler {
             };
             summary.stale_checked += 1;
             let misfits_before = summary.misfits;
-            if let Err(error) = self.settle_with_lease(id, summary).await {
-                summary.errors += 1;
-                tracing::error!(payment = %id, %error, "stale payment not settled");
-            }
-            let next = if summary.misfits > misfits_before {
-                now_ms.saturating_add(MISFIT_RECHECK_MS)
-            } else {
-                next_ms
+            let revisit = match self.settle_with_lease(id, summary).await {
+                Ok(revisit) => revisit.unwrap_or(Revisit::NextSweep),
+                Err(error) => {
+                    summary.errors += 1;
+                    tracing::error!(payment = %id, %error, "stale payment not settled");
+                    Revisit::NextSweep
+                }
+            };
+            let next = match revisit {
+                _ if summary.misfits > misfits_before => now_ms.saturating_add(MISFIT_RECHECK_MS),
+                Revisit::After(ms) => now_ms.saturating_add(ms),
+                Revisit::NextSweep => next_ms,
             };
             // A payment that left the list meanwhile is simply not updated.
             watch::postpone_payment(self.database(), id, next).await?;
@@ -84,40 +113,42 @@ impl Reconciler {
     }
 
     /// Settles one payment under its lease: looks it up at the provider and applies what it
-    /// finds. `Ok(false)` when another holder has the lease.
+    /// finds. `Ok(None)` when another holder has the lease.
     pub(super) async fn settle_with_lease(
         &self,
         id: PaymentId,
         summary: &mut SweepSummary,
-    ) -> Result<bool, ReconcileError> {
+    ) -> Result<Option<Revisit>, ReconcileError> {
         let now_ms = self.flow.clock.now_ms();
         let Some(lease) =
             leases::acquire(self.database(), id, now_ms, self.config.payment_lease_ms).await?
         else {
             summary.busy += 1;
-            return Ok(false);
+            return Ok(None);
         };
         let result = self.settle_stale(id, summary).await;
         if let Err(error) = leases::release(self.database(), &lease).await {
             tracing::warn!(payment = %id, %error, "payment lease not released; it runs out");
         }
-        result.map(|()| true)
+        result.map(Some)
     }
 
     async fn settle_stale(
         &self,
         id: PaymentId,
         summary: &mut SweepSummary,
-    ) -> Result<(), ReconcileError> {
+    ) -> Result<Revisit, ReconcileError> {
         let loaded = log::load_payment(self.flow.store.as_ref(), id).await?;
         let Some(record) = loaded.aggregate.record else {
-            return Ok(watch::unwatch_payment(self.database(), id).await?);
+            watch::unwatch_payment(self.database(), id).await?;
+            return Ok(Revisit::NextSweep);
         };
         if !matches!(
             record.status,
             PaymentStatus::Pending | PaymentStatus::RequiresAction
         ) {
-            return Ok(watch::unwatch_payment(self.database(), id).await?);
+            watch::unwatch_payment(self.database(), id).await?;
+            return Ok(Revisit::NextSweep);
         }
         let provider = self.provider(&record.provider)?;
         let lookup = match &record.provider_charge_id {
@@ -128,10 +159,12 @@ impl Reconciler {
             .created_at
             .timestamp_millis()
             .saturating_add(self.config.pending_timeout_ms);
+        let capabilities = provider.adapter.capabilities();
+        let absence_ms = duration_ms(capabilities.absence_confirmed_after);
         // Without a lookup by key, a charge the provider never got is known absent once the
-        // settlement report has been compared past the payment's expiry: a charge created for
-        // it would have been touched inside one of those windows, and its line would have
-        // settled the payment.
+        // settlement report has been compared past the payment's expiry (and past the time the
+        // provider may take to list it): a charge created for it would have been touched inside
+        // one of those windows, and its line would have settled the payment.
         // Before that conclusion, the provider's own record of the requests it acted on (its
         // events list, where it keeps one) is asked for a charge made under our key.
         let lookup = match lookup {
@@ -141,7 +174,7 @@ impl Reconciler {
                     && self
                         .cursor_mark(&report_cursor(&record.provider))
                         .await?
-                        .is_some_and(|mark| mark >= expired_ms) =>
+                        .is_some_and(|mark| mark >= expired_ms.saturating_add(absence_ms)) =>
             {
                 // The requests that could have made it ran from its creation until its
                 // expiry (one still running past it keeps it from expiring, below).
@@ -162,16 +195,24 @@ impl Reconciler {
             other => other,
         };
         let charge = match lookup {
-            // The provider has no lookup by our key: its webhooks and its report settle the
-            // payment (the report compares every charge it lists), or expire it above.
+            // The provider has no lookup by our key: the request is sent again while the payment
+            // is wanted, its effect cancelled once it is not; its webhooks and its report settle
+            // the payment (the report compares every charge it lists), or expire it above.
             Err(ProviderError::Unsupported { what }) => {
-                tracing::debug!(payment = %id, %what, "no lookup by key; left to the webhooks and the report");
-                return Ok(());
+                tracing::debug!(payment = %id, %what, "no lookup by key");
+                if record.provider_charge_id.is_some() {
+                    return Ok(Revisit::NextSweep);
+                }
+                return if self.flow.clock.now_ms() < expired_ms {
+                    self.send_again(&record, summary).await
+                } else {
+                    self.cancel_by_reference(&record, summary).await
+                };
             }
             Err(error) => {
                 summary.provider_errors += 1;
                 tracing::warn!(payment = %id, %error, "provider lookup gave no answer");
-                return Ok(());
+                return Ok(Revisit::NextSweep);
             }
             Ok(charge) => charge,
         };
@@ -184,7 +225,7 @@ impl Reconciler {
                 if idempotency::resource_in_flight(self.database(), &id.to_string(), now_ms).await?
                 {
                     tracing::info!(payment = %id, "past its expiry, its creation still runs; not expired");
-                    return Ok(());
+                    return Ok(Revisit::NextSweep);
                 }
                 match self
                     .flow
@@ -239,7 +280,75 @@ impl Reconciler {
                 }
             }
         }
-        Ok(())
+        Ok(Revisit::NextSweep)
+    }
+
+    /// Sends the charge request of a payment whose creation was never answered again, identical,
+    /// under its key, and applies the answer: the provider answers the first outcome (or makes
+    /// the one charge now). Only while the key surely lives, never while the first request
+    /// still runs, and only for an intent that recorded its payment method.
+    async fn send_again(
+        &self,
+        record: &PaymentRecord,
+        summary: &mut SweepSummary,
+    ) -> Result<Revisit, ReconcileError> {
+        let now_ms = self.flow.clock.now_ms();
+        let provider = self.provider(&record.provider)?;
+        let key_dies_ms = record
+            .created_at
+            .timestamp_millis()
+            .saturating_add(duration_ms(provider.adapter.capabilities().key_lifetime));
+        let Some(payment_method) = record.payment_method.as_deref() else {
+            tracing::debug!(payment = %record.id, "no payment method recorded; left to the webhooks and the report");
+            return Ok(Revisit::NextSweep);
+        };
+        if now_ms >= key_dies_ms
+            || idempotency::resource_in_flight(self.database(), &record.id.to_string(), now_ms)
+                .await?
+        {
+            return Ok(Revisit::NextSweep);
+        }
+        tracing::info!(payment = %record.id, key = %record.psp_key, "charge outcome unknown; sending it again under its key");
+        summary.charges_resent += 1;
+        let facts = self.flow.request_charge(record, payment_method).await?;
+        if facts.is_empty() {
+            return Ok(Revisit::NextSweep);
+        }
+        let finalized = self.flow.finalize(record.id, facts).await?;
+        if finalized.payment.status != record.status {
+            summary.settled += 1;
+        }
+        Ok(Revisit::NextSweep)
+    }
+
+    /// Asks the provider to cancel whatever the never-answered request of a payment past its
+    /// expiry made (under the payment's cancel key, so asking again repeats nothing): the
+    /// payment is no longer wanted. Its webhook tells the outcome; the report concludes the
+    /// charge absent later (above).
+    async fn cancel_by_reference(
+        &self,
+        record: &PaymentRecord,
+        summary: &mut SweepSummary,
+    ) -> Result<Revisit, ReconcileError> {
+        let provider = self.provider(&record.provider)?;
+        let key = psp_cancel_key(record.id);
+        match provider
+            .adapter
+            .cancel_by_reference(&record.id.to_string(), &key)
+            .await
+        {
+            Ok(cancel) => {
+                summary.cancelled_by_reference += 1;
+                tracing::info!(payment = %record.id, %cancel, "past its expiry without an answer; its request's effect cancelled by reference");
+            }
+            Err(ProviderError::Unsupported { .. }) => {}
+            Err(error) => {
+                summary.provider_errors += 1;
+                tracing::warn!(payment = %record.id, %error, "cancel by reference gave no answer");
+                return Ok(Revisit::NextSweep);
+            }
+        }
+        Ok(Revisit::After(ABSENCE_RECHECK_MS))
     }
 
     /// The customer never finished the redirect: still waiting for them at the provider, past
@@ -307,4 +416,9 @@ impl Reconciler {
         }
         Ok(())
     }
+}
+
+/// `duration` in milliseconds, saturating.
+fn duration_ms(duration: std::time::Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }

@@ -150,7 +150,7 @@ impl Reconciler {
                 if matches!(
                     record.status,
                     PaymentStatus::Pending | PaymentStatus::RequiresAction
-                ) && !self.settle_with_lease(id, summary).await?
+                ) && self.settle_with_lease(id, summary).await?.is_none()
                 {
                     return Ok(false);
                 }

@@ -106,26 +106,36 @@ impl TestSim {
         clock: Arc<dyn Clock>,
     ) -> PaymentFlow {
         let provider = HttpProvider::new("sim", &format!("http://{}", self.addr), client).unwrap();
-        let providers = Providers::new([(
-            ProviderName::parse("sim").unwrap(),
-            ConfiguredProvider {
-                adapter: Arc::new(provider),
-                fees: FeeSchedule::new(FEE_BPS, Amount::ZERO).unwrap(),
-            },
-        )]);
-        let store = database.event_store();
-        PaymentFlow {
-            database: database.clone(),
-            store: store.clone(),
-            commits: asiento_app::group_commit::GroupCommit::new(store),
-            guards: Default::default(),
-            committed: Default::default(),
-            providers,
-            clock,
-            render: Arc::new(TestRender),
-            idempotency_lease_ms: 60_000,
-            payment_lease_ms: asiento_app::leases::PAYMENT_LEASE_MS_DEFAULT,
-        }
+        flow_of(database, "sim", Arc::new(provider), clock)
+    }
+}
+
+/// A payment flow on `database` whose one provider, `name`, is `adapter`.
+pub fn flow_of(
+    database: &Database,
+    name: &str,
+    adapter: Arc<dyn asiento_psp::Provider>,
+    clock: Arc<dyn Clock>,
+) -> PaymentFlow {
+    let providers = Providers::new([(
+        ProviderName::parse(name).unwrap(),
+        ConfiguredProvider {
+            adapter,
+            fees: FeeSchedule::new(FEE_BPS, Amount::ZERO).unwrap(),
+        },
+    )]);
+    let store = database.event_store();
+    PaymentFlow {
+        database: database.clone(),
+        store: store.clone(),
+        commits: asiento_app::group_commit::GroupCommit::new(store),
+        guards: Default::default(),
+        committed: Default::default(),
+        providers,
+        clock,
+        render: Arc::new(TestRender),
+        idempotency_lease_ms: 60_000,
+        payment_lease_ms: asiento_app::leases::PAYMENT_LEASE_MS_DEFAULT,
     }
 }
 

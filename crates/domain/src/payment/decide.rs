@@ -202,6 +202,7 @@ fn decide_create(create: CreatePayment) -> Result<Vec<PaymentEvent>, PaymentReje
         description: create.description,
         metadata: create.metadata,
         psp_key: psp_charge_key(create.id),
+        payment_method: create.payment_method,
         at: create.at,
     })])
 }
@@ -772,10 +773,18 @@ fn capture_outcome(
         ) => {
             draft.refused(&op, reason, at);
         }
+        (OperationState::Succeeded, OperationOutcome::Failed { reason })
+            if draft.record.status == PaymentStatus::Captured
+                && draft.record.captured == op.amount =>
+        {
+            reverse_capture(draft, &op, reason, at)?;
+        }
+        // Refunded or disputed since: what the failure takes back is not ours to guess.
         (OperationState::Succeeded, OperationOutcome::Failed { reason }) => {
             let detail = format!(
-                "capture {} failed ({reason}) after it succeeded",
-                op.psp_key
+                "capture {} failed ({reason}) after it succeeded, with the payment {}",
+                op.psp_key,
+                draft.record.status.as_str()
             );
             draft.flag(ReviewReason::ContradictingFact, detail, at);
         }
@@ -934,6 +943,31 @@ fn capture(
         (AccountName::revenue_fees(), fee_minor),
     ];
     draft.post("capture", legs, at)
+}
+
+/// A capture that succeeded and then failed at the provider, before anything was refunded or
+/// disputed: the capture's posting is mirrored (clearing back up, the customer's share and the
+/// fee taken back) and the payment fails.
+fn reverse_capture(
+    draft: &mut Draft,
+    op: &Operation,
+    reason: String,
+    at: DateTime<Utc>,
+) -> Result<(), PaymentRejection> {
+    let fee_minor = draft.record.fee;
+    draft.push(PaymentEvent::CaptureReversed(CaptureReversed {
+        sequence: op.sequence,
+        amount_minor: op.amount,
+        fee_minor,
+        reason,
+        at,
+    }));
+    let legs = vec![
+        (draft.clearing(), op.amount),
+        (draft.customer(), fee_minor.checked_sub(op.amount)?),
+        (AccountName::revenue_fees(), fee_minor.checked_neg()?),
+    ];
+    draft.post(&format!("capture:op:{}:reversed", op.sequence), legs, at)
 }
 
 /// Refund posting for the newly refunded `delta`, giving back the fee share

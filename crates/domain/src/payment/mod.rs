@@ -186,6 +186,8 @@ pub struct PaymentRecord {
     pub metadata: Map<String, Value>,
     /// The idempotency key of the charge at the provider (`psp_<uuid>`).
     pub psp_key: String,
+    /// What the charge was requested with, where the intent recorded it.
+    pub payment_method: Option<String>,
     pub provider_charge_id: Option<String>,
     pub status: PaymentStatus,
     pub authorized: Amount,
@@ -393,6 +395,9 @@ pub struct CreatePayment {
     pub capture_mode: CaptureMode,
     pub description: Option<String>,
     pub metadata: Map<String, Value>,
+    /// What the charge is made with (a card token, a stored payment method): kept so that a
+    /// request whose answer was lost can be sent again, identical, to a provider without a lookup.
+    pub payment_method: Option<String>,
     pub at: DateTime<Utc>,
 }
 
@@ -610,6 +615,10 @@ pub struct PaymentIntended {
     pub description: Option<String>,
     pub metadata: Map<String, Value>,
     pub psp_key: String,
+    /// What the charge is requested with, so that the request can be sent again identical
+    /// (absent in intents written before it was recorded: those are never sent again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_method: Option<String>,
     pub at: DateTime<Utc>,
 }
 
@@ -769,6 +778,19 @@ pub struct RefundReversed {
     pub at: DateTime<Utc>,
 }
 
+/// A capture that had succeeded failed at the provider (Adyen's `CAPTURE_FAILED`: the scheme
+/// refused it after it was reported done): the money never arrives, the payment fails with the
+/// provider's reason, and the entry posted beside this event reverses the capture's posting.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaptureReversed {
+    pub sequence: u32,
+    pub amount_minor: Amount,
+    /// The fee the capture charged, given back.
+    pub fee_minor: Amount,
+    pub reason: String,
+    pub at: DateTime<Utc>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DisputeOpened {
     pub dispute_id: String,
@@ -824,6 +846,7 @@ crate::event::event_family! {
         OperationIdentified = 1,
         OperationRefused = 1,
         RefundReversed = 1,
+        CaptureReversed = 1,
         DisputeOpened = 1,
         DisputeClosed = 1,
         ProviderFeeCharged = 1,
@@ -851,6 +874,7 @@ impl PaymentEvent {
             PaymentEvent::OperationIdentified(e) => e.at,
             PaymentEvent::OperationRefused(e) => e.at,
             PaymentEvent::RefundReversed(e) => e.at,
+            PaymentEvent::CaptureReversed(e) => e.at,
             PaymentEvent::DisputeOpened(e) => e.at,
             PaymentEvent::DisputeClosed(e) => e.at,
             PaymentEvent::ProviderFeeCharged(e) => e.at,
@@ -881,6 +905,7 @@ pub fn evolve(mut payment: Payment, event: &PaymentEvent) -> Payment {
             description: e.description.clone(),
             metadata: e.metadata.clone(),
             psp_key: e.psp_key.clone(),
+            payment_method: e.payment_method.clone(),
             provider_charge_id: None,
             status: PaymentStatus::Pending,
             authorized: Amount::ZERO,
@@ -1031,6 +1056,20 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
                 op.reason = Some(e.reason.clone());
                 op.updated_at = e.at;
             }
+        }
+        PaymentEvent::CaptureReversed(e) => {
+            if let Some(op) = record.operation_mut(OperationKind::Capture, e.sequence) {
+                op.state = OperationState::Reversed;
+                op.reason = Some(e.reason.clone());
+                op.updated_at = e.at;
+            }
+            record.captured = record
+                .captured
+                .checked_sub(e.amount_minor)
+                .unwrap_or(Amount::ZERO);
+            record.fee = record.fee.checked_sub(e.fee_minor).unwrap_or(Amount::ZERO);
+            record.status = PaymentStatus::Failed;
+            record.failure_reason = Some(e.reason.clone());
         }
         PaymentEvent::RefundReversed(e) => {
             if let Some(op) = record.operation_mut(OperationKind::Refund, e.sequence) {

@@ -43,8 +43,8 @@ pub enum OperationState {
     Succeeded,
     /// The provider refused it: what it reserved is released.
     Refused,
-    /// It succeeded, then failed at the provider (a refund returned days later): a reversing
-    /// entry undid its posting.
+    /// It succeeded, then failed at the provider (a refund returned days later, a capture the
+    /// scheme refused): a reversing entry undid its posting.
     Reversed,
 }
 

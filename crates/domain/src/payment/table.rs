@@ -201,12 +201,12 @@ pub const fn rule(from: Option<PaymentStatus>, input: Input) -> Rule {
         (Input::FactDisputeClosed, _) => FLAG,
 
         // The outcome of a capture we asked for: a success captures, a refusal frees the
-        // authorization for another capture. After the capture, a late answer changes nothing
-        // (a failure after success is flagged).
+        // authorization for another capture. A failure after the capture reverses it and the
+        // payment fails; once refunded or disputed, a late answer changes nothing (a failure is
+        // flagged).
         (Input::FactCaptureOutcome, Authorized) => apply(&[Authorized, Captured]),
-        (Input::FactCaptureOutcome, Captured | PartiallyRefunded | Refunded | Disputed) => {
-            apply(one(from))
-        }
+        (Input::FactCaptureOutcome, Captured) => apply(&[Captured, Failed]),
+        (Input::FactCaptureOutcome, PartiallyRefunded | Refunded | Disputed) => apply(one(from)),
         (Input::FactCaptureOutcome, _) => FLAG,
 
         // The outcome of a refund we asked for: settled, refused (its amount is refundable

@@ -50,6 +50,7 @@ pub fn create_with(amount: i64, mode: CaptureMode) -> PaymentCommand {
         capture_mode: mode,
         description: Some("order 1001".into()),
         metadata,
+        payment_method: None,
         at: at(0),
     })
 }

@@ -48,6 +48,8 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     lookup_by_id: false,
     async_modifications: true,
     key_lifetime: Duration::from_secs(7 * 24 * 60 * 60),
+    // docs/adyen-wire.md §3: the AUTHORISATION window, then two daily Payment accounting reports.
+    absence_confirmed_after: Duration::from_secs(2 * 24 * 60 * 60),
 };
 
 /// Where the shopper returns after a redirect when none is configured; Adyen requires one on
@@ -166,24 +168,6 @@ impl AdyenProvider {
         })
     }
 
-    /// Cancels the authorisation of the payment we sent with `reference` (our payment id), for a
-    /// payment whose `/payments` answer was lost: Adyen finds it by our reference (a
-    /// TECHNICAL_CANCEL notification tells the outcome).
-    pub async fn cancel_by_reference(
-        &self,
-        reference: &str,
-        idempotency_key: &str,
-    ) -> Result<String, ProviderError> {
-        let body = ModificationRequest {
-            merchant_account: self.account.merchant_account.clone(),
-            amount: None,
-            reference: Some(idempotency_key.to_owned()),
-            payment_reference: Some(reference.to_owned()),
-        };
-        let answer: ModificationResponse = self.post(&["cancels"], idempotency_key, &body).await?;
-        Ok(answer.psp_reference)
-    }
-
     fn unsupported<T>(&self, what: String) -> Result<T, ProviderError> {
         Err(ProviderError::Unsupported { what })
     }
@@ -228,6 +212,24 @@ impl Provider for AdyenProvider {
 
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
+    }
+
+    /// Cancels the authorisation of the payment we sent with `reference` (our payment id), for a
+    /// payment whose `/payments` answer was lost: Adyen finds it by our reference (a
+    /// TECHNICAL_CANCEL notification tells the outcome).
+    async fn cancel_by_reference(
+        &self,
+        reference: &str,
+        idempotency_key: &str,
+    ) -> Result<String, ProviderError> {
+        let body = ModificationRequest {
+            merchant_account: self.account.merchant_account.clone(),
+            amount: None,
+            reference: Some(idempotency_key.to_owned()),
+            payment_reference: Some(reference.to_owned()),
+        };
+        let answer: ModificationResponse = self.post(&["cancels"], idempotency_key, &body).await?;
+        Ok(answer.psp_reference)
     }
 
     #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), key = %req.idempotency_key))]

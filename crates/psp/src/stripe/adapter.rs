@@ -55,6 +55,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     lookup_by_id: true,
     async_modifications: true,
     key_lifetime: Duration::from_secs(23 * 60 * 60),
+    absence_confirmed_after: Duration::ZERO,
 };
 
 /// The most PaymentIntents, and the most balance transactions, one settlement report reads

@@ -1,0 +1,331 @@
+//! The stale sweep at a provider without any lookup (the simulator's Adyen dialect over HTTP,
+//! through the real Adyen adapter), on both backends, with no webhook delivered: a creation
+//! whose answer was lost is sent again under its key while the payment is wanted and settles
+//! with the one charge the provider made; a creation that never reached the provider is made
+//! by that re-send, once; past its expiry a never-answered creation is cancelled by our
+//! reference, and the payment stays pending until the settlement report has been compared past
+//! its expiry and the provider's absence window (docs/adyen-wire.md §3).
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use asiento_app::clock::ManualClock;
+use asiento_app::log;
+use asiento_app::payments::{NewPayment, PaymentFlow};
+use asiento_app::reconcile::{Reconciler, ReconcilerConfig};
+use asiento_app::reply::Answer;
+use asiento_domain::{
+    Amount, CaptureMode, Currency, CustomerId, PaymentId, PaymentStatus, ProviderName, TenantId,
+};
+use asiento_eventstore::Database;
+use asiento_psp::adyen::{AdyenAccount, AdyenProvider};
+use asiento_psp::sim::Dialect;
+use asiento_psp::{ChargeStatus, ClientConfig, SimConfig};
+use serde_json::{json, Value};
+
+mod common;
+
+use common::{create_request, flow_of, Backend, TestDatabase, TestSim};
+
+const PROVIDER: &str = "adyen";
+/// The payment's expiry: long enough that the re-send happens well inside it.
+const PENDING_TIMEOUT_MS: i64 = 15 * 60_000;
+/// When the sweep first looks at a payment with no answer.
+const OPERATION_TIMEOUT_MS: i64 = 60_000;
+const DAY_MS: i64 = 24 * 3_600_000;
+
+struct Harness {
+    database: Database,
+    flow: PaymentFlow,
+    clock: Arc<ManualClock>,
+    served: TestSim,
+    db: TestDatabase,
+}
+
+impl Harness {
+    async fn start(backend: Backend) -> Harness {
+        let db = TestDatabase::open(backend).await;
+        let database = db.database.clone();
+        let served = TestSim::start(SimConfig {
+            seed: 5,
+            dialect: Dialect::Adyen,
+            // Modifications are decided this long after Adyen received them.
+            modification_delay_ms: 20,
+            ..SimConfig::default()
+        })
+        .await;
+        let adapter = AdyenProvider::new(
+            PROVIDER,
+            &format!("http://{}", served.addr),
+            "AQE_test_key",
+            AdyenAccount {
+                merchant_account: "AsientoECOM".into(),
+                return_url: "https://shop.example/return".into(),
+            },
+            // One attempt: a 500 stays a lost answer for the sweep to settle.
+            ClientConfig {
+                request_timeout_ms: 2_000,
+                attempts_max: 1,
+                ..ClientConfig::default()
+            },
+        )
+        .unwrap();
+        let clock = Arc::new(ManualClock::at_ms(chrono::Utc::now().timestamp_millis()));
+        let flow = flow_of(&database, PROVIDER, Arc::new(adapter), clock.clone());
+        Harness {
+            database,
+            flow,
+            clock,
+            served,
+            db,
+        }
+    }
+
+    async fn finish(mut self) {
+        self.served.stop();
+        self.db.finish().await;
+    }
+
+    fn reconciler(&self) -> Reconciler {
+        Reconciler::new(
+            self.flow.clone(),
+            ReconcilerConfig {
+                pending_timeout_ms: PENDING_TIMEOUT_MS,
+                operation_timeout_ms: OPERATION_TIMEOUT_MS,
+                report_settle_ms: 0,
+                ..ReconcilerConfig::default()
+            },
+        )
+    }
+
+    async fn create(&self, capture_mode: CaptureMode) -> PaymentId {
+        let key = uuid::Uuid::new_v4().to_string();
+        let payment = NewPayment {
+            tenant: TenantId::parse("acme").unwrap(),
+            amount: Amount::new(2_500),
+            currency: Currency::parse("EUR").unwrap(),
+            customer: CustomerId::parse("42").unwrap(),
+            provider: ProviderName::parse(PROVIDER).unwrap(),
+            payment_method: "pm_card_ok".into(),
+            capture_mode,
+            description: None,
+            metadata: serde_json::Map::new(),
+        };
+        let answer = self
+            .flow
+            .create(&create_request(&key), payment)
+            .await
+            .unwrap();
+        let Answer::Done(response) = answer else {
+            panic!("unexpected answer {answer:?}")
+        };
+        let body: Value = serde_json::from_slice(&response.body).unwrap();
+        PaymentId::parse(body["id"].as_str().unwrap()).unwrap()
+    }
+
+    /// How many charges the provider holds for `payment`.
+    fn charges_of(&self, payment: PaymentId) -> Vec<asiento_psp::Charge> {
+        let reference = payment.to_string();
+        self.served
+            .sim
+            .charges()
+            .into_iter()
+            .filter(|charge| charge.reference.as_deref() == Some(reference.as_str()))
+            .collect()
+    }
+
+    /// A payment whose creation answered 500: with `reached`, after the provider made the
+    /// charge; without, before. Payments are made until one lands on the asked side (the
+    /// simulator's seed decides which): answers it and how many were made, all unanswered.
+    async fn unanswered(&self, capture_mode: CaptureMode, reached: bool) -> (PaymentId, usize) {
+        self.set_error_rate(1.0);
+        let mut found = None;
+        let mut made = 0;
+        for _ in 0..40 {
+            let id = self.create(capture_mode).await;
+            made += 1;
+            assert_eq!(self.status(id).await, PaymentStatus::Pending);
+            if self.charges_of(id).is_empty() != reached {
+                found = Some(id);
+                break;
+            }
+        }
+        self.set_error_rate(0.0);
+        let id = found.expect("a creation on the asked side of the provider's effect");
+        (id, made)
+    }
+
+    fn set_error_rate(&self, rate: f64) {
+        self.served
+            .sim
+            .set_faults(&serde_json::from_value(json!({ "error_rate": rate })).unwrap())
+            .unwrap();
+    }
+
+    async fn status(&self, payment: PaymentId) -> PaymentStatus {
+        log::load_payment(self.flow.store.as_ref(), payment)
+            .await
+            .unwrap()
+            .aggregate
+            .record
+            .unwrap()
+            .status
+    }
+
+    /// The settlement report of the provider compared up to `mark_ms`.
+    async fn report_compared_to(&self, mark_ms: i64) {
+        let name = format!("report:{PROVIDER}");
+        match &self.database {
+            Database::Postgres(pool) => {
+                sqlx::query(
+                    "insert into reconciliation_cursors (name, mark) values ($1, $2) \
+                     on conflict (name) do update set mark = excluded.mark",
+                )
+                .bind(&name)
+                .bind(mark_ms)
+                .execute(pool)
+                .await
+                .unwrap();
+            }
+            Database::Sqlite(pool) => {
+                sqlx::query(
+                    "insert into reconciliation_cursors (name, mark) values (?1, ?2) \
+                     on conflict (name) do update set mark = excluded.mark",
+                )
+                .bind(&name)
+                .bind(mark_ms)
+                .execute(pool)
+                .await
+                .unwrap();
+            }
+        }
+    }
+}
+
+async fn lost_answers_are_sent_again(backend: Backend) {
+    let h = Harness::start(backend).await;
+    let (reached, made_reached) = h.unanswered(CaptureMode::Automatic, true).await;
+    let (never, made_never) = h.unanswered(CaptureMode::Manual, false).await;
+
+    // Not yet due: the sweep leaves a fresh payment alone.
+    let early = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(early.charges_resent, 0, "{early}");
+
+    h.clock.advance_ms(OPERATION_TIMEOUT_MS + 1_000);
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(
+        summary.charges_resent,
+        made_reached + made_never,
+        "{summary}"
+    );
+    // The provider answered the first outcome under the same key: still one charge.
+    assert_eq!(
+        h.status(reached).await,
+        PaymentStatus::Captured,
+        "{summary}"
+    );
+    assert_eq!(h.charges_of(reached).len(), 1);
+    // The first request never arrived: the re-send made the one charge.
+    assert_eq!(
+        h.status(never).await,
+        PaymentStatus::Authorized,
+        "{summary}"
+    );
+    let made = h.charges_of(never);
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert_eq!(made[0].status, ChargeStatus::RequiresCapture);
+
+    // Settled: the next sweep sends nothing again.
+    h.clock.advance_ms(OPERATION_TIMEOUT_MS);
+    let again = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(again.charges_resent, 0, "{again}");
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn lost_answers_are_sent_again_under_their_key_sqlite() {
+    lost_answers_are_sent_again(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn lost_answers_are_sent_again_under_their_key_postgres() {
+    lost_answers_are_sent_again(Backend::Postgres).await;
+}
+
+async fn unwanted_creations_are_cancelled_then_expire(backend: Backend) {
+    let h = Harness::start(backend).await;
+    let (absent, made) = h.unanswered(CaptureMode::Manual, false).await;
+    let expired_ms = h.flow.clock.now_ms() + PENDING_TIMEOUT_MS;
+
+    // Past its expiry the payment is no longer wanted: nothing is sent again, whatever its
+    // request made is cancelled by our reference, and it stays pending.
+    h.clock.advance_ms(PENDING_TIMEOUT_MS + 1_000);
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(summary.charges_resent, 0, "{summary}");
+    assert_eq!(summary.cancelled_by_reference, made, "{summary}");
+    assert_eq!(h.status(absent).await, PaymentStatus::Pending);
+    assert!(h.charges_of(absent).is_empty());
+
+    // A report compared a day past its expiry is not enough at this provider: it may list a
+    // payment a day late.
+    h.report_compared_to(expired_ms + DAY_MS).await;
+    h.clock.advance_ms(2 * DAY_MS);
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(summary.expired, 0, "{summary}");
+    assert_eq!(h.status(absent).await, PaymentStatus::Pending);
+
+    // Two days of reports without it: the payment expires.
+    h.report_compared_to(expired_ms + 2 * DAY_MS).await;
+    h.clock.advance_ms(2 * DAY_MS);
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert!(summary.expired >= 1, "{summary}");
+    assert_eq!(h.status(absent).await, PaymentStatus::Expired);
+
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn unwanted_creations_are_cancelled_by_reference_then_expire_sqlite() {
+    unwanted_creations_are_cancelled_then_expire(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn unwanted_creations_are_cancelled_by_reference_then_expire_postgres() {
+    unwanted_creations_are_cancelled_then_expire(Backend::Postgres).await;
+}
+
+async fn unwanted_authorisations_are_cancelled(backend: Backend) {
+    let h = Harness::start(backend).await;
+    // An authorisation whose answer was lost, past its expiry: the cancel by reference reaches
+    // it at the provider (its webhook, not delivered here, would fail the payment).
+    let (authorised, made) = h.unanswered(CaptureMode::Manual, true).await;
+    h.clock.advance_ms(PENDING_TIMEOUT_MS + 1_000);
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(summary.cancelled_by_reference, made, "{summary}");
+    // The cancel is received, then decided.
+    let mut charges = h.charges_of(authorised);
+    for _ in 0..500 {
+        if charges
+            .iter()
+            .any(|c| c.status != ChargeStatus::RequiresCapture)
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        charges = h.charges_of(authorised);
+    }
+    assert_eq!(charges.len(), 1, "{charges:?}");
+    assert_eq!(charges[0].status, ChargeStatus::Failed, "{charges:?}");
+    assert_eq!(h.status(authorised).await, PaymentStatus::Pending);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn an_unwanted_authorisation_is_cancelled_by_reference_sqlite() {
+    unwanted_authorisations_are_cancelled(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn an_unwanted_authorisation_is_cancelled_by_reference_postgres() {
+    unwanted_authorisations_are_cancelled(Backend::Postgres).await;
+}
