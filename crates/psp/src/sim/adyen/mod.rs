@@ -47,7 +47,7 @@ use serde_json::{Map, Value};
 
 pub(crate) use book::AdyenBook;
 pub(crate) use later::{run_later, Later};
-pub(crate) use notifications::{batch, notifications};
+pub(crate) use notifications::{batches, notifications};
 
 use super::routes::{provider_call, REPLAYED_HEADER};
 use super::state::{Reply, SimError, SimState};
@@ -58,6 +58,9 @@ use crate::adyen::wire::{ServiceError, TRANSIENT_ERROR_HEADER};
 pub const API_KEY_HEADER: &str = "X-API-Key";
 /// Notification items per batch at most.
 pub const BATCH_ITEMS_MAX: usize = 100;
+/// Bytes per batch at most: well under asiento's webhook body limit (64 KiB), which 100 dispute
+/// items (each with its reason code, status and defence period) would pass.
+pub const BATCH_BYTES_MAX: usize = 48 * 1024;
 
 /// Adyen's routes; any other path is a 404 `ServiceError`, and another method on these a 405.
 pub(super) fn routes() -> Router<Simulator> {
