@@ -16,7 +16,8 @@
 //!   own pspReference; the outcome comes only by notification, `modification_delay_ms` later.
 //! - Notifications ([`notifications`]): every change is an item of Adyen's
 //!   `NotificationRequest`, each signed on its own with the HMAC key (`hmacSignature`); the
-//!   dispatcher batches the items ready at once and sends them with basic auth.
+//!   dispatcher batches the items ready at once (at most [`BATCH_ITEMS_MAX`] items and
+//!   [`BATCH_BYTES_MAX`] bytes a batch) and sends them with basic auth.
 //! - Idempotency ([`idempotency`]) as Adyen documents it: `Idempotency-Key` (at most 64
 //!   characters) on every write, the first answer replayed byte for byte, the key echoed in
 //!   `idempotency-key`, 422 `704` with `transient-error: true` while the key's first request
