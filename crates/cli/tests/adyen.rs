@@ -5,7 +5,8 @@
 //! - a payment authorised and captured at once, its AUTHORISATION `[accepted]`; a manual capture
 //!   received, pending, and settled (and posted) only by its CAPTURE; a refund pending until its
 //!   REFUND; a refusal failed with Adyen's reason (on both backends);
-//! - a refund that fails after it succeeded (REFUND_FAILED), reversed by a mirror entry;
+//! - a refund that fails after it succeeded (REFUND_FAILED), reversed by a mirror entry; a
+//!   refund received and then refused (REFUND `"false"`), released with nothing posted;
 //! - a dispute lost (CHARGEBACK) and one won (CHARGEBACK, then CHARGEBACK_REVERSED), posted;
 //! - a delivery with the wrong basic auth is a 401 and one with an item that does not verify
 //!   is refused whole: neither stores anything;
@@ -606,6 +607,60 @@ async fn three_providers_in_one_server() {
     assert_eq!(
         authorisation["merchantReference"],
         id_of(&payments[2].1).as_str()
+    );
+    verify(&database);
+}
+
+/// A refund Adyen received and then refused (REFUND, success `"false"`: here the payment is under
+/// a dispute the ledger has not heard of, since NOTIFICATION_OF_CHARGEBACK moves no money) is
+/// refused: nothing is posted and its amount is refundable again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_adyen_refuses_after_receiving_it_is_refused_and_released() {
+    let database = TestDatabase::new(Backend::Sqlite).await;
+    let Rig { server, sim } = start_rig(&database, &[]).await;
+    let client = server.client();
+    let paid = create(&client, "refused-1", &adyen_payment(4_000, "pm_card_ok")).await;
+    let (id, psp) = (id_of(&paid), psp_of(&paid));
+    sim.control(&client, &format!("/sim/charges/{psp}/dispute"), json!({}))
+        .await;
+    assert_accepted(&sim.item("NOTIFICATION_OF_CHARGEBACK", &psp).await.1);
+    let refund = client
+        .post(
+            &format!("/v1/payments/{id}/refunds"),
+            "refused-1-refund",
+            &json!({"amount_minor": 4_000}),
+        )
+        .await;
+    assert_eq!(
+        refund.status,
+        202,
+        "{}",
+        String::from_utf8_lossy(&refund.body)
+    );
+    let refund_psp = refund.json()["operations"][0]["provider_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (item, delivery) = sim.item("REFUND", &refund_psp).await;
+    assert_accepted(&delivery);
+    assert_eq!(
+        (item["success"].as_str(), item["reason"].as_str()),
+        (Some("false"), Some("Transaction is disputed"))
+    );
+    let refused = wait_for(&client, &id, "the refused REFUND was never applied", |p| {
+        p["operations"][0]["state"] == "refused"
+    })
+    .await;
+    assert_eq!(refused["refunded_minor"], 0, "{refused}");
+    assert_eq!(refused["status"], "captured", "{refused}");
+    assert_eq!(
+        refused["operations"][0]["reason"], "Transaction is disputed",
+        "{refused}"
+    );
+    assert_eq!(
+        without_provider_fees(client.entries_of(&id).await).len(),
+        1,
+        "only the capture"
     );
     verify(&database);
 }
