@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+pub mod adyen;
 pub mod rig;
 pub mod stripe;
 

@@ -56,6 +56,11 @@ pub const CAPABILITIES: Capabilities = Capabilities {
 /// every `/payments` request.
 pub const RETURN_URL_DEFAULT: &str = "https://localhost/asiento/return";
 
+/// The lengths Adyen takes for a `shopperReference` (`PaymentRequest`'s schema). A customer id
+/// outside them is not sent: Adyen would refuse the whole request for it, and no token can have
+/// been stored under it.
+pub const SHOPPER_REFERENCE_CHARS: std::ops::RangeInclusive<usize> = 3..=256;
+
 /// An Adyen merchant account's settings beside its credentials.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdyenAccount {
@@ -198,7 +203,10 @@ pub fn payment_request(req: &CreateCharge, account: &AdyenAccount) -> PaymentReq
         capture_delay_hours: req.capture.then_some(0),
         additional_data,
         metadata: req.metadata.clone(),
-        shopper_reference: req.customer.clone(),
+        shopper_reference: req
+            .customer
+            .clone()
+            .filter(|customer| SHOPPER_REFERENCE_CHARS.contains(&customer.chars().count())),
         shopper_interaction: Some("ContAuth".to_owned()),
         recurring_processing_model: Some("CardOnFile".to_owned()),
     }

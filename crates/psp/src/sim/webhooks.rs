@@ -6,11 +6,12 @@
 //! `webhook_attempts_max` attempts; then it is dropped and logged.
 //!
 //! In the Adyen dialect an event is one notification item, signed when it was
-//! made: every item waiting at one moment (up to `BATCH_ITEMS_MAX`) leaves in
-//! one `NotificationRequest`, unsigned itself, and a batch that fails is sent
-//! again as Adyen does: three quick retries (`webhook_backoff_base_ms` × 1, 2,
-//! 3), then a queue whose waits double from four times that up to
-//! `webhook_backoff_max_ms`, for at most `webhook_attempts_max` attempts.
+//! made: every item waiting at one moment (up to `BATCH_ITEMS_MAX` items and
+//! `BATCH_BYTES_MAX` bytes) leaves in one `NotificationRequest`, unsigned
+//! itself, and a batch that fails is sent again as Adyen does: three quick
+//! retries (`webhook_backoff_base_ms` × 1, 2, 3), then a queue whose waits
+//! double from four times that up to `webhook_backoff_max_ms`, for at most
+//! `webhook_attempts_max` attempts.
 //! Every delivery carries basic auth when a webhook username is configured.
 //! Deliveries run concurrently (bounded), so a receiver that is down for one
 //! event does not hold back the others — which also means that, as with a
@@ -37,7 +38,7 @@ use reqwest::header::CONTENT_TYPE;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 
-use super::adyen::{batch, BATCH_ITEMS_MAX};
+use super::adyen::{batches, BATCH_ITEMS_MAX};
 use super::state::Outgoing;
 use super::Dialect;
 use super::Simulator;
@@ -184,18 +185,7 @@ impl Dispatcher {
         if !self.batched {
             return std::mem::take(window);
         }
-        let items = std::mem::take(window);
-        items
-            .chunks(BATCH_ITEMS_MAX)
-            .map(|chunk| {
-                let bodies: Vec<&[u8]> = chunk.iter().map(|item| item.body.as_ref()).collect();
-                let ids: Vec<&str> = chunk.iter().map(|item| item.event_id.as_str()).collect();
-                Outgoing {
-                    event_id: ids.join(","),
-                    body: batch(&bodies),
-                }
-            })
-            .collect()
+        batches(&std::mem::take(window))
     }
 
     fn flush(

@@ -16,7 +16,8 @@
 //!   own pspReference; the outcome comes only by notification, `modification_delay_ms` later.
 //! - Notifications ([`notifications`]): every change is an item of Adyen's
 //!   `NotificationRequest`, each signed on its own with the HMAC key (`hmacSignature`); the
-//!   dispatcher batches the items ready at once and sends them with basic auth.
+//!   dispatcher batches the items ready at once (at most [`BATCH_ITEMS_MAX`] items and
+//!   [`BATCH_BYTES_MAX`] bytes a batch) and sends them with basic auth.
 //! - Idempotency ([`idempotency`]) as Adyen documents it: `Idempotency-Key` (at most 64
 //!   characters) on every write, the first answer replayed byte for byte, the key echoed in
 //!   `idempotency-key`, 422 `704` with `transient-error: true` while the key's first request
@@ -47,7 +48,7 @@ use serde_json::{Map, Value};
 
 pub(crate) use book::AdyenBook;
 pub(crate) use later::{run_later, Later};
-pub(crate) use notifications::{batch, notifications};
+pub(crate) use notifications::{batches, notifications};
 
 use super::routes::{provider_call, REPLAYED_HEADER};
 use super::state::{Reply, SimError, SimState};
@@ -58,6 +59,9 @@ use crate::adyen::wire::{ServiceError, TRANSIENT_ERROR_HEADER};
 pub const API_KEY_HEADER: &str = "X-API-Key";
 /// Notification items per batch at most.
 pub const BATCH_ITEMS_MAX: usize = 100;
+/// Bytes per batch at most: well under asiento's webhook body limit (64 KiB), which 100 dispute
+/// items (each with its reason code, status and defence period) would pass.
+pub const BATCH_BYTES_MAX: usize = 48 * 1024;
 
 /// Adyen's routes; any other path is a 404 `ServiceError`, and another method on these a 405.
 pub(super) fn routes() -> Router<Simulator> {

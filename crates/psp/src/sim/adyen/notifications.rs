@@ -30,6 +30,7 @@ use chrono::{DateTime, Duration, SecondsFormat, Utc};
 use super::book::{Aftermath, ModificationKind, ModificationRecord, PaymentRecord};
 use super::later::Later;
 use super::payments::REFUSED;
+use super::{BATCH_BYTES_MAX, BATCH_ITEMS_MAX};
 use crate::adyen::hmac::sign_item;
 use crate::adyen::wire::{
     Amount, NotificationItem, CAPTURE_DELAY_HOURS, DISPUTE_STATUS, HMAC_SIGNATURE,
@@ -39,6 +40,11 @@ use crate::provider::{Charge, DisputeStatus, OperationKind, OperationStatus};
 use crate::sim::state::{
     LaterAction, Outgoing, SimState, CAPTURE_REVERSAL_REASON, REVERSAL_REASON,
 };
+
+/// What a batch adds around its items: `{"live":"false","notificationItems":[` and `]}`.
+const BATCH_ENVELOPE_BYTES: usize = 39;
+/// What a batch adds around each item: `{"NotificationRequestItem":`, `}` and a comma.
+const BATCH_ITEM_WRAPPER_BYTES: usize = 29;
 
 /// The payment method every card payment of the dialect is.
 pub const PAYMENT_METHOD: &str = "visa";
@@ -110,6 +116,35 @@ pub(crate) fn batch(items: &[&[u8]]) -> Bytes {
     }
     body.extend_from_slice(b"]}");
     Bytes::from(body)
+}
+
+/// The batches `items` leave in, in order: at most [`BATCH_ITEMS_MAX`] items and
+/// [`BATCH_BYTES_MAX`] bytes each (an item larger than that alone leaves alone), so that a
+/// receiver with a body limit (asiento's is 64 KiB) takes every batch the dialect sends.
+pub(crate) fn batches(items: &[Outgoing]) -> Vec<Outgoing> {
+    let mut batches = Vec::new();
+    let mut start = 0;
+    while start < items.len() {
+        let mut end = start;
+        let mut bytes = BATCH_ENVELOPE_BYTES;
+        while end < items.len() && end - start < BATCH_ITEMS_MAX {
+            let next = items[end].body.len() + BATCH_ITEM_WRAPPER_BYTES;
+            if end > start && bytes + next > BATCH_BYTES_MAX {
+                break;
+            }
+            bytes += next;
+            end += 1;
+        }
+        let chunk = &items[start..end];
+        let bodies: Vec<&[u8]> = chunk.iter().map(|item| item.body.as_ref()).collect();
+        let ids: Vec<&str> = chunk.iter().map(|item| item.event_id.as_str()).collect();
+        batches.push(Outgoing {
+            event_id: ids.join(","),
+            body: batch(&bodies),
+        });
+        start = end;
+    }
+    batches
 }
 
 fn authorisation(
@@ -454,5 +489,44 @@ mod tests {
         );
         let date = DateTime::from_timestamp(1_609_459_200, 0).unwrap();
         assert_eq!(event_date(date), "2021-01-01T00:00:00+00:00");
+    }
+
+    #[test]
+    fn batches_stay_under_their_item_and_byte_limits_in_order() {
+        let item = |n: usize, len: usize| Outgoing {
+            event_id: format!("e{n}"),
+            body: Bytes::from(format!("{{\"n\":\"{}\"}}", "x".repeat(len))),
+        };
+        // A dispute item of the dialect is under 1 KiB; 150 of 900 bytes would be 135 KiB.
+        let items: Vec<Outgoing> = (0..150).map(|n| item(n, 900)).collect();
+        let sent = batches(&items);
+        assert!(sent.len() > 1);
+        let mut ids = Vec::new();
+        for sent in &sent {
+            assert!(sent.body.len() <= BATCH_BYTES_MAX, "{}", sent.body.len());
+            let parsed: serde_json::Value = serde_json::from_slice(&sent.body).unwrap();
+            let count = parsed["notificationItems"].as_array().unwrap().len();
+            assert!(count <= BATCH_ITEMS_MAX);
+            assert_eq!(sent.event_id.split(',').count(), count);
+            ids.extend(sent.event_id.split(',').map(str::to_owned));
+        }
+        let expected: Vec<String> = (0..150).map(|n| format!("e{n}")).collect();
+        assert_eq!(ids, expected);
+        // Small items: only the item limit applies; one too large leaves alone.
+        let small: Vec<Outgoing> = (0..250).map(|n| item(n, 10)).collect();
+        let counts: Vec<usize> = batches(&small)
+            .iter()
+            .map(|sent| sent.event_id.split(',').count())
+            .collect();
+        assert_eq!(counts, [BATCH_ITEMS_MAX, BATCH_ITEMS_MAX, 50]);
+        let huge = [item(0, BATCH_BYTES_MAX), item(1, 10)];
+        assert_eq!(batches(&huge).len(), 2);
+        assert_eq!(batches(&[]).len(), 0);
+        // The envelope is what `batch` writes.
+        let one = batches(&[item(0, 3)]);
+        assert_eq!(
+            one[0].body.len(),
+            BATCH_ENVELOPE_BYTES + BATCH_ITEM_WRAPPER_BYTES - 1 + item(0, 3).body.len()
+        );
     }
 }

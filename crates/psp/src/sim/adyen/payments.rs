@@ -22,7 +22,9 @@
 //!
 //! Holder names are matched without regard to case. A `storedPaymentMethodId` decides the
 //! outcome over the holder name; the later triggers of a holder name apply to any authorised
-//! payment. An unknown `storedPaymentMethodId` is a 422 `800` "Contract not found".
+//! payment. An unknown `storedPaymentMethodId` is a 422 `800` "Contract not found"; a
+//! `shopperReference` of fewer than 3 or more than 256 characters is a 422 `702`, as Adyen's
+//! schema has it.
 
 use std::collections::BTreeMap;
 
@@ -36,6 +38,7 @@ use serde_json::{Map, Value};
 use super::book::{Aftermath, DisputePlan, PaymentRecord, Refusal};
 use super::later::Later;
 use super::{check_fields, decoded, merchant_account, reply, write_call, AdyenError};
+use crate::adyen::adapter::SHOPPER_REFERENCE_CHARS;
 use crate::adyen::wire::{self, Action, Amount, PaymentResponse, ResultCode, MANUAL_CAPTURE};
 use crate::provider::{Charge, ChargeStatus};
 use crate::sim::routes::redirect_base;
@@ -309,6 +312,18 @@ fn read(object: Map<String, Value>) -> Result<NewPayment, AdyenError> {
             return Err(AdyenError::invalid(
                 "captureDelayHours",
                 &format!("between 0 and {CAPTURE_DELAY_HOURS_MAX}"),
+            ));
+        }
+    }
+    if let Some(shopper) = &request.shopper_reference {
+        if !SHOPPER_REFERENCE_CHARS.contains(&shopper.chars().count()) {
+            return Err(AdyenError::invalid(
+                "shopperReference",
+                &format!(
+                    "{} to {} characters",
+                    SHOPPER_REFERENCE_CHARS.start(),
+                    SHOPPER_REFERENCE_CHARS.end()
+                ),
             ));
         }
     }

@@ -1,0 +1,666 @@
+//! asiento with an Adyen provider (`--providers adyen=adyen:…`, its credentials from the
+//! environment) against `asiento psp-sim --dialect adyen`, whose signed notification batches reach
+//! `/webhooks/adyen` under basic auth (through a relay that records the server's answers), and
+//! `asiento verify` holding after each:
+//! - a payment authorised and captured at once, its AUTHORISATION `[accepted]`; a manual capture
+//!   received, pending, and settled (and posted) only by its CAPTURE; a refund pending until its
+//!   REFUND; a refusal failed with Adyen's reason (on both backends);
+//! - a refund that fails after it succeeded (REFUND_FAILED), reversed by a mirror entry; a
+//!   refund received and then refused (REFUND `"false"`), released with nothing posted;
+//! - a dispute lost (CHARGEBACK) and one won (CHARGEBACK, then CHARGEBACK_REVERSED), posted;
+//! - a delivery with the wrong basic auth is a 401 and one with an item that does not verify
+//!   is refused whole: neither stores anything;
+//! - one server with three providers (the simulator's protocol, the Stripe dialect and the
+//!   Adyen dialect), a payment and a refund through each.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::adyen::{
+    adyen_payment, basic, batch, deliver, provider_env, signed_item, start_rig, AdyenSim, Rig,
+    WEBHOOK_PASSWORD, WEBHOOK_USER,
+};
+use common::stripe::{free_port, start_stripe_sim, stripe_payment};
+use common::{
+    on_both_backends, payment, payment_body, verify, wait_for, without_provider_fees, Backend,
+    Client, Process, Server, TestDatabase,
+};
+use serde_json::{json, Value};
+
+/// The payment's entries once there are `count` of them (the provider's fees aside).
+async fn entries_until(client: &Client, id: &str, count: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let entries = without_provider_fees(client.entries_of(id).await);
+        if entries.len() >= count {
+            assert_eq!(entries.len(), count, "{entries:#?}");
+            return entries;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} never had {count} entries: {entries:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What `entries` moved on `account`, in sum.
+fn moved(entries: &[Value], account: &str) -> i64 {
+    entries
+        .iter()
+        .flat_map(|entry| entry["legs"].as_array().unwrap())
+        .filter(|leg| leg["account"] == account)
+        .map(|leg| leg["amount_minor"].as_i64().unwrap())
+        .sum()
+}
+
+async fn create(client: &Client, key: &str, body: &Value) -> Value {
+    let answer = client.post("/v1/payments", key, body).await;
+    assert_eq!(
+        answer.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    answer.json()
+}
+
+fn id_of(payment: &Value) -> String {
+    payment["id"].as_str().unwrap().to_owned()
+}
+
+fn psp_of(payment: &Value) -> String {
+    let psp = payment["provider_charge_id"].as_str().unwrap().to_owned();
+    assert_eq!(psp.len(), 16, "an Adyen pspReference: {payment}");
+    psp
+}
+
+/// Checks that a delivery was Adyen's acknowledgement.
+fn assert_accepted(delivery: &common::adyen::Delivery) {
+    assert_eq!(
+        (delivery.status, delivery.answer.as_str()),
+        (200, "[accepted]"),
+        "{delivery:?}"
+    );
+}
+
+async fn payments_through_adyen(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let Rig { server, sim } = start_rig(&database, &[]).await;
+    let client = server.client();
+
+    // Authorised with automatic capture: captured at once, the AUTHORISATION accepted.
+    let paid = create(&client, "adyen-1", &adyen_payment(5_000, "pm_card_ok")).await;
+    assert_eq!(
+        (paid["status"].as_str(), paid["provider"].as_str()),
+        (Some("captured"), Some("adyen")),
+        "{paid}"
+    );
+    let (paid_id, paid_psp) = (id_of(&paid), psp_of(&paid));
+    let (authorisation, delivery) = sim.item("AUTHORISATION", &paid_psp).await;
+    assert_accepted(&delivery);
+    assert_eq!(authorisation["success"], "true");
+    assert_eq!(authorisation["merchantReference"], paid_id.as_str());
+    assert_eq!(
+        authorisation["amount"],
+        json!({"currency": "EUR", "value": 5_000})
+    );
+    let captured = entries_until(&client, &paid_id, 1).await;
+    assert_eq!(
+        moved(&captured, "psp:adyen:clearing"),
+        -5_000,
+        "{captured:#?}"
+    );
+
+    // Manual capture: authorised; the capture is received (202, pending) and posted only when
+    // its CAPTURE arrives.
+    let mut manual = adyen_payment(3_000, "pm_card_ok");
+    manual["capture"] = json!("manual");
+    let held = create(&client, "adyen-2", &manual).await;
+    assert_eq!(held["status"], "authorized", "{held}");
+    let (held_id, held_psp) = (id_of(&held), psp_of(&held));
+    assert_accepted(&sim.item("AUTHORISATION", &held_psp).await.1);
+    // The authorisation holds the amount as the customer's pending credit, nothing more.
+    let hold = entries_until(&client, &held_id, 1).await;
+    assert_eq!(
+        moved(&hold, "pending_credits:customer:42:available"),
+        3_000,
+        "{hold:#?}"
+    );
+    assert_eq!(moved(&hold, "psp:adyen:clearing"), 0, "{hold:#?}");
+    let capture = client
+        .post(
+            &format!("/v1/payments/{held_id}/capture"),
+            "adyen-2-capture",
+            &json!({}),
+        )
+        .await;
+    assert_eq!(
+        capture.status,
+        202,
+        "{}",
+        String::from_utf8_lossy(&capture.body)
+    );
+    let capture = capture.json();
+    let operation = &capture["operations"][0];
+    assert_eq!(
+        (operation["kind"].as_str(), operation["state"].as_str()),
+        (Some("capture"), Some("pending")),
+        "{capture}"
+    );
+    let capture_psp = operation["provider_id"].as_str().unwrap().to_owned();
+    assert_ne!(
+        capture_psp, held_psp,
+        "a capture has a pspReference of its own"
+    );
+    assert_eq!(capture["status"], "authorized");
+    assert_eq!(
+        without_provider_fees(client.entries_of(&held_id).await),
+        hold,
+        "nothing is posted before Adyen decides"
+    );
+    let (item, delivery) = sim.item("CAPTURE", &capture_psp).await;
+    assert_accepted(&delivery);
+    assert_eq!(item["originalReference"], held_psp.as_str());
+    let settled = wait_for(&client, &held_id, "the CAPTURE never settled it", |p| {
+        p["status"] == "captured"
+    })
+    .await;
+    assert_eq!(settled["captured_minor"], 3_000);
+    assert_eq!(settled["operations"][0]["state"], "succeeded", "{settled}");
+    // The hold, the capture, the hold's release.
+    let posted = entries_until(&client, &held_id, 3).await;
+    assert_eq!(moved(&posted, "psp:adyen:clearing"), -3_000, "{posted:#?}");
+    assert_eq!(
+        moved(&posted, "pending_credits:customer:42:available"),
+        0,
+        "the hold is released: {posted:#?}"
+    );
+
+    // A refund: pending until its REFUND.
+    let refund = client
+        .post(
+            &format!("/v1/payments/{paid_id}/refunds"),
+            "adyen-1-refund",
+            &json!({"amount_minor": 2_000}),
+        )
+        .await;
+    assert_eq!(
+        refund.status,
+        202,
+        "{}",
+        String::from_utf8_lossy(&refund.body)
+    );
+    let refund = refund.json();
+    assert_eq!(refund["operations"][0]["state"], "pending", "{refund}");
+    assert_eq!(refund["refunded_minor"], 0);
+    let refund_psp = refund["operations"][0]["provider_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (item, delivery) = sim.item("REFUND", &refund_psp).await;
+    assert_accepted(&delivery);
+    assert_eq!(item["success"], "true");
+    let refunded = wait_for(&client, &paid_id, "the REFUND never settled it", |p| {
+        p["operations"][0]["state"] == "succeeded"
+    })
+    .await;
+    assert_eq!(refunded["refunded_minor"], 2_000);
+    assert_eq!(refunded["status"], "partially_refunded");
+    let entries = entries_until(&client, &paid_id, 2).await;
+    assert_eq!(
+        moved(&entries[1..], "psp:adyen:clearing"),
+        2_000,
+        "{entries:#?}"
+    );
+
+    // A refusal: failed with Adyen's reason, its AUTHORISATION (success "false") accepted.
+    let refused = create(&client, "adyen-3", &adyen_payment(700, "pm_card_declined")).await;
+    assert_eq!(refused["status"], "failed", "{refused}");
+    assert_eq!(refused["failure_reason"], "Refused", "{refused}");
+    let (item, delivery) = sim.item("AUTHORISATION", &psp_of(&refused)).await;
+    assert_accepted(&delivery);
+    assert_eq!(
+        (item["success"].as_str(), item["reason"].as_str()),
+        (Some("false"), Some("Refused"))
+    );
+    assert_eq!(
+        client.entries_of(&id_of(&refused)).await,
+        Vec::<Value>::new()
+    );
+
+    verify(&database);
+    // The notifications changed nothing the answers had settled: the same entries.
+    assert_eq!(
+        without_provider_fees(client.entries_of(&paid_id).await).len(),
+        2
+    );
+    assert_eq!(
+        without_provider_fees(client.entries_of(&held_id).await).len(),
+        3
+    );
+    assert_eq!(
+        payment(&client, &paid_id).await["status"],
+        "partially_refunded"
+    );
+}
+
+on_both_backends!(payments_through_adyen);
+
+/// A refund that succeeded and then failed at the scheme (REFUND_FAILED) is reversed by a mirror
+/// of its entry; the refunded total goes back to zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_that_fails_after_it_succeeded_is_reversed() {
+    let database = TestDatabase::new(Backend::Sqlite).await;
+    let Rig { server, sim } = start_rig(&database, &[]).await;
+    let client = server.client();
+    sim.control(
+        &client,
+        "/sim/faults",
+        json!({"refund_reversal_rate": 1.0, "refund_reversal_delay_ms": 300}),
+    )
+    .await;
+    let paid = create(&client, "reversed-1", &adyen_payment(4_000, "pm_card_ok")).await;
+    let id = id_of(&paid);
+    let refund = client
+        .post(
+            &format!("/v1/payments/{id}/refunds"),
+            "reversed-1-refund",
+            &json!({"amount_minor": 1_500}),
+        )
+        .await;
+    assert_eq!(
+        refund.status,
+        202,
+        "{}",
+        String::from_utf8_lossy(&refund.body)
+    );
+    let refund_psp = refund.json()["operations"][0]["provider_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_accepted(&sim.item("REFUND", &refund_psp).await.1);
+    let (failed, delivery) = sim.item("REFUND_FAILED", &refund_psp).await;
+    assert_accepted(&delivery);
+    assert_eq!(failed["amount"]["value"], 1_500);
+    let reversed = wait_for(&client, &id, "the REFUND_FAILED was never applied", |p| {
+        p["operations"][0]["state"] == "reversed"
+    })
+    .await;
+    assert_eq!(reversed["refunded_minor"], 0, "{reversed}");
+    assert_eq!(reversed["status"], "captured", "{reversed}");
+    // The capture, the refund, and its mirror.
+    let entries = entries_until(&client, &id, 3).await;
+    assert_eq!(
+        moved(&entries[1..2], "psp:adyen:clearing"),
+        1_500,
+        "{entries:#?}"
+    );
+    assert_eq!(
+        moved(&entries[2..], "psp:adyen:clearing"),
+        -1_500,
+        "{entries:#?}"
+    );
+    assert_eq!(
+        moved(&entries[1..], "customer:42:available"),
+        0,
+        "{entries:#?}"
+    );
+    verify(&database);
+}
+
+/// A dispute lost (CHARGEBACK `Lost`) withdraws the payment's money from the customer; one won
+/// (CHARGEBACK `Pending`, then CHARGEBACK_REVERSED `Won`) gives back what it withdrew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispute_lost_and_a_dispute_won_are_posted_from_their_notifications() {
+    let database = TestDatabase::new(Backend::Sqlite).await;
+    let Rig { server, sim } = start_rig(&database, &[]).await;
+    let client = server.client();
+
+    let lost = create(&client, "dispute-lost", &adyen_payment(6_000, "pm_card_ok")).await;
+    let (lost_id, lost_psp) = (id_of(&lost), psp_of(&lost));
+    sim.control(
+        &client,
+        &format!("/sim/charges/{lost_psp}/dispute"),
+        json!({}),
+    )
+    .await;
+    assert_accepted(&sim.item("NOTIFICATION_OF_CHARGEBACK", &lost_psp).await.1);
+    sim.control(
+        &client,
+        &format!("/sim/charges/{lost_psp}/dispute/close"),
+        json!({"outcome": "lost"}),
+    )
+    .await;
+    let (chargeback, delivery) = sim.item("CHARGEBACK", &lost_psp).await;
+    assert_accepted(&delivery);
+    assert_eq!(chargeback["additionalData"]["disputeStatus"], "Lost");
+    wait_for(
+        &client,
+        &lost_id,
+        "the lost dispute was never applied",
+        |p| p["status"] == "disputed",
+    )
+    .await;
+    let entries = entries_until(&client, &lost_id, 3).await;
+    assert_eq!(
+        (
+            moved(&entries[1..], "psp:adyen:clearing"),
+            moved(&entries[1..], "psp:adyen:disputed"),
+            moved(&entries[1..], "customer:42:available")
+        ),
+        (6_000, 0, -6_000),
+        "{entries:#?}"
+    );
+
+    let won = create(&client, "dispute-won", &adyen_payment(8_000, "pm_card_ok")).await;
+    let (won_id, won_psp) = (id_of(&won), psp_of(&won));
+    sim.control(
+        &client,
+        &format!("/sim/charges/{won_psp}/dispute"),
+        json!({}),
+    )
+    .await;
+    sim.control(
+        &client,
+        &format!("/sim/charges/{won_psp}/dispute/close"),
+        json!({"outcome": "won"}),
+    )
+    .await;
+    assert_accepted(&sim.item("CHARGEBACK", &won_psp).await.1);
+    let (reversed, delivery) = sim.item("CHARGEBACK_REVERSED", &won_psp).await;
+    assert_accepted(&delivery);
+    assert_eq!(reversed["additionalData"]["disputeStatus"], "Won");
+    let entries = entries_until(&client, &won_id, 3).await;
+    assert_eq!(
+        (
+            moved(&entries[1..2], "psp:adyen:clearing"),
+            moved(&entries[1..2], "psp:adyen:disputed")
+        ),
+        (8_000, -8_000),
+        "the withdrawal: {entries:#?}"
+    );
+    assert_eq!(
+        (
+            moved(&entries[1..], "psp:adyen:clearing"),
+            moved(&entries[1..], "psp:adyen:disputed"),
+            moved(&entries[1..], "customer:42:available")
+        ),
+        (0, 0, 0),
+        "the reinstatement gives it back: {entries:#?}"
+    );
+    let won = wait_for(&client, &won_id, "the won dispute never closed", |p| {
+        p["status"] == "captured"
+    })
+    .await;
+    assert_eq!(won["captured_minor"], 8_000);
+    verify(&database);
+}
+
+/// The server's webhook counters of `outcome` (`stored`, `duplicate`, `refused`).
+async fn received(client: &Client, outcome: &str) -> f64 {
+    client
+        .metric(&format!(
+            "asiento_webhooks_received_total{{outcome=\"{outcome}\""
+        ))
+        .await
+}
+
+/// A delivery must carry the configured basic credentials and every item a valid HMAC; else
+/// nothing of it is stored (the same item delivered properly afterwards is stored, not a
+/// duplicate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_without_its_credentials_or_with_an_item_that_does_not_verify_stores_nothing() {
+    let database = TestDatabase::new(Backend::Sqlite).await;
+    let Rig { server, sim } = start_rig(&database, &[]).await;
+    let client = server.client();
+    let paid = create(&client, "auth-1", &adyen_payment(2_500, "pm_card_ok")).await;
+    let (id, psp) = (id_of(&paid), psp_of(&paid));
+    assert_accepted(&sim.item("AUTHORISATION", &psp).await.1);
+    let stored = received(&client, "stored").await;
+    assert!(stored >= 1.0, "the dialect's AUTHORISATION was stored");
+
+    // An informational item (the ledger applies nothing for it), about our payment.
+    let item = signed_item(
+        "NOTIFICATION_OF_FRAUD",
+        "FRAUD00000000001",
+        Some(&psp),
+        &id,
+        2_500,
+    );
+    let right = basic(WEBHOOK_USER, WEBHOOK_PASSWORD);
+    for authorization in [
+        None,
+        Some(basic(WEBHOOK_USER, "wrong")),
+        Some(basic("someone", WEBHOOK_PASSWORD)),
+        Some(right.replace("Basic", "Bearer")),
+    ] {
+        let (status, body) = deliver(
+            &client,
+            "adyen",
+            authorization.as_deref(),
+            batch(std::slice::from_ref(&item)),
+        )
+        .await;
+        assert_eq!(status, 401, "{authorization:?}: {body}");
+    }
+
+    // One item of the batch tampered with after it was signed: the whole batch is refused.
+    let mut tampered = signed_item(
+        "NOTIFICATION_OF_FRAUD",
+        "FRAUD00000000002",
+        Some(&psp),
+        &id,
+        2_500,
+    );
+    tampered.amount.value = 1;
+    let (status, body) = deliver(
+        &client,
+        "adyen",
+        Some(&right),
+        batch(&[item.clone(), tampered]),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let problem: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(problem["code"], "signature_invalid", "{problem}");
+    assert_eq!(
+        received(&client, "stored").await,
+        stored,
+        "nothing was stored"
+    );
+
+    let (status, body) = deliver(
+        &client,
+        "adyen",
+        Some(&right),
+        batch(std::slice::from_ref(&item)),
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (200, "[accepted]"));
+    assert_eq!(
+        received(&client, "stored").await,
+        stored + 1.0,
+        "stored now, not before"
+    );
+    let duplicates = received(&client, "duplicate").await;
+    let (status, body) = deliver(&client, "adyen", Some(&right), batch(&[item])).await;
+    assert_eq!((status, body.as_str()), (200, "[accepted]"));
+    assert_eq!(received(&client, "duplicate").await, duplicates + 1.0);
+    assert_eq!(received(&client, "stored").await, stored + 1.0);
+    assert_eq!(payment(&client, &id).await["status"], "captured");
+    verify(&database);
+}
+
+/// One server, three providers: the simulator's protocol (`asiento psp-sim`), the Stripe dialect
+/// and the Adyen dialect, each in its own process and each delivering its webhooks to the
+/// server; a payment and a refund through each settle on its own clearing account.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_providers_in_one_server() {
+    const SIM_SECRET: &str = "whsec_plain_sim_0123456789";
+    let database = TestDatabase::new(Backend::Sqlite).await;
+    let (sim_listen, stripe_listen, adyen_listen) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let providers = format!(
+        "sim=sim:http://{sim_listen},stripe=stripe:http://{stripe_listen},adyen=adyen:http://{adyen_listen}"
+    );
+    let mut env = provider_env("ADYEN");
+    env.extend([
+        (
+            "ASIENTO_PROVIDER_SIM_WEBHOOK_SECRET".to_owned(),
+            SIM_SECRET.to_owned(),
+        ),
+        (
+            "ASIENTO_PROVIDER_STRIPE_API_KEY".to_owned(),
+            common::stripe::API_KEY.to_owned(),
+        ),
+        (
+            "ASIENTO_PROVIDER_STRIPE_WEBHOOK_SECRET".to_owned(),
+            common::stripe::WEBHOOK_SECRET.to_owned(),
+        ),
+    ]);
+    let env: Vec<(&str, &str)> = env
+        .iter()
+        .map(|(key, value)| (key.as_str(), value.as_str()))
+        .collect();
+    let server = Server::start_with_env(&database.url, &["--providers", &providers], &env);
+    let sim_webhooks = format!("{}/webhooks/sim", server.base);
+    let mut plain = Process::spawn(
+        &[
+            "psp-sim",
+            "--listen",
+            &sim_listen,
+            "--seed",
+            "3",
+            "--webhook-url",
+            &sim_webhooks,
+            "--webhook-secret",
+            SIM_SECRET,
+        ],
+        &[],
+    );
+    plain.wait_for_line("psp-sim listening on ");
+    let _stripe = start_stripe_sim(&stripe_listen, &server.base);
+    let adyen = AdyenSim::start(adyen_listen, &server).await;
+    let client = server.client();
+
+    let mut sim_payment = payment_body(1_100, "pm_card_ok");
+    sim_payment["provider"] = json!("sim");
+    let payments = [
+        ("sim", create(&client, "three-sim", &sim_payment).await),
+        (
+            "stripe",
+            create(
+                &client,
+                "three-stripe",
+                &stripe_payment(2_200, "pm_card_visa"),
+            )
+            .await,
+        ),
+        (
+            "adyen",
+            create(&client, "three-adyen", &adyen_payment(3_300, "pm_card_ok")).await,
+        ),
+    ];
+    for (provider, paid) in &payments {
+        assert_eq!(
+            (paid["status"].as_str(), paid["provider"].as_str()),
+            (Some("captured"), Some(*provider)),
+            "{paid}"
+        );
+        let id = id_of(paid);
+        let refund = client
+            .post(
+                &format!("/v1/payments/{id}/refunds"),
+                &format!("three-{provider}-refund"),
+                &json!({"amount_minor": 500}),
+            )
+            .await;
+        assert!(
+            matches!(refund.status, 201 | 202),
+            "{provider}: {}",
+            String::from_utf8_lossy(&refund.body)
+        );
+    }
+    for (provider, paid) in &payments {
+        let id = id_of(paid);
+        let refunded = wait_for(&client, &id, "the refund never settled", |p| {
+            p["operations"][0]["state"] == "succeeded"
+        })
+        .await;
+        assert_eq!(refunded["refunded_minor"], 500, "{provider}: {refunded}");
+        let entries = entries_until(&client, &id, 2).await;
+        let clearing = format!("psp:{provider}:clearing");
+        assert_eq!(
+            moved(&entries, &clearing),
+            500 - paid["amount_minor"].as_i64().unwrap(),
+            "{provider}: {entries:#?}"
+        );
+    }
+    let (authorisation, delivery) = adyen.item("AUTHORISATION", &psp_of(&payments[2].1)).await;
+    assert_accepted(&delivery);
+    assert_eq!(
+        authorisation["merchantReference"],
+        id_of(&payments[2].1).as_str()
+    );
+    verify(&database);
+}
+
+/// A refund Adyen received and then refused (REFUND, success `"false"`: here the payment is under
+/// a dispute the ledger has not heard of, since NOTIFICATION_OF_CHARGEBACK moves no money) is
+/// refused: nothing is posted and its amount is refundable again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_adyen_refuses_after_receiving_it_is_refused_and_released() {
+    let database = TestDatabase::new(Backend::Sqlite).await;
+    let Rig { server, sim } = start_rig(&database, &[]).await;
+    let client = server.client();
+    let paid = create(&client, "refused-1", &adyen_payment(4_000, "pm_card_ok")).await;
+    let (id, psp) = (id_of(&paid), psp_of(&paid));
+    sim.control(&client, &format!("/sim/charges/{psp}/dispute"), json!({}))
+        .await;
+    assert_accepted(&sim.item("NOTIFICATION_OF_CHARGEBACK", &psp).await.1);
+    let refund = client
+        .post(
+            &format!("/v1/payments/{id}/refunds"),
+            "refused-1-refund",
+            &json!({"amount_minor": 4_000}),
+        )
+        .await;
+    assert_eq!(
+        refund.status,
+        202,
+        "{}",
+        String::from_utf8_lossy(&refund.body)
+    );
+    let refund_psp = refund.json()["operations"][0]["provider_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (item, delivery) = sim.item("REFUND", &refund_psp).await;
+    assert_accepted(&delivery);
+    assert_eq!(
+        (item["success"].as_str(), item["reason"].as_str()),
+        (Some("false"), Some("Transaction is disputed"))
+    );
+    let refused = wait_for(&client, &id, "the refused REFUND was never applied", |p| {
+        p["operations"][0]["state"] == "refused"
+    })
+    .await;
+    assert_eq!(refused["refunded_minor"], 0, "{refused}");
+    assert_eq!(refused["status"], "captured", "{refused}");
+    assert_eq!(
+        refused["operations"][0]["reason"], "Transaction is disputed",
+        "{refused}"
+    );
+    assert_eq!(
+        without_provider_fees(client.entries_of(&id).await).len(),
+        1,
+        "only the capture"
+    );
+    verify(&database);
+}
