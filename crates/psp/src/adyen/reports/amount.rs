@@ -78,6 +78,20 @@ pub fn minor_units(text: &str, currency: &str) -> Result<i64, AmountError> {
     Ok(if negative { -minor } else { minor })
 }
 
+/// `minor` units of `currency` as a report writes them (`-12.34`): the inverse of
+/// [`minor_units`], for the simulator's reports.
+pub fn major_units(minor: i64, currency: &str) -> Result<String, AmountError> {
+    let exponent = usize::from(exponent_of(currency)?);
+    let digits = minor.unsigned_abs().to_string();
+    let sign = if minor < 0 { "-" } else { "" };
+    if exponent == 0 {
+        return Ok(format!("{sign}{digits}"));
+    }
+    let padded = format!("{digits:0>width$}", width = exponent + 1);
+    let (whole, decimals) = padded.split_at(padded.len() - exponent);
+    Ok(format!("{sign}{whole}.{decimals}"))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -124,6 +138,23 @@ mod tests {
             ("92233720368547758.08", "EUR", Err("large")),
         ] {
             check(text, currency, expected);
+        }
+    }
+
+    #[test]
+    fn written_amounts_read_back_as_the_same_minor_units() {
+        for (minor, currency, text) in [
+            (1234, "EUR", "12.34"),
+            (-1, "EUR", "-0.01"),
+            (0, "EUR", "0.00"),
+            (1500, "JPY", "1500"),
+            (1234, "KWD", "1.234"),
+            (i64::MIN, "EUR", "-92233720368547758.08"),
+        ] {
+            assert_eq!(major_units(minor, currency).unwrap(), text);
+            if minor != i64::MIN {
+                assert_eq!(minor_units(text, currency).unwrap(), minor);
+            }
         }
     }
 }

@@ -12,7 +12,7 @@ mod port;
 pub mod settlement;
 mod table;
 
-pub use amount::{minor_units, AmountError};
+pub use amount::{major_units, minor_units, AmountError};
 pub use download::{
     accounting_file, batch_of_event, batch_of_payout, payout_id, settlement_file, ReportsAccess,
     ReportsInitError, BATCHES_CACHED_MAX, BATCH_PROBES_MAX, HISTORY_DAYS_MAX, WINDOW_DAYS_MAX,
