@@ -130,9 +130,11 @@ impl AdyenProvider {
     }
 
     fn reports(&self, what: &str) -> Result<&Reports, ProviderError> {
-        self.reports.as_ref().ok_or_else(|| ProviderError::Unsupported {
-            what: format!("{what} without access to its reports"),
-        })
+        self.reports
+            .as_ref()
+            .ok_or_else(|| ProviderError::Unsupported {
+                what: format!("{what} without access to its reports"),
+            })
     }
 
     async fn post<T: serde::Serialize, A: serde::de::DeserializeOwned>(
@@ -370,7 +372,9 @@ impl Provider for AdyenProvider {
 
     #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), payout = %id))]
     async fn get_payout(&self, id: &str) -> Result<Option<Payout>, ProviderError> {
-        self.reports(&format!("read payout {id}"))?.get_payout(id).await
+        self.reports(&format!("read payout {id}"))?
+            .get_payout(id)
+            .await
     }
 
     async fn payouts_created(

@@ -12,6 +12,6 @@ pub mod wire;
 
 pub use adapter::{AdyenAccount, AdyenInitError, AdyenProvider};
 pub use hmac::{HmacError, HmacKey};
-pub use reports::{ReportsAccess, ReportsInitError};
 pub use notifications::{verify_batch, BasicCredentials, BatchError, VerifiedItem};
+pub use reports::{ReportsAccess, ReportsInitError};
 pub use wire::API_VERSION;

@@ -139,16 +139,28 @@ impl Fold {
             }
             "Cancelled" | "Expired" => self.ended = true,
             "SentForSettle" => {
-                self.captured_minor = self.captured_minor.checked_add(amount).ok_or_else(overflow)?
+                self.captured_minor = self
+                    .captured_minor
+                    .checked_add(amount)
+                    .ok_or_else(overflow)?
             }
             "CaptureFailed" => {
-                self.captured_minor = self.captured_minor.checked_sub(amount).ok_or_else(overflow)?
+                self.captured_minor = self
+                    .captured_minor
+                    .checked_sub(amount)
+                    .ok_or_else(overflow)?
             }
             "Refunded" => {
-                self.refunded_minor = self.refunded_minor.checked_add(amount).ok_or_else(overflow)?
+                self.refunded_minor = self
+                    .refunded_minor
+                    .checked_add(amount)
+                    .ok_or_else(overflow)?
             }
             "RefundFailed" | "RefundedReversed" => {
-                self.refunded_minor = self.refunded_minor.checked_sub(amount).ok_or_else(overflow)?
+                self.refunded_minor = self
+                    .refunded_minor
+                    .checked_sub(amount)
+                    .ok_or_else(overflow)?
             }
             "NotificationOfChargeback" | "Chargeback" => {
                 let dispute = self.dispute.get_or_insert(Dispute {
@@ -264,7 +276,9 @@ mod tests {
     const HEADER: &str = "Company Account,Merchant Account,Psp Reference,Merchant Reference,Payment Method,Booking Date,TimeZone,Main Currency,Main Amount,Record Type,Payment Currency,Received (PC),Authorised (PC),Captured (PC),Settlement Currency,Payable (SC),Commission (SC),Markup (SC),Scheme Fees (SC),Interchange (SC),Processing Fee Currency,Processing Fee (FC),User Name,Payment Method Variant,Modification Merchant Reference";
 
     fn at(text: &str) -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339(text).unwrap().with_timezone(&Utc)
+        DateTime::parse_from_rfc3339(text)
+            .unwrap()
+            .with_timezone(&Utc)
     }
 
     #[test]
@@ -302,12 +316,27 @@ mod tests {
         ));
         let head = "Psp Reference,Merchant Reference,Booking Date,TimeZone,Main Currency,Main Amount,Record Type\n";
         for (row, column) in [
-            ("PSP1,pay_1,2026-07-01 10:00:00,UTC,EUR,10.505,Authorised", "Main Amount"),
-            ("PSP1,pay_1,2026-07-01 10:00:00,UTC,JPY,10.5,Authorised", "Main Amount"),
-            ("PSP1,pay_1,2026-07-01 10:00:00,UTC,EUR,ten,Authorised", "Main Amount"),
+            (
+                "PSP1,pay_1,2026-07-01 10:00:00,UTC,EUR,10.505,Authorised",
+                "Main Amount",
+            ),
+            (
+                "PSP1,pay_1,2026-07-01 10:00:00,UTC,JPY,10.5,Authorised",
+                "Main Amount",
+            ),
+            (
+                "PSP1,pay_1,2026-07-01 10:00:00,UTC,EUR,ten,Authorised",
+                "Main Amount",
+            ),
             ("PSP1,pay_1,yesterday,UTC,EUR,10,Authorised", "Booking Date"),
-            ("PSP1,pay_1,2026-07-01 10:00:00,Mars/Olympus,EUR,10,Authorised", "TimeZone"),
-            (",pay_1,2026-07-01 10:00:00,UTC,EUR,10,Authorised", "Psp Reference"),
+            (
+                "PSP1,pay_1,2026-07-01 10:00:00,Mars/Olympus,EUR,10,Authorised",
+                "TimeZone",
+            ),
+            (
+                ",pay_1,2026-07-01 10:00:00,UTC,EUR,10,Authorised",
+                "Psp Reference",
+            ),
         ] {
             let error = parse(format!("{head}{row}\n").as_bytes()).unwrap_err();
             let (line, named) = match &error {
@@ -358,7 +387,12 @@ mod tests {
             row("PSP8", "2026-07-02T08:00:00Z", "Authorised", 80),
             row("PSP8", "2026-07-02T09:00:00Z", "Cancelled", 80),
         ];
-        let folded = fold(&rows, at("2026-07-02T00:00:00Z"), at("2026-07-03T00:00:00Z")).unwrap();
+        let folded = fold(
+            &rows,
+            at("2026-07-02T00:00:00Z"),
+            at("2026-07-03T00:00:00Z"),
+        )
+        .unwrap();
         assert_eq!(folded.unopened, vec!["PSP5".to_owned()]);
         let got: Vec<_> = folded
             .lines

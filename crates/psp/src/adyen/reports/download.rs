@@ -132,7 +132,9 @@ impl Reports {
         ]);
         match self.transport.call(Call::read(url)).await {
             Ok(answered) => Ok(Some(answered.body)),
-            Err(error) if error.answered().map(|(status, _)| status) == Some(StatusCode::NOT_FOUND) => {
+            Err(error)
+                if error.answered().map(|(status, _)| status) == Some(StatusCode::NOT_FOUND) =>
+            {
                 Ok(None)
             }
             Err(error) => Err(error.into_provider_error()),
@@ -140,18 +142,21 @@ impl Reports {
     }
 
     /// Batch `batch`'s lines; `None` when it is not generated.
-    pub async fn batch(&self, batch: u64) -> Result<Option<Arc<Vec<SettlementRow>>>, ProviderError> {
+    pub async fn batch(
+        &self,
+        batch: u64,
+    ) -> Result<Option<Arc<Vec<SettlementRow>>>, ProviderError> {
         if let Some(rows) = self.cached().get(&batch) {
             return Ok(Some(Arc::clone(rows)));
         }
         let Some(text) = self.file(&settlement_file(batch)).await? else {
             return Ok(None);
         };
-        let rows = Arc::new(settlement::parse(&text).map_err(|error| {
-            ProviderError::Protocol {
+        let rows = Arc::new(
+            settlement::parse(&text).map_err(|error| ProviderError::Protocol {
                 reason: error.to_string(),
-            }
-        })?);
+            })?,
+        );
         let mut cached = self.cached();
         cached.insert(batch, Arc::clone(&rows));
         while cached.len() > BATCHES_CACHED_MAX {
@@ -163,13 +168,17 @@ impl Reports {
     /// Every batch generated so far that is still kept, after probing the batches after the
     /// highest one known until one is not generated (batch numbers are sequential per merchant
     /// account and start at 1; Adyen has no listing).
-    pub async fn known_batches(&self) -> Result<Vec<(u64, Arc<Vec<SettlementRow>>)>, ProviderError> {
-        let mut next = self.cached().last_key_value().map_or(1, |(batch, _)| batch + 1);
-        for _ in 0..BATCH_PROBES_MAX {
+    pub async fn known_batches(
+        &self,
+    ) -> Result<Vec<(u64, Arc<Vec<SettlementRow>>)>, ProviderError> {
+        let start = self
+            .cached()
+            .last_key_value()
+            .map_or(1, |(batch, _)| batch + 1);
+        for next in start..start.saturating_add(BATCH_PROBES_MAX) {
             if self.batch(next).await?.is_none() {
                 break;
             }
-            next += 1;
         }
         Ok(self
             .cached()
@@ -192,7 +201,10 @@ mod tests {
     #[test]
     fn file_names_are_adyen_s_and_report_available_names_its_batch() {
         let day = NaiveDate::from_ymd_opt(2026, 7, 1).unwrap();
-        assert_eq!(accounting_file(day), "payments_accounting_report_2026_07_01.csv");
+        assert_eq!(
+            accounting_file(day),
+            "payments_accounting_report_2026_07_01.csv"
+        );
         assert_eq!(settlement_file(12), "settlement_detail_report_batch_12.csv");
         assert_eq!(batch_of_payout(&payout_id(12)), Some(12));
         assert_eq!(batch_of_payout("po_12"), None);
@@ -206,10 +218,17 @@ mod tests {
         };
         let url = "https://ca-test.adyen.com/reports/download/MerchantAccount/Acme/settlement_detail_report_batch_7.csv";
         assert_eq!(
-            batch_of_event(&item("settlement_detail_report_batch_7.csv", "REPORT_AVAILABLE", url)),
+            batch_of_event(&item(
+                "settlement_detail_report_batch_7.csv",
+                "REPORT_AVAILABLE",
+                url
+            )),
             Some(7)
         );
-        assert_eq!(batch_of_event(&item("other", "REPORT_AVAILABLE", url)), Some(7));
+        assert_eq!(
+            batch_of_event(&item("other", "REPORT_AVAILABLE", url)),
+            Some(7)
+        );
         assert_eq!(
             batch_of_event(&item(
                 "payments_accounting_report_2026_07_01.csv",
@@ -219,7 +238,11 @@ mod tests {
             None
         );
         assert_eq!(
-            batch_of_event(&item("settlement_detail_report_batch_7.csv", "AUTHORISATION", url)),
+            batch_of_event(&item(
+                "settlement_detail_report_batch_7.csv",
+                "AUTHORISATION",
+                url
+            )),
             None
         );
         assert_eq!(batch_of_event(b"[]"), None);

@@ -55,10 +55,7 @@ impl Reports {
         while day <= last {
             let Some(read) = self.day(day).await? else {
                 return Err(ProviderError::Unknown {
-                    reason: format!(
-                        "Adyen has not generated {} yet",
-                        accounting_file(day)
-                    ),
+                    reason: format!("Adyen has not generated {} yet", accounting_file(day)),
                 });
             };
             rows.extend(read);
@@ -122,7 +119,9 @@ impl Reports {
         wanted.sort_unstable();
         wanted.dedup();
         // Every earlier batch kept, so that a refund in this batch is told with its capture.
-        let first = batch.saturating_sub(super::BATCHES_CACHED_MAX as u64 - 1).max(1);
+        let first = batch
+            .saturating_sub(super::BATCHES_CACHED_MAX as u64 - 1)
+            .max(1);
         let mut batches: Vec<std::sync::Arc<Vec<SettlementRow>>> = Vec::new();
         for earlier in first..batch {
             if let Some(rows) = self.batch(earlier).await? {
@@ -130,10 +129,8 @@ impl Reports {
             }
         }
         batches.push(rows.clone());
-        payout.charges = settlement::charges_of(
-            batches.iter().map(|rows| rows.as_slice()),
-            &wanted,
-        );
+        payout.charges =
+            settlement::charges_of(batches.iter().map(|rows| rows.as_slice()), &wanted);
         Ok(Some(payout))
     }
 }

@@ -94,7 +94,10 @@ pub fn parse(text: &[u8]) -> Result<Vec<SettlementRow>, ReportError> {
             Ok(SettlementRow {
                 psp_reference: row.optional_text(Some(psp)).map(str::to_owned),
                 merchant_reference: row.text(merchant_reference).to_owned(),
-                payment_method: row.optional_text(payment_method).unwrap_or_default().to_owned(),
+                payment_method: row
+                    .optional_text(payment_method)
+                    .unwrap_or_default()
+                    .to_owned(),
                 created: row.date(created, zone)?,
                 kind: row.required(kind)?.to_owned(),
                 modification_reference: row.optional_text(Some(modification)).map(str::to_owned),
@@ -304,7 +307,10 @@ mod tests {
         assert_eq!((rows[1].gross_minor, rows[1].net_minor), (-3_000, -3_000));
         let payout = payout_of("batch_1", 1, &rows).unwrap();
         assert_eq!(payout.status, PayoutStatus::Paid);
-        assert_eq!((payout.amount_minor, payout.currency.as_str()), (6_780, "EUR"));
+        assert_eq!(
+            (payout.amount_minor, payout.currency.as_str()),
+            (6_780, "EUR")
+        );
         assert_eq!(
             payout.created,
             DateTime::parse_from_rfc3339("2026-07-02T00:00:00Z").unwrap()
@@ -326,7 +332,11 @@ mod tests {
         assert_eq!(charges.len(), 1);
         let charge = &charges[0];
         assert_eq!(
-            (charge.amount_captured, charge.amount_refunded, charge.reference.as_deref()),
+            (
+                charge.amount_captured,
+                charge.amount_refunded,
+                charge.reference.as_deref()
+            ),
             (10_000, 3_000, Some("pay_1"))
         );
         assert_eq!(

@@ -127,7 +127,10 @@ impl Row<'_> {
         let zone_text = self.optional_text(zone).unwrap_or("UTC");
         let offset = offset_of(zone_text).ok_or_else(|| {
             let zone = zone.unwrap_or(column);
-            self.invalid(zone, format!("{zone_text:?} is not a time zone the reader knows"))
+            self.invalid(
+                zone,
+                format!("{zone_text:?} is not a time zone the reader knows"),
+            )
         })?;
         offset
             .from_local_datetime(&local)

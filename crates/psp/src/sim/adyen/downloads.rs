@@ -39,7 +39,9 @@ pub(super) async fn download(
     Path((merchant, file)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    let given = headers.get(AUTHORIZATION).and_then(|value| value.to_str().ok());
+    let given = headers
+        .get(AUTHORIZATION)
+        .and_then(|value| value.to_str().ok());
     if !report_user(&sim).is_some_and(|user| user.accepts(given)) {
         return (
             StatusCode::UNAUTHORIZED,
@@ -72,7 +74,13 @@ fn announce(sim: &Simulator, headers: &HeaderMap, generated: Vec<Generated>) -> 
     } in generated
     {
         let url = format!("{base}/reports/download/MerchantAccount/{merchant_account}/{file}");
-        items.push(report_available(&state, &merchant_account, &file, url.clone(), now));
+        items.push(report_available(
+            &state,
+            &merchant_account,
+            &file,
+            url.clone(),
+            now,
+        ));
         files.push(json!({"merchant_account": merchant_account, "file": file, "url": url}));
     }
     state.send(items);

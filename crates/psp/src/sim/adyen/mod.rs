@@ -35,13 +35,13 @@
 //! protocol).
 
 mod book;
+mod downloads;
 mod idempotency;
 mod later;
 mod modifications;
 mod notifications;
 mod payments;
 mod reports;
-mod downloads;
 
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
@@ -51,10 +51,10 @@ use axum::Router;
 use serde_json::{Map, Value};
 
 pub(crate) use book::AdyenBook;
+pub(crate) use downloads::control_routes;
 pub(crate) use later::{run_later, Later};
 pub(crate) use notifications::{batch, notifications};
 pub(crate) use reports::journal;
-pub(crate) use downloads::control_routes;
 
 use super::routes::{provider_call, REPLAYED_HEADER};
 use super::state::{Reply, SimError, SimState};

@@ -312,13 +312,31 @@ impl ReportBook {
                 let fees = commission + markup + scheme + interchange;
                 let (gross_debit, gross_credit, net_debit, net_credit, net) = if is_credit(kind) {
                     let net = gross - fees;
-                    (String::new(), money(gross, &currency), String::new(), money(net, &currency), net)
+                    (
+                        String::new(),
+                        money(gross, &currency),
+                        String::new(),
+                        money(net, &currency),
+                        net,
+                    )
                 } else {
                     let net = gross + fees;
-                    (money(gross, &currency), String::new(), money(net, &currency), String::new(), -net)
+                    (
+                        money(gross, &currency),
+                        String::new(),
+                        money(net, &currency),
+                        String::new(),
+                        -net,
+                    )
                 };
                 net_sum = net_sum.saturating_add(net);
-                let fee = |minor: i64| if minor == 0 { String::new() } else { money(minor, &currency) };
+                let fee = |minor: i64| {
+                    if minor == 0 {
+                        String::new()
+                    } else {
+                        money(minor, &currency)
+                    }
+                };
                 lines.push(vec![
                     COMPANY.to_owned(),
                     merchant.clone(),
@@ -375,8 +393,10 @@ impl ReportBook {
                 String::new(),
                 batch.to_string(),
             ]);
-            self.batches
-                .insert((merchant.clone(), batch), write_csv(SETTLEMENT_COLUMNS, lines));
+            self.batches.insert(
+                (merchant.clone(), batch),
+                write_csv(SETTLEMENT_COLUMNS, lines),
+            );
             generated.push(Generated {
                 merchant_account: merchant,
                 file: settlement_file(batch),
