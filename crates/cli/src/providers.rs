@@ -12,7 +12,7 @@ use anyhow::Context as _;
 use asiento_app::providers::{ConfiguredProvider, Providers};
 use asiento_domain::{Amount, FeeSchedule, ProviderName};
 use asiento_psp::adyen::adapter::RETURN_URL_DEFAULT;
-use asiento_psp::adyen::{AdyenAccount, AdyenProvider, BasicCredentials};
+use asiento_psp::adyen::{AdyenAccount, AdyenProvider, BasicCredentials, ReportsAccess};
 use asiento_psp::stripe::StripeProvider;
 use asiento_psp::{ClientConfig, EventFormat, HttpProvider, Provider};
 
@@ -185,6 +185,53 @@ pub fn webhook_auth(
     }
 }
 
+/// Where an Adyen provider's reports are and who reads them, from the environment: the report
+/// user (`…_REPORT_USERNAME`, `…_REPORT_PASSWORD`, both or neither) and the reports' base URL
+/// (`…_REPORTS_URL`; by default Adyen's Customer Area of the Checkout URL's environment,
+/// `https://ca-test.adyen.com` or `https://ca-live.adyen.com`, and otherwise the Checkout URL
+/// itself, where the simulator serves them). `None`: no report user, no reports.
+pub fn adyen_reports(
+    spec: &ProviderSpec,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Option<ReportsAccess>> {
+    let name = &spec.name;
+    let parts = (
+        provider_secret(name, "REPORT_USERNAME", env)?,
+        provider_secret(name, "REPORT_PASSWORD", env)?,
+    );
+    let credentials = match parts {
+        (Some(username), Some(password)) => BasicCredentials { username, password },
+        (None, None) => {
+            if provider_secret(name, "REPORTS_URL", env)?.is_some() {
+                anyhow::bail!(
+                    "provider {name} (adyen) sets {} without the report user ({} and {})",
+                    secret_variable(name, "REPORTS_URL"),
+                    secret_variable(name, "REPORT_USERNAME"),
+                    secret_variable(name, "REPORT_PASSWORD")
+                );
+            }
+            return Ok(None);
+        }
+        _ => anyhow::bail!(
+            "provider {name} (adyen) reads its reports as {} with {}: set both",
+            secret_variable(name, "REPORT_USERNAME"),
+            secret_variable(name, "REPORT_PASSWORD")
+        ),
+    };
+    let base_url = match provider_secret(name, "REPORTS_URL", env)? {
+        Some(url) => url,
+        None if spec.url.contains("checkout-test.adyen.com") => {
+            "https://ca-test.adyen.com".to_owned()
+        }
+        None if spec.url.contains("adyenpayments.com") => "https://ca-live.adyen.com".to_owned(),
+        None => spec.url.clone(),
+    };
+    Ok(Some(ReportsAccess {
+        base_url,
+        credentials,
+    }))
+}
+
 /// `--fees`: `300` (basis points for every provider) or `name:bps[+fixed],…` per provider.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Fees {
@@ -279,10 +326,18 @@ pub fn build(
                     return_url: provider_secret(name, "RETURN_URL", env)?
                         .unwrap_or_else(|| RETURN_URL_DEFAULT.to_owned()),
                 };
-                Arc::new(
+                let mut adyen =
                     AdyenProvider::new(name.as_str(), url, &key, account, client.clone())
-                        .with_context(|| format!("configuring provider {name} at {url}"))?,
-                )
+                        .with_context(|| format!("configuring provider {name} at {url}"))?;
+                if let Some(access) = adyen_reports(spec, env)? {
+                    adyen = adyen.with_reports(&access).with_context(|| {
+                        format!(
+                            "configuring provider {name}'s reports at {}",
+                            access.base_url
+                        )
+                    })?;
+                }
+                Arc::new(adyen)
             }
         };
         providers.push((
@@ -314,6 +369,74 @@ mod tests {
             name: name(raw),
             kind,
             url: url.to_owned(),
+        }
+    }
+
+    #[test]
+    fn adyen_reports_are_read_as_the_report_user_at_the_customer_area_or_the_given_url() {
+        let vars = |pairs: &[(&str, &str)]| {
+            let pairs: BTreeMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            move |key: &str| pairs.get(key).cloned()
+        };
+        let test = spec(
+            "adyen",
+            ProviderKind::Adyen,
+            "https://checkout-test.adyen.com",
+        );
+        let live = spec(
+            "adyen",
+            ProviderKind::Adyen,
+            "https://1797a841fbb37ca7-AdyenDemo-checkout-live.adyenpayments.com/checkout",
+        );
+        let sim = spec("adyen", ProviderKind::Adyen, "http://127.0.0.1:8090");
+        let user = [
+            (
+                "ASIENTO_PROVIDER_ADYEN_REPORT_USERNAME",
+                "report_123@Company.Acme",
+            ),
+            ("ASIENTO_PROVIDER_ADYEN_REPORT_PASSWORD", "pw"),
+        ];
+        let base = |spec: &ProviderSpec, pairs: &[(&str, &str)]| {
+            adyen_reports(spec, &vars(pairs))
+                .expect("valid")
+                .map(|access| access.base_url)
+        };
+        assert_eq!(
+            base(&test, &user).as_deref(),
+            Some("https://ca-test.adyen.com")
+        );
+        assert_eq!(
+            base(&live, &user).as_deref(),
+            Some("https://ca-live.adyen.com")
+        );
+        assert_eq!(base(&sim, &user).as_deref(), Some("http://127.0.0.1:8090"));
+        let mut with_url = user.to_vec();
+        with_url.push((
+            "ASIENTO_PROVIDER_ADYEN_REPORTS_URL",
+            "http://127.0.0.1:9999",
+        ));
+        assert_eq!(
+            base(&test, &with_url).as_deref(),
+            Some("http://127.0.0.1:9999")
+        );
+        let access = adyen_reports(&sim, &vars(&user))
+            .expect("valid")
+            .expect("some");
+        assert_eq!(access.credentials.username, "report_123@Company.Acme");
+        assert_eq!(access.credentials.password, "pw");
+        assert_eq!(base(&sim, &[]), None);
+        for partial in [
+            &user[..1],
+            &user[1..],
+            &[(
+                "ASIENTO_PROVIDER_ADYEN_REPORTS_URL",
+                "http://127.0.0.1:9999",
+            )][..],
+        ] {
+            assert!(adyen_reports(&sim, &vars(partial)).is_err(), "{partial:?}");
         }
     }
 

@@ -50,6 +50,15 @@ pub struct PspSimArgs {
     #[arg(long, env = "ASIENTO_PSP_SIM_WEBHOOK_PASSWORD", hide_env_values = true)]
     pub webhook_password: Option<String>,
 
+    /// The Adyen dialect's report user: its CSV reports are served only with these basic-auth
+    /// credentials; unset: every download is refused (401).
+    #[arg(long, env = "ASIENTO_PSP_SIM_REPORT_USERNAME")]
+    pub report_username: Option<String>,
+
+    /// The report user's password.
+    #[arg(long, env = "ASIENTO_PSP_SIM_REPORT_PASSWORD", hide_env_values = true)]
+    pub report_password: Option<String>,
+
     /// How long after it is asked the Adyen dialect decides a capture, refund or cancel.
     #[arg(
         long,
@@ -107,6 +116,8 @@ pub async fn run(args: PspSimArgs) -> anyhow::Result<()> {
         webhook_username: args.webhook_username,
         webhook_password: args.webhook_password,
         modification_delay_ms: args.modification_delay_ms,
+        report_username: args.report_username,
+        report_password: args.report_password,
         ..SimConfig::default()
     };
     let listener = tokio::net::TcpListener::bind(args.listen)

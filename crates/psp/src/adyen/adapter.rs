@@ -15,6 +15,10 @@
 //! - There is no lookup of any kind: every lookup is `Unsupported`, and what a lost answer stands
 //!   for is found by re-sending under the same key while it lives (keys planned for 7 days), by
 //!   the notifications, or from the reports.
+//! - Reconciliation reads Adyen's CSV reports as the report user ([`super::reports`]), once
+//!   [`AdyenProvider::with_reports`] says where they are: the settlement report from the daily
+//!   Payment accounting reports, payouts from the Settlement details batches. Without it the
+//!   report and the payouts are `Unsupported`.
 //! - Error 704 (the key's first request still runs) carries `transient-error: true` and is
 //!   retried with the same key; after the retries it is unknown, never a refusal.
 
@@ -26,11 +30,14 @@ use chrono::{DateTime, Utc};
 use reqwest::header::{HeaderMap, HeaderValue};
 
 use super::reading::{item_event, payment_outcome, received};
+use super::reports::download::Reports;
+use super::reports::{batch_of_event, payout_id, ReportsAccess, ReportsInitError};
 use super::wire::{
     Amount, CardDetails, ModificationRequest, ModificationResponse, NotificationItem,
     PaymentRequest, PaymentResponse, API_VERSION, MANUAL_CAPTURE,
 };
 use crate::event::WebhookEvent;
+use crate::payout::Payout;
 use crate::provider::{
     Capabilities, Charge, ChargeOutcome, CreateCharge, Operation, OperationAnswer, OperationKind,
     Provider, ProviderError, ReportLine,
@@ -75,6 +82,8 @@ pub struct AdyenAccount {
 pub struct AdyenProvider {
     transport: Transport,
     account: AdyenAccount,
+    /// Where the reports are downloaded from, as the report user; `None`: not configured.
+    reports: Option<Reports>,
 }
 
 /// Why an Adyen adapter could not be built.
@@ -86,6 +95,8 @@ pub enum AdyenInitError {
     MerchantAccountMissing,
     #[error(transparent)]
     Client(#[from] ClientInitError),
+    #[error(transparent)]
+    Reports(#[from] ReportsInitError),
 }
 
 impl AdyenProvider {
@@ -109,7 +120,28 @@ impl AdyenProvider {
         Ok(AdyenProvider {
             transport: Transport::new(name, base_url, config, headers)?,
             account,
+            reports: None,
         })
+    }
+
+    /// Reads the reports at `access` (the report user's own credentials, never the API key),
+    /// with the timeouts and retries of the API's calls.
+    pub fn with_reports(mut self, access: &ReportsAccess) -> Result<AdyenProvider, AdyenInitError> {
+        self.reports = Some(Reports::new(
+            self.transport.name(),
+            access,
+            &self.account.merchant_account,
+            self.transport.config().clone(),
+        )?);
+        Ok(self)
+    }
+
+    fn reports(&self, what: &str) -> Result<&Reports, ProviderError> {
+        self.reports
+            .as_ref()
+            .ok_or_else(|| ProviderError::Unsupported {
+                what: format!("{what} without access to its reports"),
+            })
     }
 
     async fn post<T: serde::Serialize, A: serde::de::DeserializeOwned>(
@@ -338,7 +370,31 @@ impl Provider for AdyenProvider {
         from: DateTime<Utc>,
         to: DateTime<Utc>,
     ) -> Result<Vec<ReportLine>, ProviderError> {
-        self.unsupported(format!("report [{from}, {to}) without its report files"))
+        self.reports(&format!("report [{from}, {to})"))?
+            .settlement_report(from, to)
+            .await
+    }
+
+    /// A REPORT_AVAILABLE item whose file is a Settlement details report: its batch's payout.
+    fn payout_of_event(&self, body: &[u8]) -> Option<String> {
+        batch_of_event(body).map(payout_id)
+    }
+
+    #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), payout = %id))]
+    async fn get_payout(&self, id: &str) -> Result<Option<Payout>, ProviderError> {
+        self.reports(&format!("read payout {id}"))?
+            .get_payout(id)
+            .await
+    }
+
+    async fn payouts_created(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<Vec<String>, ProviderError> {
+        self.reports(&format!("list the payouts of [{from}, {to})"))?
+            .payouts_created(from, to)
+            .await
     }
 
     /// A stored notification item, verified when it was received.

@@ -7,9 +7,11 @@ pub mod adapter;
 pub mod hmac;
 pub mod notifications;
 pub mod reading;
+pub mod reports;
 pub mod wire;
 
 pub use adapter::{AdyenAccount, AdyenInitError, AdyenProvider};
 pub use hmac::{HmacError, HmacKey};
 pub use notifications::{verify_batch, BasicCredentials, BatchError, VerifiedItem};
+pub use reports::{ReportsAccess, ReportsInitError};
 pub use wire::API_VERSION;

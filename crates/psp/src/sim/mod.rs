@@ -142,6 +142,10 @@ pub struct SimConfig {
     /// How long after it is asked the Adyen dialect decides a capture, refund or cancel (and
     /// authorises a `PENDING` payment, and takes each step of a triggered dispute).
     pub modification_delay_ms: u64,
+    /// The Adyen dialect's report user: its reports are served only to these basic-auth
+    /// credentials (`None`: to no one, every download is a 401).
+    pub report_username: Option<String>,
+    pub report_password: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -163,6 +167,8 @@ impl Default for SimConfig {
             webhook_username: None,
             webhook_password: None,
             modification_delay_ms: 300,
+            report_username: None,
+            report_password: None,
         }
     }
 }

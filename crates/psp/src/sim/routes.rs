@@ -70,7 +70,10 @@ pub(super) fn standalone(sim: Simulator) -> Router {
             super::stripe::routes(),
             control_routes().merge(super::stripe::control_routes()),
         ),
-        Dialect::Adyen => (super::adyen::routes(), control_routes()),
+        Dialect::Adyen => (
+            super::adyen::routes(),
+            control_routes().merge(super::adyen::control_routes()),
+        ),
     };
     provider.nest("/sim", control).with_state(sim)
 }

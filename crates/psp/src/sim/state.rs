@@ -533,7 +533,8 @@ impl SimState {
             created: now.timestamp(),
             data: EventData::of_charge(charge.clone(), operation.cloned()),
         };
-        if self.outbox.is_some() {
+        // The Adyen dialect's items are also its reports' journal: made with webhooks or not.
+        if self.outbox.is_some() || self.dialect == Dialect::Adyen {
             let outgoing = match self.dialect {
                 Dialect::Sim => vec![Outgoing {
                     event_id: event.id.clone(),
@@ -552,7 +553,10 @@ impl SimState {
 
     /// Hands events to the webhook dispatcher, if one runs. Never blocks a request on it: a full
     /// queue loses the event, as an overloaded provider would, and says so.
-    pub(crate) fn send(&self, outgoing: Vec<Outgoing>) {
+    pub(crate) fn send(&mut self, outgoing: Vec<Outgoing>) {
+        if self.dialect == Dialect::Adyen {
+            adyen::journal(&mut self.adyen, &outgoing);
+        }
         let Some(outbox) = &self.outbox else {
             return;
         };

@@ -139,6 +139,8 @@ pub(crate) struct AdyenBook {
     /// Every pspReference handed out, so none is handed out twice.
     issued: HashSet<String>,
     hmac_key: Option<HmacKey>,
+    /// The journal the reports are made of, and the batches closed.
+    pub reports: super::reports::ReportBook,
 }
 
 impl AdyenBook {

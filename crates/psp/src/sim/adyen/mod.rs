@@ -22,6 +22,9 @@
 //!   characters) on every write, the first answer replayed byte for byte, the key echoed in
 //!   `idempotency-key`, 422 `704` with `transient-error: true` while the key's first request
 //!   still runs, keys kept for the simulator's life.
+//! - Reports ([`reports`], [`downloads`]): the daily Payment accounting report and Settlement
+//!   details batches, generated from the items it sends, served behind the report user's basic
+//!   auth and announced by REPORT_AVAILABLE.
 //! - Auth: any non-empty `X-API-Key`, else 401; every body names a non-empty `merchantAccount`.
 //!   A body field that Adyen's schema does not have is a 422 `702`, as Adyen answers it.
 //!
@@ -33,11 +36,13 @@
 //! protocol).
 
 mod book;
+mod downloads;
 mod idempotency;
 mod later;
 mod modifications;
 mod notifications;
 mod payments;
+mod reports;
 
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
@@ -47,8 +52,10 @@ use axum::Router;
 use serde_json::{Map, Value};
 
 pub(crate) use book::AdyenBook;
+pub(crate) use downloads::control_routes;
 pub(crate) use later::{run_later, Later};
 pub(crate) use notifications::{batches, notifications};
+pub(crate) use reports::journal;
 
 use super::routes::{provider_call, REPLAYED_HEADER};
 use super::state::{Reply, SimError, SimState};
@@ -80,6 +87,10 @@ pub(super) fn routes() -> Router<Simulator> {
             post(modifications::cancel),
         )
         .route("/v71/cancels", post(modifications::cancel_by_reference))
+        .route(
+            "/reports/download/MerchantAccount/{merchant}/{file}",
+            axum::routing::get(downloads::download),
+        )
         .fallback(no_route)
 }
 

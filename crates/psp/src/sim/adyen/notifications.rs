@@ -101,6 +101,34 @@ fn encode(state: &SimState, item: Item) -> Outgoing {
     }
 }
 
+/// REPORT_AVAILABLE: the report's file name as `pspReference`, its download URL as `reason`.
+pub(super) fn report_available(
+    state: &SimState,
+    merchant_account: &str,
+    file: &str,
+    url: String,
+    date: DateTime<Utc>,
+) -> Outgoing {
+    encode(
+        state,
+        Item {
+            event_code: "REPORT_AVAILABLE",
+            psp_reference: file.to_owned(),
+            original_reference: None,
+            merchant_account: merchant_account.to_owned(),
+            merchant_reference: String::new(),
+            amount: Amount {
+                currency: "EUR".to_owned(),
+                value: 0,
+            },
+            success: true,
+            reason: Some(url),
+            additional_data: BTreeMap::new(),
+            date,
+        },
+    )
+}
+
 /// `{"live":"false","notificationItems":[{"NotificationRequestItem":…},…]}` around items
 /// encoded by [`notifications`], byte for byte as they were encoded. The batch is not signed:
 /// only its items are.
