@@ -1,9 +1,12 @@
-//! Provider operations through the real binary, on both backends and against both the in-process
-//! simulator and the Stripe dialect (which has no lookup by our key): a refund or capture sent
-//! while the provider is unreachable answers 202 and ends with exactly one provider operation and
-//! its posting, with no client retry; a refund the provider refuses is a 422 that releases its
-//! amount; a refund that fails after it succeeded posts a reversing entry; a lost dispute whose
-//! every webhook was dropped is posted by the sweep. `asiento verify` holds after each.
+//! Provider operations through the real binary, on both backends and against the in-process
+//! simulator, the Stripe dialect (which has no lookup by our key) and the Adyen dialect (no lookup
+//! at all, every modification decided after it is received): a refund or capture sent while the
+//! provider is unreachable answers 202 and ends with exactly one provider operation and its
+//! posting, with no client retry; a refund the provider refuses is a 422 (at Adyen a 202, then
+//! refused by its REFUND) that releases its amount; a refund that fails after it succeeded posts a
+//! reversing entry; a lost dispute whose every webhook was dropped is posted by the sweep (at
+//! Adyen, whose accounting report does not say how a chargeback ends, as an open dispute with its
+//! money withdrawn). `asiento verify` holds after each.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -18,8 +21,9 @@ const SECRET: &str = "whsec_test_0123456789";
 
 /// A rig whose reconciler sweeps every 300 ms, drives operations at once and compares report
 /// windows up to `report_settle` ago (an hour keeps the report from seeing anything the test
-/// does, so that only what the test drives reaches the ledger).
-fn start_rig(database: &TestDatabase, psp: Psp, report_settle: &str) -> Rig {
+/// does, so that only what the test drives reaches the ledger). At Adyen a received capture or
+/// refund waits 5 s for its notification before it is for a person.
+async fn start_rig(database: &TestDatabase, psp: Psp, report_settle: &str) -> Rig {
     let mut extra = vec![
         "--reconcile-interval",
         "300ms",
@@ -28,10 +32,13 @@ fn start_rig(database: &TestDatabase, psp: Psp, report_settle: &str) -> Rig {
         "--report-settle",
         report_settle,
     ];
+    if psp == Psp::Adyen {
+        extra.extend(["--operation-pending-deadline", "5s"]);
+    }
     if psp == Psp::Sim {
         extra.extend(["--webhook-secret", SECRET]);
     }
-    Rig::start(database, psp, &extra)
+    Rig::start(database, psp, &extra).await
 }
 
 async fn create(client: &Client, key: &str, body: &Value) -> String {
@@ -45,7 +52,8 @@ async fn create(client: &Client, key: &str, body: &Value) -> String {
     created.json()["id"].as_str().unwrap().to_owned()
 }
 
-/// Refunds `amount` of payment `id` (which succeeds at once), then has the provider fail that
+/// Refunds `amount` of payment `id` (its only refund), waits until the provider has refunded it
+/// (at once, or at Adyen once it decided the refund it received), then has the provider fail that
 /// refund: a reversal after success.
 async fn refund_then_fail(rig: &Rig, id: &str, key: &str, amount: i64) {
     let refund = rig
@@ -56,17 +64,27 @@ async fn refund_then_fail(rig: &Rig, id: &str, key: &str, amount: i64) {
             &json!({ "amount_minor": amount }),
         )
         .await;
+    let expected = if rig.psp == Psp::Adyen { 202 } else { 201 };
     assert_eq!(
         refund.status,
-        201,
+        expected,
         "{}",
         String::from_utf8_lossy(&refund.body)
     );
-    let refund_id = refund.json()["operations"][0]["provider_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    rig.sim(&format!("/operations/{refund_id}/fail"), json!({}))
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let operation = loop {
+        let refunds = rig.operations_of(id, "refund").await;
+        assert_eq!(refunds.len(), 1, "{refunds:?}");
+        if refunds[0]["status"] == "succeeded" {
+            break refunds[0]["id"].as_str().unwrap().to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the provider never refunded: {refunds:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    rig.sim(&format!("/operations/{operation}/fail"), json!({}))
         .await;
 }
 
@@ -93,7 +111,7 @@ fn refund_entries(entries: &[Value], provider: &str) -> usize {
 /// the reconciler alone, with one operation each at the provider and one posting.
 async fn unreachable_refund_and_capture_at(backend: Backend, psp: Psp) {
     let database = TestDatabase::new(backend).await;
-    let rig = start_rig(&database, psp, "0s");
+    let rig = start_rig(&database, psp, "0s").await;
     let client = rig.client();
 
     let refunded = create(&client, "op-refund", &rig.payment(5_000, "pm_card_ok")).await;
@@ -188,11 +206,21 @@ async fn refunds_and_captures_sent_while_stripe_is_unreachable_converge_postgres
     unreachable_refund_and_capture_at_stripe(Backend::Postgres).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_and_captures_sent_while_adyen_is_unreachable_converge_sqlite() {
+    unreachable_refund_and_capture_at(Backend::Sqlite, Psp::Adyen).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_and_captures_sent_while_adyen_is_unreachable_converge_postgres() {
+    unreachable_refund_and_capture_at(Backend::Postgres, Psp::Adyen).await;
+}
+
 async fn refusal_reversal_and_lost_dispute(backend: Backend, psp: Psp) {
     let database = TestDatabase::new(backend).await;
     // The provider's dispute below must stay unknown to us (no webhook, no report) until the
     // refund meets it.
-    let rig = start_rig(&database, psp, "1h");
+    let rig = start_rig(&database, psp, "1h").await;
     let client = rig.client();
 
     // A refund the provider refuses (its charge is under a dispute we have not heard of) is a
@@ -202,7 +230,11 @@ async fn refusal_reversal_and_lost_dispute(backend: Backend, psp: Psp) {
         .as_str()
         .unwrap()
         .to_owned();
-    rig.drop_every_webhook().await;
+    // At Adyen the refusal comes by notification (the dispute's own moves no money until it is
+    // decided), so webhooks stay on there.
+    if psp != Psp::Adyen {
+        rig.drop_every_webhook().await;
+    }
     rig.sim(
         &format!("/charges/{charge}/dispute"),
         json!({"amount_minor": 4_000}),
@@ -215,13 +247,28 @@ async fn refusal_reversal_and_lost_dispute(backend: Backend, psp: Psp) {
             &json!({"amount_minor": 4_000}),
         )
         .await;
-    assert_eq!(
-        answer.status,
-        422,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
-    assert_eq!(answer.code(), "refund_refused");
+    if psp == Psp::Adyen {
+        // Received (202), then refused by its REFUND `"false"`: released, nothing posted.
+        assert_eq!(
+            answer.status,
+            202,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        let after = wait_for(&client, &refused, "the refusal never arrived", |p| {
+            p["operations"][0]["state"] == "refused"
+        })
+        .await;
+        assert_eq!(after["refunded_minor"], 0, "{after}");
+    } else {
+        assert_eq!(
+            answer.status,
+            422,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        assert_eq!(answer.code(), "refund_refused");
+    }
     rig.sim(
         &format!("/charges/{charge}/dispute/close"),
         json!({"outcome": "won"}),
@@ -234,15 +281,28 @@ async fn refusal_reversal_and_lost_dispute(backend: Backend, psp: Psp) {
             &json!({"amount_minor": 4_000}),
         )
         .await;
-    assert_eq!(
-        again.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&again.body)
-    );
+    if psp == Psp::Adyen {
+        assert_eq!(
+            again.status,
+            202,
+            "{}",
+            String::from_utf8_lossy(&again.body)
+        );
+        wait_for(&client, &refused, "the second refund never settled", |p| {
+            p["status"] == "refunded"
+        })
+        .await;
+    } else {
+        assert_eq!(
+            again.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&again.body)
+        );
+    }
 
     drop(rig);
-    let rig = start_rig(&database, psp, "0s");
+    let rig = start_rig(&database, psp, "0s").await;
     let client = rig.client();
 
     // A refund that fails after it succeeded is reversed by its own entry.
@@ -283,11 +343,17 @@ async fn refusal_reversal_and_lost_dispute(backend: Backend, psp: Psp) {
     .await;
     // The capture, the provider's withdrawal as the dispute opened (clearing +7000, disputed
     // −7000), and the loss: the withdrawn money was the customer's (disputed +7000, customer
-    // −7000).
+    // −7000). Adyen's accounting report tells the chargeback's money, not its end: the dispute
+    // stays open with its money withdrawn.
+    let (count, expected) = if psp == Psp::Adyen {
+        (2, (7_000, -7_000, 0))
+    } else {
+        (3, (7_000, 0, -7_000))
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
     let entries = loop {
         let entries = without_provider_fees(client.entries_of(&disputed).await);
-        if entries.len() == 3 {
+        if entries.len() == count {
             break entries;
         }
         assert!(Instant::now() < deadline, "no dispute entries: {entries:?}");
@@ -309,7 +375,7 @@ async fn refusal_reversal_and_lost_dispute(backend: Backend, psp: Psp) {
             moved(&format!("psp:{provider}:disputed")),
             moved("customer:42:available")
         ),
-        (7_000, 0, -7_000),
+        expected,
         "{entries:?}"
     );
 
@@ -317,6 +383,35 @@ async fn refusal_reversal_and_lost_dispute(backend: Backend, psp: Psp) {
     // shows less refunded than we do: the refund is read again and reversed.
     let dark = create(&client, "reversed-dark", &rig.payment(5_000, "pm_card_ok")).await;
     refund_then_fail(&rig, &dark, "reversed-dark-1", 2_000).await;
+    if psp == Psp::Adyen {
+        // At Adyen the refund was received (202) and both its REFUND and its REFUND_FAILED were
+        // lost: nothing can be read, and the accounting report nets the two to nothing refunded,
+        // which is what we hold. The refund waits for its notification, and past
+        // --operation-pending-deadline it is for a person, with nothing posted.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let open = open_exceptions_of(&client, &dark).await;
+            if let Some(exception) = open.first() {
+                assert_eq!(exception["kind"], "operation_unresolved", "{open:?}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the unresolved refund was never flagged"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let after = common::payment(&client, &dark).await;
+        assert_eq!(after["operations"][0]["state"], "pending", "{after}");
+        assert_eq!(after["refunded_minor"], 0, "{after}");
+        assert_eq!(
+            without_provider_fees(client.entries_of(&dark).await).len(),
+            1,
+            "only the capture"
+        );
+        verify(&database);
+        return;
+    }
     let after = wait_for(&client, &dark, "the lost reversal was never posted", |p| {
         p["operations"][0]["state"] == "reversed"
     })
@@ -324,6 +419,22 @@ async fn refusal_reversal_and_lost_dispute(backend: Backend, psp: Psp) {
     assert_eq!(after["refunded_minor"], 0);
     assert_eq!(after["needs_review"], false, "{after}");
     verify(&database);
+}
+
+/// The open reconciliation exceptions about payment `id`.
+async fn open_exceptions_of(client: &Client, id: &str) -> Vec<Value> {
+    let answer = client
+        .get("/v1/reconciliation/exceptions?status=open")
+        .await
+        .json();
+    answer
+        .as_array()
+        .or(answer["data"].as_array())
+        .unwrap()
+        .iter()
+        .filter(|exception| exception["payment_id"] == id)
+        .cloned()
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,4 +455,14 @@ async fn refusals_release_reversals_reverse_and_lost_disputes_are_posted_at_stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_release_reversals_reverse_and_lost_disputes_are_posted_at_stripe_postgres() {
     refusal_reversal_and_lost_dispute(Backend::Postgres, Psp::Stripe).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_release_reversals_reverse_and_lost_disputes_are_posted_at_adyen_sqlite() {
+    refusal_reversal_and_lost_dispute(Backend::Sqlite, Psp::Adyen).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_release_reversals_reverse_and_lost_disputes_are_posted_at_adyen_postgres() {
+    refusal_reversal_and_lost_dispute(Backend::Postgres, Psp::Adyen).await;
 }

@@ -1,8 +1,10 @@
 //! Reconciliation and proof through the real binary, on SQLite and PostgreSQL: a dashboard refund
 //! found by `asiento reconcile` and posted once, payments converging through the sweeper alone
 //! when every webhook is lost, and an amount mismatch left open for a person, moving no money,
-//! each against the simulator and against its Stripe dialect (as a `stripe` provider, where
-//! nothing can be looked up by our key); and `asiento verify` passing on a healthy database and
+//! each against the simulator, its Stripe dialect (as a `stripe` provider, where nothing can be
+//! looked up by our key) and its Adyen dialect (as an `adyen` provider, where nothing can be
+//! looked up at all and the sweep reads the daily Payment accounting report as its report user);
+//! and `asiento verify` passing on a healthy database and
 //! naming what a hand-made corruption broke.
 #![allow(clippy::unwrap_used)]
 
@@ -39,7 +41,7 @@ async fn exceptions(client: &Client, status: &str) -> Vec<Value> {
 /// an auto-resolved exception; the sweep again changes nothing.
 async fn dashboard_refund_is_found_and_posted_once_at(backend: Backend, psp: Psp) {
     let database = TestDatabase::new(backend).await;
-    let rig = Rig::start(&database, psp, &[]);
+    let rig = Rig::start(&database, psp, &[]).await;
     let client = rig.client();
     rig.drop_every_webhook().await;
     let payment = client
@@ -57,7 +59,7 @@ async fn dashboard_refund_is_found_and_posted_once_at(backend: Backend, psp: Psp
     )
     .await;
 
-    rig.reconcile(&database.url);
+    rig.reconcile(&database.url).await;
     let after = client.get(&format!("/v1/payments/{id}")).await.json();
     assert_eq!(
         (after["status"].as_str(), after["refunded_minor"].as_i64()),
@@ -81,7 +83,7 @@ async fn dashboard_refund_is_found_and_posted_once_at(backend: Backend, psp: Psp
     let expected = if psp == Psp::Stripe { 3 } else { 2 };
     assert_eq!(entries, expected, "capture + refund");
 
-    rig.reconcile(&database.url);
+    rig.reconcile(&database.url).await;
     assert_eq!(
         client.entries_of(id).await.len(),
         entries,
@@ -98,6 +100,10 @@ async fn dashboard_refund_is_found_and_posted_once(backend: Backend) {
 
 async fn dashboard_refund_at_stripe_is_found_and_posted_once(backend: Backend) {
     dashboard_refund_is_found_and_posted_once_at(backend, Psp::Stripe).await;
+}
+
+async fn dashboard_refund_at_adyen_is_found_and_posted_once(backend: Backend) {
+    dashboard_refund_is_found_and_posted_once_at(backend, Psp::Adyen).await;
 }
 
 /// With every webhook lost, mixed payments converge to the provider's truth through the
@@ -118,7 +124,8 @@ async fn payments_converge_through_the_sweeper_alone_at(backend: Backend, psp: P
             "--report-settle",
             "1s",
         ],
-    );
+    )
+    .await;
     let client = rig.client();
     rig.drop_every_webhook().await;
     let methods = [
@@ -180,10 +187,14 @@ async fn payments_at_stripe_converge_through_the_sweeper_alone(backend: Backend)
     payments_converge_through_the_sweeper_alone_at(backend, Psp::Stripe).await;
 }
 
+async fn payments_at_adyen_converge_through_the_sweeper_alone(backend: Backend) {
+    payments_converge_through_the_sweeper_alone_at(backend, Psp::Adyen).await;
+}
+
 /// An amount changed at the provider becomes an open manual exception and moves no money.
 async fn amount_mismatch_is_left_open_for_a_person_at(backend: Backend, psp: Psp) {
     let database = TestDatabase::new(backend).await;
-    let rig = Rig::start(&database, psp, &[]);
+    let rig = Rig::start(&database, psp, &[]).await;
     let client = rig.client();
     rig.drop_every_webhook().await;
     let payment = client
@@ -192,8 +203,10 @@ async fn amount_mismatch_is_left_open_for_a_person_at(backend: Backend, psp: Psp
         .json();
     let id = payment["id"].as_str().unwrap();
     let position = payment["position"].as_i64().unwrap();
-    let balance_path =
-        format!("/v1/accounts/customer:42:available/balance?currency=USD&min_position={position}");
+    let balance_path = format!(
+        "/v1/accounts/customer:42:available/balance?currency={}&min_position={position}",
+        rig.currency()
+    );
     let balance = || client.get(&balance_path);
     let before = balance().await.json()["balance_minor"].clone();
     let charge = rig.charge_of(id).await;
@@ -203,7 +216,7 @@ async fn amount_mismatch_is_left_open_for_a_person_at(backend: Backend, psp: Psp
     )
     .await;
 
-    rig.reconcile(&database.url);
+    rig.reconcile(&database.url).await;
     let open = exceptions(&client, "open").await;
     assert_eq!(open.len(), 1, "{open:?}");
     assert_eq!(
@@ -248,6 +261,10 @@ async fn amount_mismatch_is_left_open_for_a_person(backend: Backend) {
 
 async fn amount_mismatch_at_stripe_is_left_open_for_a_person(backend: Backend) {
     amount_mismatch_is_left_open_for_a_person_at(backend, Psp::Stripe).await;
+}
+
+async fn amount_mismatch_at_adyen_is_left_open_for_a_person(backend: Backend) {
+    amount_mismatch_is_left_open_for_a_person_at(backend, Psp::Adyen).await;
 }
 
 /// Runs one statement; the number of rows it changed.
@@ -382,9 +399,12 @@ async fn verify_names_what_was_corrupted(backend: Backend) {
 common::on_both_backends!(
     dashboard_refund_is_found_and_posted_once,
     dashboard_refund_at_stripe_is_found_and_posted_once,
+    dashboard_refund_at_adyen_is_found_and_posted_once,
     payments_converge_through_the_sweeper_alone,
     payments_at_stripe_converge_through_the_sweeper_alone,
+    payments_at_adyen_converge_through_the_sweeper_alone,
     amount_mismatch_is_left_open_for_a_person,
     amount_mismatch_at_stripe_is_left_open_for_a_person,
+    amount_mismatch_at_adyen_is_left_open_for_a_person,
     verify_names_what_was_corrupted,
 );

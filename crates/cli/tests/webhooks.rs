@@ -1,6 +1,7 @@
 //! Webhooks through the real binary: the simulator delivers its signed events with duplicates and
-//! reordering switched on, in its own protocol and in Stripe's (as a `stripe` provider, where each
-//! event is a hint the worker reads the object for), and every payment converges to the provider's
+//! reordering switched on, in its own protocol, in Stripe's (as a `stripe` provider, where each
+//! event is a hint the worker reads the object for) and in Adyen's (as an `adyen` provider: batches
+//! under basic auth, each item signed on its own), and every payment converges to the provider's
 //! truth with nothing posted twice; the endpoint refuses what is not signed right and stores
 //! nothing then, under `Psp-Signature` and under `Stripe-Signature` (where a secret rotation's
 //! two `v1` values are accepted).
@@ -61,9 +62,9 @@ async fn payments_converge_under_duplicated_and_reordered_webhooks_at(backend: B
     let database = TestDatabase::new(backend).await;
     let extra: &[&str] = match psp {
         Psp::Sim => &["--webhook-secret", SECRET],
-        Psp::Stripe => &[],
+        Psp::Stripe | Psp::Adyen => &[],
     };
-    let rig = Rig::start(&database, psp, extra);
+    let rig = Rig::start(&database, psp, extra).await;
     let client = rig.client();
     rig.sim(
         "/faults",
@@ -115,9 +116,11 @@ async fn payments_converge_under_duplicated_and_reordered_webhooks_at(backend: B
                         &json!({"amount_minor": 300}),
                     )
                     .await;
+                // Adyen decides a refund after receiving it.
+                let expected = if psp == Psp::Adyen { 202 } else { 201 };
                 assert_eq!(
                     refund.status,
-                    201,
+                    expected,
                     "{}",
                     String::from_utf8_lossy(&refund.body)
                 );
@@ -125,18 +128,19 @@ async fn payments_converge_under_duplicated_and_reordered_webhooks_at(backend: B
         }
     }
 
-    let truth = provider_truth(&rig).await;
-    assert_eq!(truth.len(), 40);
+    // Read again each time: Adyen decides the refunds it received a moment later.
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let truth = loop {
+        let truth = provider_truth(&rig).await;
+        assert_eq!(truth.len(), 40);
         match converged(&client, &truth).await {
-            Ok(()) => break,
+            Ok(()) => break truth,
             Err(difference) => {
                 assert!(Instant::now() < deadline, "never converged: {difference}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
-    }
+    };
     // Nothing posted twice: each captured payment has one capture, and the provider's clearing
     // account is exactly what the provider's truth implies, less the fees it kept.
     let mut owed = 0;
@@ -174,8 +178,9 @@ async fn payments_converge_under_duplicated_and_reordered_webhooks_at(backend: B
     // Read-your-writes: the balance includes every event of these payments.
     let clearing = client
         .get(&format!(
-            "/v1/accounts/psp:{}:clearing/balance?currency=USD&min_position={last_position}",
-            rig.provider()
+            "/v1/accounts/psp:{}:clearing/balance?currency={}&min_position={last_position}",
+            rig.provider(),
+            rig.currency()
         ))
         .await
         .json();
@@ -191,11 +196,15 @@ async fn payments_at_stripe_converge_under_duplicated_and_reordered_webhooks(bac
     payments_converge_under_duplicated_and_reordered_webhooks_at(backend, Psp::Stripe).await;
 }
 
+async fn payments_at_adyen_converge_under_duplicated_and_reordered_webhooks(backend: Backend) {
+    payments_converge_under_duplicated_and_reordered_webhooks_at(backend, Psp::Adyen).await;
+}
+
 /// Only correctly signed, fresh events from a configured provider are stored; a repeat of one is
 /// acknowledged and changes nothing.
 async fn the_endpoint_refuses_what_is_not_signed_right(backend: Backend) {
     let database = TestDatabase::new(backend).await;
-    let rig = Rig::start(&database, Psp::Sim, &["--webhook-secret", SECRET]);
+    let rig = Rig::start(&database, Psp::Sim, &["--webhook-secret", SECRET]).await;
     let server = &rig.server;
     let client = server.client();
     let created = client
@@ -307,7 +316,7 @@ async fn the_endpoint_refuses_what_is_not_signed_right(backend: Backend) {
 /// the one stored event, a hint, is read as the PaymentIntent stands: nothing posted twice.
 async fn the_stripe_endpoint_refuses_what_is_not_signed_right(backend: Backend) {
     let database = TestDatabase::new(backend).await;
-    let rig = Rig::start(&database, Psp::Stripe, &[]);
+    let rig = Rig::start(&database, Psp::Stripe, &[]).await;
     let client = rig.client();
     rig.drop_every_webhook().await;
     let created = client
@@ -590,6 +599,7 @@ async fn two_worker_processes_drain_one_inbox_exactly_once() {
 common::on_both_backends!(
     payments_converge_under_duplicated_and_reordered_webhooks,
     payments_at_stripe_converge_under_duplicated_and_reordered_webhooks,
+    payments_at_adyen_converge_under_duplicated_and_reordered_webhooks,
     the_endpoint_refuses_what_is_not_signed_right,
     the_stripe_endpoint_refuses_what_is_not_signed_right,
 );

@@ -23,6 +23,9 @@ pub const MERCHANT: &str = "AsientoECOM";
 pub const HMAC_KEY: &str = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056";
 pub const WEBHOOK_USER: &str = "adyen-webhooks";
 pub const WEBHOOK_PASSWORD: &str = "s3cret:with:colons";
+/// The Report service user, who alone may download the reports.
+pub const REPORT_USER: &str = "report_asiento@Company.Asiento";
+pub const REPORT_PASSWORD: &str = "r3port:s3cret";
 /// How long the dialect takes to decide a capture, refund or cancel: long enough that a test
 /// sees the operation pending first.
 pub const MODIFICATION_DELAY_MS: &str = "500";
@@ -38,6 +41,8 @@ pub fn provider_env(name: &str) -> Vec<(String, String)> {
         ("HMAC_KEY", HMAC_KEY),
         ("WEBHOOK_USERNAME", WEBHOOK_USER),
         ("WEBHOOK_PASSWORD", WEBHOOK_PASSWORD),
+        ("REPORT_USERNAME", REPORT_USER),
+        ("REPORT_PASSWORD", REPORT_PASSWORD),
     ]
     .into_iter()
     .map(|(what, value)| (format!("ASIENTO_PROVIDER_{name}_{what}"), value.to_owned()))
@@ -123,6 +128,10 @@ pub fn start_adyen_sim(listen: &str, webhook_url: &str) -> Process {
             WEBHOOK_PASSWORD,
             "--modification-delay-ms",
             MODIFICATION_DELAY_MS,
+            "--report-username",
+            REPORT_USER,
+            "--report-password",
+            REPORT_PASSWORD,
         ],
         &[],
     );
@@ -196,6 +205,30 @@ impl AdyenSim {
     /// A control route of the dialect (`/sim/faults`, `/sim/charges/{psp}/dispute`, …).
     pub async fn control(&self, client: &Client, path: &str, body: Value) -> Value {
         super::stripe::sim_control(client, &self.listen, path, body).await
+    }
+
+    /// Closes the Payment accounting report of every day through today (`POST
+    /// /sim/reports/accounting`); a closed day keeps showing what is booked on it later.
+    pub async fn close_accounting_days(&self, client: &Client) -> Value {
+        let today = chrono::Utc::now()
+            .date_naive()
+            .format("%Y-%m-%d")
+            .to_string();
+        self.control(
+            client,
+            "/sim/reports/accounting",
+            json!({ "through": today }),
+        )
+        .await
+    }
+
+    /// Closes a Settlement details batch (`POST /sim/reports/settlement`): the files it made.
+    pub async fn close_settlement_batch(&self, client: &Client) -> Vec<Value> {
+        self.control(client, "/sim/reports/settlement", json!({}))
+            .await["data"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
     }
 }
 

@@ -1,13 +1,17 @@
-//! A server and the simulator it charges through, in either dialect: the simulator `serve`
-//! mounts (provider `sim`), or `asiento psp-sim --dialect stripe` in its own process (provider
-//! `stripe`), so that one black-box test runs against both.
+//! A server and the simulator it charges through, in any dialect: the simulator `serve`
+//! mounts (provider `sim`), `asiento psp-sim --dialect stripe` in its own process (provider
+//! `stripe`), or `asiento psp-sim --dialect adyen` in its own process (provider `adyen`, its
+//! batches through the recording relay of [`adyen`], its reports read by the report user), so
+//! that one black-box test runs against all three.
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use super::adyen::AdyenSim;
 use super::{
-    asiento, asiento_with_env, list_at, payment_body, stripe, Client, Process, Server, TestDatabase,
+    adyen, asiento, asiento_with_env, list_at, payment_body, stripe, Client, Process, Server,
+    TestDatabase,
 };
 
 /// The provider a test runs against.
@@ -17,6 +21,9 @@ pub enum Psp {
     Sim,
     /// `asiento psp-sim --dialect stripe` in its own process, as provider `stripe`.
     Stripe,
+    /// `asiento psp-sim --dialect adyen` in its own process, as provider `adyen`: no lookup,
+    /// modifications decided after they are received, batched notifications, CSV reports.
+    Adyen,
 }
 
 /// A server and the simulator it charges through, whichever dialect it speaks.
@@ -28,10 +35,12 @@ pub struct Rig {
     /// The Stripe dialect's address, when it runs in its own process.
     stripe_listen: Option<String>,
     _stripe_sim: Option<Process>,
+    /// The Adyen dialect, its relay's deliveries and its report routes.
+    pub adyen: Option<AdyenSim>,
 }
 
 impl Rig {
-    pub fn start(database: &TestDatabase, psp: Psp, extra: &[&str]) -> Rig {
+    pub async fn start(database: &TestDatabase, psp: Psp, extra: &[&str]) -> Rig {
         match psp {
             Psp::Sim => {
                 let server = Server::start(&database.url, extra);
@@ -42,6 +51,7 @@ impl Rig {
                     sim_base,
                     stripe_listen: None,
                     _stripe_sim: None,
+                    adyen: None,
                 }
             }
             Psp::Stripe => {
@@ -52,8 +62,36 @@ impl Rig {
                     sim_base: format!("http://{}/sim", rig.sim_listen),
                     stripe_listen: Some(rig.sim_listen),
                     _stripe_sim: Some(rig.sim),
+                    adyen: None,
                 }
             }
+            Psp::Adyen => {
+                let rig = adyen::start_rig(database, extra).await;
+                // Every day's accounting report exists from the start (and keeps growing), so
+                // that a sweep finds what the dialect booked, as it would the next day at Adyen.
+                rig.sim.close_accounting_days(&rig.server.client()).await;
+                Rig {
+                    server: rig.server,
+                    psp,
+                    sim_base: format!("http://{}/sim", rig.sim.listen),
+                    stripe_listen: None,
+                    _stripe_sim: None,
+                    adyen: Some(rig.sim),
+                }
+            }
+        }
+    }
+
+    /// The Adyen dialect (panics at another provider).
+    pub fn adyen(&self) -> &AdyenSim {
+        self.adyen.as_ref().expect("the Adyen dialect only")
+    }
+
+    /// The currency the rig's payments are in.
+    pub fn currency(&self) -> &'static str {
+        match self.psp {
+            Psp::Sim | Psp::Stripe => "USD",
+            Psp::Adyen => "EUR",
         }
     }
 
@@ -65,6 +103,7 @@ impl Rig {
         match self.psp {
             Psp::Sim => payment_body(amount_minor, method),
             Psp::Stripe => stripe::stripe_payment(amount_minor, method),
+            Psp::Adyen => adyen::adyen_payment(amount_minor, method),
         }
     }
 
@@ -132,6 +171,7 @@ impl Rig {
         match self.psp {
             Psp::Sim => "sim",
             Psp::Stripe => "stripe",
+            Psp::Adyen => "adyen",
         }
     }
 
@@ -139,9 +179,34 @@ impl Rig {
         self.sim("/faults", json!({"webhook_drop_rate": 1.0})).await;
     }
 
-    /// `asiento reconcile` once, against this provider. Stripe's times are in seconds and a
-    /// window ends before the current one, so the sweep waits for the second to turn.
-    pub fn reconcile(&self, database_url: &str) -> String {
+    /// `asiento reconcile` once, against this provider. Stripe's and Adyen's times are in
+    /// seconds and a window ends before the current one, so the sweep waits for the second to
+    /// turn. At Adyen the accounting report of today is closed first.
+    pub async fn reconcile(&self, database_url: &str) -> String {
+        if let Some(adyen) = &self.adyen {
+            adyen.close_accounting_days(&self.client()).await;
+            tokio::time::sleep(Duration::from_millis(1_100)).await;
+            let providers = format!("adyen=adyen:http://{}", adyen.listen);
+            let env = adyen::provider_env("ADYEN");
+            let env: Vec<(&str, &str)> = env
+                .iter()
+                .map(|(key, value)| (key.as_str(), value.as_str()))
+                .collect();
+            let (ok, output) = asiento_with_env(
+                &[
+                    "reconcile",
+                    "--database-url",
+                    database_url,
+                    "--providers",
+                    &providers,
+                    "--settle",
+                    "0s",
+                ],
+                &env,
+            );
+            assert!(ok, "reconcile failed: {output}");
+            return output;
+        }
         let (ok, output) = match &self.stripe_listen {
             None => {
                 let psp = format!("{}/sim", self.server.base);
@@ -156,7 +221,7 @@ impl Rig {
                 ])
             }
             Some(listen) => {
-                std::thread::sleep(Duration::from_millis(1_100));
+                tokio::time::sleep(Duration::from_millis(1_100)).await;
                 let providers = format!("stripe=stripe:http://{listen}");
                 asiento_with_env(
                     &[

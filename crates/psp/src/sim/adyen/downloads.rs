@@ -16,6 +16,7 @@ use super::notifications::report_available;
 use super::reports::Generated;
 use crate::adyen::BasicCredentials;
 use crate::sim::routes::redirect_base;
+use crate::sim::state::SimState;
 use crate::sim::Simulator;
 
 /// The control routes, nested under `/sim`.
@@ -31,6 +32,25 @@ fn report_user(sim: &Simulator) -> Option<BasicCredentials> {
         username: config.report_username.clone()?,
         password: config.report_password.clone().unwrap_or_default(),
     })
+}
+
+/// Brings the journal's amounts to the charge model's: the simulator's control route that
+/// changes a charge's amount tells no notification, and the reports are Adyen's only account of
+/// what it holds.
+fn restate_amounts(state: &mut SimState) {
+    let restated: Vec<(String, i64)> = state
+        .adyen
+        .reports
+        .booked_payments()
+        .into_iter()
+        .filter_map(|psp| {
+            let amount = state.charge(&psp)?.amount_minor;
+            Some((psp, amount))
+        })
+        .collect();
+    for (psp, amount) in restated {
+        state.adyen.reports.restate_amount(&psp, amount);
+    }
 }
 
 /// `GET /reports/download/MerchantAccount/{merchant}/{file}`.
@@ -50,7 +70,11 @@ pub(super) async fn download(
         )
             .into_response();
     }
-    match sim.state().adyen.reports.file(&merchant, &file, Utc::now()) {
+    let mut state = sim.state();
+    restate_amounts(&mut state);
+    let file = state.adyen.reports.file(&merchant, &file, Utc::now());
+    drop(state);
+    match file {
         Some(body) => (
             StatusCode::OK,
             [(CONTENT_TYPE, HeaderValue::from_static("text/csv"))],
@@ -111,6 +135,10 @@ async fn close_days(State(sim): State<Simulator>, headers: HeaderMap, body: Byte
 
 /// `POST /sim/reports/settlement`: closes a batch per merchant account and currency.
 async fn settle(State(sim): State<Simulator>, headers: HeaderMap) -> Response {
-    let generated = sim.state().adyen.reports.settle(Utc::now());
+    let generated = {
+        let mut state = sim.state();
+        restate_amounts(&mut state);
+        state.adyen.reports.settle(Utc::now())
+    };
     announce(&sim, &headers, generated)
 }

@@ -405,6 +405,27 @@ impl ReportBook {
         generated
     }
 
+    /// The payments (pspReferences) the journal has booked.
+    pub fn booked_payments(&self) -> BTreeSet<String> {
+        self.journal
+            .iter()
+            .map(|row| row.psp_reference.clone())
+            .collect()
+    }
+
+    /// Payment `psp_reference` stands at `amount_minor` in the charge model (the simulator's
+    /// `POST /sim/charges/{id}/amount`: an amount Adyen holds other than the one asked): its
+    /// Received, Authorised and SentForSettle rows say that amount, as Adyen's files would.
+    pub fn restate_amount(&mut self, psp_reference: &str, amount_minor: i64) {
+        for row in &mut self.journal {
+            if row.psp_reference == psp_reference
+                && matches!(row.record_type, "Received" | "Authorised" | "SentForSettle")
+            {
+                row.amount.value = amount_minor;
+            }
+        }
+    }
+
     /// The file `file` of `merchant`, when it is generated.
     pub fn file(&self, merchant: &str, file: &str, now: DateTime<Utc>) -> Option<Bytes> {
         if let Some(batch) = file
