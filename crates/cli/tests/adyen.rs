@@ -247,7 +247,139 @@ async fn payments_through_adyen(backend: Backend) {
     );
 }
 
-on_both_backends!(payments_through_adyen);
+/// The balance of `account` in EUR, as the API shows it (0 for one never posted to).
+async fn balance(client: &Client, account: &str) -> i64 {
+    client
+        .get(&format!("/v1/accounts/{account}/balance?currency=EUR"))
+        .await
+        .json()["balance_minor"]
+        .as_i64()
+        .unwrap_or(0)
+}
+
+/// Waits until `psp:adyen:clearing`, `bank:adyen:payouts` and `expense:provider_fees:adyen`
+/// hold `expected` (debits negative, as the API shows balances).
+async fn wait_adyen_balances(client: &Client, expected: (i64, i64, i64), what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = (
+            balance(client, "psp:adyen:clearing").await,
+            balance(client, "bank:adyen:payouts").await,
+            balance(client, "expense:provider_fees:adyen").await,
+        );
+        if now == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: (clearing, bank, fees) = {now:?}, expected {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Adyen's fee on a `Settled` line of the dialect: 10 + 0.20 % + 0.10 % + 0.80 % of the gross,
+/// each part rounded half-up.
+fn adyen_fee(gross: i64) -> i64 {
+    let part = |bps: i64| (gross * bps + 5_000) / 10_000;
+    10 + part(20) + part(10) + part(80)
+}
+
+/// Adyen's payouts in the ledger: a Settlement details batch closed in the dialect is announced by
+/// REPORT_AVAILABLE, and its payout moves the batch's net from `psp:adyen:clearing` to
+/// `bank:adyen:payouts`, its fees to `expense:provider_fees:adyen`, so that clearing is back at
+/// zero; a sweep that finds the same batch (a new adapter probes from batch 1) posts nothing
+/// more; with every notification lost, the sweep finds the next batch by probing and posts it.
+async fn adyen_payouts_reach_the_bank_account(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let rig = common::rig::Rig::start(
+        &database,
+        common::rig::Psp::Adyen,
+        &["--reconcile-interval", "300ms", "--report-settle", "0s"],
+    )
+    .await;
+    let client = rig.client();
+    let sim = rig.adyen();
+
+    create(&client, "po-1", &adyen_payment(10_000, "pm_card_ok")).await;
+    let refunded = id_of(&create(&client, "po-2", &adyen_payment(4_000, "pm_card_ok")).await);
+    let refund = client
+        .post(
+            &format!("/v1/payments/{refunded}/refunds"),
+            "po-2-refund",
+            &json!({"amount_minor": 1_500}),
+        )
+        .await;
+    assert_eq!(
+        refund.status,
+        202,
+        "{}",
+        String::from_utf8_lossy(&refund.body)
+    );
+    wait_for(&client, &refunded, "the refund never settled", |p| {
+        p["operations"][0]["state"] == "succeeded"
+    })
+    .await;
+    let owed = 10_000 + 4_000 - 1_500;
+    wait_adyen_balances(&client, (-owed, 0, 0), "before any payout").await;
+
+    let files = sim.close_settlement_batch(&client).await;
+    assert_eq!(
+        files.len(),
+        1,
+        "one merchant account, one currency: {files:?}"
+    );
+    assert_eq!(files[0]["file"], "settlement_detail_report_batch_1.csv");
+    let (item, delivery) = sim
+        .item("REPORT_AVAILABLE", "settlement_detail_report_batch_1.csv")
+        .await;
+    assert_accepted(&delivery);
+    assert_eq!(item["reason"], files[0]["url"]);
+    let fees = adyen_fee(10_000) + adyen_fee(4_000);
+    wait_adyen_balances(&client, (0, -(owed - fees), -fees), "after the payout").await;
+    verify(&database);
+
+    // A sweep of its own finds batch 1 again: nothing more is posted.
+    rig.reconcile(&database.url).await;
+    assert_eq!(
+        (
+            balance(&client, "psp:adyen:clearing").await,
+            balance(&client, "bank:adyen:payouts").await,
+            balance(&client, "expense:provider_fees:adyen").await,
+        ),
+        (0, -(owed - fees), -fees),
+        "the payout was posted once"
+    );
+
+    // Every notification lost: batch 2 is found by the sweep probing the next batch.
+    rig.drop_every_webhook().await;
+    create(&client, "po-3", &adyen_payment(2_000, "pm_card_ok")).await;
+    wait_adyen_balances(
+        &client,
+        (-2_000, -(owed - fees), -fees),
+        "the third capture",
+    )
+    .await;
+    let files = sim.close_settlement_batch(&client).await;
+    assert_eq!(files[0]["file"], "settlement_detail_report_batch_2.csv");
+    let all_fees = fees + adyen_fee(2_000);
+    wait_adyen_balances(
+        &client,
+        (0, -(owed + 2_000 - all_fees), -all_fees),
+        "the sweep never posted batch 2",
+    )
+    .await;
+    assert!(
+        !sim.items()
+            .iter()
+            .any(|(item, _)| item["eventCode"] == "REPORT_AVAILABLE"
+                && item["pspReference"] == "settlement_detail_report_batch_2.csv"),
+        "batch 2 was announced, so the sweep's probe is not what posted it"
+    );
+    verify(&database);
+}
+
+on_both_backends!(payments_through_adyen, adyen_payouts_reach_the_bank_account);
 
 /// A refund that succeeded and then failed at the scheme (REFUND_FAILED) is reversed by a mirror
 /// of its entry; the refunded total goes back to zero.
