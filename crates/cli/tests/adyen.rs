@@ -10,8 +10,13 @@
 //! - a dispute lost (CHARGEBACK) and one won (CHARGEBACK, then CHARGEBACK_REVERSED), posted;
 //! - a delivery with the wrong basic auth is a 401 and one with an item that does not verify
 //!   is refused whole: neither stores anything;
+//! - a Settlement details batch announced by REPORT_AVAILABLE posts its payout to
+//!   `bank:adyen:payouts` with Adyen's fees as provider fee expense, once even when the sweep
+//!   finds it, and a batch whose notification was lost is found by the sweep (on both backends);
 //! - one server with three providers (the simulator's protocol, the Stripe dialect and the
-//!   Adyen dialect), a payment and a refund through each.
+//!   Adyen dialect), each with its own credentials and fees: a payment refunded and one disputed
+//!   and lost through each, every report reconciled, each clearing account what its provider
+//!   owes.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -22,7 +27,7 @@ use common::adyen::{
     adyen_payment, basic, batch, deliver, provider_env, signed_item, start_rig, AdyenSim, Rig,
     WEBHOOK_PASSWORD, WEBHOOK_USER,
 };
-use common::stripe::{free_port, start_stripe_sim, stripe_payment};
+use common::stripe::{free_port, sim_control, start_stripe_sim, stripe_payment};
 use common::{
     on_both_backends, payment, payment_body, verify, wait_for, without_provider_fees, Backend,
     Client, Process, Server, TestDatabase,
@@ -626,9 +631,40 @@ async fn a_delivery_without_its_credentials_or_with_an_item_that_does_not_verify
     verify(&database);
 }
 
+/// What the ledger says provider `provider` owes us for `payments`, from their own views: what
+/// was captured, less what was refunded, the provider's fees and what lost disputes took back.
+fn owed_by_provider(payments: &[Value]) -> i64 {
+    payments
+        .iter()
+        .map(|payment| {
+            let fees: i64 = payment["provider_fees"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|fee| fee["fee_minor"].as_i64().unwrap())
+                .sum();
+            let lost = if payment["status"] == "disputed" {
+                payment["captured_minor"].as_i64().unwrap()
+            } else {
+                0
+            };
+            payment["captured_minor"].as_i64().unwrap()
+                - payment["refunded_minor"].as_i64().unwrap()
+                - fees
+                - lost
+        })
+        .sum()
+}
+
 /// One server, three providers: the simulator's protocol (`asiento psp-sim`), the Stripe dialect
-/// and the Adyen dialect, each in its own process and each delivering its webhooks to the
-/// server; a payment and a refund through each settle on its own clearing account.
+/// and the Adyen dialect, each in its own process with its own credentials, webhook secret,
+/// provider fee and platform fee (`--fees`), each delivering its webhooks to the server. Through
+/// each a payment refunded in part and a payment disputed and lost; then every report: the
+/// simulator's and Stripe's settlement reports, Stripe's payout, Adyen's accounting report and a
+/// Settlement details batch, whose payout goes to `bank:adyen:payouts` with Adyen's fees as
+/// provider fee expense. One `asiento reconcile` over the three finds nothing open, each
+/// clearing account is what its provider owes (zero where it paid out), and `asiento verify` is
+/// clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_providers_in_one_server() {
     const SIM_SECRET: &str = "whsec_plain_sim_0123456789";
@@ -660,8 +696,19 @@ async fn three_providers_in_one_server() {
         .iter()
         .map(|(key, value)| (key.as_str(), value.as_str()))
         .collect();
-    let server = Server::start_with_env(&database.url, &["--providers", &providers], &env);
+    // Platform fees of each provider's own: 3 %, 2.5 % + 30, 2 %.
+    let server = Server::start_with_env(
+        &database.url,
+        &[
+            "--providers",
+            &providers,
+            "--fees",
+            "sim:300,stripe:250+30,adyen:200",
+        ],
+        &env,
+    );
     let sim_webhooks = format!("{}/webhooks/sim", server.base);
+    // The simulator's own fee is 1.5 %; Stripe's 2.9 % (and 1500 a dispute); Adyen's its schedule.
     let mut plain = Process::spawn(
         &[
             "psp-sim",
@@ -669,6 +716,8 @@ async fn three_providers_in_one_server() {
             &sim_listen,
             "--seed",
             "3",
+            "--fee-bps",
+            "150",
             "--webhook-url",
             &sim_webhooks,
             "--webhook-secret",
@@ -678,34 +727,43 @@ async fn three_providers_in_one_server() {
     );
     plain.wait_for_line("psp-sim listening on ");
     let _stripe = start_stripe_sim(&stripe_listen, &server.base);
-    let adyen = AdyenSim::start(adyen_listen, &server).await;
+    let adyen = AdyenSim::start(adyen_listen.clone(), &server).await;
     let client = server.client();
 
-    let mut sim_payment = payment_body(1_100, "pm_card_ok");
-    sim_payment["provider"] = json!("sim");
-    let payments = [
-        ("sim", create(&client, "three-sim", &sim_payment).await),
-        (
-            "stripe",
-            create(
-                &client,
-                "three-stripe",
-                &stripe_payment(2_200, "pm_card_visa"),
-            )
-            .await,
-        ),
-        (
-            "adyen",
-            create(&client, "three-adyen", &adyen_payment(3_300, "pm_card_ok")).await,
-        ),
+    let body = |provider: &str, amount: i64| match provider {
+        "sim" => {
+            let mut body = payment_body(amount, "pm_card_ok");
+            body["provider"] = json!("sim");
+            body
+        }
+        "stripe" => stripe_payment(amount, "pm_card_visa"),
+        _ => adyen_payment(amount, "pm_card_ok"),
+    };
+    // (provider, listen, platform fee of 10000, currency)
+    let each = [
+        ("sim", sim_listen.as_str(), 300, "USD"),
+        ("stripe", stripe_listen.as_str(), 280, "USD"),
+        ("adyen", adyen_listen.as_str(), 200, "EUR"),
     ];
-    for (provider, paid) in &payments {
+    let mut refunded = Vec::new();
+    let mut disputed = Vec::new();
+    for (provider, listen, platform_fee, _) in each {
+        let paid = create(
+            &client,
+            &format!("three-{provider}"),
+            &body(provider, 10_000),
+        )
+        .await;
         assert_eq!(
-            (paid["status"].as_str(), paid["provider"].as_str()),
-            (Some("captured"), Some(*provider)),
+            (
+                paid["status"].as_str(),
+                paid["provider"].as_str(),
+                paid["fee_minor"].as_i64()
+            ),
+            (Some("captured"), Some(provider), Some(platform_fee)),
             "{paid}"
         );
-        let id = id_of(paid);
+        let id = id_of(&paid);
         let refund = client
             .post(
                 &format!("/v1/payments/{id}/refunds"),
@@ -718,27 +776,192 @@ async fn three_providers_in_one_server() {
             "{provider}: {}",
             String::from_utf8_lossy(&refund.body)
         );
+        refunded.push(id);
+
+        let contested = create(
+            &client,
+            &format!("three-{provider}-disputed"),
+            &body(provider, 6_000),
+        )
+        .await;
+        let contested_id = id_of(&contested);
+        let charge = common::stripe::sim_charges(&client, listen)
+            .await
+            .into_iter()
+            .find(|charge| charge["reference"] == contested_id.as_str())
+            .unwrap_or_else(|| panic!("{provider}: no charge for {contested_id}"));
+        let charge = charge["id"].as_str().unwrap();
+        sim_control(
+            &client,
+            listen,
+            &format!("/sim/charges/{charge}/dispute"),
+            json!({"amount_minor": 6_000}),
+        )
+        .await;
+        sim_control(
+            &client,
+            listen,
+            &format!("/sim/charges/{charge}/dispute/close"),
+            json!({"outcome": "lost"}),
+        )
+        .await;
+        disputed.push(contested_id);
     }
-    for (provider, paid) in &payments {
-        let id = id_of(paid);
-        let refunded = wait_for(&client, &id, "the refund never settled", |p| {
+    for ((provider, ..), (id, contested)) in each.iter().zip(refunded.iter().zip(&disputed)) {
+        let after = wait_for(&client, id, "the refund never settled", |p| {
             p["operations"][0]["state"] == "succeeded"
         })
         .await;
-        assert_eq!(refunded["refunded_minor"], 500, "{provider}: {refunded}");
-        let entries = entries_until(&client, &id, 2).await;
-        let clearing = format!("psp:{provider}:clearing");
+        assert_eq!(after["refunded_minor"], 500, "{provider}: {after}");
+        let entries = entries_until(&client, id, 2).await;
         assert_eq!(
-            moved(&entries, &clearing),
-            500 - paid["amount_minor"].as_i64().unwrap(),
+            moved(&entries, &format!("psp:{provider}:clearing")),
+            500 - 10_000,
+            "{provider}: {entries:#?}"
+        );
+        wait_for(
+            &client,
+            contested,
+            "the lost dispute was never posted",
+            |p| p["status"] == "disputed",
+        )
+        .await;
+        // The capture, the withdrawal, the loss taken from the customer.
+        let entries = entries_until(&client, contested, 3).await;
+        assert_eq!(
+            (
+                moved(&entries, &format!("psp:{provider}:clearing")),
+                moved(&entries, &format!("psp:{provider}:disputed")),
+            ),
+            (0, 0),
             "{provider}: {entries:#?}"
         );
     }
-    let (authorisation, delivery) = adyen.item("AUTHORISATION", &psp_of(&payments[2].1)).await;
+    let (authorisation, delivery) = adyen
+        .item(
+            "AUTHORISATION",
+            &psp_of(&payment(&client, &refunded[2]).await),
+        )
+        .await;
     assert_accepted(&delivery);
+    assert_eq!(authorisation["merchantReference"], refunded[2].as_str());
+
+    // Every report: Stripe pays out, Adyen closes the day and a settlement batch.
+    let stripe_payouts = sim_control(&client, &stripe_listen, "/sim/payouts", json!({})).await;
     assert_eq!(
-        authorisation["merchantReference"],
-        id_of(&payments[2].1).as_str()
+        stripe_payouts["data"].as_array().map(Vec::len),
+        Some(1),
+        "{stripe_payouts}"
+    );
+    adyen.close_accounting_days(&client).await;
+    let batches = adyen.close_settlement_batch(&client).await;
+    assert_eq!(batches.len(), 1, "{batches:?}");
+    assert_accepted(
+        &adyen
+            .item("REPORT_AVAILABLE", batches[0]["file"].as_str().unwrap())
+            .await
+            .1,
+    );
+    // Adyen's fees on its two captures; its payout is the two captures less the refund, the
+    // chargeback and the fees.
+    let adyen_fees = adyen_fee(10_000) + adyen_fee(6_000);
+    let adyen_net = 10_000 + 6_000 - 500 - 6_000 - adyen_fees;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = (
+            balance(&client, "psp:adyen:clearing").await,
+            balance(&client, "bank:adyen:payouts").await,
+            balance(&client, "expense:provider_fees:adyen").await,
+        );
+        if now == (0, -adyen_net, -adyen_fees) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Adyen's payout: (clearing, bank, fees) = {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // One sweep over the three providers' reports, each with its own credentials.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let (ok, output) = common::asiento_with_env(
+        &[
+            "reconcile",
+            "--database-url",
+            &database.url,
+            "--providers",
+            &providers,
+            "--settle",
+            "0s",
+        ],
+        &env,
+    );
+    assert!(ok, "reconcile failed: {output}");
+    let open = client
+        .get("/v1/reconciliation/exceptions?status=open")
+        .await
+        .json();
+    let open = open.as_array().or(open["data"].as_array()).unwrap().clone();
+    assert!(open.is_empty(), "nothing is left for a person: {open:#?}");
+
+    // Each clearing account is what its provider owes by the payments' own views; zero where
+    // the provider paid out, the payout in its bank account.
+    for (provider, _, _, currency) in each {
+        let mut views = Vec::new();
+        for id in &refunded {
+            let view = payment(&client, id).await;
+            if view["provider"] == provider {
+                views.push(view);
+            }
+        }
+        for id in &disputed {
+            let view = payment(&client, id).await;
+            if view["provider"] == provider {
+                views.push(view);
+            }
+        }
+        let owed = owed_by_provider(&views);
+        let account_balance = |account: String| {
+            let client = client.clone();
+            async move {
+                client
+                    .get(&format!(
+                        "/v1/accounts/{account}/balance?currency={currency}"
+                    ))
+                    .await
+                    .json()["balance_minor"]
+                    .as_i64()
+                    .unwrap_or(0)
+            }
+        };
+        let clearing = account_balance(format!("psp:{provider}:clearing")).await;
+        let bank = account_balance(format!("bank:{provider}:payouts")).await;
+        let expected = if provider == "sim" {
+            (-owed, 0)
+        } else {
+            (0, -owed)
+        };
+        assert_eq!((clearing, bank), expected, "{provider}: {views:#?}");
+    }
+    // Each provider's own fee on the 10000 capture: 1.5 %, 2.9 %, Adyen's schedule.
+    for (id, fee) in refunded.iter().zip([150, 290, adyen_fee(10_000)]) {
+        let view = payment(&client, id).await;
+        let fees: Vec<i64> = view["provider_fees"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|fee| fee["fee_minor"].as_i64().unwrap())
+            .collect();
+        assert_eq!(fees, vec![fee], "{view}");
+    }
+    assert_eq!(
+        owed_by_provider(&[
+            payment(&client, &refunded[2]).await,
+            payment(&client, &disputed[2]).await
+        ]),
+        adyen_net,
+        "Adyen's fees are on its payments"
     );
     verify(&database);
 }
