@@ -3,10 +3,15 @@
 //! a refund and a refund failure with the refund operation they stem from, a dispute's withdrawal
 //! and reinstatement with our dispute, and every net with its amount less its fee. Pure, tested
 //! through [`super::report::classify`]. The line's aggregate amounts are compared before this,
-//! so what reaches here is the detail behind totals that agree.
+//! so what reaches here is the detail behind totals that agree. Where the provider can look
+//! nothing up, the movements that name one of our refunds also decide it
+//! ([`refund_outcomes`]), before any comparison.
 
 use asiento_domain::payment::DisputeOutcome;
-use asiento_domain::{ExceptionKind, OperationKind, OperationState, PaymentRecord};
+use asiento_domain::{
+    Amount, ExceptionKind, OperationKind, OperationOutcome, OperationState, PaymentRecord,
+    ProviderFact,
+};
 use asiento_psp::{Movement, MovementKind, ReportLine};
 
 use super::report::Verdict;
@@ -78,4 +83,55 @@ pub(super) fn movement_verdict(record: &PaymentRecord, line: &ReportLine) -> Ver
         }
     }
     Verdict::Agree
+}
+
+/// Why a refund the report shows reversed failed, as the reversal's fact says it.
+const REPORTED_REVERSAL_REASON: &str = "refund reversed (settlement report)";
+
+/// Where nothing can be looked up (Adyen, whose accounting report names each refund row and
+/// each refund reversal row by the refund's pspReference), what the line's movements decide of
+/// our refunds, as their lost notifications would have: a refund we hold open that the report
+/// shows refunded succeeded, and one it shows reversed failed after it succeeded. A movement
+/// whose amount is not its refund's decides nothing (the comparison leaves it to a person).
+pub(super) fn refund_outcomes(record: &PaymentRecord, line: &ReportLine) -> Vec<ProviderFact> {
+    let mut facts = Vec::new();
+    for op in &record.operations {
+        let Some(provider_id) = op.provider_id.as_deref() else {
+            continue;
+        };
+        if op.kind != OperationKind::Refund {
+            continue;
+        }
+        let moved = |kind: MovementKind, amount_minor: Option<i64>| {
+            line.movements.iter().any(|movement| {
+                movement.kind == kind
+                    && movement.source == provider_id
+                    && Some(movement.amount_minor) == amount_minor
+            })
+        };
+        let refunded = moved(MovementKind::Refund, op.amount.minor().checked_neg());
+        let reversed = moved(MovementKind::RefundFailure, Some(op.amount.minor()));
+        let fact = |outcome| ProviderFact::Operation {
+            kind: OperationKind::Refund,
+            charge_id: line.charge_id.clone(),
+            psp_key: op.psp_key.clone(),
+            provider_id: Some(provider_id.to_owned()),
+            amount: Amount::new(op.amount.minor()),
+            outcome,
+            request: None,
+        };
+        let open = matches!(
+            op.state,
+            OperationState::Requested | OperationState::Pending
+        );
+        if open && refunded {
+            facts.push(fact(OperationOutcome::Succeeded));
+        }
+        if (op.state == OperationState::Succeeded || open && refunded) && reversed {
+            facts.push(fact(OperationOutcome::Failed {
+                reason: REPORTED_REVERSAL_REASON.to_owned(),
+            }));
+        }
+    }
+    facts
 }

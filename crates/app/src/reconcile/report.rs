@@ -422,7 +422,11 @@ impl Reconciler {
             local: local_state(&record),
             provider: line_state(line),
         };
+        let decided = self.refunds_decided_by_report(&record, line);
         let verdict = match classify(&record, line) {
+            // What the report decides of our refunds comes first: the totals may agree only
+            // once they are applied, or disagree until then.
+            _ if !decided.is_empty() => decided_refunds(decided),
             Verdict::Manual { kind, fingerprint } if fingerprint.starts_with("refunded:") => {
                 self.reversed_refunds(&record, kind, fingerprint).await
             }
@@ -481,7 +485,59 @@ impl Reconciler {
     }
 }
 
+/// The refunds a report decided, as one auto exception: a reversal among them is
+/// `refund_reversed_at_provider`; else they are refunds of ours whose notification was lost,
+/// found refunded by the report (`refunded_out_of_band`: the kind of a refund the report shows
+/// and we did not know of, here its outcome).
+fn decided_refunds(facts: Vec<ProviderFact>) -> Verdict {
+    use asiento_domain::OperationOutcome;
+    let mut fingerprint = Vec::new();
+    let mut reversal = false;
+    for fact in &facts {
+        if let ProviderFact::Operation {
+            psp_key, outcome, ..
+        } = fact
+        {
+            let failed = matches!(outcome, OperationOutcome::Failed { .. });
+            reversal |= failed;
+            fingerprint.push(format!(
+                "{psp_key}:{}",
+                if failed { "reversed" } else { "refunded" }
+            ));
+        }
+    }
+    let kind = if reversal {
+        ExceptionKind::RefundReversedAtProvider
+    } else {
+        ExceptionKind::RefundedOutOfBand
+    };
+    Verdict::Auto {
+        kind,
+        facts,
+        fingerprint: fingerprint.join(","),
+    }
+}
+
 impl Reconciler {
+    /// Where the provider can look nothing up, what the report line's movements decide of our
+    /// refunds ([`movements::refund_outcomes`]); nothing elsewhere, where a read decides.
+    fn refunds_decided_by_report(
+        &self,
+        record: &PaymentRecord,
+        line: &ReportLine,
+    ) -> Vec<ProviderFact> {
+        let Some(provider) = self.flow.providers.get(&record.provider) else {
+            return Vec::new();
+        };
+        let capabilities = provider.adapter.capabilities();
+        let same_charge =
+            line.currency == record.currency.code() && line.amount_minor == record.amount.minor();
+        if capabilities.lookup_by_id || capabilities.lookup_by_key || !same_charge {
+            return Vec::new();
+        }
+        movements::refund_outcomes(record, line)
+    }
+
     /// The report shows less refunded than we do: a refund of ours that settled may have failed
     /// at the provider since, its webhook lost. Where the provider can look operations up, each
     /// of our settled refunds is read again; those it now reports failed are reversed (an auto
@@ -829,6 +885,87 @@ mod tests {
             Verdict::Auto { kind: ExceptionKind::CapturedAtProvider, facts, .. }
                 if matches!(facts.last(), Some(ProviderFact::ProviderFeeCharged { .. }))
         ));
+    }
+
+    /// Where nothing can be looked up, the report's refund rows, named by the refund, decide our
+    /// refunds: one held open that the report shows refunded succeeded, and one it shows
+    /// reversed failed after it succeeded; a row of another amount or another refund decides
+    /// nothing.
+    #[test]
+    fn refund_rows_decide_the_refunds_they_name() {
+        use asiento_domain::{Operation, OperationKind, OperationOutcome, OperationState};
+        use asiento_psp::{Movement, MovementKind};
+        let moved = |kind, amount: i64, source: &str| Movement {
+            id: format!("{source}:{kind:?}"),
+            kind,
+            amount_minor: amount,
+            fee_minor: 0,
+            net_minor: amount,
+            source: source.to_owned(),
+        };
+        let with = |movements: Vec<Movement>| ReportLine {
+            movements,
+            ..line(ChargeStatus::Succeeded, 10_000, 10_000, 0)
+        };
+        let ours = |state| {
+            let mut ours = record(PaymentStatus::Captured, 10_000, 0);
+            let mut refund = Operation::requested(
+                OperationKind::Refund,
+                1,
+                Amount::new(2_500),
+                "psp_refund_1",
+                Utc::now(),
+            );
+            refund.state = state;
+            refund.provider_id = Some("REFUND1".into());
+            ours.operations.push(refund);
+            ours
+        };
+        let outcomes = |record: &PaymentRecord, line: &ReportLine| -> Vec<String> {
+            movements::refund_outcomes(record, line)
+                .into_iter()
+                .map(|fact| match fact {
+                    ProviderFact::Operation {
+                        psp_key, outcome, ..
+                    } => match outcome {
+                        OperationOutcome::Succeeded => format!("{psp_key}:succeeded"),
+                        OperationOutcome::Failed { .. } => format!("{psp_key}:failed"),
+                        OperationOutcome::Pending => format!("{psp_key}:pending"),
+                    },
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        let refunded = moved(MovementKind::Refund, -2_500, "REFUND1");
+        let reversed = moved(MovementKind::RefundFailure, 2_500, "REFUND1");
+        let both = with(vec![refunded.clone(), reversed.clone()]);
+        let pending = ours(OperationState::Pending);
+        assert_eq!(
+            outcomes(&pending, &with(vec![refunded.clone()])),
+            ["psp_refund_1:succeeded"]
+        );
+        assert_eq!(
+            outcomes(&pending, &both),
+            ["psp_refund_1:succeeded", "psp_refund_1:failed"]
+        );
+        assert_eq!(
+            outcomes(&ours(OperationState::Succeeded), &both),
+            ["psp_refund_1:failed"]
+        );
+        assert!(outcomes(&ours(OperationState::Reversed), &both).is_empty());
+        assert!(outcomes(&ours(OperationState::Succeeded), &with(vec![refunded])).is_empty());
+        let other_amount = with(vec![moved(MovementKind::Refund, -2_000, "REFUND1")]);
+        assert!(outcomes(&pending, &other_amount).is_empty());
+        let other_refund = with(vec![moved(MovementKind::Refund, -2_500, "REFUND2")]);
+        assert!(outcomes(&pending, &other_refund).is_empty());
+        assert_eq!(
+            decided_refunds(movements::refund_outcomes(&pending, &both)),
+            Verdict::Auto {
+                kind: ExceptionKind::RefundReversedAtProvider,
+                facts: movements::refund_outcomes(&pending, &both),
+                fingerprint: "psp_refund_1:refunded,psp_refund_1:reversed".into(),
+            }
+        );
     }
 
     /// Each balance transaction of the window against what we posted for it, once the totals

@@ -22,6 +22,10 @@
 //! | SecondChargeback | the dispute lost |
 //! | anything else (Settled, SentForRefund, …) | the payment was touched; no change |
 //!
+//! Each Refunded, RefundFailed and RefundedReversed row is also a movement of the line
+//! (`Refund`, `RefundFailure`) named by its `Modification Reference`, the refund's pspReference:
+//! with no lookup, that is how the reconciler tells which refund of ours the report decided.
+//!
 //! A dispute is named by the row's `Modification Reference` (the dispute's pspReference, as its
 //! notifications name it) when the file has that column. The report does not say how a
 //! chargeback ends short of a reversal or a second chargeback, so a chargeback stays open here;
@@ -33,7 +37,7 @@ use chrono::{DateTime, Utc};
 
 use super::table::Table;
 use super::ReportError;
-use crate::provider::{ChargeStatus, Dispute, DisputeStatus, ReportLine};
+use crate::provider::{ChargeStatus, Dispute, DisputeStatus, Movement, MovementKind, ReportLine};
 
 const REPORT: &str = "payment accounting report";
 
@@ -99,6 +103,10 @@ struct Fold {
     opened: bool,
     /// The last row inside the window.
     touched: Option<DateTime<Utc>>,
+    /// Each refund row and each refund reversal row, named by the refund's pspReference (its
+    /// `Modification Reference`): what tells which refund of ours moved, where nothing can be
+    /// looked up.
+    movements: Vec<Movement>,
 }
 
 /// Whether a record type opens a payment's history (its first row).
@@ -154,13 +162,15 @@ impl Fold {
                 self.refunded_minor = self
                     .refunded_minor
                     .checked_add(amount)
-                    .ok_or_else(overflow)?
+                    .ok_or_else(overflow)?;
+                self.movement(row, MovementKind::Refund, -amount);
             }
             "RefundFailed" | "RefundedReversed" => {
                 self.refunded_minor = self
                     .refunded_minor
                     .checked_sub(amount)
-                    .ok_or_else(overflow)?
+                    .ok_or_else(overflow)?;
+                self.movement(row, MovementKind::RefundFailure, amount);
             }
             "NotificationOfChargeback" | "Chargeback" => {
                 let dispute = self.dispute.get_or_insert(Dispute {
@@ -193,6 +203,27 @@ impl Fold {
         Ok(())
     }
 
+    /// A refund's movement of money (signed: out is negative), named by its modification's
+    /// pspReference; the report carries no fee on it. Without the column, nothing to name.
+    fn movement(&mut self, row: &AccountingRow, kind: MovementKind, amount_minor: i64) {
+        let Some(source) = row.modification_reference.clone() else {
+            return;
+        };
+        let id = format!("{source}:{}", row.record_type);
+        if self.movements.iter().any(|movement| movement.id == id) {
+            // The same row read again (a day's file read twice, overlapping windows).
+            return;
+        }
+        self.movements.push(Movement {
+            id,
+            kind,
+            amount_minor,
+            fee_minor: 0,
+            net_minor: amount_minor,
+            source,
+        });
+    }
+
     fn line(self, charge_id: String) -> Option<ReportLine> {
         let touched = self.touched?;
         let amount_minor = self.authorised_minor.or(self.asked_minor)?;
@@ -219,7 +250,7 @@ impl Fold {
             idempotency_key: String::new(),
             dispute_status: self.dispute.as_ref().map(|dispute| dispute.status),
             dispute: self.dispute,
-            movements: Vec::new(),
+            movements: self.movements,
             last_touched: touched,
         })
     }
@@ -426,5 +457,43 @@ mod tests {
         let dispute = folded.lines[3].dispute.clone().unwrap();
         assert_eq!(dispute.id.as_deref(), Some("DISPUTE1"));
         assert_eq!(dispute.closed, Some(at("2026-07-02T08:00:01Z")));
+    }
+
+    #[test]
+    fn refund_rows_are_movements_named_by_the_refund() {
+        let named = |kind: &str, amount: i64, refund: &str| AccountingRow {
+            modification_reference: Some(refund.into()),
+            ..row("PSP1", "2026-07-02T09:00:00Z", kind, amount)
+        };
+        let rows = vec![
+            row("PSP1", "2026-07-02T08:00:00Z", "Authorised", 1000),
+            row("PSP1", "2026-07-02T08:00:01Z", "SentForSettle", 1000),
+            named("Refunded", -300, "REFUND1"),
+            named("Refunded", -200, "REFUND2"),
+            named("RefundedReversed", 300, "REFUND1"),
+            // Without the column, nothing names the refund.
+            row("PSP1", "2026-07-02T10:00:00Z", "Refunded", -100),
+        ];
+        let folded = fold(
+            &rows,
+            at("2026-07-02T00:00:00Z"),
+            at("2026-07-03T00:00:00Z"),
+        )
+        .unwrap();
+        let line = &folded.lines[0];
+        assert_eq!(line.amount_refunded, 300);
+        let got: Vec<_> = line
+            .movements
+            .iter()
+            .map(|m| (m.source.as_str(), m.kind, m.amount_minor, m.net_minor))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("REFUND1", MovementKind::Refund, -300, -300),
+                ("REFUND2", MovementKind::Refund, -200, -200),
+                ("REFUND1", MovementKind::RefundFailure, 300, 300),
+            ]
+        );
     }
 }

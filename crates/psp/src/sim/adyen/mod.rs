@@ -30,8 +30,8 @@
 //!
 //! What it does not do: there is no lookup of any kind (no GET of a payment, by pspReference,
 //! by reference or by key: a GET on `/v71/payments/…` is a 404 or 405, as at Adyen); no
-//! `/payments/details`, `/reversals`, sessions or payment links; no reports (the CSV reports
-//! and REPORT_AVAILABLE are not served yet); `captureDelayHours` above 0 is captured at once;
+//! `/payments/details`, `/reversals`, sessions or payment links; `captureDelayHours` above 0 is
+//! captured at once;
 //! and the dialect is served standalone only (the mounted simulator speaks the simulator's own
 //! protocol).
 
