@@ -8,6 +8,9 @@
 //! - a refund that fails after it succeeded (REFUND_FAILED), reversed by a mirror entry; a
 //!   refund received and then refused (REFUND `"false"`), released with nothing posted;
 //! - a dispute lost (CHARGEBACK) and one won (CHARGEBACK, then CHARGEBACK_REVERSED), posted;
+//! - a creation whose request never arrived, and one whose answer was lost, sent again by the
+//!   stale sweep and captured once; one past its expiry cancelled by our reference and left
+//!   pending (not known absent yet);
 //! - a delivery with the wrong basic auth is a 401 and one with an item that does not verify
 //!   is refused whole: neither stores anything;
 //! - a Settlement details batch announced by REPORT_AVAILABLE posts its payout to
@@ -906,43 +909,45 @@ async fn three_providers_in_one_server() {
     assert!(open.is_empty(), "nothing is left for a person: {open:#?}");
 
     // Each clearing account is what its provider owes by the payments' own views; zero where
-    // the provider paid out, the payout in its bank account.
+    // the provider paid out, the payout in its bank account. Balances are projected, so polled.
     for (provider, _, _, currency) in each {
-        let mut views = Vec::new();
-        for id in &refunded {
-            let view = payment(&client, id).await;
-            if view["provider"] == provider {
-                views.push(view);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut views = Vec::new();
+            for id in refunded.iter().chain(&disputed) {
+                let view = payment(&client, id).await;
+                if view["provider"] == provider {
+                    views.push(view);
+                }
             }
-        }
-        for id in &disputed {
-            let view = payment(&client, id).await;
-            if view["provider"] == provider {
-                views.push(view);
-            }
-        }
-        let owed = owed_by_provider(&views);
-        let account_balance = |account: String| {
-            let client = client.clone();
-            async move {
-                client
+            let owed = owed_by_provider(&views);
+            let mut balances = Vec::new();
+            for account in [
+                format!("psp:{provider}:clearing"),
+                format!("bank:{provider}:payouts"),
+            ] {
+                let answer = client
                     .get(&format!(
                         "/v1/accounts/{account}/balance?currency={currency}"
                     ))
                     .await
-                    .json()["balance_minor"]
-                    .as_i64()
-                    .unwrap_or(0)
+                    .json();
+                balances.push(answer["balance_minor"].as_i64().unwrap_or(0));
             }
-        };
-        let clearing = account_balance(format!("psp:{provider}:clearing")).await;
-        let bank = account_balance(format!("bank:{provider}:payouts")).await;
-        let expected = if provider == "sim" {
-            (-owed, 0)
-        } else {
-            (0, -owed)
-        };
-        assert_eq!((clearing, bank), expected, "{provider}: {views:#?}");
+            let expected = if provider == "sim" {
+                vec![-owed, 0]
+            } else {
+                vec![0, -owed]
+            };
+            if balances == expected {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{provider}: (clearing, bank) = {balances:?}, expected {expected:?}: {views:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
     // Each provider's own fee on the 10000 capture: 1.5 %, 2.9 %, Adyen's schedule.
     for (id, fee) in refunded.iter().zip([150, 290, adyen_fee(10_000)]) {
@@ -1016,6 +1021,108 @@ async fn a_refund_adyen_refuses_after_receiving_it_is_refused_and_released() {
         without_provider_fees(client.entries_of(&id).await).len(),
         1,
         "only the capture"
+    );
+    verify(&database);
+}
+
+/// Our payments' charges at the dialect, by their reference.
+async fn charges_of(rig: &common::rig::Rig, id: &str) -> Vec<Value> {
+    rig.charges()
+        .await
+        .into_iter()
+        .filter(|charge| charge["reference"] == id)
+        .collect()
+}
+
+/// Adyen has no lookup, so a creation whose answer was lost is sent again, identical, under its
+/// key by the stale sweep from `--operation-timeout` while the payment is wanted: a request that
+/// never arrived makes the one charge now, one whose answer was lost (the first still running:
+/// 704, retried) gets the first outcome. Past `--pending-timeout` the payment is no longer
+/// wanted: what its request made is cancelled by our reference; nothing can be read, so it stays
+/// pending (it is concluded absent only two days of reports past its expiry). Every
+/// notification is dropped and the report is out of reach: only the sweep decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_creation_answer_is_sent_again_and_past_expiry_cancelled_by_reference() {
+    let database = TestDatabase::new(Backend::Sqlite).await;
+    let rig = common::rig::Rig::start(
+        &database,
+        common::rig::Psp::Adyen,
+        &[
+            "--psp-timeout",
+            "300ms",
+            "--operation-timeout",
+            "1s",
+            "--pending-timeout",
+            "8s",
+            "--reconcile-interval",
+            "300ms",
+            "--report-settle",
+            "1h",
+        ],
+    )
+    .await;
+    let client = rig.client();
+    rig.drop_every_webhook().await;
+    let pending = |key: &'static str, body: Value| {
+        let client = client.clone();
+        async move {
+            let answer = client.post("/v1/payments", key, &body).await;
+            assert_eq!(
+                answer.status,
+                202,
+                "{}",
+                String::from_utf8_lossy(&answer.body)
+            );
+            let payment = answer.json();
+            assert_eq!(payment["status"], "pending", "{payment}");
+            id_of(&payment)
+        }
+    };
+
+    // Never arrived: Adyen unreachable for longer than the request's attempts.
+    rig.sim("/faults", json!({"unreachable_ms": 3_000})).await;
+    let unsent = pending("lost-unsent", adyen_payment(2_000, "pm_card_ok")).await;
+    // Arrived, its answer lost: the dialect answers after the request gave up.
+    let unanswered = pending("lost-answer", adyen_payment(3_000, "pm_card_timeout")).await;
+    for id in [&unsent, &unanswered] {
+        let captured = wait_for(&client, id, "the sweep never sent it again", |p| {
+            p["status"] == "captured"
+        })
+        .await;
+        assert_eq!(
+            captured["provider_charge_id"].as_str().map(str::len),
+            Some(16),
+            "{captured}"
+        );
+        assert_eq!(charges_of(&rig, id).await.len(), 1, "one charge for {id}");
+        assert_eq!(entries_until(&client, id, 1).await.len(), 1);
+    }
+
+    // Every answer lost from now on: the authorisation is made, never told; past its expiry it
+    // is cancelled by our reference.
+    rig.sim("/faults", json!({"timeout_rate": 1.0})).await;
+    let mut manual = adyen_payment(4_000, "pm_card_ok");
+    manual["capture"] = json!("manual");
+    let unwanted = pending("lost-unwanted", manual).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let charge = loop {
+        let charges = charges_of(&rig, &unwanted).await;
+        assert_eq!(charges.len(), 1, "{charges:?}");
+        if charges[0]["status"] == "failed" {
+            break charges[0].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the unwanted authorisation was never cancelled: {charges:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(charge["amount_captured"], 0, "{charge}");
+    let after = payment(&client, &unwanted).await;
+    assert_eq!(after["status"], "pending", "not yet known absent: {after}");
+    assert_eq!(
+        without_provider_fees(client.entries_of(&unwanted).await),
+        Vec::<Value>::new()
     );
     verify(&database);
 }

@@ -128,6 +128,10 @@ pub fn start_adyen_sim(listen: &str, webhook_url: &str) -> Process {
             WEBHOOK_PASSWORD,
             "--modification-delay-ms",
             MODIFICATION_DELAY_MS,
+            // `pm_card_timeout` answers after 1.5 s: past any test's `--psp-timeout`, and short
+            // enough that a request sent again under its key soon gets the first answer.
+            "--hang-ms",
+            "1500",
             "--report-username",
             REPORT_USER,
             "--report-password",
