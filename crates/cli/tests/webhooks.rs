@@ -173,7 +173,21 @@ async fn payments_converge_under_duplicated_and_reordered_webhooks_at(backend: B
             .iter()
             .map(|fee| fee["fee_minor"].as_i64().unwrap())
             .sum();
-        owed += captured - charge["amount_refunded"].as_i64().unwrap() - fees;
+        let payment_owed = captured - charge["amount_refunded"].as_i64().unwrap() - fees;
+        // The payment's own entries on the clearing account say the same.
+        let clearing = format!("psp:{}:clearing", rig.provider());
+        let entries = client.entries_of(payment_id).await;
+        let posted: i64 = entries
+            .iter()
+            .flat_map(|entry| entry["legs"].as_array().unwrap())
+            .filter(|leg| leg["account"] == clearing.as_str())
+            .map(|leg| leg["amount_minor"].as_i64().unwrap())
+            .sum();
+        assert_eq!(
+            posted, -payment_owed,
+            "{payment_id}: {charge} {entries:#?} {events:#?}"
+        );
+        owed += payment_owed;
     }
     // Read-your-writes: the balance includes every event of these payments.
     let clearing = client
