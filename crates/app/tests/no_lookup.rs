@@ -4,7 +4,8 @@
 //! with the one charge the provider made; a creation that never reached the provider is made
 //! by that re-send, once; past its expiry a never-answered creation is cancelled by our
 //! reference, and the payment stays pending until the settlement report has been compared past
-//! its expiry and the provider's absence window (docs/adyen-wire.md §3).
+//! its expiry and the provider's absence window (docs/adyen-wire.md §3); a redirect abandoned past
+//! the timeout for customer action is cancelled at the provider without being read.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
@@ -33,6 +34,8 @@ const PENDING_TIMEOUT_MS: i64 = 15 * 60_000;
 /// When the sweep first looks at a payment with no answer.
 const OPERATION_TIMEOUT_MS: i64 = 60_000;
 const DAY_MS: i64 = 24 * 3_600_000;
+/// How long a customer may take to finish a redirect.
+const REQUIRES_ACTION_TIMEOUT_MS: i64 = 30 * 60_000;
 
 struct Harness {
     database: Database,
@@ -92,6 +95,7 @@ impl Harness {
             ReconcilerConfig {
                 pending_timeout_ms: PENDING_TIMEOUT_MS,
                 operation_timeout_ms: OPERATION_TIMEOUT_MS,
+                requires_action_timeout_ms: REQUIRES_ACTION_TIMEOUT_MS,
                 report_settle_ms: 0,
                 ..ReconcilerConfig::default()
             },
@@ -99,6 +103,10 @@ impl Harness {
     }
 
     async fn create(&self, capture_mode: CaptureMode) -> PaymentId {
+        self.create_with("pm_card_ok", capture_mode).await
+    }
+
+    async fn create_with(&self, payment_method: &str, capture_mode: CaptureMode) -> PaymentId {
         let key = uuid::Uuid::new_v4().to_string();
         let payment = NewPayment {
             tenant: TenantId::parse("acme").unwrap(),
@@ -106,7 +114,7 @@ impl Harness {
             currency: Currency::parse("EUR").unwrap(),
             customer: CustomerId::parse("42").unwrap(),
             provider: ProviderName::parse(PROVIDER).unwrap(),
-            payment_method: "pm_card_ok".into(),
+            payment_method: payment_method.into(),
             capture_mode,
             description: None,
             metadata: serde_json::Map::new(),
@@ -328,4 +336,48 @@ async fn an_unwanted_authorisation_is_cancelled_by_reference_sqlite() {
 #[tokio::test]
 async fn an_unwanted_authorisation_is_cancelled_by_reference_postgres() {
     unwanted_authorisations_are_cancelled(Backend::Postgres).await;
+}
+
+async fn abandoned_redirects_are_cancelled_unread(backend: Backend) {
+    let h = Harness::start(backend).await;
+    let redirect = h.create_with("pm_redirect", CaptureMode::Automatic).await;
+    assert_eq!(h.status(redirect).await, PaymentStatus::RequiresAction);
+
+    // The customer may still finish: nothing is cancelled before the timeout.
+    h.clock.advance_ms(REQUIRES_ACTION_TIMEOUT_MS - 60_000);
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(summary.redirects_cancelled, 0, "{summary}");
+
+    h.clock.advance_ms(2 * 60_000);
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(summary.redirects_cancelled, 1, "{summary}");
+    let mut charges = h.charges_of(redirect);
+    for _ in 0..500 {
+        if charges
+            .iter()
+            .any(|c| c.status != ChargeStatus::RequiresAction)
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        charges = h.charges_of(redirect);
+    }
+    assert_eq!(charges.len(), 1, "{charges:?}");
+    assert_eq!(charges[0].status, ChargeStatus::Failed, "{charges:?}");
+    // Its notification (not delivered here) decides the payment; the sweep asks again only
+    // an hour later.
+    assert_eq!(h.status(redirect).await, PaymentStatus::RequiresAction);
+    let again = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(again.redirects_cancelled, 0, "{again}");
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn an_abandoned_redirect_is_cancelled_without_a_lookup_sqlite() {
+    abandoned_redirects_are_cancelled_unread(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn an_abandoned_redirect_is_cancelled_without_a_lookup_postgres() {
+    abandoned_redirects_are_cancelled_unread(Backend::Postgres).await;
 }
