@@ -131,7 +131,7 @@ impl Harness {
         PaymentId::parse(body["id"].as_str().unwrap()).unwrap()
     }
 
-    /// How many charges the provider holds for `payment`.
+    /// The charges the provider holds for `payment`.
     fn charges_of(&self, payment: PaymentId) -> Vec<asiento_psp::Charge> {
         let reference = payment.to_string();
         self.served
@@ -140,6 +140,24 @@ impl Harness {
             .into_iter()
             .filter(|charge| charge.reference.as_deref() == Some(reference.as_str()))
             .collect()
+    }
+
+    /// The provider's charges for `payment` once one has left `status` (the provider decides
+    /// a cancel some milliseconds after receiving it), or as they are after ten seconds.
+    async fn charges_leaving(
+        &self,
+        payment: PaymentId,
+        status: ChargeStatus,
+    ) -> Vec<asiento_psp::Charge> {
+        let mut charges = self.charges_of(payment);
+        for _ in 0..500 {
+            if charges.iter().any(|charge| charge.status != status) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            charges = self.charges_of(payment);
+        }
+        charges
     }
 
     /// A payment whose creation answered 500: with `reached`, after the provider made the
@@ -311,17 +329,9 @@ async fn unwanted_authorisations_are_cancelled(backend: Backend) {
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.cancelled_by_reference, made, "{summary}");
     // The cancel is received, then decided.
-    let mut charges = h.charges_of(authorised);
-    for _ in 0..500 {
-        if charges
-            .iter()
-            .any(|c| c.status != ChargeStatus::RequiresCapture)
-        {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        charges = h.charges_of(authorised);
-    }
+    let charges = h
+        .charges_leaving(authorised, ChargeStatus::RequiresCapture)
+        .await;
     assert_eq!(charges.len(), 1, "{charges:?}");
     assert_eq!(charges[0].status, ChargeStatus::Failed, "{charges:?}");
     assert_eq!(h.status(authorised).await, PaymentStatus::Pending);
@@ -351,17 +361,9 @@ async fn abandoned_redirects_are_cancelled_unread(backend: Backend) {
     h.clock.advance_ms(2 * 60_000);
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.redirects_cancelled, 1, "{summary}");
-    let mut charges = h.charges_of(redirect);
-    for _ in 0..500 {
-        if charges
-            .iter()
-            .any(|c| c.status != ChargeStatus::RequiresAction)
-        {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        charges = h.charges_of(redirect);
-    }
+    let charges = h
+        .charges_leaving(redirect, ChargeStatus::RequiresAction)
+        .await;
     assert_eq!(charges.len(), 1, "{charges:?}");
     assert_eq!(charges[0].status, ChargeStatus::Failed, "{charges:?}");
     // Its notification (not delivered here) decides the payment; the sweep asks again only
