@@ -206,7 +206,12 @@ impl Reconciler {
                 return if self.flow.clock.now_ms() < expired_ms {
                     self.send_again(&record, summary).await
                 } else {
-                    self.cancel_by_reference(&record, summary).await
+                    self.cancel_by_reference(
+                        &record,
+                        expired_ms.saturating_add(absence_ms),
+                        summary,
+                    )
+                    .await
                 };
             }
             Err(error) => {
@@ -324,10 +329,13 @@ impl Reconciler {
     /// Asks the provider to cancel whatever the never-answered request of a payment past its
     /// expiry made (under the payment's cancel key, so asking again repeats nothing): the
     /// payment is no longer wanted. Its webhook tells the outcome; the report concludes the
-    /// charge absent later (above).
+    /// charge absent once compared past `absent_from_ms` (above). A cancel sent is sent again
+    /// an hour later at the most, and the payment is visited again as soon as the report can
+    /// conclude.
     async fn cancel_by_reference(
         &self,
         record: &PaymentRecord,
+        absent_from_ms: i64,
         summary: &mut SweepSummary,
     ) -> Result<Revisit, ReconcileError> {
         let provider = self.provider(&record.provider)?;
@@ -341,14 +349,22 @@ impl Reconciler {
                 summary.cancelled_by_reference += 1;
                 tracing::info!(payment = %record.id, %cancel, "past its expiry without an answer; its request's effect cancelled by reference");
             }
-            Err(ProviderError::Unsupported { .. }) => {}
+            // Nothing sent: only the report can tell, and it moves on every sweep.
+            Err(ProviderError::Unsupported { .. }) => return Ok(Revisit::NextSweep),
             Err(error) => {
                 summary.provider_errors += 1;
                 tracing::warn!(payment = %record.id, %error, "cancel by reference gave no answer");
                 return Ok(Revisit::NextSweep);
             }
         }
-        Ok(Revisit::After(UNREAD_RECHECK_MS))
+        let concludable_in_ms = absent_from_ms
+            .saturating_add(self.config.report_settle_ms)
+            .saturating_sub(self.flow.clock.now_ms());
+        Ok(if concludable_in_ms > 0 {
+            Revisit::After(concludable_in_ms.min(UNREAD_RECHECK_MS))
+        } else {
+            Revisit::NextSweep
+        })
     }
 
     /// A redirect the provider cannot be asked about (no lookup by id), past the timeout for
