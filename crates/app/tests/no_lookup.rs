@@ -5,7 +5,8 @@
 //! by that re-send, once; past its expiry a never-answered creation is cancelled by our
 //! reference, and the payment stays pending until the settlement report has been compared past
 //! its expiry and the provider's absence window (docs/adyen-wire.md §3); a redirect abandoned past
-//! the timeout for customer action is cancelled at the provider without being read.
+//! the timeout for customer action is cancelled at the provider without being read; the daily
+//! report, compared only as far as Adyen has made it, settles what no notification told.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
@@ -19,14 +20,14 @@ use asiento_domain::{
     Amount, CaptureMode, Currency, CustomerId, PaymentId, PaymentStatus, ProviderName, TenantId,
 };
 use asiento_eventstore::Database;
-use asiento_psp::adyen::{AdyenAccount, AdyenProvider};
+use asiento_psp::adyen::{AdyenAccount, AdyenProvider, BasicCredentials, ReportsAccess};
 use asiento_psp::sim::Dialect;
 use asiento_psp::{ChargeStatus, ClientConfig, SimConfig};
 use serde_json::{json, Value};
 
 mod common;
 
-use common::{create_request, flow_of, Backend, TestDatabase, TestSim};
+use common::{create_request, flow_of, sim_post, Backend, TestDatabase, TestSim};
 
 const PROVIDER: &str = "adyen";
 /// The payment's expiry: long enough that the re-send happens well inside it.
@@ -34,6 +35,8 @@ const PENDING_TIMEOUT_MS: i64 = 15 * 60_000;
 /// When the sweep first looks at a payment with no answer.
 const OPERATION_TIMEOUT_MS: i64 = 60_000;
 const DAY_MS: i64 = 24 * 3_600_000;
+const REPORT_USER: &str = "report_asiento@Company.Asiento";
+const REPORT_PASSWORD: &str = "report-secret";
 /// How long a customer may take to finish a redirect.
 const REQUIRES_ACTION_TIMEOUT_MS: i64 = 30 * 60_000;
 
@@ -54,6 +57,8 @@ impl Harness {
             dialect: Dialect::Adyen,
             // Modifications are decided this long after Adyen received them.
             modification_delay_ms: 20,
+            report_username: Some(REPORT_USER.into()),
+            report_password: Some(REPORT_PASSWORD.into()),
             ..SimConfig::default()
         })
         .await;
@@ -72,6 +77,14 @@ impl Harness {
                 ..ClientConfig::default()
             },
         )
+        .unwrap()
+        .with_reports(&ReportsAccess {
+            base_url: format!("http://{}", served.addr),
+            credentials: BasicCredentials {
+                username: REPORT_USER.into(),
+                password: REPORT_PASSWORD.into(),
+            },
+        })
         .unwrap();
         let clock = Arc::new(ManualClock::at_ms(chrono::Utc::now().timestamp_millis()));
         let flow = flow_of(&database, PROVIDER, Arc::new(adapter), clock.clone());
@@ -196,6 +209,24 @@ impl Harness {
             .record
             .unwrap()
             .status
+    }
+
+    /// How far the provider's settlement report has been compared.
+    async fn report_compared(&self) -> Option<i64> {
+        let name = format!("report:{PROVIDER}");
+        let sql = "select mark from reconciliation_cursors where name = $1";
+        match &self.database {
+            Database::Postgres(pool) => sqlx::query_scalar(sql)
+                .bind(&name)
+                .fetch_optional(pool)
+                .await
+                .unwrap(),
+            Database::Sqlite(pool) => sqlx::query_scalar(&sql.replace('$', "?"))
+                .bind(&name)
+                .fetch_optional(pool)
+                .await
+                .unwrap(),
+        }
     }
 
     /// The settlement report of the provider compared up to `mark_ms`.
@@ -382,4 +413,46 @@ async fn an_abandoned_redirect_is_cancelled_without_a_lookup_sqlite() {
 #[tokio::test]
 async fn an_abandoned_redirect_is_cancelled_without_a_lookup_postgres() {
     abandoned_redirects_are_cancelled_unread(Backend::Postgres).await;
+}
+
+async fn the_daily_report_settles_what_nothing_told(backend: Backend) {
+    let h = Harness::start(backend).await;
+    // Captured at Adyen, its answer lost, no notification delivered, not due for a re-send.
+    let (captured, _) = h.unanswered(CaptureMode::Automatic, true).await;
+
+    // Today's report is not made yet: the report is compared up to today's start, no further.
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(summary.charges_resent, 0, "{summary}");
+    assert_eq!(summary.report_lines, 0, "{summary}");
+    let today_ms = chrono::Utc::now()
+        .date_naive()
+        .and_time(chrono::NaiveTime::MIN)
+        .and_utc()
+        .timestamp_millis();
+    assert_eq!(h.report_compared().await, Some(today_ms));
+    assert_eq!(h.status(captured).await, PaymentStatus::Pending);
+
+    // Adyen makes today's report: the next sweep compares it and the payment is captured.
+    let (status, made) = sim_post(h.served.addr, "/sim/reports/accounting", &json!({})).await;
+    assert_eq!(status, 200, "{made}");
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert!(summary.report_lines >= 1, "{summary}");
+    assert_eq!(
+        h.status(captured).await,
+        PaymentStatus::Captured,
+        "{summary}"
+    );
+    assert!(h.report_compared().await > Some(today_ms));
+    assert_eq!(h.charges_of(captured).len(), 1);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn the_daily_report_settles_what_nothing_told_sqlite() {
+    the_daily_report_settles_what_nothing_told(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn the_daily_report_settles_what_nothing_told_postgres() {
+    the_daily_report_settles_what_nothing_told(Backend::Postgres).await;
 }

@@ -76,7 +76,7 @@ use asiento_eventstore::Database;
 use asiento_psp::{
     Capabilities, Charge, ChargeOutcome, ChargeStatus, CreateCharge, Dispute, DisputeStatus,
     NextAction, Operation, OperationAnswer, OperationKind, OperationStatus, Provider,
-    ProviderError, ProviderFee, ProviderRequest, Rejection, ReportLine,
+    ProviderError, ProviderFee, ProviderRequest, Rejection, ReportLine, SettlementReport,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -1003,7 +1003,7 @@ impl Provider for SimProvider {
         &self,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
-    ) -> Result<Vec<ReportLine>, ProviderError> {
+    ) -> Result<SettlementReport, ProviderError> {
         self.lookup(true, "report", |state| {
             state
                 .charges
@@ -1026,6 +1026,7 @@ impl Provider for SimProvider {
                 })
                 .collect()
         })
+        .map(|data| SettlementReport { from, to, data })
     }
 }
 
