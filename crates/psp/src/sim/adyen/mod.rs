@@ -9,7 +9,7 @@
 //! - `POST /v71/payments` ([`payments`]): the outcome comes from Adyen's test triggers in
 //!   `paymentMethod.holderName`, or from `paymentMethod.storedPaymentMethodId` naming one of the
 //!   simulator's own test methods (`pm_card_ok`, `pm_card_declined`, `pm_card_timeout`,
-//!   `pm_card_slow`, `pm_redirect`). A refusal is an HTTP 200 with `resultCode: "Refused"`.
+//!   `pm_card_slow`, `pm_redirect`, and `pm_capture_fails`, `pm_refund_fails` for late failures). A refusal is an HTTP 200 with `resultCode: "Refused"`.
 //!   Capture is automatic unless `additionalData.manualCapture` is `"true"`.
 //! - `POST /v71/payments/{pspReference}/captures`, `/refunds`, `/cancels` and `POST
 //!   /v71/cancels` (by our reference) ([`modifications`]): each answers 201 `received` with its
@@ -30,8 +30,8 @@
 //!
 //! What it does not do: there is no lookup of any kind (no GET of a payment, by pspReference,
 //! by reference or by key: a GET on `/v71/payments/…` is a 404 or 405, as at Adyen); no
-//! `/payments/details`, `/reversals`, sessions or payment links; no reports (the CSV reports
-//! and REPORT_AVAILABLE are not served yet); `captureDelayHours` above 0 is captured at once;
+//! `/payments/details`, `/reversals`, sessions or payment links; `captureDelayHours` above 0 is
+//! captured at once;
 //! and the dialect is served standalone only (the mounted simulator speaks the simulator's own
 //! protocol).
 
