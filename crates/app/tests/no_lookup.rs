@@ -4,7 +4,9 @@
 //! with the one charge the provider made; a creation that never reached the provider is made
 //! by that re-send, once; past its expiry a never-answered creation is cancelled by our
 //! reference, and the payment stays pending until the settlement report has been compared past
-//! its expiry and the provider's absence window (docs/adyen-wire.md §3).
+//! its expiry and the provider's absence window (docs/adyen-wire.md §3); a redirect abandoned past
+//! the timeout for customer action is cancelled at the provider without being read; the daily
+//! report, compared only as far as Adyen has made it, settles what no notification told.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
@@ -18,14 +20,14 @@ use asiento_domain::{
     Amount, CaptureMode, Currency, CustomerId, PaymentId, PaymentStatus, ProviderName, TenantId,
 };
 use asiento_eventstore::Database;
-use asiento_psp::adyen::{AdyenAccount, AdyenProvider};
+use asiento_psp::adyen::{AdyenAccount, AdyenProvider, BasicCredentials, ReportsAccess};
 use asiento_psp::sim::Dialect;
 use asiento_psp::{ChargeStatus, ClientConfig, SimConfig};
 use serde_json::{json, Value};
 
 mod common;
 
-use common::{create_request, flow_of, Backend, TestDatabase, TestSim};
+use common::{create_request, flow_of, sim_post, Backend, TestDatabase, TestSim};
 
 const PROVIDER: &str = "adyen";
 /// The payment's expiry: long enough that the re-send happens well inside it.
@@ -33,6 +35,10 @@ const PENDING_TIMEOUT_MS: i64 = 15 * 60_000;
 /// When the sweep first looks at a payment with no answer.
 const OPERATION_TIMEOUT_MS: i64 = 60_000;
 const DAY_MS: i64 = 24 * 3_600_000;
+const REPORT_USER: &str = "report_asiento@Company.Asiento";
+const REPORT_PASSWORD: &str = "report-secret";
+/// How long a customer may take to finish a redirect.
+const REQUIRES_ACTION_TIMEOUT_MS: i64 = 30 * 60_000;
 
 struct Harness {
     database: Database,
@@ -51,6 +57,8 @@ impl Harness {
             dialect: Dialect::Adyen,
             // Modifications are decided this long after Adyen received them.
             modification_delay_ms: 20,
+            report_username: Some(REPORT_USER.into()),
+            report_password: Some(REPORT_PASSWORD.into()),
             ..SimConfig::default()
         })
         .await;
@@ -69,6 +77,14 @@ impl Harness {
                 ..ClientConfig::default()
             },
         )
+        .unwrap()
+        .with_reports(&ReportsAccess {
+            base_url: format!("http://{}", served.addr),
+            credentials: BasicCredentials {
+                username: REPORT_USER.into(),
+                password: REPORT_PASSWORD.into(),
+            },
+        })
         .unwrap();
         let clock = Arc::new(ManualClock::at_ms(chrono::Utc::now().timestamp_millis()));
         let flow = flow_of(&database, PROVIDER, Arc::new(adapter), clock.clone());
@@ -92,6 +108,7 @@ impl Harness {
             ReconcilerConfig {
                 pending_timeout_ms: PENDING_TIMEOUT_MS,
                 operation_timeout_ms: OPERATION_TIMEOUT_MS,
+                requires_action_timeout_ms: REQUIRES_ACTION_TIMEOUT_MS,
                 report_settle_ms: 0,
                 ..ReconcilerConfig::default()
             },
@@ -99,6 +116,10 @@ impl Harness {
     }
 
     async fn create(&self, capture_mode: CaptureMode) -> PaymentId {
+        self.create_with("pm_card_ok", capture_mode).await
+    }
+
+    async fn create_with(&self, payment_method: &str, capture_mode: CaptureMode) -> PaymentId {
         let key = uuid::Uuid::new_v4().to_string();
         let payment = NewPayment {
             tenant: TenantId::parse("acme").unwrap(),
@@ -106,7 +127,7 @@ impl Harness {
             currency: Currency::parse("EUR").unwrap(),
             customer: CustomerId::parse("42").unwrap(),
             provider: ProviderName::parse(PROVIDER).unwrap(),
-            payment_method: "pm_card_ok".into(),
+            payment_method: payment_method.into(),
             capture_mode,
             description: None,
             metadata: serde_json::Map::new(),
@@ -123,7 +144,7 @@ impl Harness {
         PaymentId::parse(body["id"].as_str().unwrap()).unwrap()
     }
 
-    /// How many charges the provider holds for `payment`.
+    /// The charges the provider holds for `payment`.
     fn charges_of(&self, payment: PaymentId) -> Vec<asiento_psp::Charge> {
         let reference = payment.to_string();
         self.served
@@ -132,6 +153,24 @@ impl Harness {
             .into_iter()
             .filter(|charge| charge.reference.as_deref() == Some(reference.as_str()))
             .collect()
+    }
+
+    /// The provider's charges for `payment` once one has left `status` (the provider decides
+    /// a cancel some milliseconds after receiving it), or as they are after ten seconds.
+    async fn charges_leaving(
+        &self,
+        payment: PaymentId,
+        status: ChargeStatus,
+    ) -> Vec<asiento_psp::Charge> {
+        let mut charges = self.charges_of(payment);
+        for _ in 0..500 {
+            if charges.iter().any(|charge| charge.status != status) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            charges = self.charges_of(payment);
+        }
+        charges
     }
 
     /// A payment whose creation answered 500: with `reached`, after the provider made the
@@ -170,6 +209,24 @@ impl Harness {
             .record
             .unwrap()
             .status
+    }
+
+    /// How far the provider's settlement report has been compared.
+    async fn report_compared(&self) -> Option<i64> {
+        let name = format!("report:{PROVIDER}");
+        let sql = "select mark from reconciliation_cursors where name = $1";
+        match &self.database {
+            Database::Postgres(pool) => sqlx::query_scalar(sql)
+                .bind(&name)
+                .fetch_optional(pool)
+                .await
+                .unwrap(),
+            Database::Sqlite(pool) => sqlx::query_scalar(&sql.replace('$', "?"))
+                .bind(&name)
+                .fetch_optional(pool)
+                .await
+                .unwrap(),
+        }
     }
 
     /// The settlement report of the provider compared up to `mark_ms`.
@@ -303,17 +360,9 @@ async fn unwanted_authorisations_are_cancelled(backend: Backend) {
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.cancelled_by_reference, made, "{summary}");
     // The cancel is received, then decided.
-    let mut charges = h.charges_of(authorised);
-    for _ in 0..500 {
-        if charges
-            .iter()
-            .any(|c| c.status != ChargeStatus::RequiresCapture)
-        {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        charges = h.charges_of(authorised);
-    }
+    let charges = h
+        .charges_leaving(authorised, ChargeStatus::RequiresCapture)
+        .await;
     assert_eq!(charges.len(), 1, "{charges:?}");
     assert_eq!(charges[0].status, ChargeStatus::Failed, "{charges:?}");
     assert_eq!(h.status(authorised).await, PaymentStatus::Pending);
@@ -328,4 +377,82 @@ async fn an_unwanted_authorisation_is_cancelled_by_reference_sqlite() {
 #[tokio::test]
 async fn an_unwanted_authorisation_is_cancelled_by_reference_postgres() {
     unwanted_authorisations_are_cancelled(Backend::Postgres).await;
+}
+
+async fn abandoned_redirects_are_cancelled_unread(backend: Backend) {
+    let h = Harness::start(backend).await;
+    let redirect = h.create_with("pm_redirect", CaptureMode::Automatic).await;
+    assert_eq!(h.status(redirect).await, PaymentStatus::RequiresAction);
+
+    // The customer may still finish: nothing is cancelled before the timeout.
+    h.clock.advance_ms(REQUIRES_ACTION_TIMEOUT_MS - 60_000);
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(summary.redirects_cancelled, 0, "{summary}");
+
+    h.clock.advance_ms(2 * 60_000);
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(summary.redirects_cancelled, 1, "{summary}");
+    let charges = h
+        .charges_leaving(redirect, ChargeStatus::RequiresAction)
+        .await;
+    assert_eq!(charges.len(), 1, "{charges:?}");
+    assert_eq!(charges[0].status, ChargeStatus::Failed, "{charges:?}");
+    // Its notification (not delivered here) decides the payment; the sweep asks again only
+    // an hour later.
+    assert_eq!(h.status(redirect).await, PaymentStatus::RequiresAction);
+    let again = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(again.redirects_cancelled, 0, "{again}");
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn an_abandoned_redirect_is_cancelled_without_a_lookup_sqlite() {
+    abandoned_redirects_are_cancelled_unread(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn an_abandoned_redirect_is_cancelled_without_a_lookup_postgres() {
+    abandoned_redirects_are_cancelled_unread(Backend::Postgres).await;
+}
+
+async fn the_daily_report_settles_what_nothing_told(backend: Backend) {
+    let h = Harness::start(backend).await;
+    // Captured at Adyen, its answer lost, no notification delivered, not due for a re-send.
+    let (captured, _) = h.unanswered(CaptureMode::Automatic, true).await;
+
+    // Today's report is not made yet: the report is compared up to today's start, no further.
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert_eq!(summary.charges_resent, 0, "{summary}");
+    assert_eq!(summary.report_lines, 0, "{summary}");
+    let today_ms = chrono::Utc::now()
+        .date_naive()
+        .and_time(chrono::NaiveTime::MIN)
+        .and_utc()
+        .timestamp_millis();
+    assert_eq!(h.report_compared().await, Some(today_ms));
+    assert_eq!(h.status(captured).await, PaymentStatus::Pending);
+
+    // Adyen makes today's report: the next sweep compares it and the payment is captured.
+    let (status, made) = sim_post(h.served.addr, "/sim/reports/accounting", &json!({})).await;
+    assert_eq!(status, 200, "{made}");
+    let summary = h.reconciler().sweep_once().await.unwrap();
+    assert!(summary.report_lines >= 1, "{summary}");
+    assert_eq!(
+        h.status(captured).await,
+        PaymentStatus::Captured,
+        "{summary}"
+    );
+    assert!(h.report_compared().await > Some(today_ms));
+    assert_eq!(h.charges_of(captured).len(), 1);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn the_daily_report_settles_what_nothing_told_sqlite() {
+    the_daily_report_settles_what_nothing_told(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn the_daily_report_settles_what_nothing_told_postgres() {
+    the_daily_report_settles_what_nothing_told(Backend::Postgres).await;
 }

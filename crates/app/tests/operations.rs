@@ -22,7 +22,6 @@ use asiento_domain::{
 use asiento_psp::sim::FaultsPatch;
 use asiento_psp::{Capabilities, ClientConfig, OperationKind as SimKind, SimConfig};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 mod common;
 
@@ -164,18 +163,7 @@ impl Harness {
 
     /// A POST to the simulator's control routes over plain HTTP/1.1.
     async fn sim_post(&self, path: &str, body: Value) -> u16 {
-        let body = body.to_string();
-        let mut stream = tokio::net::TcpStream::connect(self.sim_addr).await.unwrap();
-        let request = format!(
-            "POST {path} HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\n\
-             Idempotency-Key: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            uuid::Uuid::new_v4(),
-            body.len()
-        );
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.unwrap();
-        String::from_utf8_lossy(&raw)[9..12].parse().unwrap()
+        common::sim_post(self.sim_addr, path, &body).await.0
     }
 }
 

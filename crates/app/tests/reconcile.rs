@@ -25,7 +25,6 @@ use asiento_domain::{
 use asiento_eventstore::Database;
 use asiento_psp::{Charge, ChargeStatus, ClientConfig, SimConfig, Simulator};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 mod common;
 
@@ -203,21 +202,7 @@ impl Harness {
 
     /// A POST to the simulator over plain HTTP/1.1 (its control routes).
     async fn sim_post(&self, path: &str, body: Value) -> (u16, Value) {
-        let body = body.to_string();
-        let mut stream = tokio::net::TcpStream::connect(self.sim_addr).await.unwrap();
-        let request = format!(
-            "POST {path} HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\n\
-             Idempotency-Key: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            uuid::Uuid::new_v4(),
-            body.len()
-        );
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.unwrap();
-        let text = String::from_utf8_lossy(&raw);
-        let status: u16 = text[9..12].parse().unwrap();
-        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        (status, serde_json::from_str(body).unwrap_or(Value::Null))
+        common::sim_post(self.sim_addr, path, &body).await
     }
 
     async fn open_exceptions(&self, scope: ExceptionScope) -> Vec<exceptions::ExceptionView> {

@@ -25,7 +25,10 @@
 //! answers `Unsupported`), synchronous or asynchronous captures and refunds (answered `Pending`
 //! and decided later, sometimes failed), late refund reversals (a succeeded refund fails and the
 //! charge's refunded total goes back down), a key lifetime (a write under an older key is a new
-//! one), and whether a dispute's webhooks get through. Each `operation.updated` the provider
+//! one), whether a dispute's webhooks get through, whether an authorisation can be cancelled by
+//! our reference (Adyen's technical cancel, asked for a payment never answered once it expired),
+//! and how long past its expiry the report must be compared before such a charge is concluded
+//! absent. Each `operation.updated` the provider
 //! sends is delivered as it happens or dropped; a disputed charge may go dark (none of its
 //! webhooks arrives again, so the sweep's lookups and the settlement report, which carries the
 //! dispute, must tell). A refund on a disputed charge is refused (`charge_disputed`).
@@ -73,7 +76,7 @@ use asiento_eventstore::Database;
 use asiento_psp::{
     Capabilities, Charge, ChargeOutcome, ChargeStatus, CreateCharge, Dispute, DisputeStatus,
     NextAction, Operation, OperationAnswer, OperationKind, OperationStatus, Provider,
-    ProviderError, ProviderFee, ProviderRequest, Rejection, ReportLine,
+    ProviderError, ProviderFee, ProviderRequest, Rejection, ReportLine, SettlementReport,
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -106,6 +109,8 @@ const OPERATION_PENDING_DEADLINE_MS: i64 = 2 * 3_600_000;
 const EVENTS_DELIVERED_PERCENT: u64 = 75;
 /// A key lifetime no seed outlives (Stripe's day).
 const KEY_LIFETIME_MS_LONG: i64 = 24 * 3_600_000;
+/// The longer absence window a profile may have; the end of a seed runs past it.
+const ABSENCE_CONFIRMED_AFTER_MS_LONG: i64 = 90 * 60_000;
 const FEE_BPS: u32 = 300;
 const TENANT: &str = "acme";
 const PROVIDER: &str = "sim";
@@ -185,6 +190,13 @@ struct Profile {
     key_lifetime_ms: i64,
     /// Of disputes, the percentage whose charge's webhooks are all dropped from then on.
     dispute_dark_percent: u64,
+    /// Whether what a charge request made can be cancelled by our reference (Adyen's
+    /// technical cancel): an authorisation whose answer was lost is then cancelled once its
+    /// payment expired.
+    cancel_by_reference: bool,
+    /// How far past a payment's expiry the report must have been compared before a charge never
+    /// answered is concluded absent.
+    absence_confirmed_after_ms: i64,
 }
 
 impl Profile {
@@ -199,6 +211,8 @@ impl Profile {
             reversal_delay_ms: rng.between(1_000, 30 * 60_000),
             key_lifetime_ms: *rng.pick(&[KEY_LIFETIME_MS_LONG, KEY_LIFETIME_MS_LONG, 10 * 60_000]),
             dispute_dark_percent: *rng.pick(&[0, 50, 100]),
+            cancel_by_reference: rng.chance(50),
+            absence_confirmed_after_ms: *rng.pick(&[0, 0, ABSENCE_CONFIRMED_AFTER_MS_LONG]),
         }
     }
 
@@ -208,7 +222,9 @@ impl Profile {
             lookup_by_id: self.lookup_by_id,
             async_modifications: self.async_modifications,
             key_lifetime: std::time::Duration::from_millis(self.key_lifetime_ms as u64),
-            absence_confirmed_after: std::time::Duration::ZERO,
+            absence_confirmed_after: std::time::Duration::from_millis(
+                self.absence_confirmed_after_ms as u64,
+            ),
         }
     }
 
@@ -910,6 +926,31 @@ impl Provider for SimProvider {
         .await
     }
 
+    async fn cancel_by_reference(
+        &self,
+        reference: &str,
+        _idempotency_key: &str,
+    ) -> Result<String, ProviderError> {
+        let now = self.clock.now();
+        let mut state = self.state.lock().unwrap();
+        if !state.profile.cancel_by_reference {
+            return Err(unsupported("cancel by reference"));
+        }
+        state.tick(now);
+        // Only an authorisation can be cancelled: a captured charge stays as it is.
+        let authorised = state.charges.iter().rposition(|charge| {
+            charge.reference.as_deref() == Some(reference)
+                && charge.status == ChargeStatus::RequiresCapture
+        });
+        if let Some(index) = authorised {
+            let charge = &mut state.charges[index];
+            charge.status = ChargeStatus::Failed;
+            charge.failure_code = Some("canceled".into());
+            state.touched(index, now);
+        }
+        Ok(format!("tc_{reference}"))
+    }
+
     async fn cancel(
         &self,
         charge_id: &str,
@@ -962,7 +1003,7 @@ impl Provider for SimProvider {
         &self,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
-    ) -> Result<Vec<ReportLine>, ProviderError> {
+    ) -> Result<SettlementReport, ProviderError> {
         self.lookup(true, "report", |state| {
             state
                 .charges
@@ -985,6 +1026,7 @@ impl Provider for SimProvider {
                 })
                 .collect()
         })
+        .map(|data| SettlementReport { from, to, data })
     }
 }
 
@@ -1089,6 +1131,9 @@ struct Sim {
     payments: Vec<PaymentId>,
     last_sweep_ms: i64,
     crashes: u32,
+    /// What the sweeps did about charges never answered: sent again, cancelled by reference.
+    resent: u64,
+    cancelled_by_reference: u64,
     trace: String,
 }
 
@@ -1187,6 +1232,8 @@ impl Sim {
             payments: Vec::new(),
             last_sweep_ms: EPOCH_MS,
             crashes: 0,
+            resent: 0,
+            cancelled_by_reference: 0,
             trace: String::new(),
         }
     }
@@ -1389,6 +1436,8 @@ impl Sim {
                 self.restart().await;
             }
             Some(Ok(summary)) => {
+                self.resent += summary.charges_resent as u64;
+                self.cancelled_by_reference += summary.cancelled_by_reference as u64;
                 let line = summary.to_string().replace('\n', "; ");
                 self.note(format!("sweep ({fault:?}): {line}"));
             }
@@ -2096,6 +2145,9 @@ struct SeedStats {
     unresolved: u64,
     /// Payments left flagged for a person at the end, by the shape of their flags.
     flagged: u64,
+    /// Never-answered charges the sweeps sent again, and cancelled by reference.
+    resent: u64,
+    cancelled_by_reference: u64,
     flags: BTreeMap<String, u64>,
 }
 
@@ -2112,6 +2164,8 @@ impl SeedStats {
         self.dark += other.dark;
         self.unresolved += other.unresolved;
         self.flagged += other.flagged;
+        self.resent += other.resent;
+        self.cancelled_by_reference += other.cancelled_by_reference;
         for (flag, count) in &other.flags {
             *self.flags.entry(flag.clone()).or_default() += count;
         }
@@ -2169,6 +2223,8 @@ async fn run_seed(seed: u64, steps: u32, verbose: bool) -> SeedStats {
         dark: state.dark.len() as u64,
         unresolved: unresolved as u64,
         flagged: flagged as u64,
+        resent: sim.resent,
+        cancelled_by_reference: sim.cancelled_by_reference,
         flags,
     }
 }
@@ -2224,7 +2280,7 @@ async fn simulation_seeds_hold_every_invariant() {
         }
     }
     println!(
-        "simulation: {count} seeds from {start} x {steps} steps in {:.1}s: {} requests, {} payments, {} crashes; provider: {} captures and refunds ({} asynchronous), {} refused, {} reversed, {} disputes ({} with every webhook dropped); {} operations left unresolved with their exception, {} payments flagged for review",
+        "simulation: {count} seeds from {start} x {steps} steps in {:.1}s: {} requests, {} payments, {} crashes; provider: {} captures and refunds ({} asynchronous), {} refused, {} reversed, {} disputes ({} with every webhook dropped); {} operations left unresolved with their exception, {} payments flagged for review; {} never-answered charges sent again, {} cancelled by reference",
         began.elapsed().as_secs_f64(),
         total.requests,
         total.payments,
@@ -2237,6 +2293,8 @@ async fn simulation_seeds_hold_every_invariant() {
         total.dark,
         total.unresolved,
         total.flagged,
+        total.resent,
+        total.cancelled_by_reference,
     );
     for (flag, count) in &total.flags {
         println!("  flagged {count}x: {flag}");

@@ -33,7 +33,6 @@ use asiento_eventstore::Database;
 use asiento_psp::sim::FaultsPatch;
 use asiento_psp::{Charge, ChargeStatus, ClientConfig, SimConfig, Simulator, WebhookEvent};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 mod common;
 
@@ -176,19 +175,9 @@ impl Harness {
 
     /// A control route of the simulator (`/sim/…`), over plain HTTP/1.1.
     async fn sim_post(&self, path: &str, body: &Value) -> Value {
-        let body = body.to_string();
-        let mut stream = tokio::net::TcpStream::connect(self.sim_addr).await.unwrap();
-        let request = format!(
-            "POST {path} HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        let (head, payload) = response.split_once("\r\n\r\n").unwrap();
-        assert!(head.starts_with("HTTP/1.1 200"), "{path}: {response}");
-        serde_json::from_str(payload).unwrap()
+        let (status, payload) = common::sim_post(self.sim_addr, path, body).await;
+        assert_eq!(status, 200, "{path}: {payload}");
+        payload
     }
 
     async fn load(

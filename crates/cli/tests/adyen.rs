@@ -1126,3 +1126,60 @@ async fn a_lost_creation_answer_is_sent_again_and_past_expiry_cancelled_by_refer
     );
     verify(&database);
 }
+
+/// A capture that succeeded and then failed at the scheme (CAPTURE_FAILED) is reversed by a
+/// mirror of its entry, and the payment fails with Adyen's reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capture_that_fails_after_it_succeeded_is_reversed_and_the_payment_fails() {
+    let database = TestDatabase::new(Backend::Sqlite).await;
+    let Rig { server, sim } = start_rig(&database, &[]).await;
+    let client = server.client();
+    let mut manual = adyen_payment(4_000, "pm_capture_fails");
+    manual["capture"] = json!("manual");
+    let held = create(&client, "capture-fails-1", &manual).await;
+    assert_eq!(held["status"], "authorized", "{held}");
+    let id = id_of(&held);
+    let capture = client
+        .post(
+            &format!("/v1/payments/{id}/capture"),
+            "capture-fails-1-capture",
+            &json!({}),
+        )
+        .await;
+    assert_eq!(
+        capture.status,
+        202,
+        "{}",
+        String::from_utf8_lossy(&capture.body)
+    );
+    let capture_psp = capture.json()["operations"][0]["provider_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_accepted(&sim.item("CAPTURE", &capture_psp).await.1);
+    let (failed, delivery) = sim.item("CAPTURE_FAILED", &capture_psp).await;
+    assert_accepted(&delivery);
+    assert_eq!(failed["amount"]["value"], 4_000);
+    let reversed = wait_for(&client, &id, "the CAPTURE_FAILED was never applied", |p| {
+        p["status"] == "failed"
+    })
+    .await;
+    assert_eq!(reversed["operations"][0]["state"], "reversed", "{reversed}");
+    assert_eq!(reversed["captured_minor"], 0, "{reversed}");
+    assert_eq!(reversed["fee_minor"], 0, "{reversed}");
+    // The authorisation's hold, the capture, the hold's release, and the capture's mirror.
+    let entries = entries_until(&client, &id, 4).await;
+    assert_eq!(
+        moved(&entries[3..], "psp:adyen:clearing"),
+        4_000,
+        "{entries:#?}"
+    );
+    for account in [
+        "psp:adyen:clearing",
+        "customer:42:available",
+        "revenue:fees",
+    ] {
+        assert_eq!(moved(&entries, account), 0, "{account}: {entries:#?}");
+    }
+    verify(&database);
+}

@@ -52,6 +52,17 @@ async fn converged(client: &Client, truth: &BTreeMap<String, Value>) -> Result<(
                 "{payment_id}: provider says {want:?}, we say {have:?}"
             ));
         }
+        // A refund Adyen received and has not decided yet agrees with both sides for now.
+        let open = payment["operations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|op| op["state"] == "pending" || op["state"] == "requested");
+        if open {
+            return Err(format!(
+                "{payment_id}: an operation is still open: {payment}"
+            ));
+        }
     }
     Ok(())
 }
@@ -128,7 +139,8 @@ async fn payments_converge_under_duplicated_and_reordered_webhooks_at(backend: B
         }
     }
 
-    // Read again each time: Adyen decides the refunds it received a moment later.
+    // Read again each time, until no operation is open: Adyen decides the refunds it received
+    // a moment later.
     let deadline = Instant::now() + Duration::from_secs(60);
     let truth = loop {
         let truth = provider_truth(&rig).await;

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::provider::{
     Capabilities, Charge, ChargeOutcome, CreateCharge, Operation, OperationAnswer, Provider,
-    ProviderError, ReportLine, SettlementReport,
+    ProviderError, SettlementReport,
 };
 pub use crate::transport::{
     backoff_ceiling_ms, ClientConfig, ClientInitError, FullJitter, RetrySleeper, TokioSleeper,
@@ -244,13 +244,12 @@ impl Provider for HttpProvider {
         &self,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
-    ) -> Result<Vec<ReportLine>, ProviderError> {
+    ) -> Result<SettlementReport, ProviderError> {
         let mut url = self.url(&["v1", "settlement_report"]);
         url.query_pairs_mut()
             .append_pair("from", &from.to_rfc3339_opts(SecondsFormat::Nanos, true))
             .append_pair("to", &to.to_rfc3339_opts(SecondsFormat::Nanos, true));
-        let report: SettlementReport = self.transport.object(Call::read(url)).await?;
-        Ok(report.data)
+        self.transport.object(Call::read(url)).await
     }
 }
 

@@ -373,7 +373,7 @@ pub struct Movement {
     pub source: String,
 }
 
-/// The settlement report for `[from, to)`.
+/// The settlement report for `[from, to)`: every charge touched in it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SettlementReport {
     pub from: DateTime<Utc>,
@@ -506,12 +506,15 @@ pub trait Provider: Send + Sync {
     /// has none.
     async fn get_operation(&self, id: &str) -> Result<Option<Operation>, ProviderError>;
 
-    /// Every charge touched in `[from, to)`.
+    /// Every charge touched in `[from, report.to)`, where `report.to` is `to`, or earlier when
+    /// the provider has not yet made the report of the window's end (Adyen's daily files: the
+    /// days before today are there, today's is not): the reconciler takes the window as compared
+    /// only that far. `Err(Unknown)` when not even the window's start is covered yet.
     async fn settlement_report(
         &self,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
-    ) -> Result<Vec<ReportLine>, ProviderError>;
+    ) -> Result<SettlementReport, ProviderError>;
 
     /// What a verified webhook body stands for. The simulator's body is the event itself, the
     /// charge as it stood (the default). A provider whose events are hints (Stripe: events

@@ -87,7 +87,12 @@ async fn reports_tell_payments_refunds_fees_and_payouts_as_they_happened() {
         .await;
         let adyen = adapter(&sim, REPORT_PASSWORD);
         let from = Utc::now() - Days::minutes(1);
-        let to = Utc::now() + Days::hours(1);
+        // Within today: tomorrow's file is not there yet either.
+        let tomorrow = (Utc::now() + Days::days(1))
+            .date_naive()
+            .and_time(chrono::NaiveTime::MIN)
+            .and_utc();
+        let to = (Utc::now() + Days::hours(1)).min(tomorrow);
 
         let ChargeOutcome::Succeeded(captured) = adyen
             .create_charge(&charge("psp_a", "pay_a", 10_000, true))
@@ -115,6 +120,17 @@ async fn reports_tell_payments_refunds_fees_and_payouts_as_they_happened() {
             adyen.settlement_report(from, to).await,
             Err(ProviderError::Unknown { .. })
         ));
+        // A window from yesterday is covered up to today's start: yesterday's file is there.
+        let today = Utc::now()
+            .date_naive()
+            .and_time(chrono::NaiveTime::MIN)
+            .and_utc();
+        let partial = adyen
+            .settlement_report(today - Days::hours(12), to)
+            .await
+            .unwrap();
+        assert_eq!(partial.to, today);
+        assert!(partial.data.is_empty(), "{:?}", partial.data);
         tokio::time::sleep(Duration::from_millis(300)).await;
         let closed = control(&sim, "accounting").await;
         assert!(closed["data"][0]["file"]
@@ -122,7 +138,9 @@ async fn reports_tell_payments_refunds_fees_and_payouts_as_they_happened() {
             .unwrap()
             .starts_with("payments_accounting_report_"));
 
-        let mut lines = adyen.settlement_report(from, to).await.unwrap();
+        let report = adyen.settlement_report(from, to).await.unwrap();
+        assert_eq!(report.to, to, "today's file covers the whole window");
+        let mut lines = report.data;
         lines.sort_by(|a, b| a.reference.cmp(&b.reference));
         let got: Vec<_> = lines
             .iter()

@@ -775,13 +775,13 @@ async fn the_report_for_a_window_lists_exactly_the_charges_touched_in_it() {
         let ids = |lines: &[asiento_psp::ReportLine]| -> Vec<String> {
             lines.iter().map(|l| l.charge_id.clone()).collect()
         };
-        let w01 = client.settlement_report(t0, t1).await.unwrap();
+        let w01 = client.settlement_report(t0, t1).await.unwrap().data;
         assert_eq!(ids(&w01), [a.id.clone(), b.id.clone()]);
-        let w12 = client.settlement_report(t1, t2).await.unwrap();
+        let w12 = client.settlement_report(t1, t2).await.unwrap().data;
         assert_eq!(ids(&w12), [b.id.clone(), c.id.clone()]);
-        let w23 = client.settlement_report(t2, t3).await.unwrap();
+        let w23 = client.settlement_report(t2, t3).await.unwrap().data;
         assert_eq!(ids(&w23), std::slice::from_ref(&a.id));
-        let all = client.settlement_report(t0, t3).await.unwrap();
+        let all = client.settlement_report(t0, t3).await.unwrap().data;
         assert_eq!(ids(&all), [a.id.clone(), b.id.clone(), c.id.clone()]);
 
         let fee = |line: &asiento_psp::ReportLine| -> Vec<(String, i64)> {

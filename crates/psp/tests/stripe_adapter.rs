@@ -248,7 +248,8 @@ async fn there_is_no_lookup_by_key_and_the_report_lists_the_window_with_fees() {
         let report = stripe
             .settlement_report(now - Duration::minutes(5), now + Duration::minutes(5))
             .await
-            .unwrap();
+            .unwrap()
+            .data;
         assert_eq!(report.len(), 3);
         for line in &report {
             assert_eq!(line.amount_captured, 1000);
@@ -266,7 +267,8 @@ async fn there_is_no_lookup_by_key_and_the_report_lists_the_window_with_fees() {
         let earlier = stripe
             .settlement_report(now - Duration::hours(2), now - Duration::hours(1))
             .await
-            .unwrap();
+            .unwrap()
+            .data;
         assert!(earlier.is_empty());
         sim.shutdown().await;
     })
@@ -391,7 +393,8 @@ async fn a_dispute_is_read_with_the_payment_intent_until_it_is_lost() {
         let report = stripe
             .settlement_report(now - Duration::minutes(5), now + Duration::minutes(5))
             .await
-            .unwrap();
+            .unwrap()
+            .data;
         assert_eq!(report[0].dispute_status, Some(DisputeStatus::Lost));
         sim.shutdown().await;
     })
@@ -506,7 +509,8 @@ async fn a_refund_or_a_dispute_on_an_earlier_payment_intent_is_in_the_window_it_
         let report = stripe
             .settlement_report(later, later + Duration::minutes(5))
             .await
-            .unwrap();
+            .unwrap()
+            .data;
         let mut ids: Vec<&str> = report.iter().map(|line| line.charge_id.as_str()).collect();
         ids.sort_unstable();
         assert_eq!(

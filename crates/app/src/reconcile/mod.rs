@@ -60,7 +60,7 @@ pub use operations::{
     OPERATIONS_PER_SWEEP_MAX, OPERATION_PENDING_DEADLINE_MS_DEFAULT, OPERATION_TIMEOUT_MS_DEFAULT,
 };
 pub use report::{classify, Verdict};
-pub use stale::{ABSENCE_RECHECK_MS, MISFIT_RECHECK_MS, STALE_PAYMENTS_PER_SWEEP_MAX};
+pub use stale::{MISFIT_RECHECK_MS, STALE_PAYMENTS_PER_SWEEP_MAX, UNREAD_RECHECK_MS};
 pub use stuck_keys::STUCK_KEYS_PER_SWEEP_MAX;
 
 use std::collections::BTreeMap;
@@ -178,6 +178,9 @@ pub struct SweepSummary {
     pub charges_resent: usize,
     /// Never-answered charge requests of expired payments cancelled by our reference.
     pub cancelled_by_reference: usize,
+    /// Abandoned redirects cancelled at a provider that cannot be asked about them (its
+    /// notification decides the payment).
+    pub redirects_cancelled: usize,
     /// Payments flagged for review (an answer that fits no expected state).
     pub flagged: usize,
     /// Lookups whose answer fits no expected state, flagged now or before.
@@ -226,8 +229,8 @@ impl fmt::Display for SweepSummary {
         )?;
         writeln!(
             f,
-            "unanswered charges: {} sent again, {} cancelled by reference",
-            self.charges_resent, self.cancelled_by_reference
+            "unanswered charges: {} sent again, {} cancelled by reference; {} abandoned redirects cancelled unread",
+            self.charges_resent, self.cancelled_by_reference, self.redirects_cancelled
         )?;
         writeln!(
             f,

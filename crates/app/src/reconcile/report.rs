@@ -302,29 +302,33 @@ impl Reconciler {
         let cursor = report_cursor(provider);
         let now_ms = self.flow.clock.now_ms();
         let to_ms = now_ms.saturating_sub(self.config.report_settle_ms);
-        let from_ms = match self.cursor_mark(&cursor).await? {
+        let mark = self.cursor_mark(&cursor).await?;
+        let from_ms = match mark {
             Some(end) => end.saturating_sub(self.config.report_overlap_ms),
             None => to_ms.saturating_sub(self.config.report_lookback_ms),
         };
         if from_ms >= to_ms {
             return Ok(());
         }
-        let lines = match configured
+        let report = match configured
             .adapter
             .settlement_report(millis(from_ms), millis(to_ms))
             .await
         {
-            Ok(lines) => lines,
+            Ok(report) => report,
             Err(error) => {
                 summary.provider_errors += 1;
                 tracing::warn!(%provider, %error, "settlement report unavailable; next sweep asks again");
                 return Ok(());
             }
         };
+        // The provider may have made the report only part of the way (a daily file not there
+        // yet): the window is compared as far as it covers.
+        let to_ms = report.to.timestamp_millis().clamp(from_ms, to_ms);
         // The window is done only when every line was handled; otherwise the next sweep asks for
         // it again (comparing a line twice is harmless).
         let mut complete = true;
-        for line in &lines {
+        for line in &report.data {
             summary.report_lines += 1;
             match self.compare_line(provider, line, summary).await {
                 Ok(true) => {}
@@ -339,7 +343,8 @@ impl Reconciler {
         let payouts = self
             .post_payouts(provider, millis(from_ms), millis(to_ms), summary)
             .await;
-        if complete && payouts {
+        // Never back: a report covering less than compared before moves nothing.
+        if complete && payouts && mark.is_none_or(|mark| to_ms > mark) {
             self.set_cursor_mark(&cursor, to_ms).await?;
         }
         Ok(())

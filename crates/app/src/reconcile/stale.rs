@@ -35,9 +35,9 @@ pub const STALE_PAYMENTS_PER_SWEEP_MAX: i64 = 1_000;
 /// How long a payment flagged as a misfit waits before the stale sweep looks it up again: a
 /// person is on it, and every lookup would find the same misfit.
 pub const MISFIT_RECHECK_MS: i64 = 3_600_000;
-/// How long a payment that only the settlement report can conclude absent waits before the stale
-/// sweep visits it again (and asks again for the cancel of whatever its request made).
-pub const ABSENCE_RECHECK_MS: i64 = 3_600_000;
+/// How long a payment that only a notification or the settlement report can decide waits before
+/// the stale sweep visits it again (and asks again for the cancel it sent).
+pub const UNREAD_RECHECK_MS: i64 = 3_600_000;
 
 /// When a visited payment is due again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,14 +199,19 @@ impl Reconciler {
             // is wanted, its effect cancelled once it is not; its webhooks and its report settle
             // the payment (the report compares every charge it lists), or expire it above.
             Err(ProviderError::Unsupported { what }) => {
-                tracing::debug!(payment = %id, %what, "no lookup by key");
-                if record.provider_charge_id.is_some() {
-                    return Ok(Revisit::NextSweep);
+                tracing::debug!(payment = %id, %what, "no lookup");
+                if let Some(charge_id) = &record.provider_charge_id {
+                    return self.cancel_unread(&record, charge_id, summary).await;
                 }
                 return if self.flow.clock.now_ms() < expired_ms {
                     self.send_again(&record, summary).await
                 } else {
-                    self.cancel_by_reference(&record, summary).await
+                    self.cancel_by_reference(
+                        &record,
+                        expired_ms.saturating_add(absence_ms),
+                        summary,
+                    )
+                    .await
                 };
             }
             Err(error) => {
@@ -324,10 +329,13 @@ impl Reconciler {
     /// Asks the provider to cancel whatever the never-answered request of a payment past its
     /// expiry made (under the payment's cancel key, so asking again repeats nothing): the
     /// payment is no longer wanted. Its webhook tells the outcome; the report concludes the
-    /// charge absent later (above).
+    /// charge absent once compared past `absent_from_ms` (above). A cancel sent is sent again
+    /// an hour later at the most, and the payment is visited again as soon as the report can
+    /// conclude.
     async fn cancel_by_reference(
         &self,
         record: &PaymentRecord,
+        absent_from_ms: i64,
         summary: &mut SweepSummary,
     ) -> Result<Revisit, ReconcileError> {
         let provider = self.provider(&record.provider)?;
@@ -341,14 +349,62 @@ impl Reconciler {
                 summary.cancelled_by_reference += 1;
                 tracing::info!(payment = %record.id, %cancel, "past its expiry without an answer; its request's effect cancelled by reference");
             }
-            Err(ProviderError::Unsupported { .. }) => {}
+            // Nothing sent: only the report can tell, and it moves on every sweep.
+            Err(ProviderError::Unsupported { .. }) => return Ok(Revisit::NextSweep),
             Err(error) => {
                 summary.provider_errors += 1;
                 tracing::warn!(payment = %record.id, %error, "cancel by reference gave no answer");
                 return Ok(Revisit::NextSweep);
             }
         }
-        Ok(Revisit::After(ABSENCE_RECHECK_MS))
+        let concludable_in_ms = absent_from_ms
+            .saturating_add(self.config.report_settle_ms)
+            .saturating_sub(self.flow.clock.now_ms());
+        Ok(if concludable_in_ms > 0 {
+            Revisit::After(concludable_in_ms.min(UNREAD_RECHECK_MS))
+        } else {
+            Revisit::NextSweep
+        })
+    }
+
+    /// A redirect the provider cannot be asked about (no lookup by id), past the timeout for
+    /// customer action: cancelled at the provider under the payment's cancel key (asking again
+    /// repeats nothing). The provider's notification of the cancel fails the payment; if the
+    /// customer paid meanwhile, its notification of the payment settles it instead.
+    async fn cancel_unread(
+        &self,
+        record: &PaymentRecord,
+        charge_id: &str,
+        summary: &mut SweepSummary,
+    ) -> Result<Revisit, ReconcileError> {
+        let deadline_ms = record
+            .created_at
+            .timestamp_millis()
+            .saturating_add(self.config.requires_action_timeout_ms);
+        if record.status != PaymentStatus::RequiresAction || deadline_ms > self.flow.clock.now_ms()
+        {
+            return Ok(Revisit::NextSweep);
+        }
+        let provider = self.provider(&record.provider)?;
+        match provider
+            .adapter
+            .cancel(charge_id, &psp_cancel_key(record.id))
+            .await
+        {
+            Ok(_) => {
+                summary.redirects_cancelled += 1;
+                tracing::info!(payment = %record.id, "abandoned redirect cancelled; its notification decides the payment");
+            }
+            Err(ProviderError::Rejected(rejection)) => {
+                tracing::info!(payment = %record.id, code = %rejection.code, "abandoned redirect not cancelled; its notifications decide the payment");
+            }
+            Err(error) => {
+                summary.provider_errors += 1;
+                tracing::warn!(payment = %record.id, %error, "cancel of an abandoned redirect gave no answer");
+                return Ok(Revisit::NextSweep);
+            }
+        }
+        Ok(Revisit::After(UNREAD_RECHECK_MS))
     }
 
     /// The customer never finished the redirect: still waiting for them at the provider, past

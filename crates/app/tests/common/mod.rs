@@ -173,3 +173,33 @@ impl Render for TestRender {
         }
     }
 }
+
+/// A POST to a simulator's control routes (`/sim/…`) over plain HTTP/1.1: its status and JSON
+/// body (`null` when it has none).
+pub async fn sim_post(
+    addr: SocketAddr,
+    path: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let body = body.to_string();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\n\
+         Idempotency-Key: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        uuid::Uuid::new_v4(),
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let status: u16 = text[9..12].parse().unwrap();
+    let payload = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, payload)| payload);
+    (
+        status,
+        serde_json::from_str(payload).unwrap_or(serde_json::Value::Null),
+    )
+}

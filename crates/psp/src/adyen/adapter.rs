@@ -40,7 +40,7 @@ use crate::event::WebhookEvent;
 use crate::payout::Payout;
 use crate::provider::{
     Capabilities, Charge, ChargeOutcome, CreateCharge, Operation, OperationAnswer, OperationKind,
-    Provider, ProviderError, ReportLine,
+    Provider, ProviderError, SettlementReport,
 };
 use crate::transport::{Call, ClientConfig, ClientInitError, Transport};
 
@@ -369,7 +369,7 @@ impl Provider for AdyenProvider {
         &self,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
-    ) -> Result<Vec<ReportLine>, ProviderError> {
+    ) -> Result<SettlementReport, ProviderError> {
         self.reports(&format!("report [{from}, {to})"))?
             .settlement_report(from, to)
             .await

@@ -34,7 +34,7 @@ use crate::event::{EventData, EventType, WebhookEvent};
 use crate::payout::Payout;
 use crate::provider::{
     Capabilities, Charge, ChargeOutcome, CreateCharge, Movement, MovementKind, Operation,
-    OperationAnswer, Provider, ProviderError, ProviderRequest, ReportLine,
+    OperationAnswer, Provider, ProviderError, ProviderRequest, ReportLine, SettlementReport,
 };
 use crate::transport::{
     decode, Answered, Call, CallError, ClientConfig, ClientInitError, Transport,
@@ -485,7 +485,7 @@ impl Provider for StripeProvider {
         &self,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
-    ) -> Result<Vec<ReportLine>, ProviderError> {
+    ) -> Result<SettlementReport, ProviderError> {
         let mut lines = Vec::new();
         let mut listed = BTreeSet::new();
         let created: Vec<PaymentIntent> = self
@@ -537,7 +537,11 @@ impl Provider for StripeProvider {
                 lines.push(line);
             }
         }
-        Ok(lines)
+        Ok(SettlementReport {
+            from,
+            to,
+            data: lines,
+        })
     }
 }
 

@@ -14,7 +14,7 @@
 //! | Refused, Error | failed |
 //! | Cancelled, Expired | failed, unless something was captured (the uncaptured rest is gone) |
 //! | SentForSettle | captured += amount |
-//! | CaptureFailed | captured −= amount |
+//! | CaptureFailed | captured −= amount; failed when nothing stays captured |
 //! | Refunded | refunded += amount |
 //! | RefundFailed, RefundedReversed | refunded −= amount |
 //! | NotificationOfChargeback, Chargeback | a dispute, open (a chargeback withdraws the money) |
@@ -152,11 +152,13 @@ impl Fold {
                     .checked_add(amount)
                     .ok_or_else(overflow)?
             }
+            // The scheme refused the capture: the authorisation it consumed is gone too.
             "CaptureFailed" => {
                 self.captured_minor = self
                     .captured_minor
                     .checked_sub(amount)
-                    .ok_or_else(overflow)?
+                    .ok_or_else(overflow)?;
+                self.ended = true;
             }
             "Refunded" => {
                 self.refunded_minor = self
@@ -417,6 +419,9 @@ mod tests {
             row("PSP7", "2026-07-02T08:00:00Z", "Received", 70),
             row("PSP8", "2026-07-02T08:00:00Z", "Authorised", 80),
             row("PSP8", "2026-07-02T09:00:00Z", "Cancelled", 80),
+            row("PSP9", "2026-07-02T08:00:00Z", "Authorised", 90),
+            row("PSP9", "2026-07-02T08:01:00Z", "SentForSettle", 90),
+            row("PSP9", "2026-07-02T10:00:00Z", "CaptureFailed", 90),
         ];
         let folded = fold(
             &rows,
@@ -448,6 +453,7 @@ mod tests {
                 ("PSP3", S::Failed, 700, 0, 0, None),
                 ("PSP4", S::Succeeded, 900, 900, 0, Some(DisputeStatus::Won)),
                 ("PSP8", S::Failed, 80, 0, 0, None),
+                ("PSP9", S::Failed, 90, 0, 0, None),
             ]
         );
         let psp1 = &folded.lines[0];

@@ -2,8 +2,10 @@
 //! the Payment accounting reports of the days it touches, and payouts from the Settlement
 //! details batches.
 //!
-//! - A window's day whose file is not generated yet (404) makes the whole report unknown, so the
-//!   reconciler asks for the window again later; it is never read as "no payments".
+//! - A window's day whose file is not generated yet (404) ends the report where that day begins,
+//!   so the reconciler takes the window as compared only that far and asks for the rest later;
+//!   it is never read as "no payments". When even the first day is missing, the report is
+//!   unknown.
 //! - A payment touched in the window is told as it stands, so the days before the window are
 //!   read back (at most [`HISTORY_DAYS_MAX`], stopping at a day with no file: none older exists)
 //!   until every such payment's first row is found.
@@ -12,14 +14,14 @@
 //!   until one is not generated, and keeping those whose `MerchantPayout` line was created in
 //!   the window.
 
-use chrono::{DateTime, Duration, NaiveDate, Utc};
+use chrono::{DateTime, Duration, NaiveDate, NaiveTime, Utc};
 
 use super::accounting::{self, AccountingRow};
 use super::download::{accounting_file, batch_of_payout, payout_id, Reports};
 use super::settlement::{self, SettlementRow};
 use super::{HISTORY_DAYS_MAX, WINDOW_DAYS_MAX};
 use crate::payout::Payout;
-use crate::provider::{ProviderError, ReportLine};
+use crate::provider::{ProviderError, SettlementReport};
 
 fn protocol(error: super::ReportError) -> ProviderError {
     ProviderError::Protocol {
@@ -35,13 +37,20 @@ impl Reports {
         }
     }
 
+    /// The report of `[from, to)` as far as Adyen has made it: the days read in order up to the
+    /// first one whose file is not generated yet (today's, normally), the window ending where
+    /// that day begins.
     pub async fn settlement_report(
         &self,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
-    ) -> Result<Vec<ReportLine>, ProviderError> {
+    ) -> Result<SettlementReport, ProviderError> {
         if from >= to {
-            return Ok(Vec::new());
+            return Ok(SettlementReport {
+                from,
+                to,
+                data: Vec::new(),
+            });
         }
         let first = from.date_naive();
         let last = (to - Duration::nanoseconds(1)).date_naive();
@@ -51,12 +60,17 @@ impl Reports {
             });
         }
         let mut rows = Vec::new();
+        let mut covered = to;
         let mut day = first;
         while day <= last {
             let Some(read) = self.day(day).await? else {
-                return Err(ProviderError::Unknown {
-                    reason: format!("Adyen has not generated {} yet", accounting_file(day)),
-                });
+                if day == first {
+                    return Err(ProviderError::Unknown {
+                        reason: format!("Adyen has not generated {} yet", accounting_file(day)),
+                    });
+                }
+                covered = day.and_time(NaiveTime::MIN).and_utc();
+                break;
             };
             rows.extend(read);
             match day.succ_opt() {
@@ -64,6 +78,7 @@ impl Reports {
                 None => break,
             }
         }
+        let to = covered;
         let mut folded = accounting::fold(&rows, from, to).map_err(protocol)?;
         let mut earlier = first;
         let mut read_back = 0;
@@ -82,7 +97,11 @@ impl Reports {
         if !folded.unopened.is_empty() {
             tracing::warn!(provider = %self.name(), payments = ?folded.unopened, "payments touched in the window began before the reports read; left out of the report");
         }
-        Ok(folded.lines)
+        Ok(SettlementReport {
+            from,
+            to,
+            data: folded.lines,
+        })
     }
 
     pub async fn payouts_created(

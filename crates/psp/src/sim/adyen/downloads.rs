@@ -113,14 +113,20 @@ fn announce(sim: &Simulator, headers: &HeaderMap, generated: Vec<Generated>) -> 
 
 /// `POST /sim/reports/accounting` `{"through": "YYYY-MM-DD"}` (today by default).
 async fn close_days(State(sim): State<Simulator>, headers: HeaderMap, body: Bytes) -> Response {
-    let through = if body.is_empty() {
-        Ok(Utc::now().date_naive())
+    let asked = if body.is_empty() {
+        Ok(None)
     } else {
         serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|value| value.get("through")?.as_str().map(str::to_owned))
-            .and_then(|day| NaiveDate::parse_from_str(&day, "%Y-%m-%d").ok())
-            .ok_or(())
+            .map_err(|_| ())
+            .map(|value| value.get("through").cloned())
+    };
+    let through = match asked {
+        Ok(None) => Ok(Utc::now().date_naive()),
+        Ok(Some(day)) => day
+            .as_str()
+            .and_then(|day| NaiveDate::parse_from_str(day, "%Y-%m-%d").ok())
+            .ok_or(()),
+        Err(()) => Err(()),
     };
     let Ok(through) = through else {
         return (

@@ -9,7 +9,7 @@
 //! - `POST /v71/payments` ([`payments`]): the outcome comes from Adyen's test triggers in
 //!   `paymentMethod.holderName`, or from `paymentMethod.storedPaymentMethodId` naming one of the
 //!   simulator's own test methods (`pm_card_ok`, `pm_card_declined`, `pm_card_timeout`,
-//!   `pm_card_slow`, `pm_redirect`). A refusal is an HTTP 200 with `resultCode: "Refused"`.
+//!   `pm_card_slow`, `pm_redirect`, and `pm_capture_fails`, `pm_refund_fails` for late failures). A refusal is an HTTP 200 with `resultCode: "Refused"`.
 //!   Capture is automatic unless `additionalData.manualCapture` is `"true"`.
 //! - `POST /v71/payments/{pspReference}/captures`, `/refunds`, `/cancels` and `POST
 //!   /v71/cancels` (by our reference) ([`modifications`]): each answers 201 `received` with its

@@ -14,8 +14,8 @@
 //! | `PENDING` | `Received` | authorised `modification_delay_ms` later (AUTHORISATION) |
 //! | `pm_redirect` | `RedirectShopper` with a redirect `action` | `/sim/charges/{psp}/complete` decides |
 //! | `pm_card_timeout` / `pm_card_slow` | `Authorised`, after `hang_ms` / `slow_ms` | |
-//! | `capture failed` | `Authorised` | a capture succeeds, then CAPTURE_FAILED |
-//! | `refund failed` | `Authorised` | a refund succeeds, then REFUND_FAILED |
+//! | `pm_capture_fails` / `capture failed` | `Authorised` | a capture succeeds, then CAPTURE_FAILED |
+//! | `pm_refund_fails` / `refund failed` | `Authorised` | a refund succeeds, then REFUND_FAILED |
 //! | `Chargeback`, `Chargeback:<code>` | `Authorised` | once captured, a dispute opens and is lost |
 //! | `Chargeback Reversed` | `Authorised` | once captured, a dispute opens and is won |
 //! | `Second Chargeback` | `Authorised` | once captured, a dispute is won, then lost again |
@@ -216,9 +216,24 @@ fn holder_aftermath(holder: &str) -> (Aftermath, String) {
     (aftermath, CHARGEBACK_REASON_CODE_DEFAULT.to_owned())
 }
 
+/// The stored methods that authorise and then fail later, for a caller that sends no holder
+/// name (asiento sends a `storedPaymentMethodId` only).
+const PM_CAPTURE_FAILS: &str = "pm_capture_fails";
+const PM_REFUND_FAILS: &str = "pm_refund_fails";
+
+/// What a stored method makes happen after the payment is authorised.
+fn stored_aftermath(id: &str) -> Option<Aftermath> {
+    match id {
+        PM_CAPTURE_FAILS => Some(Aftermath::CaptureFails),
+        PM_REFUND_FAILS => Some(Aftermath::RefundFails),
+        _ => None,
+    }
+}
+
 /// The simulator's own test methods, named by `storedPaymentMethodId`.
 fn stored_outcome(id: &str) -> Result<Outcome, AdyenError> {
     match id {
+        PM_CAPTURE_FAILS | PM_REFUND_FAILS => Ok(outcome(PM_CARD_OK)),
         PM_CARD_OK | PM_CARD_TIMEOUT | PM_CARD_SLOW | PM_REDIRECT => Ok(outcome(match id {
             PM_CARD_TIMEOUT => PM_CARD_TIMEOUT,
             PM_CARD_SLOW => PM_CARD_SLOW,
@@ -341,7 +356,14 @@ fn read(object: Map<String, Value>) -> Result<NewPayment, AdyenError> {
         Some(id) => stored_outcome(id)?,
         None => holder_outcome(holder).unwrap_or(outcome(PM_CARD_OK)),
     };
-    let (aftermath, chargeback_reason_code) = holder_aftermath(holder);
+    let (mut aftermath, chargeback_reason_code) = holder_aftermath(holder);
+    if let Some(stored) = method
+        .stored_payment_method_id
+        .as_deref()
+        .and_then(stored_aftermath)
+    {
+        aftermath = stored;
+    }
     let capture = request
         .additional_data
         .get(MANUAL_CAPTURE)
@@ -485,5 +507,15 @@ mod tests {
         );
         assert_eq!(holder_aftermath("John Smith").0, Aftermath::Nothing);
         assert!(stored_outcome("pm_nope").is_err());
+        assert!(stored_outcome(PM_CAPTURE_FAILS).is_ok());
+        assert_eq!(
+            stored_aftermath(PM_CAPTURE_FAILS),
+            Some(Aftermath::CaptureFails)
+        );
+        assert_eq!(
+            stored_aftermath(PM_REFUND_FAILS),
+            Some(Aftermath::RefundFails)
+        );
+        assert_eq!(stored_aftermath(PM_CARD_OK), None);
     }
 }
