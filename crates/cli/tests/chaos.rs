@@ -33,7 +33,8 @@
 //! `CHAOS_RECOVERY_SECONDS` (30), `CHAOS_STRICT` (0), `CHAOS_DIALECT` (`sim` | `stripe` |
 //! `adyen`: the simulator speaks Stripe's or Adyen's API and the server's provider `sim` is of
 //! that kind; unset, the campaign runs as the other knobs say, then once more in the Stripe
-//! dialect and once more in the Adyen dialect, both on SQLite).
+//! dialect and once more in the Adyen dialect, both on SQLite), `CHAOS_SERVER_LOG` (`error`, the
+//! server's `ASIENTO_LOG`).
 //! `scripts/chaos` runs a long form.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -227,7 +228,10 @@ impl ChaosServer {
     fn spawn(args: &[String]) -> Option<Child> {
         let mut child = Command::new(BIN)
             .args(args)
-            .env("ASIENTO_LOG", "error")
+            .env(
+                "ASIENTO_LOG",
+                std::env::var("CHAOS_SERVER_LOG").unwrap_or("error".into()),
+            )
             .envs(PROVIDER_ENV.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -1158,6 +1162,32 @@ async fn check(
     findings
 }
 
+/// Every exception of the tenant, open and resolved, counted by kind, resolution and status.
+async fn exception_counts(http: &reqwest::Client, base: &str) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for status in ["open", "resolved"] {
+        let (_, listed) = get_json(
+            http,
+            &format!("{base}/v1/reconciliation/exceptions?status={status}&limit=500"),
+        )
+        .await;
+        for exception in listed
+            .as_array()
+            .or(listed["data"].as_array())
+            .into_iter()
+            .flatten()
+        {
+            let name = format!(
+                "{}/{}/{status}",
+                exception["kind"].as_str().unwrap_or("?"),
+                exception["resolution"].as_str().unwrap_or("?")
+            );
+            *counts.entry(name).or_default() += 1;
+        }
+    }
+    counts
+}
+
 /// Runs the binary, killing it after `limit`.
 fn asiento_bounded(args: &[String], limit: Duration) -> (bool, String) {
     let mut child = Command::new(BIN)
@@ -1905,6 +1935,12 @@ async fn campaign(knobs: Knobs) {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let converge_seconds = phase.elapsed().as_secs_f64();
+    // What the sweeps had to settle from reports and lookups (in the Adyen dialect, the report
+    // stands in for every dropped notification), for the log.
+    println!(
+        "chaos: exceptions (kind/resolution/status): {:?}",
+        exception_counts(&http, &base).await
+    );
     let phase = Instant::now();
     // Every key that got a 2xx replays the same payment.
     let mut replay_mismatches = Vec::new();
