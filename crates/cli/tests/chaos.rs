@@ -55,8 +55,8 @@ const SECRET: &str = "whsec_chaos_0123456789";
 const API_KEY: &str = "sk_test_acme_0123456789abcdef";
 /// The simulator's `failure_reason` of a refund that failed after succeeding.
 const REVERSAL_REASON: &str = "expired_or_canceled_card";
-/// The least convergence time the Stripe campaign gets (see `fault_campaign`).
-const STRIPE_CONVERGE_S_MIN: u64 = 180;
+/// The least convergence time the Stripe and Adyen campaigns get (see `fault_campaign`).
+const DIALECT_CONVERGE_S_MIN: u64 = 180;
 /// The secrets of provider `sim` when the simulator speaks Stripe's dialect (its secret key) or
 /// Adyen's (API key, merchant account, HMAC key, webhook and report users); a kind reads only
 /// its own.
@@ -189,22 +189,28 @@ impl Knobs {
             Ok("sqlite") => Backend::Sqlite,
             _ => Backend::Postgres,
         };
+        let dialect = match std::env::var("CHAOS_DIALECT").as_deref() {
+            Ok("stripe") => "stripe".to_owned(),
+            Ok("adyen") => "adyen".to_owned(),
+            _ => "sim".to_owned(),
+        };
+        let converge = Duration::from_secs(env_or("CHAOS_CONVERGE_SECONDS", 90));
         Self {
             kills: env_or("CHAOS_KILLS", 10),
             clients: env_or("CHAOS_CLIENTS", 4).max(1),
             seconds: env_or("CHAOS_SECONDS", 8.0f64).max(1.0),
             seed,
             backend,
-            converge: Duration::from_secs(env_or("CHAOS_CONVERGE_SECONDS", 90)),
+            // A replay in one dialect converges as long as the run after the default one.
+            converge: match dialect.as_str() {
+                "sim" => converge,
+                _ => converge.max(Duration::from_secs(DIALECT_CONVERGE_S_MIN)),
+            },
             pg_outage: env_or("CHAOS_PG_OUTAGE", 1u32) != 0,
             pg_down: Duration::from_secs_f64(env_or("CHAOS_PG_DOWN_SECONDS", 3.0f64).max(0.0)),
             recovery: Duration::from_secs(env_or("CHAOS_RECOVERY_SECONDS", 30)),
             strict: env_or("CHAOS_STRICT", 0u32) == 1,
-            dialect: match std::env::var("CHAOS_DIALECT").as_deref() {
-                Ok("stripe") => "stripe".to_owned(),
-                Ok("adyen") => "adyen".to_owned(),
-                _ => "sim".to_owned(),
-            },
+            dialect,
         }
     }
 }
@@ -1612,7 +1618,7 @@ async fn fault_campaign() {
         // 30 to 80 s of convergence here. Adyen's are sent again or wait for reports.
         converge: knobs
             .converge
-            .max(Duration::from_secs(STRIPE_CONVERGE_S_MIN)),
+            .max(Duration::from_secs(DIALECT_CONVERGE_S_MIN)),
         ..knobs.clone()
     };
     let more = match std::env::var("CHAOS_DIALECT") {
