@@ -837,11 +837,6 @@ fn check_operations(
         let kind = op["kind"].as_str().unwrap_or_default();
         let sequence = op["sequence"].as_i64().unwrap_or_default();
         let state = op["state"].as_str().unwrap_or_default();
-        if matches!(state, "requested" | "pending") {
-            findings
-                .open_operations
-                .push(format!("{id}: {kind} {sequence} is {state}"));
-        }
         if state == "reversed" {
             findings.reversed += 1;
         }
@@ -861,6 +856,19 @@ fn check_operations(
             (key, op)
         })
         .collect();
+    for (key, op) in &by_key {
+        let state = op["state"].as_str().unwrap_or_default();
+        if matches!(state, "requested" | "pending") {
+            findings.open_operations.push(format!(
+                "{id}: {} {} is {state} (the provider's: {:?})",
+                op["kind"],
+                op["sequence"],
+                theirs
+                    .get(key)
+                    .map(|op| (&op["id"], &op["status"], &op["failure_reason"]))
+            ));
+        }
+    }
     for (key, op) in &theirs {
         if !by_key.contains_key(key) && op["status"] != "failed" {
             findings.operation_mismatches.push(format!(
