@@ -124,6 +124,19 @@ fn report_settle(dialect: &str) -> &'static str {
     }
 }
 
+/// How long a capture or refund the provider received may wait for its decision before it is a
+/// manual exception. Adyen has no lookup, and its accounting report books no refused
+/// modification and nets a refund that failed afterwards to nothing: when the fault dropped such
+/// an operation's notifications, nothing can ever decide it, and docs/providers.md promises a
+/// manual exception past this deadline. The Adyen campaign gives notifications (retried through
+/// the kills) this long.
+fn operation_pending_deadline(dialect: &str) -> &'static str {
+    match dialect {
+        "adyen" => "60s",
+        _ => "3d",
+    }
+}
+
 /// A small seeded generator (splitmix64): the kill schedule and the clients' choices replay.
 #[derive(Clone)]
 struct Rng(u64);
@@ -281,6 +294,7 @@ impl ChaosServer {
         provider: &[String; 2],
         pending_timeout: &str,
         report_settle: &str,
+        operation_pending_deadline: &str,
     ) -> Self {
         let args: Vec<String> = [
             "serve",
@@ -308,6 +322,8 @@ impl ChaosServer {
             "1s",
             "--report-settle",
             report_settle,
+            "--operation-pending-deadline",
+            operation_pending_deadline,
         ]
         .iter()
         .map(|arg| (*arg).to_owned())
@@ -779,6 +795,13 @@ struct Findings {
     /// expiry). Without a lookup they are concluded absent only once two days of reports were
     /// compared past it (`Capabilities::absence_confirmed_after`), so they rightly stay pending.
     absent_pending: Vec<String>,
+    /// Adyen only: captures and refunds still `pending` that the provider decided as failed (a
+    /// refusal, or a refund that failed after it succeeded) when every notification of it was
+    /// dropped: no lookup and no report line can decide them (the report books no refusal and
+    /// nets a failed refund to nothing), so past `--operation-pending-deadline` they are left to
+    /// a person (an open `operation_unresolved` exception, the payment flagged), as
+    /// docs/providers.md says. Counted, and a failure with `CHAOS_STRICT=1`.
+    unresolved_operations: Vec<String>,
 }
 
 impl Findings {
@@ -856,9 +879,20 @@ fn check_operations(
             (key, op)
         })
         .collect();
+    let unresolved_for_a_person = payment["needs_review"] == true
+        && open_exceptions.iter().any(|exception| {
+            exception["payment_id"] == id && exception["kind"] == "operation_unresolved"
+        });
     for (key, op) in &by_key {
         let state = op["state"].as_str().unwrap_or_default();
-        if matches!(state, "requested" | "pending") {
+        let failed_there = theirs.get(key).is_some_and(|op| op["status"] == "failed");
+        // Only the Adyen campaign's deadline is short enough to raise that exception.
+        if state == "pending" && failed_there && unresolved_for_a_person {
+            findings.unresolved_operations.push(format!(
+                "{id}: {} {} pending, failed at the provider, left to a manual exception",
+                op["kind"], op["sequence"]
+            ));
+        } else if matches!(state, "requested" | "pending") {
             findings.open_operations.push(format!(
                 "{id}: {} {} is {state} (the provider's: {:?})",
                 op["kind"],
@@ -1716,6 +1750,7 @@ async fn campaign(knobs: Knobs) {
         &provider,
         pending_timeout(&knobs.dialect),
         report_settle(&knobs.dialect),
+        operation_pending_deadline(&knobs.dialect),
     )));
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -1936,6 +1971,8 @@ async fn campaign(knobs: Knobs) {
                 // As the server's sweeps: open operations are driven after a second.
                 "--operation-timeout".to_owned(),
                 "1s".to_owned(),
+                "--operation-pending-deadline".to_owned(),
+                operation_pending_deadline(&knobs.dialect).to_owned(),
             ];
             let (ok, output) = tokio::task::spawn_blocking(move || {
                 asiento_bounded(&args, Duration::from_secs(10))
@@ -2038,7 +2075,8 @@ async fn campaign(knobs: Knobs) {
     println!(
         "chaos: requests={} retries={} kills={} charges={} payments={} keys={} accepted={} \
          unknown_202={} review={} captures={} refunds={} operations={} provider_operations={} \
-         reversed={} unposted_reversals={} absent_pending={} open_operations={} \
+         reversed={} unposted_reversals={} absent_pending={} unresolved_operations={} \
+         open_operations={} \
          operation_mismatches={} \
          double_operations={} \
          mismatches={} double_charges={} lost={} split_keys={} pg_outage={outage_text} \
@@ -2059,6 +2097,7 @@ async fn campaign(knobs: Knobs) {
         findings.reversed,
         findings.unposted_reversals.len(),
         findings.absent_pending.len(),
+        findings.unresolved_operations.len(),
         findings.open_operations.len(),
         findings.operation_mismatches.len(),
         findings.double_operations.len(),
@@ -2091,6 +2130,12 @@ async fn campaign(knobs: Knobs) {
                 .iter()
                 .map(|reversal| format!("{reversal} (CHAOS_STRICT=1)")),
         );
+        strict.extend(
+            findings
+                .unresolved_operations
+                .iter()
+                .map(|unresolved| format!("{unresolved} (CHAOS_STRICT=1)")),
+        );
     }
     let problems: Vec<&String> = findings
         .pending
@@ -2115,6 +2160,12 @@ async fn campaign(knobs: Knobs) {
         println!(
             "chaos: note: {reversal} (its webhook was lost; docs/reconciliation.md: `ambiguous`, \
              manual; CHAOS_STRICT=1 fails on it)"
+        );
+    }
+    for unresolved in &findings.unresolved_operations {
+        println!(
+            "chaos: note: {unresolved} (all its notifications dropped; docs/providers.md: \
+             `operation_unresolved`, manual; CHAOS_STRICT=1 fails on it)"
         );
     }
     if !findings.absent_pending.is_empty() {
