@@ -30,9 +30,11 @@
 //! Knobs (env): `CHAOS_KILLS` (10), `CHAOS_CLIENTS` (4), `CHAOS_SECONDS` (8, the load run),
 //! `CHAOS_SEED` (random, printed), `CHAOS_BACKEND` (`postgres` | `sqlite`, postgres),
 //! `CHAOS_CONVERGE_SECONDS` (90), `CHAOS_PG_OUTAGE` (1), `CHAOS_PG_DOWN_SECONDS` (3),
-//! `CHAOS_RECOVERY_SECONDS` (30), `CHAOS_STRICT` (0), `CHAOS_DIALECT` (`sim` | `stripe`: the
-//! simulator speaks Stripe's API and the server's provider `sim` is of kind `stripe`; unset, the
-//! campaign runs as the other knobs say, then once more in the Stripe dialect on SQLite).
+//! `CHAOS_RECOVERY_SECONDS` (30), `CHAOS_STRICT` (0), `CHAOS_DIALECT` (`sim` | `stripe` |
+//! `adyen`: the simulator speaks Stripe's or Adyen's API and the server's provider `sim` is of
+//! that kind; unset, the campaign runs as the other knobs say, then once more in the Stripe
+//! dialect and once more in the Adyen dialect, both on SQLite), `CHAOS_SERVER_LOG` (`error`, the
+//! server's `ASIENTO_LOG`).
 //! `scripts/chaos` runs a long form.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -53,15 +55,40 @@ const SECRET: &str = "whsec_chaos_0123456789";
 const API_KEY: &str = "sk_test_acme_0123456789abcdef";
 /// The simulator's `failure_reason` of a refund that failed after succeeding.
 const REVERSAL_REASON: &str = "expired_or_canceled_card";
-/// The least convergence time the Stripe campaign gets (see `fault_campaign`).
-const STRIPE_CONVERGE_S_MIN: u64 = 180;
-/// The Stripe secret key of provider `sim` when the simulator speaks Stripe's dialect.
-const STRIPE_KEY_ENV: (&str, &str) = ("ASIENTO_PROVIDER_SIM_API_KEY", "sk_test_chaos");
+/// The least convergence time the Stripe and Adyen campaigns get (see `fault_campaign`).
+const DIALECT_CONVERGE_S_MIN: u64 = 180;
+/// The secrets of provider `sim` when the simulator speaks Stripe's dialect (its secret key) or
+/// Adyen's (API key, merchant account, HMAC key, webhook and report users); a kind reads only
+/// its own.
+const PROVIDER_ENV: &[(&str, &str)] = &[
+    ("ASIENTO_PROVIDER_SIM_API_KEY", "sk_test_chaos"),
+    ("ASIENTO_PROVIDER_SIM_MERCHANT_ACCOUNT", ADYEN_MERCHANT),
+    ("ASIENTO_PROVIDER_SIM_HMAC_KEY", ADYEN_HMAC_KEY),
+    ("ASIENTO_PROVIDER_SIM_WEBHOOK_USERNAME", ADYEN_WEBHOOK_USER),
+    (
+        "ASIENTO_PROVIDER_SIM_WEBHOOK_PASSWORD",
+        ADYEN_WEBHOOK_PASSWORD,
+    ),
+    ("ASIENTO_PROVIDER_SIM_REPORT_USERNAME", ADYEN_REPORT_USER),
+    (
+        "ASIENTO_PROVIDER_SIM_REPORT_PASSWORD",
+        ADYEN_REPORT_PASSWORD,
+    ),
+];
+const ADYEN_MERCHANT: &str = "AsientoChaosECOM";
+const ADYEN_HMAC_KEY: &str = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056";
+const ADYEN_WEBHOOK_USER: &str = "adyen-chaos-webhooks";
+const ADYEN_WEBHOOK_PASSWORD: &str = "chaos:webhook:pw";
+const ADYEN_REPORT_USER: &str = "report@Company.Chaos";
+const ADYEN_REPORT_PASSWORD: &str = "chaos-report-pw";
+/// How long the Adyen dialect takes to decide a capture, refund or cancel.
+const ADYEN_MODIFICATION_DELAY_MS: &str = "300";
 
 /// How the server and `asiento reconcile` name the simulator as provider `sim`.
 fn provider_args(dialect: &str, sim: &str) -> [String; 2] {
     match dialect {
         "stripe" => ["--providers".to_owned(), format!("sim=stripe:{sim}")],
+        "adyen" => ["--providers".to_owned(), format!("sim=adyen:{sim}")],
         _ => ["--psp-url".to_owned(), sim.to_owned()],
     }
 }
@@ -71,9 +98,14 @@ fn provider_args(dialect: &str, sim: &str) -> [String; 2] {
 /// must outlast the creating request itself (two calls of up to four 500 ms attempts with
 /// backoff, about 6 s here): a shorter one expires a payment whose confirmation is still on its
 /// way, and the charge then lands on an expired payment (a manual exception).
+///
+/// Adyen has no lookup of any kind: a payment whose creation answer was lost is sent again under
+/// its key by the stale sweep from `--operation-timeout` (1 s) until this expiry, then cancelled
+/// by reference; so it too must outlast the creating request, and leave the sweep a few rounds
+/// to send it again.
 fn pending_timeout(dialect: &str) -> &'static str {
     match dialect {
-        "stripe" => "10s",
+        "stripe" | "adyen" => "10s",
         _ => "2s",
     }
 }
@@ -81,10 +113,27 @@ fn pending_timeout(dialect: &str) -> &'static str {
 /// How long before now the server's settlement-report windows end. Without a lookup by key
 /// (Stripe), a payment the provider never got is known absent only once a report window past its
 /// expiry was compared, so the Stripe campaign settles windows sooner than the default minute.
+///
+/// Adyen tells money only by its daily accounting report: a notification the fault dropped (a
+/// capture's or refund's outcome, a cancel's) reaches us only through it, so the Adyen campaign
+/// settles windows as soon.
 fn report_settle(dialect: &str) -> &'static str {
     match dialect {
-        "stripe" => "5s",
+        "stripe" | "adyen" => "5s",
         _ => "1m",
+    }
+}
+
+/// How long a capture or refund the provider received may wait for its decision before it is a
+/// manual exception. Adyen has no lookup, and its accounting report books no refused
+/// modification and nets a refund that failed afterwards to nothing: when the fault dropped such
+/// an operation's notifications, nothing can ever decide it, and docs/providers.md promises a
+/// manual exception past this deadline. The Adyen campaign gives notifications (retried through
+/// the kills) this long.
+fn operation_pending_deadline(dialect: &str) -> &'static str {
+    match dialect {
+        "adyen" => "60s",
+        _ => "3d",
     }
 }
 
@@ -153,21 +202,28 @@ impl Knobs {
             Ok("sqlite") => Backend::Sqlite,
             _ => Backend::Postgres,
         };
+        let dialect = match std::env::var("CHAOS_DIALECT").as_deref() {
+            Ok("stripe") => "stripe".to_owned(),
+            Ok("adyen") => "adyen".to_owned(),
+            _ => "sim".to_owned(),
+        };
+        let converge = Duration::from_secs(env_or("CHAOS_CONVERGE_SECONDS", 90));
         Self {
             kills: env_or("CHAOS_KILLS", 10),
             clients: env_or("CHAOS_CLIENTS", 4).max(1),
             seconds: env_or("CHAOS_SECONDS", 8.0f64).max(1.0),
             seed,
             backend,
-            converge: Duration::from_secs(env_or("CHAOS_CONVERGE_SECONDS", 90)),
+            // A replay in one dialect converges as long as the run after the default one.
+            converge: match dialect.as_str() {
+                "sim" => converge,
+                _ => converge.max(Duration::from_secs(DIALECT_CONVERGE_S_MIN)),
+            },
             pg_outage: env_or("CHAOS_PG_OUTAGE", 1u32) != 0,
             pg_down: Duration::from_secs_f64(env_or("CHAOS_PG_DOWN_SECONDS", 3.0f64).max(0.0)),
             recovery: Duration::from_secs(env_or("CHAOS_RECOVERY_SECONDS", 30)),
             strict: env_or("CHAOS_STRICT", 0u32) == 1,
-            dialect: match std::env::var("CHAOS_DIALECT").as_deref() {
-                Ok("stripe") => "stripe".to_owned(),
-                _ => "sim".to_owned(),
-            },
+            dialect,
         }
     }
 }
@@ -191,8 +247,11 @@ impl ChaosServer {
     fn spawn(args: &[String]) -> Option<Child> {
         let mut child = Command::new(BIN)
             .args(args)
-            .env("ASIENTO_LOG", "error")
-            .env(STRIPE_KEY_ENV.0, STRIPE_KEY_ENV.1)
+            .env(
+                "ASIENTO_LOG",
+                std::env::var("CHAOS_SERVER_LOG").unwrap_or("error".into()),
+            )
+            .envs(PROVIDER_ENV.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -235,6 +294,7 @@ impl ChaosServer {
         provider: &[String; 2],
         pending_timeout: &str,
         report_settle: &str,
+        operation_pending_deadline: &str,
     ) -> Self {
         let args: Vec<String> = [
             "serve",
@@ -262,6 +322,8 @@ impl ChaosServer {
             "1s",
             "--report-settle",
             report_settle,
+            "--operation-pending-deadline",
+            operation_pending_deadline,
         ]
         .iter()
         .map(|arg| (*arg).to_owned())
@@ -728,6 +790,18 @@ struct Findings {
     /// settlement report leaves them to a person (an open `ambiguous` exception, the payment
     /// flagged), as docs/reconciliation.md says. Counted, and a failure with `CHAOS_STRICT=1`.
     unposted_reversals: Vec<String>,
+    /// Adyen only: payments still `pending` past their expiry that the provider holds no charge
+    /// for (their creation never reached it, and the sweep did not send it again before the
+    /// expiry). Without a lookup they are concluded absent only once two days of reports were
+    /// compared past it (`Capabilities::absence_confirmed_after`), so they rightly stay pending.
+    absent_pending: Vec<String>,
+    /// Adyen only: captures and refunds still `pending` that the provider decided as failed (a
+    /// refusal, or a refund that failed after it succeeded) when every notification of it was
+    /// dropped: no lookup and no report line can decide them (the report books no refusal and
+    /// nets a failed refund to nothing), so past `--operation-pending-deadline` they are left to
+    /// a person (an open `operation_unresolved` exception, the payment flagged), as
+    /// docs/providers.md says. Counted, and a failure with `CHAOS_STRICT=1`.
+    unresolved_operations: Vec<String>,
 }
 
 impl Findings {
@@ -786,11 +860,6 @@ fn check_operations(
         let kind = op["kind"].as_str().unwrap_or_default();
         let sequence = op["sequence"].as_i64().unwrap_or_default();
         let state = op["state"].as_str().unwrap_or_default();
-        if matches!(state, "requested" | "pending") {
-            findings
-                .open_operations
-                .push(format!("{id}: {kind} {sequence} is {state}"));
-        }
         if state == "reversed" {
             findings.reversed += 1;
         }
@@ -810,6 +879,30 @@ fn check_operations(
             (key, op)
         })
         .collect();
+    let unresolved_for_a_person = payment["needs_review"] == true
+        && open_exceptions.iter().any(|exception| {
+            exception["payment_id"] == id && exception["kind"] == "operation_unresolved"
+        });
+    for (key, op) in &by_key {
+        let state = op["state"].as_str().unwrap_or_default();
+        let failed_there = theirs.get(key).is_some_and(|op| op["status"] == "failed");
+        // Only the Adyen campaign's deadline is short enough to raise that exception.
+        if state == "pending" && failed_there && unresolved_for_a_person {
+            findings.unresolved_operations.push(format!(
+                "{id}: {} {} pending, failed at the provider, left to a manual exception",
+                op["kind"], op["sequence"]
+            ));
+        } else if matches!(state, "requested" | "pending") {
+            findings.open_operations.push(format!(
+                "{id}: {} {} is {state} (the provider's: {:?})",
+                op["kind"],
+                op["sequence"],
+                theirs
+                    .get(key)
+                    .map(|op| (&op["id"], &op["status"], &op["failure_reason"]))
+            ));
+        }
+    }
     for (key, op) in &theirs {
         if !by_key.contains_key(key) && op["status"] != "failed" {
             findings.operation_mismatches.push(format!(
@@ -909,7 +1002,15 @@ fn check_operations(
     unposted
 }
 
-async fn check(http: &reqwest::Client, base: &str, sim: &str, record: &Record) -> Findings {
+/// `absence_unconfirmed`: the provider can conclude a charge absent only after days (Adyen), so
+/// a payment past its expiry without any charge at the provider may stay pending.
+async fn check(
+    http: &reqwest::Client,
+    base: &str,
+    sim: &str,
+    record: &Record,
+    absence_unconfirmed: Option<Duration>,
+) -> Findings {
     let mut findings = Findings::default();
     let charges = sim_list(http, sim, "charges").await;
     findings.charges = charges.len();
@@ -1036,7 +1137,21 @@ async fn check(http: &reqwest::Client, base: &str, sim: &str, record: &Record) -
             payment["refunded_minor"].as_i64().unwrap_or_default(),
         );
         if matches!(have.0.as_str(), "pending" | "requires_action") {
-            findings.pending.push(id.clone());
+            // Past its expiry (created + the pending timeout), so the sweep sends it no more.
+            let expired = absence_unconfirmed.is_some_and(|pending_timeout| {
+                payment["created_at"]
+                    .as_str()
+                    .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok())
+                    .is_some_and(|at| {
+                        let age = chrono::Utc::now().signed_duration_since(at);
+                        age.to_std().is_ok_and(|age| age > pending_timeout)
+                    })
+            });
+            if have.0 == "pending" && expired && !by_reference.contains_key(id) {
+                findings.absent_pending.push(id.clone());
+            } else {
+                findings.pending.push(id.clone());
+            }
             continue;
         }
         let charge = by_reference.get(id).and_then(|list| list.first());
@@ -1095,12 +1210,38 @@ async fn check(http: &reqwest::Client, base: &str, sim: &str, record: &Record) -
     findings
 }
 
+/// Every exception of the tenant, open and resolved, counted by kind, resolution and status.
+async fn exception_counts(http: &reqwest::Client, base: &str) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for status in ["open", "resolved"] {
+        let (_, listed) = get_json(
+            http,
+            &format!("{base}/v1/reconciliation/exceptions?status={status}&limit=500"),
+        )
+        .await;
+        for exception in listed
+            .as_array()
+            .or(listed["data"].as_array())
+            .into_iter()
+            .flatten()
+        {
+            let name = format!(
+                "{}/{}/{status}",
+                exception["kind"].as_str().unwrap_or("?"),
+                exception["resolution"].as_str().unwrap_or("?")
+            );
+            *counts.entry(name).or_default() += 1;
+        }
+    }
+    counts
+}
+
 /// Runs the binary, killing it after `limit`.
 fn asiento_bounded(args: &[String], limit: Duration) -> (bool, String) {
     let mut child = Command::new(BIN)
         .args(args)
         .env("ASIENTO_LOG", "warn")
-        .env(STRIPE_KEY_ENV.0, STRIPE_KEY_ENV.1)
+        .envs(PROVIDER_ENV.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1505,24 +1646,29 @@ fn outage_verdict(
 }
 
 /// The campaign as the knobs say; unless `CHAOS_DIALECT` names one dialect, then once more with
-/// the simulator speaking Stripe's (on SQLite, the same seed: `CHAOS_DIALECT=stripe
-/// CHAOS_BACKEND=sqlite CHAOS_SEED=…` replays it).
+/// the simulator speaking Stripe's and once more speaking Adyen's (on SQLite, the same seed:
+/// `CHAOS_DIALECT=stripe CHAOS_BACKEND=sqlite CHAOS_SEED=…` replays one, `CHAOS_DIALECT=adyen`
+/// the other).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fault_campaign() {
     let knobs = Knobs::from_env();
-    let stripe = std::env::var("CHAOS_DIALECT").is_err().then(|| Knobs {
-        dialect: "stripe".to_owned(),
+    let in_dialect = |dialect: &str| Knobs {
+        dialect: dialect.to_owned(),
         backend: Backend::Sqlite,
         pg_outage: false,
         // Payments Stripe never got expire only through report windows (no lookup by key):
-        // 30 to 80 s of convergence here.
+        // 30 to 80 s of convergence here. Adyen's are sent again or wait for reports.
         converge: knobs
             .converge
-            .max(Duration::from_secs(STRIPE_CONVERGE_S_MIN)),
+            .max(Duration::from_secs(DIALECT_CONVERGE_S_MIN)),
         ..knobs.clone()
-    });
+    };
+    let more = match std::env::var("CHAOS_DIALECT") {
+        Err(_) => vec![in_dialect("stripe"), in_dialect("adyen")],
+        Ok(_) => Vec::new(),
+    };
     campaign(knobs).await;
-    if let Some(knobs) = stripe {
+    for knobs in more {
         campaign(knobs).await;
     }
 }
@@ -1559,26 +1705,40 @@ async fn campaign(knobs: Knobs) {
     let base = format!("http://127.0.0.1:{port}");
     let seed = knobs.seed.to_string();
     let webhook_url = format!("{base}/webhooks/sim");
-    let mut simulator = Process::spawn(
-        &[
-            "psp-sim",
-            "--dialect",
-            &knobs.dialect,
-            "--listen",
-            "127.0.0.1:0",
-            "--seed",
-            &seed,
-            "--webhook-url",
-            &webhook_url,
-            "--webhook-secret",
-            SECRET,
-            "--slow-ms",
-            "300",
-            "--hang-ms",
-            "1500",
-        ],
-        &[],
-    );
+    let mut sim_args = vec![
+        "psp-sim",
+        "--dialect",
+        &knobs.dialect,
+        "--listen",
+        "127.0.0.1:0",
+        "--seed",
+        &seed,
+        "--webhook-url",
+        &webhook_url,
+        "--webhook-secret",
+        SECRET,
+        "--slow-ms",
+        "300",
+        "--hang-ms",
+        "1500",
+    ];
+    if knobs.dialect == "adyen" {
+        sim_args.extend([
+            "--webhook-hmac-key",
+            ADYEN_HMAC_KEY,
+            "--webhook-username",
+            ADYEN_WEBHOOK_USER,
+            "--webhook-password",
+            ADYEN_WEBHOOK_PASSWORD,
+            "--report-username",
+            ADYEN_REPORT_USER,
+            "--report-password",
+            ADYEN_REPORT_PASSWORD,
+            "--modification-delay-ms",
+            ADYEN_MODIFICATION_DELAY_MS,
+        ]);
+    }
+    let mut simulator = Process::spawn(&sim_args, &[]);
     let sim = url_after(
         &simulator.wait_for_line("psp-sim listening on "),
         "listening on ",
@@ -1590,6 +1750,7 @@ async fn campaign(knobs: Knobs) {
         &provider,
         pending_timeout(&knobs.dialect),
         report_settle(&knobs.dialect),
+        operation_pending_deadline(&knobs.dialect),
     )));
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -1751,12 +1912,32 @@ async fn campaign(knobs: Knobs) {
     });
 
     // Converge: the reconciler inside serve settles what is pending; a manual sweep now and then.
+    let absence_unconfirmed = (knobs.dialect == "adyen").then(|| {
+        // The server's pending timeout, and a second of leeway between its clock and ours.
+        let seconds: u64 = pending_timeout("adyen")
+            .trim_end_matches('s')
+            .parse()
+            .unwrap();
+        Duration::from_secs(seconds + 1)
+    });
     let phase = Instant::now();
     let deadline = Instant::now() + knobs.converge;
     let mut rounds = 0u32;
     let mut waited_for = String::new();
     let findings = loop {
-        let findings = check(&http, &base, &sim, &record).await;
+        if knobs.dialect == "adyen" {
+            // Adyen's daily accounting report, generated for every day up to today (a day is
+            // announced once; the file keeps growing with what is booked on it later): the only
+            // source for what a dropped notification told.
+            sim_call(
+                &http,
+                reqwest::Method::POST,
+                &format!("{sim}/sim/reports/accounting"),
+                None,
+            )
+            .await;
+        }
+        let findings = check(&http, &base, &sim, &record, absence_unconfirmed).await;
         if findings.settled() || Instant::now() > deadline {
             break findings;
         }
@@ -1784,12 +1965,14 @@ async fn campaign(knobs: Knobs) {
                 "0s".to_owned(),
                 "--pending-timeout".to_owned(),
                 match knobs.dialect.as_str() {
-                    "stripe" => pending_timeout("stripe").to_owned(),
+                    dialect @ ("stripe" | "adyen") => pending_timeout(dialect).to_owned(),
                     _ => "1s".to_owned(),
                 },
                 // As the server's sweeps: open operations are driven after a second.
                 "--operation-timeout".to_owned(),
                 "1s".to_owned(),
+                "--operation-pending-deadline".to_owned(),
+                operation_pending_deadline(&knobs.dialect).to_owned(),
             ];
             let (ok, output) = tokio::task::spawn_blocking(move || {
                 asiento_bounded(&args, Duration::from_secs(10))
@@ -1803,6 +1986,12 @@ async fn campaign(knobs: Knobs) {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let converge_seconds = phase.elapsed().as_secs_f64();
+    // What the sweeps had to settle from reports and lookups (in the Adyen dialect, the report
+    // stands in for every dropped notification), for the log.
+    println!(
+        "chaos: exceptions (kind/resolution/status): {:?}",
+        exception_counts(&http, &base).await
+    );
     let phase = Instant::now();
     // Every key that got a 2xx replays the same payment.
     let mut replay_mismatches = Vec::new();
@@ -1886,7 +2075,9 @@ async fn campaign(knobs: Knobs) {
     println!(
         "chaos: requests={} retries={} kills={} charges={} payments={} keys={} accepted={} \
          unknown_202={} review={} captures={} refunds={} operations={} provider_operations={} \
-         reversed={} unposted_reversals={} open_operations={} operation_mismatches={} \
+         reversed={} unposted_reversals={} absent_pending={} unresolved_operations={} \
+         open_operations={} \
+         operation_mismatches={} \
          double_operations={} \
          mismatches={} double_charges={} lost={} split_keys={} pg_outage={outage_text} \
          verify={} ({unsealed}) load={:.1}s total={:.1}s seed={}",
@@ -1905,6 +2096,8 @@ async fn campaign(knobs: Knobs) {
         findings.provider_operations,
         findings.reversed,
         findings.unposted_reversals.len(),
+        findings.absent_pending.len(),
+        findings.unresolved_operations.len(),
         findings.open_operations.len(),
         findings.operation_mismatches.len(),
         findings.double_operations.len(),
@@ -1937,6 +2130,12 @@ async fn campaign(knobs: Knobs) {
                 .iter()
                 .map(|reversal| format!("{reversal} (CHAOS_STRICT=1)")),
         );
+        strict.extend(
+            findings
+                .unresolved_operations
+                .iter()
+                .map(|unresolved| format!("{unresolved} (CHAOS_STRICT=1)")),
+        );
     }
     let problems: Vec<&String> = findings
         .pending
@@ -1961,6 +2160,19 @@ async fn campaign(knobs: Knobs) {
         println!(
             "chaos: note: {reversal} (its webhook was lost; docs/reconciliation.md: `ambiguous`, \
              manual; CHAOS_STRICT=1 fails on it)"
+        );
+    }
+    for unresolved in &findings.unresolved_operations {
+        println!(
+            "chaos: note: {unresolved} (all its notifications dropped; docs/providers.md: \
+             `operation_unresolved`, manual; CHAOS_STRICT=1 fails on it)"
+        );
+    }
+    if !findings.absent_pending.is_empty() {
+        println!(
+            "chaos: note: pending, never at the provider (concluded absent only after two days \
+             of reports): {:?}",
+            findings.absent_pending
         );
     }
     if !findings.review.is_empty() {
