@@ -415,12 +415,24 @@ impl ReportBook {
 
     /// Payment `psp_reference` stands at `amount_minor` in the charge model (the simulator's
     /// `POST /sim/charges/{id}/amount`: an amount Adyen holds other than the one asked): its
-    /// Received, Authorised and SentForSettle rows say that amount, as Adyen's files would.
+    /// Received and Authorised rows say that amount, as Adyen's files would, and so does a
+    /// capture of the whole amount it had; a partial capture keeps its own.
     pub fn restate_amount(&mut self, psp_reference: &str, amount_minor: i64) {
+        let authorised = self
+            .journal
+            .iter()
+            .find(|row| row.psp_reference == psp_reference && row.record_type == "Authorised")
+            .map(|row| row.amount.value);
         for row in &mut self.journal {
-            if row.psp_reference == psp_reference
-                && matches!(row.record_type, "Received" | "Authorised" | "SentForSettle")
-            {
+            if row.psp_reference != psp_reference {
+                continue;
+            }
+            let whole = match row.record_type {
+                "Received" | "Authorised" => true,
+                "SentForSettle" => authorised == Some(row.amount.value),
+                _ => false,
+            };
+            if whole {
                 row.amount.value = amount_minor;
             }
         }
