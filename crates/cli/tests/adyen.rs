@@ -85,6 +85,21 @@ fn psp_of(payment: &Value) -> String {
     psp
 }
 
+/// Asks for a capture or refund that Adyen receives (202, pending): the provider's id of it.
+async fn operation_received(client: &Client, path: &str, key: &str, body: &Value) -> String {
+    let answer = client.post(path, key, body).await;
+    assert_eq!(
+        answer.status,
+        202,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    answer.json()["operations"][0]["provider_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// Checks that a delivery was Adyen's acknowledgement.
 fn assert_accepted(delivery: &common::adyen::Delivery) {
     assert_eq!(
@@ -404,23 +419,13 @@ async fn a_refund_that_fails_after_it_succeeded_is_reversed() {
     .await;
     let paid = create(&client, "reversed-1", &adyen_payment(4_000, "pm_card_ok")).await;
     let id = id_of(&paid);
-    let refund = client
-        .post(
-            &format!("/v1/payments/{id}/refunds"),
-            "reversed-1-refund",
-            &json!({"amount_minor": 1_500}),
-        )
-        .await;
-    assert_eq!(
-        refund.status,
-        202,
-        "{}",
-        String::from_utf8_lossy(&refund.body)
-    );
-    let refund_psp = refund.json()["operations"][0]["provider_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let refund_psp = operation_received(
+        &client,
+        &format!("/v1/payments/{id}/refunds"),
+        "reversed-1-refund",
+        &json!({"amount_minor": 1_500}),
+    )
+    .await;
     assert_accepted(&sim.item("REFUND", &refund_psp).await.1);
     let (failed, delivery) = sim.item("REFUND_FAILED", &refund_psp).await;
     assert_accepted(&delivery);
@@ -984,23 +989,13 @@ async fn a_refund_adyen_refuses_after_receiving_it_is_refused_and_released() {
     sim.control(&client, &format!("/sim/charges/{psp}/dispute"), json!({}))
         .await;
     assert_accepted(&sim.item("NOTIFICATION_OF_CHARGEBACK", &psp).await.1);
-    let refund = client
-        .post(
-            &format!("/v1/payments/{id}/refunds"),
-            "refused-1-refund",
-            &json!({"amount_minor": 4_000}),
-        )
-        .await;
-    assert_eq!(
-        refund.status,
-        202,
-        "{}",
-        String::from_utf8_lossy(&refund.body)
-    );
-    let refund_psp = refund.json()["operations"][0]["provider_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let refund_psp = operation_received(
+        &client,
+        &format!("/v1/payments/{id}/refunds"),
+        "refused-1-refund",
+        &json!({"amount_minor": 4_000}),
+    )
+    .await;
     let (item, delivery) = sim.item("REFUND", &refund_psp).await;
     assert_accepted(&delivery);
     assert_eq!(
@@ -1139,23 +1134,13 @@ async fn a_capture_that_fails_after_it_succeeded_is_reversed_and_the_payment_fai
     let held = create(&client, "capture-fails-1", &manual).await;
     assert_eq!(held["status"], "authorized", "{held}");
     let id = id_of(&held);
-    let capture = client
-        .post(
-            &format!("/v1/payments/{id}/capture"),
-            "capture-fails-1-capture",
-            &json!({}),
-        )
-        .await;
-    assert_eq!(
-        capture.status,
-        202,
-        "{}",
-        String::from_utf8_lossy(&capture.body)
-    );
-    let capture_psp = capture.json()["operations"][0]["provider_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let capture_psp = operation_received(
+        &client,
+        &format!("/v1/payments/{id}/capture"),
+        "capture-fails-1-capture",
+        &json!({}),
+    )
+    .await;
     assert_accepted(&sim.item("CAPTURE", &capture_psp).await.1);
     let (failed, delivery) = sim.item("CAPTURE_FAILED", &capture_psp).await;
     assert_accepted(&delivery);
