@@ -256,6 +256,11 @@ impl fmt::Display for SweepSummary {
     }
 }
 
+/// `duration` in milliseconds, saturating.
+fn duration_ms(duration: std::time::Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
 fn sqlite(sql: &str) -> String {
     sql.replace('$', "?")
 }

@@ -9,8 +9,7 @@
 
 use asiento_domain::payment::DisputeOutcome;
 use asiento_domain::{
-    Amount, ExceptionKind, OperationKind, OperationOutcome, OperationState, PaymentRecord,
-    ProviderFact,
+    ExceptionKind, OperationKind, OperationOutcome, OperationState, PaymentRecord, ProviderFact,
 };
 use asiento_psp::{Movement, MovementKind, ReportLine};
 
@@ -116,7 +115,7 @@ pub(super) fn refund_outcomes(record: &PaymentRecord, line: &ReportLine) -> Vec<
             charge_id: line.charge_id.clone(),
             psp_key: op.psp_key.clone(),
             provider_id: Some(provider_id.to_owned()),
-            amount: Amount::new(op.amount.minor()),
+            amount: op.amount,
             outcome,
             request: None,
         };

@@ -19,7 +19,7 @@ use asiento_psp::ProviderError;
 use serde_json::json;
 
 use super::findings::Finding;
-use super::{local_state, ReconcileError, Reconciler, SweepSummary};
+use super::{duration_ms, local_state, ReconcileError, Reconciler, SweepSummary};
 use crate::facts;
 use crate::leases;
 use crate::log;
@@ -194,8 +194,7 @@ impl Reconciler {
                 | Err(ProviderError::Unknown { .. } | ProviderError::Unsupported { .. }) => {}
             }
         }
-        let key_lifetime_ms =
-            i64::try_from(capabilities.key_lifetime.as_millis()).unwrap_or(i64::MAX);
+        let key_lifetime_ms = duration_ms(capabilities.key_lifetime);
         if age_ms >= key_lifetime_ms {
             return Ok(Driven::Exception {
                 fingerprint: "unknown_past_key_lifetime".into(),

@@ -427,15 +427,18 @@ impl Reconciler {
             local: local_state(&record),
             provider: line_state(line),
         };
+        // What the report decides of our refunds comes first: the totals may agree only once
+        // they are applied, or disagree until then.
         let decided = self.refunds_decided_by_report(&record, line);
-        let verdict = match classify(&record, line) {
-            // What the report decides of our refunds comes first: the totals may agree only
-            // once they are applied, or disagree until then.
-            _ if !decided.is_empty() => decided_refunds(decided),
-            Verdict::Manual { kind, fingerprint } if fingerprint.starts_with("refunded:") => {
-                self.reversed_refunds(&record, kind, fingerprint).await
+        let verdict = if decided.is_empty() {
+            match classify(&record, line) {
+                Verdict::Manual { kind, fingerprint } if fingerprint.starts_with("refunded:") => {
+                    self.reversed_refunds(&record, kind, fingerprint).await
+                }
+                verdict => verdict,
             }
-            verdict => verdict,
+        } else {
+            decided_refunds(decided)
         };
         match verdict {
             Verdict::Agree => Ok(()),

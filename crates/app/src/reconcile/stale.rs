@@ -17,7 +17,7 @@ use asiento_psp::{Charge, ChargeStatus, ProviderError};
 use serde_json::{json, Value};
 
 use super::findings::Finding;
-use super::{local_state, report_cursor, ReconcileError, Reconciler, SweepSummary};
+use super::{duration_ms, local_state, report_cursor, ReconcileError, Reconciler, SweepSummary};
 use crate::facts;
 use crate::idempotency;
 use crate::leases;
@@ -377,12 +377,7 @@ impl Reconciler {
         charge_id: &str,
         summary: &mut SweepSummary,
     ) -> Result<Revisit, ReconcileError> {
-        let deadline_ms = record
-            .created_at
-            .timestamp_millis()
-            .saturating_add(self.config.requires_action_timeout_ms);
-        if record.status != PaymentStatus::RequiresAction || deadline_ms > self.flow.clock.now_ms()
-        {
+        if record.status != PaymentStatus::RequiresAction || !self.past_action_deadline(record) {
             return Ok(Revisit::NextSweep);
         }
         let provider = self.provider(&record.provider)?;
@@ -410,11 +405,16 @@ impl Reconciler {
     /// The customer never finished the redirect: still waiting for them at the provider, past
     /// the timeout for customer action.
     fn abandoned(&self, record: &PaymentRecord, charge: &Charge) -> bool {
-        let deadline_ms = record
+        charge.status == ChargeStatus::RequiresAction && self.past_action_deadline(record)
+    }
+
+    /// The timeout for customer action has run out for `record`.
+    fn past_action_deadline(&self, record: &PaymentRecord) -> bool {
+        record
             .created_at
             .timestamp_millis()
-            .saturating_add(self.config.requires_action_timeout_ms);
-        charge.status == ChargeStatus::RequiresAction && deadline_ms <= self.flow.clock.now_ms()
+            .saturating_add(self.config.requires_action_timeout_ms)
+            <= self.flow.clock.now_ms()
     }
 
     /// Cancels an abandoned redirect at the provider (under the payment's cancel key, so a
@@ -472,9 +472,4 @@ impl Reconciler {
         }
         Ok(())
     }
-}
-
-/// `duration` in milliseconds, saturating.
-fn duration_ms(duration: std::time::Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
