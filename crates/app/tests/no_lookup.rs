@@ -179,10 +179,10 @@ impl Harness {
     async fn unanswered(&self, capture_mode: CaptureMode, reached: bool) -> (PaymentId, usize) {
         self.set_error_rate(1.0);
         let mut found = None;
-        let mut made = 0;
+        let mut made_ids = Vec::new();
         for _ in 0..40 {
             let id = self.create(capture_mode).await;
-            made += 1;
+            made_ids.push(id);
             assert_eq!(self.status(id).await, PaymentStatus::Pending);
             if self.charges_of(id).is_empty() != reached {
                 found = Some(id);
@@ -191,7 +191,40 @@ impl Harness {
         }
         self.set_error_rate(0.0);
         let id = found.expect("a creation on the asked side of the provider's effect");
-        (id, made)
+        self.watching(&made_ids).await;
+        (id, made_ids.len())
+    }
+
+    /// Waits until the reconciler's watch list holds `payments` (it follows the log, which on
+    /// PostgreSQL shows a commit only once no earlier transaction is still open).
+    async fn watching(&self, payments: &[PaymentId]) {
+        let sql = "select count(*) from reconciliation_watch where payment_id = $1";
+        for _ in 0..500 {
+            asiento_app::watch::catch_up(&self.database, self.flow.store.as_ref())
+                .await
+                .unwrap();
+            let mut watched = 0;
+            for payment in payments {
+                let count: i64 = match &self.database {
+                    Database::Postgres(pool) => sqlx::query_scalar(sql)
+                        .bind(payment.to_string())
+                        .fetch_one(pool)
+                        .await
+                        .unwrap(),
+                    Database::Sqlite(pool) => sqlx::query_scalar(&sql.replace('$', "?"))
+                        .bind(payment.to_string())
+                        .fetch_one(pool)
+                        .await
+                        .unwrap(),
+                };
+                watched += usize::from(count > 0);
+            }
+            if watched == payments.len() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("the watch list never held {payments:?}");
     }
 
     fn set_error_rate(&self, rate: f64) {
@@ -383,6 +416,7 @@ async fn abandoned_redirects_are_cancelled_unread(backend: Backend) {
     let h = Harness::start(backend).await;
     let redirect = h.create_with("pm_redirect", CaptureMode::Automatic).await;
     assert_eq!(h.status(redirect).await, PaymentStatus::RequiresAction);
+    h.watching(&[redirect]).await;
 
     // The customer may still finish: nothing is cancelled before the timeout.
     h.clock.advance_ms(REQUIRES_ACTION_TIMEOUT_MS - 60_000);
