@@ -8,6 +8,7 @@ pub mod accounts;
 pub mod auth;
 pub mod body;
 pub mod commands;
+pub mod events;
 pub mod exceptions;
 pub mod ledger;
 pub mod openapi;
@@ -96,6 +97,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/accounts/{account}/balance", get(ledger::balance))
         .route("/v1/accounts/{account}/entries", get(ledger::entries))
         .route("/v1/journal/{entry_id}", get(ledger::journal_entry))
+        .route("/v1/events", get(events::list))
+        .route("/v1/events/{id}", get(events::get))
         .route("/v1/reconciliation/exceptions", get(exceptions::list))
         .route(
             "/v1/reconciliation/exceptions/{id}/resolve",

@@ -344,6 +344,35 @@ pub struct ReconciliationException {
     pub note: Option<String>,
 }
 
+/// A merchant event: what happened, and the object as it stood then (docs/API.md "Events").
+#[derive(Serialize, ToSchema)]
+pub struct MerchantEvent {
+    /// `evt_…`, the same on every delivery and in the feed: dedup by it.
+    pub id: String,
+    /// Always `event`.
+    pub object: String,
+    /// `payment.captured`, `payment.refunded`, `transfer.posted`, `exception.opened` …
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// When the log recorded it (RFC 3339, UTC).
+    pub created: String,
+    /// The log position of the event it was derived from.
+    pub position: i64,
+    /// `object`: the payment, transfer or exception as the API renders it at that position;
+    /// `operation`: the capture or refund the event is about, where there is one.
+    #[schema(value_type = Object)]
+    pub data: serde_json::Value,
+}
+
+/// A page of the feed, in log order.
+#[derive(Serialize, ToSchema)]
+pub struct EventPage {
+    pub data: Vec<MerchantEvent>,
+    /// Pass as `after` to read on (the same cursor again when the page is empty).
+    pub next_cursor: String,
+    pub has_more: bool,
+}
+
 /// `POST /v1/reconciliation/exceptions/{id}/resolve`.
 #[derive(Serialize, ToSchema)]
 pub struct ResolveRequest {
@@ -383,6 +412,8 @@ impl Modify for BearerAuth {
         crate::ledger::journal_entry,
         crate::exceptions::list,
         crate::exceptions::resolve,
+        crate::events::list,
+        crate::events::get,
     ),
     modifiers(&BearerAuth),
     security(("bearer" = [])),

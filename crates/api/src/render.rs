@@ -7,11 +7,11 @@ use asiento_app::reply::{NextActionIn, PaymentCommandKind, Rejected, Render, Rep
 use asiento_balances::AccountView;
 use asiento_domain::guard::{AccountDeclared, GuardKey};
 use asiento_domain::{
-    transfer::TransferRecord, Balance, GuardRejection, HoldRejection, OperationKind,
-    OperationState, PaymentId, PaymentRecord, PaymentRejection, PaymentStatus, TransferRejection,
+    Balance, GuardRejection, HoldRejection, OperationKind, OperationState, PaymentId,
+    PaymentRecord, PaymentRejection, PaymentStatus, TransferRejection,
 };
 use axum::http::StatusCode;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::problem::Problem;
 
@@ -150,96 +150,7 @@ fn payment_status_code(kind: PaymentCommandKind, payment: &PaymentRecord) -> Sta
     }
 }
 
-/// The operations of a payment as API.md shows them.
-fn operations_json(payment: &PaymentRecord) -> Value {
-    let millis = |at: &chrono::DateTime<chrono::Utc>| {
-        at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-    };
-    payment
-        .operations
-        .iter()
-        .map(|op| {
-            json!({
-                "kind": op.kind.as_str(),
-                "sequence": op.sequence,
-                "amount_minor": op.amount.minor(),
-                "state": op.state.as_str(),
-                "provider_id": op.provider_id,
-                "reason": op.reason,
-                "provider_requests": op.requests.iter().map(|request| json!({
-                    "id": request.id,
-                    "replayed": request.replayed,
-                })).collect::<Vec<_>>(),
-                "requested_at": millis(&op.requested_at),
-                "updated_at": millis(&op.updated_at),
-            })
-        })
-        .collect()
-}
-
-/// The payment object of API.md. `next_action` is present only while `requires_action` (the
-/// domain clears it on every other state; this is the second check where it is read).
-pub fn payment_json(payment: &PaymentRecord, position: i64) -> Value {
-    let next_action = match (&payment.next_action, payment.status) {
-        (Some(action), PaymentStatus::RequiresAction) => {
-            serde_json::to_value(action).unwrap_or(Value::Null)
-        }
-        _ => Value::Null,
-    };
-    json!({
-        "id": payment.id.to_string(),
-        "status": payment.status.as_str(),
-        "amount_minor": payment.amount.minor(),
-        "currency": payment.currency.code(),
-        "customer": payment.customer.as_str(),
-        "provider": payment.provider.as_str(),
-        "provider_charge_id": payment.provider_charge_id,
-        "capture": payment.capture_mode,
-        "captured_minor": payment.captured.minor(),
-        "refunded_minor": payment.refunded.minor(),
-        "fee_minor": payment.fee_net().map(|fee| fee.minor()).unwrap_or(payment.fee.minor()),
-        "provider_fees": payment.provider_fees.iter().map(|fee| json!({
-            "transaction_id": fee.transaction_id,
-            "fee_minor": fee.fee.minor(),
-        })).collect::<Vec<_>>(),
-        "description": payment.description,
-        "metadata": payment.metadata,
-        "failure_reason": payment.failure_reason,
-        "needs_review": payment.needs_review(),
-        "created_at": payment.created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        "updated_at": payment.updated_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        "next_action": next_action,
-        "operations": operations_json(payment),
-        "position": position,
-    })
-}
-
-/// A transfer or hold: `status` is `posted` for a transfer, `pending` → `posted` | `voided` |
-/// `expired` for a hold, with what moved (`posted_amount_minor`) and the entry that ended it.
-pub fn transfer_json(transfer: &TransferRecord, position: i64) -> Value {
-    let requested = &transfer.requested;
-    let time = |at: &chrono::DateTime<chrono::Utc>| {
-        at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-    };
-    let settled = transfer.settled.as_ref();
-    json!({
-        "id": requested.transfer_id.to_string(),
-        "from": requested.from.as_str(),
-        "to": requested.to.as_str(),
-        "amount_minor": requested.amount_minor.minor(),
-        "currency": requested.currency.code(),
-        "description": requested.description,
-        "pending": requested.pending,
-        "status": transfer.status().as_str(),
-        "posted_amount_minor": transfer.posted_amount().minor(),
-        "expires_at": requested.expires_at.as_ref().map(time),
-        "entry_id": transfer.entry_id.map(|id| id.to_string()),
-        "settled_entry_id": settled.and_then(|s| s.entry_id).map(|id| id.to_string()),
-        "settled_at": settled.map(|s| time(&s.at)),
-        "created_at": time(&requested.at),
-        "position": position,
-    })
-}
+pub use asiento_objects::{payment_json, transfer_json};
 
 /// A declaration's answer: the account as `GET /v1/accounts` lists it, and the position written.
 fn account_bytes(key: &GuardKey, declared: &AccountDeclared, position: i64) -> Vec<u8> {
@@ -364,7 +275,7 @@ mod tests {
         };
         let mut metadata = serde_json::Map::new();
         // A key of the same name inside metadata is the client's, not the payment's.
-        metadata.insert("next_action".to_owned(), json!("ship"));
+        metadata.insert("next_action".to_owned(), serde_json::json!("ship"));
         let created = decide(
             Payment::default(),
             PaymentCommand::Create(CreatePayment {

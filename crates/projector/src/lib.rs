@@ -25,6 +25,8 @@
 //! Architecture invariant: a projection's checkpoint and its read-model rows only ever change
 //! together, in one transaction guarded by the registry row.
 
+pub mod history;
+
 use asiento_eventstore::{RecordedEvent, StoreError, Tx};
 
 #[doc(hidden)]

@@ -7,32 +7,10 @@ use asiento_domain::{evolve_payment, Payment, PaymentEvent, StreamKind};
 use asiento_eventstore::RecordedEvent;
 use asiento_projector::ProjectionError;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+
+use asiento_projector::history::Kept;
 
 use crate::PaymentRow;
-
-/// One event of a payment stream as the read model keeps it: the stored form, so that replaying
-/// it goes through the domain's decoder (and its upcaster) exactly as reading the log does.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Kept {
-    pub version: u64,
-    pub position: i64,
-    pub event_type: String,
-    pub schema: i32,
-    pub data: serde_json::Value,
-}
-
-impl Kept {
-    pub fn from_recorded(event: &RecordedEvent) -> Kept {
-        Kept {
-            version: event.version,
-            position: event.position,
-            event_type: event.event_type.clone(),
-            schema: event.schema,
-            data: event.data.value().clone(),
-        }
-    }
-}
 
 /// The payment id of a payment stream's event; None for every other stream.
 pub(crate) fn payment_stream(event: &RecordedEvent) -> Option<String> {
@@ -47,39 +25,6 @@ fn malformed(position: i64, reason: impl Into<String>) -> ProjectionError {
         position,
         reason: reason.into(),
     }
-}
-
-/// Merges newly seen events into a stream's history. `history` holds versions 1..=n in order;
-/// `waiting` holds events seen ahead of a gap. Afterwards `history` has grown by every event
-/// that became contiguous and `waiting` keeps the rest, sorted by version. A version seen twice
-/// is a bug (the runtime applies each event once), and stops the projection rather than
-/// guessing which copy is right.
-pub(crate) fn merge(
-    history: &mut Vec<Kept>,
-    waiting: &mut Vec<Kept>,
-    incoming: Vec<Kept>,
-) -> Result<(), ProjectionError> {
-    waiting.extend(incoming);
-    waiting.sort_by_key(|k| k.version);
-    let applied = u64::try_from(history.len()).unwrap_or(u64::MAX);
-    for (index, kept) in waiting.iter().enumerate() {
-        let repeated = index > 0 && waiting[index - 1].version == kept.version;
-        if kept.version <= applied || repeated || kept.version == 0 {
-            return Err(malformed(
-                kept.position,
-                format!("payment stream version {} seen twice", kept.version),
-            ));
-        }
-    }
-    let mut next = applied + 1;
-    let contiguous = waiting.iter().take_while(|k| {
-        let fits = k.version == next;
-        next += 1;
-        fits
-    });
-    let count = contiguous.count();
-    history.extend(waiting.drain(..count));
-    Ok(())
 }
 
 /// A payment folded event by event, in version order, through the domain's `evolve`.
@@ -182,78 +127,6 @@ pub(crate) fn from_ns(ns: i64) -> DateTime<Utc> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn kept(version: u64) -> Kept {
-        Kept {
-            version,
-            position: i64::try_from(version).unwrap_or(0) * 10,
-            event_type: "ChargeRequested".into(),
-            schema: 1,
-            data: serde_json::Value::Null,
-        }
-    }
-
-    fn versions(events: &[Kept]) -> Vec<u64> {
-        events.iter().map(|k| k.version).collect()
-    }
-
-    /// (already applied, waiting before, incoming) -> (history after, waiting after).
-    #[test]
-    fn merge_takes_the_contiguous_prefix_and_keeps_the_rest_waiting() {
-        type Case = (u64, &'static [u64], &'static [u64], u64, &'static [u64]);
-        let cases: &[Case] = &[
-            (0, &[], &[1, 2, 3], 3, &[]),
-            (0, &[], &[2, 3], 0, &[2, 3]),
-            (0, &[2, 3], &[1], 3, &[]),
-            (2, &[], &[4, 3, 6], 4, &[6]),
-            (2, &[6], &[5], 2, &[5, 6]),
-            (2, &[5, 6], &[3, 4], 6, &[]),
-            (1, &[], &[], 1, &[]),
-        ];
-        for &(applied, before, incoming, after, left) in cases {
-            let mut history: Vec<Kept> = (1..=applied).map(kept).collect();
-            let mut waiting: Vec<Kept> = before.iter().copied().map(kept).collect();
-            merge(
-                &mut history,
-                &mut waiting,
-                incoming.iter().copied().map(kept).collect(),
-            )
-            .unwrap_or_else(|e| panic!("{applied} {before:?} {incoming:?}: {e}"));
-            assert_eq!(
-                versions(&history),
-                (1..=after).collect::<Vec<_>>(),
-                "{applied} {before:?} {incoming:?}"
-            );
-            assert_eq!(
-                versions(&waiting),
-                left,
-                "{applied} {before:?} {incoming:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn merge_refuses_a_version_seen_twice() {
-        let cases: &[(u64, &[u64], &[u64])] = &[
-            (2, &[], &[2]),
-            (0, &[3], &[3]),
-            (0, &[], &[1, 1]),
-            (0, &[], &[0]),
-        ];
-        for &(applied, before, incoming) in cases {
-            let mut history: Vec<Kept> = (1..=applied).map(kept).collect();
-            let mut waiting: Vec<Kept> = before.iter().copied().map(kept).collect();
-            let result = merge(
-                &mut history,
-                &mut waiting,
-                incoming.iter().copied().map(kept).collect(),
-            );
-            assert!(
-                matches!(result, Err(ProjectionError::Malformed { .. })),
-                "{applied} {before:?} {incoming:?}"
-            );
-        }
-    }
 
     #[test]
     fn a_stream_that_does_not_start_with_payment_intended_is_malformed() {

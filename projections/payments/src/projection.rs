@@ -14,7 +14,9 @@ use asiento_eventstore::{RecordedEvent, Tx};
 use asiento_projector::{on_tx, Projection, ProjectionError};
 use sqlx::types::Json;
 
-use crate::fold::{fold, merge, payment_stream, to_ns, Kept};
+use asiento_projector::history::{merge, Kept};
+
+use crate::fold::{fold, payment_stream, to_ns};
 use crate::PaymentRow;
 
 /// The registry name, and the argument of `asiento projections rebuild payments`.

@@ -9,7 +9,9 @@ use asiento_eventstore::{Cursor, Database, EventStore};
 use asiento_projector::on_db;
 use sqlx::{FromRow, Row as _};
 
-use crate::fold::{payment_stream, Folder, Kept};
+use asiento_projector::history::Kept;
+
+use crate::fold::{payment_stream, Folder};
 use crate::read::Row;
 use crate::{PaymentRow, ViewError, NAME};
 

@@ -1,0 +1,126 @@
+//! The objects of API.md as JSON: a payment, a transfer or hold, an exception.
+//!
+//! One rendering of each, so that what a reply, a read and a merchant event say of an object
+//! cannot drift apart: the API's replies and reads call these, and the merchant events
+//! projection renders the object as it stood at each event with the same functions.
+
+use asiento_domain::exception::ExceptionRecord;
+use asiento_domain::{transfer::TransferRecord, PaymentRecord, PaymentStatus};
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::{json, Value};
+
+/// A time as every object shows it: RFC 3339 in UTC, milliseconds.
+#[must_use]
+pub fn time(at: &DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// The operations of a payment as API.md shows them.
+fn operations_json(payment: &PaymentRecord) -> Value {
+    payment
+        .operations
+        .iter()
+        .map(|op| {
+            json!({
+                "kind": op.kind.as_str(),
+                "sequence": op.sequence,
+                "amount_minor": op.amount.minor(),
+                "state": op.state.as_str(),
+                "provider_id": op.provider_id,
+                "reason": op.reason,
+                "provider_requests": op.requests.iter().map(|request| json!({
+                    "id": request.id,
+                    "replayed": request.replayed,
+                })).collect::<Vec<_>>(),
+                "requested_at": time(&op.requested_at),
+                "updated_at": time(&op.updated_at),
+            })
+        })
+        .collect()
+}
+
+/// The payment object of API.md at `position`. `next_action` is present only while
+/// `requires_action` (the domain clears it on every other state; this is the second check where
+/// it is read).
+#[must_use]
+pub fn payment_json(payment: &PaymentRecord, position: i64) -> Value {
+    let next_action = match (&payment.next_action, payment.status) {
+        (Some(action), PaymentStatus::RequiresAction) => {
+            serde_json::to_value(action).unwrap_or(Value::Null)
+        }
+        _ => Value::Null,
+    };
+    json!({
+        "id": payment.id.to_string(),
+        "status": payment.status.as_str(),
+        "amount_minor": payment.amount.minor(),
+        "currency": payment.currency.code(),
+        "customer": payment.customer.as_str(),
+        "provider": payment.provider.as_str(),
+        "provider_charge_id": payment.provider_charge_id,
+        "capture": payment.capture_mode,
+        "captured_minor": payment.captured.minor(),
+        "refunded_minor": payment.refunded.minor(),
+        "fee_minor": payment.fee_net().map(|fee| fee.minor()).unwrap_or(payment.fee.minor()),
+        "provider_fees": payment.provider_fees.iter().map(|fee| json!({
+            "transaction_id": fee.transaction_id,
+            "fee_minor": fee.fee.minor(),
+        })).collect::<Vec<_>>(),
+        "description": payment.description,
+        "metadata": payment.metadata,
+        "failure_reason": payment.failure_reason,
+        "needs_review": payment.needs_review(),
+        "created_at": time(&payment.created_at),
+        "updated_at": time(&payment.updated_at),
+        "next_action": next_action,
+        "operations": operations_json(payment),
+        "position": position,
+    })
+}
+
+/// A transfer or hold at `position`: `status` is `posted` for a transfer, `pending` → `posted` |
+/// `voided` | `expired` for a hold, with what moved (`posted_amount_minor`) and the entry that
+/// ended it.
+#[must_use]
+pub fn transfer_json(transfer: &TransferRecord, position: i64) -> Value {
+    let requested = &transfer.requested;
+    let settled = transfer.settled.as_ref();
+    json!({
+        "id": requested.transfer_id.to_string(),
+        "from": requested.from.as_str(),
+        "to": requested.to.as_str(),
+        "amount_minor": requested.amount_minor.minor(),
+        "currency": requested.currency.code(),
+        "description": requested.description,
+        "pending": requested.pending,
+        "status": transfer.status().as_str(),
+        "posted_amount_minor": transfer.posted_amount().minor(),
+        "expires_at": requested.expires_at.as_ref().map(time),
+        "entry_id": transfer.entry_id.map(|id| id.to_string()),
+        "settled_entry_id": settled.and_then(|s| s.entry_id).map(|id| id.to_string()),
+        "settled_at": settled.map(|s| time(&s.at)),
+        "created_at": time(&requested.at),
+        "position": position,
+    })
+}
+
+/// A reconciliation exception as `GET /v1/reconciliation/exceptions` lists it.
+#[must_use]
+pub fn exception_json(exception: &ExceptionRecord) -> Value {
+    let recorded = &exception.recorded;
+    json!({
+        "id": recorded.exception_id.to_string(),
+        "payment_id": recorded.payment_id.map(|id| id.to_string()),
+        "kind": recorded.kind.as_str(),
+        "local": recorded.local,
+        "provider": recorded.provider_state,
+        "provider_name": recorded.provider.to_string(),
+        "charge_id": recorded.charge_id,
+        "difference": recorded.difference,
+        "resolution": recorded.resolution.as_str(),
+        "status": exception.status.as_str(),
+        "note": exception.note,
+        "recorded_at_ms": recorded.at.timestamp_millis(),
+        "resolved_at_ms": exception.resolved_at.map(|at| at.timestamp_millis()),
+    })
+}

@@ -1,0 +1,211 @@
+//! Which merchant event a log event is, decided from the object before and after it.
+//!
+//! Pure: the projection folds each touched stream through the domain's own `evolve` and asks
+//! here, event by event, what a merchant is told. At most one merchant event per log event, so
+//! the log event's id names it for good (a rebuild derives the same ids).
+
+use asiento_domain::exception::{self, Exception, ExceptionEvent};
+use asiento_domain::payment::PaymentEvent;
+use asiento_domain::transfer::{self, Transfer, TransferEvent, TransferStatus};
+use asiento_domain::{evolve_payment, Event, OperationKind, Payment, PaymentStatus, StreamKind};
+use asiento_objects::{exception_json, payment_json, transfer_json};
+use serde_json::Value;
+
+use crate::EventKind;
+
+/// A stream that can tell merchants something, folded so far.
+#[derive(Debug, Clone)]
+pub(crate) enum Folded {
+    Payment(Payment),
+    Transfer(Transfer),
+    Exception(Exception),
+}
+
+impl Folded {
+    /// The empty fold of a stream with merchant events; None for the others (guards, payouts).
+    pub fn of_stream(stream_id: &str) -> Option<Folded> {
+        match StreamKind::parse(stream_id)? {
+            StreamKind::Payment(_) => Some(Folded::Payment(Payment::default())),
+            StreamKind::Transfer(_) => Some(Folded::Transfer(Transfer::default())),
+            StreamKind::Exception(_) => Some(Folded::Exception(Exception::default())),
+            StreamKind::Guard { .. } | StreamKind::Payout { .. } => None,
+        }
+    }
+
+    /// The stream version folded so far.
+    pub fn version(&self) -> u64 {
+        match self {
+            Folded::Payment(p) => p.version,
+            Folded::Transfer(t) => t.version,
+            Folded::Exception(e) => e.version,
+        }
+    }
+
+    /// Folds the next event; an event of another family is a stored stream that is wrong.
+    pub fn evolve(self, event: &Event) -> Result<Folded, &'static str> {
+        match (self, event) {
+            (Folded::Payment(p), Event::Payment(e)) => Ok(Folded::Payment(evolve_payment(p, e))),
+            (Folded::Transfer(t), Event::Transfer(e)) => {
+                Ok(Folded::Transfer(transfer::evolve(t, e)))
+            }
+            (Folded::Exception(x), Event::Exception(e)) => {
+                Ok(Folded::Exception(exception::evolve(x, e)))
+            }
+            _ => Err("an event of another stream family"),
+        }
+    }
+}
+
+/// A merchant event before it is given its place in the feed.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Derived {
+    pub kind: EventKind,
+    pub tenant: String,
+    /// The object as the API renders it at this event.
+    pub object: Value,
+    /// The capture or refund the event is about, as the payment's `operations` lists it.
+    pub operation: Option<Value>,
+}
+
+/// What `event` (at `position`), which took the stream from `before` to `after`, tells a
+/// merchant; None for bookkeeping (requests, entries, fees, guard events) and for events that
+/// changed nothing a merchant sees.
+pub(crate) fn derive(
+    before: &Folded,
+    after: &Folded,
+    event: &Event,
+    position: i64,
+) -> Option<Derived> {
+    match (before, after, event) {
+        (Folded::Payment(before), Folded::Payment(after), Event::Payment(event)) => {
+            payment_event(before, after, event, position)
+        }
+        (Folded::Transfer(before), Folded::Transfer(after), Event::Transfer(event)) => {
+            transfer_event(before, after, event, position)
+        }
+        (Folded::Exception(_), Folded::Exception(after), Event::Exception(event)) => {
+            exception_event(after, event)
+        }
+        _ => None,
+    }
+}
+
+fn payment_event(
+    before: &Payment,
+    after: &Payment,
+    event: &PaymentEvent,
+    position: i64,
+) -> Option<Derived> {
+    let record = after.record.as_ref()?;
+    let was = before.record.as_ref().map(|r| r.status);
+    let became = |status: PaymentStatus| record.status == status && was != Some(status);
+    let (kind, operation) = match event {
+        PaymentEvent::PaymentIntended(_) => (EventKind::PaymentCreated, None),
+        PaymentEvent::ActionRequired(_) if became(PaymentStatus::RequiresAction) => {
+            (EventKind::PaymentRequiresAction, None)
+        }
+        PaymentEvent::ChargeAuthorized(_) if became(PaymentStatus::Authorized) => {
+            (EventKind::PaymentAuthorized, None)
+        }
+        PaymentEvent::ChargeCaptured(_)
+            if before.record.as_ref().map(|r| r.captured) != Some(record.captured) =>
+        {
+            (EventKind::PaymentCaptured, None)
+        }
+        PaymentEvent::ChargeFailed(_) | PaymentEvent::CaptureReversed(_)
+            if became(PaymentStatus::Failed) =>
+        {
+            (EventKind::PaymentFailed, None)
+        }
+        PaymentEvent::PaymentExpired(_) if became(PaymentStatus::Expired) => {
+            (EventKind::PaymentExpired, None)
+        }
+        PaymentEvent::RefundSettled(e) => (
+            EventKind::PaymentRefunded,
+            e.sequence.map(|s| (OperationKind::Refund, s)),
+        ),
+        PaymentEvent::OperationRefused(e) => match e.kind {
+            OperationKind::Capture => (
+                EventKind::PaymentCaptureFailed,
+                Some((OperationKind::Capture, e.sequence)),
+            ),
+            OperationKind::Refund => (
+                EventKind::PaymentRefundFailed,
+                Some((OperationKind::Refund, e.sequence)),
+            ),
+        },
+        PaymentEvent::RefundReversed(e) => (
+            EventKind::PaymentRefundFailed,
+            Some((OperationKind::Refund, e.sequence)),
+        ),
+        PaymentEvent::DisputeOpened(_) => (EventKind::PaymentDisputed, None),
+        PaymentEvent::DisputeClosed(_) => (EventKind::PaymentDisputeClosed, None),
+        _ => return None,
+    };
+    let object = payment_json(record, position);
+    let operation = operation.and_then(|(kind, sequence)| {
+        let index = record
+            .operations
+            .iter()
+            .position(|op| op.kind == kind && op.sequence == sequence)?;
+        object["operations"].get(index).cloned()
+    });
+    Some(Derived {
+        kind,
+        tenant: record.tenant.as_str().to_owned(),
+        object,
+        operation,
+    })
+}
+
+/// A transfer's event is told once its entry is written (a hold's ending writes one too), so
+/// that the object names the entry.
+fn transfer_event(
+    before: &Transfer,
+    after: &Transfer,
+    event: &TransferEvent,
+    position: i64,
+) -> Option<Derived> {
+    let TransferEvent::EntryPosted(_) = event else {
+        return None;
+    };
+    let record = after.record.as_ref()?;
+    let ended_before = before
+        .record
+        .as_ref()
+        .and_then(|r| r.settled.as_ref())
+        .and_then(|s| s.entry_id)
+        .is_some();
+    let kind = match (record.settled.as_ref(), record.status()) {
+        (None, TransferStatus::Pending) => EventKind::TransferPending,
+        (None, _) => EventKind::TransferPosted,
+        (Some(_), _) if ended_before => return None,
+        (Some(_), TransferStatus::Posted) => EventKind::TransferPosted,
+        (Some(_), TransferStatus::Voided) => EventKind::TransferVoided,
+        (Some(_), TransferStatus::Expired) => EventKind::TransferExpired,
+        (Some(_), TransferStatus::Pending) => return None,
+    };
+    Some(Derived {
+        kind,
+        tenant: record.requested.tenant.as_str().to_owned(),
+        object: transfer_json(record, position),
+        operation: None,
+    })
+}
+
+/// Exceptions of the platform's scope (naming no payment of ours) belong to no tenant and are
+/// not told.
+fn exception_event(after: &Exception, event: &ExceptionEvent) -> Option<Derived> {
+    let record = after.record.as_ref()?;
+    let tenant = record.recorded.tenant.as_ref()?;
+    let kind = match event {
+        ExceptionEvent::ExceptionRecorded(_) => EventKind::ExceptionOpened,
+        ExceptionEvent::ExceptionResolved(_) => EventKind::ExceptionResolved,
+    };
+    Some(Derived {
+        kind,
+        tenant: tenant.as_str().to_owned(),
+        object: exception_json(record),
+        operation: None,
+    })
+}

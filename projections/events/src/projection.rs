@@ -1,0 +1,406 @@
+//! The projection: merchant events from the log into three tables per generation.
+//!
+//! - `merchant_events_g{n}`: the feed, one row per merchant event, numbered by `seq` in the
+//!   order this projection derives them (which is the log's gap-free order);
+//! - `merchant_event_streams_g{n}`: per payment, transfer and exception stream, its events
+//!   1..=version, which the next batch folds again to know the object before its new events;
+//! - `merchant_event_pending_g{n}`: events seen ahead of a gap in their stream's versions
+//!   (`asiento_projector::history`), with the time the log recorded them.
+//!
+//! Readers use the view `merchant_events`.
+
+use std::collections::HashMap;
+
+use asiento_domain::Event;
+use asiento_eventstore::{RecordedEvent, Tx};
+use asiento_projector::history::{merge, Kept};
+use asiento_projector::{on_tx, Projection, ProjectionError};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::types::Json;
+
+use crate::derive::{derive, Derived, Folded};
+use crate::event_id;
+
+/// The registry name, and the argument of `asiento projections rebuild merchant_events`.
+pub const NAME: &str = "merchant_events";
+/// Bump when the tables or the way they are filled change.
+pub const FINGERPRINT: &str = "merchant-events-v1";
+
+/// The merchant events read model. Stateless: everything lives in the database.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MerchantEvents;
+
+pub(crate) const VIEW: &str = "merchant_events";
+const TABLE: &str = "merchant_events_g";
+const STREAMS_TABLE: &str = "merchant_event_streams_g";
+const PENDING_TABLE: &str = "merchant_event_pending_g";
+
+fn ddl(g: i64, postgres: bool) -> Vec<String> {
+    let (int, json, rowid) = if postgres {
+        ("BIGINT", "JSONB", "")
+    } else {
+        ("INTEGER", "TEXT", " WITHOUT ROWID")
+    };
+    vec![
+        format!(
+            "CREATE TABLE {TABLE}{g} (
+                seq        {int} PRIMARY KEY CHECK (seq >= 1),
+                event_id   TEXT  NOT NULL UNIQUE,
+                tenant     TEXT  NOT NULL,
+                event_type TEXT  NOT NULL,
+                position   {int} NOT NULL,
+                body       TEXT  NOT NULL){rowid}"
+        ),
+        format!("CREATE INDEX {TABLE}{g}_by_tenant ON {TABLE}{g} (tenant, seq)"),
+        format!("CREATE INDEX {TABLE}{g}_by_type ON {TABLE}{g} (tenant, event_type, seq)"),
+        format!(
+            "CREATE TABLE {STREAMS_TABLE}{g} (
+                stream_id TEXT PRIMARY KEY,
+                history   {json} NOT NULL){rowid}"
+        ),
+        format!(
+            "CREATE TABLE {PENDING_TABLE}{g} (
+                stream_id TEXT  NOT NULL,
+                version   {int} NOT NULL,
+                event     {json} NOT NULL,
+                PRIMARY KEY (stream_id, version)){rowid}"
+        ),
+    ]
+}
+
+/// An event waiting for an earlier version of its stream, with the log's time of it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Waiting {
+    kept: Kept,
+    recorded_at: DateTime<Utc>,
+}
+
+/// One touched stream during a batch.
+struct Stream {
+    folded: Folded,
+    history: Vec<Kept>,
+    waiting: Vec<Kept>,
+    /// When each waiting or incoming event was recorded, by version.
+    recorded_at: HashMap<u64, DateTime<Utc>>,
+    history_grew: bool,
+    had_pending: bool,
+}
+
+/// A feed row as it is stored.
+struct Row {
+    seq: i64,
+    event_id: String,
+    tenant: String,
+    event_type: &'static str,
+    position: i64,
+    body: String,
+}
+
+fn malformed(position: i64, reason: impl Into<String>) -> ProjectionError {
+    ProjectionError::Malformed {
+        position,
+        reason: reason.into(),
+    }
+}
+
+#[async_trait::async_trait]
+impl Projection for MerchantEvents {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn fingerprint(&self) -> &'static str {
+        FINGERPRINT
+    }
+
+    async fn create_generation(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
+        let statements = ddl(g, matches!(tx, Tx::Postgres(_)));
+        for statement in statements {
+            on_tx!(tx, conn => sqlx::query(&statement).execute(conn).await?.rows_affected());
+        }
+        Ok(())
+    }
+
+    async fn point_views(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
+        asiento_projector::point_view(tx, VIEW, &format!("{TABLE}{g}")).await
+    }
+
+    async fn drop_generation(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
+        for table in [TABLE, STREAMS_TABLE, PENDING_TABLE] {
+            let statement = format!("DROP TABLE IF EXISTS {table}{g}");
+            on_tx!(tx, conn => sqlx::query(&statement).execute(conn).await?.rows_affected());
+        }
+        Ok(())
+    }
+
+    async fn apply(
+        &self,
+        tx: &mut Tx,
+        g: i64,
+        events: &[RecordedEvent],
+    ) -> Result<(), ProjectionError> {
+        let mut ids: Vec<String> = Vec::new();
+        for event in events {
+            if Folded::of_stream(&event.stream_id).is_some() && !ids.contains(&event.stream_id) {
+                ids.push(event.stream_id.clone());
+            }
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut streams = load(tx, g, &ids).await?;
+        let mut seq: i64 = {
+            let statement = format!("SELECT COALESCE(MAX(seq), 0) FROM {TABLE}{g}");
+            on_tx!(tx, conn => sqlx::query_scalar(&statement).fetch_one(conn).await?)
+        };
+        let mut rows = Vec::new();
+        // In the batch's order, which is the log's: the feed's order.
+        for event in events {
+            let Some(stream) = streams.get_mut(&event.stream_id) else {
+                continue;
+            };
+            stream.recorded_at.insert(event.version, event.recorded_at);
+            let applied = stream.history.len();
+            merge(
+                &mut stream.history,
+                &mut stream.waiting,
+                vec![Kept::from_recorded(event)],
+            )?;
+            for kept in &stream.history[applied..] {
+                let decoded =
+                    Event::decode(&event.stream_id, &kept.event_type, kept.schema, &kept.data)
+                        .map_err(|e| malformed(kept.position, e.to_string()))?;
+                let after = stream
+                    .folded
+                    .clone()
+                    .evolve(&decoded)
+                    .map_err(|reason| malformed(kept.position, reason))?;
+                if let Some(derived) = derive(&stream.folded, &after, &decoded, kept.position) {
+                    let recorded_at = stream
+                        .recorded_at
+                        .get(&kept.version)
+                        .copied()
+                        .ok_or_else(|| malformed(kept.position, "no record time for an event"))?;
+                    seq += 1;
+                    rows.push(row(seq, &event.stream_id, kept, recorded_at, derived)?);
+                }
+                stream.folded = after;
+            }
+            stream.history_grew |= stream.history.len() > applied;
+        }
+        insert_rows(tx, g, &rows).await?;
+        store_streams(tx, g, &streams).await
+    }
+}
+
+fn row(
+    seq: i64,
+    stream_id: &str,
+    kept: &Kept,
+    recorded_at: DateTime<Utc>,
+    derived: Derived,
+) -> Result<Row, ProjectionError> {
+    let id = event_id(stream_id, kept.version);
+    let mut data = serde_json::Map::new();
+    data.insert("object".to_owned(), derived.object);
+    if let Some(operation) = derived.operation {
+        data.insert("operation".to_owned(), operation);
+    }
+    let body = serde_json::json!({
+        "id": id,
+        "object": "event",
+        "type": derived.kind.as_str(),
+        "created": asiento_objects::time(&recorded_at),
+        "position": kept.position,
+        "data": data,
+    });
+    Ok(Row {
+        seq,
+        event_id: id,
+        tenant: derived.tenant,
+        event_type: derived.kind.as_str(),
+        position: kept.position,
+        body: serde_json::to_string(&body).map_err(|e| malformed(kept.position, e.to_string()))?,
+    })
+}
+
+type HistoryRow = (String, Json<Vec<Kept>>);
+type PendingRow = (String, Json<Waiting>);
+
+/// The touched streams as stored, each folded up to its contiguous history.
+async fn load(
+    tx: &mut Tx,
+    g: i64,
+    ids: &[String],
+) -> Result<HashMap<String, Stream>, ProjectionError> {
+    let select_history =
+        format!("SELECT stream_id, history FROM {STREAMS_TABLE}{g} WHERE stream_id = $1");
+    let select_pending =
+        format!("SELECT stream_id, event FROM {PENDING_TABLE}{g} WHERE stream_id = $1");
+    let (histories, pending): (Vec<HistoryRow>, Vec<PendingRow>) = match tx {
+        Tx::Postgres(t) => {
+            let any = |s: &str| s.replace("= $1", "= ANY($1)");
+            let histories = sqlx::query_as(&any(&select_history))
+                .bind(ids)
+                .fetch_all(&mut **t)
+                .await?;
+            let pending = sqlx::query_as(&any(&select_pending))
+                .bind(ids)
+                .fetch_all(&mut **t)
+                .await?;
+            (histories, pending)
+        }
+        Tx::Sqlite(t) => {
+            let (mut histories, mut pending) = (Vec::new(), Vec::new());
+            for id in ids {
+                histories.extend(
+                    sqlx::query_as(&select_history)
+                        .bind(id)
+                        .fetch_optional(&mut **t)
+                        .await?,
+                );
+                pending.extend(
+                    sqlx::query_as(&select_pending)
+                        .bind(id)
+                        .fetch_all(&mut **t)
+                        .await?,
+                );
+            }
+            (histories, pending)
+        }
+    };
+    let mut stored: HashMap<String, Vec<Kept>> = histories
+        .into_iter()
+        .map(|(id, Json(history))| (id, history))
+        .collect();
+    let mut waiting: HashMap<String, Vec<Waiting>> = HashMap::new();
+    for (id, Json(w)) in pending {
+        waiting.entry(id).or_default().push(w);
+    }
+    let mut streams = HashMap::with_capacity(ids.len());
+    for id in ids {
+        let mut folded = Folded::of_stream(id)
+            .unwrap_or_else(|| unreachable!("only streams with merchant events are loaded"));
+        let history = stored.remove(id).unwrap_or_default();
+        for kept in &history {
+            let decoded = Event::decode(id, &kept.event_type, kept.schema, &kept.data)
+                .map_err(|e| malformed(kept.position, e.to_string()))?;
+            folded = folded
+                .evolve(&decoded)
+                .map_err(|reason| malformed(kept.position, reason))?;
+        }
+        if folded.version() != u64::try_from(history.len()).unwrap_or(u64::MAX) {
+            return Err(malformed(
+                0,
+                format!("stored history of {id} is not contiguous"),
+            ));
+        }
+        let waits = waiting.remove(id).unwrap_or_default();
+        streams.insert(
+            id.clone(),
+            Stream {
+                folded,
+                history,
+                had_pending: !waits.is_empty(),
+                recorded_at: waits
+                    .iter()
+                    .map(|w| (w.kept.version, w.recorded_at))
+                    .collect(),
+                waiting: waits.into_iter().map(|w| w.kept).collect(),
+                history_grew: false,
+            },
+        );
+    }
+    Ok(streams)
+}
+
+async fn insert_rows(tx: &mut Tx, g: i64, rows: &[Row]) -> Result<(), ProjectionError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let columns = "(seq, event_id, tenant, event_type, position, body)";
+    match tx {
+        Tx::Postgres(t) => {
+            let statement = format!(
+                "INSERT INTO {TABLE}{g} {columns} SELECT * FROM UNNEST($1::int8[], $2::text[], \
+                 $3::text[], $4::text[], $5::int8[], $6::text[])"
+            );
+            sqlx::query(&statement)
+                .bind(rows.iter().map(|r| r.seq).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.event_id.as_str()).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.tenant.as_str()).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.event_type).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.position).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.body.as_str()).collect::<Vec<_>>())
+                .execute(&mut **t)
+                .await?;
+        }
+        Tx::Sqlite(t) => {
+            let statement =
+                format!("INSERT INTO {TABLE}{g} {columns} VALUES ($1, $2, $3, $4, $5, $6)");
+            for r in rows {
+                sqlx::query(&statement)
+                    .bind(r.seq)
+                    .bind(&r.event_id)
+                    .bind(&r.tenant)
+                    .bind(r.event_type)
+                    .bind(r.position)
+                    .bind(&r.body)
+                    .execute(&mut **t)
+                    .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes each touched stream's grown history, and its waiting events where they changed.
+async fn store_streams(
+    tx: &mut Tx,
+    g: i64,
+    streams: &HashMap<String, Stream>,
+) -> Result<(), ProjectionError> {
+    let upsert = format!(
+        "INSERT INTO {STREAMS_TABLE}{g} (stream_id, history) VALUES ($1, $2) \
+         ON CONFLICT (stream_id) DO UPDATE SET history = excluded.history"
+    );
+    let delete = format!("DELETE FROM {PENDING_TABLE}{g} WHERE stream_id = $1");
+    let insert =
+        format!("INSERT INTO {PENDING_TABLE}{g} (stream_id, version, event) VALUES ($1, $2, $3)");
+    for (id, stream) in streams {
+        if stream.history_grew {
+            on_tx!(tx, conn => sqlx::query(&upsert)
+                .bind(id)
+                .bind(Json(&stream.history))
+                .execute(conn)
+                .await?
+                .rows_affected());
+        }
+        if !stream.had_pending && stream.waiting.is_empty() {
+            continue;
+        }
+        on_tx!(tx, conn => sqlx::query(&delete).bind(id).execute(conn).await?.rows_affected());
+        for kept in &stream.waiting {
+            let version = i64::try_from(kept.version)
+                .map_err(|_| malformed(kept.position, "stream version overflows i64"))?;
+            let recorded_at = stream
+                .recorded_at
+                .get(&kept.version)
+                .copied()
+                .ok_or_else(|| malformed(kept.position, "no record time for an event"))?;
+            let waiting = Waiting {
+                kept: kept.clone(),
+                recorded_at,
+            };
+            on_tx!(tx, conn => sqlx::query(&insert)
+                .bind(id)
+                .bind(version)
+                .bind(Json(&waiting))
+                .execute(conn)
+                .await?
+                .rows_affected());
+        }
+    }
+    Ok(())
+}
