@@ -7,14 +7,19 @@
 use asiento_domain::exception::{self, Exception, ExceptionEvent};
 use asiento_domain::payment::PaymentEvent;
 use asiento_domain::transfer::{self, Transfer, TransferEvent, TransferStatus};
-use asiento_domain::{evolve_payment, Event, OperationKind, Payment, PaymentStatus, StreamKind};
+use asiento_domain::{
+    evolve_payment, Event, OperationKind, OperationState, Payment, PaymentRecord, PaymentStatus,
+    StreamKind,
+};
 use asiento_objects::{exception_json, payment_json, transfer_json};
 use serde_json::Value;
 
 use crate::EventKind;
 
-/// A stream that can tell merchants something, folded so far.
+/// A stream that can tell merchants something, folded so far. One lives per touched stream of
+/// a batch, so the size difference between the variants costs nothing worth a box.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Folded {
     Payment(Payment),
     Transfer(Transfer),
@@ -122,7 +127,9 @@ fn payment_event(
         }
         PaymentEvent::RefundSettled(e) => (
             EventKind::PaymentRefunded,
-            e.sequence.map(|s| (OperationKind::Refund, s)),
+            e.sequence
+                .or_else(|| settled_refund(before, record))
+                .map(|s| (OperationKind::Refund, s)),
         ),
         PaymentEvent::OperationRefused(e) => match e.kind {
             OperationKind::Capture => (
@@ -156,6 +163,26 @@ fn payment_event(
         object,
         operation,
     })
+}
+
+/// The refund a settlement named by no sequence settled (a cumulative total read from the
+/// provider): the one that became succeeded.
+fn settled_refund(before: &Payment, after: &PaymentRecord) -> Option<u32> {
+    let was_succeeded = |sequence: u32| {
+        before.record.as_ref().is_some_and(|r| {
+            r.operation(OperationKind::Refund, sequence)
+                .is_some_and(|op| op.state == OperationState::Succeeded)
+        })
+    };
+    after
+        .operations
+        .iter()
+        .find(|op| {
+            op.kind == OperationKind::Refund
+                && op.state == OperationState::Succeeded
+                && !was_succeeded(op.sequence)
+        })
+        .map(|op| op.sequence)
 }
 
 /// A transfer's event is told once its entry is written (a hold's ending writes one too), so

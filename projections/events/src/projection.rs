@@ -368,15 +368,38 @@ async fn store_streams(
     let delete = format!("DELETE FROM {PENDING_TABLE}{g} WHERE stream_id = $1");
     let insert =
         format!("INSERT INTO {PENDING_TABLE}{g} (stream_id, version, event) VALUES ($1, $2, $3)");
-    for (id, stream) in streams {
-        if stream.history_grew {
-            on_tx!(tx, conn => sqlx::query(&upsert)
-                .bind(id)
-                .bind(Json(&stream.history))
-                .execute(conn)
-                .await?
-                .rows_affected());
+    let grown: Vec<(&String, &Stream)> = streams.iter().filter(|(_, s)| s.history_grew).collect();
+    match tx {
+        // One round trip for the batch's streams.
+        Tx::Postgres(t) if !grown.is_empty() => {
+            let statement = format!(
+                "INSERT INTO {STREAMS_TABLE}{g} (stream_id, history) \
+                 SELECT * FROM UNNEST($1::text[], $2::jsonb[]) \
+                 ON CONFLICT (stream_id) DO UPDATE SET history = excluded.history"
+            );
+            sqlx::query(&statement)
+                .bind(grown.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>())
+                .bind(
+                    grown
+                        .iter()
+                        .map(|(_, s)| Json(&s.history))
+                        .collect::<Vec<_>>(),
+                )
+                .execute(&mut **t)
+                .await?;
         }
+        Tx::Postgres(_) => {}
+        Tx::Sqlite(t) => {
+            for (id, stream) in &grown {
+                sqlx::query(&upsert)
+                    .bind(id.as_str())
+                    .bind(Json(&stream.history))
+                    .execute(&mut **t)
+                    .await?;
+            }
+        }
+    }
+    for (id, stream) in streams {
         if !stream.had_pending && stream.waiting.is_empty() {
             continue;
         }
