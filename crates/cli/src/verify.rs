@@ -1,9 +1,9 @@
 //! `asiento verify`: every ledger invariant, once. Exit 0 when all hold; exit 1 with one line per
 //! violation (check, then the entry id, stream id, snapshot key, payment or key it is about).
 //!
-//! The checks of the log live in `asiento_app::invariants`; the two that need a read model
-//! (balance snapshots, the payment list) are passed in from here, where the projections are
-//! known, so that `app` does not depend on projections. `serve` builds the same [`checker`] and
+//! The checks of the log live in `asiento_app::invariants`; the three that need a read model
+//! (balance snapshots, the payment list, the merchant events feed) are passed in from here,
+//! where the projections are known, so that `app` does not depend on projections. `serve` builds the same [`checker`] and
 //! runs it on a schedule (`Checker::run`), exporting `asiento_invariant_violations{check}`.
 
 use std::sync::Arc;
@@ -79,11 +79,38 @@ impl ExtraCheck for PaymentRows {
     }
 }
 
+/// The merchant events feed equals its derivation from the log, row for row and byte for byte.
+struct MerchantEventRows;
+
+impl ExtraCheck for MerchantEventRows {
+    fn check(&self) -> Check {
+        Check::MerchantEvents
+    }
+
+    fn violations<'a>(&'a self, database: &'a Database) -> ExtraFuture<'a> {
+        Box::pin(async move {
+            let store = database.event_store();
+            let mismatches = asiento_merchant_events::verify(database, store.as_ref())
+                .await
+                .map_err(|error| error.to_string())?;
+            Ok(mismatches
+                .into_iter()
+                .map(|m| Violation {
+                    check: Check::MerchantEvents,
+                    subject: format!("seq {}", m.seq),
+                    detail: format!("feed {:?}, derived from the log {:?}", m.stored, m.derived),
+                })
+                .collect())
+        })
+    }
+}
+
 /// The checker with every check, as `verify` and `serve` run it.
 pub fn checker(database: &Database) -> Checker {
     Checker::new(database.clone(), Arc::new(SystemClock))
         .with(Arc::new(Snapshots))
         .with(Arc::new(PaymentRows))
+        .with(Arc::new(MerchantEventRows))
 }
 
 /// Runs every check; `Ok(true)` when all hold.

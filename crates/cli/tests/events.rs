@@ -4,7 +4,8 @@
 //! every event exactly once, in the order of the log; a second reading from the start, and one
 //! after `asiento projections rebuild merchant_events`, give the same events byte for byte; a
 //! type filter gives the matching subsequence; another tenant sees none of them; bad queries are
-//! 400s.
+//! 400s; and `asiento verify`, which derives the feed again from the log, finds it right, and
+//! names a row edited by hand.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -363,6 +364,34 @@ async fn the_feed_yields_every_event_once_in_log_order_across_a_crash(backend: B
     let (tail, _) = read_on(&client, cursor_before(&client, &seen, middle).await, "").await;
     assert_eq!(tail, seen[middle..]);
     common::verify(&database);
+
+    // `verify` derives the feed again from the log: an edited event is named.
+    let db = asiento_eventstore::Database::connect(&database.url)
+        .await
+        .unwrap();
+    let edit = "UPDATE merchant_events_g2 SET body = replace(body, '\"object\":\"event\"', \
+                '\"object\":\"edited\"') WHERE seq = 3";
+    let edited = match &db {
+        asiento_eventstore::Database::Postgres(pool) => sqlx::query(edit)
+            .execute(pool)
+            .await
+            .unwrap()
+            .rows_affected(),
+        asiento_eventstore::Database::Sqlite(pool) => sqlx::query(edit)
+            .execute(pool)
+            .await
+            .unwrap()
+            .rows_affected(),
+    };
+    assert_eq!(edited, 1);
+    let (clean, output) = asiento(&["verify", "--database-url", &database.url]);
+    assert!(!clean, "{output}");
+    let named: Vec<&str> = output
+        .lines()
+        .filter(|line| line.contains("merchant_events"))
+        .collect();
+    assert_eq!(named.len(), 1, "{output}");
+    assert!(named[0].contains("seq 3"), "{output}");
 }
 
 /// The cursor after `seen[index - 1]`, found by paging one at a time (cursors are opaque).

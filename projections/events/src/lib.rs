@@ -29,12 +29,14 @@ mod derive;
 mod kind;
 mod projection;
 mod read;
+mod verify;
 
 pub use kind::EventKind;
 pub use projection::{MerchantEvents, FINGERPRINT, NAME};
 pub use read::{
     read_after, read_one, FeedCursor, FeedEvent, FeedQuery, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX,
 };
+pub use verify::{verify, Mismatch};
 
 /// The projection, for a [`asiento_projector::Runner`] or a rebuild.
 pub fn projection() -> Arc<dyn Projection> {
@@ -63,6 +65,10 @@ pub fn event_id(stream_id: &str, version: u64) -> String {
 pub enum FeedError {
     #[error("the cursor is malformed")]
     InvalidCursor,
+    #[error("the merchant events projection is not installed")]
+    NotInstalled,
+    #[error(transparent)]
+    Projection(#[from] asiento_projector::ProjectionError),
     #[error(transparent)]
     Database(#[from] sqlx::Error),
     #[error(transparent)]

@@ -32,7 +32,7 @@ pub const FINGERPRINT: &str = "merchant-events-v1";
 pub struct MerchantEvents;
 
 pub(crate) const VIEW: &str = "merchant_events";
-const TABLE: &str = "merchant_events_g";
+pub(crate) const TABLE: &str = "merchant_events_g";
 const STREAMS_TABLE: &str = "merchant_event_streams_g";
 const PENDING_TABLE: &str = "merchant_event_pending_g";
 
@@ -88,13 +88,93 @@ struct Stream {
 }
 
 /// A feed row as it is stored.
-struct Row {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Row {
+    pub seq: i64,
+    pub event_id: String,
+    pub tenant: String,
+    pub event_type: &'static str,
+    pub position: i64,
+    pub body: String,
+}
+
+/// The feed's rows as the log's events derive them, one event at a time in the log's order: the
+/// one derivation, which `apply` runs per batch on the stored streams and `verify` over the
+/// whole log from nothing.
+pub(crate) struct Deriver {
+    streams: HashMap<String, Stream>,
+    /// The last number given out.
     seq: i64,
-    event_id: String,
-    tenant: String,
-    event_type: &'static str,
-    position: i64,
-    body: String,
+    pub rows: Vec<Row>,
+}
+
+impl Deriver {
+    /// Before every event: no stream folded, no row.
+    pub fn empty() -> Deriver {
+        Deriver {
+            streams: HashMap::new(),
+            seq: 0,
+            rows: Vec::new(),
+        }
+    }
+
+    /// Takes the next event of the log; the rows it derives (none, or one per event that joined
+    /// its stream's contiguous history) go to `rows`.
+    pub fn push(&mut self, event: &RecordedEvent) -> Result<(), ProjectionError> {
+        if !self.streams.contains_key(&event.stream_id) {
+            let Some(folded) = Folded::of_stream(&event.stream_id) else {
+                return Ok(());
+            };
+            self.streams
+                .insert(event.stream_id.clone(), Stream::new(folded));
+        }
+        let Some(stream) = self.streams.get_mut(&event.stream_id) else {
+            unreachable!("the stream was inserted above");
+        };
+        stream.recorded_at.insert(event.version, event.recorded_at);
+        let applied = stream.history.len();
+        merge(
+            &mut stream.history,
+            &mut stream.waiting,
+            vec![Kept::from_recorded(event)],
+        )?;
+        for kept in &stream.history[applied..] {
+            let decoded =
+                Event::decode(&event.stream_id, &kept.event_type, kept.schema, &kept.data)
+                    .map_err(|e| malformed(kept.position, e.to_string()))?;
+            let after = stream
+                .folded
+                .clone()
+                .evolve(&decoded)
+                .map_err(|reason| malformed(kept.position, reason))?;
+            if let Some(derived) = derive(&stream.folded, &after, &decoded, kept.position) {
+                let recorded_at = stream
+                    .recorded_at
+                    .get(&kept.version)
+                    .copied()
+                    .ok_or_else(|| malformed(kept.position, "no record time for an event"))?;
+                self.seq += 1;
+                self.rows
+                    .push(row(self.seq, &event.stream_id, kept, recorded_at, derived)?);
+            }
+            stream.folded = after;
+        }
+        stream.history_grew |= stream.history.len() > applied;
+        Ok(())
+    }
+}
+
+impl Stream {
+    fn new(folded: Folded) -> Stream {
+        Stream {
+            folded,
+            history: Vec::new(),
+            waiting: Vec::new(),
+            recorded_at: HashMap::new(),
+            history_grew: false,
+            had_pending: false,
+        }
+    }
 }
 
 fn malformed(position: i64, reason: impl Into<String>) -> ProjectionError {
@@ -140,55 +220,30 @@ impl Projection for MerchantEvents {
         g: i64,
         events: &[RecordedEvent],
     ) -> Result<(), ProjectionError> {
-        let mut ids: Vec<String> = Vec::new();
-        for event in events {
-            if Folded::of_stream(&event.stream_id).is_some() && !ids.contains(&event.stream_id) {
-                ids.push(event.stream_id.clone());
-            }
-        }
+        let mut ids: Vec<String> = events
+            .iter()
+            .filter(|event| Folded::of_stream(&event.stream_id).is_some())
+            .map(|event| event.stream_id.clone())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
         if ids.is_empty() {
             return Ok(());
         }
-        let mut streams = load(tx, g, &ids).await?;
-        let mut seq: i64 = {
+        let streams = load(tx, g, &ids).await?;
+        let seq: i64 = {
             let statement = format!("SELECT COALESCE(MAX(seq), 0) FROM {TABLE}{g}");
             on_tx!(tx, conn => sqlx::query_scalar(&statement).fetch_one(conn).await?)
         };
-        let mut rows = Vec::new();
-        // In the batch's order, which is the log's: the feed's order.
+        let mut deriver = Deriver {
+            streams,
+            seq,
+            rows: Vec::new(),
+        };
         for event in events {
-            let Some(stream) = streams.get_mut(&event.stream_id) else {
-                continue;
-            };
-            stream.recorded_at.insert(event.version, event.recorded_at);
-            let applied = stream.history.len();
-            merge(
-                &mut stream.history,
-                &mut stream.waiting,
-                vec![Kept::from_recorded(event)],
-            )?;
-            for kept in &stream.history[applied..] {
-                let decoded =
-                    Event::decode(&event.stream_id, &kept.event_type, kept.schema, &kept.data)
-                        .map_err(|e| malformed(kept.position, e.to_string()))?;
-                let after = stream
-                    .folded
-                    .clone()
-                    .evolve(&decoded)
-                    .map_err(|reason| malformed(kept.position, reason))?;
-                if let Some(derived) = derive(&stream.folded, &after, &decoded, kept.position) {
-                    let recorded_at = stream
-                        .recorded_at
-                        .get(&kept.version)
-                        .copied()
-                        .ok_or_else(|| malformed(kept.position, "no record time for an event"))?;
-                    seq += 1;
-                    rows.push(row(seq, &event.stream_id, kept, recorded_at, derived)?);
-                }
-                stream.folded = after;
-            }
-            stream.history_grew |= stream.history.len() > applied;
+            deriver.push(event)?;
         }
+        let Deriver { streams, rows, .. } = deriver;
         insert_rows(tx, g, &rows).await?;
         store_streams(tx, g, &streams).await
     }

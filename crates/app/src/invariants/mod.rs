@@ -89,6 +89,8 @@ pub enum Check {
     CapturePosting,
     GuardBalance,
     PaymentReadModel,
+    /// The merchant events feed differs from its derivation from the log.
+    MerchantEvents,
     StreamVersions,
     IdempotencyLease,
     EventsImmutable,
@@ -100,12 +102,13 @@ pub enum Check {
 }
 
 impl Check {
-    pub const ALL: [Check; 12] = [
+    pub const ALL: [Check; 13] = [
         Check::EntryZeroSum,
         Check::Snapshot,
         Check::CapturePosting,
         Check::GuardBalance,
         Check::PaymentReadModel,
+        Check::MerchantEvents,
         Check::StreamVersions,
         Check::IdempotencyLease,
         Check::EventsImmutable,
@@ -122,6 +125,7 @@ impl Check {
             Check::CapturePosting => "capture_posting",
             Check::GuardBalance => "guard_balance",
             Check::PaymentReadModel => "payment_read_model",
+            Check::MerchantEvents => "merchant_events",
             Check::StreamVersions => "stream_versions",
             Check::IdempotencyLease => "idempotency_lease",
             Check::EventsImmutable => "events_immutable",

@@ -1,0 +1,134 @@
+//! The checker: the stored feed compared with the feed derived again from the log alone.
+//!
+//! A row that differs from the derivation at the same checkpoint (its number, id, type, tenant,
+//! position or bytes), a missing row or an extra one is a bug or a hand edit; `asiento
+//! projections rebuild merchant_events` replaces the feed with a fresh copy, numbered the same.
+
+use asiento_eventstore::{Cursor, Database, EventStore};
+use asiento_projector::on_db;
+use sqlx::Row as _;
+
+use crate::projection::{Deriver, Row, VIEW};
+use crate::{FeedError, NAME};
+
+/// Events per log read while deriving again.
+const DERIVE_PAGE_EVENTS: usize = 5_000;
+
+/// Where the stored feed and the derivation differ, by `seq`: `stored` None is a row missing,
+/// `derived` None a row the log does not give.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    pub seq: i64,
+    /// The row as stored (`event_id type position`), or None.
+    pub stored: Option<String>,
+    /// The row as derived, or None.
+    pub derived: Option<String>,
+}
+
+/// A row's identity and bytes, as the mismatch shows them.
+type Shown = (i64, String, String, String, i64, String);
+
+fn shown(row: &Shown) -> String {
+    format!(
+        "{} {} {} position {}, {} bytes",
+        row.1,
+        row.2,
+        row.3,
+        row.4,
+        row.5.len()
+    )
+}
+
+/// Every stored row with the checkpoint they are exact at, in ONE statement so that they agree
+/// even while a batch or a rebuild swap commits.
+async fn snapshot_all(db: &Database) -> Result<(Cursor, Vec<Shown>), FeedError> {
+    let statement = format!(
+        "SELECT p.checkpoint_xact, p.checkpoint_position, v.seq, v.event_id, v.tenant, \
+         v.event_type, v.position, v.body \
+         FROM projections p LEFT JOIN {VIEW} v ON 1 = 1 WHERE p.name = $1 ORDER BY v.seq"
+    );
+    on_db!(db, pool => {
+        let raw = sqlx::query(&statement).bind(NAME).fetch_all(pool).await?;
+        let mut cursor = None;
+        let mut rows = Vec::with_capacity(raw.len());
+        for r in &raw {
+            cursor = Some(Cursor::new(
+                r.try_get("checkpoint_xact")?,
+                r.try_get("checkpoint_position")?,
+            ));
+            // NULL: the LEFT JOIN found no rows at all.
+            if let Some(seq) = r.try_get::<Option<i64>, _>("seq")? {
+                rows.push((
+                    seq,
+                    r.try_get("event_id")?,
+                    r.try_get("tenant")?,
+                    r.try_get("event_type")?,
+                    r.try_get("position")?,
+                    r.try_get("body")?,
+                ));
+            }
+        }
+        Ok((cursor.ok_or(FeedError::NotInstalled)?, rows))
+    })
+}
+
+/// The feed derived from the log alone, up to and including `upto`.
+async fn derive_all(store: &dyn EventStore, upto: Cursor) -> Result<Vec<Row>, FeedError> {
+    let mut deriver = Deriver::empty();
+    let mut reached = Cursor::START;
+    'pages: loop {
+        let page = store.read_all(reached, DERIVE_PAGE_EVENTS).await?;
+        for event in &page {
+            if event.cursor > upto {
+                break 'pages;
+            }
+            reached = event.cursor;
+            deriver.push(event)?;
+        }
+        if page.len() < DERIVE_PAGE_EVENTS {
+            break;
+        }
+    }
+    Ok(deriver.rows)
+}
+
+/// Compares the stored feed with the feed derived from the log up to its checkpoint. Empty: the
+/// feed is right.
+pub async fn verify(db: &Database, store: &dyn EventStore) -> Result<Vec<Mismatch>, FeedError> {
+    let (checkpoint, stored) = snapshot_all(db).await?;
+    let derived: Vec<Shown> = derive_all(store, checkpoint)
+        .await?
+        .into_iter()
+        .map(|r| {
+            (
+                r.seq,
+                r.event_id,
+                r.tenant,
+                r.event_type.to_owned(),
+                r.position,
+                r.body,
+            )
+        })
+        .collect();
+    let mut mismatches = Vec::new();
+    let mut stored = stored.into_iter().peekable();
+    let mut derived = derived.into_iter().peekable();
+    loop {
+        let (s, d) = match (stored.peek(), derived.peek()) {
+            (None, None) => break,
+            (Some(s), Some(d)) if s.0 == d.0 => (stored.next(), derived.next()),
+            (Some(s), Some(d)) if s.0 < d.0 => (stored.next(), None),
+            (Some(_), None) => (stored.next(), None),
+            _ => (None, derived.next()),
+        };
+        if s != d {
+            let seq = s.as_ref().or(d.as_ref()).map_or(0, |row| row.0);
+            mismatches.push(Mismatch {
+                seq,
+                stored: s.as_ref().map(shown),
+                derived: d.as_ref().map(shown),
+            });
+        }
+    }
+    Ok(mismatches)
+}
