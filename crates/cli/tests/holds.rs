@@ -386,6 +386,12 @@ async fn the_worker_voids_an_expired_hold(backend: Backend) {
         .post(&format!("/v1/transfers/{id}/post"), "late", &json!({}))
         .await;
     assert_eq!((late.status, late.code().as_str()), (409, "hold_expired"));
+    // The merchant is told: reserved, then expired.
+    let told =
+        common::merchant_events_of(&client, "transfer.pending,transfer.expired", &id, 2).await;
+    let kinds: Vec<&str> = told.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["transfer.pending", "transfer.expired"]);
+    assert_eq!(told[1]["data"]["object"]["status"], "expired");
     verify_clean(&database.url).await;
 }
 

@@ -387,6 +387,45 @@ async fn refusal_reversal_and_lost_dispute(backend: Backend, psp: Psp) {
     .await;
     assert_eq!(after["refunded_minor"], 0);
     assert_eq!(after["needs_review"], false, "{after}");
+
+    // What the merchant is told of each, in order.
+    let refunds = "payment.refunded,payment.refund_failed";
+    let disputes = "payment.disputed,payment.dispute_closed";
+    let lost_dispute: &[&str] = if psp == Psp::Adyen {
+        &["payment.disputed"]
+    } else {
+        &["payment.disputed", "payment.dispute_closed"]
+    };
+    for (payment, types, told) in [
+        (
+            &refused,
+            refunds,
+            &["payment.refund_failed", "payment.refunded"][..],
+        ),
+        (
+            &reversed,
+            refunds,
+            &["payment.refunded", "payment.refund_failed"],
+        ),
+        (
+            &dark,
+            refunds,
+            &["payment.refunded", "payment.refund_failed"],
+        ),
+        (&disputed, disputes, lost_dispute),
+    ] {
+        let events = common::merchant_events_of(&client, types, payment, told.len()).await;
+        let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds, told, "{payment}");
+        if types == refunds {
+            assert!(
+                events
+                    .iter()
+                    .all(|e| e["data"]["operation"]["kind"] == "refund"),
+                "{events:?}"
+            );
+        }
+    }
     verify(&database);
 }
 

@@ -253,6 +253,33 @@ async fn amount_mismatch_is_left_open_for_a_person_at(backend: Backend, psp: Psp
         String::from_utf8_lossy(&resolved.body)
     );
     assert!(exceptions(&client, "open").await.is_empty());
+    // The merchant is told both: opened, then resolved with the note; the other tenant neither.
+    let told =
+        common::merchant_events_of(&client, "exception.opened,exception.resolved", exception, 2)
+            .await;
+    let seen: Vec<(&str, &str)> = told
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap(),
+                e["data"]["object"]["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("exception.opened", "open"),
+            ("exception.resolved", "resolved")
+        ]
+    );
+    assert_eq!(
+        told[1]["data"]["object"]["note"],
+        "amount confirmed with the provider"
+    );
+    assert_eq!(told[0]["data"]["object"]["payment_id"], id);
+    let beta_feed = beta.get("/v1/events?type=exception.opened").await;
+    assert_eq!(beta_feed.json()["data"], json!([]));
 }
 
 async fn amount_mismatch_is_left_open_for_a_person(backend: Backend) {

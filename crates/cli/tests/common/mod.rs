@@ -439,6 +439,43 @@ pub async fn wait_for(
 /// `asiento verify` until it passes (at most 30 s: the projections and the sealer catch up).
 /// A payment's entries without the provider's fees (Stripe reports one per balance transaction;
 /// the simulator's protocol none outside its settlement report): the ones that move its money.
+/// The merchant events about `object_id` of the given types (comma-separated), once the feed
+/// holds `count` of them: the feed follows the log by the projection's lag.
+pub async fn merchant_events_of(
+    client: &Client,
+    types: &str,
+    object_id: &str,
+    count: usize,
+) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = client
+            .get(&format!("/v1/events?type={types}&limit=100"))
+            .await;
+        assert_eq!(
+            answer.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        let found: Vec<Value> = answer.json()["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .filter(|event| event["data"]["object"]["id"] == object_id)
+            .cloned()
+            .collect();
+        if found.len() >= count {
+            return found;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{types} of {object_id}: {found:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 pub fn without_provider_fees(entries: Vec<Value>) -> Vec<Value> {
     entries
         .into_iter()
