@@ -686,8 +686,8 @@ async fn replay_after_the_redirect_carries_no_next_action(backend: Backend) {
     );
 }
 
-/// The events view withholds the redirect URL (and review details): the history of a payment
-/// never hands out what lets someone act on it.
+/// The events view and the merchant events withhold the redirect URL (and review details): the
+/// history of a payment never hands out what lets someone act on it.
 async fn events_view_withholds_the_redirect_url(backend: Backend) {
     let database = TestDatabase::new(backend).await;
     let server = Server::start(&database.url, &[]);
@@ -714,6 +714,32 @@ async fn events_view_withholds_the_redirect_url(backend: Backend) {
         .as_str()
         .unwrap()
         .starts_with("ch_"));
+    // So do the merchant events: the payment required action, then was captured.
+    let told = common::merchant_events_of(
+        &client,
+        "payment.created,payment.requires_action,payment.captured",
+        id,
+        3,
+    )
+    .await;
+    let kinds: Vec<&str> = told.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "payment.created",
+            "payment.requires_action",
+            "payment.captured"
+        ]
+    );
+    assert_eq!(
+        told[1]["data"]["object"]["next_action"]["redirect_url"],
+        "[redacted]"
+    );
+    let feed = client.get("/v1/events?limit=100").await;
+    assert!(
+        !String::from_utf8_lossy(&feed.body).contains(url),
+        "the redirect URL is in the feed"
+    );
 }
 
 common::on_both_backends!(

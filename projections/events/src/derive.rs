@@ -16,6 +16,9 @@ use serde_json::Value;
 
 use crate::EventKind;
 
+/// What a merchant event shows in place of a field it withholds (as the events view does).
+pub const REDACTED: &str = "[redacted]";
+
 /// A stream that can tell merchants something, folded so far. One lives per touched stream of
 /// a batch, so the size difference between the variants costs nothing worth a box.
 #[derive(Debug, Clone)]
@@ -149,7 +152,16 @@ fn payment_event(
         PaymentEvent::DisputeClosed(_) => (EventKind::PaymentDisputeClosed, None),
         _ => return None,
     };
-    let object = payment_json(record, position);
+    let mut object = payment_json(record, position);
+    // History never hands out what lets someone act on the payment (the events view withholds
+    // it too): the redirect is the payment object's while it requires action, not the feed's.
+    if let Some(url) = object
+        .get_mut("next_action")
+        .and_then(|action| action.get_mut("redirect_url"))
+        .filter(|url| !url.is_null())
+    {
+        *url = Value::String(REDACTED.to_owned());
+    }
     let operation = operation.and_then(|(kind, sequence)| {
         let index = record
             .operations
