@@ -10,7 +10,9 @@ pub mod body;
 pub mod commands;
 pub mod events;
 pub mod exceptions;
+pub mod http_metrics;
 pub mod ledger;
+pub mod metrics_catalog;
 pub mod openapi;
 pub mod problem;
 pub mod queries;
@@ -128,6 +130,7 @@ fn ops_routes(database: Database) -> Router {
 fn with_layers(router: Router) -> Router {
     let request_id = HeaderName::from_static(REQUEST_ID_HEADER);
     router
+        .route_layer(axum::middleware::from_fn(http_metrics::measure))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::map_response(problem::ensure_problem))
@@ -169,10 +172,16 @@ static METRICS: std::sync::OnceLock<Option<metrics_exporter_prometheus::Promethe
 pub fn metrics_handle() -> Option<&'static metrics_exporter_prometheus::PrometheusHandle> {
     METRICS
         .get_or_init(|| {
-            metrics_exporter_prometheus::PrometheusBuilder::new()
-                .install_recorder()
+            let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Suffix("_seconds".to_owned()),
+                    &metrics_catalog::SECONDS_BUCKETS,
+                )
+                .and_then(|builder| builder.install_recorder())
                 .map_err(|error| tracing::warn!(%error, "metrics recorder not installed"))
-                .ok()
+                .ok()?;
+            metrics_catalog::describe();
+            Some(handle)
         })
         .as_ref()
 }
@@ -222,11 +231,13 @@ async fn refuse_declared_oversize(
     }
 }
 
-async fn not_found() -> Problem {
+async fn not_found(method: axum::http::Method) -> Problem {
+    http_metrics::unmatched(&method, StatusCode::NOT_FOUND.as_u16());
     Problem::new(StatusCode::NOT_FOUND, "not_found", "no such route")
 }
 
-async fn method_not_allowed() -> Problem {
+async fn method_not_allowed(method: axum::http::Method) -> Problem {
+    http_metrics::unmatched(&method, StatusCode::METHOD_NOT_ALLOWED.as_u16());
     Problem::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use asiento_domain::{FeeSchedule, ProviderName};
 use asiento_psp::Provider;
 
+use crate::metered::Metered;
+
 /// One configured provider.
 #[derive(Clone)]
 pub struct ConfiguredProvider {
@@ -20,8 +22,24 @@ pub struct ConfiguredProvider {
 pub struct Providers(Arc<BTreeMap<ProviderName, ConfiguredProvider>>);
 
 impl Providers {
+    /// Each adapter is measured (`crate::metered`): every call the ledger makes is counted and
+    /// timed by provider, operation and outcome.
     pub fn new(providers: impl IntoIterator<Item = (ProviderName, ConfiguredProvider)>) -> Self {
-        Self(Arc::new(providers.into_iter().collect()))
+        Self(Arc::new(
+            providers
+                .into_iter()
+                .map(|(name, configured)| {
+                    let adapter: Arc<dyn Provider> = Arc::new(Metered::new(configured.adapter));
+                    (
+                        name,
+                        ConfiguredProvider {
+                            adapter,
+                            fees: configured.fees,
+                        },
+                    )
+                })
+                .collect(),
+        ))
     }
 
     pub fn get(&self, name: &ProviderName) -> Option<&ConfiguredProvider> {

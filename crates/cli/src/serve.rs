@@ -135,6 +135,11 @@ pub struct ServeArgs {
     /// How often the invariant checker runs inside serve (exported as metrics).
     #[arg(long, env = "ASIENTO_VERIFY_INTERVAL", value_parser = humantime::parse_duration, default_value = "10m")]
     pub verify_interval: Duration,
+
+    /// How often the worker counts what is open (exceptions, keys in flight, pending provider
+    /// operations) for its gauges.
+    #[arg(long, env = "ASIENTO_GAUGES_INTERVAL", value_parser = humantime::parse_duration, default_value = "15s")]
+    pub gauges_interval: Duration,
 }
 
 /// API.md promises keys are kept at least 24 hours.
@@ -325,9 +330,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             asiento_app::hold_expiry::EXPIRY_INTERVAL_DEFAULT,
             wait_for(stopped.clone()),
         ));
+        tasks.spawn(asiento_app::gauges::run(
+            database.clone(),
+            core.payments.clock.clone(),
+            args.gauges_interval,
+            wait_for(stopped.clone()),
+        ));
         println!(
-            "webhook worker, reconciler, sealer, invariant checker, hold expiry and key purger \
-             running"
+            "webhook worker, reconciler, sealer, invariant checker, hold expiry, key purger and \
+             gauges running"
         );
     }
 
