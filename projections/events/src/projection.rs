@@ -32,7 +32,7 @@ pub const FINGERPRINT: &str = "merchant-events-v1";
 pub struct MerchantEvents;
 
 pub(crate) const VIEW: &str = "merchant_events";
-pub(crate) const TABLE: &str = "merchant_events_g";
+const TABLE: &str = "merchant_events_g";
 const STREAMS_TABLE: &str = "merchant_event_streams_g";
 const PENDING_TABLE: &str = "merchant_event_pending_g";
 
