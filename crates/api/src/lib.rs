@@ -17,6 +17,7 @@ pub mod openapi;
 pub mod problem;
 pub mod queries;
 pub mod render;
+pub mod webhook_endpoints;
 pub mod webhooks;
 
 use asiento_app::ledger::LedgerFlow;
@@ -61,6 +62,8 @@ pub struct AppState {
     pub key_cache: std::sync::Arc<asiento_app::api_keys::KeyCache>,
     /// The largest amount one request may carry (`serve --amount-max`).
     pub amount_limit: asiento_domain::AmountLimit,
+    /// Which webhook endpoint URLs may be registered (`serve --webhook-allow-hosts`).
+    pub webhook_urls: std::sync::Arc<asiento_outbound::url_policy::UrlPolicy>,
 }
 
 impl webhooks::HasWebhooks for AppState {
@@ -99,6 +102,30 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/accounts/{account}/balance", get(ledger::balance))
         .route("/v1/accounts/{account}/entries", get(ledger::entries))
         .route("/v1/journal/{entry_id}", get(ledger::journal_entry))
+        .route(
+            "/v1/webhook_endpoints",
+            post(webhook_endpoints::create).get(webhook_endpoints::list),
+        )
+        .route(
+            "/v1/webhook_endpoints/{id}",
+            get(webhook_endpoints::get).delete(webhook_endpoints::delete),
+        )
+        .route(
+            "/v1/webhook_endpoints/{id}/rotate_secret",
+            post(webhook_endpoints::rotate_secret),
+        )
+        .route(
+            "/v1/webhook_endpoints/{id}/enable",
+            post(webhook_endpoints::enable),
+        )
+        .route(
+            "/v1/webhook_endpoints/{id}/deliveries",
+            get(webhook_endpoints::list_deliveries),
+        )
+        .route(
+            "/v1/webhook_endpoints/{id}/deliveries/{delivery_id}/retry",
+            post(webhook_endpoints::retry_delivery),
+        )
         .route("/v1/events", get(events::list))
         .route("/v1/events/{id}", get(events::get))
         .route("/v1/reconciliation/exceptions", get(exceptions::list))

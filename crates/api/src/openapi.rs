@@ -373,6 +373,47 @@ pub struct EventPage {
     pub has_more: bool,
 }
 
+/// `POST /v1/webhook_endpoints`.
+#[derive(Serialize, ToSchema)]
+pub struct CreateWebhookEndpoint {
+    /// `https://…` (`http` only to hosts the operator allows); never a private, loopback or
+    /// link-local address.
+    pub url: String,
+    /// Event types (docs/API.md "Events"), or `["*"]` for every type.
+    pub enabled_events: Vec<String>,
+    pub description: Option<String>,
+}
+
+/// `POST /v1/webhook_endpoints/{id}/rotate_secret`.
+#[derive(Serialize, ToSchema)]
+pub struct RotateSecret {
+    /// How long the previous secret stays valid (0 to 604800 s; default 86400).
+    pub expire_previous_in_s: Option<i64>,
+}
+
+/// A webhook endpoint.
+#[derive(Serialize, ToSchema)]
+pub struct WebhookEndpoint {
+    /// `we_…`
+    pub id: String,
+    pub object: String,
+    pub url: String,
+    pub enabled_events: Vec<String>,
+    pub description: Option<String>,
+    /// `enabled` or `disabled` (after three days in which every delivery failed).
+    pub status: String,
+    pub disabled_reason: Option<String>,
+    pub created_at: String,
+    /// The signing secret: only in the answers to registration and rotation.
+    pub secret: Option<String>,
+}
+
+/// The tenant's webhook endpoints.
+#[derive(Serialize, ToSchema)]
+pub struct WebhookEndpointList {
+    pub data: Vec<WebhookEndpoint>,
+}
+
 /// `POST /v1/reconciliation/exceptions/{id}/resolve`.
 #[derive(Serialize, ToSchema)]
 pub struct ResolveRequest {
@@ -414,6 +455,14 @@ impl Modify for BearerAuth {
         crate::exceptions::resolve,
         crate::events::list,
         crate::events::get,
+        crate::webhook_endpoints::create,
+        crate::webhook_endpoints::list,
+        crate::webhook_endpoints::get,
+        crate::webhook_endpoints::delete,
+        crate::webhook_endpoints::rotate_secret,
+        crate::webhook_endpoints::enable,
+        crate::webhook_endpoints::list_deliveries,
+        crate::webhook_endpoints::retry_delivery,
     ),
     modifiers(&BearerAuth),
     security(("bearer" = [])),

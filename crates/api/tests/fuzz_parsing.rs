@@ -426,6 +426,7 @@ async fn app() -> (tempdir::Guard, Router) {
     // As `serve` installs them: every read model the router reads from.
     asiento_balances::install(&database).await.unwrap();
     asiento_payments_view::install(&database).await.unwrap();
+    asiento_merchant_events::install(&database).await.unwrap();
     asiento_app::api_keys::register(&database, "acme", API_KEY, 0)
         .await
         .unwrap();
@@ -463,6 +464,7 @@ async fn app() -> (tempdir::Guard, Router) {
         },
         key_cache: Default::default(),
         amount_limit: AmountLimit::DEFAULT,
+        webhook_urls: Default::default(),
     };
     (dir, asiento_api::router(state))
 }

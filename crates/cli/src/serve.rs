@@ -140,6 +140,9 @@ pub struct ServeArgs {
     /// operations) for its gauges.
     #[arg(long, env = "ASIENTO_GAUGES_INTERVAL", value_parser = humantime::parse_duration, default_value = "15s")]
     pub gauges_interval: Duration,
+
+    #[command(flatten)]
+    pub outbound: OutboundArgs,
 }
 
 /// API.md promises keys are kept at least 24 hours.
@@ -330,6 +333,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             asiento_app::hold_expiry::EXPIRY_INTERVAL_DEFAULT,
             wait_for(stopped.clone()),
         ));
+        let deliverer = asiento_outbound::Deliverer::new(database.clone(), args.outbound.config()?)
+            .context("building the webhook sender")?;
+        tasks.spawn(asiento_outbound::run(
+            database.clone(),
+            deliverer,
+            wait_for(stopped.clone()),
+        ));
         tasks.spawn(asiento_app::gauges::run(
             database.clone(),
             core.payments.clock.clone(),
@@ -337,8 +347,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             wait_for(stopped.clone()),
         ));
         println!(
-            "webhook worker, reconciler, sealer, invariant checker, hold expiry, key purger and \
-             gauges running"
+            "webhook worker, reconciler, sealer, invariant checker, hold expiry, key purger, \
+             gauges and merchant webhooks running"
         );
     }
 
@@ -512,6 +522,7 @@ impl Core {
             database: database.clone(),
             key_cache: Default::default(),
             amount_limit: asiento_domain::AmountLimit::new(args.amount_max)?,
+            webhook_urls: Arc::new(args.outbound.policy()?),
         };
         let mut app = asiento_api::router(state);
         if let Some(simulator) = &self.simulator {
@@ -667,5 +678,51 @@ mod tests {
         for (url, want) in table {
             assert_eq!(redact(url), want, "{url}");
         }
+    }
+}
+
+/// Webhooks to merchants: which URLs endpoints may have, and how deliveries are sent.
+#[derive(clap::Args, Debug, Clone)]
+pub struct OutboundArgs {
+    /// Hosts, addresses or CIDR ranges webhook endpoints may use although they are private,
+    /// loopback or plain http (comma-separated: `127.0.0.1,10.0.0.0/8,hooks.internal`).
+    #[arg(long, env = "ASIENTO_WEBHOOK_ALLOW_HOSTS", default_value = "")]
+    pub webhook_allow_hosts: String,
+    /// The whole of one delivery attempt: connect, send, the answer's head and first bytes.
+    #[arg(long, env = "ASIENTO_WEBHOOK_TIMEOUT", value_parser = humantime::parse_duration, default_value = "15s")]
+    pub webhook_timeout: Duration,
+    /// The first retry's backoff ceiling; it doubles per failure (full jitter).
+    #[arg(long, env = "ASIENTO_WEBHOOK_RETRY_BASE", value_parser = humantime::parse_duration, default_value = "5s")]
+    pub webhook_retry_base: Duration,
+    /// The largest backoff ceiling.
+    #[arg(long, env = "ASIENTO_WEBHOOK_RETRY_MAX", value_parser = humantime::parse_duration, default_value = "1h")]
+    pub webhook_retry_max: Duration,
+    /// Attempts in flight to one endpoint at most (per worker process).
+    #[arg(long, env = "ASIENTO_WEBHOOK_PER_ENDPOINT", default_value_t = 4)]
+    pub webhook_per_endpoint: usize,
+}
+
+impl OutboundArgs {
+    pub fn policy(&self) -> anyhow::Result<asiento_outbound::url_policy::UrlPolicy> {
+        let allow = asiento_outbound::url_policy::AllowList::parse(&self.webhook_allow_hosts)
+            .map_err(|error| anyhow::anyhow!("--webhook-allow-hosts: {error}"))?;
+        Ok(asiento_outbound::url_policy::UrlPolicy { allow })
+    }
+
+    pub fn config(&self) -> anyhow::Result<asiento_outbound::DeliveryConfig> {
+        anyhow::ensure!(
+            self.webhook_per_endpoint >= 1,
+            "--webhook-per-endpoint must be at least 1"
+        );
+        Ok(asiento_outbound::DeliveryConfig {
+            timeout: self.webhook_timeout,
+            per_endpoint: self.webhook_per_endpoint,
+            backoff: asiento_outbound::backoff::Backoff {
+                base: self.webhook_retry_base,
+                max: self.webhook_retry_max,
+            },
+            policy: Arc::new(self.policy()?),
+            ..asiento_outbound::DeliveryConfig::default()
+        })
     }
 }
