@@ -139,6 +139,19 @@ pub fn describe() {
         "Provider webhook events whose processing failed and is retried"
     );
     describe_counter!(
+        "asiento_webhook_deliveries_total",
+        "Delivery attempts of merchant events to webhook endpoints, by outcome (succeeded, failed)"
+    );
+    describe_histogram!(
+        "asiento_webhook_delivery_duration_seconds",
+        Unit::Seconds,
+        "Duration of one delivery attempt to a merchant's endpoint"
+    );
+    describe_gauge!(
+        "asiento_webhook_deliveries_pending",
+        "Deliveries to merchants' endpoints not yet succeeded nor given up"
+    );
+    describe_counter!(
         "asiento_webhooks_received_total",
         "Provider webhook requests received, by outcome"
     );

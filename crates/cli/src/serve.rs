@@ -697,6 +697,10 @@ pub struct OutboundArgs {
     /// The largest backoff ceiling.
     #[arg(long, env = "ASIENTO_WEBHOOK_RETRY_MAX", value_parser = humantime::parse_duration, default_value = "1h")]
     pub webhook_retry_max: Duration,
+    /// How long a delivery is retried, and how long an endpoint may fail every delivery before
+    /// it is disabled.
+    #[arg(long, env = "ASIENTO_WEBHOOK_RETRY_WINDOW", value_parser = humantime::parse_duration, default_value = "3days")]
+    pub webhook_retry_window: Duration,
     /// Attempts in flight to one endpoint at most (per worker process).
     #[arg(long, env = "ASIENTO_WEBHOOK_PER_ENDPOINT", default_value_t = 4)]
     pub webhook_per_endpoint: usize,
@@ -721,6 +725,7 @@ impl OutboundArgs {
                 base: self.webhook_retry_base,
                 max: self.webhook_retry_max,
             },
+            retry_window: self.webhook_retry_window,
             policy: Arc::new(self.policy()?),
             ..asiento_outbound::DeliveryConfig::default()
         })

@@ -26,6 +26,8 @@ enum Behaviour {
     Flaky,
     /// Every answer takes ten seconds.
     Slow,
+    /// Every answer is a 503.
+    Failing,
     Fine,
 }
 
@@ -70,6 +72,7 @@ async fn hook(State(merchant): State<Merchant>, headers: HeaderMap, body: Bytes)
             StatusCode::OK
         }
         Behaviour::Flaky if n % 3 == 0 => StatusCode::INTERNAL_SERVER_ERROR,
+        Behaviour::Failing => StatusCode::SERVICE_UNAVAILABLE,
         Behaviour::Slow => {
             tokio::time::sleep(Duration::from_secs(10)).await;
             merchant.received.lock().unwrap().push(received);
@@ -602,7 +605,120 @@ async fn urls_that_reach_inside_are_refused(backend: Backend) {
     assert_eq!(listed["data"].as_array().unwrap().len(), 2);
 }
 
+/// An endpoint whose every delivery fails for the whole retry window is disabled, and its
+/// tenant's feed says so; its deliveries are given up; enabled again, a delivery retried by hand
+/// is sent again.
+async fn an_endpoint_failing_for_the_whole_window_is_disabled_and_told(backend: Backend) {
+    let database = TestDatabase::new(backend).await;
+    let mut args = serve_args();
+    args.extend(["--webhook-retry-window", "2s"]);
+    let server = Server::start(&database.url, &args);
+    let client = server.client();
+    let failing = Endpoint::start(Behaviour::Failing, None).await;
+    let endpoint = register(
+        &client,
+        "failing",
+        &failing.url(),
+        json!(["payment.created"]),
+    )
+    .await;
+    let id = endpoint["id"].as_str().unwrap().to_owned();
+    pay(&client, "doomed", "pm_card_ok").await;
+    let told = common::merchant_events_of(&client, "webhook_endpoint.disabled", &id, 1).await;
+    assert_eq!(told[0]["data"]["object"]["status"], "disabled");
+    assert_eq!(told[0]["data"]["object"]["url"], failing.url().as_str());
+    let read = client
+        .get(&format!("/v1/webhook_endpoints/{id}"))
+        .await
+        .json();
+    assert_eq!(read["status"], "disabled", "{read}");
+    assert!(read["disabled_reason"]
+        .as_str()
+        .unwrap()
+        .contains("retry window"));
+    let deliveries = client
+        .get(&format!("/v1/webhook_endpoints/{id}/deliveries"))
+        .await
+        .json();
+    let delivery = &deliveries["data"][0];
+    assert_eq!(delivery["status"], "failed", "{deliveries}");
+    let attempts = delivery["attempt_count"].as_i64().unwrap();
+    assert!(attempts >= 2, "{delivery}");
+    assert!(delivery["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|a| a["response_status"] == 503));
+
+    let enabled = client
+        .post(
+            &format!("/v1/webhook_endpoints/{id}/enable"),
+            "enable",
+            &json!({}),
+        )
+        .await;
+    assert_eq!(enabled.json()["status"], "enabled");
+    let delivery_id = delivery["id"].as_str().unwrap();
+    let retried = client
+        .post(
+            &format!("/v1/webhook_endpoints/{id}/deliveries/{delivery_id}/retry"),
+            "retry",
+            &json!({}),
+        )
+        .await;
+    assert_eq!(
+        retried.status,
+        202,
+        "{}",
+        String::from_utf8_lossy(&retried.body)
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let again = client
+            .get(&format!("/v1/webhook_endpoints/{id}/deliveries"))
+            .await
+            .json();
+        if again["data"][0]["attempt_count"].as_i64().unwrap() > attempts {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the retry was never sent: {again}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let missing = client
+        .post(
+            &format!("/v1/webhook_endpoints/{id}/deliveries/wd_nope/retry"),
+            "retry-nope",
+            &json!({}),
+        )
+        .await;
+    assert_eq!(
+        (missing.status, missing.code().as_str()),
+        (404, "webhook_delivery_not_found")
+    );
+    let deleted = client
+        .send(
+            client
+                .http
+                .delete(format!("{}/v1/webhook_endpoints/{id}", client.base))
+                .bearer_auth(&client.key),
+        )
+        .await;
+    assert_eq!(deleted.status, 200);
+    assert_eq!(
+        client
+            .get(&format!("/v1/webhook_endpoints/{id}"))
+            .await
+            .status,
+        404
+    );
+    common::verify(&database);
+}
+
 common::on_both_backends!(
+    an_endpoint_failing_for_the_whole_window_is_disabled_and_told,
     every_event_reaches_a_failing_endpoint_once_by_id,
     signatures_fail_when_forged_replayed_or_rotated_out,
     a_slow_endpoint_does_not_delay_another_tenant,

@@ -11,6 +11,7 @@ use std::fmt;
 
 use serde_json::Value;
 
+use crate::endpoint::EndpointEvent;
 use crate::entry::JournalEntry;
 use crate::exception::ExceptionEvent;
 use crate::guard::GuardEvent;
@@ -234,6 +235,7 @@ pub enum Event {
     Guard(GuardEvent),
     Exception(ExceptionEvent),
     Payout(PayoutEvent),
+    WebhookEndpoint(EndpointEvent),
 }
 
 impl Event {
@@ -258,6 +260,9 @@ impl Event {
             }
             Some(StreamKind::Payout { .. }) => {
                 PayoutEvent::decode(event_type, schema, data).map(Event::Payout)
+            }
+            Some(StreamKind::WebhookEndpoint(_)) => {
+                EndpointEvent::decode(event_type, schema, data).map(Event::WebhookEndpoint)
             }
             None => Err(DecodeError::UnknownStream(stream_id.to_owned())),
         }
@@ -286,6 +291,9 @@ impl Event {
             Some(StreamKind::Payout { .. }) => {
                 PayoutEvent::decode_raw(event_type, schema, raw).map(Event::Payout)
             }
+            Some(StreamKind::WebhookEndpoint(_)) => {
+                EndpointEvent::decode_raw(event_type, schema, raw).map(Event::WebhookEndpoint)
+            }
             None => Err(DecodeError::UnknownStream(stream_id.to_owned())),
         }
     }
@@ -298,6 +306,7 @@ impl Event {
             Event::Guard(e) => e.event_type(),
             Event::Exception(e) => e.event_type(),
             Event::Payout(e) => e.event_type(),
+            Event::WebhookEndpoint(e) => e.event_type(),
         }
     }
 
@@ -309,6 +318,7 @@ impl Event {
             Event::Guard(e) => e.schema_version(),
             Event::Exception(e) => e.schema_version(),
             Event::Payout(e) => e.schema_version(),
+            Event::WebhookEndpoint(e) => e.schema_version(),
         }
     }
 
@@ -319,6 +329,7 @@ impl Event {
             Event::Guard(e) => e.encode(),
             Event::Exception(e) => e.encode(),
             Event::Payout(e) => e.encode(),
+            Event::WebhookEndpoint(e) => e.encode(),
         }
     }
 

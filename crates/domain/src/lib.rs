@@ -20,6 +20,7 @@
 //! - [`event`]: type names, schema versions, encode/decode, upcasting.
 
 pub mod account;
+pub mod endpoint;
 pub mod entry;
 pub mod event;
 pub mod exception;
@@ -57,6 +58,7 @@ pub use payment::{
 pub use payout::{PayoutEvent, PayoutFact, PayoutId, PayoutLine, PayoutRejection};
 pub use policy::{AccountPolicy, NormalBalance, Overdraft};
 pub use stream::{
-    exception_stream, guard_stream, payment_stream, payout_stream, transfer_stream, StreamKind,
+    endpoint_stream, exception_stream, guard_stream, payment_stream, payout_stream,
+    transfer_stream, StreamKind,
 };
 pub use transfer::{RequestTransfer, Transfer, TransferEvent, TransferRejection, TransferStatus};

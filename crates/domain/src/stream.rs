@@ -6,7 +6,8 @@
 //! - `account-{tenant}:{account}:{currency}`: the debit guard of an account
 //!   that must not go negative;
 //! - `exception-{exc_…}`: a reconciliation exception;
-//! - `payout-{provider}:{po_…}`: a provider's payout and the entries that move it to the bank.
+//! - `payout-{provider}:{po_…}`: a provider's payout and the entries that move it to the bank;
+//! - `webhook_endpoint-{we_…}`: what a merchant is told about its webhook endpoint.
 
 use crate::account::AccountName;
 use crate::exception::ExceptionId;
@@ -19,6 +20,13 @@ pub const TRANSFER_PREFIX: &str = "transfer-";
 pub const GUARD_PREFIX: &str = "account-";
 pub const EXCEPTION_PREFIX: &str = "exception-";
 pub const PAYOUT_PREFIX: &str = "payout-";
+pub const ENDPOINT_PREFIX: &str = "webhook_endpoint-";
+
+/// The stream of a webhook endpoint (`crate::endpoint`); None for a malformed id.
+#[must_use]
+pub fn endpoint_stream(id: &str) -> Option<String> {
+    crate::endpoint::is_endpoint_id(id).then(|| format!("{ENDPOINT_PREFIX}{id}"))
+}
 
 #[must_use]
 pub fn payment_stream(id: PaymentId) -> String {
@@ -60,6 +68,8 @@ pub enum StreamKind {
         provider: ProviderName,
         payout: PayoutId,
     },
+    /// A webhook endpoint, by its `we_…` id.
+    WebhookEndpoint(String),
 }
 
 impl StreamKind {
@@ -73,6 +83,10 @@ impl StreamKind {
         }
         if let Some(id) = stream_id.strip_prefix(EXCEPTION_PREFIX) {
             return ExceptionId::parse(id).ok().map(StreamKind::Exception);
+        }
+        if let Some(id) = stream_id.strip_prefix(ENDPOINT_PREFIX) {
+            return crate::endpoint::is_endpoint_id(id)
+                .then(|| StreamKind::WebhookEndpoint(id.to_owned()));
         }
         if let Some(rest) = stream_id.strip_prefix(PAYOUT_PREFIX) {
             // A provider name has no ':' and a payout id none either.
@@ -129,6 +143,14 @@ mod tests {
                 currency: usd
             })
         );
+        let endpoint = endpoint_stream("we_0123456789abcdef0123456789abcdef").unwrap();
+        assert_eq!(
+            StreamKind::parse(&endpoint),
+            Some(StreamKind::WebhookEndpoint(
+                "we_0123456789abcdef0123456789abcdef".to_owned()
+            ))
+        );
+        assert_eq!(endpoint_stream("we_nope"), None);
         let exc = ExceptionId::from_uuid(Uuid::from_u128(3));
         assert_eq!(
             exception_stream(exc),

@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use asiento_eventstore::Database;
+use asiento_domain::endpoint::{EndpointDisabled, EndpointEvent};
+use asiento_domain::{endpoint_stream, TenantId};
+use asiento_eventstore::{Database, ExpectedVersion, Metadata, NewEvent, StreamAppend};
 use tokio::sync::Semaphore;
 
 use crate::backoff::{Backoff, RETRY_WINDOW};
@@ -22,6 +24,8 @@ use crate::OutboundError;
 
 /// How much of an endpoint's answer is read (and then dropped): enough to see that it answered.
 pub const ANSWER_BYTES_MAX: usize = 4 * 1024;
+/// Why an endpoint was disabled.
+pub const DISABLED_REASON: &str = "every delivery failed for the whole retry window";
 /// How much of an error or an answer an attempt's record keeps.
 const RECORDED_CHARS_MAX: usize = 500;
 
@@ -34,6 +38,9 @@ pub struct DeliveryConfig {
     pub per_endpoint: usize,
     pub in_flight: usize,
     pub backoff: Backoff,
+    /// How long a delivery is retried from its first attempt, and how long an endpoint may fail
+    /// every attempt before it is disabled ([`RETRY_WINDOW`]).
+    pub retry_window: Duration,
     pub policy: Arc<UrlPolicy>,
 }
 
@@ -45,6 +52,7 @@ impl Default for DeliveryConfig {
             per_endpoint: 4,
             in_flight: 64,
             backoff: Backoff::default(),
+            retry_window: RETRY_WINDOW,
             policy: Arc::new(UrlPolicy::default()),
         }
     }
@@ -55,6 +63,7 @@ impl Default for DeliveryConfig {
 struct Due {
     id: String,
     endpoint_id: String,
+    tenant: String,
     event_id: String,
     attempts: i64,
     first_attempt_ms: Option<i64>,
@@ -131,8 +140,9 @@ impl Deliverer {
     pub async fn round(&self, now_ms: i64) -> Result<usize, OutboundError> {
         let per_endpoint = i64::try_from(self.config.per_endpoint).unwrap_or(i64::MAX);
         let due: Vec<Due> = on_db!(&self.db, pool => sqlx::query_as(
-            "select d.id, d.endpoint_id, d.event_id, d.attempts, d.first_attempt_ms, e.url, m.body \
-             from (select id, endpoint_id, event_id, attempts, first_attempt_ms, \
+            "select d.id, d.endpoint_id, d.tenant, d.event_id, d.attempts, d.first_attempt_ms, e.url, \
+             m.body \
+             from (select id, endpoint_id, tenant, event_id, attempts, first_attempt_ms, \
                           row_number() over (partition by endpoint_id \
                                              order by next_attempt_ms, seq) as rank \
                    from webhook_deliveries \
@@ -241,7 +251,7 @@ impl Deliverer {
     async fn record(&self, delivery: &Due, attempted: &Attempted) -> Result<(), OutboundError> {
         let now_ms = chrono::Utc::now().timestamp_millis();
         let attempt = delivery.attempts + 1;
-        let window_ms = i64::try_from(RETRY_WINDOW.as_millis()).unwrap_or(i64::MAX);
+        let window_ms = i64::try_from(self.config.retry_window.as_millis()).unwrap_or(i64::MAX);
         let first = delivery.first_attempt_ms.unwrap_or(now_ms);
         let status = attempted.status.map(i32::from);
         let error = attempted.error.as_deref().map(truncate);
@@ -311,23 +321,74 @@ impl Deliverer {
             .rows_affected());
             let disabled = on_tx!(&mut tx, conn => sqlx::query(
                 "update webhook_endpoints set status = 'disabled', disabled_ms = $2, \
-                 disabled_reason = 'every delivery failed for three days' \
+                 disabled_reason = $4 \
                  where id = $1 and status = 'enabled' and failing_since_ms <= $3",
             )
             .bind(&delivery.endpoint_id)
             .bind(now_ms)
             .bind(now_ms.saturating_sub(window_ms))
+            .bind(DISABLED_REASON)
             .execute(conn)
             .await?
             .rows_affected());
             if disabled == 1 {
+                self.tell_disabled(&mut tx, delivery, now_ms).await?;
                 tracing::warn!(
                     endpoint = delivery.endpoint_id,
-                    "webhook endpoint disabled after three days of failures"
+                    "webhook endpoint disabled: every delivery failed for the whole retry window"
                 );
             }
         }
         tx.commit().await?;
+        Ok(())
+    }
+}
+
+impl Deliverer {
+    /// The merchant is told, in its feed (`webhook_endpoint.disabled`), in the transaction that
+    /// disables the endpoint.
+    async fn tell_disabled(
+        &self,
+        tx: &mut asiento_eventstore::Tx,
+        delivery: &Due,
+        now_ms: i64,
+    ) -> Result<(), OutboundError> {
+        let stream_id = endpoint_stream(&delivery.endpoint_id).ok_or_else(|| {
+            OutboundError::Corrupt(format!("endpoint id {}", delivery.endpoint_id))
+        })?;
+        let tenant = TenantId::parse(&delivery.tenant)
+            .map_err(|_| OutboundError::Corrupt(format!("tenant {}", delivery.tenant)))?;
+        let event = EndpointEvent::EndpointDisabled(EndpointDisabled {
+            endpoint_id: delivery.endpoint_id.clone(),
+            tenant,
+            url: delivery.url.clone(),
+            reason: DISABLED_REASON.to_owned(),
+            at: chrono::DateTime::from_timestamp_millis(now_ms).unwrap_or_default(),
+        });
+        let data = event
+            .encode()
+            .map_err(|e| OutboundError::Corrupt(e.to_string()))?;
+        self.db
+            .event_store()
+            .append_in(
+                tx,
+                &[StreamAppend {
+                    stream_id,
+                    expected: ExpectedVersion::Any,
+                    events: vec![NewEvent {
+                        event_id: uuid::Uuid::new_v4(),
+                        event_type: event.event_type().to_owned(),
+                        schema: event.schema_version(),
+                        data,
+                        metadata: Metadata {
+                            tenant: Some(delivery.tenant.clone()),
+                            ..Metadata::default()
+                        },
+                    }],
+                }],
+            )
+            .await
+            .map_err(|e| OutboundError::Append(e.to_string()))?;
         Ok(())
     }
 }

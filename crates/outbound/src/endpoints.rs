@@ -33,7 +33,8 @@ pub struct Endpoint {
     pub url: String,
     pub enabled_events: Vec<String>,
     pub description: Option<String>,
-    /// `enabled`, `disabled` (after three days of failures, or never yet enabled again).
+    /// `enabled`, or `disabled` once every delivery failed for the retry window (three days by
+    /// default), until it is enabled again.
     pub status: String,
     pub disabled_reason: Option<String>,
     pub created_ms: i64,

@@ -42,6 +42,8 @@ pub enum OutboundError {
     Corrupt(String),
     #[error("the HTTP client cannot be built: {0}")]
     Client(String),
+    #[error("appending to the log failed: {0}")]
+    Append(String),
     #[error(transparent)]
     Idempotency(#[from] asiento_app::idempotency::IdempotencyError),
     #[error(transparent)]

@@ -4,6 +4,7 @@
 //! here, event by event, what a merchant is told. At most one merchant event per log event, so
 //! the log event's id names it for good (a rebuild derives the same ids).
 
+use asiento_domain::endpoint::EndpointEvent;
 use asiento_domain::exception::{self, Exception, ExceptionEvent};
 use asiento_domain::payment::PaymentEvent;
 use asiento_domain::transfer::{self, Transfer, TransferEvent, TransferStatus};
@@ -27,6 +28,8 @@ pub(crate) enum Folded {
     Payment(Payment),
     Transfer(Transfer),
     Exception(Exception),
+    /// A webhook endpoint's stream: its version is all there is to fold.
+    Endpoint(u64),
 }
 
 impl Folded {
@@ -36,6 +39,7 @@ impl Folded {
             StreamKind::Payment(_) => Some(Folded::Payment(Payment::default())),
             StreamKind::Transfer(_) => Some(Folded::Transfer(Transfer::default())),
             StreamKind::Exception(_) => Some(Folded::Exception(Exception::default())),
+            StreamKind::WebhookEndpoint(_) => Some(Folded::Endpoint(0)),
             StreamKind::Guard { .. } | StreamKind::Payout { .. } => None,
         }
     }
@@ -46,6 +50,7 @@ impl Folded {
             Folded::Payment(p) => p.version,
             Folded::Transfer(t) => t.version,
             Folded::Exception(e) => e.version,
+            Folded::Endpoint(version) => *version,
         }
     }
 
@@ -58,6 +63,9 @@ impl Folded {
             }
             (Folded::Exception(x), Event::Exception(e)) => {
                 Ok(Folded::Exception(exception::evolve(x, e)))
+            }
+            (Folded::Endpoint(version), Event::WebhookEndpoint(_)) => {
+                Ok(Folded::Endpoint(version + 1))
             }
             _ => Err("an event of another stream family"),
         }
@@ -93,6 +101,21 @@ pub(crate) fn derive(
         }
         (Folded::Exception(_), Folded::Exception(after), Event::Exception(event)) => {
             exception_event(after, event)
+        }
+        (_, Folded::Endpoint(_), Event::WebhookEndpoint(EndpointEvent::EndpointDisabled(e))) => {
+            Some(Derived {
+                kind: EventKind::WebhookEndpointDisabled,
+                tenant: e.tenant.as_str().to_owned(),
+                object: serde_json::json!({
+                    "id": e.endpoint_id,
+                    "object": "webhook_endpoint",
+                    "url": e.url,
+                    "status": "disabled",
+                    "disabled_reason": e.reason,
+                    "disabled_at": asiento_objects::time(&e.at),
+                }),
+                operation: None,
+            })
         }
         _ => None,
     }

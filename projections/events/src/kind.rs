@@ -23,10 +23,11 @@ pub enum EventKind {
     TransferExpired,
     ExceptionOpened,
     ExceptionResolved,
+    WebhookEndpointDisabled,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 17] = [
+    pub const ALL: [EventKind; 18] = [
         EventKind::PaymentCreated,
         EventKind::PaymentRequiresAction,
         EventKind::PaymentAuthorized,
@@ -44,6 +45,7 @@ impl EventKind {
         EventKind::TransferExpired,
         EventKind::ExceptionOpened,
         EventKind::ExceptionResolved,
+        EventKind::WebhookEndpointDisabled,
     ];
 
     #[must_use]
@@ -66,6 +68,7 @@ impl EventKind {
             EventKind::TransferExpired => "transfer.expired",
             EventKind::ExceptionOpened => "exception.opened",
             EventKind::ExceptionResolved => "exception.resolved",
+            EventKind::WebhookEndpointDisabled => "webhook_endpoint.disabled",
         }
     }
 
