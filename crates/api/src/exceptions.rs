@@ -14,7 +14,7 @@ use axum::{
     Json,
 };
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::auth::AuthenticatedTenant;
 use crate::body::{Fields, JsonObject};
@@ -30,20 +30,20 @@ pub struct ListQuery {
 /// The JSON of API.md: `{"id", "payment_id", "kind", "local", "provider", "difference",
 /// "resolution", "status"}`, plus the note and times.
 pub fn render(view: &ExceptionView) -> Value {
-    json!({
-        "id": view.id,
-        "payment_id": view.payment_id,
-        "kind": view.kind,
-        "local": view.local,
-        "provider": view.provider_state,
-        "provider_name": view.provider,
-        "charge_id": view.charge_id,
-        "difference": view.difference,
-        "resolution": view.resolution,
-        "status": view.status,
-        "note": view.note,
-        "recorded_at_ms": view.recorded_ms,
-        "resolved_at_ms": view.resolved_ms,
+    asiento_objects::exception_object(&asiento_objects::ExceptionFields {
+        id: &view.id,
+        payment_id: view.payment_id.as_deref(),
+        kind: &view.kind,
+        local: &view.local,
+        provider_state: &view.provider_state,
+        provider_name: &view.provider,
+        charge_id: view.charge_id.as_deref(),
+        difference: &view.difference,
+        resolution: &view.resolution,
+        status: &view.status,
+        note: view.note.as_deref(),
+        recorded_ms: view.recorded_ms,
+        resolved_ms: view.resolved_ms,
     })
 }
 

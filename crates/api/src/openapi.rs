@@ -505,6 +505,8 @@ mod tests {
                 "/v1/accounts",
                 "/v1/accounts/{account}/balance",
                 "/v1/accounts/{account}/entries",
+                "/v1/events",
+                "/v1/events/{id}",
                 "/v1/journal/{entry_id}",
                 "/v1/payments",
                 "/v1/payments/{id}",
@@ -517,6 +519,12 @@ mod tests {
                 "/v1/transfers/{id}",
                 "/v1/transfers/{id}/post",
                 "/v1/transfers/{id}/void",
+                "/v1/webhook_endpoints",
+                "/v1/webhook_endpoints/{id}",
+                "/v1/webhook_endpoints/{id}/deliveries",
+                "/v1/webhook_endpoints/{id}/deliveries/{delivery_id}/retry",
+                "/v1/webhook_endpoints/{id}/enable",
+                "/v1/webhook_endpoints/{id}/rotate_secret",
             ]
         );
         assert_eq!(

@@ -42,6 +42,18 @@ fn problem(error: OutboundError) -> Problem {
     }
 }
 
+/// The tenant's endpoint, or the 404 another tenant's or an unknown one answers.
+async fn found(
+    state: &AppState,
+    tenant: &AuthenticatedTenant,
+    id: &str,
+) -> Result<endpoints::Endpoint, Problem> {
+    endpoints::find(&state.database, &tenant.0, id)
+        .await
+        .map_err(problem)?
+        .ok_or_else(not_found)
+}
+
 fn answer(answer: asiento_app::reply::Answer) -> Response {
     crate::commands::answer_response(Ok(answer))
 }
@@ -134,10 +146,7 @@ pub async fn get(
     tenant: AuthenticatedTenant,
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
-    let endpoint = endpoints::find(&state.database, &tenant.0, &id)
-        .await
-        .map_err(problem)?
-        .ok_or_else(not_found)?;
+    let endpoint = found(&state, &tenant, &id).await?;
     Ok(Json(endpoint.json(None)).into_response())
 }
 
@@ -254,10 +263,7 @@ pub async fn list_deliveries(
     tenant: AuthenticatedTenant,
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
-    endpoints::find(&state.database, &tenant.0, &id)
-        .await
-        .map_err(problem)?
-        .ok_or_else(not_found)?;
+    found(&state, &tenant, &id).await?;
     let data = deliveries::list(&state.database, &id)
         .await
         .map_err(problem)?;
@@ -281,10 +287,7 @@ pub async fn retry_delivery(
     tenant: AuthenticatedTenant,
     Path((id, delivery)): Path<(String, String)>,
 ) -> Result<Response, Problem> {
-    endpoints::find(&state.database, &tenant.0, &id)
-        .await
-        .map_err(problem)?
-        .ok_or_else(not_found)?;
+    found(&state, &tenant, &id).await?;
     if !deliveries::retry(&state.database, &id, &delivery, now_ms())
         .await
         .map_err(problem)?

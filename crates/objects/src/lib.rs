@@ -104,23 +104,65 @@ pub fn transfer_json(transfer: &TransferRecord, position: i64) -> Value {
     })
 }
 
+/// A reconciliation exception's fields, from its record (merchant events) or its read row (the
+/// exceptions list), so both render through [`exception_object`].
+#[derive(Debug, Clone, Copy)]
+pub struct ExceptionFields<'a> {
+    pub id: &'a str,
+    pub payment_id: Option<&'a str>,
+    pub kind: &'a str,
+    pub local: &'a Value,
+    pub provider_state: &'a Value,
+    pub provider_name: &'a str,
+    pub charge_id: Option<&'a str>,
+    pub difference: &'a Value,
+    pub resolution: &'a str,
+    pub status: &'a str,
+    pub note: Option<&'a str>,
+    pub recorded_ms: i64,
+    pub resolved_ms: Option<i64>,
+}
+
 /// A reconciliation exception as `GET /v1/reconciliation/exceptions` lists it.
+#[must_use]
+pub fn exception_object(e: &ExceptionFields<'_>) -> Value {
+    json!({
+        "id": e.id,
+        "payment_id": e.payment_id,
+        "kind": e.kind,
+        "local": e.local,
+        "provider": e.provider_state,
+        "provider_name": e.provider_name,
+        "charge_id": e.charge_id,
+        "difference": e.difference,
+        "resolution": e.resolution,
+        "status": e.status,
+        "note": e.note,
+        "recorded_at_ms": e.recorded_ms,
+        "resolved_at_ms": e.resolved_ms,
+    })
+}
+
+/// [`exception_object`] of an exception as its stream leaves it.
 #[must_use]
 pub fn exception_json(exception: &ExceptionRecord) -> Value {
     let recorded = &exception.recorded;
-    json!({
-        "id": recorded.exception_id.to_string(),
-        "payment_id": recorded.payment_id.map(|id| id.to_string()),
-        "kind": recorded.kind.as_str(),
-        "local": recorded.local,
-        "provider": recorded.provider_state,
-        "provider_name": recorded.provider.to_string(),
-        "charge_id": recorded.charge_id,
-        "difference": recorded.difference,
-        "resolution": recorded.resolution.as_str(),
-        "status": exception.status.as_str(),
-        "note": exception.note,
-        "recorded_at_ms": recorded.at.timestamp_millis(),
-        "resolved_at_ms": exception.resolved_at.map(|at| at.timestamp_millis()),
+    let id = recorded.exception_id.to_string();
+    let payment_id = recorded.payment_id.map(|id| id.to_string());
+    let provider_name = recorded.provider.to_string();
+    exception_object(&ExceptionFields {
+        id: &id,
+        payment_id: payment_id.as_deref(),
+        kind: recorded.kind.as_str(),
+        local: &recorded.local,
+        provider_state: &recorded.provider_state,
+        provider_name: &provider_name,
+        charge_id: recorded.charge_id.as_deref(),
+        difference: &recorded.difference,
+        resolution: recorded.resolution.as_str(),
+        status: exception.status.as_str(),
+        note: exception.note.as_deref(),
+        recorded_ms: recorded.at.timestamp_millis(),
+        resolved_ms: exception.resolved_at.map(|at| at.timestamp_millis()),
     })
 }

@@ -369,11 +369,16 @@ pub async fn rotate(
     Ok(Answer::Done(response))
 }
 
-async fn find_in(tx: &mut Tx, tenant: &str, id: &str) -> Result<Option<Endpoint>, OutboundError> {
-    let sql = format!(
+/// One of a tenant's endpoints that is not deleted, by id.
+fn one_endpoint_sql() -> String {
+    format!(
         "select {COLUMNS} from webhook_endpoints where id = $1 and tenant = $2 \
          and status <> 'deleted'"
-    );
+    )
+}
+
+async fn find_in(tx: &mut Tx, tenant: &str, id: &str) -> Result<Option<Endpoint>, OutboundError> {
+    let sql = one_endpoint_sql();
     let row: Option<EndpointRow> = on_tx!(tx, conn => sqlx::query_as(&sql)
         .bind(id)
         .bind(tenant)
@@ -388,10 +393,7 @@ pub async fn find(
     tenant: &str,
     id: &str,
 ) -> Result<Option<Endpoint>, OutboundError> {
-    let sql = format!(
-        "select {COLUMNS} from webhook_endpoints where id = $1 and tenant = $2 \
-         and status <> 'deleted'"
-    );
+    let sql = one_endpoint_sql();
     let row: Option<EndpointRow> = on_db!(db, pool => sqlx::query_as(&sql)
         .bind(id)
         .bind(tenant)
