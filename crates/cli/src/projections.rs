@@ -14,6 +14,7 @@ pub fn all() -> Vec<Arc<dyn Projection>> {
         asiento_balances::entries_projection(),
         asiento_payments_view::projection(),
         asiento_merchant_events::projection(),
+        asiento_payment_search::projection(),
     ]
 }
 

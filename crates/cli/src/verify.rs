@@ -1,10 +1,11 @@
 //! `asiento verify`: every ledger invariant, once. Exit 0 when all hold; exit 1 with one line per
 //! violation (check, then the entry id, stream id, snapshot key, payment or key it is about).
 //!
-//! The checks of the log live in `asiento_app::invariants`; the three that need a read model
-//! (balance snapshots, the payment list, the merchant events feed) are passed in from here,
-//! where the projections are known, so that `app` does not depend on projections. `serve` builds the same [`checker`] and
-//! runs it on a schedule (`Checker::run`), exporting `asiento_invariant_violations{check}`.
+//! The checks of the log live in `asiento_app::invariants`; the four that need a read model
+//! (balance snapshots, the payment list, the merchant events feed, the payment search index)
+//! are passed in from here, where the projections are known, so that `app` does not depend on
+//! projections. `serve` builds the same [`checker`] and runs it on a schedule (`Checker::run`),
+//! exporting `asiento_invariant_violations{check}`.
 
 use std::sync::Arc;
 
@@ -105,12 +106,54 @@ impl ExtraCheck for MerchantEventRows {
     }
 }
 
+/// The payment search index equals its derivation from the log, row for row.
+struct PaymentSearchRows;
+
+impl ExtraCheck for PaymentSearchRows {
+    fn check(&self) -> Check {
+        Check::PaymentSearch
+    }
+
+    fn violations<'a>(&'a self, database: &'a Database) -> ExtraFuture<'a> {
+        Box::pin(async move {
+            let store = database.event_store();
+            let mismatches = asiento_payment_search::verify(database, store.as_ref())
+                .await
+                .map_err(|error| error.to_string())?;
+            Ok(mismatches
+                .into_iter()
+                .map(|m| Violation {
+                    check: Check::PaymentSearch,
+                    subject: m.payment_id,
+                    detail: format!(
+                        "{} {:?}: the index has {}, the log gives {}",
+                        m.kind,
+                        m.term,
+                        search_row(m.stored.as_ref()),
+                        search_row(m.derived.as_ref())
+                    ),
+                })
+                .collect())
+        })
+    }
+}
+
+/// A search row's place as a violation tells it.
+fn search_row(place: Option<&Option<(String, i64)>>) -> String {
+    match place {
+        None => "no row".to_owned(),
+        Some(None) => "a term waiting for its PaymentIntended".to_owned(),
+        Some(Some((tenant, created_ms))) => format!("tenant {tenant}, created_ms {created_ms}"),
+    }
+}
+
 /// The checker with every check, as `verify` and `serve` run it.
 pub fn checker(database: &Database) -> Checker {
     Checker::new(database.clone(), Arc::new(SystemClock))
         .with(Arc::new(Snapshots))
         .with(Arc::new(PaymentRows))
         .with(Arc::new(MerchantEventRows))
+        .with(Arc::new(PaymentSearchRows))
 }
 
 /// Runs every check; `Ok(true)` when all hold.

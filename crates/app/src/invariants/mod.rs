@@ -91,6 +91,8 @@ pub enum Check {
     PaymentReadModel,
     /// The merchant events feed differs from its derivation from the log.
     MerchantEvents,
+    /// The payment search index differs from its derivation from the log.
+    PaymentSearch,
     StreamVersions,
     IdempotencyLease,
     EventsImmutable,
@@ -102,13 +104,14 @@ pub enum Check {
 }
 
 impl Check {
-    pub const ALL: [Check; 13] = [
+    pub const ALL: [Check; 14] = [
         Check::EntryZeroSum,
         Check::Snapshot,
         Check::CapturePosting,
         Check::GuardBalance,
         Check::PaymentReadModel,
         Check::MerchantEvents,
+        Check::PaymentSearch,
         Check::StreamVersions,
         Check::IdempotencyLease,
         Check::EventsImmutable,
@@ -126,6 +129,7 @@ impl Check {
             Check::GuardBalance => "guard_balance",
             Check::PaymentReadModel => "payment_read_model",
             Check::MerchantEvents => "merchant_events",
+            Check::PaymentSearch => "payment_search",
             Check::StreamVersions => "stream_versions",
             Check::IdempotencyLease => "idempotency_lease",
             Check::EventsImmutable => "events_immutable",
