@@ -156,11 +156,11 @@ pub fn checker(database: &Database) -> Checker {
         .with(Arc::new(PaymentSearchRows))
 }
 
-/// Runs every check; `Ok(true)` when all hold.
+/// Runs every check and stores the run (`verify_runs`); `Ok(true)` when all hold.
 pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
     let database = crate::serve::connect(&args.database.database_url).await?;
     let report = checker(&database)
-        .check_once()
+        .check_and_record()
         .await
         .context("running the invariant checks")?;
     for violation in &report.violations {

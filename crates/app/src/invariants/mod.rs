@@ -23,6 +23,10 @@
 //! of each stream) live with their projections; the binary passes them in as [`ExtraCheck`]s, so
 //! this crate does not depend on projections (the dependency points inward).
 //!
+//! Every completed run, serve's scheduled ones ([`Checker::run`]) and `asiento verify`'s
+//! ([`Checker::check_and_record`]), is stored in `verify_runs`, the newest 100 kept
+//! (`runs.rs`); [`last_run`] reads the newest.
+//!
 //! **The seal chain.** hash(event) = SHA-256(hash of the stream's previous event, or 32 zero
 //! bytes ‖ SHA-256 of the canonical JSON of (stream id, version, event id, type, schema, data,
 //! metadata)). The [`Sealer`] writes seals off the append path (the append hot path is
@@ -55,6 +59,9 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 mod payouts;
+mod runs;
+
+pub use runs::{last_run, record, RunViolation, VerifyRun, RUNS_KEPT_MAX};
 
 use crate::clock::Clock;
 use crate::idempotency::canonical_body_hash;
@@ -170,6 +177,9 @@ pub enum InvariantError {
     Store(#[from] asiento_eventstore::StoreError),
     #[error("the {check} check could not run: {message}")]
     Extra { check: Check, message: String },
+    /// A stored run that does not read back (a hand edit or a bug).
+    #[error("verify run {id} is corrupt: {reason}")]
+    CorruptRun { id: i64, reason: String },
     #[error("stream {stream_id} cannot be sealed: version {version} follows sealed {sealed}")]
     Unsealable {
         stream_id: String,
@@ -728,16 +738,33 @@ impl Checker {
         Ok(())
     }
 
+    /// Every check, once, and the run stored (`verify_runs`): what `asiento verify` does. Fails
+    /// if the run cannot be stored.
+    pub async fn check_and_record(&self) -> Result<Report, InvariantError> {
+        let started_ms = self.clock.now_ms();
+        let report = self.check_once().await?;
+        record(&self.database, &report, started_ms, self.clock.now_ms()).await?;
+        Ok(report)
+    }
+
     /// Runs every check every `interval` until `shutdown`, exporting the counts as
-    /// `asiento_invariant_violations{check}` and logging each violation.
+    /// `asiento_invariant_violations{check}`, logging each violation and storing each completed
+    /// run (a run that could not be stored is logged; its counts are exported all the same).
     pub async fn run(&self, interval: Duration, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         loop {
+            let started_ms = self.clock.now_ms();
             match self.check_once().await {
                 Ok(report) => {
                     report.export_metrics();
                     for violation in &report.violations {
                         tracing::error!(%violation, "invariant violated");
+                    }
+                    let finished_ms = self.clock.now_ms();
+                    if let Err(error) =
+                        record(&self.database, &report, started_ms, finished_ms).await
+                    {
+                        tracing::error!(%error, "the invariant run could not be stored");
                     }
                 }
                 Err(error) => tracing::error!(%error, "invariant checks could not run"),
