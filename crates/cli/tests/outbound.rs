@@ -603,6 +603,36 @@ async fn urls_that_reach_inside_are_refused(backend: Backend) {
     }
     let listed = client.get("/v1/webhook_endpoints").await.json();
     assert_eq!(listed["data"].as_array().unwrap().len(), 2);
+    let allowed = listed["data"][0]["id"].as_str().unwrap().to_owned();
+
+    // The operator takes 127.0.0.1 off the list: deliveries to it are refused from then on.
+    drop(client);
+    drop(server);
+    let server = Server::start(&database.url, &[]);
+    let client = server.client();
+    pay(&client, "after-the-list-changed", "pm_card_ok").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let deliveries = client
+            .get(&format!("/v1/webhook_endpoints/{allowed}/deliveries"))
+            .await
+            .json();
+        let refused = deliveries["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|d| d["attempts"].as_array().unwrap())
+            .any(|a| {
+                a["error"]
+                    .as_str()
+                    .is_some_and(|e| e.starts_with("refused"))
+            });
+        if refused {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never refused: {deliveries}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// An endpoint whose every delivery fails for the whole retry window is disabled, and its

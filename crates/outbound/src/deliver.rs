@@ -196,6 +196,16 @@ impl Deliverer {
     }
 
     async fn send(&self, delivery: Due) -> Result<(), OutboundError> {
+        // The form again (the operator's allow-list may have changed since registration); a
+        // name's addresses are checked by the client's resolver as it connects.
+        if let Err(refused) = self.config.policy.check_form(&delivery.url) {
+            let attempted = Attempted {
+                status: None,
+                error: Some(format!("refused: {refused}")),
+                latency_ms: 0,
+            };
+            return self.record(&delivery, &attempted).await;
+        }
         let now = chrono::Utc::now();
         let secrets = secrets(&self.db, &delivery.endpoint_id, now.timestamp_millis()).await?;
         let signature = header(&secrets, now.timestamp(), delivery.body.as_bytes());
