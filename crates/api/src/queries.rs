@@ -167,7 +167,7 @@ fn withheld(event: &PaymentEvent) -> &'static [&'static str] {
 
 /// Replaces the withheld fields of `data` (the event's JSON, however it was obtained) with
 /// [`REDACTED`]; a field that is absent or null stays as it is.
-fn redact(event: &PaymentEvent, data: &mut serde_json::Value) {
+pub fn redact(event: &PaymentEvent, data: &mut serde_json::Value) {
     let Some(object) = data.as_object_mut() else {
         return;
     };
@@ -190,13 +190,14 @@ fn visible<'a>(
     }
 }
 
-/// `GET /v1/payments?status=&customer=&created_gte=&created_lt=&limit=50&cursor=[&min_position=N]`:
+/// `GET /v1/payments?status=&customer=&provider=&created_gte=&created_lt=&limit=50&cursor=[&min_position=N]`:
 /// the tenant's payments, newest first, from the payments read model.
 #[utoipa::path(
     get, path = "/v1/payments", tag = "payments",
     params(
         ("status" = Option<String>, Query, description = "Only payments in this status"),
         ("customer" = Option<String>, Query),
+        ("provider" = Option<String>, Query, description = "Only payments through this provider (its configured name)"),
         ("created_gte" = Option<String>, Query, description = "RFC 3339"),
         ("created_lt" = Option<String>, Query, description = "RFC 3339"),
         ("limit" = Option<u32>, Query, description = "1 to 100, default 50"),
@@ -250,6 +251,14 @@ pub async fn list_payments(
                 .map_err(|error| invalid("customer", error.to_string()))
         })
         .transpose()?;
+    let provider = params
+        .get("provider")
+        .map(|raw| {
+            asiento_domain::ProviderName::parse(raw)
+                .map(|name| name.as_str().to_owned())
+                .map_err(|error| invalid("provider", error.to_string()))
+        })
+        .transpose()?;
     let limit = params
         .get("limit")
         .map(|raw| {
@@ -270,6 +279,7 @@ pub async fn list_payments(
     let filter = PaymentFilter {
         status,
         customer,
+        provider,
         created_gte: time("created_gte")?,
         created_lt: time("created_lt")?,
         limit,

@@ -400,6 +400,82 @@ pub async fn list(
                 .await?
         }
     };
+    views(rows)
+}
+
+/// The exceptions about payment `payment_id` of `tenant`, oldest first.
+pub async fn of_payment(
+    database: &Database,
+    tenant: &TenantId,
+    payment_id: &str,
+) -> Result<Vec<ExceptionView>, ExceptionError> {
+    select_where(
+        database,
+        "tenant = $1 and payment_id = $2",
+        tenant.to_string(),
+        payment_id,
+    )
+    .await
+}
+
+/// Exception `id` if `scope` sees it (another tenant's, or a platform one for a tenant, is
+/// `None`, as one that does not exist).
+pub async fn get(
+    database: &Database,
+    scope: &Scope,
+    id: &str,
+) -> Result<Option<ExceptionView>, ExceptionError> {
+    let found = select_where(database, "$1 = $1 and id = $2", String::new(), id).await?;
+    Ok(found.into_iter().next().filter(|view| match scope {
+        Scope::All => true,
+        Scope::Platform => view.tenant.is_none(),
+        Scope::Tenant(tenant) => view.tenant.as_deref() == Some(tenant.as_str()),
+    }))
+}
+
+/// The rows matching `condition` (on text parameters `$1` and `$2`), oldest first.
+async fn select_where(
+    database: &Database,
+    condition: &str,
+    first: String,
+    second: &str,
+) -> Result<Vec<ExceptionView>, ExceptionError> {
+    let sql = format!(
+        "select id, tenant, payment_id, provider, charge_id, kind, {{local}}, \
+         {{provider_state}}, {{difference}}, resolution, status, note, recorded_ms, resolved_ms \
+         from reconciliation_exceptions where {condition} order by recorded_ms, id limit $3"
+    );
+    let rows: Vec<Row> = match database {
+        Database::Postgres(pool) => {
+            let sql = sql
+                .replace("{local}", "local::text")
+                .replace("{provider_state}", "provider_state::text")
+                .replace("{difference}", "difference::text");
+            sqlx::query_as(&sql)
+                .bind(&first)
+                .bind(second)
+                .bind(EXCEPTIONS_PAGE_MAX)
+                .fetch_all(pool)
+                .await?
+        }
+        Database::Sqlite(pool) => {
+            let sql = sqlite(
+                &sql.replace("{local}", "local")
+                    .replace("{provider_state}", "provider_state")
+                    .replace("{difference}", "difference"),
+            );
+            sqlx::query_as(&sql)
+                .bind(&first)
+                .bind(second)
+                .bind(EXCEPTIONS_PAGE_MAX)
+                .fetch_all(pool)
+                .await?
+        }
+    };
+    views(rows)
+}
+
+fn views(rows: Vec<Row>) -> Result<Vec<ExceptionView>, ExceptionError> {
     rows.into_iter()
         .map(
             |(

@@ -143,6 +143,20 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub outbound: OutboundArgs,
+
+    /// The platform operator's key for the console (`/console`): signing in with it shows the
+    /// reconciliation exceptions that name no tenant's payment. At least 16 characters.
+    #[arg(long, env = "ASIENTO_OPERATOR_KEY", hide_env_values = true, value_parser = parse_operator_key)]
+    pub operator_key: Option<String>,
+}
+
+fn parse_operator_key(raw: &str) -> Result<String, String> {
+    if raw.trim().chars().count() < API_KEY_CHARS_MIN {
+        return Err(format!(
+            "the operator key needs at least {API_KEY_CHARS_MIN} characters"
+        ));
+    }
+    Ok(raw.trim().to_owned())
 }
 
 /// API.md promises keys are kept at least 24 hours.
@@ -524,7 +538,12 @@ impl Core {
             amount_limit: asiento_domain::AmountLimit::new(args.amount_max)?,
             webhook_urls: Arc::new(args.outbound.policy()?),
         };
-        let mut app = asiento_api::router(state);
+        let console = asiento_console::ConsoleState::new(
+            state.clone(),
+            args.operator_key.as_deref(),
+            crate::projections::all(),
+        );
+        let mut app = asiento_api::router(state).merge(asiento_console::router(console));
         if let Some(simulator) = &self.simulator {
             app = app.merge(simulator.mounted_router());
         }
@@ -538,6 +557,7 @@ impl Core {
             }
             None => "$API_KEY".to_owned(),
         };
+        println!("console: http://{address}/console (sign in with the API key)");
         println!(
             "try: curl -s -X POST http://{address}/v1/payments -H 'Authorization: Bearer {key}' \\\n  \
              -H 'Idempotency-Key: order-1001' -H 'Content-Type: application/json' \\\n  \

@@ -28,6 +28,7 @@ pub mod fee;
 pub mod guard;
 pub mod hold;
 pub mod ids;
+pub mod major_units;
 pub mod money;
 pub mod payment;
 pub mod payout;
@@ -46,6 +47,7 @@ pub use ids::{
     payment_of_psp_key, psp_cancel_key, psp_capture_key, psp_charge_key, psp_refund_key,
     CustomerId, EntryId, IdError, PaymentId, ProviderName, TenantId, TransferId,
 };
+pub use major_units::{format_major, parse_major, MajorUnitsError};
 pub use money::{
     Amount, AmountError, AmountLimit, AmountLimitError, Balance, Currency, CurrencyError,
     AMOUNT_MAX_CEILING, AMOUNT_MAX_DEFAULT,

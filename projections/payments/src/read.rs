@@ -32,6 +32,8 @@ const CURSOR_HEX_CHARS: usize = 48;
 pub struct PaymentFilter {
     pub status: Option<PaymentStatus>,
     pub customer: Option<CustomerId>,
+    /// The provider's name (`sim`, `stripe` …).
+    pub provider: Option<String>,
     /// Created at or after.
     pub created_gte: Option<DateTime<Utc>>,
     /// Created strictly before.
@@ -47,6 +49,7 @@ impl Default for PaymentFilter {
         PaymentFilter {
             status: None,
             customer: None,
+            provider: None,
             created_gte: None,
             created_lt: None,
             limit: LIST_LIMIT_DEFAULT,
@@ -170,6 +173,10 @@ pub async fn list_payments(
     if let Some(customer) = &filter.customer {
         params.push(Param::Text(customer.as_str().to_owned()));
         sql.push_str(&format!(" AND customer = ${}", params.len()));
+    }
+    if let Some(provider) = &filter.provider {
+        params.push(Param::Text(provider.clone()));
+        sql.push_str(&format!(" AND provider = ${}", params.len()));
     }
     if let Some(gte) = filter.created_gte {
         params.push(Param::Int(bound_ns(gte)));

@@ -519,6 +519,7 @@ async fn every_filter_selects_exactly_the_matching_payments(h: Harness) {
                 ACME,
                 PaymentFilter {
                     customer: Some(CustomerId::parse(customer).unwrap()),
+                    provider: None,
                     ..filter(3)
                 },
             )
@@ -570,6 +571,7 @@ async fn every_filter_selects_exactly_the_matching_payments(h: Harness) {
             PaymentFilter {
                 status: Some(PaymentStatus::Captured),
                 customer: Some(CustomerId::parse("2").unwrap()),
+                provider: None,
                 created_gte: Some(base_time()),
                 created_lt: Some(at(base_time(), 3_600)),
                 ..filter(1)

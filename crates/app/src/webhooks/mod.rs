@@ -48,7 +48,8 @@ pub use asiento_psp::stripe::SIGNATURE_HEADER as STRIPE_SIGNATURE_HEADER;
 pub use asiento_psp::{EventFormat, SIGNATURE_HEADER, TOLERANCE_S_DEFAULT};
 pub use batch::BatchReceived;
 pub use queries::{
-    dead_letters, inbox_counts, pending_count, DeadLetter, InboxCounts, DEAD_LETTERS_PAGE_MAX,
+    dead_letters, inbox_counts, of_payment, pending_count, DeadLetter, InboxCounts, InboxEvent,
+    DEAD_LETTERS_PAGE_MAX, PAYMENT_EVENTS_MAX,
 };
 pub(crate) use receive::{add_inbox, inbox_cte, stored_each};
 pub use receive::{

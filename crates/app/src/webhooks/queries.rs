@@ -95,3 +95,52 @@ pub async fn dead_letters(
     };
     Ok(rows)
 }
+
+/// One stored webhook event about a payment, as the console shows it (without its payload or
+/// its last error, which can hold internal text).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct InboxEvent {
+    pub id: i64,
+    pub provider: String,
+    pub event_id: String,
+    pub event_type: String,
+    /// pending, processed or dead.
+    pub status: String,
+    /// applied or ignored, once processed.
+    pub outcome: Option<String>,
+    pub dead_reason: Option<String>,
+    pub attempts: i32,
+    pub received_ms: i64,
+    pub finished_ms: Option<i64>,
+}
+
+/// The most rows [`of_payment`] returns.
+pub const PAYMENT_EVENTS_MAX: i64 = 100;
+
+/// The webhook events whose charge named `payment_ref` (our payment id), oldest first. The inbox
+/// keeps no index by payment (its hot path stays lean, migration 0051), so this reads the table:
+/// a page a person opens, not a path requests take.
+pub async fn of_payment(
+    database: &Database,
+    payment_ref: &str,
+) -> Result<Vec<InboxEvent>, sqlx::Error> {
+    let sql = "select id, provider, event_id, event_type, status, outcome, dead_reason, attempts, \
+               received_ms, finished_ms from webhook_inbox where payment_ref = $1 \
+               order by id limit $2";
+    match database {
+        Database::Postgres(pool) => {
+            sqlx::query_as(sql)
+                .bind(payment_ref)
+                .bind(PAYMENT_EVENTS_MAX)
+                .fetch_all(pool)
+                .await
+        }
+        Database::Sqlite(pool) => {
+            sqlx::query_as(&sqlite(sql))
+                .bind(payment_ref)
+                .bind(PAYMENT_EVENTS_MAX)
+                .fetch_all(pool)
+                .await
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! Accounts: every balance of the tenant per account and currency with the log position it is
+//! exact at, one account's legs with a running balance, and one journal entry with its legs and
+//! their zero sum. All read from the balances projection, as the API reads them.
+
+use asiento_balances::{AccountQuery, BalanceError};
+use axum::extract::{Path, RawQuery, State};
+use axum::response::{IntoResponse, Response};
+use maud::html;
+
+use super::{param, query};
+use crate::error::ConsoleError;
+use crate::layout::{self, money, Nav};
+use crate::session::Session;
+use crate::ConsoleState;
+
+/// Accounts per page.
+const ACCOUNTS_PAGE: usize = 200;
+/// Legs per page of an account's entries.
+const LEGS_PAGE: usize = 100;
+
+fn balance_error(error: BalanceError) -> ConsoleError {
+    match error {
+        BalanceError::UnknownPosition { .. } => {
+            ConsoleError::BadInput("that page link is no longer valid".into())
+        }
+        other => ConsoleError::internal(other),
+    }
+}
+
+/// `GET /console/accounts?prefix=&after_account=&after_currency=`
+pub async fn list(
+    State(state): State<ConsoleState>,
+    session: Session,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ConsoleError> {
+    let tenant = session.tenant()?.to_string();
+    let query = query(raw);
+    let prefix = param(&query, "prefix").unwrap_or_default().to_owned();
+    let after = param(&query, "after_account")
+        .zip(param(&query, "after_currency"))
+        .map(|(account, currency)| (account.to_owned(), currency.to_owned()));
+    let page = asiento_balances::list_accounts(
+        &state.api.database,
+        &AccountQuery {
+            tenant,
+            prefix: prefix.clone(),
+            currency: None,
+            after,
+            limit: ACCOUNTS_PAGE,
+        },
+    )
+    .await
+    .map_err(balance_error)?;
+    let next = (page.accounts.len() == ACCOUNTS_PAGE)
+        .then(|| page.accounts.last())
+        .flatten()
+        .map(|last| {
+            format!(
+                "/console/accounts?prefix={}&after_account={}&after_currency={}",
+                layout::encode(&prefix),
+                layout::encode(&last.account),
+                layout::encode(&last.currency)
+            )
+        });
+    let content = html! {
+        form .filters method="get" action="/console/accounts" {
+            label { "Name starts with " input #prefix type="text" name="prefix" value=(prefix) placeholder="customer:42:"; }
+            button #prefix-submit type="submit" { "List" }
+        }
+        p .hint { "Balances are exact as of log position " strong #as-of { (page.as_of_position) } "." }
+        @if page.accounts.is_empty() {
+            (layout::empty("No account matches."))
+        } @else {
+            table #accounts {
+                thead { tr {
+                    th scope="col" { "Account" } th scope="col" { "Currency" }
+                    th scope="col" .num { "Posted" } th scope="col" .num { "Pending debits" }
+                    th scope="col" .num { "Pending credits" } th scope="col" .num { "Available" }
+                    th scope="col" { "Policy" }
+                } }
+                tbody {
+                    @for account in &page.accounts {
+                        tr {
+                            td { a href={ "/console/accounts/" (layout::encode(&account.account)) "?currency=" (account.currency) } { (account.account) } }
+                            td { (account.currency) }
+                            td .num { (money(account.balance_minor.minor(), &account.currency)) }
+                            td .num { (money(account.pending_debits_minor.minor(), &account.currency)) }
+                            td .num { (money(account.pending_credits_minor.minor(), &account.currency)) }
+                            td .num { (money(account.available_minor.minor(), &account.currency)) }
+                            td {
+                                (policy_text(&account.policy))
+                                @if !account.declared { " (implied by its name)" }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        @if let Some(next) = next { p { a #next-page href=(next) { "More accounts →" } } }
+    };
+    Ok(layout::page(&session, Nav::Accounts, "Accounts", content).into_response())
+}
+
+/// A policy as words: `normal_balance: credit, overdraft: forbidden, frozen: false`.
+fn policy_text(policy: &asiento_domain::AccountPolicy) -> String {
+    let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(policy) else {
+        return String::new();
+    };
+    fields
+        .iter()
+        .map(|(key, value)| match value.as_str() {
+            Some(text) => format!("{key}: {text}"),
+            None => format!("{key}: {value}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `GET /console/accounts/{account}?currency=&after=&opening=`: the account's legs, oldest
+/// first, each with the balance after it. A page after the first starts from the balance the
+/// previous page ended on (`opening`, carried by its link).
+pub async fn entries(
+    State(state): State<ConsoleState>,
+    session: Session,
+    Path(account): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ConsoleError> {
+    let tenant = session.tenant()?.to_string();
+    let query = query(raw);
+    let currency = param(&query, "currency")
+        .ok_or_else(|| ConsoleError::BadInput("currency: say which currency".into()))?
+        .to_owned();
+    asiento_domain::Currency::parse(&currency)
+        .map_err(|error| ConsoleError::BadInput(format!("currency: {error}")))?;
+    let name = asiento_domain::AccountName::parse(&account)
+        .map_err(|_| ConsoleError::NotFound("account"))?;
+    let after = param(&query, "after")
+        .map(|raw| {
+            raw.parse::<i64>()
+                .map_err(|_| ConsoleError::BadInput("after: not a position".into()))
+        })
+        .transpose()?;
+    let opening = param(&query, "opening")
+        .map(|raw| {
+            raw.parse::<i128>()
+                .map_err(|_| ConsoleError::BadInput("opening: not an amount".into()))
+        })
+        .transpose()?
+        .unwrap_or(0);
+    let store = state.api.payments.store.as_ref();
+    let legs = asiento_balances::entries(
+        &state.api.database,
+        store,
+        &tenant,
+        name.as_str(),
+        &currency,
+        after,
+        LEGS_PAGE,
+        None,
+    )
+    .await
+    .map_err(balance_error)?;
+    let balance =
+        asiento_balances::read_balance(&state.api.database, store, &tenant, &name, &currency, None)
+            .await
+            .map_err(balance_error)?;
+    let mut running = opening;
+    let rows: Vec<_> = legs
+        .iter()
+        .map(|leg| {
+            running += i128::from(leg.amount_minor);
+            (leg, running)
+        })
+        .collect();
+    let next = (legs.len() >= LEGS_PAGE)
+        .then(|| legs.last())
+        .flatten()
+        .map(|last| {
+            format!(
+                "/console/accounts/{}?currency={currency}&after={}&opening={running}",
+                layout::encode(name.as_str()),
+                last.position
+            )
+        });
+    let content = html! {
+        dl .summary {
+            div { dt { "Posted balance" } dd #balance { (money(balance.balance_minor.minor(), &currency)) } }
+            div { dt { "Pending debits" } dd { (money(balance.pending_debits_minor.minor(), &currency)) } }
+            div { dt { "Pending credits" } dd { (money(balance.pending_credits_minor.minor(), &currency)) } }
+            div { dt { "As of log position" } dd { (balance.as_of_position) } }
+        }
+        @if rows.is_empty() {
+            (layout::empty("No legs on this account in this currency."))
+        } @else {
+            table #legs {
+                caption { "Legs, oldest first" @if after.is_some() { ", continuing from " (money(opening, &currency)) } }
+                thead { tr {
+                    th scope="col" { "Journal entry" } th scope="col" { "Position" }
+                    th scope="col" { "Recorded (UTC)" } th scope="col" .num { "Amount" }
+                    th scope="col" .num { "Balance after" }
+                } }
+                tbody {
+                    @for (leg, after) in &rows {
+                        tr {
+                            td { a href={ "/console/journal/" (leg.entry_id) } { (layout::id(&leg.entry_id)) } }
+                            td { (leg.position) }
+                            td { (layout::time(&leg.recorded_at)) }
+                            td .num { (money(i128::from(leg.amount_minor), &currency)) }
+                            td .num { (money(*after, &currency)) }
+                        }
+                    }
+                }
+            }
+        }
+        @if let Some(next) = next { p { a #next-page href=(next) { "Later legs →" } } }
+    };
+    let title = format!("{} ({currency})", name.as_str());
+    Ok(layout::page(&session, Nav::Accounts, &title, content).into_response())
+}
+
+/// `GET /console/journal/{entry_id}`: one entry, its legs and their sum per currency.
+pub async fn journal_entry(
+    State(state): State<ConsoleState>,
+    session: Session,
+    Path(entry_id): Path<String>,
+) -> Result<Response, ConsoleError> {
+    let tenant = session.tenant()?.to_string();
+    let entry = asiento_balances::journal_entry(
+        &state.api.database,
+        state.api.payments.store.as_ref(),
+        &tenant,
+        &entry_id,
+        None,
+    )
+    .await
+    .map_err(balance_error)?
+    .ok_or(ConsoleError::NotFound("journal entry"))?;
+    let mut sums: std::collections::BTreeMap<&str, i128> = Default::default();
+    for leg in &entry.legs {
+        *sums.entry(leg.currency.as_str()).or_default() += i128::from(leg.amount_minor);
+    }
+    let content = html! {
+        p { "Position " (entry.position) " · " (layout::time(&entry.recorded_at))
+            @if let Some(reversed) = &entry.reverses {
+                " · reverses " a href={ "/console/journal/" (reversed) } { (layout::id(reversed)) }
+            }
+        }
+        table #legs {
+            thead { tr { th scope="col" { "Account" } th scope="col" .num { "Amount" } } }
+            tbody {
+                @for leg in &entry.legs {
+                    tr {
+                        td { a href={ "/console/accounts/" (layout::encode(&leg.account)) "?currency=" (leg.currency) } { (leg.account) } }
+                        td .num { (money(i128::from(leg.amount_minor), &leg.currency)) }
+                    }
+                }
+            }
+            tfoot {
+                @for (currency, sum) in &sums {
+                    tr #zero-sum {
+                        th scope="row" { "Sum (" (currency) ")" }
+                        td .num { (money(*sum, currency)) @if *sum == 0 { " ✓ balanced" } @else { " ✗ NOT balanced" } }
+                    }
+                }
+            }
+        }
+    };
+    let title = format!("Journal entry {}", entry.entry_id);
+    Ok(layout::page(&session, Nav::Accounts, &title, content).into_response())
+}
