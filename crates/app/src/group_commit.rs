@@ -210,24 +210,14 @@ async fn write(store: &Store, mut steps: Vec<Work>) -> Vec<Result<Committed, Gro
 }
 
 /// The steps as one batch (one statement on PostgreSQL, else one transaction); None when that
-/// could not commit whole (nothing was written). Steps chained on one stream take the
-/// transaction, appending one after the other: the one statement checks every append against
-/// the stream as it was before the batch.
+/// could not commit whole (nothing was written). Steps chained on one stream (each expecting the
+/// version the one before leaves) fit the one statement too (`EachAppend`'s chains); where it
+/// does not apply, they take the transaction, appending one after the other.
 async fn write_whole(
     store: &Store,
     steps: &[Work],
 ) -> Option<Vec<Result<Committed, GroupCommitError>>> {
     let chained = crate::guard_chain::shares_a_stream(steps);
-    if chained {
-        match write_batch(store, steps, true).await {
-            Ok(Batch::Done(outcomes)) => return Some(outcomes.into_iter().map(Ok).collect()),
-            Ok(Batch::Retry) => return None,
-            Err(error) => {
-                tracing::warn!(%error, steps = steps.len(), "chained group commit failed");
-                return None;
-            }
-        }
-    }
     let transaction = match group_statement::write(store, steps).await {
         Ok(Written::Done(outcomes)) => return Some(outcomes.into_iter().map(Ok).collect()),
         Ok(Written::Unreadable(error)) => {
@@ -245,6 +235,16 @@ async fn write_whole(
             false
         }
     };
+    if transaction && chained {
+        match write_batch(store, steps, true).await {
+            Ok(Batch::Done(outcomes)) => return Some(outcomes.into_iter().map(Ok).collect()),
+            Ok(Batch::Retry) => return None,
+            Err(error) => {
+                tracing::warn!(%error, steps = steps.len(), "chained group commit failed");
+                return None;
+            }
+        }
+    }
     if transaction && steps.len() > 1 {
         match write_batch(store, steps, false).await {
             Ok(Batch::Done(outcomes)) => return Some(outcomes.into_iter().map(Ok).collect()),

@@ -41,11 +41,11 @@ const REFUSED: &str = "AB001";
 const PROBES: [i64; 2] = [i64::MAX - 1, i64::MAX - 2];
 
 /// Parameters of the statement: the claims (ten arrays), the webhook rows (six), the events
-/// (nine), the completions (ten), in this order.
+/// (ten), the completions (ten), in this order.
 const CLAIMS_FIRST: usize = 1;
 const INBOX_FIRST: usize = CLAIMS_FIRST + 10;
 const EVENTS_FIRST: usize = INBOX_FIRST + 6;
-const COMPLETIONS_FIRST: usize = EVENTS_FIRST + 9;
+const COMPLETIONS_FIRST: usize = EVENTS_FIRST + 10;
 
 /// How a batch went.
 pub enum Written {

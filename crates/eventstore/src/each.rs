@@ -1,14 +1,23 @@
 //! Many independent appends in one PostgreSQL statement, for group commit.
 //!
 //! [`EachAppend`] turns a batch of requests (each a decision: its own stream and its guards'
-//! streams) into nine column arrays and three CTEs: `each_input` (one row per event, with `req`,
-//! its request's index in the batch), `each_cur` (each stream's version now, read once) and
-//! `each_written` (the INSERT, `RETURNING event_id, position, version, xact`). A stream whose
-//! version is not the expected one gets no rows, and a row some other writer got to first is
-//! skipped (ON CONFLICT DO NOTHING): a request is written when all its events came back, which
-//! [`each_results`] tells from the returned rows. Rows go in in request order, each request's
-//! streams as given (a decision's own stream first, then its guards), the order `append_in`
-//! writes them in.
+//! streams) into ten column arrays and four CTEs: `each_input` (one row per event, with `req`,
+//! its request's index in the batch), `each_cur` (each stream's version now, read once),
+//! `each_chained` (whether the row and every earlier row of its stream in the batch pass the
+//! gate) and `each_written` (the INSERT, `RETURNING event_id, position, version, xact`). A
+//! stream whose version is not the expected one gets no rows, and a row some other writer got to
+//! first is skipped (ON CONFLICT DO NOTHING): a request is written when all its events came back,
+//! which [`each_results`] tells from the returned rows. Rows go in in request order, each
+//! request's streams as given (a decision's own stream first, then its guards), the order
+//! `append_in` writes them in.
+//!
+//! **Chains.** Several requests of one batch may append to one stream (a hot account's guard),
+//! each expecting the version the previous one leaves. Each row carries `chain`: the version the
+//! stream must be at before the batch for the row to go in, which is the expectation of the
+//! stream's first append in the batch when every later append continues exactly where the one
+//! before it ends, and the row's own expectation otherwise (so a request that does not continue
+//! the chain conflicts as it would alone). A row of a chain goes in only if every earlier row of
+//! its stream passes the gate, so a chain never leaves a gap in the stream's versions.
 //!
 //! The store's own `append_each_in` wraps the CTEs in a statement of their own. The group commit
 //! of the `app` crate puts them into one statement with its other rows (keys claimed, inbox rows,
@@ -27,6 +36,8 @@ use crate::{AppendError, Appended, ExpectedVersion, Metadata, StreamAppend};
 pub struct EachAppend<'a> {
     stream_ids: Vec<&'a str>,
     expected: Vec<i64>,
+    /// The version the stream must be at before the batch (see the module's Chains).
+    chains: Vec<i64>,
     ords: Vec<i64>,
     event_ids: Vec<Uuid>,
     event_types: Vec<&'a str>,
@@ -46,6 +57,7 @@ impl<'a> EachAppend<'a> {
         let mut each = EachAppend {
             stream_ids: Vec::new(),
             expected: Vec::new(),
+            chains: Vec::new(),
             ords: Vec::new(),
             event_ids: Vec::new(),
             event_types: Vec::new(),
@@ -54,6 +66,9 @@ impl<'a> EachAppend<'a> {
             metadata: Vec::new(),
             requests: Vec::new(),
         };
+        // Per stream: the chain's base and the version its last append leaves.
+        let mut chained: std::collections::HashMap<&str, (i64, i64)> =
+            std::collections::HashMap::new();
         for (request, streams) in requests {
             crate::validate(streams)?;
             for append in streams.iter() {
@@ -63,9 +78,17 @@ impl<'a> EachAppend<'a> {
                     ExpectedVersion::Exact(n) => i64::try_from(n).unwrap_or(-1),
                     ExpectedVersion::Any | ExpectedVersion::StreamExists => return Ok(None),
                 };
+                let count = i64::try_from(append.events.len()).unwrap_or(i64::MAX);
+                let leaves = base.saturating_add(count);
+                let chain = match chained.get(append.stream_id.as_str()) {
+                    Some(&(chain, left)) if left == base && base >= 0 => chain,
+                    _ => base,
+                };
+                chained.insert(append.stream_id.as_str(), (chain, leaves));
                 for (ord, event) in (1_i64..).zip(&append.events) {
                     each.stream_ids.push(append.stream_id.as_str());
                     each.expected.push(base);
+                    each.chains.push(chain);
                     each.ords.push(ord);
                     each.event_ids.push(event.event_id);
                     each.event_types.push(event.event_type.as_str());
@@ -79,25 +102,28 @@ impl<'a> EachAppend<'a> {
         Ok(Some(each))
     }
 
-    /// The CTEs `each_input`, `each_cur` and `each_written` (without `WITH`), reading the nine
-    /// arrays from parameters `$first` to `$first + 8`. `gate` is a condition on `i`, an
-    /// `each_input` row (`i.req` is its request's index): rows for which it is false are
-    /// not written.
+    /// The CTEs `each_input`, `each_cur`, `each_chained` and `each_written` (without `WITH`),
+    /// reading the ten arrays from parameters `$first` to `$first + 9`. `gate` is a condition on
+    /// `i`, an `each_input` row (`i.req` is its request's index): rows for which it is false
+    /// are not written, nor are the later rows of their streams.
     pub fn ctes(first: usize, gate: &str) -> String {
         let p = |k: usize| first + k;
         format!(
             "each_input AS (SELECT * FROM unnest(${}::text[], ${}::int8[], ${}::int8[], \
-             ${}::uuid[], ${}::text[], ${}::int4[], ${}::jsonb[], ${}::jsonb[], ${}::int8[]) \
-             WITH ORDINALITY AS i(stream_id, expected, ord, event_id, event_type, schema, data, \
-             metadata, req, n)), \
+             ${}::int8[], ${}::uuid[], ${}::text[], ${}::int4[], ${}::jsonb[], ${}::jsonb[], \
+             ${}::int8[]) WITH ORDINALITY AS i(stream_id, expected, chain, ord, event_id, \
+             event_type, schema, data, metadata, req, n)), \
              each_cur AS (SELECT s.stream_id, (SELECT coalesce(max(e.version), 0) FROM events e \
              WHERE e.stream_id = s.stream_id) AS v FROM (SELECT DISTINCT stream_id FROM \
              each_input) s), \
+             each_chained AS (SELECT g.*, bool_and(g.ok) OVER (PARTITION BY g.stream_id \
+             ORDER BY g.n ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS chain_ok \
+             FROM (SELECT i.*, ({gate}) AS ok FROM each_input i) g), \
              each_written AS (INSERT INTO events (stream_id, version, event_id, event_type, \
              schema, data, metadata) \
              SELECT i.stream_id, i.expected + i.ord, i.event_id, i.event_type, i.schema, i.data, \
-             i.metadata FROM each_input i JOIN each_cur cur ON cur.stream_id = i.stream_id \
-             AND cur.v = i.expected WHERE {gate} \
+             i.metadata FROM each_chained i JOIN each_cur cur ON cur.stream_id = i.stream_id \
+             AND cur.v = i.chain WHERE i.chain_ok \
              ORDER BY i.n ON CONFLICT DO NOTHING RETURNING event_id, position, version, xact)",
             p(0),
             p(1),
@@ -108,14 +134,16 @@ impl<'a> EachAppend<'a> {
             p(6),
             p(7),
             p(8),
+            p(9),
         )
     }
 
-    /// Adds the nine arrays, in the order [`EachAppend::ctes`] reads them, as the next
+    /// Adds the ten arrays, in the order [`EachAppend::ctes`] reads them, as the next
     /// parameters of `arguments`.
     pub fn add_to(self, arguments: &mut PgArguments) -> Result<(), BoxDynError> {
         arguments.add(self.stream_ids)?;
         arguments.add(self.expected)?;
+        arguments.add(self.chains)?;
         arguments.add(self.ords)?;
         arguments.add(self.event_ids)?;
         arguments.add(self.event_types)?;

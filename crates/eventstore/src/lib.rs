@@ -335,10 +335,12 @@ pub trait EventStore: Send + Sync {
     /// Appends several independent requests inside `tx` (group commit): for
     /// each, `Some` when every stream of it was written, `None` when one of its
     /// expectations did not hold. Unless every entry is `Some`, part of the
-    /// requests may be written in `tx` and the caller must roll it back. Two
-    /// requests naming the same stream see the same version, so at most one
-    /// of them is written. PostgreSQL writes all requests with one statement
-    /// when they expect only `NoStream` or `Exact`.
+    /// requests may be written in `tx` and the caller must roll it back. The
+    /// requests are applied in order: of two requests expecting the same
+    /// version of a stream at most one is written, and a request expecting
+    /// the version an earlier one leaves is written after it (a chain), unless
+    /// that earlier one is not. PostgreSQL writes all requests with one
+    /// statement when they expect only `NoStream` or `Exact`.
     async fn append_each_in(
         &self,
         tx: &mut Tx,

@@ -48,6 +48,7 @@ macro_rules! suite_tests {
                 last_event_is_the_streams_last,
                 read_streams_reads_each_stream_whole,
                 append_each_in_writes_requests_independently,
+                append_each_in_writes_chains_on_one_stream_in_order,
                 migrations_are_reported_applied,
                 race_sixteen_exact_writers_one_stream,
                 race_slow_writers_under_a_tailing_subscriber,
@@ -915,6 +916,72 @@ mod suite {
                 assert!(last.position <= appended.last_position);
             }
         }
+    }
+
+    /// Requests on one stream, each expecting the version the one before leaves (a hot
+    /// account's guard in one group commit), are all written, in order, without a gap; a chain
+    /// whose first request is stale writes none of it; a request that expects what an earlier
+    /// one expected (not what it leaves) is not written.
+    pub async fn append_each_in_writes_chains_on_one_stream_in_order(h: &Harness) {
+        use ExpectedVersion::*;
+        h.store
+            .append(&[to("hot", NoStream, events(1))])
+            .await
+            .unwrap();
+        let first = [to("hot", Exact(1), events(2)), to("a", NoStream, events(1))];
+        let second = [to("hot", Exact(3), events(1))];
+        let third = [to("b", NoStream, events(1)), to("hot", Exact(4), events(1))];
+        let mut tx = h.store.begin().await.unwrap();
+        let results = h
+            .store
+            .append_each_in(&mut tx, &[&first, &second, &third])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let versions: Vec<_> = results
+            .iter()
+            .map(|result| result.as_ref().map(|appended| appended.streams.clone()))
+            .collect();
+        assert_eq!(
+            versions,
+            vec![
+                Some(vec![("hot".into(), 3), ("a".into(), 1)]),
+                Some(vec![("hot".into(), 4)]),
+                Some(vec![("b".into(), 1), ("hot".into(), 5)]),
+            ]
+        );
+        let hot = h.store.read_stream("hot", 0, 100).await.unwrap();
+        assert_eq!(
+            hot.iter().map(|e| e.version).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4, 5]
+        );
+
+        let stale = [to("hot", Exact(3), events(1))];
+        let after_stale = [to("hot", Exact(4), events(1))];
+        let mut tx = h.store.begin().await.unwrap();
+        let results = h
+            .store
+            .append_each_in(&mut tx, &[&stale, &after_stale])
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        assert!(results[0].is_none(), "a stale expectation is not written");
+        assert!(
+            results[1].is_none(),
+            "nor is what was chained onto it: {results:?}"
+        );
+
+        let one = [to("hot", Exact(5), events(1))];
+        let same = [to("hot", Exact(5), events(1))];
+        let mut tx = h.store.begin().await.unwrap();
+        let results = h
+            .store
+            .append_each_in(&mut tx, &[&one, &same])
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        assert!(results[0].is_some() && results[1].is_none(), "{results:?}");
+        assert_eq!(h.store.stream_version("hot").await.unwrap(), Some(5));
     }
 
     pub async fn migrations_are_reported_applied(h: &Harness) {
