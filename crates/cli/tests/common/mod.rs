@@ -12,6 +12,7 @@ use serde_json::Value;
 pub mod adyen;
 pub mod rig;
 pub mod stripe;
+pub mod webdriver;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_asiento");
 /// How long a process may take to print its address.
