@@ -19,17 +19,24 @@ pub enum Nav {
     Audit,
 }
 
+/// Every page's head: its title and the one stylesheet.
+fn head(title: &str) -> Markup {
+    html! {
+        head {
+            meta charset="utf-8";
+            meta name="viewport" content="width=device-width, initial-scale=1";
+            title { (title) " · asiento console" }
+            link rel="stylesheet" href="/console/console.css";
+        }
+    }
+}
+
 /// A page without navigation (sign-in, errors).
 pub fn bare(title: &str, content: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (title) " · asiento console" }
-                link rel="stylesheet" href="/console/console.css";
-            }
+            (head(title))
             body {
                 main .narrow { (content) }
             }
@@ -57,12 +64,7 @@ pub fn page(session: &Session, nav: Nav, title: &str, content: Markup) -> Markup
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (title) " · asiento console" }
-                link rel="stylesheet" href="/console/console.css";
-            }
+            (head(title))
             body {
                 a .skip href="#content" { "Skip to content" }
                 header .top {
