@@ -363,44 +363,13 @@ pub async fn list(
         Scope::Platform => ("tenant is null and $1 is null", None),
         Scope::All => ("($1 is null or true)", None),
     };
-    let limit = limit.clamp(1, EXCEPTIONS_PAGE_MAX);
-    let status = status.map(ExceptionStatus::as_str);
-    let sql = format!(
-        "select id, tenant, payment_id, provider, charge_id, kind, {{local}}, {{provider_state}}, \
-         {{difference}}, resolution, status, note, recorded_ms, resolved_ms \
-         from reconciliation_exceptions where {scope_sql} and ($2 is null or status = $2) \
-         order by recorded_ms, id limit $3"
-    );
-    let rows: Vec<Row> = match database {
-        Database::Postgres(pool) => {
-            let sql = sql
-                .replace("{local}", "local::text")
-                .replace("{provider_state}", "provider_state::text")
-                .replace("{difference}", "difference::text")
-                .replace("$1 is null", "$1::text is null")
-                .replace("$2 is null", "$2::text is null");
-            sqlx::query_as(&sql)
-                .bind(tenant)
-                .bind(status)
-                .bind(limit)
-                .fetch_all(pool)
-                .await?
-        }
-        Database::Sqlite(pool) => {
-            let sql = sqlite(
-                &sql.replace("{local}", "local")
-                    .replace("{provider_state}", "provider_state")
-                    .replace("{difference}", "difference"),
-            );
-            sqlx::query_as(&sql)
-                .bind(tenant)
-                .bind(status)
-                .bind(limit)
-                .fetch_all(pool)
-                .await?
-        }
-    };
-    views(rows)
+    select_where(
+        database,
+        &format!("{scope_sql} and ($2 is null or status = $2)"),
+        [tenant.as_deref(), status.map(ExceptionStatus::as_str)],
+        limit,
+    )
+    .await
 }
 
 /// The exceptions about payment `payment_id` of `tenant`, oldest first.
@@ -412,8 +381,8 @@ pub async fn of_payment(
     select_where(
         database,
         "tenant = $1 and payment_id = $2",
-        tenant.to_string(),
-        payment_id,
+        [Some(tenant.as_str()), Some(payment_id)],
+        EXCEPTIONS_PAGE_MAX,
     )
     .await
 }
@@ -425,7 +394,7 @@ pub async fn get(
     scope: &Scope,
     id: &str,
 ) -> Result<Option<ExceptionView>, ExceptionError> {
-    let found = select_where(database, "$1 = $1 and id = $2", String::new(), id).await?;
+    let found = select_where(database, "id = $1 and $2 is null", [Some(id), None], 1).await?;
     Ok(found.into_iter().next().filter(|view| match scope {
         Scope::All => true,
         Scope::Platform => view.tenant.is_none(),
@@ -433,13 +402,15 @@ pub async fn get(
     }))
 }
 
-/// The rows matching `condition` (on text parameters `$1` and `$2`), oldest first.
+/// The rows matching `condition` (on the text parameters `$1` and `$2`, either of which may be
+/// compared with null), oldest first, at most `limit` (clamped to [`EXCEPTIONS_PAGE_MAX`]).
 async fn select_where(
     database: &Database,
     condition: &str,
-    first: String,
-    second: &str,
+    [first, second]: [Option<&str>; 2],
+    limit: i64,
 ) -> Result<Vec<ExceptionView>, ExceptionError> {
+    let limit = limit.clamp(1, EXCEPTIONS_PAGE_MAX);
     let sql = format!(
         "select id, tenant, payment_id, provider, charge_id, kind, {{local}}, \
          {{provider_state}}, {{difference}}, resolution, status, note, recorded_ms, resolved_ms \
@@ -447,14 +418,17 @@ async fn select_where(
     );
     let rows: Vec<Row> = match database {
         Database::Postgres(pool) => {
+            // PostgreSQL needs a parameter's type where it is only compared with null.
             let sql = sql
                 .replace("{local}", "local::text")
                 .replace("{provider_state}", "provider_state::text")
-                .replace("{difference}", "difference::text");
+                .replace("{difference}", "difference::text")
+                .replace("$1 is null", "$1::text is null")
+                .replace("$2 is null", "$2::text is null");
             sqlx::query_as(&sql)
-                .bind(&first)
+                .bind(first)
                 .bind(second)
-                .bind(EXCEPTIONS_PAGE_MAX)
+                .bind(limit)
                 .fetch_all(pool)
                 .await?
         }
@@ -465,9 +439,9 @@ async fn select_where(
                     .replace("{difference}", "difference"),
             );
             sqlx::query_as(&sql)
-                .bind(&first)
+                .bind(first)
                 .bind(second)
-                .bind(EXCEPTIONS_PAGE_MAX)
+                .bind(limit)
                 .fetch_all(pool)
                 .await?
         }

@@ -176,17 +176,11 @@ async fn seed(rig: &Rig, database: &TestDatabase) -> (String, String, String) {
     )
     .await;
     rig.reconcile(&database.url).await;
-    let open = client
-        .get("/v1/reconciliation/exceptions?status=open")
-        .await
-        .json();
-    let exception = open["data"]
-        .as_array()
-        .or(open.as_array())
-        .unwrap()
+    let open = client.exceptions("open").await;
+    let exception = open
         .iter()
         .find(|e| e["resolution"] == "manual")
-        .unwrap_or_else(|| panic!("no manual exception: {open}"))["id"]
+        .unwrap_or_else(|| panic!("no manual exception: {open:?}"))["id"]
         .as_str()
         .unwrap()
         .to_owned();

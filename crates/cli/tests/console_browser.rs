@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::rig::{Psp, Rig};
 use common::webdriver::{Browser, WAIT_TIMEOUT};
-use common::{payment_body, Backend, Client, TestDatabase};
+use common::{payment_body, Backend, TestDatabase};
 use serde_json::{json, Value};
 
 const OPERATOR: &str = "Ana Support";
@@ -79,24 +79,6 @@ where
         );
         tokio::time::sleep(POLL_INTERVAL).await;
     }
-}
-
-async fn exceptions(client: &Client, status: &str) -> Vec<Value> {
-    let answer = client
-        .get(&format!("/v1/reconciliation/exceptions?status={status}"))
-        .await;
-    assert_eq!(
-        answer.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
-    let value = answer.json();
-    value
-        .as_array()
-        .or(value["data"].as_array())
-        .unwrap()
-        .clone()
 }
 
 /// Waits until the browser's page text satisfies `done` (a form's answer rendered).
@@ -170,7 +152,7 @@ async fn support_person_refunds_and_resolves_in_the_console(backend: Backend) {
     )
     .await;
     rig.reconcile(&database.url).await;
-    let open = exceptions(&client, "open").await;
+    let open = client.exceptions("open").await;
     assert_eq!(open.len(), 1, "{open:?}");
     assert_eq!(open[0]["resolution"], "manual", "{open:?}");
     let exception_id = open[0]["id"].as_str().unwrap().to_owned();
@@ -316,7 +298,7 @@ async fn support_person_refunds_and_resolves_in_the_console(backend: Backend) {
     screens.save_signed_in(&browser, "exception-resolved").await;
     let resolved = api_until(
         "the exception resolved with the note",
-        || async { json!(exceptions(&client, "resolved").await) },
+        || async { json!(client.exceptions("resolved").await) },
         |resolved| {
             resolved
                 .as_array()
@@ -341,7 +323,7 @@ async fn support_person_refunds_and_resolves_in_the_console(backend: Backend) {
             .is_some_and(|note| note.starts_with(NOTE)),
         "{resolved}"
     );
-    assert!(exceptions(&client, "open").await.is_empty());
+    assert!(client.exceptions("open").await.is_empty());
 
     // The audit trail names the person and both actions.
     browser.click("#nav-audit").await;

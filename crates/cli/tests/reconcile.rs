@@ -14,28 +14,8 @@ use std::time::{Duration, Instant};
 
 use asiento_eventstore::Database;
 use common::rig::{Psp, Rig};
-use common::{
-    asiento, payment_body, verify, without_provider_fees, Backend, Client, Server, TestDatabase,
-};
-use serde_json::{json, Value};
-
-async fn exceptions(client: &Client, status: &str) -> Vec<Value> {
-    let answer = client
-        .get(&format!("/v1/reconciliation/exceptions?status={status}"))
-        .await;
-    assert_eq!(
-        answer.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
-    let value = answer.json();
-    value
-        .as_array()
-        .or(value["data"].as_array())
-        .unwrap()
-        .clone()
-}
+use common::{asiento, payment_body, verify, without_provider_fees, Backend, Server, TestDatabase};
+use serde_json::json;
 
 /// A refund made in the provider's dashboard is found by the next sweep, posted once and listed as
 /// an auto-resolved exception; the sweep again changes nothing.
@@ -65,7 +45,7 @@ async fn dashboard_refund_is_found_and_posted_once_at(backend: Backend, psp: Psp
         (after["status"].as_str(), after["refunded_minor"].as_i64()),
         (Some("partially_refunded"), Some(4_000))
     );
-    let resolved = exceptions(&client, "resolved").await;
+    let resolved = client.exceptions("resolved").await;
     let refunds: Vec<_> = resolved
         .iter()
         .filter(|e| e["kind"] == "refunded_out_of_band")
@@ -89,8 +69,8 @@ async fn dashboard_refund_is_found_and_posted_once_at(backend: Backend, psp: Psp
         entries,
         "a second sweep posts nothing"
     );
-    assert_eq!(exceptions(&client, "resolved").await.len(), resolved.len());
-    assert!(exceptions(&client, "open").await.is_empty());
+    assert_eq!(client.exceptions("resolved").await.len(), resolved.len());
+    assert!(client.exceptions("open").await.is_empty());
     verify(&database);
 }
 
@@ -217,7 +197,7 @@ async fn amount_mismatch_is_left_open_for_a_person_at(backend: Backend, psp: Psp
     .await;
 
     rig.reconcile(&database.url).await;
-    let open = exceptions(&client, "open").await;
+    let open = client.exceptions("open").await;
     assert_eq!(open.len(), 1, "{open:?}");
     assert_eq!(
         (open[0]["kind"].as_str(), open[0]["resolution"].as_str()),
@@ -252,7 +232,7 @@ async fn amount_mismatch_is_left_open_for_a_person_at(backend: Backend, psp: Psp
         "{}",
         String::from_utf8_lossy(&resolved.body)
     );
-    assert!(exceptions(&client, "open").await.is_empty());
+    assert!(client.exceptions("open").await.is_empty());
     // The merchant is told both: opened, then resolved with the note; the other tenant neither.
     let told =
         common::merchant_events_of(&client, "exception.opened,exception.resolved", exception, 2)

@@ -13,7 +13,7 @@ pub enum ConsoleError {
     /// No session, or an expired one.
     #[error("not signed in")]
     SignedOut,
-    /// A form without this session's CSRF token.
+    /// A form without the signed-in browser's CSRF token.
     #[error("the form's security token is missing or stale; open the page again and retry")]
     Csrf,
     /// A page of a tenant's data, opened by the platform operator.

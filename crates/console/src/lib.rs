@@ -79,12 +79,8 @@ pub fn router(state: ConsoleState) -> Router {
         .route("/console/search", get(payments::search))
         .route("/console/payments/{id}", get(payments::show))
         .route(
-            "/console/payments/{id}/refund",
-            get(payments::confirm_refund).post(payments::refund),
-        )
-        .route(
-            "/console/payments/{id}/capture",
-            get(payments::confirm_capture).post(payments::capture),
+            "/console/payments/{id}/{command}",
+            get(payments::confirm).post(payments::run),
         )
         .route("/console/exceptions", get(exceptions::list))
         .route("/console/exceptions/{id}", get(exceptions::show))

@@ -50,7 +50,8 @@ impl Session {
         }
     }
 
-    /// The tenant column of this session's rows (null for the platform operator).
+    /// The tenant column of the rows a signed-in person writes and reads (null for the platform
+    /// operator).
     pub fn tenant_column(&self) -> Option<String> {
         match &self.scope {
             Scope::Tenant(tenant) => Some(tenant.to_string()),
@@ -58,7 +59,7 @@ impl Session {
         }
     }
 
-    /// Refuses a form whose CSRF token is not this session's.
+    /// Refuses a form whose CSRF token is not the one issued at sign-in.
     pub fn check_csrf(&self, sent: Option<&str>) -> Result<(), ConsoleError> {
         let sent = sent.unwrap_or_default().as_bytes();
         if bool::from(sent.ct_eq(self.csrf.as_bytes())) && !sent.is_empty() {
@@ -108,34 +109,36 @@ fn sqlite(sql: &str) -> String {
     sql.replace('$', "?")
 }
 
-/// Stores a new session and answers its token (the cookie's value).
+/// Stores a new session; answers its token (the cookie's value) and the session.
 pub async fn create(
     database: &Database,
-    scope: &Scope,
+    scope: Scope,
     operator: &str,
     key: &str,
     now_ms: i64,
     ttl_ms: i64,
-) -> Result<String, ConsoleError> {
+) -> Result<(String, Session), ConsoleError> {
     let token = random_token();
-    let tenant = match scope {
-        Scope::Tenant(tenant) => Some(tenant.to_string()),
-        Scope::Platform => None,
+    let session = Session {
+        token_sha256: sha256(&token),
+        scope,
+        operator: operator.to_owned(),
+        key_fingerprint: fingerprint(key),
+        csrf: random_token(),
     };
-    let fingerprint = fingerprint(key);
-    let csrf = random_token();
+    let tenant = session.tenant_column();
     let sql = "insert into console_sessions \
                (token_sha256, tenant, operator, key_fingerprint, csrf, created_ms, expires_ms) \
                values ($1, $2, $3, $4, $5, $6, $7)";
-    let digest = sha256(&token).to_vec();
+    let digest = session.token_sha256.to_vec();
     match database {
         Database::Postgres(pool) => {
             sqlx::query(sql)
                 .bind(digest)
                 .bind(tenant)
                 .bind(operator)
-                .bind(fingerprint)
-                .bind(csrf)
+                .bind(&session.key_fingerprint)
+                .bind(&session.csrf)
                 .bind(now_ms)
                 .bind(now_ms.saturating_add(ttl_ms))
                 .execute(pool)
@@ -146,15 +149,15 @@ pub async fn create(
                 .bind(digest)
                 .bind(tenant)
                 .bind(operator)
-                .bind(fingerprint)
-                .bind(csrf)
+                .bind(&session.key_fingerprint)
+                .bind(&session.csrf)
                 .bind(now_ms)
                 .bind(now_ms.saturating_add(ttl_ms))
                 .execute(pool)
                 .await?;
         }
     }
-    Ok(token)
+    Ok((token, session))
 }
 
 /// Which key a session was opened with, without revealing it.

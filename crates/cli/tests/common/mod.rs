@@ -372,6 +372,25 @@ impl Client {
         .await
     }
 
+    /// The tenant's reconciliation exceptions with `status` (`open`, `resolved`).
+    pub async fn exceptions(&self, status: &str) -> Vec<Value> {
+        let answer = self
+            .get(&format!("/v1/reconciliation/exceptions?status={status}"))
+            .await;
+        assert_eq!(
+            answer.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        let value = answer.json();
+        value
+            .as_array()
+            .or(value["data"].as_array())
+            .expect("a list of exceptions")
+            .clone()
+    }
+
     /// The payment's journal entries, from its own event history.
     pub async fn entries_of(&self, payment_id: &str) -> Vec<Value> {
         let events = self.get(&format!("/v1/payments/{payment_id}/events")).await;

@@ -490,10 +490,26 @@ enum Command {
 }
 
 impl Command {
+    /// The command a URL's last segment names; anything else names no page.
+    fn parse(segment: &str) -> Result<Command, ConsoleError> {
+        match segment {
+            "capture" => Ok(Command::Capture),
+            "refund" => Ok(Command::Refund),
+            _ => Err(ConsoleError::NotFound("page")),
+        }
+    }
+
     fn verb(self) -> &'static str {
         match self {
             Command::Capture => "capture",
             Command::Refund => "refund",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Command::Capture => "Capture",
+            Command::Refund => "Refund",
         }
     }
 
@@ -513,34 +529,15 @@ impl Command {
     }
 }
 
-/// `GET /console/payments/{id}/refund?amount=`
-pub async fn confirm_refund(
-    state: State<ConsoleState>,
-    session: Session,
-    path: Path<String>,
-    raw: RawQuery,
-) -> Result<Response, ConsoleError> {
-    confirm(Command::Refund, state, session, path, raw).await
-}
-
-/// `GET /console/payments/{id}/capture?amount=`
-pub async fn confirm_capture(
-    state: State<ConsoleState>,
-    session: Session,
-    path: Path<String>,
-    raw: RawQuery,
-) -> Result<Response, ConsoleError> {
-    confirm(Command::Capture, state, session, path, raw).await
-}
-
-/// The confirm step: says exactly what will happen, with a fresh Idempotency-Key in the form.
-async fn confirm(
-    command: Command,
+/// `GET /console/payments/{id}/{refund|capture}?amount=`: the confirm step says exactly what
+/// will happen, with a fresh Idempotency-Key in the form.
+pub async fn confirm(
     State(state): State<ConsoleState>,
     session: Session,
-    Path(raw_id): Path<String>,
+    Path((raw_id, command)): Path<(String, String)>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ConsoleError> {
+    let command = Command::parse(&command)?;
     let (record, _) = load(&state, &session, &raw_id).await?;
     let query = query(raw);
     let amount = amount_of(&state, &record, param(&query, "amount"))?;
@@ -558,7 +555,7 @@ async fn confirm(
     let id = record.id.to_string();
     let content = html! {
         p #confirm-text {
-            (if command == Command::Refund { "Refund " } else { "Capture " })
+            (command.title()) " "
             strong #confirm-amount { (shown) }
             " of payment " (layout::id(&id)) " (customer " (record.customer.as_str()) ", "
             (money(i128::from(record.amount.minor()), currency.code())) " through " (record.provider.as_str()) ")?"
@@ -574,45 +571,19 @@ async fn confirm(
             " " a #confirm-cancel href={ "/console/payments/" (id) } { "Cancel" }
         }
     };
-    let title = format!(
-        "Confirm {}",
-        if command == Command::Refund {
-            "refund"
-        } else {
-            "capture"
-        }
-    );
+    let title = format!("Confirm {}", command.verb());
     Ok(layout::page(&session, Nav::Payments, &title, content).into_response())
 }
 
-/// `POST /console/payments/{id}/refund`
-pub async fn refund(
-    state: State<ConsoleState>,
-    session: Session,
-    path: Path<String>,
-    body: Bytes,
-) -> Result<Response, ConsoleError> {
-    run(Command::Refund, state, session, path, body).await
-}
-
-/// `POST /console/payments/{id}/capture`
-pub async fn capture(
-    state: State<ConsoleState>,
-    session: Session,
-    path: Path<String>,
-    body: Bytes,
-) -> Result<Response, ConsoleError> {
-    run(Command::Capture, state, session, path, body).await
-}
-
-/// Runs the confirmed command through the API's command path and records it in the audit trail.
-async fn run(
-    command: Command,
+/// `POST /console/payments/{id}/{refund|capture}`: runs the confirmed command through the API's
+/// command path and records it in the audit trail.
+pub async fn run(
     State(state): State<ConsoleState>,
     session: Session,
-    Path(raw_id): Path<String>,
+    Path((raw_id, command)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
+    let command = Command::parse(&command)?;
     let fields = form(&body);
     session.check_csrf(fields.get("csrf").map(String::as_str))?;
     let (record, _) = load(&state, &session, &raw_id).await?;
@@ -711,14 +682,7 @@ async fn run(
         }
         p { a href={ "/console/payments/" (record.id) } { "Back to the payment" } }
     };
-    let title = format!(
-        "{} refused",
-        if command == Command::Refund {
-            "Refund"
-        } else {
-            "Capture"
-        }
-    );
+    let title = format!("{} refused", command.title());
     Ok((
         status,
         layout::page(&session, Nav::Payments, &title, content),

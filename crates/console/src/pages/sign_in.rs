@@ -105,18 +105,15 @@ pub async fn sign_in(
         ));
     };
     let now = session::now_ms(&state);
-    let token = session::create(
+    let (token, opened) = session::create(
         &state.api.database,
-        &scope,
+        scope,
         operator,
         key,
         now,
         state.session_ttl_ms,
     )
     .await?;
-    let opened = session::load(&state.api.database, &token, now)
-        .await?
-        .ok_or_else(|| ConsoleError::Internal("a session just stored is not found".into()))?;
     audit::record(
         &state.api.database,
         &opened,
