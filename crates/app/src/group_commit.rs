@@ -174,8 +174,12 @@ async fn write_batches(store: Store, receiver: Arc<Mutex<mpsc::UnboundedReceiver
 /// Chains the provider facts of one guard (`crate::guard_chain`), then writes the steps as one
 /// batch. A batch that cannot commit whole is tried once more after its guard appends are
 /// rebased onto the guards' states in the log (a fact decided before another batch wrote its
-/// guard is not a conflict either); if it still cannot, each step is written alone.
+/// guard is not a conflict either); if it still cannot, each step is written alone, as its
+/// request decided it: a step chained onto one that is then not written would carry the balances
+/// that step would have left, and another write could take the version it expects.
 async fn write(store: &Store, mut steps: Vec<Work>) -> Vec<Result<Committed, GroupCommitError>> {
+    let decided: Option<Vec<Vec<StreamAppend>>> = crate::guard_chain::shares_a_stream(&steps)
+        .then(|| steps.iter().map(|step| step.appends.clone()).collect());
     let mut rebased = crate::guard_chain::chain(&mut steps);
     let mut outcomes = write_whole(store, &steps).await;
     if outcomes.is_none() && steps.len() > 1 {
@@ -193,9 +197,13 @@ async fn write(store: &Store, mut steps: Vec<Work>) -> Vec<Result<Committed, Gro
             Err(error) => tracing::warn!(%error, "reading guards to rebase a batch failed"),
         }
     }
-    let outcomes = match outcomes {
-        Some(outcomes) => outcomes,
-        None => write_alone(store, &steps).await,
+    let Some(outcomes) = outcomes else {
+        if let Some(decided) = decided {
+            for (step, appends) in steps.iter_mut().zip(decided) {
+                step.appends = appends;
+            }
+        }
+        return write_alone(store, &steps).await;
     };
     outcomes
         .into_iter()

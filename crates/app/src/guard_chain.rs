@@ -8,9 +8,11 @@
 //! overdraft flags: [`chain`] rebases each such append onto the state the previous step of the
 //! batch leaves (`asiento_domain::guard::rebase_fact`), expecting that step's version. A batch that
 //! still cannot commit (a fact decided before an earlier batch wrote its guard) is rebased once
-//! more onto the guards' states read from the log ([`rebase_onto_log`]) and tried again. If a step
-//! it was rebased onto is not written after all, the rebased one conflicts on its own and its
-//! request decides again, as before.
+//! more onto the guards' states read from the log ([`rebase_onto_log`]) and tried again. A batch
+//! that commits neither way is written step by step as each request decided it, never rebased: a
+//! step chained onto one that is not written would carry the balances that one would have left,
+//! under a version some other write can take (`app/tests/group_commit.rs`
+//! `a_step_written_alone_is_what_its_request_decided_*`).
 //!
 //! Only payment decisions go through group commit, and their guard events are provider facts; an
 //! append that is not (a declaration) is left as it is.

@@ -557,3 +557,111 @@ async fn facts_on_one_guard_are_chained_not_refused_sqlite() {
 async fn facts_on_one_guard_are_chained_not_refused_postgres() {
     facts_on_one_guard_are_chained_not_refused(Backend::Postgres).await;
 }
+
+/// A batch that cannot commit whole is written step by step as each request decided it: a fact
+/// chained onto an earlier fact of its batch that is then not written must not be written with
+/// the balances that fact would have left. Here the first fact on a guard conflicts on its own
+/// stream every time, a declaration on the same guard (not a fact: never chained) takes the
+/// guard's next version when written alone, and the second fact, chained onto the first,
+/// expects exactly that version: written as chained, the guard would count the first fact's
+/// 100 that no entry carries. It conflicts instead, its request decides again, and every
+/// balance the guard records is the sum of the changes written.
+async fn a_step_written_alone_is_what_its_request_decided(backend: Backend) {
+    use asiento_domain::guard::{decide_entry, declare, DebitGuard, GuardEvent, GuardKey, Origin};
+    use asiento_domain::{
+        AccountName, AccountPolicy, Amount, Currency, EntryId, JournalEntry, Leg, TenantId,
+    };
+
+    let db = TestDatabase::open(backend).await;
+    let store = db.database.event_store();
+    let commits = GroupCommit::new(store.clone());
+    let usd = Currency::parse("USD").unwrap();
+    let key = GuardKey {
+        tenant: TenantId::parse("acme").unwrap(),
+        account: AccountName::parse("customer:7:available").unwrap(),
+        currency: usd,
+    };
+    let at = chrono::DateTime::from_timestamp(1_764_000_000, 0).unwrap();
+    let unread = [(key.clone(), DebitGuard::default())].into_iter().collect();
+    let fact = |n: u128, delta: i64, payment: StreamAppend| {
+        let legs = vec![
+            Leg::new(key.account.clone(), usd, Amount::new(delta)),
+            Leg::new(
+                AccountName::parse("psp:sim:clearing").unwrap(),
+                usd,
+                Amount::new(-delta),
+            ),
+        ];
+        let entry = JournalEntry::new(
+            EntryId::from_uuid(Uuid::from_u128(n)),
+            key.tenant.clone(),
+            legs,
+            None,
+        )
+        .unwrap();
+        let appends = decide_entry(&entry, Origin::ProviderFact, &unread, at).unwrap();
+        let mut work_appends = vec![payment];
+        work_appends
+            .extend(asiento_app::log::guard_appends(&appends, &Metadata::default()).unwrap());
+        Work {
+            appends: work_appends,
+            ..Work::default()
+        }
+    };
+    let stale = fact(
+        1,
+        100,
+        append("payment-stale", ExpectedVersion::Exact(5), 1),
+    );
+    let declaration = declare(
+        key.clone(),
+        &DebitGuard::default(),
+        AccountPolicy::implied(&key.account),
+        serde_json::Map::new(),
+        at,
+    )
+    .unwrap();
+    let declared = Work {
+        appends: asiento_app::log::guard_appends(&[declaration], &Metadata::default()).unwrap(),
+        ..Work::default()
+    };
+    let chained = fact(
+        2,
+        200,
+        append("payment-chained", ExpectedVersion::NoStream, 1),
+    );
+    // On one thread the three are queued before the writer runs: one batch.
+    let (stale, declared, chained) = tokio::join!(
+        commits.commit(stale),
+        commits.commit(declared),
+        commits.commit(chained)
+    );
+    assert!(matches!(stale, Ok(Committed::Conflict)), "{stale:?}");
+    assert!(
+        matches!(declared, Ok(Committed::Written(Some(_)))),
+        "{declared:?}"
+    );
+    assert!(matches!(chained, Ok(Committed::Conflict)), "{chained:?}");
+    let events = store.read_stream(&key.stream(), 0, 1_000).await.unwrap();
+    let mut balance = 0;
+    for event in &events {
+        if let GuardEvent::BalanceChanged(change) =
+            GuardEvent::decode_raw(&event.event_type, event.schema, event.data.raw()).unwrap()
+        {
+            balance += change.delta_minor.minor();
+            assert_eq!(change.balance_minor.minor(), balance, "{events:?}");
+        }
+    }
+    drop(commits);
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_step_written_alone_is_what_its_request_decided_sqlite() {
+    a_step_written_alone_is_what_its_request_decided(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_step_written_alone_is_what_its_request_decided_postgres() {
+    a_step_written_alone_is_what_its_request_decided(Backend::Postgres).await;
+}
