@@ -19,9 +19,10 @@
 //! Nothing of a batch is ever committed in part. Provider facts on one account within a batch
 //! are chained first (`crate::guard_chain`), so that they do not conflict with each other.
 
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-use asiento_eventstore::{AppendError, Appended, StoreError, StreamAppend};
+use asiento_eventstore::{AppendError, Appended, ExpectedVersion, StoreError, StreamAppend};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use crate::group_statement::{self, Written};
@@ -49,9 +50,14 @@ pub struct Work {
     pub completion: Option<Completion>,
     /// A verified provider event to store in the webhook inbox (alone: a webhook's step).
     pub inbox: Option<InboxRow>,
+    /// Its guard appends are provider facts, which a guard never refuses: they may be rebased
+    /// onto the state an earlier step leaves (`crate::guard_chain`). A command's guard appends
+    /// (a transfer, which a guard may refuse) never are.
+    pub facts: bool,
 }
 
-/// A completion whose response depends on the append (its position is in the answer).
+/// A completion whose response depends on the append (its position is in the answer). With a
+/// claim in the same step, the key is claimed and completed at once (a ledger command).
 pub struct Completion {
     /// The key, its lease and the time; the response is rendered by `respond`.
     pub completing: Completing,
@@ -171,50 +177,167 @@ async fn write_batches(store: Store, receiver: Arc<Mutex<mpsc::UnboundedReceiver
     }
 }
 
-/// Chains the provider facts of one guard (`crate::guard_chain`), then writes the steps as one
-/// batch. A batch that cannot commit whole is tried once more after its guard appends are
-/// rebased onto the guards' states in the log (a fact decided before another batch wrote its
-/// guard is not a conflict either); if it still cannot, each step is written alone, as its
-/// request decided it: a step chained onto one that is then not written would carry the balances
-/// that step would have left, and another write could take the version it expects.
+/// Chains the provider facts of one guard (`crate::guard_chain`), answers `Conflict` to the
+/// steps an earlier step of the batch overtakes ([`overtaken`]), then writes the rest as one
+/// batch. Steps that could not be written (all of them when the batch was refused whole; those
+/// whose streams had moved on when the statement commits the others) are tried once more after
+/// their provider facts are rebased onto the guards' states in the log (a fact decided before
+/// another batch wrote its guard is not a conflict). If a batch refused whole still cannot
+/// commit, each step is written alone, as its request decided it: a step chained onto one that
+/// is then not written would carry the balances that step would have left, and another write
+/// could take the version it expects.
 async fn write(store: &Store, mut steps: Vec<Work>) -> Vec<Result<Committed, GroupCommitError>> {
     let decided: Option<Vec<Vec<StreamAppend>>> = crate::guard_chain::shares_a_stream(&steps)
         .then(|| steps.iter().map(|step| step.appends.clone()).collect());
     let mut rebased = crate::guard_chain::chain(&mut steps);
-    let mut outcomes = write_whole(store, &steps).await;
-    if outcomes.is_none() && steps.len() > 1 {
-        match crate::guard_chain::rebase_onto_log(store.as_ref(), &mut steps).await {
-            Ok(again) if again.iter().any(Option::is_some) => {
-                // The later rebase leaves the final states; a step it left alone keeps the first.
-                rebased = rebased
-                    .into_iter()
-                    .zip(again)
-                    .map(|(first, again)| again.or(first))
-                    .collect();
-                outcomes = write_whole(store, &steps).await;
+    let mut outcomes: Vec<Option<Result<Committed, GroupCommitError>>> = overtaken(&steps)
+        .into_iter()
+        .map(|overtaken| overtaken.then_some(Ok(Committed::Conflict)))
+        .collect();
+    let first: Vec<usize> = (0..steps.len())
+        .filter(|&i| outcomes[i].is_none())
+        .collect();
+    let (refused, again) = match write_some(store, &mut steps, &first).await {
+        None => (true, first),
+        Some(written) => {
+            let mut again = Vec::new();
+            for (i, outcome) in first.into_iter().zip(written) {
+                if matches!(outcome, Ok(Committed::Conflict)) && steps[i].facts {
+                    again.push(i);
+                } else {
+                    outcomes[i] = Some(outcome);
+                }
             }
-            Ok(_) => {}
-            Err(error) => tracing::warn!(%error, "reading guards to rebase a batch failed"),
+            (false, again)
+        }
+    };
+    if !again.is_empty() {
+        let mut retried = take(&mut steps, &again);
+        let second = match crate::guard_chain::rebase_onto_log(store.as_ref(), &mut retried).await {
+            Ok(states) if states.iter().any(Option::is_some) => {
+                // The later rebase leaves the final states; a step it left alone keeps the first.
+                for (&i, states) in again.iter().zip(states) {
+                    if states.is_some() {
+                        rebased[i] = states;
+                    }
+                }
+                write_whole(store, &retried).await
+            }
+            Ok(_) => None,
+            Err(error) => {
+                tracing::warn!(%error, "reading guards to rebase a batch failed");
+                None
+            }
+        };
+        put_back(&mut steps, &again, retried);
+        match second {
+            Some(written) => {
+                for (&i, outcome) in again.iter().zip(written) {
+                    outcomes[i] = Some(outcome);
+                }
+            }
+            None if refused => {
+                let mut alone = take(&mut steps, &again);
+                if let Some(decided) = &decided {
+                    for (step, &i) in alone.iter_mut().zip(&again) {
+                        step.appends = decided[i].clone();
+                        rebased[i] = None;
+                    }
+                }
+                for (&i, outcome) in again.iter().zip(write_alone(store, &alone).await) {
+                    outcomes[i] = Some(outcome);
+                }
+            }
+            // The statement answered these `Conflict` and wrote nothing of them.
+            None => {
+                for &i in &again {
+                    outcomes[i] = Some(Ok(Committed::Conflict));
+                }
+            }
         }
     }
-    let Some(outcomes) = outcomes else {
-        if let Some(decided) = decided {
-            for (step, appends) in steps.iter_mut().zip(decided) {
-                step.appends = appends;
-            }
-        }
-        return write_alone(store, &steps).await;
-    };
     outcomes
         .into_iter()
         .zip(rebased)
-        .map(|(outcome, rebased)| match (outcome, rebased) {
-            (Ok(Committed::Written(appended)), Some(states)) => {
-                Ok(Committed::Rebased(appended, states))
+        .map(|(outcome, rebased)| {
+            let outcome = outcome.unwrap_or_else(|| {
+                Err(GroupCommitError::Unexpected(
+                    "a step of a batch got no outcome".into(),
+                ))
+            });
+            match (outcome, rebased) {
+                (Ok(Committed::Written(appended)), Some(states)) => {
+                    Ok(Committed::Rebased(appended, states))
+                }
+                (other, _) => other,
             }
-            (other, _) => other,
         })
         .collect()
+}
+
+/// [`write_whole`] for the steps at `indices` of `steps`.
+async fn write_some(
+    store: &Store,
+    steps: &mut [Work],
+    indices: &[usize],
+) -> Option<Vec<Result<Committed, GroupCommitError>>> {
+    if indices.is_empty() {
+        return Some(Vec::new());
+    }
+    let some = take(steps, indices);
+    let written = write_whole(store, &some).await;
+    put_back(steps, indices, some);
+    written
+}
+
+/// The steps at `indices`, moved out of `steps` (left empty there until [`put_back`]).
+fn take(steps: &mut [Work], indices: &[usize]) -> Vec<Work> {
+    indices
+        .iter()
+        .map(|&i| std::mem::take(&mut steps[i]))
+        .collect()
+}
+
+fn put_back(steps: &mut [Work], indices: &[usize], taken: Vec<Work>) {
+    for (&i, step) in indices.iter().zip(taken) {
+        steps[i] = step;
+    }
+}
+
+/// Per step, whether an earlier step of the batch (not itself overtaken) appends to one of its
+/// streams and leaves it at another version than the step expects. Such a step can only
+/// conflict, and in the batch it would refuse the others; so it is answered `Conflict` unwritten
+/// and its request decides again against what the batch wrote. (Facts on one guard are chained
+/// before this, so they continue each other.)
+fn overtaken(steps: &[Work]) -> Vec<bool> {
+    let mut leaves: HashMap<&str, u64> = HashMap::new();
+    steps
+        .iter()
+        .map(|step| {
+            let behind = step.appends.iter().any(|append| {
+                let left = leaves.get(append.stream_id.as_str());
+                expected_start(append).is_some_and(|start| left.is_some_and(|&left| left != start))
+            });
+            if !behind {
+                for append in &step.appends {
+                    if let Some(start) = expected_start(append) {
+                        let left = start + append.events.len() as u64;
+                        leaves.insert(append.stream_id.as_str(), left);
+                    }
+                }
+            }
+            behind
+        })
+        .collect()
+}
+
+/// The version an append expects its stream at, when it names one.
+fn expected_start(append: &StreamAppend) -> Option<u64> {
+    match append.expected {
+        ExpectedVersion::NoStream => Some(0),
+        ExpectedVersion::Exact(version) => Some(version),
+        ExpectedVersion::Any | ExpectedVersion::StreamExists => None,
+    }
 }
 
 /// The steps as one batch (one statement on PostgreSQL, else one transaction); None when that
@@ -390,4 +513,55 @@ async fn write_batch(
             .map(|(outcome, appended)| outcome.unwrap_or(Committed::Written(appended)))
             .collect(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use asiento_eventstore::{Metadata, NewEvent};
+
+    use super::*;
+
+    fn step(appends: &[(&str, ExpectedVersion, usize)]) -> Work {
+        Work {
+            appends: appends
+                .iter()
+                .map(|&(stream, expected, n)| StreamAppend {
+                    stream_id: stream.to_owned(),
+                    expected,
+                    events: (0..n)
+                        .map(|_| NewEvent {
+                            event_id: uuid::Uuid::now_v7(),
+                            event_type: "Tested".into(),
+                            schema: 1,
+                            data: serde_json::Value::Null,
+                            metadata: Metadata::default(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            ..Work::default()
+        }
+    }
+
+    #[test]
+    fn a_step_expecting_a_version_an_earlier_step_moves_past_is_overtaken() {
+        use ExpectedVersion::{Any, Exact, NoStream};
+        let steps = [
+            step(&[("transfer-1", NoStream, 1), ("guard-a", Exact(4), 1)]),
+            // Read guard-a at 4 too: overtaken.
+            step(&[
+                ("transfer-2", NoStream, 1),
+                ("guard-a", Exact(4), 1),
+                ("guard-b", Exact(1), 1),
+            ]),
+            // Continues where the first leaves guard-a: not.
+            step(&[("transfer-3", NoStream, 1), ("guard-a", Exact(5), 2)]),
+            // The overtaken step moves nothing: guard-b is still where this one expects it.
+            step(&[("guard-b", Exact(1), 1)]),
+            // Any version: never overtaken.
+            step(&[("guard-a", Any, 1)]),
+            step(&[("guard-a", Exact(6), 1)]),
+        ];
+        assert_eq!(overtaken(&steps), [false, true, false, false, false, true]);
+    }
 }

@@ -6,20 +6,27 @@
 //! (`each_written`, from `asiento_eventstore::EachAppend`) and the completions (`completed`).
 //! What the transaction path decides between its statements, the statement decides inside:
 //!
+//! - **A step is written whole or not at all, and alone.** A step one of whose streams is not at
+//!   the version it expects (`each_stale`) gets nothing written: no key claimed, no events, no
+//!   completion. It is answered [`Committed::Conflict`] and the rest of the batch commits.
 //! - **A claim gates its step's events.** A step whose key exists gets no events: the events'
 //!   gate lets a step's rows through only if it claims nothing or its claim came back from
 //!   `claimed`.
+//! - **A key claimed and completed at once** (a step with both: a ledger command, whose answer
+//!   is ready when its events are) is inserted completed after the events (`settled`), with the
+//!   position in its answer; its events' gate is that the key did not exist when the statement
+//!   began (`settle_fresh`).
 //! - **A completion's response carries the position of its step's last event**, which only the
 //!   insert knows. The response is rendered twice in Rust, with two different positions; if the
 //!   two differ only in one occurrence of the position's decimal text (checked, not assumed), the
 //!   statement stores the part before it, the real position and the part after it. Otherwise the
 //!   batch takes the transaction path.
-//! - **Nothing of a batch is committed in part.** If a step that got past its claim is not written
-//!   whole (a stream moved on: some of its rows are missing from `each_written`), or a completion
-//!   found its lease taken over, the statement calls `asiento_batch_refused` (migration 0050),
-//!   whose error undoes the whole statement. The caller then writes each step alone, in a
-//!   transaction of its own, which tells that step its [`Committed::Conflict`] or
-//!   [`Committed::LeaseLost`].
+//! - **Nothing of a step is committed in part.** If a step that is not stale and got past its
+//!   claim is not written whole (a chain broken by an earlier step of its stream, a row another
+//!   writer inserted first), a completion found its lease taken over, or a key settled at once
+//!   was claimed meanwhile, the statement calls `asiento_batch_refused` (migration 0050), whose
+//!   error undoes the whole statement. The caller then writes each step alone, in a transaction
+//!   of its own, which tells that step its [`Committed::Conflict`] or [`Committed::LeaseLost`].
 
 use std::collections::HashSet;
 
@@ -41,11 +48,14 @@ const REFUSED: &str = "AB001";
 const PROBES: [i64; 2] = [i64::MAX - 1, i64::MAX - 2];
 
 /// Parameters of the statement: the claims (ten arrays), the webhook rows (six), the events
-/// (ten), the completions (ten), in this order.
+/// (ten), the completions (ten), then the keys settled at once: their claims (ten) and their
+/// answers (ten), in this order.
 const CLAIMS_FIRST: usize = 1;
 const INBOX_FIRST: usize = CLAIMS_FIRST + 10;
 const EVENTS_FIRST: usize = INBOX_FIRST + 6;
 const COMPLETIONS_FIRST: usize = EVENTS_FIRST + 10;
+const SETTLE_CLAIMS_FIRST: usize = COMPLETIONS_FIRST + 10;
+const SETTLE_ANSWERS_FIRST: usize = SETTLE_CLAIMS_FIRST + 10;
 
 /// How a batch went.
 pub enum Written {
@@ -67,12 +77,16 @@ pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommit
     let mut claims: Vec<(&FreshClaim, i64)> = Vec::new();
     let mut rows: Vec<&InboxRow> = Vec::new();
     let mut completions: Vec<(Completing, i64, Option<Vec<u8>>)> = Vec::new();
+    let mut settle_claims: Vec<(&FreshClaim, i64)> = Vec::new();
+    let mut settle_answers: Vec<(Completing, i64, Option<Vec<u8>>)> = Vec::new();
     for (step, work) in (0_i64..).zip(steps) {
         if !work.appends.is_empty() {
             requests.push((step, &work.appends[..]));
         }
-        if let Some(claim) = &work.claim {
-            claims.push((claim, step));
+        match (&work.claim, work.completion.is_some()) {
+            (Some(claim), true) => settle_claims.push((claim, step)),
+            (Some(claim), false) => claims.push((claim, step)),
+            (None, _) => {}
         }
         if let Some(row) = &work.inbox {
             rows.push(row);
@@ -90,7 +104,11 @@ pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommit
                 response,
                 ..completion.completing.clone()
             };
-            completions.push((completing, step, tail));
+            if work.claim.is_some() {
+                settle_answers.push((completing, step, tail));
+            } else {
+                completions.push((completing, step, tail));
+            }
         }
     }
     let Some(each) = EachAppend::of(requests.iter().copied())? else {
@@ -108,6 +126,15 @@ pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommit
             idempotency::add_completions(
                 &mut arguments,
                 completions
+                    .iter()
+                    .map(|(completing, step, tail)| (completing, *step, tail.as_deref())),
+            )
+        })
+        .and_then(|()| idempotency::add_claims(&mut arguments, settle_claims.iter().copied()))
+        .and_then(|()| {
+            idempotency::add_completions(
+                &mut arguments,
+                settle_answers
                     .iter()
                     .map(|(completing, step, tail)| (completing, *step, tail.as_deref())),
             )
@@ -150,6 +177,7 @@ fn outcomes(
         .try_get::<Vec<Uuid>, _>("claimed")?
         .into_iter()
         .collect();
+    let stale: HashSet<i64> = row.try_get::<Vec<i64>, _>("stale")?.into_iter().collect();
     let stored: Vec<(String, String)> = row
         .try_get::<Vec<String>, _>("stored_provider")?
         .into_iter()
@@ -167,7 +195,18 @@ fn outcomes(
     let mut stored = webhooks::stored_each(rows, stored).into_iter();
 
     let mut outcomes = Vec::with_capacity(steps.len());
-    for work in steps {
+    for (step, work) in (0_i64..).zip(steps) {
+        if stale.contains(&step) {
+            // Nothing of it was written (its events are not among those returned either).
+            if !work.appends.is_empty() {
+                appended.next();
+            }
+            if work.inbox.is_some() {
+                stored.next();
+            }
+            outcomes.push(Committed::Conflict);
+            continue;
+        }
         let fresh = work
             .claim
             .as_ref()
@@ -228,31 +267,51 @@ fn split_at_position(respond: &Respond) -> Option<(StoredResponse, Vec<u8>)> {
 
 /// The statement; its parameters as [`CLAIMS_FIRST`] and the others say.
 fn statement() -> String {
-    // A step's events go in if it claims no key or its claim came back.
+    let not_stale = "NOT IN (SELECT req FROM each_stale)";
+    // A step's events go in if the key it claims came back, or the key it settles was fresh.
     let gate = "(i.req NOT IN (SELECT step FROM claim_input) \
-                OR i.req IN (SELECT c.step FROM claim_input c JOIN claimed d ON d.lease_owner = c.o))";
+                OR i.req IN (SELECT c.step FROM claim_input c JOIN claimed d ON d.lease_owner = c.o)) \
+                AND (i.req NOT IN (SELECT step FROM settle_claims) \
+                OR i.req IN (SELECT step FROM settle_fresh))";
     let position = "SELECT max(w.position) FROM each_written w \
                     JOIN each_input i ON i.event_id = w.event_id WHERE i.req = u.step";
+    let [settle_fresh, settled] = idempotency::settles_ctes(
+        SETTLE_CLAIMS_FIRST,
+        SETTLE_ANSWERS_FIRST,
+        &format!("c.step {not_stale}"),
+        position,
+    );
     format!(
-        "WITH {claims}, {inbox}, {events}, {completions} \
-         SELECT ARRAY(SELECT lease_owner FROM claimed) AS claimed, \
+        "WITH {input}, {claims}, settle_claims AS (SELECT unnest(${settle_first}::int8[]) AS step), \
+         {settle_fresh}, {inbox}, {events}, {completions}, {settled} \
+         SELECT ARRAY(SELECT lease_owner FROM claimed UNION ALL SELECT lease_owner FROM settled) \
+         AS claimed, \
+         ARRAY(SELECT req FROM each_stale) AS stale, \
          ARRAY(SELECT provider FROM stored ORDER BY provider, event_id) AS stored_provider, \
          ARRAY(SELECT event_id FROM stored ORDER BY provider, event_id) AS stored_event, \
          ARRAY(SELECT event_id FROM each_written ORDER BY position) AS written_event, \
          ARRAY(SELECT position FROM each_written ORDER BY position) AS written_position, \
          ARRAY(SELECT version FROM each_written ORDER BY position) AS written_version, \
          ARRAY(SELECT xact FROM each_written ORDER BY position) AS written_xact, \
-         CASE WHEN EXISTS (SELECT 1 FROM each_input i WHERE {gate} AND NOT EXISTS \
-              (SELECT 1 FROM each_written w WHERE w.event_id = i.event_id)) \
+         CASE WHEN EXISTS (SELECT 1 FROM each_input i WHERE i.req {not_stale} AND {gate} \
+              AND NOT EXISTS (SELECT 1 FROM each_written w WHERE w.event_id = i.event_id)) \
          THEN asiento_batch_refused('a stream was not at the expected version') \
-         WHEN (SELECT count(*) FROM completed) <> cardinality(${completions_first}::int8[]) \
+         WHEN (SELECT count(*) FROM completed) <> (SELECT count(*) FROM \
+              unnest(${completions_first}::int8[]) AS s(step) WHERE s.step {not_stale}) \
          THEN asiento_batch_refused('a key''s lease was taken over') \
+         WHEN (SELECT count(*) FROM settled) <> (SELECT count(*) FROM settle_fresh) \
+         THEN asiento_batch_refused('a key was claimed meanwhile') \
          ELSE true END AS written",
-        claims = idempotency::claims_ctes(CLAIMS_FIRST),
+        input = EachAppend::input_ctes(EVENTS_FIRST),
+        claims = idempotency::claims_ctes(CLAIMS_FIRST, &format!("step {not_stale}")),
+        settle_fresh = settle_fresh,
+        settled = settled,
         inbox = webhooks::inbox_cte(INBOX_FIRST),
-        events = EachAppend::ctes(EVENTS_FIRST, gate),
-        completions = idempotency::completions_cte(COMPLETIONS_FIRST, position),
+        events = EachAppend::write_ctes(gate),
+        completions =
+            idempotency::completions_cte(COMPLETIONS_FIRST, position, &format!("u.step {not_stale}")),
         completions_first = COMPLETIONS_FIRST,
+        settle_first = SETTLE_CLAIMS_FIRST,
     )
 }
 

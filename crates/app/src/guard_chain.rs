@@ -14,8 +14,9 @@
 //! under a version some other write can take (`app/tests/group_commit.rs`
 //! `a_step_written_alone_is_what_its_request_decided_*`).
 //!
-//! Only payment decisions go through group commit, and their guard events are provider facts; an
-//! append that is not (a declaration) is left as it is.
+//! Only a step that says its guard appends are provider facts (`Work::facts`: a payment
+//! decision) is rebased; a command's (a transfer, a hold's ending, a declaration), which its guard
+//! may refuse, is left as it is, and conflicts if another step moved its guard first.
 
 use std::collections::HashMap;
 
@@ -71,11 +72,14 @@ fn chain_onto(
     let mut rebased = Vec::with_capacity(steps.len());
     for step in steps.iter_mut() {
         let (mut was_rebased, mut states) = (false, GuardStates::new());
+        let facts = step.facts;
         for append in &mut step.appends {
             let Some((key, start, events)) = guard_append(append) else {
                 continue;
             };
             let events = match tips.get(&append.stream_id) {
+                // A command's guard events are decided against the state it read: never rebased.
+                Some(tip) if start != tip.version && !facts => continue,
                 Some(tip) if start != tip.version => match rebase(append, &key, *tip, &events) {
                     Some(rebased_events) => {
                         was_rebased = true;
@@ -195,6 +199,7 @@ mod tests {
         let appends = decide_entry(&entry, Origin::ProviderFact, &guards, at).expect("a fact");
         Work {
             appends: log::guard_appends(&appends, &Metadata::default()).expect("encoded"),
+            facts: true,
             ..Work::default()
         }
     }
@@ -269,6 +274,23 @@ mod tests {
             (states[1].1.balance, states[1].1.flagged),
             (Amount::new(-10), true)
         );
+    }
+
+    #[test]
+    fn a_command_is_never_rebased() {
+        let read = DebitGuard {
+            version: 3,
+            balance: Amount::new(100),
+            ..DebitGuard::default()
+        };
+        // The second debits 100 from a balance the first already took to 50: as a command it
+        // must be decided again (and refused), not carried onto the first.
+        let mut command = fact_step(2, -100, read);
+        command.facts = false;
+        let before = command.appends.clone();
+        let mut steps = vec![fact_step(1, -50, read), command];
+        assert_eq!(chain(&mut steps), [None, None]);
+        assert_eq!(steps[1].appends, before);
     }
 
     #[test]

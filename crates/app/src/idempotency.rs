@@ -273,7 +273,10 @@ pub async fn claim_fresh_each(
     };
     let mut arguments = PgArguments::default();
     add_claims(&mut arguments, claims.iter().zip(0..)).map_err(sqlx::Error::Encode)?;
-    let sql = format!("WITH {} SELECT lease_owner FROM claimed", claims_ctes(1));
+    let sql = format!(
+        "WITH {} SELECT lease_owner FROM claimed",
+        claims_ctes(1, "true")
+    );
     let owners: Vec<Uuid> = sqlx::query_scalar_with(&sql, arguments)
         .fetch_all(&mut **conn)
         .await?;
@@ -283,21 +286,67 @@ pub async fn claim_fresh_each(
         .collect())
 }
 
-/// The CTEs `claim_input` (the claims, each with `step`, a caller's index) and `claimed` (their
-/// insert as fresh in-flight records, in key order, skipping keys that exist, `RETURNING
-/// lease_owner`), without `WITH`, reading [`add_claims`]'s ten arrays from `$first` on.
-pub(crate) fn claims_ctes(first: usize) -> String {
-    let p: Vec<usize> = (first..first + 10).collect();
+/// The CTEs `claim_input` (the claims, each with `step`, a caller's index) and `claimed` (the
+/// insert of those for which `filter`, a condition on `step`, holds as fresh in-flight records,
+/// in key order, skipping keys that exist, `RETURNING lease_owner`), without `WITH`, reading
+/// [`add_claims`]'s ten arrays from `$first` on.
+pub(crate) fn claims_ctes(first: usize, filter: &str) -> String {
     format!(
-        "claim_input AS (SELECT * FROM unnest(${}::int8[], ${}::text[], ${}::text[], ${}::text[], \
-         ${}::text[], ${}::bytea[], ${}::text[], ${}::uuid[], ${}::int8[], ${}::int8[]) \
-         WITH ORDINALITY AS u(step, t, m, r, k, b, res, o, e, c, i)), \
+        "claim_input AS ({}), \
          claimed AS (insert into idempotency_keys (tenant, method, route, key, body_sha256, \
          resource_id, state, lease_owner, lease_expires_ms, created_ms) \
-         select t, m, r, k, b, res, 'in_flight', o, e, c from claim_input \
+         select t, m, r, k, b, res, 'in_flight', o, e, c from claim_input where {filter} \
          order by t, m, r, k, i on conflict do nothing returning lease_owner)",
+        claims_unnest(first)
+    )
+}
+
+/// [`add_claims`]'s ten arrays from `$first` on as rows `(step, t, m, r, k, b, res, o, e, c, i)`.
+fn claims_unnest(first: usize) -> String {
+    let p: Vec<usize> = (first..first + 10).collect();
+    format!(
+        "SELECT * FROM unnest(${}::int8[], ${}::text[], ${}::text[], ${}::text[], \
+         ${}::text[], ${}::bytea[], ${}::text[], ${}::uuid[], ${}::int8[], ${}::int8[]) \
+         WITH ORDINALITY AS u(step, t, m, r, k, b, res, o, e, c, i)",
         p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]
     )
+}
+
+/// The CTEs `settle_fresh` and `settled` (without `WITH`; `settled` reads `each_written`, so it
+/// comes after the events and `settle_fresh` before them): keys claimed and completed at once,
+/// for a step that needs no time between the two (a ledger command: claim, events and answer in
+/// one go). Their claims are [`add_claims`]'s ten arrays from `$claims_first` on, their answers
+/// [`add_completions`]'s ten from `$completions_first` on (matched by `step`). `settle_fresh`
+/// holds those for which `filter` (a condition on `c.step`) holds and whose key did not exist
+/// when the statement began: only those may write their events. `settled` inserts them as
+/// completed records, each response with the decimal text of `position` (an SQL expression over
+/// `u`) between its two parts, skipping a key claimed meanwhile, `RETURNING lease_owner`; a
+/// statement in which the two differ in number must be refused.
+pub(crate) fn settles_ctes(
+    claims_first: usize,
+    completions_first: usize,
+    filter: &str,
+    position: &str,
+) -> [String; 2] {
+    let fresh = format!(
+        "settle_fresh AS (SELECT c.*, a.s, a.b AS answer, a.tail FROM ({claims}) c \
+         JOIN ({answers}) a ON a.step = c.step \
+         WHERE {filter} AND NOT EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.tenant = c.t \
+         AND k.method = c.m AND k.route = c.r AND k.key = c.k))",
+        claims = claims_unnest(claims_first),
+        answers = completions_unnest(completions_first),
+    );
+    let settled = format!(
+        "settled AS (insert into idempotency_keys (tenant, method, route, key, body_sha256, \
+         resource_id, state, lease_owner, lease_expires_ms, created_ms, response_status, \
+         response_body, completed_ms) \
+         select u.t, u.m, u.r, u.k, u.b, u.res, 'completed', u.o, u.e, u.c, u.s, \
+         case when u.tail is null then u.answer \
+         else u.answer || convert_to(({position})::text, 'UTF8') || u.tail end, u.c \
+         from settle_fresh u \
+         order by u.t, u.m, u.r, u.k, u.i on conflict do nothing returning lease_owner)"
+    );
+    [fresh, settled]
 }
 
 /// Adds the claims with their steps, as [`claims_ctes`] reads them, to `arguments`.
@@ -359,7 +408,7 @@ pub async fn complete_each(
     .map_err(sqlx::Error::Encode)?;
     let sql = format!(
         "WITH {} SELECT lease_owner FROM completed",
-        completions_cte(1, "NULL")
+        completions_cte(1, "NULL", "true")
     );
     let owners: Vec<Uuid> = sqlx::query_scalar_with(&sql, arguments)
         .fetch_all(&mut **conn)
@@ -371,21 +420,32 @@ pub async fn complete_each(
 }
 
 /// The CTE `completed` (without `WITH`): completes each held key of [`add_completions`]'s ten
-/// arrays, read from `$first` on, where the caller still holds its lease, `RETURNING
-/// lease_owner`. A response given in two parts gets the decimal text of `position` between them:
-/// an SQL expression over `u`, the completion's row (`u.step` is the caller's index).
-pub(crate) fn completions_cte(first: usize, position: &str) -> String {
-    let p: Vec<usize> = (first..first + 10).collect();
+/// arrays, read from `$first` on, for which `filter` (a condition on `u.step`) holds, where the
+/// caller still holds its lease, `RETURNING lease_owner`. A response given in two parts gets the
+/// decimal text of `position` between them: an SQL expression over `u`, the completion's row
+/// (`u.step` is the caller's index).
+pub(crate) fn completions_cte(first: usize, position: &str, filter: &str) -> String {
     format!(
         "completed AS (update idempotency_keys k set state = 'completed', response_status = u.s, \
          response_body = case when u.tail is null then u.b \
          else u.b || convert_to(({position})::text, 'UTF8') || u.tail end, \
          completed_ms = u.c \
-         from unnest(${}::int8[], ${}::text[], ${}::text[], ${}::text[], ${}::text[], \
-         ${}::int4[], ${}::bytea[], ${}::bytea[], ${}::int8[], ${}::uuid[]) \
-         as u(step, t, m, r, key, s, b, tail, c, o) \
+         from ({}) u \
          where k.tenant = u.t and k.method = u.m and k.route = u.r and k.key = u.key \
-         and k.state = 'in_flight' and k.lease_owner = u.o returning k.lease_owner)",
+         and k.state = 'in_flight' and k.lease_owner = u.o and {filter} \
+         returning k.lease_owner)",
+        completions_unnest(first)
+    )
+}
+
+/// [`add_completions`]'s ten arrays from `$first` on as rows `(step, t, m, r, key, s, b, tail,
+/// c, o)`.
+fn completions_unnest(first: usize) -> String {
+    let p: Vec<usize> = (first..first + 10).collect();
+    format!(
+        "SELECT * FROM unnest(${}::int8[], ${}::text[], ${}::text[], ${}::text[], ${}::text[], \
+         ${}::int4[], ${}::bytea[], ${}::bytea[], ${}::int8[], ${}::uuid[]) \
+         AS u(step, t, m, r, key, s, b, tail, c, o)",
         p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]
     )
 }

@@ -670,6 +670,7 @@ impl PaymentFlow {
                         respond,
                     }),
                     inbox: None,
+                    facts: true,
                 };
                 match self.commits.commit(step).await? {
                     Committed::Written(appended) => {

@@ -120,6 +120,7 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
             )],
             completion: None,
             inbox: None,
+            facts: false,
         };
         assert!(matches!(
             commits.commit(step).await.unwrap(),
@@ -133,9 +134,9 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
 
     // Many steps at once: each kind several times, so that batches mix them.
     let mut tasks = Vec::new();
-    for i in 0..40 {
+    for i in 0..48 {
         let commits = Arc::clone(&commits);
-        let step = match i % 5 {
+        let step = match i % 6 {
             // A new key and its intent: written.
             0 => Work {
                 claim: Some(claim(&format!("new-{i}"), lease())),
@@ -146,6 +147,7 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
                 )],
                 completion: None,
                 inbox: None,
+                facts: false,
             },
             // A key that exists: nothing of it is written.
             1 => Work {
@@ -153,6 +155,7 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
                 appends: vec![append(&format!("never-{i}"), ExpectedVersion::NoStream, 2)],
                 completion: None,
                 inbox: None,
+                facts: false,
             },
             // A stale expectation beside a good stream: neither is written.
             2 => Work {
@@ -163,6 +166,7 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
                 ],
                 completion: None,
                 inbox: None,
+                facts: false,
             },
             // A completion under a lease that is not the key's: nothing is written.
             3 => Work {
@@ -170,13 +174,29 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
                 appends: vec![append(&format!("lost-{i}"), ExpectedVersion::NoStream, 1)],
                 completion: Some(completion("in-flight", lease())),
                 inbox: None,
+                facts: false,
             },
+            // A key claimed and completed with its events (a ledger command): written.
+            5 => {
+                let lease = lease();
+                Work {
+                    claim: Some(claim(&format!("settled-{i}"), lease)),
+                    appends: vec![append(
+                        &format!("settled-{i}"),
+                        ExpectedVersion::NoStream,
+                        1,
+                    )],
+                    completion: Some(completion(&format!("settled-{i}"), lease)),
+                    ..Work::default()
+                }
+            }
             // Events without a key: written.
             _ => Work {
                 claim: None,
                 appends: vec![append(&format!("plain-{i}"), ExpectedVersion::NoStream, 3)],
                 completion: None,
                 inbox: None,
+                facts: false,
             },
         };
         tasks.push(tokio::spawn(async move {
@@ -185,18 +205,23 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
     }
     for task in tasks {
         let (i, outcome) = task.await.unwrap();
-        match (i % 5, &outcome) {
+        match (i % 6, &outcome) {
             (0 | 4, Committed::Written(Some(_)))
             | (1, Committed::NotFresh)
             | (2, Committed::Conflict)
             | (3, Committed::LeaseLost) => {}
+            (5, Committed::Written(Some(appended))) => assert_eq!(
+                response_body(&database, &format!("settled-{i}")).await,
+                format!("{:?}", Some(appended.last_position)).into_bytes()
+            ),
             _ => panic!("step {i}: {outcome:?}"),
         }
     }
-    // Exactly the good steps, whole: 8 intents of 2, 8 plain appends of 3, the 3 set-up events.
+    // Exactly the good steps, whole: 8 intents of 2, 8 plain appends of 3, 8 settled appends of
+    // 1, the 3 set-up events.
     assert_eq!(
         count(&database, "select count(*) from events").await,
-        8 * 2 + 8 * 3 + 3
+        8 * 2 + 8 * 3 + 8 + 3
     );
     for prefix in ["never-", "fine-", "lost-"] {
         let sql = format!("select count(*) from events where stream_id like '{prefix}%'");
@@ -204,7 +229,7 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
     }
     assert_eq!(
         count(&database, "select count(*) from idempotency_keys").await,
-        8 + 2
+        8 + 8 + 2
     );
 
     // The key's own lease completes it, with the response rendered from its append.
@@ -213,6 +238,7 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
         appends: vec![append("completing", ExpectedVersion::NoStream, 1)],
         completion: Some(completion("in-flight", held)),
         inbox: None,
+        facts: false,
     };
     let Committed::Written(Some(appended)) = commits.commit(step).await.unwrap() else {
         panic!("the holder completes its key");
@@ -278,16 +304,19 @@ async fn response_body(database: &Database, key: &str) -> Vec<u8> {
     }
 }
 
-/// The one-statement form on its own (PostgreSQL): a batch of every kind of step commits whole,
-/// with a claim that exists gating its step's events and each completion's response carrying its
-/// step's real position; a batch with one step that cannot be written is refused with nothing of
-/// it written. SQLite's batches take the transaction path.
+/// The one-statement form on its own (PostgreSQL): a batch of every kind of step commits, with a
+/// claim that exists gating its step's events, each completion's response carrying its step's
+/// real position, a key settled at once (claimed and completed with its step) stored completed
+/// with its position, and a step whose stream moved on answered `Conflict` with nothing of it
+/// written (not its key, not its other stream's events) while the rest commits; a batch with a
+/// completion under a lost lease, or two steps settling one key, is refused with nothing of it
+/// written. SQLite's batches take the transaction path.
 async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
     let db = TestDatabase::open(backend).await;
     let database = db.database.clone();
     let store = database.event_store();
     let commits = GroupCommit::new(store.clone());
-    let (held, held_too) = (lease(), lease());
+    let (held, held_too, settled, rejected) = (lease(), lease(), lease(), lease());
     for (key, lease) in [
         ("existing", lease()),
         ("in-flight", held),
@@ -343,6 +372,31 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
             completion: Some(completion("in-flight-too", held_too)),
             ..Work::default()
         },
+        Work {
+            claim: Some(claim("stale", lease())),
+            appends: vec![
+                append("payment-stale", ExpectedVersion::NoStream, 1),
+                append("account", ExpectedVersion::NoStream, 1),
+            ],
+            ..Work::default()
+        },
+        Work {
+            claim: Some(claim("settled", settled)),
+            appends: vec![append("transfer-settled", ExpectedVersion::NoStream, 1)],
+            completion: Some(completion("settled", settled)),
+            ..Work::default()
+        },
+        Work {
+            claim: Some(claim("existing", lease())),
+            appends: vec![append("never-settled", ExpectedVersion::NoStream, 1)],
+            completion: Some(completion("existing", lease())),
+            ..Work::default()
+        },
+        Work {
+            claim: Some(claim("rejected", rejected)),
+            completion: Some(completion("rejected", rejected)),
+            ..Work::default()
+        },
     ];
     let written = group_statement::write(&store, &steps).await.unwrap();
     if matches!(backend, Backend::Sqlite) {
@@ -354,15 +408,16 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
     let Written::Done(outcomes) = written else {
         panic!("the batch fits one statement and commits");
     };
-    let completed = match &outcomes[..] {
-        [Committed::Written(Some(new)), Committed::NotFresh, Committed::Written(None), Committed::NotFresh, Committed::Written(Some(completed)), Committed::Written(None)] =>
+    let (completed, settled) = match &outcomes[..] {
+        [Committed::Written(Some(new)), Committed::NotFresh, Committed::Written(None), Committed::NotFresh, Committed::Written(Some(completed)), Committed::Written(None), Committed::Conflict, Committed::Written(Some(settled)), Committed::NotFresh, Committed::Written(None)] =>
         {
             assert_eq!(new.streams, vec![("payment-new".to_owned(), 2)]);
             assert_eq!(
                 completed.streams,
                 vec![("completing".to_owned(), 1), ("account".to_owned(), 2)]
             );
-            completed.clone()
+            assert_eq!(settled.streams, vec![("transfer-settled".to_owned(), 1)]);
+            (completed.clone(), settled.clone())
         }
         other => panic!("{other:?}"),
     };
@@ -372,9 +427,18 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
     );
     assert_eq!(response_body(&database, "in-flight-too").await, b"None");
     assert_eq!(
+        response_body(&database, "settled").await,
+        format!("{:?}", Some(settled.last_position)).into_bytes()
+    );
+    assert_eq!(response_body(&database, "rejected").await, b"None");
+    for never in ["never", "never-settled", "payment-stale"] {
+        let sql = format!("select count(*) from events where stream_id = '{never}'");
+        assert_eq!(count(&database, &sql).await, 0, "{never}");
+    }
+    assert_eq!(
         count(
             &database,
-            "select count(*) from events where stream_id = 'never'"
+            "select count(*) from idempotency_keys where key = 'stale'"
         )
         .await,
         0
@@ -385,34 +449,41 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
     );
     let events = count(&database, "select count(*) from events").await;
     let keys = count(&database, "select count(*) from idempotency_keys").await;
-    assert_eq!((events, keys), (4 + 1 + 2 + 2, 4 + 1));
+    assert_eq!((events, keys), (4 + 1 + 2 + 2 + 1, 4 + 3));
 
-    // A stale expectation, or a completion under a lease that is not its key's, refuses the whole
-    // batch: the good step beside it is not written either.
+    // A completion under a lease that is not its key's, or a key settled twice, refuses the
+    // whole batch: the good steps beside it are not written either.
+    let twice = lease();
+    let settling = |stream: &str| Work {
+        claim: Some(claim("twice", twice)),
+        appends: vec![append(stream, ExpectedVersion::NoStream, 1)],
+        completion: Some(completion("twice", twice)),
+        ..Work::default()
+    };
     for bad in [
-        Work {
-            appends: vec![append("account", ExpectedVersion::Exact(1), 1)],
-            ..Work::default()
-        },
-        Work {
+        vec![Work {
             appends: vec![append("lost", ExpectedVersion::NoStream, 1)],
             completion: Some(completion("in-flight-other", lease())),
             ..Work::default()
-        },
+        }],
+        vec![settling("twice-a"), settling("twice-b")],
     ] {
         let steps = vec![
             Work {
                 claim: Some(claim("refused", lease())),
                 appends: vec![append("payment-refused", ExpectedVersion::NoStream, 1)],
                 inbox: None,
+                facts: false,
                 completion: None,
             },
             Work {
                 inbox: Some(inbox_row("evt_refused")),
                 ..Work::default()
             },
-            bad,
-        ];
+        ]
+        .into_iter()
+        .chain(bad)
+        .collect::<Vec<_>>();
         assert!(matches!(
             group_statement::write(&store, &steps).await.unwrap(),
             Written::Refused
@@ -491,6 +562,7 @@ async fn facts_on_one_guard_are_chained_not_refused(backend: Backend) {
             .extend(asiento_app::log::guard_appends(&appends, &Metadata::default()).unwrap());
         Work {
             appends: work_appends,
+            facts: true,
             ..Work::default()
         }
     };
@@ -561,8 +633,9 @@ async fn facts_on_one_guard_are_chained_not_refused_postgres() {
 /// A batch that cannot commit whole is written step by step as each request decided it: a fact
 /// chained onto an earlier fact of its batch that is then not written must not be written with
 /// the balances that fact would have left. Here the first fact on a guard conflicts on its own
-/// stream every time, a declaration on the same guard (not a fact: never chained) takes the
-/// guard's next version when written alone, and the second fact, chained onto the first,
+/// stream every time; a declaration on the same guard, appended as a writer outside the batch
+/// would (expecting any version, so neither chained nor seen to move the guard), takes the
+/// guard's next version when written alone; and the second fact, chained onto the first,
 /// expects exactly that version: written as chained, the guard would count the first fact's
 /// 100 that no entry carries. It conflicts instead, its request decides again, and every
 /// balance the guard records is the sum of the changes written.
@@ -605,6 +678,7 @@ async fn a_step_written_alone_is_what_its_request_decided(backend: Backend) {
             .extend(asiento_app::log::guard_appends(&appends, &Metadata::default()).unwrap());
         Work {
             appends: work_appends,
+            facts: true,
             ..Work::default()
         }
     };
@@ -621,8 +695,11 @@ async fn a_step_written_alone_is_what_its_request_decided(backend: Backend) {
         at,
     )
     .unwrap();
+    let mut appends =
+        asiento_app::log::guard_appends(&[declaration], &Metadata::default()).unwrap();
+    appends[0].expected = ExpectedVersion::Any;
     let declared = Work {
-        appends: asiento_app::log::guard_appends(&[declaration], &Metadata::default()).unwrap(),
+        appends,
         ..Work::default()
     };
     let chained = fact(

@@ -1,13 +1,14 @@
 //! Many independent appends in one PostgreSQL statement, for group commit.
 //!
 //! [`EachAppend`] turns a batch of requests (each a decision: its own stream and its guards'
-//! streams) into ten column arrays and four CTEs: `each_input` (one row per event, with `req`,
+//! streams) into ten column arrays and five CTEs: `each_input` (one row per event, with `req`,
 //! its request's index in the batch), `each_cur` (each stream's version now, read once),
+//! `each_stale` (the requests one of whose streams is not at the version they expect),
 //! `each_chained` (whether the row and every earlier row of its stream in the batch pass the
-//! gate) and `each_written` (the INSERT, `RETURNING event_id, position, version, xact`). A
-//! stream whose version is not the expected one gets no rows, and a row some other writer got to
-//! first is skipped (ON CONFLICT DO NOTHING): a request is written when all its events came back,
-//! which [`each_results`] tells from the returned rows. Rows go in in request order, each
+//! gate) and `each_written` (the INSERT, `RETURNING event_id, position, version, xact`). A stale
+//! request gets no rows at all, on any of its streams, and a row some other writer got to first
+//! is skipped (ON CONFLICT DO NOTHING): a request is written when all its events came back, which
+//! [`each_results`] tells from the returned rows. Rows go in in request order, each
 //! request's streams as given (a decision's own stream first, then its guards), the order
 //! `append_in` writes them in.
 //!
@@ -102,11 +103,17 @@ impl<'a> EachAppend<'a> {
         Ok(Some(each))
     }
 
-    /// The CTEs `each_input`, `each_cur`, `each_chained` and `each_written` (without `WITH`),
-    /// reading the ten arrays from parameters `$first` to `$first + 9`. `gate` is a condition on
-    /// `i`, an `each_input` row (`i.req` is its request's index): rows for which it is false
-    /// are not written, nor are the later rows of their streams.
+    /// The CTEs `each_input`, `each_cur`, `each_stale`, `each_chained` and `each_written`
+    /// (without `WITH`): [`EachAppend::input_ctes`], then [`EachAppend::write_ctes`].
     pub fn ctes(first: usize, gate: &str) -> String {
+        format!("{}, {}", Self::input_ctes(first), Self::write_ctes(gate))
+    }
+
+    /// The CTEs `each_input`, `each_cur` and `each_stale` (`req`: the requests one of whose
+    /// streams is not at the version its chain expects), reading the ten arrays from parameters
+    /// `$first` to `$first + 9`: what the rest of a statement may gate its own rows on (a key
+    /// claimed only for a request that is not stale).
+    pub fn input_ctes(first: usize) -> String {
         let p = |k: usize| first + k;
         format!(
             "each_input AS (SELECT * FROM unnest(${}::text[], ${}::int8[], ${}::int8[], \
@@ -116,15 +123,8 @@ impl<'a> EachAppend<'a> {
              each_cur AS (SELECT s.stream_id, (SELECT coalesce(max(e.version), 0) FROM events e \
              WHERE e.stream_id = s.stream_id) AS v FROM (SELECT DISTINCT stream_id FROM \
              each_input) s), \
-             each_chained AS (SELECT g.*, bool_and(g.ok) OVER (PARTITION BY g.stream_id \
-             ORDER BY g.n ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS chain_ok \
-             FROM (SELECT i.*, ({gate}) AS ok FROM each_input i) g), \
-             each_written AS (INSERT INTO events (stream_id, version, event_id, event_type, \
-             schema, data, metadata) \
-             SELECT i.stream_id, i.expected + i.ord, i.event_id, i.event_type, i.schema, i.data, \
-             i.metadata FROM each_chained i JOIN each_cur cur ON cur.stream_id = i.stream_id \
-             AND cur.v = i.chain WHERE i.chain_ok \
-             ORDER BY i.n ON CONFLICT DO NOTHING RETURNING event_id, position, version, xact)",
+             each_stale AS (SELECT DISTINCT i.req FROM each_input i JOIN each_cur cur \
+             ON cur.stream_id = i.stream_id WHERE cur.v <> i.chain)",
             p(0),
             p(1),
             p(2),
@@ -135,6 +135,24 @@ impl<'a> EachAppend<'a> {
             p(7),
             p(8),
             p(9),
+        )
+    }
+
+    /// The CTEs `each_chained` and `each_written`, after [`EachAppend::input_ctes`]. `gate` is a
+    /// condition on `i`, an `each_input` row (`i.req` is its request's index): rows for which it
+    /// is false are not written, nor are the later rows of their streams; nor are a stale
+    /// request's.
+    pub fn write_ctes(gate: &str) -> String {
+        format!(
+            "each_chained AS (SELECT g.*, bool_and(g.ok) OVER (PARTITION BY g.stream_id \
+             ORDER BY g.n ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS chain_ok \
+             FROM (SELECT i.*, ({gate}) AND i.req NOT IN (SELECT req FROM each_stale) AS ok \
+             FROM each_input i) g), \
+             each_written AS (INSERT INTO events (stream_id, version, event_id, event_type, \
+             schema, data, metadata) \
+             SELECT i.stream_id, i.expected + i.ord, i.event_id, i.event_type, i.schema, i.data, \
+             i.metadata FROM each_chained i WHERE i.chain_ok \
+             ORDER BY i.n ON CONFLICT DO NOTHING RETURNING event_id, position, version, xact)"
         )
     }
 
