@@ -449,6 +449,7 @@ async fn app() -> (tempdir::Guard, Router) {
         ledger: LedgerFlow {
             database: database.clone(),
             store: database.event_store(),
+            commits: asiento_app::group_commit::GroupCommit::new(database.event_store()),
             clock: clock.clone(),
             render,
             idempotency_lease_ms: 30_000,

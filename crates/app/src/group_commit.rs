@@ -19,10 +19,10 @@
 //! Nothing of a batch is ever committed in part. Provider facts on one account within a batch
 //! are chained first (`crate::guard_chain`), so that they do not conflict with each other.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
-use asiento_eventstore::{AppendError, Appended, ExpectedVersion, StoreError, StreamAppend};
+use asiento_eventstore::{AppendError, Appended, ExpectedVersion, StoreError, StreamAppend, Tx};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use crate::group_statement::{self, Written};
@@ -340,54 +340,33 @@ fn expected_start(append: &StreamAppend) -> Option<u64> {
     }
 }
 
-/// The steps as one batch (one statement on PostgreSQL, else one transaction); None when that
-/// could not commit whole (nothing was written). Steps chained on one stream (each expecting the
-/// version the one before leaves) fit the one statement too (`EachAppend`'s chains); where it
-/// does not apply, they take the transaction, appending one after the other.
+/// The steps as one batch: one statement on PostgreSQL, else one transaction
+/// ([`write_steps`]). None when the statement refused the batch (nothing was written).
 async fn write_whole(
     store: &Store,
     steps: &[Work],
 ) -> Option<Vec<Result<Committed, GroupCommitError>>> {
-    let chained = crate::guard_chain::shares_a_stream(steps);
-    let transaction = match group_statement::write(store, steps).await {
-        Ok(Written::Done(outcomes)) => return Some(outcomes.into_iter().map(Ok).collect()),
-        Ok(Written::Unreadable(error)) => {
-            return Some(
-                steps
-                    .iter()
-                    .map(|_| Err(GroupCommitError::Unexpected(error.clone())))
-                    .collect(),
-            )
-        }
-        Ok(Written::Unfit) => true,
-        Ok(Written::Refused) => false,
+    match group_statement::write(store, steps).await {
+        Ok(Written::Done(outcomes)) => Some(outcomes.into_iter().map(Ok).collect()),
+        Ok(Written::Unreadable(error)) => Some(
+            steps
+                .iter()
+                .map(|_| Err(GroupCommitError::Unexpected(error.clone())))
+                .collect(),
+        ),
+        Ok(Written::Unfit) => match write_steps(store, steps).await {
+            Ok(outcomes) => Some(outcomes.into_iter().map(Ok).collect()),
+            Err(error) => {
+                tracing::warn!(%error, steps = steps.len(), "group commit transaction failed");
+                None
+            }
+        },
+        Ok(Written::Refused) => None,
         Err(error) => {
             tracing::warn!(%error, steps = steps.len(), "group commit statement failed");
-            false
-        }
-    };
-    if transaction && chained {
-        match write_batch(store, steps, true).await {
-            Ok(Batch::Done(outcomes)) => return Some(outcomes.into_iter().map(Ok).collect()),
-            Ok(Batch::Retry) => return None,
-            Err(error) => {
-                tracing::warn!(%error, steps = steps.len(), "chained group commit failed");
-                return None;
-            }
+            None
         }
     }
-    if transaction && steps.len() > 1 {
-        match write_batch(store, steps, false).await {
-            Ok(Batch::Done(outcomes)) => return Some(outcomes.into_iter().map(Ok).collect()),
-            Ok(Batch::Retry) => {}
-            Err(error) => tracing::warn!(%error, steps = steps.len(), "group commit failed"),
-        }
-    }
-    if steps.len() == 1 {
-        // One step: its own transaction tells it why.
-        return Some(write_alone(store, steps).await);
-    }
-    None
 }
 
 /// Each step in a transaction of its own, where each gets its own outcome.
@@ -398,121 +377,88 @@ async fn write_alone(store: &Store, steps: &[Work]) -> Vec<Result<Committed, Gro
     let mut outcomes = Vec::with_capacity(steps.len());
     for step in steps {
         outcomes.push(
-            match write_batch(store, std::slice::from_ref(step), false).await {
-                Ok(Batch::Done(mut one)) => one.pop().ok_or(GroupCommitError::Stopped),
-                Ok(Batch::Retry) => Err(GroupCommitError::Stopped),
-                Err(error) => Err(error),
-            },
+            write_steps(store, std::slice::from_ref(step))
+                .await
+                .and_then(|mut one| one.pop().ok_or(GroupCommitError::Stopped)),
         );
     }
     outcomes
 }
 
-enum Batch {
-    /// Each step's outcome. Committed, unless the batch is one step that failed (then nothing
-    /// was written, and its outcome says why).
-    Done(Vec<Committed>),
-    /// Some step of several could not be written; nothing was: write each alone.
-    Retry,
-}
-
-/// One transaction: claims, then events, then completions; committed only if every step that
-/// got past its claim was written whole. `chained`: the steps' appends are written one request
-/// after the other, so that a step may expect the version an earlier one leaves.
-async fn write_batch(
-    store: &Store,
-    steps: &[Work],
-    chained: bool,
-) -> Result<Batch, GroupCommitError> {
+/// One transaction, each step of several under a savepoint of its own: a step that cannot be
+/// written whole (its key exists, a stream moved on, its lease was taken over) is undone alone
+/// and told why, and the rest commits. A step that appends to a stream some step before it in the
+/// batch failed to append to is not tried (`Conflict`): it may rest on that step (a chained
+/// fact), and written without it would carry what that step would have left. Steps are written
+/// in batch order, so a step may expect the version an earlier one leaves.
+async fn write_steps(store: &Store, steps: &[Work]) -> Result<Vec<Committed>, GroupCommitError> {
     let mut tx = store.begin().await?;
-    let claims: Vec<FreshClaim> = steps.iter().filter_map(|s| s.claim.clone()).collect();
-    let fresh = if claims.is_empty() {
-        Vec::new()
-    } else {
-        idempotency::claim_fresh_each(&mut tx, &claims).await?
-    };
-    let rows: Vec<&InboxRow> = steps.iter().filter_map(|s| s.inbox.as_ref()).collect();
-    let stored = if rows.is_empty() {
-        Vec::new()
-    } else {
-        webhooks::insert_inbox_each(&mut tx, &rows).await?
-    };
-    let (mut fresh, mut stored) = (fresh.into_iter(), stored.into_iter());
-    let mut outcomes: Vec<Option<Committed>> = steps
-        .iter()
-        .map(|s| {
-            let claimed = s.claim.is_none() || fresh.next() == Some(true);
-            let inboxed = s.inbox.is_none() || stored.next() == Some(true);
-            (!(claimed && inboxed)).then_some(Committed::NotFresh)
-        })
-        .collect();
-
-    let writing: Vec<usize> = (0..steps.len())
-        .filter(|&i| outcomes[i].is_none() && !steps[i].appends.is_empty())
-        .collect();
-    let requests: Vec<&[StreamAppend]> = writing.iter().map(|&i| &steps[i].appends[..]).collect();
-    let mut appended: Vec<Option<Appended>> = (0..steps.len()).map(|_| None).collect();
-    if chained {
-        for &i in &writing {
-            match store.append_in(&mut tx, &steps[i].appends).await {
-                Ok(result) => appended[i] = Some(result),
-                Err(error) if crate::log::is_conflict(&error) => {
-                    outcomes[i] = Some(Committed::Conflict)
-                }
-                Err(error) => return Err(error.into()),
+    let alone = steps.len() == 1;
+    let mut failed: HashSet<&str> = HashSet::new();
+    let mut outcomes = Vec::with_capacity(steps.len());
+    for step in steps {
+        let streams = step.appends.iter().map(|append| append.stream_id.as_str());
+        if streams.clone().any(|stream| failed.contains(stream)) {
+            failed.extend(streams);
+            outcomes.push(Committed::Conflict);
+            continue;
+        }
+        if !alone {
+            tx.savepoint().await?;
+        }
+        let outcome = write_step(store, &mut tx, step).await?;
+        match (&outcome, alone) {
+            (Committed::Written(_), false) => tx.release_savepoint().await?,
+            (Committed::Written(_), true) => {}
+            (_, false) => {
+                tx.rollback_to_savepoint().await?;
+                failed.extend(streams);
+            }
+            (_, true) => {
+                tx.rollback().await?;
+                return Ok(vec![outcome]);
             }
         }
-    } else if !requests.is_empty() {
-        let written = store.append_each_in(&mut tx, &requests).await?;
-        for (&i, result) in writing.iter().zip(written) {
-            match result {
-                Some(result) => appended[i] = Some(result),
-                None => outcomes[i] = Some(Committed::Conflict),
-            }
-        }
-    }
-
-    let (mut completing, mut completed_by) = (Vec::new(), Vec::new());
-    for (i, step) in steps.iter().enumerate() {
-        if let (None, Some(completion)) = (&outcomes[i], &step.completion) {
-            let mut row = completion.completing.clone();
-            row.response = (completion.respond)(appended[i].as_ref().map(|a| a.last_position));
-            completing.push(row);
-            completed_by.push(i);
-        }
-    }
-    if !completing.is_empty() {
-        let held = idempotency::complete_each(&mut tx, &completing).await?;
-        for (&i, held) in completed_by.iter().zip(held) {
-            if !held {
-                outcomes[i] = Some(Committed::LeaseLost);
-            }
-        }
-    }
-
-    let failed = outcomes
-        .iter()
-        .any(|o| matches!(o, Some(Committed::Conflict | Committed::LeaseLost)));
-    if failed {
-        tx.rollback().await?;
-        if steps.len() > 1 {
-            return Ok(Batch::Retry);
-        }
-        return Ok(Batch::Done(
-            outcomes
-                .into_iter()
-                .map(|o| o.unwrap_or(Committed::Conflict))
-                .collect(),
-        ));
+        outcomes.push(outcome);
     }
     tx.commit().await?;
-    Ok(Batch::Done(
-        outcomes
-            .into_iter()
-            .zip(appended)
-            .map(|(outcome, appended)| outcome.unwrap_or(Committed::Written(appended)))
-            .collect(),
-    ))
+    Ok(outcomes)
+}
+
+/// One step inside `tx`: its claim, its inbox row, its events, its completion. Anything but
+/// `Written` leaves part of it in `tx`, for the caller to undo.
+async fn write_step(
+    store: &Store,
+    tx: &mut Tx,
+    step: &Work,
+) -> Result<Committed, GroupCommitError> {
+    if let Some(claim) = &step.claim {
+        if idempotency::claim_fresh_each(tx, std::slice::from_ref(claim)).await? != [true] {
+            return Ok(Committed::NotFresh);
+        }
+    }
+    if let Some(row) = &step.inbox {
+        if webhooks::insert_inbox_each(tx, &[row]).await? != [true] {
+            return Ok(Committed::NotFresh);
+        }
+    }
+    let appended = if step.appends.is_empty() {
+        None
+    } else {
+        match store.append_in(tx, &step.appends).await {
+            Ok(appended) => Some(appended),
+            Err(error) if crate::log::is_conflict(&error) => return Ok(Committed::Conflict),
+            Err(error) => return Err(error.into()),
+        }
+    };
+    if let Some(completion) = &step.completion {
+        let mut row = completion.completing.clone();
+        row.response = (completion.respond)(appended.as_ref().map(|a| a.last_position));
+        if idempotency::complete_each(tx, &[row]).await? != [true] {
+            return Ok(Committed::LeaseLost);
+        }
+    }
+    Ok(Committed::Written(appended))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //! that commits neither way is written step by step as each request decided it, never rebased: a
 //! step chained onto one that is not written would carry the balances that one would have left,
 //! under a version some other write can take (`app/tests/group_commit.rs`
-//! `a_step_written_alone_is_what_its_request_decided_*`).
+//! `no_step_carries_the_balances_of_a_step_not_written_*`).
 //!
 //! Only a step that says its guard appends are provider facts (`Work::facts`: a payment
 //! decision) is rebased; a command's (a transfer, a hold's ending, a declaration), which its guard

@@ -1168,6 +1168,7 @@ async fn start_process(
     let transfers = LedgerFlow {
         database: database.clone(),
         store: database.event_store(),
+        commits: Arc::clone(&flow.commits),
         clock,
         render: Arc::new(SimRender),
         idempotency_lease_ms: IDEMPOTENCY_LEASE_MS,

@@ -488,11 +488,13 @@ impl Core {
         let render = Arc::new(asiento_api::render::JsonRender);
         let store = Arc::clone(store);
         let lease_ms = duration_ms(args.idempotency_lease);
+        // One writer for the process: its batches never wait for each other's rows.
+        let commits = asiento_app::group_commit::GroupCommit::new(store.clone());
         Ok(Core {
             payments: PaymentFlow {
                 database: database.clone(),
                 store: store.clone(),
-                commits: asiento_app::group_commit::GroupCommit::new(store.clone()),
+                commits: Arc::clone(&commits),
                 guards: Default::default(),
                 committed: Default::default(),
                 providers,
@@ -504,6 +506,7 @@ impl Core {
             ledger: LedgerFlow {
                 database: database.clone(),
                 store,
+                commits,
                 clock,
                 render,
                 idempotency_lease_ms: lease_ms,

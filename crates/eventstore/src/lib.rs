@@ -467,6 +467,36 @@ impl Tx {
         }
         Ok(())
     }
+
+    /// Marks where one part of the transaction begins, so that the part alone can be undone
+    /// ([`Tx::rollback_to_savepoint`]) or kept ([`Tx::release_savepoint`]). One at a time.
+    pub async fn savepoint(&mut self) -> Result<(), StoreError> {
+        self.execute("SAVEPOINT part").await
+    }
+
+    /// Undoes what was written since [`Tx::savepoint`] (also after a failed statement, which on
+    /// PostgreSQL leaves the transaction unusable until then) and ends the part.
+    pub async fn rollback_to_savepoint(&mut self) -> Result<(), StoreError> {
+        self.execute("ROLLBACK TO SAVEPOINT part").await?;
+        self.execute("RELEASE SAVEPOINT part").await
+    }
+
+    /// Keeps what was written since [`Tx::savepoint`] and ends the part.
+    pub async fn release_savepoint(&mut self) -> Result<(), StoreError> {
+        self.execute("RELEASE SAVEPOINT part").await
+    }
+
+    async fn execute(&mut self, sql: &str) -> Result<(), StoreError> {
+        match self {
+            Tx::Postgres(tx) => {
+                sqlx::query(sql).execute(&mut **tx).await?;
+            }
+            Tx::Sqlite(tx) => {
+                sqlx::query(sql).execute(&mut **tx).await?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Database {

@@ -2,10 +2,14 @@
 //! ([`holds`]) and declarations of an account's policy ([`accounts`]).
 //!
 //! Each is decided against the debit guards it touches and then committed by [`LedgerFlow::commit`]
-//! in one transaction: the idempotency claim, the events with each guard at its exact expected
-//! version, and the stored response. Two commands racing on one guard cannot both pass: the
-//! second append conflicts, the whole transaction (claim included) rolls back, and the command is
-//! decided again against the new state, after a short pause that grows with each lost race.
+//! as one group-commit step (`crate::group_commit`), with other requests' steps: the idempotency
+//! key claimed and completed at once, and the events with each guard at its exact expected
+//! version. A command's guard events are never rebased onto another step's (a guard may refuse a
+//! command). Two commands racing on one guard cannot both pass: the second's step conflicts and
+//! nothing of it (its key included) is written, and the command is decided again against the new
+//! state, after a short pause that grows with each lost race. A key that exists is claimed the
+//! interactive way, in a transaction of its own, which tells a replay, a key in flight and a
+//! reused key apart.
 
 pub mod accounts;
 pub mod holds;
@@ -16,7 +20,8 @@ use std::sync::Arc;
 use asiento_eventstore::{Database, StreamAppend};
 
 use crate::clock::Clock;
-use crate::idempotency::{self, Claim, StoredResponse};
+use crate::group_commit::{Committed, Completion, GroupCommit, Respond, Work};
+use crate::idempotency::{self, Claim, Completing, FreshClaim, Lease, StoredResponse};
 use crate::log::{self, Store};
 pub(crate) use crate::payments::conflict_backoff;
 use crate::payments::{FlowError, Idempotent};
@@ -29,6 +34,8 @@ pub use transfers::NewTransfer;
 pub struct LedgerFlow {
     pub database: Database,
     pub store: Store,
+    /// The process's group commit writer, shared with the payment flow.
+    pub commits: Arc<GroupCommit>,
     pub clock: Arc<dyn Clock>,
     pub render: Arc<dyn Render>,
     pub idempotency_lease_ms: i64,
@@ -49,8 +56,8 @@ enum Decided<F> {
 pub const LEDGER_CONFLICT_RETRIES_MAX: u32 = 64;
 
 impl LedgerFlow {
-    /// Claims the key, then stores the rejection or appends and renders. `Ok(None)`: a guard
-    /// race was lost (nothing was written); decide again.
+    /// Commits the decision with its key claimed and completed at once. `Ok(None)`: a guard race
+    /// was lost (nothing was written); decide again.
     async fn commit<F>(
         &self,
         request: &Idempotent,
@@ -58,8 +65,74 @@ impl LedgerFlow {
         decided: Decided<F>,
     ) -> Result<Option<Answer>, FlowError>
     where
-        F: FnOnce(&dyn Render, i64) -> StoredResponse,
+        F: Fn(&dyn Render, i64) -> StoredResponse + Send + Sync + 'static,
     {
+        let now = self.clock.now().timestamp_millis();
+        let (appends, respond): (Vec<StreamAppend>, Respond) = match decided {
+            Decided::Refused(rejected) => {
+                let response = self.render.render(&Reply::Rejected(rejected));
+                (Vec::new(), Arc::new(move |_| response.clone()))
+            }
+            Decided::Append(appends, reply) => {
+                let render = Arc::clone(&self.render);
+                let respond = move |position: Option<i64>| {
+                    reply(render.as_ref(), position.unwrap_or_default())
+                };
+                (appends, Arc::new(respond))
+            }
+        };
+        let lease = Lease::new(now, self.idempotency_lease_ms);
+        let step = Work {
+            claim: Some(FreshClaim {
+                scope: request.scope.clone(),
+                key: request.key.clone(),
+                body: request.body,
+                resource_id: resource_id.to_owned(),
+                lease,
+                now_ms: now,
+            }),
+            appends: appends.clone(),
+            completion: Some(Completion {
+                completing: Completing {
+                    scope: request.scope.clone(),
+                    key: request.key.clone(),
+                    lease,
+                    response: StoredResponse::default(),
+                    now_ms: now,
+                },
+                respond: Arc::clone(&respond),
+            }),
+            inbox: None,
+            facts: false,
+        };
+        match self.commits.commit(step).await? {
+            Committed::Written(appended) => Ok(Some(Answer::Done(respond(
+                appended.map(|appended| appended.last_position),
+            )))),
+            Committed::Conflict => {
+                metrics::counter!("asiento_ledger_conflicts_total").increment(1);
+                Ok(None)
+            }
+            Committed::NotFresh => {
+                self.commit_claimed(request, resource_id, &appends, &respond)
+                    .await
+            }
+            other => Err(FlowError::Inconsistent(format!(
+                "a ledger command's step ended {other:?}"
+            ))),
+        }
+    }
+
+    /// [`LedgerFlow::commit`] for a key that exists: claimed in a transaction of its own, which
+    /// answers a replay, a key in flight or a reused key, and resumes a key whose holder's lease
+    /// ran out.
+    async fn commit_claimed(
+        &self,
+        request: &Idempotent,
+        resource_id: &str,
+        appends: &[StreamAppend],
+        respond: &Respond,
+    ) -> Result<Option<Answer>, FlowError> {
         let now = self.clock.now().timestamp_millis();
         let mut tx = self.store.begin().await?;
         let claim = idempotency::claim(
@@ -85,21 +158,20 @@ impl LedgerFlow {
                 return Ok(Some(crate::payments::answer_without_work(other)));
             }
         };
-        let response = match decided {
-            Decided::Refused(rejected) => self.render.render(&Reply::Rejected(rejected)),
-            Decided::Append(appends, reply) => {
-                let appended = match self.store.append_in(&mut tx, &appends).await {
-                    Ok(appended) => appended,
-                    Err(error) if log::is_conflict(&error) => {
-                        metrics::counter!("asiento_ledger_conflicts_total").increment(1);
-                        tx.rollback().await?;
-                        return Ok(None);
-                    }
-                    Err(error) => return Err(FlowError::Append(error)),
-                };
-                reply(self.render.as_ref(), appended.last_position)
+        let position = if appends.is_empty() {
+            None
+        } else {
+            match self.store.append_in(&mut tx, appends).await {
+                Ok(appended) => Some(appended.last_position),
+                Err(error) if log::is_conflict(&error) => {
+                    metrics::counter!("asiento_ledger_conflicts_total").increment(1);
+                    tx.rollback().await?;
+                    return Ok(None);
+                }
+                Err(error) => return Err(FlowError::Append(error)),
             }
         };
+        let response = respond(position);
         idempotency::complete(&mut tx, &request.scope, &request.key, lease, &response, now).await?;
         tx.commit().await?;
         Ok(Some(Answer::Done(response)))
