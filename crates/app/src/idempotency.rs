@@ -318,7 +318,9 @@ fn claims_unnest(first: usize) -> String {
 /// one go). Their claims are [`add_claims`]'s ten arrays from `$claims_first` on, their answers
 /// [`add_completions`]'s ten from `$completions_first` on (matched by `step`). `settle_fresh`
 /// holds those for which `filter` (a condition on `c.step`) holds and whose key did not exist
-/// when the statement began: only those may write their events. `settled` inserts them as
+/// when the statement began: only those may write their events. (The look-up is a scalar
+/// subquery, one probe of the key's index per step: as `NOT EXISTS` the planner may hash the
+/// whole table, which it did on a table without statistics.) `settled` inserts them as
 /// completed records, each response with the decimal text of `position` (an SQL expression over
 /// `u`) between its two parts, skipping a key claimed meanwhile, `RETURNING lease_owner`; a
 /// statement in which the two differ in number must be refused.
@@ -331,8 +333,8 @@ pub(crate) fn settles_ctes(
     let fresh = format!(
         "settle_fresh AS (SELECT c.*, a.s, a.b AS answer, a.tail FROM ({claims}) c \
          JOIN ({answers}) a ON a.step = c.step \
-         WHERE {filter} AND NOT EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.tenant = c.t \
-         AND k.method = c.m AND k.route = c.r AND k.key = c.k))",
+         WHERE {filter} AND (SELECT 1 FROM idempotency_keys k WHERE k.tenant = c.t \
+         AND k.method = c.m AND k.route = c.r AND k.key = c.k) IS NULL)",
         claims = claims_unnest(claims_first),
         answers = completions_unnest(completions_first),
     );
