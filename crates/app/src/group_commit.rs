@@ -260,11 +260,7 @@ async fn write(store: &Store, mut steps: Vec<Work>) -> Vec<Result<Committed, Gro
         .into_iter()
         .zip(rebased)
         .map(|(outcome, rebased)| {
-            let outcome = outcome.unwrap_or_else(|| {
-                Err(GroupCommitError::Unexpected(
-                    "a step of a batch got no outcome".into(),
-                ))
-            });
+            let outcome = outcome.expect("every step of a batch is given an outcome above");
             match (outcome, rebased) {
                 (Ok(Committed::Written(appended)), Some(states)) => {
                     Ok(Committed::Rebased(appended, states))
