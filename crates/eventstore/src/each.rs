@@ -8,9 +8,16 @@
 //! gate) and `each_written` (the INSERT, `RETURNING event_id, position, version, xact`). A stale
 //! request gets no rows at all, on any of its streams, and a row some other writer got to first
 //! is skipped (ON CONFLICT DO NOTHING): a request is written when all its events came back, which
-//! [`each_results`] tells from the returned rows. Rows go in in request order, each
-//! request's streams as given (a decision's own stream first, then its guards), the order
-//! `append_in` writes them in.
+//! [`each_results`] tells from the returned rows.
+//!
+//! **Order.** Every request's first stream (a decision's own) goes in before any request's later
+//! streams (its guards), each part in request order. A transaction that appends a decision and
+//! then its guards (`append_in`, one stream after the other) and races the statement for the
+//! same rows then cannot deadlock with it: while the statement waits for a decision's row, it
+//! holds no guard row that transaction could be waiting for. (In request order, the statement
+//! could hold a hot guard's next version, taken by an earlier request of the batch, and wait
+//! for a payment's row the transaction holds while the transaction waits for that guard row;
+//! PostgreSQL breaks such a cycle only after `deadlock_timeout`.)
 //!
 //! **Chains.** Several requests of one batch may append to one stream (a hot account's guard),
 //! each expecting the version the previous one leaves. Each row carries `chain`: the version the
@@ -145,14 +152,17 @@ impl<'a> EachAppend<'a> {
     pub fn write_ctes(gate: &str) -> String {
         format!(
             "each_chained AS (SELECT g.*, bool_and(g.ok) OVER (PARTITION BY g.stream_id \
-             ORDER BY g.n ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS chain_ok \
+             ORDER BY g.n ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS chain_ok, \
+             g.stream_id <> first_value(g.stream_id) OVER (PARTITION BY g.req ORDER BY g.n) \
+             AS later_stream \
              FROM (SELECT i.*, ({gate}) AND i.req NOT IN (SELECT req FROM each_stale) AS ok \
              FROM each_input i) g), \
              each_written AS (INSERT INTO events (stream_id, version, event_id, event_type, \
              schema, data, metadata) \
              SELECT i.stream_id, i.expected + i.ord, i.event_id, i.event_type, i.schema, i.data, \
              i.metadata FROM each_chained i WHERE i.chain_ok \
-             ORDER BY i.n ON CONFLICT DO NOTHING RETURNING event_id, position, version, xact)"
+             ORDER BY i.later_stream, i.n \
+             ON CONFLICT DO NOTHING RETURNING event_id, position, version, xact)"
         )
     }
 
