@@ -122,23 +122,9 @@ pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommit
     idempotency::add_claims(&mut arguments, claims.iter().copied())
         .and_then(|()| webhooks::add_inbox(&mut arguments, &rows))
         .and_then(|()| each.add_to(&mut arguments))
-        .and_then(|()| {
-            idempotency::add_completions(
-                &mut arguments,
-                completions
-                    .iter()
-                    .map(|(completing, step, tail)| (completing, *step, tail.as_deref())),
-            )
-        })
+        .and_then(|()| idempotency::add_completions(&mut arguments, borrowed(&completions)))
         .and_then(|()| idempotency::add_claims(&mut arguments, settle_claims.iter().copied()))
-        .and_then(|()| {
-            idempotency::add_completions(
-                &mut arguments,
-                settle_answers
-                    .iter()
-                    .map(|(completing, step, tail)| (completing, *step, tail.as_deref())),
-            )
-        })
+        .and_then(|()| idempotency::add_completions(&mut arguments, borrowed(&settle_answers)))
         .map_err(sqlx::Error::Encode)?;
     let result = sqlx::query_with(&statement(), arguments)
         .fetch_one(&mut *conn)
@@ -164,6 +150,15 @@ pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommit
         tracing::error!(%error, steps = steps.len(), "a committed group commit batch's answer is unreadable");
         Written::Unreadable(format!("the batch committed, but its answer is unreadable: {error}"))
     }))
+}
+
+/// Completions as `idempotency::add_completions` takes them.
+fn borrowed(
+    completions: &[(Completing, i64, Option<Vec<u8>>)],
+) -> impl Iterator<Item = (&Completing, i64, Option<&[u8]>)> + Clone {
+    completions
+        .iter()
+        .map(|(completing, step, tail)| (completing, *step, tail.as_deref()))
 }
 
 /// Each step's outcome, from the committed statement's answer.

@@ -101,6 +101,55 @@ async fn count(database: &Database, sql: &str) -> i64 {
     }
 }
 
+/// A customer's guard key (`acme`, USD).
+fn customer_key(customer: u32) -> asiento_domain::guard::GuardKey {
+    asiento_domain::guard::GuardKey {
+        tenant: asiento_domain::TenantId::parse("acme").unwrap(),
+        account: asiento_domain::AccountName::parse(&format!("customer:{customer}:available"))
+            .unwrap(),
+        currency: asiento_domain::Currency::parse("USD").unwrap(),
+    }
+}
+
+/// A payment decision's step: `payment` (its own stream's append) and the provider fact of
+/// entry `n`, `delta` to the customer of `key` against `psp:sim:clearing`, decided against a
+/// guard never written.
+fn fact_step(
+    n: u128,
+    key: &asiento_domain::guard::GuardKey,
+    delta: i64,
+    payment: StreamAppend,
+) -> Work {
+    use asiento_domain::guard::{decide_entry, DebitGuard, Origin};
+    use asiento_domain::{AccountName, Amount, EntryId, JournalEntry, Leg};
+
+    let legs = vec![
+        Leg::new(key.account.clone(), key.currency, Amount::new(delta)),
+        Leg::new(
+            AccountName::parse("psp:sim:clearing").unwrap(),
+            key.currency,
+            Amount::new(-delta),
+        ),
+    ];
+    let entry = JournalEntry::new(
+        EntryId::from_uuid(Uuid::from_u128(n)),
+        key.tenant.clone(),
+        legs,
+        None,
+    )
+    .unwrap();
+    let guards = [(key.clone(), DebitGuard::default())].into_iter().collect();
+    let at = chrono::DateTime::from_timestamp(1_764_000_000, 0).unwrap();
+    let appends = decide_entry(&entry, Origin::ProviderFact, &guards, at).unwrap();
+    let mut work_appends = vec![payment];
+    work_appends.extend(asiento_app::log::guard_appends(&appends, &Metadata::default()).unwrap());
+    Work {
+        appends: work_appends,
+        facts: true,
+        ..Work::default()
+    }
+}
+
 async fn each_step_gets_its_own_outcome(backend: Backend) {
     let db = TestDatabase::open(backend).await;
     let database = db.database.clone();
@@ -520,51 +569,15 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all_postgres() {
 /// customers: every one is written, none conflicts, and the guard ends at the sum of them all,
 /// one version per fact, its overdraft flagged exactly where the chained balances cross zero.
 async fn facts_on_one_guard_are_chained_not_refused(backend: Backend) {
-    use asiento_domain::guard::{decide_entry, DebitGuard, GuardEvent, GuardKey, Origin};
-    use asiento_domain::{AccountName, Amount, Currency, EntryId, JournalEntry, Leg, TenantId};
+    use asiento_domain::guard::{DebitGuard, GuardEvent};
+    use asiento_domain::Amount;
 
     let db = TestDatabase::open(backend).await;
     let store = db.database.event_store();
     let commits = GroupCommit::new(store.clone());
-    let usd = Currency::parse("USD").unwrap();
-    let key = |customer: u32| GuardKey {
-        tenant: TenantId::parse("acme").unwrap(),
-        account: AccountName::parse(&format!("customer:{customer}:available")).unwrap(),
-        currency: usd,
-    };
     let step = |n: u32, customer: u32, delta: i64| {
-        let legs = vec![
-            Leg::new(key(customer).account, usd, Amount::new(delta)),
-            Leg::new(
-                AccountName::parse("psp:sim:clearing").unwrap(),
-                usd,
-                Amount::new(-delta),
-            ),
-        ];
-        let entry = JournalEntry::new(
-            EntryId::from_uuid(Uuid::from_u128(u128::from(n))),
-            key(customer).tenant,
-            legs,
-            None,
-        )
-        .unwrap();
-        let guards = [(key(customer), DebitGuard::default())]
-            .into_iter()
-            .collect();
-        let at = chrono::DateTime::from_timestamp(1_764_000_000, 0).unwrap();
-        let appends = decide_entry(&entry, Origin::ProviderFact, &guards, at).unwrap();
-        let mut work_appends = vec![append(
-            &format!("payment-{n}"),
-            ExpectedVersion::NoStream,
-            1,
-        )];
-        work_appends
-            .extend(asiento_app::log::guard_appends(&appends, &Metadata::default()).unwrap());
-        Work {
-            appends: work_appends,
-            facts: true,
-            ..Work::default()
-        }
+        let payment = append(&format!("payment-{n}"), ExpectedVersion::NoStream, 1);
+        fact_step(u128::from(n), &customer_key(customer), delta, payment)
     };
     // Customer 1 is credited 100 forty times, except that the 20th fact is a refund of 5000.
     let deltas: Vec<i64> = (0..40)
@@ -588,7 +601,10 @@ async fn facts_on_one_guard_are_chained_not_refused(backend: Backend) {
             "{outcome:?}"
         );
     }
-    let events = store.read_stream(&key(1).stream(), 0, 1_000).await.unwrap();
+    let events = store
+        .read_stream(&customer_key(1).stream(), 0, 1_000)
+        .await
+        .unwrap();
     let decoded: Vec<GuardEvent> = events
         .iter()
         .map(|e| GuardEvent::decode_raw(&e.event_type, e.schema, e.data.raw()).unwrap())
@@ -638,48 +654,15 @@ async fn facts_on_one_guard_are_chained_not_refused_postgres() {
 /// would count the first fact's 100 that no entry carries. Whatever else each step is told,
 /// every balance the guard records is the sum of the changes written.
 async fn no_step_carries_the_balances_of_a_step_not_written(backend: Backend) {
-    use asiento_domain::guard::{decide_entry, declare, DebitGuard, GuardEvent, GuardKey, Origin};
-    use asiento_domain::{
-        AccountName, AccountPolicy, Amount, Currency, EntryId, JournalEntry, Leg, TenantId,
-    };
+    use asiento_domain::guard::{declare, DebitGuard, GuardEvent};
+    use asiento_domain::AccountPolicy;
 
     let db = TestDatabase::open(backend).await;
     let store = db.database.event_store();
     let commits = GroupCommit::new(store.clone());
-    let usd = Currency::parse("USD").unwrap();
-    let key = GuardKey {
-        tenant: TenantId::parse("acme").unwrap(),
-        account: AccountName::parse("customer:7:available").unwrap(),
-        currency: usd,
-    };
+    let key = customer_key(7);
     let at = chrono::DateTime::from_timestamp(1_764_000_000, 0).unwrap();
-    let unread = [(key.clone(), DebitGuard::default())].into_iter().collect();
-    let fact = |n: u128, delta: i64, payment: StreamAppend| {
-        let legs = vec![
-            Leg::new(key.account.clone(), usd, Amount::new(delta)),
-            Leg::new(
-                AccountName::parse("psp:sim:clearing").unwrap(),
-                usd,
-                Amount::new(-delta),
-            ),
-        ];
-        let entry = JournalEntry::new(
-            EntryId::from_uuid(Uuid::from_u128(n)),
-            key.tenant.clone(),
-            legs,
-            None,
-        )
-        .unwrap();
-        let appends = decide_entry(&entry, Origin::ProviderFact, &unread, at).unwrap();
-        let mut work_appends = vec![payment];
-        work_appends
-            .extend(asiento_app::log::guard_appends(&appends, &Metadata::default()).unwrap());
-        Work {
-            appends: work_appends,
-            facts: true,
-            ..Work::default()
-        }
-    };
+    let fact = |n: u128, delta: i64, payment: StreamAppend| fact_step(n, &key, delta, payment);
     let stale = fact(
         1,
         100,
