@@ -3,7 +3,8 @@
 //!
 //! The statement is a chain of data-modifying CTEs, each the statement the transaction path runs
 //! for its kind of row: the fresh claims (`claimed`), the webhook rows (`stored`), the events
-//! (`each_written`, from `asiento_eventstore::EachAppend`) and the completions (`completed`).
+//! (`each_written`, from `asiento_eventstore::EachAppend`), the completions (`completed`) and the
+//! keys claimed and completed at once (`settled`).
 //! What the transaction path decides between its statements, the statement decides inside:
 //!
 //! - **A step is written whole or not at all, and alone.** A step one of whose streams is not at
@@ -89,6 +90,11 @@ pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommit
             (None, _) => {}
         }
         if let Some(row) = &work.inbox {
+            // The inbox rows are not gated per step: a step that also appends (whose streams may
+            // have moved on) is written by the transaction path.
+            if !work.appends.is_empty() {
+                return Ok(Written::Unfit);
+            }
             rows.push(row);
         }
         if let Some(completion) = &work.completion {
@@ -192,13 +198,8 @@ fn outcomes(
     let mut outcomes = Vec::with_capacity(steps.len());
     for (step, work) in (0_i64..).zip(steps) {
         if stale.contains(&step) {
-            // Nothing of it was written (its events are not among those returned either).
-            if !work.appends.is_empty() {
-                appended.next();
-            }
-            if work.inbox.is_some() {
-                stored.next();
-            }
+            // Nothing of it was written (a stale step appends, so it has no inbox row).
+            appended.next();
             outcomes.push(Committed::Conflict);
             continue;
         }
