@@ -169,12 +169,7 @@ async fn seed(rig: &Rig, database: &TestDatabase) -> (String, String, String) {
         .await
         .json();
     let other_id = other["id"].as_str().unwrap().to_owned();
-    let charge = rig.charge_of(&other_id).await;
-    rig.sim(
-        &format!("/charges/{}/amount", charge["id"].as_str().unwrap()),
-        json!({"amount_minor": 6_000}),
-    )
-    .await;
+    rig.change_charge_amount(&other_id, 6_000).await;
     rig.reconcile(&database.url).await;
     let open = client.exceptions("open").await;
     let exception = open

@@ -145,12 +145,7 @@ async fn support_person_refunds_and_resolves_in_the_console(backend: Backend) {
         .await
         .json();
     let other_id = other["id"].as_str().unwrap().to_owned();
-    let charge = rig.charge_of(&other_id).await;
-    rig.sim(
-        &format!("/charges/{}/amount", charge["id"].as_str().unwrap()),
-        json!({"amount_minor": 4_500}),
-    )
-    .await;
+    rig.change_charge_amount(&other_id, 4_500).await;
     rig.reconcile(&database.url).await;
     let open = client.exceptions("open").await;
     assert_eq!(open.len(), 1, "{open:?}");

@@ -189,12 +189,7 @@ async fn amount_mismatch_is_left_open_for_a_person_at(backend: Backend, psp: Psp
     );
     let balance = || client.get(&balance_path);
     let before = balance().await.json()["balance_minor"].clone();
-    let charge = rig.charge_of(id).await;
-    rig.sim(
-        &format!("/charges/{}/amount", charge["id"].as_str().unwrap()),
-        json!({"amount_minor": 12_000}),
-    )
-    .await;
+    rig.change_charge_amount(id, 12_000).await;
 
     rig.reconcile(&database.url).await;
     let open = client.exceptions("open").await;

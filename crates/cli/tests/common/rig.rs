@@ -166,6 +166,20 @@ impl Rig {
             .unwrap_or_else(|| panic!("no charge for {payment_id}"))
     }
 
+    /// Changes the amount of the provider's charge for `payment_id` behind our back: the
+    /// mismatch a reconciliation sweep finds and leaves open for a person.
+    pub async fn change_charge_amount(&self, payment_id: &str, amount_minor: i64) {
+        let charge = self.charge_of(payment_id).await;
+        self.sim(
+            &format!(
+                "/charges/{}/amount",
+                charge["id"].as_str().expect("a charge id")
+            ),
+            json!({ "amount_minor": amount_minor }),
+        )
+        .await;
+    }
+
     /// The provider's name in the ledger (`psp:{name}:clearing`).
     pub fn provider(&self) -> &'static str {
         match self.psp {
