@@ -253,7 +253,9 @@ async fn the_endpoint_refuses_what_is_not_signed_right(backend: Backend) {
         }}
     }))
     .unwrap();
-    let now = chrono::Utc::now().timestamp();
+    // Read at each signing: a wall clock that jumps mid-test (a paused VM) must not make a
+    // signature stale that the test means to be fresh.
+    let now = || chrono::Utc::now().timestamp();
     let post = |provider: &str, signature: String, body: Vec<u8>| {
         client.send(
             client
@@ -266,25 +268,25 @@ async fn the_endpoint_refuses_what_is_not_signed_right(backend: Backend) {
     let cases = [
         (
             "sim",
-            asiento_psp::sign("wrong-secret", now, &body),
+            asiento_psp::sign("wrong-secret", now(), &body),
             400,
             "signature_invalid",
         ),
         (
             "sim",
-            asiento_psp::sign(SECRET, now - 3_600, &body),
+            asiento_psp::sign(SECRET, now() - 3_600, &body),
             400,
             "signature_stale",
         ),
         (
             "other",
-            asiento_psp::sign(SECRET, now, &body),
+            asiento_psp::sign(SECRET, now(), &body),
             400,
             "unknown_provider",
         ),
         (
             "sim",
-            asiento_psp::sign(SECRET, now, b"{not json"),
+            asiento_psp::sign(SECRET, now(), b"{not json"),
             400,
             "invalid_body",
         ),
@@ -298,7 +300,7 @@ async fn the_endpoint_refuses_what_is_not_signed_right(backend: Backend) {
         let answer = post(provider, signature, raw).await;
         assert_eq!((answer.status, answer.code().as_str()), (status, code));
     }
-    let first = post("sim", asiento_psp::sign(SECRET, now, &body), body.clone()).await;
+    let first = post("sim", asiento_psp::sign(SECRET, now(), &body), body.clone()).await;
     assert_eq!(
         first.status,
         200,
@@ -306,7 +308,7 @@ async fn the_endpoint_refuses_what_is_not_signed_right(backend: Backend) {
         String::from_utf8_lossy(&first.body)
     );
     assert_eq!(first.json()["duplicate"], false);
-    let again = post("sim", asiento_psp::sign(SECRET, now, &body), body.clone()).await;
+    let again = post("sim", asiento_psp::sign(SECRET, now(), &body), body.clone()).await;
     assert_eq!(
         (again.status, again.json()["duplicate"].clone()),
         (200, json!(true))
@@ -361,7 +363,9 @@ async fn the_stripe_endpoint_refuses_what_is_not_signed_right(backend: Backend) 
                             "metadata": {"asiento_payment_id": id}}}
     }))
     .unwrap();
-    let now = chrono::Utc::now().timestamp();
+    // Read at each signing: a wall clock that jumps mid-test (a paused VM) must not make a
+    // signature stale that the test means to be fresh.
+    let now = || chrono::Utc::now().timestamp();
     let post = |signature: String, body: Vec<u8>| {
         client.send(
             client
@@ -377,17 +381,17 @@ async fn the_stripe_endpoint_refuses_what_is_not_signed_right(backend: Backend) 
     };
     let cases = [
         (
-            asiento_psp::sign("whsec_wrong", now, &body),
+            asiento_psp::sign("whsec_wrong", now(), &body),
             body.clone(),
             "signature_invalid",
         ),
         (
-            asiento_psp::sign(WEBHOOK_SECRET, now - 3_600, &body),
+            asiento_psp::sign(WEBHOOK_SECRET, now() - 3_600, &body),
             body.clone(),
             "signature_stale",
         ),
         (
-            asiento_psp::sign(WEBHOOK_SECRET, now, b"{not json"),
+            asiento_psp::sign(WEBHOOK_SECRET, now(), b"{not json"),
             b"{not json".to_vec(),
             "invalid_body",
         ),
@@ -397,10 +401,11 @@ async fn the_stripe_endpoint_refuses_what_is_not_signed_right(backend: Backend) 
         assert_eq!((answer.status, answer.code().as_str()), (400, code));
     }
     // A rotation: the old secret's signature first, the current one's second.
+    let at = now();
     let rotated = format!(
-        "t={now},v1={},v1={}",
-        v1("whsec_old_secret", now, &body),
-        v1(WEBHOOK_SECRET, now, &body)
+        "t={at},v1={},v1={}",
+        v1("whsec_old_secret", at, &body),
+        v1(WEBHOOK_SECRET, at, &body)
     );
     let first = post(rotated, body.clone()).await;
     assert_eq!(
@@ -410,7 +415,11 @@ async fn the_stripe_endpoint_refuses_what_is_not_signed_right(backend: Backend) 
         String::from_utf8_lossy(&first.body)
     );
     assert_eq!(first.json()["duplicate"], false);
-    let again = post(asiento_psp::sign(WEBHOOK_SECRET, now, &body), body.clone()).await;
+    let again = post(
+        asiento_psp::sign(WEBHOOK_SECRET, now(), &body),
+        body.clone(),
+    )
+    .await;
     assert_eq!(
         (again.status, again.json()["duplicate"].clone()),
         (200, json!(true))
