@@ -13,7 +13,6 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{conflict_backoff, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
-use crate::guard_cache::Loaded;
 use crate::log;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
@@ -46,7 +45,6 @@ impl LedgerFlow {
             causation_id: None,
             idempotency_key: Some(request.key.as_str().to_owned()),
         };
-        let mut refused_on_memory = false;
         for attempt in 0..LEDGER_CONFLICT_RETRIES_MAX {
             let command = RequestTransfer {
                 id,
@@ -73,20 +71,14 @@ impl LedgerFlow {
                         ))
                     }
                 };
-            let posted = log::transfer_entries(&entries);
-            let loaded = if refused_on_memory {
-                Loaded {
-                    states: log::load_guards(self.store.as_ref(), posted).await?,
-                    remembered: false,
-                }
-            } else {
-                self.guards.load(self.store.as_ref(), posted).await?
-            };
+            let loaded = self
+                .guards
+                .load(self.store.as_ref(), log::transfer_entries(&entries))
+                .await?;
             let decided = match decide_with_guards(&Transfer::default(), command, &loaded.states) {
                 // Only the log refuses a command: decided again against it.
                 Err(_) if loaded.remembered => {
                     self.guards.forget(loaded.states.keys());
-                    refused_on_memory = true;
                     continue;
                 }
                 Err(TransferRejection::Guard(guard)) => Decided::Refused(Rejected::Guard(guard)),
