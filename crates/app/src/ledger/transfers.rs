@@ -12,7 +12,7 @@ use asiento_eventstore::Metadata;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{conflict_backoff, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
+use super::{conflict_backoff, Decided, LedgerFlow, LEDGER_CONFLICT_RETRIES_MAX};
 use crate::log;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
@@ -71,16 +71,9 @@ impl LedgerFlow {
                         ))
                     }
                 };
-            let loaded = self
-                .guards
-                .load(self.store.as_ref(), log::transfer_entries(&entries))
-                .await?;
-            let decided = match decide_with_guards(&Transfer::default(), command, &loaded.states) {
-                // Only the log refuses a command: decided again against it.
-                Err(_) if loaded.remembered => {
-                    self.guards.forget(loaded.states.keys());
-                    continue;
-                }
+            let guards =
+                log::load_guards(self.store.as_ref(), log::transfer_entries(&entries)).await?;
+            let decided = match decide_with_guards(&Transfer::default(), command, &guards) {
                 Err(TransferRejection::Guard(guard)) => Decided::Refused(Rejected::Guard(guard)),
                 Err(other) => Decided::Refused(Rejected::Transfer(other)),
                 Ok(TransferDecision { events, guards }) => {
@@ -91,10 +84,6 @@ impl LedgerFlow {
                         &guards,
                         &metadata,
                     )?;
-                    let touched = Touched {
-                        read: loaded.states,
-                        appends: guards,
-                    };
                     let record = events
                         .iter()
                         .fold(Transfer::default(), asiento_domain::transfer::evolve)
@@ -102,7 +91,7 @@ impl LedgerFlow {
                         .ok_or_else(|| {
                             FlowError::Inconsistent("transfer without a record".to_owned())
                         })?;
-                    Decided::Append(appends, touched, move |render: &dyn Render, position| {
+                    Decided::Append(appends, move |render: &dyn Render, position| {
                         render.render(&Reply::Transfer {
                             transfer: &record,
                             created: true,
