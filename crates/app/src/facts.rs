@@ -267,6 +267,12 @@ pub fn operation_fact(
                 .clone()
                 .unwrap_or_else(|| "failed".to_owned()),
         },
+        OperationStatus::Reversed => OperationOutcome::Reversed {
+            reason: op
+                .failure_reason
+                .clone()
+                .unwrap_or_else(|| "reversed".to_owned()),
+        },
     };
     Some(ProviderFact::Operation {
         kind,

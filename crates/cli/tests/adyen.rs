@@ -1122,6 +1122,83 @@ async fn a_lost_creation_answer_is_sent_again_and_past_expiry_cancelled_by_refer
     verify(&database);
 }
 
+/// Adyen does not order its notifications: a CAPTURE_FAILED delivered before the CAPTURE it
+/// reverses ends the payment as the two in order do, and the CAPTURE that follows changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capture_failed_delivered_before_its_capture_ends_the_payment_the_same_way() {
+    let database = TestDatabase::new(Backend::Sqlite).await;
+    let Rig { server, sim } = start_rig(&database, &[]).await;
+    let client = server.client();
+    let mut manual = adyen_payment(4_000, "pm_card_ok");
+    manual["capture"] = json!("manual");
+    let held = create(&client, "failed-first-1", &manual).await;
+    assert_eq!(held["status"], "authorized", "{held}");
+    let (id, psp) = (id_of(&held), psp_of(&held));
+    assert_accepted(&sim.item("AUTHORISATION", &psp).await.1);
+    // The dialect's CAPTURE waits long enough that the hand-made CAPTURE_FAILED is applied first.
+    sim.control(&client, "/sim/faults", json!({"webhook_delay_ms": 5_000}))
+        .await;
+    let capture_psp = operation_received(
+        &client,
+        &format!("/v1/payments/{id}/capture"),
+        "failed-first-1-capture",
+        &json!({}),
+    )
+    .await;
+    let payment_id = asiento_domain::PaymentId::parse(&id).unwrap();
+    let mut failed = signed_item(
+        "CAPTURE_FAILED",
+        &capture_psp,
+        Some(&psp),
+        &asiento_domain::psp_capture_key(payment_id, 1),
+        4_000,
+    );
+    failed.reason = Some("Capture rejected by the scheme".to_owned());
+    // The reason is not signed, so the item's signature still holds.
+    let right = basic(WEBHOOK_USER, WEBHOOK_PASSWORD);
+    let (status, body) = deliver(&client, "adyen", Some(&right), batch(&[failed])).await;
+    assert_eq!((status, body.as_str()), (200, "[accepted]"));
+    let reversed = wait_for(&client, &id, "the CAPTURE_FAILED was never applied", |p| {
+        p["status"] == "failed"
+    })
+    .await;
+    assert!(
+        sim.items()
+            .iter()
+            .all(|(item, _)| item["eventCode"] != "CAPTURE"),
+        "the CAPTURE came first, so the order under test did not happen"
+    );
+    assert_eq!(reversed["operations"][0]["state"], "reversed", "{reversed}");
+    assert_eq!(reversed["captured_minor"], 0, "{reversed}");
+
+    // The CAPTURE, late: the worker finishes it (the third item, after the AUTHORISATION and the
+    // CAPTURE_FAILED) and the payment stays as it is.
+    assert_accepted(&sim.item("CAPTURE", &capture_psp).await.1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while client
+        .metric("asiento_webhook_events_processed_total")
+        .await
+        < 3.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the late CAPTURE was never processed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(payment(&client, &id).await, reversed);
+    // The authorisation's hold, the capture, the hold's release, and the capture's mirror.
+    let entries = entries_until(&client, &id, 4).await;
+    for account in [
+        "psp:adyen:clearing",
+        "customer:42:available",
+        "revenue:fees",
+    ] {
+        assert_eq!(moved(&entries, account), 0, "{account}: {entries:#?}");
+    }
+    verify(&database);
+}
+
 /// A capture that succeeded and then failed at the scheme (CAPTURE_FAILED) is reversed by a
 /// mirror of its entry, and the payment fails with Adyen's reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

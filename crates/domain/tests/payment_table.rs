@@ -1024,6 +1024,107 @@ fn a_capture_that_fails_after_it_succeeded_is_reversed_and_the_payment_fails() {
     );
 }
 
+/// A reversal (Adyen's CAPTURE_FAILED, REFUND_FAILED) may be delivered before the success it
+/// reverses: the operation then ends as if both had arrived in order, and the late success
+/// changes nothing.
+#[test]
+fn a_reversal_told_before_its_success_ends_the_operation_as_both_in_order_do() {
+    let reversed = |reason: &str| OperationOutcome::Reversed {
+        reason: reason.into(),
+    };
+    let after = |given: &[PaymentEvent], commands: Vec<PaymentCommand>| {
+        [given.to_vec(), history_from(given.to_vec(), commands)].concat()
+    };
+    // A capture, from an authorized payment.
+    let authorized = given(Some(PaymentStatus::Authorized));
+    let capture = |outcome: OperationOutcome| {
+        f_operation(
+            OperationKind::Capture,
+            &psp_capture_key(pid(), 1),
+            10_000,
+            outcome,
+        )
+    };
+    let requested = after(
+        &authorized,
+        vec![PaymentCommand::RequestCapture {
+            amount: None,
+            at: at(10),
+        }],
+    );
+    let in_order = after(
+        &requested,
+        vec![
+            capture(OperationOutcome::Succeeded),
+            capture(failed("capture_failed")),
+        ],
+    );
+    let told_first = after(&requested, vec![capture(reversed("capture_failed"))]);
+    let record = record_after(&told_first);
+    assert_eq!(record, record_after(&in_order));
+    assert_eq!(record.status, PaymentStatus::Failed);
+    assert_eq!(record.captured, amt(0));
+    assert_eq!(record.operations[0].state, OperationState::Reversed);
+    assert_eq!(
+        balances(&told_first),
+        balances(&in_order),
+        "the same money moved"
+    );
+    check(
+        told_first.clone(),
+        capture(OperationOutcome::Succeeded),
+        Ok(vec![]),
+    );
+    check(
+        told_first.clone(),
+        capture(reversed("capture_failed")),
+        Ok(vec![]),
+    );
+    // Told after the success, it is the failure alone.
+    let captured = after(&requested, vec![capture(OperationOutcome::Succeeded)]);
+    let failed_after = after(&captured, vec![capture(failed("capture_failed"))]);
+    let reversed_after = after(&captured, vec![capture(reversed("capture_failed"))]);
+    assert_eq!(reversed_after, failed_after);
+
+    // A refund, from a captured payment.
+    let captured = given(Some(PaymentStatus::Captured));
+    let requested = after(&captured, vec![refund_request(2_500)]);
+    let in_order = after(
+        &requested,
+        vec![
+            refund_outcome(1, 2_500, OperationOutcome::Succeeded),
+            refund_outcome(1, 2_500, failed("refund_failed")),
+        ],
+    );
+    let told_first = after(
+        &requested,
+        vec![refund_outcome(1, 2_500, reversed("refund_failed"))],
+    );
+    let record = record_after(&told_first);
+    assert_eq!(record, record_after(&in_order));
+    assert_eq!(record.refunded, amt(0));
+    assert_eq!(record.operations[0].state, OperationState::Reversed);
+    assert_eq!(balances(&told_first), balances(&in_order));
+    check(
+        told_first,
+        refund_outcome(1, 2_500, OperationOutcome::Succeeded),
+        Ok(vec![]),
+    );
+}
+
+/// What the postings in `events` leave each account with.
+fn balances(events: &[PaymentEvent]) -> std::collections::BTreeMap<String, i64> {
+    let mut balances = std::collections::BTreeMap::new();
+    for event in events {
+        if let PaymentEvent::EntryPosted(posted) = event {
+            for leg in posted.entry.legs() {
+                *balances.entry(leg.account.to_string()).or_default() += leg.amount.minor();
+            }
+        }
+    }
+    balances
+}
+
 #[test]
 fn an_outcome_of_another_amount_is_flagged_not_applied() {
     let captured = given(Some(PaymentStatus::Captured));

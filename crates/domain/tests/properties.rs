@@ -47,7 +47,8 @@ enum Step {
     /// with another fee contradicts the first).
     ProviderFee(u8, i64),
     /// The outcome of our capture (false) or refund (true) numbered 1..=3: pending (0),
-    /// succeeded (1) or failed (2), for the amount asked (or another one when not `exact`).
+    /// succeeded (1), failed (2) or reversed (3), for the amount asked (or another one when not
+    /// `exact`).
     Outcome {
         refund: bool,
         sequence: u32,
@@ -75,7 +76,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..2, part(), any::<bool>()).prop_map(|(d, p, won)| Step::DisputeClosed(d, p, won)),
         1 => Just(Step::OtherCharge),
         2 => (0u8..3, -50i64..=500).prop_map(|(n, fee)| Step::ProviderFee(n, fee)),
-        4 => (any::<bool>(), 1u32..=3, 0u8..3, prop_oneof![6 => Just(true), 1 => Just(false)])
+        4 => (any::<bool>(), 1u32..=3, 0u8..4, prop_oneof![6 => Just(true), 1 => Just(false)])
             .prop_map(|(refund, sequence, outcome, exact)| Step::Outcome { refund, sequence, outcome, exact }),
     ]
 }
@@ -178,8 +179,11 @@ fn command(step: &Step, record: &PaymentRecord, fees: FeeSchedule, t: i64) -> Pa
                 outcome: match outcome {
                     0 => OperationOutcome::Pending,
                     1 => OperationOutcome::Succeeded,
-                    _ => OperationOutcome::Failed {
+                    2 => OperationOutcome::Failed {
                         reason: "declined".into(),
+                    },
+                    _ => OperationOutcome::Reversed {
+                        reason: "capture_failed".into(),
                     },
                 },
                 // An answer to our request names the provider's request; a replay of it the same.

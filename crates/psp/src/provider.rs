@@ -207,6 +207,10 @@ pub enum OperationStatus {
     /// Decided against; for a refund this may come after `Succeeded` (a
     /// late reversal), and the refunded amount counts no more.
     Failed,
+    /// Decided for and then against, told as one outcome (Adyen's
+    /// CAPTURE_FAILED, REFUND_FAILED, REFUNDED_REVERSED): whether or not its
+    /// success was seen first, what the operation did is undone.
+    Reversed,
 }
 
 /// An operation on a charge (capture, refund, cancel) as the provider

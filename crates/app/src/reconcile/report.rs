@@ -506,7 +506,10 @@ fn decided_refunds(facts: Vec<ProviderFact>) -> Verdict {
             psp_key, outcome, ..
         } = fact
         {
-            let failed = matches!(outcome, OperationOutcome::Failed { .. });
+            let failed = matches!(
+                outcome,
+                OperationOutcome::Failed { .. } | OperationOutcome::Reversed { .. }
+            );
             reversal |= failed;
             fingerprint.push(format!(
                 "{psp_key}:{}",
@@ -938,6 +941,7 @@ mod tests {
                     } => match outcome {
                         OperationOutcome::Succeeded => format!("{psp_key}:succeeded"),
                         OperationOutcome::Failed { .. } => format!("{psp_key}:failed"),
+                        OperationOutcome::Reversed { .. } => format!("{psp_key}:reversed"),
                         OperationOutcome::Pending => format!("{psp_key}:pending"),
                     },
                     other => panic!("{other:?}"),

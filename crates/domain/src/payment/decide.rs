@@ -355,7 +355,9 @@ fn check_fact(fact: &ProviderFact) -> Result<(), PaymentRejection> {
             if let Some(request) = request {
                 check_text("request_id", &request.id)?;
             }
-            if let OperationOutcome::Failed { reason } = outcome {
+            if let OperationOutcome::Failed { reason } | OperationOutcome::Reversed { reason } =
+                outcome
+            {
                 check_text("reason", reason)?;
             }
             positive(*amount)
@@ -451,6 +453,7 @@ fn outcome_text(outcome: &OperationOutcome) -> String {
         OperationOutcome::Pending => "pending".to_owned(),
         OperationOutcome::Succeeded => "succeeded".to_owned(),
         OperationOutcome::Failed { reason } => format!("failed ({reason})"),
+        OperationOutcome::Reversed { reason } => format!("reversed ({reason})"),
     }
 }
 
@@ -466,6 +469,7 @@ fn outcome_is_recorded(state: OperationState, outcome: &OperationOutcome) -> boo
         OperationOutcome::Failed { .. } => {
             matches!(state, OperationState::Refused | OperationState::Reversed)
         }
+        OperationOutcome::Reversed { .. } => state == OperationState::Reversed,
     }
 }
 
@@ -633,17 +637,31 @@ fn apply_fact(
             outcome,
             request,
         } => {
-            let reported = ReportedOperation {
-                charge_id,
-                psp_key,
-                provider_id,
-                amount,
-                outcome,
-                request,
+            // A reversal is the success and then the failure: an operation still open takes the
+            // success first, so that the failure undoes what it did; one already decided takes
+            // only what it lacks (the success then repeats a recorded state).
+            let outcomes = match outcome {
+                OperationOutcome::Reversed { reason } => {
+                    vec![
+                        OperationOutcome::Succeeded,
+                        OperationOutcome::Failed { reason },
+                    ]
+                }
+                outcome => vec![outcome],
             };
-            match kind {
-                OperationKind::Capture => capture_outcome(draft, reported, fees, at)?,
-                OperationKind::Refund => refund_outcome(draft, reported, at)?,
+            for outcome in outcomes {
+                let reported = ReportedOperation {
+                    charge_id: charge_id.clone(),
+                    psp_key: psp_key.clone(),
+                    provider_id: provider_id.clone(),
+                    amount,
+                    outcome,
+                    request: request.clone(),
+                };
+                match kind {
+                    OperationKind::Capture => capture_outcome(draft, reported, fees, at)?,
+                    OperationKind::Refund => refund_outcome(draft, reported, at)?,
+                }
             }
         }
         ProviderFact::ProviderFeeCharged {

@@ -129,6 +129,12 @@ pub enum OperationOutcome {
     Failed {
         reason: String,
     },
+    /// Decided for and then against (a capture the card scheme rejected after it was done, a
+    /// refund returned): a success and its reversal in one fact, so that notifications arriving
+    /// in either order end the operation the same way.
+    Reversed {
+        reason: String,
+    },
 }
 
 #[cfg(test)]

@@ -199,11 +199,14 @@ pub fn item_event(item: &NotificationItem) -> Option<WebhookEvent> {
             } else {
                 OperationKind::Refund
             };
-            // A late failure is always a failure, whatever `success` says of its own delivery;
-            // one whose `success` is "false" says the failure did not happen: nothing to apply.
+            // A late failure reverses an operation that succeeded, whatever `success` says of its
+            // own delivery, and it may arrive before the success it reverses (Adyen does not
+            // order notifications, docs/adyen-wire.md §4): so it is a reversal, never a refusal.
+            // One whose `success` is "false" says the failure did not happen: nothing to apply.
             let status = match (code, success) {
                 ("CAPTURE" | "REFUND", true) => OperationStatus::Succeeded,
-                ("CAPTURE" | "REFUND", false) | (_, true) => OperationStatus::Failed,
+                ("CAPTURE" | "REFUND", false) => OperationStatus::Failed,
+                (_, true) => OperationStatus::Reversed,
                 (_, false) => return None,
             };
             let operation = Operation {
@@ -214,7 +217,11 @@ pub fn item_event(item: &NotificationItem) -> Option<WebhookEvent> {
                 amount_minor: item.amount.value,
                 currency: item.amount.currency.clone(),
                 status,
-                failure_reason: (status == OperationStatus::Failed).then(reason),
+                failure_reason: matches!(
+                    status,
+                    OperationStatus::Failed | OperationStatus::Reversed
+                )
+                .then(reason),
                 created: at,
                 updated: at,
             };
@@ -368,11 +375,11 @@ mod tests {
         for (code, success, expected) in [
             ("REFUND", true, Some(OperationStatus::Succeeded)),
             ("REFUND", false, Some(OperationStatus::Failed)),
-            ("REFUND_FAILED", true, Some(OperationStatus::Failed)),
-            ("REFUNDED_REVERSED", true, Some(OperationStatus::Failed)),
+            ("REFUND_FAILED", true, Some(OperationStatus::Reversed)),
+            ("REFUNDED_REVERSED", true, Some(OperationStatus::Reversed)),
             ("REFUND_FAILED", false, None),
             ("CAPTURE", true, Some(OperationStatus::Succeeded)),
-            ("CAPTURE_FAILED", true, Some(OperationStatus::Failed)),
+            ("CAPTURE_FAILED", true, Some(OperationStatus::Reversed)),
         ] {
             let event = item_event(&item(code, success));
             let status = event

@@ -457,7 +457,10 @@ fn operation_items(
                 date,
             )]
         }
-        (OperationKind::Capture | OperationKind::Refund, OperationStatus::Failed) => {
+        (
+            OperationKind::Capture | OperationKind::Refund,
+            OperationStatus::Failed | OperationStatus::Reversed,
+        ) => {
             vec![modification_item(state, &record, false, reason, date)]
         }
     }

@@ -83,7 +83,9 @@ pub(crate) fn events(event: &WebhookEvent, state: &SimState) -> Vec<Outgoing> {
                     let refund = render::refund(operation, &metadata);
                     out.push(("refund.updated", refund.clone(), key));
                     match status {
-                        OperationStatus::Failed => out.push(("refund.failed", refund, key)),
+                        OperationStatus::Failed | OperationStatus::Reversed => {
+                            out.push(("refund.failed", refund, key))
+                        }
                         OperationStatus::Succeeded => {
                             out.push(("charge.refunded", charge_object(), key))
                         }

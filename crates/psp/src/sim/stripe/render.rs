@@ -538,7 +538,7 @@ pub(crate) fn refund(operation: &Operation, metadata: &BTreeMap<String, String>)
     let status = match operation.status {
         OperationStatus::Pending => "pending",
         OperationStatus::Succeeded => "succeeded",
-        OperationStatus::Failed => "failed",
+        OperationStatus::Failed | OperationStatus::Reversed => "failed",
     };
     let charge = json!(operation.charge);
     let payment_intent = json!(intent_id_of(&operation.charge));
