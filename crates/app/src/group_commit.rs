@@ -180,9 +180,9 @@ async fn write_batches(store: Store, receiver: Arc<Mutex<mpsc::UnboundedReceiver
 /// Chains the provider facts of one guard (`crate::guard_chain`), answers `Conflict` to the
 /// steps an earlier step of the batch overtakes ([`overtaken`]), then writes the rest as one
 /// batch. Steps that could not be written (all of them when the batch was refused whole; those
-/// whose streams had moved on when the statement commits the others) are tried once more after
-/// their provider facts are rebased onto the guards' states in the log (a fact decided before
-/// another batch wrote its guard is not a conflict). If a batch refused whole still cannot
+/// whose streams had moved on when the statement commits the others) are tried once more, as
+/// their requests decided them, after their provider facts are rebased onto the guards' states in
+/// the log (a fact decided before another batch wrote its guard is not a conflict). If a batch refused whole still cannot
 /// commit, each step is written alone, as its request decided it: a step chained onto one that
 /// is then not written would carry the balances that step would have left, and another write
 /// could take the version it expects.
@@ -213,13 +213,19 @@ async fn write(store: &Store, mut steps: Vec<Work>) -> Vec<Result<Committed, Gro
     };
     if !again.is_empty() {
         let mut retried = take(&mut steps, &again);
+        // Chained again from the log as each request decided it: what the first try chained a
+        // step onto may not be written (a command answered `Conflict`), and a step chained onto
+        // it can expect the very version the log is at while carrying that step's change.
+        if let Some(decided) = &decided {
+            for (step, &i) in retried.iter_mut().zip(&again) {
+                step.appends = decided[i].clone();
+                rebased[i] = None;
+            }
+        }
         let second = match crate::guard_chain::rebase_onto_log(store.as_ref(), &mut retried).await {
             Ok(states) if states.iter().any(Option::is_some) => {
-                // The later rebase leaves the final states; a step it left alone keeps the first.
                 for (&i, states) in again.iter().zip(states) {
-                    if states.is_some() {
-                        rebased[i] = states;
-                    }
+                    rebased[i] = states;
                 }
                 write_whole(store, &retried).await
             }

@@ -120,7 +120,27 @@ fn fact_step(
     delta: i64,
     payment: StreamAppend,
 ) -> Work {
-    use asiento_domain::guard::{decide_entry, DebitGuard, Origin};
+    use asiento_domain::guard::{DebitGuard, Origin};
+    entry_step(
+        n,
+        key,
+        delta,
+        payment,
+        Origin::ProviderFact,
+        DebitGuard::default(),
+    )
+}
+
+/// [`fact_step`] of any origin (a command's step is never rebased), decided against `read`.
+fn entry_step(
+    n: u128,
+    key: &asiento_domain::guard::GuardKey,
+    delta: i64,
+    stream: StreamAppend,
+    origin: asiento_domain::guard::Origin,
+    read: asiento_domain::guard::DebitGuard,
+) -> Work {
+    use asiento_domain::guard::{decide_entry, Origin};
     use asiento_domain::{AccountName, Amount, EntryId, JournalEntry, Leg};
 
     let legs = vec![
@@ -138,16 +158,35 @@ fn fact_step(
         None,
     )
     .unwrap();
-    let guards = [(key.clone(), DebitGuard::default())].into_iter().collect();
+    let guards = [(key.clone(), read)].into_iter().collect();
     let at = chrono::DateTime::from_timestamp(1_764_000_000, 0).unwrap();
-    let appends = decide_entry(&entry, Origin::ProviderFact, &guards, at).unwrap();
-    let mut work_appends = vec![payment];
+    let appends = decide_entry(&entry, origin, &guards, at).unwrap();
+    let mut work_appends = vec![stream];
     work_appends.extend(asiento_app::log::guard_appends(&appends, &Metadata::default()).unwrap());
     Work {
         appends: work_appends,
-        facts: true,
+        facts: origin == Origin::ProviderFact,
         ..Work::default()
     }
+}
+
+/// Every balance `key`'s guard records is the sum of the changes written up to it; the sum.
+async fn assert_guard_balances_add_up(
+    store: &asiento_app::log::Store,
+    key: &asiento_domain::guard::GuardKey,
+) -> i64 {
+    use asiento_domain::guard::GuardEvent;
+    let events = store.read_stream(&key.stream(), 0, 1_000).await.unwrap();
+    let mut balance = 0;
+    for event in &events {
+        if let GuardEvent::BalanceChanged(change) =
+            GuardEvent::decode_raw(&event.event_type, event.schema, event.data.raw()).unwrap()
+        {
+            balance += change.delta_minor.minor();
+            assert_eq!(change.balance_minor.minor(), balance, "{events:#?}");
+        }
+    }
+    balance
 }
 
 async fn each_step_gets_its_own_outcome(backend: Backend) {
@@ -654,7 +693,7 @@ async fn facts_on_one_guard_are_chained_not_refused_postgres() {
 /// would count the first fact's 100 that no entry carries. Whatever else each step is told,
 /// every balance the guard records is the sum of the changes written.
 async fn no_step_carries_the_balances_of_a_step_not_written(backend: Backend) {
-    use asiento_domain::guard::{declare, DebitGuard, GuardEvent};
+    use asiento_domain::guard::{declare, DebitGuard};
     use asiento_domain::AccountPolicy;
 
     let db = TestDatabase::open(backend).await;
@@ -706,16 +745,7 @@ async fn no_step_carries_the_balances_of_a_step_not_written(backend: Backend) {
             "{outcome:?}"
         );
     }
-    let events = store.read_stream(&key.stream(), 0, 1_000).await.unwrap();
-    let mut balance = 0;
-    for event in &events {
-        if let GuardEvent::BalanceChanged(change) =
-            GuardEvent::decode_raw(&event.event_type, event.schema, event.data.raw()).unwrap()
-        {
-            balance += change.delta_minor.minor();
-            assert_eq!(change.balance_minor.minor(), balance, "{events:?}");
-        }
-    }
+    assert_guard_balances_add_up(&store, &key).await;
     drop(commits);
     db.finish().await;
 }
@@ -728,4 +758,89 @@ async fn no_step_carries_the_balances_of_a_step_not_written_sqlite() {
 #[tokio::test(flavor = "current_thread")]
 async fn no_step_carries_the_balances_of_a_step_not_written_postgres() {
     no_step_carries_the_balances_of_a_step_not_written(Backend::Postgres).await;
+}
+
+/// A fact retried after its batch's first try is chained again from the log, never from what an
+/// earlier try chained it onto. Here a command on a guard (never rebased) sits between two facts
+/// on it that were decided before the guard's last write: all three are stale, the command is
+/// answered `Conflict`, and the facts are tried again. The second fact, first chained onto the
+/// command, expects the very version the guard is now at; it must still be decided again from the
+/// log, or it would carry the command's change that no entry of the guard holds.
+async fn a_retried_fact_is_chained_from_the_log_not_from_its_first_try(backend: Backend) {
+    use asiento_domain::guard::Origin;
+
+    let db = TestDatabase::open(backend).await;
+    let store = db.database.event_store();
+    let commits = GroupCommit::new(store.clone());
+    let key = customer_key(8);
+    let first = fact_step(
+        10,
+        &key,
+        1_000,
+        append("payment-first", ExpectedVersion::NoStream, 1),
+    );
+    assert!(matches!(
+        commits.commit(first).await,
+        Ok(Committed::Written(Some(_)))
+    ));
+    let read = asiento_app::log::load_guard(store.as_ref(), &key)
+        .await
+        .unwrap();
+    assert_eq!(read.version, 1);
+
+    // Both facts were decided against the guard before its first write; the command against
+    // the guard as it is now.
+    let refund = fact_step(
+        11,
+        &key,
+        -100,
+        append("payment-refund", ExpectedVersion::NoStream, 1),
+    );
+    let command = entry_step(
+        12,
+        &key,
+        10,
+        append("transfer-command", ExpectedVersion::NoStream, 1),
+        Origin::Command,
+        read,
+    );
+    let capture = fact_step(
+        13,
+        &key,
+        300,
+        append("payment-capture", ExpectedVersion::NoStream, 1),
+    );
+    // On one thread the three are queued before the writer runs: one batch.
+    let (refund, command, capture) = tokio::join!(
+        commits.commit(refund),
+        commits.commit(command),
+        commits.commit(capture)
+    );
+    assert!(matches!(command, Ok(Committed::Conflict)), "{command:?}");
+    for outcome in [&refund, &capture] {
+        assert!(
+            matches!(outcome, Ok(Committed::Rebased(Some(_), _))),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(assert_guard_balances_add_up(&store, &key).await, 1_200);
+    // What each fact's request is told its guard was left at is what the log holds.
+    if let Ok(Committed::Rebased(_, states)) = &capture {
+        let logged = asiento_app::log::load_guard(store.as_ref(), &key)
+            .await
+            .unwrap();
+        assert_eq!(states.as_slice(), [(key.clone(), logged)].as_slice());
+    }
+    drop(commits);
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_retried_fact_is_chained_from_the_log_not_from_its_first_try_sqlite() {
+    a_retried_fact_is_chained_from_the_log_not_from_its_first_try(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_retried_fact_is_chained_from_the_log_not_from_its_first_try_postgres() {
+    a_retried_fact_is_chained_from_the_log_not_from_its_first_try(Backend::Postgres).await;
 }
