@@ -1060,6 +1060,16 @@ fn a_reversal_told_before_its_success_ends_the_operation_as_both_in_order_do() {
         ],
     );
     let told_first = after(&requested, vec![capture(reversed("capture_failed"))]);
+    // From authorized straight to failed: a move the table allows.
+    let decided = decide(
+        &Payment::replay(&requested),
+        capture(reversed("capture_failed")),
+    );
+    check(
+        requested.clone(),
+        capture(reversed("capture_failed")),
+        decided,
+    );
     let record = record_after(&told_first);
     assert_eq!(record, record_after(&in_order));
     assert_eq!(record.status, PaymentStatus::Failed);

@@ -202,9 +202,9 @@ pub const fn rule(from: Option<PaymentStatus>, input: Input) -> Rule {
 
         // The outcome of a capture we asked for: a success captures, a refusal frees the
         // authorization for another capture. A failure after the capture reverses it and the
-        // payment fails; once refunded or disputed, a late answer changes nothing (a failure is
-        // flagged).
-        (Input::FactCaptureOutcome, Authorized) => apply(&[Authorized, Captured]),
+        // payment fails (at once, from authorized, when the reversal arrives before the success);
+        // once refunded or disputed, a late answer changes nothing (a failure is flagged).
+        (Input::FactCaptureOutcome, Authorized) => apply(&[Authorized, Captured, Failed]),
         (Input::FactCaptureOutcome, Captured) => apply(&[Captured, Failed]),
         (Input::FactCaptureOutcome, PartiallyRefunded | Refunded | Disputed) => apply(one(from)),
         (Input::FactCaptureOutcome, _) => FLAG,
