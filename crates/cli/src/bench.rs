@@ -20,6 +20,8 @@
 
 #[path = "bench_command.rs"]
 mod bench_command;
+#[path = "bench_cpu.rs"]
+mod bench_cpu;
 #[path = "bench_e2e.rs"]
 mod bench_e2e;
 

@@ -8,7 +8,9 @@
 //! statement per transfer on PostgreSQL (lock both account rows in id order, debit with the
 //! balance check, credit, insert the transfer row and its two entries: pgledger's shape), one
 //! transaction of plain statements on SQLite. It prints `COMMAND-<backend> asiento=<transfers/s>
-//! limit=<transfers/s> ratio=<x>`.
+//! limit=<transfers/s> ratio=<x>`, and on stderr the CPU per transfer of each side (this process
+//! and, when it runs on this machine, the PostgreSQL server), which tells a side that waits from
+//! a side that works.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +27,7 @@ use asiento_domain::{AccountName, Amount, Currency, TenantId};
 use asiento_eventstore::Database;
 use uuid::Uuid;
 
+use super::bench_cpu::{postmaster_pid, CpuReading};
 use super::bench_e2e::{backend_name, BENCH_TENANT};
 use super::{new_histogram, record, Target};
 
@@ -152,8 +155,10 @@ async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
         funding.elapsed().as_secs_f64()
     );
 
+    let postmaster = postmaster_pid(db).await;
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
+    let cpu_before = CpuReading::now(postmaster.as_deref());
     let mut tasks = Vec::with_capacity(args.tasks);
     for task in 0..args.tasks {
         let (flow, next, run_id) = (flow.clone(), Arc::clone(&next), run_id.clone());
@@ -193,8 +198,9 @@ async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
         }
     }
     let elapsed = started.elapsed();
+    let cpu = CpuReading::now(postmaster.as_deref()).since(&cpu_before);
     let rate = args.commands as f64 / elapsed.as_secs_f64().max(f64::EPSILON);
-    let (limit, plain_posted) = run_plain(db, args).await?;
+    let (limit, plain_posted, plain_cpu) = run_plain(db, args, postmaster.as_deref()).await?;
     let name = format!("COMMAND-{}", backend_name(db));
     println!(
         "{name} asiento={rate:.0} limit={limit:.0} ratio={:.2}",
@@ -211,6 +217,23 @@ async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
         latency.value_at_quantile(0.5),
         latency.value_at_quantile(0.99),
         latency.max()
+    );
+    let per_transfer_ms = |s: f64| s * 1e3 / (args.commands.max(1) as f64);
+    let side = |cpu: &CpuReading| match cpu.postgres_s {
+        Some(postgres_s) => format!(
+            "process {:.3} ms, postgresql {:.3} ms, all {:.3} ms",
+            per_transfer_ms(cpu.process_s),
+            per_transfer_ms(postgres_s),
+            per_transfer_ms(cpu.total_s())
+        ),
+        None => format!("process {:.3} ms", per_transfer_ms(cpu.process_s)),
+    };
+    // The limit's CPU per transfer against asiento's: the ratio a CPU-bound run would reach.
+    eprintln!(
+        "{name} cpu per transfer: asiento {}; limit {}; cpu_ratio={:.2}",
+        side(&cpu),
+        side(&plain_cpu),
+        plain_cpu.total_s() / cpu.total_s().max(f64::EPSILON)
     );
     if plain_posted != args.commands {
         bail!(
@@ -365,11 +388,16 @@ async fn plain_transfer(db: &Database, from: i64, to: i64, amount: i64) -> anyho
     }
 }
 
-/// The run's transfers as plain SQL: transfers/s, and how many posted.
-async fn run_plain(db: &Database, args: &CommandArgs) -> anyhow::Result<(f64, u64)> {
+/// The run's transfers as plain SQL: transfers/s, how many posted, and the CPU they took.
+async fn run_plain(
+    db: &Database,
+    args: &CommandArgs,
+    postmaster: Option<&str>,
+) -> anyhow::Result<(f64, u64, CpuReading)> {
     create_plain_ledger(db, args.accounts).await?;
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
+    let cpu_before = CpuReading::now(postmaster);
     let mut tasks = Vec::with_capacity(args.tasks);
     for task in 0..args.tasks {
         let (db, next) = (db.clone(), Arc::clone(&next));
@@ -391,7 +419,8 @@ async fn run_plain(db: &Database, args: &CommandArgs) -> anyhow::Result<(f64, u6
         posted += task.await??;
     }
     let rate = args.commands as f64 / started.elapsed().as_secs_f64().max(f64::EPSILON);
-    Ok((rate, posted))
+    let cpu = CpuReading::now(postmaster).since(&cpu_before);
+    Ok((rate, posted, cpu))
 }
 
 #[cfg(test)]
