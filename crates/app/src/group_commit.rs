@@ -182,10 +182,10 @@ async fn write_batches(store: Store, receiver: Arc<Mutex<mpsc::UnboundedReceiver
 /// batch. Steps that could not be written (all of them when the batch was refused whole; those
 /// whose streams had moved on when the statement commits the others) are tried once more, as
 /// their requests decided them, after their provider facts are rebased onto the guards' states in
-/// the log (a fact decided before another batch wrote its guard is not a conflict). If a batch refused whole still cannot
-/// commit, each step is written alone, as its request decided it: a step chained onto one that
-/// is then not written would carry the balances that step would have left, and another write
-/// could take the version it expects.
+/// the log (a fact decided before another batch wrote its guard is not a conflict). If a batch
+/// refused whole still cannot commit, each step is written alone, as its request decided it: a
+/// step chained onto one that is then not written would carry the balances that step would have
+/// left, and another write could take the version it expects.
 async fn write(store: &Store, mut steps: Vec<Work>) -> Vec<Result<Committed, GroupCommitError>> {
     let decided: Option<Vec<Vec<StreamAppend>>> = crate::guard_chain::shares_a_stream(&steps)
         .then(|| steps.iter().map(|step| step.appends.clone()).collect());
