@@ -450,6 +450,7 @@ async fn app() -> (tempdir::Guard, Router) {
             database: database.clone(),
             store: database.event_store(),
             commits: asiento_app::group_commit::GroupCommit::new(database.event_store()),
+            guards: Default::default(),
             clock: clock.clone(),
             render,
             idempotency_lease_ms: 30_000,

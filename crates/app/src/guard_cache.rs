@@ -1,20 +1,24 @@
-//! The payment flow's memory of the debit guards it wrote itself.
+//! The memory of the debit guards this process wrote itself, shared by the payment flow and the
+//! ledger flow.
 //!
-//! A payment decision that posts to a guarded account (`customer:…`) appends to that account's
-//! guard stream at the exact version it read. So a remembered guard state that is stale (another
-//! process, or another flow, appended since) can only make that append conflict; it can never
-//! write a wrong balance. The conflict makes the flow forget the decision's guards, and its retry
-//! reads them from the log. And a stale state cannot leak out without an append either: payment
-//! decisions are provider facts, which a guard flags but never refuses. (Transfers are commands
-//! that a guard refuses; they read the log every time.)
+//! A decision that posts to a guarded account appends to that account's guard stream at the exact
+//! version it read. So a remembered guard state that is stale (another process, or another flow,
+//! appended since) can only make that append conflict; it can never write a wrong balance. The
+//! conflict makes the flow forget the decision's guards, and its retry reads them from the log.
+//! A stale state must not leak out without an append either:
 //!
-//! So after each commit the flow remembers the state its appends left each guard in, and reads the
-//! log only for guards it has not written since it started (or that conflicted): one statement
-//! fewer per payment decision in the common case, a customer paying more than once.
+//! - payment decisions are provider facts, which a guard flags but never refuses;
+//! - a ledger command that a remembered state refuses (`insufficient_funds`, a frozen account) is
+//!   decided again against the log before the refusal is answered ([`Loaded::remembered`]): only
+//!   what the log says refuses a command.
+//!
+//! So after each commit a flow remembers the state its appends left each guard in, and reads the
+//! log only for guards this process has not written since it started (or that conflicted): no
+//! read at all for a transfer between accounts this process moved money on before.
 //!
 //! Bounded: when full, it forgets everything and starts over.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use asiento_domain::guard::{self, DebitGuard, GuardAppend, GuardKey};
 use asiento_domain::JournalEntry;
@@ -26,6 +30,15 @@ use crate::log::{self, LogError};
 /// Guards remembered at most; past that the memory starts over empty.
 pub const GUARDS_MAX: usize = 65_536;
 
+/// Guard states loaded for a decision.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub states: BTreeMap<GuardKey, DebitGuard>,
+    /// Some of them came from memory, not the log: a refusal decided against them must be
+    /// decided again against the log ([`GuardCache::forget`] them first).
+    pub remembered: bool,
+}
+
 /// Shared by clones: one per process is the point.
 #[derive(Debug, Clone, Default)]
 pub struct GuardCache {
@@ -33,24 +46,31 @@ pub struct GuardCache {
 }
 
 impl GuardCache {
-    /// The guards every entry in `entries` touches: remembered, or read from the log.
+    /// The guards every entry in `entries` touches: remembered, or read from the log (those at
+    /// once, each in a statement of its own).
     pub async fn load<'a>(
         &self,
         store: &dyn EventStore,
         entries: impl IntoIterator<Item = &'a JournalEntry>,
-    ) -> Result<BTreeMap<GuardKey, DebitGuard>, LogError> {
-        let mut guards = BTreeMap::new();
+    ) -> Result<Loaded, LogError> {
+        let mut states = BTreeMap::new();
+        let mut missing = BTreeSet::new();
         for key in entries.into_iter().flat_map(guard::guarded_keys) {
-            if guards.contains_key(&key) {
-                continue;
+            match self.states.recall(&key) {
+                Some(state) => {
+                    states.insert(key, state);
+                }
+                None => {
+                    missing.insert(key);
+                }
             }
-            let state = match self.states.recall(&key) {
-                Some(state) => state,
-                None => log::load_guard(store, &key).await?,
-            };
-            guards.insert(key, state);
         }
-        Ok(guards)
+        let remembered = !states.is_empty();
+        let read =
+            futures::future::try_join_all(missing.iter().map(|key| log::load_guard(store, key)))
+                .await?;
+        states.extend(missing.into_iter().zip(read));
+        Ok(Loaded { states, remembered })
     }
 
     /// Remembers what committed `appends` left each guard in; `before` is what the decision read.

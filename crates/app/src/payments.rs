@@ -625,7 +625,8 @@ impl PaymentFlow {
             let guards = self
                 .guards
                 .load(self.store.as_ref(), log::payment_entries(&events))
-                .await?;
+                .await?
+                .states;
             let guard_appends = log::payment_guard_appends(&events, &guards)
                 .map_err(|rejection| FlowError::Inconsistent(rejection.to_string()))?;
             let appends = if events.is_empty() {

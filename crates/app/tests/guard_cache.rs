@@ -1,14 +1,17 @@
-//! The payment flow's guard cache against a second writer: two flows with caches of their own
-//! (two processes) post to one customer's guard in turns. Each decision of a flow whose
-//! remembered guard went stale must conflict, read the log and land on the true balance; the
-//! guard stream must chain version after version and every invariant must hold.
+//! The guard cache against a second writer: two flows with caches of their own (two processes)
+//! post to one account's guard in turns. Each decision of a flow whose remembered guard went
+//! stale must conflict, read the log and land on the true balance; the guard stream must chain
+//! version after version and every invariant must hold. For ledger commands, which a guard
+//! refuses, a refusal decided against a stale memory must not be answered: only the log refuses.
 
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 
 use asiento_app::clock::SystemClock;
+use asiento_app::group_commit::GroupCommit;
 use asiento_app::invariants::Checker;
+use asiento_app::ledger::{LedgerFlow, NewTransfer};
 use asiento_app::log;
 use asiento_app::payments::{NewPayment, PaymentFlow};
 use asiento_app::reply::Answer;
@@ -21,7 +24,7 @@ use asiento_psp::{ClientConfig, SimConfig};
 
 mod common;
 
-use common::{create_request, Backend, TestDatabase, TestSim};
+use common::{create_request, Backend, TestDatabase, TestRender, TestSim};
 
 const AMOUNT_MINOR: i64 = 10_000;
 const REFUND_MINOR: i64 = 2_500;
@@ -135,4 +138,101 @@ async fn guard_cache_against_a_second_writer_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guard_cache_against_a_second_writer_postgres() {
     guard_cache_against_a_second_writer(Backend::Postgres).await;
+}
+
+/// A ledger flow of its own (another process): its own writer and its own memory of guards.
+fn ledger(db: &TestDatabase) -> LedgerFlow {
+    LedgerFlow {
+        database: db.database.clone(),
+        store: db.database.event_store(),
+        commits: GroupCommit::new(db.database.event_store()),
+        guards: Default::default(),
+        clock: Arc::new(SystemClock),
+        render: Arc::new(TestRender),
+        idempotency_lease_ms: 30_000,
+    }
+}
+
+/// A transfer of `amount_minor` USD of tenant `acme`: whether it was posted (else refused).
+async fn transfer(flow: &LedgerFlow, from: &str, to: &str, amount_minor: i64) -> bool {
+    let mut request = create_request(&uuid::Uuid::new_v4().to_string());
+    request.scope.route = "/v1/transfers".to_owned();
+    let answer = flow
+        .transfer(
+            &request,
+            NewTransfer {
+                tenant: TenantId::parse("acme").unwrap(),
+                from: AccountName::parse(from).unwrap(),
+                to: AccountName::parse(to).unwrap(),
+                amount: Amount::new(amount_minor),
+                currency: Currency::parse("USD").unwrap(),
+                description: None,
+                pending: false,
+                expires_at: None,
+            },
+        )
+        .await
+        .unwrap();
+    let Answer::Done(response) = answer else {
+        panic!("the transfer did not finish: {answer:?}");
+    };
+    let body: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
+    body.get("rejected").is_none()
+}
+
+async fn ledger_guard_cache_against_a_second_writer(backend: Backend) {
+    let db = TestDatabase::open(backend).await;
+    let (a, b) = (ledger(&db), ledger(&db));
+    let source = "customer:1:available";
+    let key = GuardKey {
+        tenant: TenantId::parse("acme").unwrap(),
+        account: AccountName::parse(source).unwrap(),
+        currency: Currency::parse("USD").unwrap(),
+    };
+    let remembered = |flow: &LedgerFlow| {
+        let state = flow.guards.remembered(&key).expect("a guard it wrote");
+        (state.version, state.balance.minor())
+    };
+
+    assert!(transfer(&a, "treasury:main", source, 100).await);
+    assert_eq!(remembered(&a), (1, 100));
+    // B funds the account; A's memory still says 100.
+    assert!(transfer(&b, "treasury:main", source, 1_000).await);
+    assert_eq!(remembered(&b), (2, 1_100));
+    assert_eq!(remembered(&a), (1, 100));
+
+    // 500 does not fit what A remembers, but fits the log: posted, not refused.
+    assert!(
+        transfer(&a, source, "customer:2:available", 500).await,
+        "a transfer refused on a stale memory"
+    );
+    assert_eq!(remembered(&a), (3, 600));
+
+    // 50 fits B's stale memory (version 2): its append conflicts and lands on version 4.
+    assert!(transfer(&b, source, "customer:3:available", 50).await);
+    assert_eq!(remembered(&b), (4, 550));
+    // More than the log holds is refused after the log is read, and nothing is written.
+    assert!(!transfer(&a, source, "customer:2:available", 10_000).await);
+    assert!(transfer(&a, source, "customer:2:available", 100).await);
+    assert_eq!(remembered(&a), (5, 450));
+
+    let store = db.database.event_store();
+    let state = log::load_guard(store.as_ref(), &key).await.unwrap();
+    assert_eq!((state.version, state.balance.minor()), (5, 450));
+    let report = Checker::new(db.database.clone(), Arc::new(SystemClock))
+        .check_once()
+        .await
+        .unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_guard_cache_against_a_second_writer_sqlite() {
+    ledger_guard_cache_against_a_second_writer(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_guard_cache_against_a_second_writer_postgres() {
+    ledger_guard_cache_against_a_second_writer(Backend::Postgres).await;
 }

@@ -1169,6 +1169,7 @@ async fn start_process(
         database: database.clone(),
         store: database.event_store(),
         commits: Arc::clone(&flow.commits),
+        guards: flow.guards.clone(),
         clock,
         render: Arc::new(SimRender),
         idempotency_lease_ms: IDEMPOTENCY_LEASE_MS,

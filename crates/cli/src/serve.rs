@@ -490,12 +490,14 @@ impl Core {
         let lease_ms = duration_ms(args.idempotency_lease);
         // One writer for the process: its batches never wait for each other's rows.
         let commits = asiento_app::group_commit::GroupCommit::new(store.clone());
+        // One memory of the guards the process wrote, for both flows.
+        let guards = asiento_app::guard_cache::GuardCache::default();
         Ok(Core {
             payments: PaymentFlow {
                 database: database.clone(),
                 store: store.clone(),
                 commits: Arc::clone(&commits),
-                guards: Default::default(),
+                guards: guards.clone(),
                 committed: Default::default(),
                 providers,
                 clock: clock.clone(),
@@ -507,6 +509,7 @@ impl Core {
                 database: database.clone(),
                 store,
                 commits,
+                guards,
                 clock,
                 render,
                 idempotency_lease_ms: lease_ms,

@@ -11,7 +11,7 @@ use asiento_domain::{AccountName, AccountPolicy, Currency, TenantId};
 use asiento_eventstore::Metadata;
 use serde_json::{Map, Value};
 
-use super::{conflict_backoff, Decided, LedgerFlow, LEDGER_CONFLICT_RETRIES_MAX};
+use super::{conflict_backoff, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
 use crate::log;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
@@ -65,7 +65,11 @@ impl LedgerFlow {
                     let appends = log::guard_appends(std::slice::from_ref(&append), &metadata)?;
                     let key = key.clone();
                     let created = current.declared.is_none();
-                    Decided::Append(appends, move |render: &dyn Render, position| {
+                    let touched = Touched {
+                        read: [(key.clone(), current)].into(),
+                        appends: vec![append],
+                    };
+                    Decided::Append(appends, touched, move |render: &dyn Render, position| {
                         render.render(&Reply::Account {
                             key: &key,
                             declared: &declared,

@@ -10,7 +10,7 @@ use asiento_domain::transfer::{evolve, TransferRecord};
 use asiento_domain::{transfer_stream, TenantId, TransferId};
 use asiento_eventstore::{Metadata, StreamAppend};
 
-use super::{conflict_backoff, Decided, LedgerFlow, LEDGER_CONFLICT_RETRIES_MAX};
+use super::{conflict_backoff, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
 use crate::log;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
@@ -28,8 +28,8 @@ pub enum HoldExpiry {
     Refused(HoldRejection),
 }
 
-/// An ending decided: the appends, and the transfer as they leave it.
-type Ending = Result<(Vec<StreamAppend>, TransferRecord), HoldRejection>;
+/// An ending decided: the appends, what they do to the guards, and the transfer as they leave it.
+type Ending = Result<(Vec<StreamAppend>, Touched, TransferRecord), HoldRejection>;
 
 impl LedgerFlow {
     #[tracing::instrument(skip_all, fields(tenant = %tenant, transfer = %id))]
@@ -49,8 +49,8 @@ impl LedgerFlow {
         for attempt in 0..LEDGER_CONFLICT_RETRIES_MAX {
             let decided = match self.decide_ending(tenant, id, action, &metadata).await? {
                 Err(rejection) => Decided::Refused(Rejected::Hold(rejection)),
-                Ok((appends, record)) => {
-                    Decided::Append(appends, move |render: &dyn Render, position| {
+                Ok((appends, touched, record)) => {
+                    Decided::Append(appends, touched, move |render: &dyn Render, position| {
                         render.render(&Reply::Transfer {
                             transfer: &record,
                             created: false,
@@ -83,21 +83,23 @@ impl LedgerFlow {
             idempotency_key: None,
         };
         for attempt in 0..LEDGER_CONFLICT_RETRIES_MAX {
-            let appends = match self
+            let (appends, touched) = match self
                 .decide_ending(tenant, id, HoldAction::Expire, &metadata)
                 .await?
             {
-                Ok((appends, _)) => appends,
+                Ok((appends, touched, _)) => (appends, touched),
                 Err(HoldRejection::Ended { .. }) => return Ok(HoldExpiry::AlreadyEnded),
                 Err(HoldRejection::NotDue(_)) => return Ok(HoldExpiry::NotDue),
                 Err(other) => return Ok(HoldExpiry::Refused(other)),
             };
             match self.store.append(&appends).await {
                 Ok(_) => {
+                    self.guards.wrote(&touched.read, &touched.appends);
                     metrics::counter!("asiento_holds_expired_total").increment(1);
                     return Ok(HoldExpiry::Expired);
                 }
                 Err(error) if log::is_conflict(&error) => {
+                    self.guards.forget(touched.read.keys());
                     metrics::counter!("asiento_ledger_conflicts_total").increment(1);
                     tokio::time::sleep(conflict_backoff(attempt)).await;
                 }
@@ -109,7 +111,8 @@ impl LedgerFlow {
         )))
     }
 
-    /// Loads the transfer and the guards its ending touches, and decides the ending.
+    /// Loads the transfer and the guards its ending touches, and decides the ending. The guards
+    /// are read from the log: an ending is refused on what they hold.
     async fn decide_ending(
         &self,
         tenant: &TenantId,
@@ -146,6 +149,10 @@ impl LedgerFlow {
             .fold(transfer, evolve)
             .record
             .ok_or_else(|| FlowError::Inconsistent(format!("hold {id} without a record")))?;
-        Ok(Ok((appends, record)))
+        let touched = Touched {
+            read: guards,
+            appends: decision.guards,
+        };
+        Ok(Ok((appends, touched, record)))
     }
 }

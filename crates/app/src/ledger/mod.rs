@@ -15,12 +15,15 @@ pub mod accounts;
 pub mod holds;
 pub mod transfers;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use asiento_domain::guard::{DebitGuard, GuardAppend, GuardKey};
 use asiento_eventstore::{Database, StreamAppend};
 
 use crate::clock::Clock;
 use crate::group_commit::{Committed, Completion, GroupCommit, Respond, Work};
+use crate::guard_cache::GuardCache;
 use crate::idempotency::{self, Claim, Completing, FreshClaim, Lease, StoredResponse};
 use crate::log::{self, Store};
 pub(crate) use crate::payments::conflict_backoff;
@@ -36,6 +39,9 @@ pub struct LedgerFlow {
     pub store: Store,
     /// The process's group commit writer, shared with the payment flow.
     pub commits: Arc<GroupCommit>,
+    /// The process's memory of the guards it wrote, shared with the payment flow: a transfer
+    /// reads from the log only the guards it holds no state of.
+    pub guards: GuardCache,
     pub clock: Arc<dyn Clock>,
     pub render: Arc<dyn Render>,
     pub idempotency_lease_ms: i64,
@@ -45,9 +51,16 @@ pub struct LedgerFlow {
 enum Decided<F> {
     /// A business rejection: stored as the key's answer, nothing appended.
     Refused(Rejected),
-    /// Appends, and how to render the answer once they are in (given the last position
-    /// written).
-    Append(Vec<StreamAppend>, F),
+    /// Appends, what they do to the guards, and how to render the answer once they are in
+    /// (given the last position written).
+    Append(Vec<StreamAppend>, Touched, F),
+}
+
+/// A decision's guards: the states it was decided against and what it appends to them, from
+/// which the guard memory learns once the decision commits.
+struct Touched {
+    read: BTreeMap<GuardKey, DebitGuard>,
+    appends: Vec<GuardAppend>,
 }
 
 /// How many guard races a ledger command may lose before it gives up (an internal error). A hot
@@ -68,19 +81,20 @@ impl LedgerFlow {
         F: Fn(&dyn Render, i64) -> StoredResponse + Send + Sync + 'static,
     {
         let now = self.clock.now().timestamp_millis();
-        let (appends, respond): (Vec<StreamAppend>, Respond) = match decided {
-            Decided::Refused(rejected) => {
-                let response = self.render.render(&Reply::Rejected(rejected));
-                (Vec::new(), Arc::new(move |_| response.clone()))
-            }
-            Decided::Append(appends, reply) => {
-                let render = Arc::clone(&self.render);
-                let respond = move |position: Option<i64>| {
-                    reply(render.as_ref(), position.unwrap_or_default())
-                };
-                (appends, Arc::new(respond))
-            }
-        };
+        let (appends, touched, respond): (Vec<StreamAppend>, Option<Touched>, Respond) =
+            match decided {
+                Decided::Refused(rejected) => {
+                    let response = self.render.render(&Reply::Rejected(rejected));
+                    (Vec::new(), None, Arc::new(move |_| response.clone()))
+                }
+                Decided::Append(appends, touched, reply) => {
+                    let render = Arc::clone(&self.render);
+                    let respond = move |position: Option<i64>| {
+                        reply(render.as_ref(), position.unwrap_or_default())
+                    };
+                    (appends, Some(touched), Arc::new(respond))
+                }
+            };
         let lease = Lease::new(now, self.idempotency_lease_ms);
         let step = Work {
             claim: Some(FreshClaim {
@@ -105,7 +119,16 @@ impl LedgerFlow {
             inbox: None,
             facts: false,
         };
-        match self.commits.commit(step).await? {
+        let outcome = self.commits.commit(step).await?;
+        if let Some(Touched { read, appends }) = &touched {
+            match outcome {
+                Committed::Written(_) => self.guards.wrote(read, appends),
+                // Lost a race (what is remembered is stale), or the interactive claim below
+                // writes it: that path does not tell the memory what it wrote.
+                _ => self.guards.forget(read.keys()),
+            }
+        }
+        match outcome {
             Committed::Written(appended) => Ok(Some(Answer::Done(respond(
                 appended.map(|appended| appended.last_position),
             )))),

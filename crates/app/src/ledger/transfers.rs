@@ -12,7 +12,8 @@ use asiento_eventstore::Metadata;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{conflict_backoff, Decided, LedgerFlow, LEDGER_CONFLICT_RETRIES_MAX};
+use super::{conflict_backoff, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
+use crate::guard_cache::Loaded;
 use crate::log;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
@@ -45,6 +46,7 @@ impl LedgerFlow {
             causation_id: None,
             idempotency_key: Some(request.key.as_str().to_owned()),
         };
+        let mut refused_on_memory = false;
         for attempt in 0..LEDGER_CONFLICT_RETRIES_MAX {
             let command = RequestTransfer {
                 id,
@@ -71,9 +73,22 @@ impl LedgerFlow {
                         ))
                     }
                 };
-            let guards =
-                log::load_guards(self.store.as_ref(), log::transfer_entries(&entries)).await?;
-            let decided = match decide_with_guards(&Transfer::default(), command, &guards) {
+            let posted = log::transfer_entries(&entries);
+            let loaded = if refused_on_memory {
+                Loaded {
+                    states: log::load_guards(self.store.as_ref(), posted).await?,
+                    remembered: false,
+                }
+            } else {
+                self.guards.load(self.store.as_ref(), posted).await?
+            };
+            let decided = match decide_with_guards(&Transfer::default(), command, &loaded.states) {
+                // Only the log refuses a command: decided again against it.
+                Err(_) if loaded.remembered => {
+                    self.guards.forget(loaded.states.keys());
+                    refused_on_memory = true;
+                    continue;
+                }
                 Err(TransferRejection::Guard(guard)) => Decided::Refused(Rejected::Guard(guard)),
                 Err(other) => Decided::Refused(Rejected::Transfer(other)),
                 Ok(TransferDecision { events, guards }) => {
@@ -84,6 +99,10 @@ impl LedgerFlow {
                         &guards,
                         &metadata,
                     )?;
+                    let touched = Touched {
+                        read: loaded.states,
+                        appends: guards,
+                    };
                     let record = events
                         .iter()
                         .fold(Transfer::default(), asiento_domain::transfer::evolve)
@@ -91,7 +110,7 @@ impl LedgerFlow {
                         .ok_or_else(|| {
                             FlowError::Inconsistent("transfer without a record".to_owned())
                         })?;
-                    Decided::Append(appends, move |render: &dyn Render, position| {
+                    Decided::Append(appends, touched, move |render: &dyn Render, position| {
                         render.render(&Reply::Transfer {
                             transfer: &record,
                             created: true,
