@@ -4,8 +4,10 @@
 //! finalisation appends the provider's fact and completes the key with the rendered answer. Each
 //! alone is a transaction of a few single-row statements and a commit flush; measured, a
 //! row costs several times more in a single-row statement than in a batch (docs/benchmarks.md).
-//! So requests hand their step to a writer task ([`GroupCommit::commit`]), which takes every step
-//! waiting at that moment and writes them in one transaction with one statement per kind of row:
+//! So requests hand their step to the process's dispatcher ([`GroupCommit::commit`],
+//! `crate::group_dispatch`), which takes every step waiting at that moment and has a writer task
+//! write them in one transaction with one statement per kind of row (two such batches at once on
+//! PostgreSQL, never sharing a row):
 //! the fresh claims (`idempotency::claim_fresh_each`), the webhook events received
 //! (`webhooks::insert_inbox_each`), the events
 //! (`EventStore::append_each_in`), the completions (`idempotency::complete_each`). Each request
@@ -23,7 +25,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
 use asiento_eventstore::{AppendError, Appended, ExpectedVersion, StoreError, StreamAppend, Tx};
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::group_statement::{self, Written};
 use crate::guard_chain::GuardStates;
@@ -34,16 +36,6 @@ use crate::webhooks::{self, InboxRow};
 /// Requests written in one transaction, at most. (The queue itself is unbounded: what waits in
 /// it is bounded by the requests in flight.)
 pub const BATCH_MAX: usize = 64;
-/// Writer tasks. One: while its batch commits, the next one gathers in the queue. Two measured
-/// no better (each batch is smaller, and a statement costs the database about as much for two
-/// steps as for eight), and two batches in concurrent transactions could wait for each other's
-/// rows in opposite orders (a deadlock PostgreSQL breaks only after `deadlock_timeout`).
-const WRITERS: usize = 1;
-/// How long a writer goes on gathering steps after the first, at most (see [`gather`]).
-const GATHER_MAX: std::time::Duration = std::time::Duration::from_micros(500);
-/// Yields in a row that bring no new step, after which a writer stops gathering.
-const GATHER_IDLE_YIELDS: u32 = 3;
-
 /// One request's step: what it writes.
 #[derive(Default)]
 pub struct Work {
@@ -107,9 +99,9 @@ pub enum GroupCommitError {
     Unexpected(String),
 }
 
-type Reply = oneshot::Sender<Result<Committed, GroupCommitError>>;
+pub(crate) type Reply = oneshot::Sender<Result<Committed, GroupCommitError>>;
 
-/// The writer tasks of one store, started on first use. Cheap to share (`Arc`).
+/// The dispatcher of one store and its writer tasks, started on first use. Cheap to share (`Arc`).
 pub struct GroupCommit {
     store: Store,
     queue: OnceLock<mpsc::UnboundedSender<(Work, Reply)>>,
@@ -141,71 +133,12 @@ impl GroupCommit {
     fn queue(&self) -> &mpsc::UnboundedSender<(Work, Reply)> {
         self.queue.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
-            let receiver = Arc::new(Mutex::new(receiver));
-            for _ in 0..WRITERS {
-                tokio::spawn(write_batches(self.store.clone(), Arc::clone(&receiver)));
-            }
+            tokio::spawn(crate::group_dispatch::dispatch(
+                self.store.clone(),
+                receiver,
+            ));
             sender
         })
-    }
-}
-
-/// One writer: takes what is waiting (at least one step), writes it, answers; until every
-/// sender is gone.
-async fn write_batches(store: Store, receiver: Arc<Mutex<mpsc::UnboundedReceiver<(Work, Reply)>>>) {
-    loop {
-        let mut batch = Vec::new();
-        {
-            let mut receiver = receiver.lock().await;
-            if receiver.recv_many(&mut batch, BATCH_MAX).await == 0 {
-                return;
-            }
-            gather(&mut receiver, &mut batch).await;
-        }
-        metrics::histogram!("asiento_group_commit_batch_size").record(batch.len() as f64);
-        let (steps, replies): (Vec<Work>, Vec<Reply>) = batch.into_iter().unzip();
-        // In a task of its own, so that a panic fails this batch's requests, not the writer.
-        let written = tokio::spawn({
-            let store = store.clone();
-            async move { write(&store, steps).await }
-        })
-        .await;
-        let outcomes = written.unwrap_or_else(|panic| {
-            tracing::error!(%panic, "a group commit batch panicked; its requests fail");
-            (0..replies.len())
-                .map(|_| Err(GroupCommitError::Unexpected("the batch panicked".into())))
-                .collect()
-        });
-        for (reply, outcome) in replies.into_iter().zip(outcomes) {
-            // A request that gave up is answered nowhere; its step is committed or not as told.
-            let _ = reply.send(outcome);
-        }
-    }
-}
-
-/// Adds to `batch` the steps that arrive while the tasks just woken run: the requests the last
-/// batch answered often come back at once with their next step (a client's next command, a
-/// payment's finalisation after its create), and each that joins this batch is spared waiting a
-/// whole statement for the next one. The writer yields rather than sleeps, so that those tasks
-/// run first, and stops after [`GATHER_IDLE_YIELDS`] yields that bring nothing or after
-/// [`GATHER_MAX`]: an idle writer adds a few task switches to a request, a busy one a fraction of
-/// a statement.
-async fn gather(
-    receiver: &mut mpsc::UnboundedReceiver<(Work, Reply)>,
-    batch: &mut Vec<(Work, Reply)>,
-) {
-    let started = std::time::Instant::now();
-    let mut idle = 0;
-    while batch.len() < BATCH_MAX && idle < GATHER_IDLE_YIELDS && started.elapsed() < GATHER_MAX {
-        tokio::task::yield_now().await;
-        let before = batch.len();
-        while batch.len() < BATCH_MAX {
-            match receiver.try_recv() {
-                Ok(step) => batch.push(step),
-                Err(_) => break,
-            }
-        }
-        idle = if batch.len() == before { idle + 1 } else { 0 };
     }
 }
 
@@ -218,7 +151,10 @@ async fn gather(
 /// refused whole still cannot commit, each step is written alone, as its request decided it: a
 /// step chained onto one that is then not written would carry the balances that step would have
 /// left, and another write could take the version it expects.
-async fn write(store: &Store, mut steps: Vec<Work>) -> Vec<Result<Committed, GroupCommitError>> {
+pub(crate) async fn write(
+    store: &Store,
+    mut steps: Vec<Work>,
+) -> Vec<Result<Committed, GroupCommitError>> {
     let decided: Option<Vec<Vec<StreamAppend>>> = crate::guard_chain::shares_a_stream(&steps)
         .then(|| steps.iter().map(|step| step.appends.clone()).collect());
     let mut rebased = crate::guard_chain::chain(&mut steps);
@@ -521,34 +457,6 @@ mod tests {
                 .collect(),
             ..Work::default()
         }
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn gather_takes_the_steps_of_tasks_woken_before_it() {
-        let (sender, mut receiver) = mpsc::unbounded_channel();
-        let step = || (Work::default(), oneshot::channel().0);
-        // Requests the last batch answered: each sends its next step once it runs.
-        let (answer, answered) = tokio::sync::watch::channel(false);
-        for _ in 0..3 {
-            let (sender, mut answered) = (sender.clone(), answered.clone());
-            tokio::spawn(async move {
-                answered.changed().await.unwrap();
-                sender.send(step()).unwrap();
-            });
-        }
-        sender.send(step()).unwrap();
-        let mut batch = Vec::new();
-        receiver.recv_many(&mut batch, BATCH_MAX).await;
-        answer.send(true).unwrap();
-        gather(&mut receiver, &mut batch).await;
-        assert_eq!(
-            batch.len(),
-            4,
-            "the three woken requests' steps join the batch"
-        );
-        // Nothing more comes: gathering ends after a few idle yields.
-        gather(&mut receiver, &mut batch).await;
-        assert_eq!(batch.len(), 4);
     }
 
     #[test]

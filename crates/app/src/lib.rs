@@ -9,6 +9,7 @@ pub mod exceptions;
 pub mod facts;
 pub mod gauges;
 pub mod group_commit;
+mod group_dispatch;
 pub mod group_statement;
 pub mod guard_cache;
 pub mod guard_chain;

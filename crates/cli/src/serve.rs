@@ -488,7 +488,7 @@ impl Core {
         let render = Arc::new(asiento_api::render::JsonRender);
         let store = Arc::clone(store);
         let lease_ms = duration_ms(args.idempotency_lease);
-        // One writer for the process: its batches never wait for each other's rows.
+        // One group commit for the process: its batches in flight never share a row.
         let commits = asiento_app::group_commit::GroupCommit::new(store.clone());
         // One memory of the guards the process wrote, for both flows.
         let guards = asiento_app::guard_cache::GuardCache::default();

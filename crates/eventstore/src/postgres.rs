@@ -614,6 +614,10 @@ impl EventStore for PgEventStore {
         Ok(Tx::Postgres(PgTx::begin(lease).await?))
     }
 
+    fn writes_concurrently(&self) -> bool {
+        true
+    }
+
     async fn statement_connection(&self) -> Result<Option<PgConn>, StoreError> {
         Ok(Some(PgConn {
             lease: self.connections.lease(&self.pool).await?,
