@@ -49,22 +49,31 @@ impl TestDatabase {
     }
 }
 
-/// A running process whose stdout lines are collected.
+/// Lines of a process's log shown when the test that ran it fails.
+const LOG_TAIL_LINES: usize = 40;
+
+/// A running process whose stdout lines are collected. Its log (stderr) goes to a file of its own
+/// and is shown, its last [`LOG_TAIL_LINES`] lines, only if the test fails while the process is
+/// alive: inside that test's captured output, next to its panic, instead of every process's
+/// warnings interleaved on the test binary's stderr.
 pub struct Process {
     pub child: Child,
     lines: mpsc::Receiver<String>,
     pub seen: Vec<String>,
+    log: tempfile::NamedTempFile,
+    args: Vec<String>,
 }
 
 impl Process {
     pub fn spawn(args: &[&str], envs: &[(&str, &str)]) -> Self {
+        let log = tempfile::NamedTempFile::new().expect("a log file");
         let mut command = Command::new(BIN);
         command
             .args(args)
             .env("ASIENTO_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(log.reopen().expect("the log file, for writing"));
         for (key, value) in envs {
             command.env(key, value);
         }
@@ -82,6 +91,8 @@ impl Process {
             child,
             lines,
             seen: Vec::new(),
+            log,
+            args: args.iter().map(|arg| (*arg).to_owned()).collect(),
         }
     }
 
@@ -115,6 +126,18 @@ impl Process {
 impl Drop for Process {
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.log.path()).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+            eprintln!(
+                "---- the last {} of {} log lines of `asiento {}` ----\n{}",
+                tail.len(),
+                lines.len(),
+                self.args.join(" "),
+                tail.join("\n")
+            );
+        }
     }
 }
 
