@@ -53,8 +53,8 @@ impl TestDatabase {
 const LOG_TAIL_LINES: usize = 40;
 
 /// A running process whose stdout lines are collected. Its log (stderr) goes to a file of its own
-/// and is shown, its last [`LOG_TAIL_LINES`] lines, only if the test fails while the process is
-/// alive: inside that test's captured output, next to its panic, instead of every process's
+/// and is shown, its last [`LOG_TAIL_LINES`] lines, only if the test fails while it holds this
+/// `Process`: inside that test's captured output, next to its panic, instead of every process's
 /// warnings interleaved on the test binary's stderr.
 pub struct Process {
     pub child: Child,
@@ -127,7 +127,9 @@ impl Drop for Process {
     fn drop(&mut self) {
         self.kill();
         if std::thread::panicking() {
-            let log = std::fs::read_to_string(self.log.path()).unwrap_or_default();
+            // Lossy: a killed process may have been cut off inside a character.
+            let log = String::from_utf8_lossy(&std::fs::read(self.log.path()).unwrap_or_default())
+                .into_owned();
             let lines: Vec<&str> = log.lines().collect();
             let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
             eprintln!(
