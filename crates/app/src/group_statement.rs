@@ -4,7 +4,8 @@
 //! The statement is a chain of data-modifying CTEs, each the statement the transaction path runs
 //! for its kind of row: the fresh claims (`claimed`), the webhook rows (`stored`), the events
 //! (`each_written`, from `asiento_eventstore::EachAppend`), the completions (`completed`) and the
-//! keys claimed and completed at once (`settled`).
+//! keys claimed and completed at once (`settled`): those of the kinds of rows the batch has
+//! ([`Kinds`]), one statement text per combination.
 //! What the transaction path decides between its statements, the statement decides inside:
 //!
 //! - **A step is written whole or not at all, and alone.** A step one of whose streams is not at
@@ -23,15 +24,19 @@
 //!   statement stores the part before it, the real position and the part after it. Otherwise the
 //!   batch takes the transaction path.
 //! - **Nothing of a step is committed in part.** If a step that is not stale and got past its
-//!   claim is not written whole (a chain broken by an earlier step of its stream, a row another
-//!   writer inserted first), a completion found its lease taken over, or a key settled at once
-//!   was claimed meanwhile, the statement calls `asiento_batch_refused` (migration 0050), whose
-//!   error undoes the whole statement. The caller then writes each step alone, in a transaction
-//!   of its own, which tells that step its [`Committed::Conflict`] or [`Committed::LeaseLost`].
+//!   claim is not written whole (a chain broken by an earlier step of its stream), or a
+//!   completion found its lease taken over, the statement calls `asiento_batch_refused`
+//!   (migration 0050), whose error undoes the whole statement. An event row or a key settled at
+//!   once that another writer inserted first (after the statement began) does the same through
+//!   its unique violation: those two INSERTs have no ON CONFLICT clause ([`Taken::Fail`]), which
+//!   spares each row a probe of every unique index before it goes in. Either way the caller then
+//!   writes each step alone, in a transaction of its own, which tells that step its
+//!   [`Committed::Conflict`] or [`Committed::LeaseLost`].
 
 use std::collections::HashSet;
+use std::sync::LazyLock;
 
-use asiento_eventstore::{each_results, EachAppend, StreamAppend};
+use asiento_eventstore::{each_results, EachAppend, StreamAppend, Taken};
 use sqlx::postgres::PgArguments;
 use sqlx::Row;
 use uuid::Uuid;
@@ -41,8 +46,9 @@ use crate::idempotency::{self, Completing, FreshClaim, StoredResponse};
 use crate::log::Store;
 use crate::webhooks::{self, InboxRow};
 
-/// The SQLSTATE `asiento_batch_refused` raises (migration 0050).
-const REFUSED: &str = "AB001";
+/// The SQLSTATEs that mean the statement refused itself: `asiento_batch_refused`'s (migration
+/// 0050) and a unique violation (a row another writer inserted first).
+const REFUSED: [&str; 2] = ["AB001", "23505"];
 /// The two positions a response is rendered with to find where its position goes. Large, so that
 /// their text is unlikely anywhere else in a response (if it is, the batch takes the transaction
 /// path).
@@ -132,7 +138,13 @@ pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommit
         .and_then(|()| idempotency::add_claims(&mut arguments, settle_claims.iter().copied()))
         .and_then(|()| idempotency::add_completions(&mut arguments, borrowed(&settle_answers)))
         .map_err(sqlx::Error::Encode)?;
-    let result = sqlx::query_with(&statement(), arguments)
+    let kinds = Kinds {
+        claims: !claims.is_empty(),
+        inbox: !rows.is_empty(),
+        completions: !completions.is_empty(),
+        settles: !settle_claims.is_empty(),
+    };
+    let result = sqlx::query_with(statement(kinds), arguments)
         .fetch_one(&mut *conn)
         .await;
     let appended = result.as_ref().is_ok_and(|row| {
@@ -142,7 +154,9 @@ pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommit
     conn.finished(&result, appended);
     let row = match result {
         Ok(row) => row,
-        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(REFUSED) => {
+        Err(sqlx::Error::Database(error))
+            if error.code().is_some_and(|code| REFUSED.contains(&&*code)) =>
+        {
             return Ok(Written::Refused)
         }
         // An error from the database undid the statement (its own transaction). Without an
@@ -261,14 +275,70 @@ fn split_at_position(respond: &Respond) -> Option<(StoredResponse, Vec<u8>)> {
     ))
 }
 
-/// The statement; its parameters as [`CLAIMS_FIRST`] and the others say.
-fn statement() -> String {
+/// The kinds of rows a batch writes besides its events. The statement leaves out the CTEs of the
+/// kinds a batch has none of: PostgreSQL sets up every node of a plan on each execution, and for a
+/// batch of one or a few steps that set-up costs about as much as running it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Kinds {
+    claims: bool,
+    inbox: bool,
+    completions: bool,
+    settles: bool,
+}
+
+impl Kinds {
+    const COUNT: usize = 16;
+
+    fn index(self) -> usize {
+        usize::from(self.claims)
+            | usize::from(self.inbox) << 1
+            | usize::from(self.completions) << 2
+            | usize::from(self.settles) << 3
+    }
+
+    fn of_index(index: usize) -> Kinds {
+        Kinds {
+            claims: index & 1 != 0,
+            inbox: index & 2 != 0,
+            completions: index & 4 != 0,
+            settles: index & 8 != 0,
+        }
+    }
+}
+
+/// The statement for a batch with `kinds`, built once per kind.
+fn statement(kinds: Kinds) -> &'static str {
+    static STATEMENTS: LazyLock<Vec<String>> = LazyLock::new(|| {
+        (0..Kinds::COUNT)
+            .map(|i| build(Kinds::of_index(i)))
+            .collect()
+    });
+    &STATEMENTS[kinds.index()]
+}
+
+/// The statement for `kinds`; its parameters as [`CLAIMS_FIRST`] and the others say (those of a
+/// kind left out are bound, typed, and not read).
+fn build(kinds: Kinds) -> String {
     let not_stale = "NOT IN (SELECT req FROM each_stale)";
     // A step's events go in if the key it claims came back, or the key it settles was fresh.
-    let gate = "(i.req NOT IN (SELECT step FROM claim_input) \
-                OR i.req IN (SELECT c.step FROM claim_input c JOIN claimed d ON d.lease_owner = c.o)) \
-                AND (i.req NOT IN (SELECT step FROM settle_claims) \
-                OR i.req IN (SELECT step FROM settle_fresh))";
+    let mut gates = Vec::new();
+    if kinds.claims {
+        gates.push(
+            "(i.req NOT IN (SELECT step FROM claim_input) \
+             OR i.req IN (SELECT c.step FROM claim_input c JOIN claimed d ON d.lease_owner = c.o))",
+        );
+    }
+    if kinds.settles {
+        gates.push(
+            "(i.req NOT IN (SELECT step FROM settle_claims) \
+             OR i.req IN (SELECT step FROM settle_fresh))",
+        );
+    }
+    let gate = if gates.is_empty() {
+        "true".to_owned()
+    } else {
+        gates.join(" AND ")
+    };
     let position = "SELECT max(w.position) FROM each_written w \
                     JOIN each_input i ON i.event_id = w.event_id WHERE i.req = u.step";
     let [settle_fresh, settled] = idempotency::settles_ctes(
@@ -277,37 +347,77 @@ fn statement() -> String {
         &format!("c.step {not_stale}"),
         position,
     );
+
+    // The CTEs in the order they must run: the claims and the keys settled at once before the
+    // events they gate, the completions and the settled keys after the events whose position
+    // they carry.
+    let mut ctes = vec![EachAppend::input_ctes(EVENTS_FIRST)];
+    let mut owners = Vec::new();
+    if kinds.claims {
+        ctes.push(idempotency::claims_ctes(
+            CLAIMS_FIRST,
+            &format!("step {not_stale}"),
+        ));
+        owners.push("SELECT lease_owner FROM claimed");
+    }
+    if kinds.settles {
+        ctes.push(format!(
+            "settle_claims AS (SELECT unnest(${SETTLE_CLAIMS_FIRST}::int8[]) AS step)"
+        ));
+        ctes.push(settle_fresh);
+    }
+    if kinds.inbox {
+        ctes.push(webhooks::inbox_cte(INBOX_FIRST));
+    }
+    ctes.push(EachAppend::write_ctes(&gate, Taken::Fail));
+    if kinds.completions {
+        ctes.push(idempotency::completions_cte(
+            COMPLETIONS_FIRST,
+            position,
+            &format!("u.step {not_stale}"),
+        ));
+    }
+    if kinds.settles {
+        ctes.push(settled);
+        owners.push("SELECT lease_owner FROM settled");
+    }
+
+    let claimed = if owners.is_empty() {
+        "'{}'::uuid[]".to_owned()
+    } else {
+        format!("ARRAY({})", owners.join(" UNION ALL "))
+    };
+    let [stored_provider, stored_event] = if kinds.inbox {
+        ["provider", "event_id"]
+            .map(|column| format!("ARRAY(SELECT {column} FROM stored ORDER BY provider, event_id)"))
+    } else {
+        ["'{}'::text[]", "'{}'::text[]"].map(str::to_owned)
+    };
+    let mut refusals = vec![format!(
+        "WHEN EXISTS (SELECT 1 FROM each_input i WHERE i.req {not_stale} AND {gate} \
+         AND NOT EXISTS (SELECT 1 FROM each_written w WHERE w.event_id = i.event_id)) \
+         THEN asiento_batch_refused('a stream was not at the expected version')"
+    )];
+    if kinds.completions {
+        refusals.push(format!(
+            "WHEN (SELECT count(*) FROM completed) <> (SELECT count(*) FROM \
+             unnest(${COMPLETIONS_FIRST}::int8[]) AS s(step) WHERE s.step {not_stale}) \
+             THEN asiento_batch_refused('a key''s lease was taken over')"
+        ));
+    }
+    // The written rows' columns in one pass: the four arrays are aligned, in no particular order.
     format!(
-        "WITH {input}, {claims}, settle_claims AS (SELECT unnest(${settle_first}::int8[]) AS step), \
-         {settle_fresh}, {inbox}, {events}, {completions}, {settled} \
-         SELECT ARRAY(SELECT lease_owner FROM claimed UNION ALL SELECT lease_owner FROM settled) \
-         AS claimed, \
-         ARRAY(SELECT req FROM each_stale) AS stale, \
-         ARRAY(SELECT provider FROM stored ORDER BY provider, event_id) AS stored_provider, \
-         ARRAY(SELECT event_id FROM stored ORDER BY provider, event_id) AS stored_event, \
-         ARRAY(SELECT event_id FROM each_written ORDER BY position) AS written_event, \
-         ARRAY(SELECT position FROM each_written ORDER BY position) AS written_position, \
-         ARRAY(SELECT version FROM each_written ORDER BY position) AS written_version, \
-         ARRAY(SELECT xact FROM each_written ORDER BY position) AS written_xact, \
-         CASE WHEN EXISTS (SELECT 1 FROM each_input i WHERE i.req {not_stale} AND {gate} \
-              AND NOT EXISTS (SELECT 1 FROM each_written w WHERE w.event_id = i.event_id)) \
-         THEN asiento_batch_refused('a stream was not at the expected version') \
-         WHEN (SELECT count(*) FROM completed) <> (SELECT count(*) FROM \
-              unnest(${completions_first}::int8[]) AS s(step) WHERE s.step {not_stale}) \
-         THEN asiento_batch_refused('a key''s lease was taken over') \
-         WHEN (SELECT count(*) FROM settled) <> (SELECT count(*) FROM settle_fresh) \
-         THEN asiento_batch_refused('a key was claimed meanwhile') \
-         ELSE true END AS written",
-        input = EachAppend::input_ctes(EVENTS_FIRST),
-        claims = idempotency::claims_ctes(CLAIMS_FIRST, &format!("step {not_stale}")),
-        settle_fresh = settle_fresh,
-        settled = settled,
-        inbox = webhooks::inbox_cte(INBOX_FIRST),
-        events = EachAppend::write_ctes(gate),
-        completions =
-            idempotency::completions_cte(COMPLETIONS_FIRST, position, &format!("u.step {not_stale}")),
-        completions_first = COMPLETIONS_FIRST,
-        settle_first = SETTLE_CLAIMS_FIRST,
+        "WITH {ctes} \
+         SELECT {claimed} AS claimed, ARRAY(SELECT req FROM each_stale) AS stale, \
+         {stored_provider} AS stored_provider, {stored_event} AS stored_event, \
+         w.written_event, w.written_position, w.written_version, w.written_xact, \
+         CASE {refusals} ELSE true END AS written \
+         FROM (SELECT coalesce(array_agg(event_id), '{{}}') AS written_event, \
+         coalesce(array_agg(position), '{{}}') AS written_position, \
+         coalesce(array_agg(version), '{{}}') AS written_version, \
+         coalesce(array_agg(xact), '{{}}') AS written_xact FROM each_written) w",
+        ctes = ctes.join(", "),
+        refusals = refusals.join(" "),
     )
 }
 

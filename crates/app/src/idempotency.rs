@@ -322,8 +322,9 @@ fn claims_unnest(first: usize) -> String {
 /// subquery, one probe of the key's index per step: as `NOT EXISTS` the planner may hash the
 /// whole table, which it did on a table without statistics.) `settled` inserts them as
 /// completed records, each response with the decimal text of `position` (an SQL expression over
-/// `u`) between its two parts, skipping a key claimed meanwhile, `RETURNING lease_owner`; a
-/// statement in which the two differ in number must be refused.
+/// `u`) between its two parts, `RETURNING lease_owner`. A key claimed meanwhile (by a writer
+/// that inserted it after the statement began) fails the insert with a unique violation, which
+/// undoes the whole statement.
 pub(crate) fn settles_ctes(
     claims_first: usize,
     completions_first: usize,
@@ -346,7 +347,7 @@ pub(crate) fn settles_ctes(
          case when u.tail is null then u.answer \
          else u.answer || convert_to(({position})::text, 'UTF8') || u.tail end, u.c \
          from settle_fresh u \
-         order by u.t, u.m, u.r, u.k, u.i on conflict do nothing returning lease_owner)"
+         order by u.t, u.m, u.r, u.k, u.i returning lease_owner)"
     );
     [fresh, settled]
 }

@@ -397,8 +397,8 @@ async fn response_body(database: &Database, key: &str) -> Vec<u8> {
 /// real position, a key settled at once (claimed and completed with its step) stored completed
 /// with its position, and a step whose stream moved on answered `Conflict` with nothing of it
 /// written (not its key, not its other stream's events) while the rest commits; a batch with a
-/// completion under a lost lease, or two steps settling one key, is refused with nothing of it
-/// written. SQLite's batches take the transaction path.
+/// completion under a lost lease, two steps settling one key, or two steps taking one stream's
+/// first version, is refused with nothing of it written. SQLite's batches take the transaction path.
 async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
     let db = TestDatabase::open(backend).await;
     let database = db.database.clone();
@@ -539,8 +539,8 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
     let keys = count(&database, "select count(*) from idempotency_keys").await;
     assert_eq!((events, keys), (4 + 1 + 2 + 2 + 1, 4 + 3));
 
-    // A completion under a lease that is not its key's, or a key settled twice, refuses the
-    // whole batch: the good steps beside it are not written either.
+    // A completion under a lease that is not its key's, a key settled twice or a stream version
+    // taken twice refuses the whole batch: the good steps beside it are not written either.
     let twice = lease();
     let settling = |stream: &str| Work {
         claim: Some(claim("twice", twice)),
@@ -555,6 +555,13 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
             ..Work::default()
         }],
         vec![settling("twice-a"), settling("twice-b")],
+        // Two steps that each take a stream's first version (neither continues the other).
+        (0..2)
+            .map(|_| Work {
+                appends: vec![append("taken-twice", ExpectedVersion::NoStream, 1)],
+                ..Work::default()
+            })
+            .collect(),
     ] {
         let steps = vec![
             Work {
@@ -590,6 +597,86 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
         );
     }
     drop(commits);
+    db.finish().await;
+}
+
+/// The statement holds only the CTEs of the kinds of rows a batch has: a batch of every
+/// combination of kinds commits, each step written with its rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_statement_commits_every_combination_of_kinds_postgres() {
+    let db = TestDatabase::open(Backend::Postgres).await;
+    let store = db.database.event_store();
+    for combination in 0..16_u32 {
+        let name = |kind: &str| format!("{kind}-{combination}");
+        let has = |bit: u32| combination & (1 << bit) != 0;
+        let held = lease();
+        if has(2) {
+            let step = Work {
+                claim: Some(claim(&name("held"), held)),
+                ..Work::default()
+            };
+            assert!(matches!(
+                group_statement::write(&store, &[step]).await.unwrap(),
+                Written::Done(_)
+            ));
+        }
+        let settled = lease();
+        let mut steps = vec![Work {
+            appends: vec![append(&name("plain"), ExpectedVersion::NoStream, 1)],
+            ..Work::default()
+        }];
+        if has(0) {
+            steps.push(Work {
+                claim: Some(claim(&name("claimed"), lease())),
+                appends: vec![append(&name("claimed"), ExpectedVersion::NoStream, 1)],
+                ..Work::default()
+            });
+        }
+        if has(1) {
+            steps.push(Work {
+                inbox: Some(inbox_row(&name("evt"))),
+                ..Work::default()
+            });
+        }
+        if has(2) {
+            steps.push(Work {
+                appends: vec![append(&name("completed"), ExpectedVersion::NoStream, 1)],
+                completion: Some(completion(&name("held"), held)),
+                ..Work::default()
+            });
+        }
+        if has(3) {
+            steps.push(Work {
+                claim: Some(claim(&name("settled"), settled)),
+                appends: vec![append(&name("settled"), ExpectedVersion::NoStream, 1)],
+                completion: Some(completion(&name("settled"), settled)),
+                ..Work::default()
+            });
+        }
+        let Written::Done(outcomes) = group_statement::write(&store, &steps).await.unwrap() else {
+            panic!("combination {combination:04b}: the batch fits one statement and commits");
+        };
+        for (step, outcome) in steps.iter().zip(&outcomes) {
+            match outcome {
+                Committed::Written(Some(appended)) if !step.appends.is_empty() => assert_eq!(
+                    appended.streams,
+                    vec![(step.appends[0].stream_id.clone(), 1)],
+                    "combination {combination:04b}"
+                ),
+                Committed::Written(None) if step.appends.is_empty() => {}
+                other => panic!("combination {combination:04b}: {other:?}"),
+            }
+        }
+        for (kind, sql) in [
+            (2, "select count(*) from idempotency_keys where key = 'held-{c}' and state = 'completed'"),
+            (3, "select count(*) from idempotency_keys where key = 'settled-{c}' and state = 'completed'"),
+            (0, "select count(*) from idempotency_keys where key = 'claimed-{c}' and state = 'in_flight'"),
+            (1, "select count(*) from webhook_inbox where event_id = 'evt-{c}'"),
+        ] {
+            let sql = sql.replace("{c}", &combination.to_string());
+            assert_eq!(count(&db.database, &sql).await, i64::from(has(kind)), "{sql}");
+        }
+    }
     db.finish().await;
 }
 

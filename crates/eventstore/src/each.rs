@@ -6,9 +6,10 @@
 //! `each_stale` (the requests one of whose streams is not at the version they expect),
 //! `each_chained` (whether the row and every earlier row of its stream in the batch pass the
 //! gate) and `each_written` (the INSERT, `RETURNING event_id, position, version, xact`). A stale
-//! request gets no rows at all, on any of its streams, and a row some other writer got to first
-//! is skipped (ON CONFLICT DO NOTHING): a request is written when all its events came back, which
-//! [`each_results`] tells from the returned rows.
+//! request gets no rows at all, on any of its streams. A row some other writer got to first is
+//! skipped ([`Taken::Skip`], ON CONFLICT DO NOTHING) or fails the statement ([`Taken::Fail`]): a
+//! request is written when all its events came back, which [`each_results`] tells from the
+//! returned rows.
 //!
 //! **Order.** Every request's first stream (a decision's own) goes in before any request's later
 //! streams (its guards), each part in request order. A transaction that appends a decision and
@@ -39,6 +40,17 @@ use sqlx::Arguments;
 use uuid::Uuid;
 
 use crate::{AppendError, Appended, ExpectedVersion, Metadata, StreamAppend};
+
+/// What the INSERT does with a row whose event id or stream version another writer took first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// Skips it (ON CONFLICT DO NOTHING): its request is not written, the others are.
+    Skip,
+    /// Fails the statement with a unique violation. For a statement that would refuse itself
+    /// anyway when a row is missing: a plain INSERT checks each unique index once, as it inserts
+    /// into it, where ON CONFLICT first probes every one of them and then inserts.
+    Fail,
+}
 
 /// The columns of a batch of appends, bound as arrays.
 pub struct EachAppend<'a> {
@@ -112,8 +124,12 @@ impl<'a> EachAppend<'a> {
 
     /// The CTEs `each_input`, `each_cur`, `each_stale`, `each_chained` and `each_written`
     /// (without `WITH`): [`EachAppend::input_ctes`], then [`EachAppend::write_ctes`].
-    pub fn ctes(first: usize, gate: &str) -> String {
-        format!("{}, {}", Self::input_ctes(first), Self::write_ctes(gate))
+    pub fn ctes(first: usize, gate: &str, taken: Taken) -> String {
+        format!(
+            "{}, {}",
+            Self::input_ctes(first),
+            Self::write_ctes(gate, taken)
+        )
     }
 
     /// The CTEs `each_input`, `each_cur` and `each_stale` (`req`: the requests one of whose
@@ -148,8 +164,12 @@ impl<'a> EachAppend<'a> {
     /// The CTEs `each_chained` and `each_written`, after [`EachAppend::input_ctes`]. `gate` is a
     /// condition on `i`, an `each_input` row (`i.req` is its request's index): rows for which it
     /// is false are not written, nor are the later rows of their streams; nor are a stale
-    /// request's.
-    pub fn write_ctes(gate: &str) -> String {
+    /// request's. `taken` says what becomes of a row another writer got to first.
+    pub fn write_ctes(gate: &str, taken: Taken) -> String {
+        let on_conflict = match taken {
+            Taken::Skip => " ON CONFLICT DO NOTHING",
+            Taken::Fail => "",
+        };
         format!(
             "each_chained AS (SELECT g.*, bool_and(g.ok) OVER (PARTITION BY g.stream_id \
              ORDER BY g.n ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS chain_ok, \
@@ -161,8 +181,8 @@ impl<'a> EachAppend<'a> {
              schema, data, metadata) \
              SELECT i.stream_id, i.expected + i.ord, i.event_id, i.event_type, i.schema, i.data, \
              i.metadata FROM each_chained i WHERE i.chain_ok \
-             ORDER BY i.later_stream, i.n \
-             ON CONFLICT DO NOTHING RETURNING event_id, position, version, xact)"
+             ORDER BY i.later_stream, i.n\
+             {on_conflict} RETURNING event_id, position, version, xact)"
         )
     }
 
