@@ -123,12 +123,13 @@ impl<'a> EachAppend<'a> {
     }
 
     /// The CTEs `each_input`, `each_cur`, `each_stale`, `each_chained` and `each_written`
-    /// (without `WITH`): [`EachAppend::input_ctes`], then [`EachAppend::write_ctes`].
-    pub fn ctes(first: usize, gate: &str, taken: Taken) -> String {
+    /// (without `WITH`): [`EachAppend::input_ctes`], then [`EachAppend::write_ctes`], skipping a
+    /// row another writer got to first ([`Taken::Skip`]).
+    pub fn ctes(first: usize, gate: &str) -> String {
         format!(
             "{}, {}",
             Self::input_ctes(first),
-            Self::write_ctes(gate, taken)
+            Self::write_ctes(gate, Taken::Skip)
         )
     }
 

@@ -39,7 +39,7 @@ use uuid::Uuid;
 
 use crate::classify::{self, Stored, StreamResult, Verdict};
 use crate::connections::{Lease, PgTx, StoreConnections};
-use crate::each::{EachAppend, Taken};
+use crate::each::EachAppend;
 use crate::subscription::{self, Tail};
 use crate::tail_cache::TailCache;
 use crate::{
@@ -425,7 +425,7 @@ async fn append_each_on(
     };
     let sql = format!(
         "WITH {} SELECT event_id, position, version, xact FROM each_written",
-        EachAppend::ctes(1, "true", Taken::Skip)
+        EachAppend::ctes(1, "true")
     );
     let mut arguments = PgArguments::default();
     each.add_to(&mut arguments)
