@@ -2,7 +2,8 @@
 //!
 //! [`EachAppend`] turns a batch of requests (each a decision: its own stream and its guards'
 //! streams) into ten column arrays and five CTEs: `each_input` (one row per event, with `req`,
-//! its request's index in the batch), `each_cur` (each stream's version now, read once),
+//! its request's index in the batch), `each_cur` (each stream's current version; the planner
+//! inlines it, so the look-up runs once per row of the stream),
 //! `each_stale` (the requests one of whose streams is not at the version they expect),
 //! `each_chained` (whether the row and every earlier row of its stream in the batch pass the
 //! gate) and `each_written` (the INSERT, `RETURNING event_id, position, version, xact`). A stale
