@@ -11,32 +11,34 @@
 //! - **A step is written whole or not at all, and alone.** A step one of whose streams is not at
 //!   the version it expects (`each_stale`) gets nothing written: no key claimed, no events, no
 //!   completion. It is answered [`Committed::Conflict`] and the rest of the batch commits.
-//! - **A claim gates its step's events.** A step whose key exists gets no events: the events'
-//!   gate lets a step's rows through only if it claims nothing or its claim came back from
-//!   `claimed`.
+//! - **A claim gates its step's events.** A step whose key exists gets no events: its claim did
+//!   not come back from `claimed`.
 //! - **A key claimed and completed at once** (a step with both: a ledger command, whose answer
 //!   is ready when its events are) is inserted completed after the events (`settled`), with the
-//!   position in its answer; its events' gate is that the key did not exist when the statement
-//!   began (`settle_fresh`).
+//!   position in its answer; its step writes only if the key did not exist when the statement
+//!   began (`settle_input.fresh`).
+//! - **One gate for every kind of row.** Those three make up `each_blocked`, the steps that write
+//!   nothing; each kind of row is written for the steps not in it. The set is computed once, so
+//!   every gate is one probe of one hash table.
 //! - **A completion's response carries the position of its step's last event**, which only the
-//!   insert knows. The response is rendered twice in Rust, with two different positions; if the
-//!   two differ only in one occurrence of the position's decimal text (checked, not assumed), the
-//!   statement stores the part before it, the real position and the part after it. Otherwise the
-//!   batch takes the transaction path.
-//! - **Nothing of a step is committed in part.** If a step that is not stale and got past its
-//!   claim is not written whole (a chain broken by an earlier step of its stream), or a
+//!   insert knows (`each_last`, each step's greatest position). The response is rendered twice in
+//!   Rust, with two different positions; if the two differ only in one occurrence of the
+//!   position's decimal text (checked, not assumed), the statement stores the part before it, the
+//!   real position and the part after it. Otherwise the batch takes the transaction path.
+//! - **Nothing of a step is committed in part.** If a step that is written continues the chain of
+//!   one that is not (`EachAppend::broken_chain`: its rows would leave a gap in the stream), or a
 //!   completion found its lease taken over, the statement calls `asiento_batch_refused`
 //!   (migration 0050), whose error undoes the whole statement. An event row or a key settled at
 //!   once that another writer inserted first (after the statement began) does the same through
-//!   its unique violation: those two INSERTs have no ON CONFLICT clause ([`Taken::Fail`]), which
-//!   spares each row a probe of every unique index before it goes in. Either way the caller then
-//!   writes each step alone, in a transaction of its own, which tells that step its
-//!   [`Committed::Conflict`] or [`Committed::LeaseLost`].
+//!   its unique violation: those two INSERTs have no ON CONFLICT clause, which spares each row a
+//!   probe of every unique index before it goes in. Either way the caller then writes each step
+//!   alone, in a transaction of its own, which tells that step its [`Committed::Conflict`] or
+//!   [`Committed::LeaseLost`].
 
 use std::collections::HashSet;
 use std::sync::LazyLock;
 
-use asiento_eventstore::{each_results, EachAppend, StreamAppend, Taken};
+use asiento_eventstore::{each_results, EachAppend, StreamAppend};
 use sqlx::postgres::PgArguments;
 use sqlx::Row;
 use uuid::Uuid;
@@ -55,12 +57,12 @@ const REFUSED: [&str; 2] = ["AB001", "23505"];
 const PROBES: [i64; 2] = [i64::MAX - 1, i64::MAX - 2];
 
 /// Parameters of the statement: the claims (ten arrays), the webhook rows (six), the events
-/// (ten), the completions (ten), then the keys settled at once: their claims (ten) and their
+/// (eleven), the completions (ten), then the keys settled at once: their claims (ten) and their
 /// answers (ten), in this order.
 const CLAIMS_FIRST: usize = 1;
 const INBOX_FIRST: usize = CLAIMS_FIRST + 10;
 const EVENTS_FIRST: usize = INBOX_FIRST + 6;
-const COMPLETIONS_FIRST: usize = EVENTS_FIRST + 10;
+const COMPLETIONS_FIRST: usize = EVENTS_FIRST + 11;
 const SETTLE_CLAIMS_FIRST: usize = COMPLETIONS_FIRST + 10;
 const SETTLE_ANSWERS_FIRST: usize = SETTLE_CLAIMS_FIRST + 10;
 
@@ -319,34 +321,13 @@ fn statement(kinds: Kinds) -> &'static str {
 /// The statement for `kinds`; its parameters as [`CLAIMS_FIRST`] and the others say (those of a
 /// kind left out are bound, typed, and not read).
 fn build(kinds: Kinds) -> String {
-    let not_stale = "NOT IN (SELECT req FROM each_stale)";
-    // A step's events go in if the key it claims came back, or the key it settles was fresh.
-    let mut gates = Vec::new();
-    if kinds.claims {
-        gates.push(
-            "(i.req NOT IN (SELECT step FROM claim_input) \
-             OR i.req IN (SELECT c.step FROM claim_input c JOIN claimed d ON d.lease_owner = c.o))",
-        );
-    }
-    if kinds.settles {
-        gates.push(
-            "(i.req NOT IN (SELECT step FROM settle_claims) \
-             OR i.req IN (SELECT step FROM settle_fresh))",
-        );
-    }
-    let gate = if gates.is_empty() {
-        "true".to_owned()
-    } else {
-        gates.join(" AND ")
-    };
-    let position = "SELECT max(w.position) FROM each_written w \
-                    JOIN each_input i ON i.event_id = w.event_id WHERE i.req = u.step";
-    let [settle_fresh, settled] = idempotency::settles_ctes(
-        SETTLE_CLAIMS_FIRST,
-        SETTLE_ANSWERS_FIRST,
-        &format!("c.step {not_stale}"),
-        position,
-    );
+    // The steps that write nothing (`each_blocked`): the stale ones, those whose claim did not
+    // come back and those whose key to settle was not fresh.
+    let written = "{req} NOT IN (SELECT req FROM each_blocked)";
+    let step_written = written.replace("{req}", "u.step");
+    let mut blocked = vec!["SELECT req FROM each_stale"];
+    // A completion's position: that of its step's last event.
+    let position = "SELECT l.position FROM each_last l WHERE l.req = u.step";
 
     // The CTEs in the order they must run: the claims and the keys settled at once before the
     // events they gate, the completions and the settled keys after the events whose position
@@ -356,25 +337,39 @@ fn build(kinds: Kinds) -> String {
     if kinds.claims {
         ctes.push(idempotency::claims_ctes(
             CLAIMS_FIRST,
-            &format!("step {not_stale}"),
+            "step NOT IN (SELECT req FROM each_stale)",
         ));
+        blocked
+            .push("SELECT step FROM claim_input WHERE o NOT IN (SELECT lease_owner FROM claimed)");
         owners.push("SELECT lease_owner FROM claimed");
     }
+    let [settle_input, settled] = idempotency::settles_ctes(
+        SETTLE_CLAIMS_FIRST,
+        SETTLE_ANSWERS_FIRST,
+        &step_written,
+        position,
+    );
     if kinds.settles {
-        ctes.push(format!(
-            "settle_claims AS (SELECT unnest(${SETTLE_CLAIMS_FIRST}::int8[]) AS step)"
-        ));
-        ctes.push(settle_fresh);
+        ctes.push(settle_input);
+        blocked.push("SELECT step FROM settle_input WHERE NOT fresh");
     }
+    ctes.push(format!("each_blocked AS ({})", blocked.join(" UNION ALL ")));
     if kinds.inbox {
         ctes.push(webhooks::inbox_cte(INBOX_FIRST));
     }
-    ctes.push(EachAppend::write_ctes(&gate, Taken::Fail));
+    ctes.push(EachAppend::write_cte(&written.replace("{req}", "i.req")));
+    if kinds.completions || kinds.settles {
+        ctes.push(
+            "each_last AS MATERIALIZED (SELECT i.req, max(w.position) AS position \
+             FROM each_written w JOIN each_input i ON i.event_id = w.event_id GROUP BY i.req)"
+                .to_owned(),
+        );
+    }
     if kinds.completions {
         ctes.push(idempotency::completions_cte(
             COMPLETIONS_FIRST,
             position,
-            &format!("u.step {not_stale}"),
+            &step_written,
         ));
     }
     if kinds.settles {
@@ -394,14 +389,13 @@ fn build(kinds: Kinds) -> String {
         ["'{}'::text[]", "'{}'::text[]"].map(str::to_owned)
     };
     let mut refusals = vec![format!(
-        "WHEN EXISTS (SELECT 1 FROM each_input i WHERE i.req {not_stale} AND {gate} \
-         AND NOT EXISTS (SELECT 1 FROM each_written w WHERE w.event_id = i.event_id)) \
-         THEN asiento_batch_refused('a stream was not at the expected version')"
+        "WHEN {} THEN asiento_batch_refused('a step continues the chain of a step not written')",
+        EachAppend::broken_chain(written)
     )];
     if kinds.completions {
         refusals.push(format!(
             "WHEN (SELECT count(*) FROM completed) <> (SELECT count(*) FROM \
-             unnest(${COMPLETIONS_FIRST}::int8[]) AS s(step) WHERE s.step {not_stale}) \
+             unnest(${COMPLETIONS_FIRST}::int8[]) AS u(step) WHERE {step_written}) \
              THEN asiento_batch_refused('a key''s lease was taken over')"
         ));
     }

@@ -312,30 +312,29 @@ fn claims_unnest(first: usize) -> String {
     )
 }
 
-/// The CTEs `settle_fresh` and `settled` (without `WITH`; `settled` reads `each_written`, so it
-/// comes after the events and `settle_fresh` before them): keys claimed and completed at once,
+/// The CTEs `settle_input` and `settled` (without `WITH`; `settled` reads `each_written`, so it
+/// comes after the events and `settle_input` before them): keys claimed and completed at once,
 /// for a step that needs no time between the two (a ledger command: claim, events and answer in
 /// one go). Their claims are [`add_claims`]'s ten arrays from `$claims_first` on, their answers
-/// [`add_completions`]'s ten from `$completions_first` on (matched by `step`). `settle_fresh`
-/// holds those for which `filter` (a condition on `c.step`) holds and whose key did not exist
-/// when the statement began: only those may write their events. (The look-up is a scalar
-/// subquery, one probe of the key's index per step: as `NOT EXISTS` the planner may hash the
-/// whole table, which it did on a table without statistics.) `settled` inserts them as
+/// [`add_completions`]'s ten from `$completions_first` on (matched by `step`). `settle_input`
+/// holds them with `fresh`: whether the key did not exist when the statement began (only then may
+/// the step write its events). (The look-up is a scalar subquery, one probe of the key's index per
+/// step: as `NOT EXISTS` the planner may hash the whole table, which it did on a table without
+/// statistics.) `settled` inserts those for which `filter` (a condition on `u.step`) holds as
 /// completed records, each response with the decimal text of `position` (an SQL expression over
-/// `u`) between its two parts, `RETURNING lease_owner`. A key claimed meanwhile (by a writer
-/// that inserted it after the statement began) fails the insert with a unique violation, which
-/// undoes the whole statement.
+/// `u`) between its two parts, `RETURNING lease_owner`. A key claimed meanwhile (by a writer that
+/// inserted it after the statement began) fails the insert with a unique violation, which undoes
+/// the whole statement.
 pub(crate) fn settles_ctes(
     claims_first: usize,
     completions_first: usize,
     filter: &str,
     position: &str,
 ) -> [String; 2] {
-    let fresh = format!(
-        "settle_fresh AS (SELECT c.*, a.s, a.b AS answer, a.tail FROM ({claims}) c \
-         JOIN ({answers}) a ON a.step = c.step \
-         WHERE {filter} AND (SELECT 1 FROM idempotency_keys k WHERE k.tenant = c.t \
-         AND k.method = c.m AND k.route = c.r AND k.key = c.k) IS NULL)",
+    let input = format!(
+        "settle_input AS (SELECT c.*, a.s, a.b AS answer, a.tail, (SELECT 1 FROM \
+         idempotency_keys k WHERE k.tenant = c.t AND k.method = c.m AND k.route = c.r \
+         AND k.key = c.k) IS NULL AS fresh FROM ({claims}) c JOIN ({answers}) a ON a.step = c.step)",
         claims = claims_unnest(claims_first),
         answers = completions_unnest(completions_first),
     );
@@ -346,10 +345,10 @@ pub(crate) fn settles_ctes(
          select u.t, u.m, u.r, u.k, u.b, u.res, 'completed', u.o, u.e, u.c, u.s, \
          case when u.tail is null then u.answer \
          else u.answer || convert_to(({position})::text, 'UTF8') || u.tail end, u.c \
-         from settle_fresh u \
+         from settle_input u where {filter} \
          order by u.t, u.m, u.r, u.k, u.i returning lease_owner)"
     );
-    [fresh, settled]
+    [input, settled]
 }
 
 /// Adds the claims with their steps, as [`claims_ctes`] reads them, to `arguments`.

@@ -397,8 +397,9 @@ async fn response_body(database: &Database, key: &str) -> Vec<u8> {
 /// real position, a key settled at once (claimed and completed with its step) stored completed
 /// with its position, and a step whose stream moved on answered `Conflict` with nothing of it
 /// written (not its key, not its other stream's events) while the rest commits; a batch with a
-/// completion under a lost lease, two steps settling one key, or two steps taking one stream's
-/// first version, is refused with nothing of it written. SQLite's batches take the transaction path.
+/// completion under a lost lease, two steps settling one key, two steps taking one stream's first
+/// version, or a step continuing the chain of a stale one, is refused with nothing of it written.
+/// SQLite's batches take the transaction path.
 async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
     let db = TestDatabase::open(backend).await;
     let database = db.database.clone();
@@ -562,6 +563,24 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
                 ..Work::default()
             })
             .collect(),
+        // A step that continues, on one stream, the chain of a stale step: written alone, its
+        // row would leave a gap where the stale step's was to go.
+        vec![
+            Work {
+                appends: vec![
+                    append("chain-stale", ExpectedVersion::Exact(5), 1),
+                    append("chain", ExpectedVersion::NoStream, 1),
+                ],
+                ..Work::default()
+            },
+            Work {
+                appends: vec![
+                    append("chain-next", ExpectedVersion::NoStream, 1),
+                    append("chain", ExpectedVersion::Exact(1), 1),
+                ],
+                ..Work::default()
+            },
+        ],
     ] {
         let steps = vec![
             Work {

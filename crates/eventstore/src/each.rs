@@ -1,33 +1,35 @@
 //! Many independent appends in one PostgreSQL statement, for group commit.
 //!
 //! [`EachAppend`] turns a batch of requests (each a decision: its own stream and its guards'
-//! streams) into ten column arrays and five CTEs: `each_input` (one row per event, with `req`,
-//! its request's index in the batch), `each_cur` (each stream's current version; the planner
-//! inlines it, so the look-up runs once per row of the stream),
-//! `each_stale` (the requests one of whose streams is not at the version they expect),
-//! `each_chained` (whether the row and every earlier row of its stream in the batch pass the
-//! gate) and `each_written` (the INSERT, `RETURNING event_id, position, version, xact`). A stale
-//! request gets no rows at all, on any of its streams. A row some other writer got to first is
-//! skipped ([`Taken::Skip`], ON CONFLICT DO NOTHING) or fails the statement ([`Taken::Fail`]): a
-//! request is written when all its events came back, which [`each_results`] tells from the
-//! returned rows.
+//! streams) into eleven column arrays, one element per event, and CTEs over them: `each_input`
+//! (one row per event, with `req`, its request's index in the batch), `each_stale` (the requests
+//! one of whose streams is not at the version they expect: one probe of the stream's current
+//! version per append) and `each_written` (the INSERT, `RETURNING event_id, position, version,
+//! xact`). A stale request gets no rows at all, on any of its streams. A row some other writer got
+//! to first is skipped (`Taken::Skip`, ON CONFLICT DO NOTHING) or fails the statement
+//! (`Taken::Fail`): a request is written when all its events came back, which [`each_results`]
+//! tells from the returned rows.
 //!
-//! **Order.** Every request's first stream (a decision's own) goes in before any request's later
-//! streams (its guards), each part in request order. A transaction that appends a decision and
-//! then its guards (`append_in`, one stream after the other) and races the statement for the
-//! same rows then cannot deadlock with it: while the statement waits for a decision's row, it
-//! holds no guard row that transaction could be waiting for. (In request order, the statement
-//! could hold a hot guard's next version, taken by an earlier request of the batch, and wait
-//! for a payment's row the transaction holds while the transaction waits for that guard row;
-//! PostgreSQL breaks such a cycle only after `deadlock_timeout`.)
+//! **Order.** The rows are in the order they go in (`n`): every request's first stream (a
+//! decision's own) before any request's later streams (its guards), each part in request order. A
+//! transaction that appends a decision and then its guards (`append_in`, one stream after the
+//! other) and races the statement for the same rows then cannot deadlock with it: while the
+//! statement waits for a decision's row, it holds no guard row that transaction could be waiting
+//! for. (In request order, the statement could hold a hot guard's next version, taken by an
+//! earlier request of the batch, and wait for a payment's row the transaction holds while the
+//! transaction waits for that guard row; PostgreSQL breaks such a cycle only after
+//! `deadlock_timeout`.)
 //!
 //! **Chains.** Several requests of one batch may append to one stream (a hot account's guard),
 //! each expecting the version the previous one leaves. Each row carries `chain`: the version the
 //! stream must be at before the batch for the row to go in, which is the expectation of the
 //! stream's first append in the batch when every later append continues exactly where the one
 //! before it ends, and the row's own expectation otherwise (so a request that does not continue
-//! the chain conflicts as it would alone). A row of a chain goes in only if every earlier row of
-//! its stream passes the gate, so a chain never leaves a gap in the stream's versions.
+//! the chain conflicts as it would alone); and `prev`, the request whose append it continues (-1
+//! for none). A chain must never leave a gap in its stream's versions: with `Taken::Skip` a row
+//! goes in only if every earlier row of its stream passes the gate; with `Taken::Fail` the
+//! statement refuses itself instead when a request that is written continues one that is not
+//! ([`EachAppend::broken_chain`]), so the caller writes each request alone.
 //!
 //! The store's own `append_each_in` wraps the CTEs in a statement of their own. The group commit
 //! of the `app` crate puts them into one statement with its other rows (keys claimed, inbox rows,
@@ -44,7 +46,7 @@ use crate::{AppendError, Appended, ExpectedVersion, Metadata, StreamAppend};
 
 /// What the INSERT does with a row whose event id or stream version another writer took first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Taken {
+enum Taken {
     /// Skips it (ON CONFLICT DO NOTHING): its request is not written, the others are.
     Skip,
     /// Fails the statement with a unique violation. For a statement that would refuse itself
@@ -53,7 +55,8 @@ pub enum Taken {
     Fail,
 }
 
-/// The columns of a batch of appends, bound as arrays.
+/// The columns of a batch of appends, bound as arrays, one element per event in the order the
+/// events go in.
 pub struct EachAppend<'a> {
     stream_ids: Vec<&'a str>,
     expected: Vec<i64>,
@@ -66,6 +69,18 @@ pub struct EachAppend<'a> {
     data: Vec<Json<&'a serde_json::Value>>,
     metadata: Vec<Json<&'a Metadata>>,
     requests: Vec<i64>,
+    /// The request whose append on the same stream this row's continues, -1 for none.
+    prevs: Vec<i64>,
+}
+
+/// Where a stream's chain stands while [`EachAppend::of`] lays out a batch.
+struct ChainEnd {
+    /// The version the stream must be at before the batch.
+    base: i64,
+    /// The version the stream's last append in the batch leaves.
+    leaves: i64,
+    /// The request of that last append.
+    request: i64,
 }
 
 impl<'a> EachAppend<'a> {
@@ -75,6 +90,7 @@ impl<'a> EachAppend<'a> {
     pub fn of(
         requests: impl IntoIterator<Item = (i64, &'a [StreamAppend])>,
     ) -> Result<Option<EachAppend<'a>>, AppendError> {
+        let requests: Vec<(i64, &'a [StreamAppend])> = requests.into_iter().collect();
         let mut each = EachAppend {
             stream_ids: Vec::new(),
             expected: Vec::new(),
@@ -86,109 +102,127 @@ impl<'a> EachAppend<'a> {
             data: Vec::new(),
             metadata: Vec::new(),
             requests: Vec::new(),
+            prevs: Vec::new(),
         };
-        // Per stream: the chain's base and the version its last append leaves.
-        let mut chained: std::collections::HashMap<&str, (i64, i64)> =
-            std::collections::HashMap::new();
-        for (request, streams) in requests {
+        for (_, streams) in &requests {
             crate::validate(streams)?;
-            for append in streams.iter() {
-                let base = match append.expected {
-                    ExpectedVersion::NoStream => 0,
-                    // A version beyond i64 can never be current: -1 never matches.
-                    ExpectedVersion::Exact(n) => i64::try_from(n).unwrap_or(-1),
-                    ExpectedVersion::Any | ExpectedVersion::StreamExists => return Ok(None),
-                };
-                let count = i64::try_from(append.events.len()).unwrap_or(i64::MAX);
-                let leaves = base.saturating_add(count);
-                let chain = match chained.get(append.stream_id.as_str()) {
-                    Some(&(chain, left)) if left == base && base >= 0 => chain,
-                    _ => base,
-                };
-                chained.insert(append.stream_id.as_str(), (chain, leaves));
-                for (ord, event) in (1_i64..).zip(&append.events) {
-                    each.stream_ids.push(append.stream_id.as_str());
-                    each.expected.push(base);
-                    each.chains.push(chain);
-                    each.ords.push(ord);
-                    each.event_ids.push(event.event_id);
-                    each.event_types.push(event.event_type.as_str());
-                    each.schemas.push(event.schema);
-                    each.data.push(Json(&event.data));
-                    each.metadata.push(Json(&event.metadata));
-                    each.requests.push(request);
-                }
+        }
+        // The module's Order: the first streams, then the later ones, each part in request order.
+        let firsts = requests
+            .iter()
+            .filter_map(|&(request, streams)| Some((request, streams.first()?)));
+        let laters = requests.iter().flat_map(|&(request, streams)| {
+            streams.iter().skip(1).map(move |append| (request, append))
+        });
+        let mut chains: std::collections::HashMap<&str, ChainEnd> =
+            std::collections::HashMap::new();
+        for (request, append) in firsts.chain(laters) {
+            let base = match append.expected {
+                ExpectedVersion::NoStream => 0,
+                // A version beyond i64 can never be current: -1 never matches.
+                ExpectedVersion::Exact(n) => i64::try_from(n).unwrap_or(-1),
+                ExpectedVersion::Any | ExpectedVersion::StreamExists => return Ok(None),
+            };
+            let count = i64::try_from(append.events.len()).unwrap_or(i64::MAX);
+            let leaves = base.saturating_add(count);
+            let (chain, prev) = match chains.get(append.stream_id.as_str()) {
+                Some(end) if end.leaves == base && base >= 0 => (end.base, end.request),
+                _ => (base, -1),
+            };
+            chains.insert(
+                append.stream_id.as_str(),
+                ChainEnd {
+                    base: chain,
+                    leaves,
+                    request,
+                },
+            );
+            for (ord, event) in (1_i64..).zip(&append.events) {
+                each.stream_ids.push(append.stream_id.as_str());
+                each.expected.push(base);
+                each.chains.push(chain);
+                each.ords.push(ord);
+                each.event_ids.push(event.event_id);
+                each.event_types.push(event.event_type.as_str());
+                each.schemas.push(event.schema);
+                each.data.push(Json(&event.data));
+                each.metadata.push(Json(&event.metadata));
+                each.requests.push(request);
+                each.prevs.push(prev);
             }
         }
         Ok(Some(each))
     }
 
-    /// The CTEs `each_input`, `each_cur`, `each_stale`, `each_chained` and `each_written`
-    /// (without `WITH`): [`EachAppend::input_ctes`], then [`EachAppend::write_ctes`], skipping a
-    /// row another writer got to first ([`Taken::Skip`]).
+    /// The CTEs `each_input`, `each_stale`, `each_chained` and `each_written` (without `WITH`):
+    /// [`EachAppend::input_ctes`], then the rows of the requests that are not stale and pass
+    /// `gate` (a condition on `i`, an `each_input` row), each only if every earlier row of its
+    /// stream does too, skipping a row another writer got to first (`Taken::Skip`).
     pub fn ctes(first: usize, gate: &str) -> String {
         format!(
-            "{}, {}",
+            "{}, each_chained AS (SELECT g.*, bool_and(g.ok) OVER (PARTITION BY g.stream_id \
+             ORDER BY g.n ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS chain_ok \
+             FROM (SELECT i.*, ({gate}) AND i.req NOT IN (SELECT req FROM each_stale) AS ok \
+             FROM each_input i) g), {}",
             Self::input_ctes(first),
-            Self::write_ctes(gate, Taken::Skip)
+            Self::written_cte("each_chained i WHERE i.chain_ok", Taken::Skip)
         )
     }
 
-    /// The CTEs `each_input`, `each_cur` and `each_stale` (`req`: the requests one of whose
-    /// streams is not at the version its chain expects), reading the ten arrays from parameters
-    /// `$first` to `$first + 9`: what the rest of a statement may gate its own rows on (a key
-    /// claimed only for a request that is not stale).
+    /// The CTEs `each_input` and `each_stale` (`req`: the requests one of whose streams is not at
+    /// the version its chain expects), reading the eleven arrays from parameters `$first` to
+    /// `$first + 10`: what the rest of a statement may gate its own rows on (a key claimed only
+    /// for a request that is not stale).
     pub fn input_ctes(first: usize) -> String {
-        let p = |k: usize| first + k;
+        let p: Vec<usize> = (first..first + 11).collect();
         format!(
             "each_input AS (SELECT * FROM unnest(${}::text[], ${}::int8[], ${}::int8[], \
              ${}::int8[], ${}::uuid[], ${}::text[], ${}::int4[], ${}::jsonb[], ${}::jsonb[], \
-             ${}::int8[]) WITH ORDINALITY AS i(stream_id, expected, chain, ord, event_id, \
-             event_type, schema, data, metadata, req, n)), \
-             each_cur AS (SELECT s.stream_id, (SELECT coalesce(max(e.version), 0) FROM events e \
-             WHERE e.stream_id = s.stream_id) AS v FROM (SELECT DISTINCT stream_id FROM \
-             each_input) s), \
-             each_stale AS (SELECT DISTINCT i.req FROM each_input i JOIN each_cur cur \
-             ON cur.stream_id = i.stream_id WHERE cur.v <> i.chain)",
-            p(0),
-            p(1),
-            p(2),
-            p(3),
-            p(4),
-            p(5),
-            p(6),
-            p(7),
-            p(8),
-            p(9),
+             ${}::int8[], ${}::int8[]) WITH ORDINALITY AS i(stream_id, expected, chain, ord, \
+             event_id, event_type, schema, data, metadata, req, prev, n)), \
+             each_stale AS (SELECT i.req FROM each_input i WHERE i.ord = 1 \
+             AND (SELECT coalesce(max(e.version), 0) FROM events e \
+             WHERE e.stream_id = i.stream_id) <> i.chain)",
+            p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10]
         )
     }
 
-    /// The CTEs `each_chained` and `each_written`, after [`EachAppend::input_ctes`]. `gate` is a
-    /// condition on `i`, an `each_input` row (`i.req` is its request's index): rows for which it
-    /// is false are not written, nor are the later rows of their streams; nor are a stale
-    /// request's. `taken` says what becomes of a row another writer got to first.
-    pub fn write_ctes(gate: &str, taken: Taken) -> String {
+    /// The CTE `each_written`, after [`EachAppend::input_ctes`]: inserts the rows of `each_input`
+    /// for which `gate` (a condition on `i`, an `each_input` row; `i.req` is its request's index)
+    /// holds, in order, failing the statement on a row another writer got to first
+    /// (`Taken::Fail`). The gate must leave out the stale requests, and the statement must
+    /// refuse itself on a [`EachAppend::broken_chain`].
+    pub fn write_cte(gate: &str) -> String {
+        Self::written_cte(&format!("each_input i WHERE {gate}"), Taken::Fail)
+    }
+
+    /// A condition that holds when a request that is written continues the chain of one that is
+    /// not (which would leave a gap in its stream), given `written`, a condition on a request's
+    /// index `{req}` (the text `{req}` is replaced by each side).
+    pub fn broken_chain(written: &str) -> String {
+        format!(
+            "EXISTS (SELECT 1 FROM each_input i WHERE i.prev >= 0 AND {} AND NOT ({}))",
+            written.replace("{req}", "i.req"),
+            written.replace("{req}", "i.prev")
+        )
+    }
+
+    /// `each_written` over `source` (`each_input`'s columns as `i`), in the rows' order.
+    fn written_cte(source: &str, taken: Taken) -> String {
         let on_conflict = match taken {
             Taken::Skip => " ON CONFLICT DO NOTHING",
             Taken::Fail => "",
         };
         format!(
-            "each_chained AS (SELECT g.*, bool_and(g.ok) OVER (PARTITION BY g.stream_id \
-             ORDER BY g.n ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS chain_ok, \
-             g.stream_id <> first_value(g.stream_id) OVER (PARTITION BY g.req ORDER BY g.n) \
-             AS later_stream \
-             FROM (SELECT i.*, ({gate}) AND i.req NOT IN (SELECT req FROM each_stale) AS ok \
-             FROM each_input i) g), \
-             each_written AS (INSERT INTO events (stream_id, version, event_id, event_type, \
+            "each_written AS (INSERT INTO events (stream_id, version, event_id, event_type, \
              schema, data, metadata) \
              SELECT i.stream_id, i.expected + i.ord, i.event_id, i.event_type, i.schema, i.data, \
-             i.metadata FROM each_chained i WHERE i.chain_ok \
-             ORDER BY i.later_stream, i.n\
+             i.metadata FROM {source} ORDER BY i.n\
              {on_conflict} RETURNING event_id, position, version, xact)"
         )
     }
 
-    /// Adds the ten arrays, in the order [`EachAppend::ctes`] reads them, as the next
+    /// Adds the eleven arrays, in the order [`EachAppend::input_ctes`] reads them, as the next
     /// parameters of `arguments`.
     pub fn add_to(self, arguments: &mut PgArguments) -> Result<(), BoxDynError> {
         arguments.add(self.stream_ids)?;
@@ -200,7 +234,8 @@ impl<'a> EachAppend<'a> {
         arguments.add(self.schemas)?;
         arguments.add(self.data)?;
         arguments.add(self.metadata)?;
-        arguments.add(self.requests)
+        arguments.add(self.requests)?;
+        arguments.add(self.prevs)
     }
 }
 

@@ -48,7 +48,7 @@ pub mod testing;
 
 pub use connections::PgTx;
 pub use data::EventData;
-pub use each::{each_results, EachAppend, Taken};
+pub use each::{each_results, EachAppend};
 pub use postgres::{PgConn, PgEventStore};
 pub use sqlite::SqliteEventStore;
 
