@@ -10,7 +10,9 @@
 //! own, on demand, with the pool's connect options, and keeps each one after a
 //! statement that completed. A connection whose statement did not complete (a
 //! transport error, or a future dropped mid-way) is closed, never reused.
-//! When all are busy the work borrows from the pool, as before.
+//! When all are busy the work borrows from the pool, as before. The group
+//! commit statement has a set of its own, whose connections plan a prepared
+//! statement once ([`StoreConnections::planning_once`]).
 //!
 //! [`PgTx`] is a unit of work on such a connection (or on a pooled one, for
 //! [`crate::Database::begin`]): BEGIN and COMMIT through sqlx's own
@@ -32,6 +34,8 @@ pub(crate) const STORE_CONNECTIONS_MAX: usize = 8;
 pub(crate) struct StoreConnections {
     idle: Mutex<Vec<PgConnection>>,
     open: AtomicUsize,
+    /// Startup options the connections are opened with, beyond the pool's.
+    options: Vec<(&'static str, &'static str)>,
 }
 
 /// A connection lent to one statement (or one append and its follow-up
@@ -48,6 +52,21 @@ enum Leased {
 }
 
 impl StoreConnections {
+    /// Connections that plan every prepared statement once (`plan_cache_mode =
+    /// force_generic_plan`), for the group commit statement. PostgreSQL plans a
+    /// statement anew for each execution while such a plan looks cheaper than
+    /// its generic one, which a statement over arrays always does (the planner
+    /// sees each array's length); for that statement's dozens of plan nodes,
+    /// planning cost more than running it for a batch of a few requests. Its
+    /// generic plan probes the events' and keys' unique indexes whatever the
+    /// batch holds, so one plan serves every batch.
+    pub(crate) fn planning_once() -> StoreConnections {
+        StoreConnections {
+            options: vec![("plan_cache_mode", "force_generic_plan")],
+            ..StoreConnections::default()
+        }
+    }
+
     /// An idle connection of the store's own, a new one while fewer than
     /// [`STORE_CONNECTIONS_MAX`] are open, or else one from the pool.
     pub(crate) async fn lease(self: &Arc<Self>, pool: &PgPool) -> Result<Lease, sqlx::Error> {
@@ -64,7 +83,8 @@ impl StoreConnections {
             return Ok(lease(Leased::Own(conn)));
         }
         if self.open.fetch_add(1, Ordering::AcqRel) < STORE_CONNECTIONS_MAX {
-            match PgConnection::connect_with(&pool.connect_options()).await {
+            let options = pool.connect_options().as_ref().clone();
+            match PgConnection::connect_with(&options.options(self.options.iter().copied())).await {
                 Ok(conn) => return Ok(lease(Leased::Own(conn))),
                 Err(e) => {
                     tracing::debug!(error = %e, "store connection not opened; using the pool")

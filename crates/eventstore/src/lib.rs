@@ -363,7 +363,8 @@ pub trait EventStore: Send + Sync {
 
     /// A connection for one autocommit statement of the caller's that appends with
     /// [`EachAppend`] (group commit writes a whole batch so): PostgreSQL only, `None` on other
-    /// backends. See [`PgConn`] for how to give it back.
+    /// backends. Its prepared statements are planned once, not per execution (see
+    /// `connections::StoreConnections::planning_once`). See [`PgConn`] for how to give it back.
     async fn statement_connection(&self) -> Result<Option<PgConn>, StoreError> {
         Ok(None)
     }

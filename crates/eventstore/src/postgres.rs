@@ -167,6 +167,8 @@ pub struct PgEventStore {
     upcaster: Arc<dyn Upcaster>,
     notifier: Arc<Notifier>,
     connections: Arc<StoreConnections>,
+    /// The connections of the group commit statement (`statement_connection`).
+    statement_connections: Arc<StoreConnections>,
     /// The newest stretch of the log, shared by this process's readers.
     tail: Arc<TailCache>,
 }
@@ -181,6 +183,7 @@ impl PgEventStore {
                 scheduled: AtomicBool::new(false),
             }),
             connections,
+            statement_connections: Arc::new(StoreConnections::planning_once()),
             pool,
             upcaster,
             tail: Arc::default(),
@@ -620,7 +623,7 @@ impl EventStore for PgEventStore {
 
     async fn statement_connection(&self) -> Result<Option<PgConn>, StoreError> {
         Ok(Some(PgConn {
-            lease: self.connections.lease(&self.pool).await?,
+            lease: self.statement_connections.lease(&self.pool).await?,
             notifier: Arc::clone(&self.notifier),
         }))
     }
