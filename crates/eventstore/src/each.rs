@@ -69,7 +69,7 @@ pub struct EachAppend<'a> {
     data: Vec<Json<&'a serde_json::Value>>,
     metadata: Vec<Json<&'a Metadata>>,
     requests: Vec<i64>,
-    /// The request whose append on the same stream this row's continues, -1 for none.
+    /// The request whose append on the same stream this row's append continues, -1 for none.
     prevs: Vec<i64>,
 }
 
