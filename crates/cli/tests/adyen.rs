@@ -30,7 +30,8 @@ use common::adyen::{
     adyen_payment, basic, batch, deliver, provider_env, signed_item, start_rig, AdyenSim, Rig,
     WEBHOOK_PASSWORD, WEBHOOK_USER,
 };
-use common::stripe::{free_port, sim_control, start_stripe_sim, stripe_payment};
+use common::free_port;
+use common::stripe::{sim_control, start_stripe_sim, stripe_payment};
 use common::{
     on_both_backends, payment, payment_body, verify, wait_for, without_provider_fees, Backend,
     Client, Process, Server, TestDatabase,

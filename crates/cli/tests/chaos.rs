@@ -48,7 +48,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{asiento, expected_status, url_after, Backend, Process, TestDatabase, BIN};
+use common::{asiento, expected_status, free_port, url_after, Backend, Process, TestDatabase, BIN};
 use serde_json::{json, Value};
 
 const SECRET: &str = "whsec_chaos_0123456789";
@@ -226,13 +226,6 @@ impl Knobs {
             dialect,
         }
     }
-}
-
-/// A port that was free a moment ago: the server must come back on the same address after every
-/// restart, because the provider's webhook URL points at it.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
 }
 
 /// `asiento serve` on a fixed port, against the external simulator.

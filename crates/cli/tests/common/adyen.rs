@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use serde_json::{json, Value};
 
-use super::stripe::free_port;
+use super::free_port;
 use super::{payment_body, Client, Process, Server, TestDatabase};
 
 pub const API_KEY: &str = "AQE_asiento_adyen_test_key";

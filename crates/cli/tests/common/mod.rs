@@ -18,6 +18,36 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_asiento");
 /// How long a process may take to print its address.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A port free when chosen, for a process that must listen on an address known before it starts
+/// (a simulator the server is configured with, a server that comes back on its address after a
+/// restart, chromedriver). It is taken below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`), where nothing that binds port 0 or connects out can take it
+/// in the moment before that process binds it, and no port is handed out twice by one test
+/// binary. (A port the kernel picked for port 0, released, could be the next one it picks for
+/// another test's listener or connection.)
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOWEST: u32 = 10_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768)
+        .clamp(LOWEST + 1_000, u32::from(u16::MAX));
+    let span = ephemeral - LOWEST;
+    // Test binaries run one after another, but a port a process of the last one still holds (a
+    // child being reaped) is skipped by the bind check; the start differs per binary anyway.
+    let start = std::process::id() % span;
+    for _ in 0..span {
+        let port = LOWEST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = u16::try_from(port).expect("below the ephemeral range, so below 65536");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between {LOWEST} and {ephemeral}");
+}
+
 /// Which database a test runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {

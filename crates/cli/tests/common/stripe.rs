@@ -4,15 +4,10 @@
 
 use serde_json::{json, Value};
 
-use super::{list_at, payment_body, Client, Process, Server, TestDatabase};
+use super::{free_port, list_at, payment_body, Client, Process, Server, TestDatabase};
 
 pub const WEBHOOK_SECRET: &str = "whsec_stripe_test_0123456789";
 pub const API_KEY: &str = "sk_test_asiento_stripe";
-
-pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
 
 /// The Stripe dialect on `listen`, delivering its events to the server at `server`.
 pub fn start_stripe_sim(listen: &str, server: &str) -> Process {

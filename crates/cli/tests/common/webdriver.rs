@@ -8,13 +8,15 @@
 //! without them the test fails, it is never skipped.
 
 use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde_json::{json, Value};
+
+use super::free_port;
 
 /// How long an element may take to appear, and a navigation to land.
 pub const WAIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -441,14 +443,6 @@ fn binary(variable: &str, names: &[&str]) -> PathBuf {
                  chromium-driver"
             )
         })
-}
-
-/// A port nobody listens on now (the kernel's pick, released for chromedriver to take).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 fn element_id(element: &Value) -> String {
