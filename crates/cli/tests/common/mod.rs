@@ -79,13 +79,14 @@ impl TestDatabase {
     }
 }
 
-/// Lines of a process's log shown when the test that ran it fails.
+/// Lines of a process's log shown when the test that ran it fails: its last ones, and its first.
 const LOG_TAIL_LINES: usize = 40;
+const LOG_HEAD_LINES: usize = 10;
 
 /// A running process whose stdout lines are collected. Its log (stderr) goes to a file of its own
-/// and is shown, its last [`LOG_TAIL_LINES`] lines, only if the test fails while it holds this
-/// `Process`: inside that test's captured output, next to its panic, instead of every process's
-/// warnings interleaved on the test binary's stderr.
+/// and is shown, its first [`LOG_HEAD_LINES`] and last [`LOG_TAIL_LINES`] lines, only if the test
+/// fails while it holds this `Process`: inside that test's captured output, next to its panic,
+/// instead of every process's warnings interleaved on the test binary's stderr.
 pub struct Process {
     pub child: Child,
     lines: mpsc::Receiver<String>,
@@ -161,12 +162,19 @@ impl Drop for Process {
             let log = String::from_utf8_lossy(&std::fs::read(self.log.path()).unwrap_or_default())
                 .into_owned();
             let lines: Vec<&str> = log.lines().collect();
-            let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+            // The first lines too: a process that failed to start prints its error there, and
+            // the backtrace after it.
+            let tail_from = lines.len().saturating_sub(LOG_TAIL_LINES);
+            let head = &lines[..LOG_HEAD_LINES.min(tail_from)];
+            let tail = &lines[tail_from..];
             eprintln!(
-                "---- the last {} of {} log lines of `asiento {}` ----\n{}",
+                "---- the first {} and the last {} of {} log lines of `asiento {}` ----\n{}\n{}{}",
+                head.len(),
                 tail.len(),
                 lines.len(),
                 self.args.join(" "),
+                head.join("\n"),
+                if head.len() < tail_from { "…\n" } else { "" },
                 tail.join("\n")
             );
         }
