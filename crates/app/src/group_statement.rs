@@ -323,8 +323,8 @@ fn statement(kinds: Kinds) -> &'static str {
 fn build(kinds: Kinds) -> String {
     // The steps that write nothing (`each_blocked`): the stale ones, those whose claim did not
     // come back and those whose key to settle was not fresh.
-    let written = "{req} NOT IN (SELECT req FROM each_blocked)";
-    let step_written = written.replace("{req}", "u.step");
+    let blocked_steps = "SELECT req FROM each_blocked";
+    let step_written = format!("u.step NOT IN ({blocked_steps})");
     let mut blocked = vec!["SELECT req FROM each_stale"];
     // A completion's position: that of its step's last event.
     let position = "SELECT l.position FROM each_last l WHERE l.req = u.step";
@@ -357,7 +357,7 @@ fn build(kinds: Kinds) -> String {
     if kinds.inbox {
         ctes.push(webhooks::inbox_cte(INBOX_FIRST));
     }
-    ctes.push(EachAppend::write_cte(&written.replace("{req}", "i.req")));
+    ctes.push(EachAppend::write_cte(blocked_steps));
     if kinds.completions || kinds.settles {
         ctes.push(
             "each_last AS MATERIALIZED (SELECT i.req, max(w.position) AS position \
@@ -390,7 +390,7 @@ fn build(kinds: Kinds) -> String {
     };
     let mut refusals = vec![format!(
         "WHEN {} THEN asiento_batch_refused('a step continues the chain of a step not written')",
-        EachAppend::broken_chain(written)
+        EachAppend::broken_chain(blocked_steps)
     )];
     if kinds.completions {
         refusals.push(format!(

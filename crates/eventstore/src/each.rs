@@ -187,23 +187,24 @@ impl<'a> EachAppend<'a> {
         )
     }
 
-    /// The CTE `each_written`, after [`EachAppend::input_ctes`]: inserts the rows of `each_input`
-    /// for which `gate` (a condition on `i`, an `each_input` row; `i.req` is its request's index)
-    /// holds, in order, failing the statement on a row another writer got to first
-    /// (`Taken::Fail`). The gate must leave out the stale requests, and the statement must
-    /// refuse itself on a [`EachAppend::broken_chain`].
-    pub fn write_cte(gate: &str) -> String {
-        Self::written_cte(&format!("each_input i WHERE {gate}"), Taken::Fail)
+    /// The CTE `each_written`, after [`EachAppend::input_ctes`]: inserts, in order, the rows of
+    /// `each_input` whose request is not in `blocked` (a query of request indexes, which must hold
+    /// the stale ones), failing the statement on a row another writer got to first
+    /// (`Taken::Fail`). The statement must refuse itself on a [`EachAppend::broken_chain`] of the
+    /// same `blocked`.
+    pub fn write_cte(blocked: &str) -> String {
+        Self::written_cte(
+            &format!("each_input i WHERE i.req NOT IN ({blocked})"),
+            Taken::Fail,
+        )
     }
 
-    /// A condition that holds when a request that is written continues the chain of one that is
-    /// not (which would leave a gap in its stream), given `written`, a condition on a request's
-    /// index `{req}` (the text `{req}` is replaced by each side).
-    pub fn broken_chain(written: &str) -> String {
+    /// A condition that holds when a request that is written continues the chain of one in
+    /// `blocked`, which is not (its rows would leave a gap in its stream).
+    pub fn broken_chain(blocked: &str) -> String {
         format!(
-            "EXISTS (SELECT 1 FROM each_input i WHERE i.prev >= 0 AND {} AND NOT ({}))",
-            written.replace("{req}", "i.req"),
-            written.replace("{req}", "i.prev")
+            "EXISTS (SELECT 1 FROM each_input i WHERE i.prev >= 0 \
+             AND i.req NOT IN ({blocked}) AND i.prev IN ({blocked}))"
         )
     }
 
