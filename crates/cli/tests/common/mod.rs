@@ -23,7 +23,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// restart, chromedriver). It is taken below the kernel's ephemeral range
 /// (`net.ipv4.ip_local_port_range`), where nothing that binds port 0 or connects out can take it
 /// in the moment before that process binds it, and no port is handed out twice by one test
-/// binary. (A port the kernel picked for port 0, released, could be the next one it picks for
+/// process. (A port the kernel picked for port 0, released, could be the next one it picks for
 /// another test's listener or connection.)
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
@@ -35,9 +35,12 @@ pub fn free_port() -> u16 {
         .unwrap_or(32_768)
         .clamp(LOWEST + 1_000, u32::from(u16::MAX));
     let span = ephemeral - LOWEST;
-    // Test binaries run one after another, but a port a process of the last one still holds (a
-    // child being reaped) is skipped by the bind check; the start differs per binary anyway.
-    let start = std::process::id() % span;
+    // `cargo test` runs test binaries one after another, but a port a process of the last one
+    // still holds (a child being reaped) is skipped by the bind check. A runner with a process
+    // per test (nextest) starts processes with near pids at once: their starts lie
+    // `PORTS_APART` apart, more ports than one test takes.
+    const PORTS_APART: u32 = 101;
+    let start = std::process::id().wrapping_mul(PORTS_APART) % span;
     for _ in 0..span {
         let port = LOWEST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
         let port = u16::try_from(port).expect("below the ephemeral range, so below 65536");
