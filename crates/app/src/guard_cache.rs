@@ -4,7 +4,10 @@
 //! A decision that posts to a guarded account appends to that account's guard stream at the exact
 //! version it read. So a remembered guard state that is stale (another process, or another flow,
 //! appended since) can only make that append conflict; it can never write a wrong balance. The
-//! conflict makes the flow forget the decision's guards, and its retry reads them from the log.
+//! conflict makes the flow forget the states it read ([`GuardCache::lost_race`]), and its retry
+//! reads them from the log, unless this process remembered a later state of a guard since: the
+//! race was then most often lost to one of its own steps in flight, and the retry decides against
+//! what that step left (stale too, it only conflicts once more, and is then read from the log).
 //! A stale state must not leak out without an append either:
 //!
 //! - payment decisions are provider facts, which a guard flags but never refuses;
@@ -93,6 +96,13 @@ impl GuardCache {
     /// Forgets `keys`: a decision on them conflicted, so what is remembered may be stale.
     pub fn forget<'a>(&self, keys: impl IntoIterator<Item = &'a GuardKey>) {
         self.states.forget(keys);
+    }
+
+    /// A decision on `read` lost a version race: forgets those guards, except where this process
+    /// remembered a later state since (the winner was one of its own steps), which the decision
+    /// is then taken again against without reading the log.
+    pub fn lost_race(&self, read: &BTreeMap<GuardKey, DebitGuard>) {
+        self.states.forget_unless_later(read);
     }
 
     /// The state remembered for `key`, if any.

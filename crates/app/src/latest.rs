@@ -81,8 +81,52 @@ impl<K: Eq + Hash + Clone, V: Versioned + Clone, const MAX: usize> Latest<K, V, 
         }
     }
 
+    /// Forgets each of `read` (the states a decision read, which then lost a version race) unless
+    /// a later state of it is remembered since: the one read is stale, while a later one is most
+    /// often the state the winner left.
+    pub fn forget_unless_later<'a>(&self, read: impl IntoIterator<Item = (&'a K, &'a V)>)
+    where
+        K: 'a,
+        V: 'a,
+    {
+        let mut states = self.lock();
+        for (key, seen) in read {
+            if states
+                .get(key)
+                .is_some_and(|known| known.version() <= seen.version())
+            {
+                states.remove(key);
+            }
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<K, V>> {
         // Entries are inserted whole; a panic elsewhere cannot leave one half-written.
         self.states.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(version: u64) -> DebitGuard {
+        DebitGuard {
+            version,
+            ..DebitGuard::default()
+        }
+    }
+
+    #[test]
+    fn a_lost_race_forgets_the_state_read_but_keeps_a_later_one() {
+        let latest: Latest<&str, DebitGuard, 8> = Latest::default();
+        latest.remember(&"a", &at(3));
+        latest.remember(&"b", &at(5));
+        // A decision read both at those versions; meanwhile this process wrote b to 6.
+        let read = [("a", at(3)), ("b", at(5))];
+        latest.remember(&"b", &at(6));
+        latest.forget_unless_later(read.iter().map(|(key, state)| (key, state)));
+        assert_eq!(latest.recall(&"a"), None, "the state read is stale");
+        assert_eq!(latest.recall(&"b").map(|s| s.version), Some(6));
     }
 }

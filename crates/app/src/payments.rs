@@ -48,12 +48,24 @@ use crate::reply::{Answer, PaymentCommandKind, Rejected, Render, Reply};
 /// request gives up (the key stays in flight and a retry resumes it).
 pub const CONFLICT_RETRIES_MAX: u32 = 16;
 
-/// How long to wait before deciding again after the `attempt`-th lost version race: a random time
-/// up to 1, 2, 4 … ms, at most 32, so that the contenders of one hot stream (a marketplace
-/// seller's guard) spread out instead of colliding again at once.
-pub(crate) fn conflict_backoff(attempt: u32) -> std::time::Duration {
-    let ceiling_us = 1_000u64 << attempt.min(5);
-    std::time::Duration::from_micros(rand::random_range(0..=ceiling_us))
+/// Waits before deciding again after the `attempt`-th lost version race (counted from 0). The
+/// first retry goes at once: a first race is most often lost to a step of this process that was
+/// in flight when the decision read its state, and that step is written by the time the loss is
+/// known. From the second, a random time up to 1, 2, 4 … ms, at most 32, so that the contenders of
+/// one hot stream (a marketplace seller's guard) spread out instead of colliding again at once.
+/// (No sleep at all for the first: the timer's ticks are milliseconds, and even a zero sleep waits
+/// for the next one.)
+pub(crate) async fn back_off(attempt: u32) {
+    if let Some(ceiling) = backoff_ceiling_us(attempt) {
+        let wait = rand::random_range(0..=ceiling);
+        tokio::time::sleep(std::time::Duration::from_micros(wait)).await;
+    }
+}
+
+/// The longest wait after the `attempt`-th lost race, in microseconds; `None`: none at all.
+fn backoff_ceiling_us(attempt: u32) -> Option<u64> {
+    let after_first = attempt.checked_sub(1)?;
+    Some(1_000u64 << after_first.min(5))
 }
 
 /// How long an in-flight idempotency key is held before a retry may take it over. Longer than
@@ -687,7 +699,7 @@ impl PaymentFlow {
                     Committed::Conflict => {
                         metrics::counter!("asiento_finalize_conflicts_total").increment(1);
                         self.guards.forget(guards.keys());
-                        tokio::time::sleep(conflict_backoff(attempt)).await;
+                        back_off(attempt).await;
                         continue;
                     }
                     Committed::LeaseLost => return Err(IdempotencyError::LeaseLost.into()),
@@ -706,7 +718,7 @@ impl PaymentFlow {
                         metrics::counter!("asiento_finalize_conflicts_total").increment(1);
                         self.guards.forget(guards.keys());
                         tx.rollback().await?;
-                        tokio::time::sleep(conflict_backoff(attempt)).await;
+                        back_off(attempt).await;
                         continue;
                     }
                     Err(error) => return Err(FlowError::Append(error)),
@@ -1232,6 +1244,25 @@ fn reply_for(kind: PaymentCommandKind, finalized: &Finalized) -> Reply<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_retry_goes_at_once_and_later_ones_wait_up_to_a_doubling_ceiling() {
+        let ceilings: Vec<Option<u64>> = (0..8).map(backoff_ceiling_us).collect();
+        assert_eq!(
+            ceilings,
+            [
+                None,
+                Some(1_000),
+                Some(2_000),
+                Some(4_000),
+                Some(8_000),
+                Some(16_000),
+                Some(32_000),
+                Some(32_000)
+            ]
+        );
+        assert_eq!(backoff_ceiling_us(u32::MAX), Some(32_000));
+    }
 
     #[test]
     fn resources_round_trip() {

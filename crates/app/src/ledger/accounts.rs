@@ -11,7 +11,7 @@ use asiento_domain::{AccountName, AccountPolicy, Currency, TenantId};
 use asiento_eventstore::Metadata;
 use serde_json::{Map, Value};
 
-use super::{conflict_backoff, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
+use super::{back_off, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
 use crate::log;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
@@ -82,7 +82,7 @@ impl LedgerFlow {
             if let Some(answer) = self.commit(request, &resource, decided).await? {
                 return Ok(answer);
             }
-            tokio::time::sleep(conflict_backoff(attempt)).await;
+            back_off(attempt).await;
         }
         Err(FlowError::Inconsistent(format!(
             "the declaration of {resource} kept losing guard races"

@@ -10,7 +10,7 @@ use asiento_domain::transfer::{evolve, TransferRecord};
 use asiento_domain::{transfer_stream, TenantId, TransferId};
 use asiento_eventstore::{Metadata, StreamAppend};
 
-use super::{conflict_backoff, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
+use super::{back_off, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
 use crate::log;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
@@ -62,7 +62,7 @@ impl LedgerFlow {
             if let Some(answer) = self.commit(request, &id.to_string(), decided).await? {
                 return Ok(answer);
             }
-            tokio::time::sleep(conflict_backoff(attempt)).await;
+            back_off(attempt).await;
         }
         Err(FlowError::Inconsistent(format!(
             "hold {id} kept losing races"
@@ -99,9 +99,9 @@ impl LedgerFlow {
                     return Ok(HoldExpiry::Expired);
                 }
                 Err(error) if log::is_conflict(&error) => {
-                    self.guards.forget(touched.read.keys());
+                    self.guards.lost_race(&touched.read);
                     metrics::counter!("asiento_ledger_conflicts_total").increment(1);
-                    tokio::time::sleep(conflict_backoff(attempt)).await;
+                    back_off(attempt).await;
                 }
                 Err(error) => return Err(FlowError::Append(error)),
             }

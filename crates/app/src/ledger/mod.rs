@@ -26,7 +26,7 @@ use crate::group_commit::{Committed, Completion, GroupCommit, Respond, Work};
 use crate::guard_cache::GuardCache;
 use crate::idempotency::{self, Claim, Completing, FreshClaim, Lease, StoredResponse};
 use crate::log::{self, Store};
-pub(crate) use crate::payments::conflict_backoff;
+pub(crate) use crate::payments::back_off;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
 
@@ -65,7 +65,7 @@ struct Touched {
 
 /// How many guard races a ledger command may lose before it gives up (an internal error). A hot
 /// account's contenders each lose at most one race per command that wins, so this is sized for
-/// dozens of concurrent commands on one account, spread by [`conflict_backoff`].
+/// dozens of concurrent commands on one account, spread by [`back_off`].
 pub const LEDGER_CONFLICT_RETRIES_MAX: u32 = 64;
 
 impl LedgerFlow {
@@ -123,8 +123,9 @@ impl LedgerFlow {
         if let Some(Touched { read, appends }) = &touched {
             match outcome {
                 Committed::Written(_) => self.guards.wrote(read, appends),
-                // Lost a race (what is remembered is stale), or the interactive claim below
-                // writes it: that path does not tell the memory what it wrote.
+                Committed::Conflict => self.guards.lost_race(read),
+                // The interactive claim below writes it, and that path does not tell the memory
+                // what it wrote.
                 _ => self.guards.forget(read.keys()),
             }
         }

@@ -12,7 +12,7 @@ use asiento_eventstore::Metadata;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{conflict_backoff, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
+use super::{back_off, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
 use crate::guard_cache::Loaded;
 use crate::log;
 use crate::payments::{FlowError, Idempotent};
@@ -122,7 +122,7 @@ impl LedgerFlow {
             if let Some(answer) = self.commit(request, &id.to_string(), decided).await? {
                 return Ok(answer);
             }
-            tokio::time::sleep(conflict_backoff(attempt)).await;
+            back_off(attempt).await;
         }
         Err(FlowError::Inconsistent(format!(
             "transfer {id} kept losing guard races"
