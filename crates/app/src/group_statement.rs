@@ -56,15 +56,43 @@ const REFUSED: [&str; 2] = ["AB001", "23505"];
 /// path).
 const PROBES: [i64; 2] = [i64::MAX - 1, i64::MAX - 2];
 
-/// Parameters of the statement: the claims (ten arrays), the webhook rows (six), the events
-/// (eleven), the completions (ten), then the keys settled at once: their claims (ten) and their
-/// answers (ten), in this order.
-const CLAIMS_FIRST: usize = 1;
-const INBOX_FIRST: usize = CLAIMS_FIRST + 10;
-const EVENTS_FIRST: usize = INBOX_FIRST + 6;
-const COMPLETIONS_FIRST: usize = EVENTS_FIRST + 11;
-const SETTLE_CLAIMS_FIRST: usize = COMPLETIONS_FIRST + 10;
-const SETTLE_ANSWERS_FIRST: usize = SETTLE_CLAIMS_FIRST + 10;
+/// Where each kind of row's arrays start among the statement's parameters. Only the kinds a batch
+/// has are bound, the events' eleven arrays first, then the claims (ten), the webhook rows (six),
+/// the completions (ten) and the keys settled at once: their claims (ten) and their answers
+/// (four), in this order. (The server decodes every parameter bound on each execution, read or
+/// not.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Params {
+    events: usize,
+    claims: usize,
+    inbox: usize,
+    completions: usize,
+    settle_claims: usize,
+    settle_answers: usize,
+}
+
+impl Params {
+    /// The layout for a batch with `kinds`; the first parameter of a kind it does not have is
+    /// where that kind would start, and is never read.
+    fn of(kinds: Kinds) -> Params {
+        let mut next = 1;
+        let mut take = |present: bool, arrays: usize| {
+            let first = next;
+            if present {
+                next += arrays;
+            }
+            first
+        };
+        Params {
+            events: take(true, 11),
+            claims: take(kinds.claims, 10),
+            inbox: take(kinds.inbox, 6),
+            completions: take(kinds.completions, 10),
+            settle_claims: take(kinds.settles, 10),
+            settle_answers: take(kinds.settles, 4),
+        }
+    }
+}
 
 /// How a batch went.
 pub enum Written {
@@ -132,20 +160,33 @@ pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommit
         return Ok(Written::Unfit);
     };
 
-    let mut arguments = PgArguments::default();
-    idempotency::add_claims(&mut arguments, claims.iter().copied())
-        .and_then(|()| webhooks::add_inbox(&mut arguments, &rows))
-        .and_then(|()| each.add_to(&mut arguments))
-        .and_then(|()| idempotency::add_completions(&mut arguments, borrowed(&completions)))
-        .and_then(|()| idempotency::add_claims(&mut arguments, settle_claims.iter().copied()))
-        .and_then(|()| idempotency::add_completions(&mut arguments, borrowed(&settle_answers)))
-        .map_err(sqlx::Error::Encode)?;
     let kinds = Kinds {
         claims: !claims.is_empty(),
         inbox: !rows.is_empty(),
         completions: !completions.is_empty(),
         settles: !settle_claims.is_empty(),
     };
+    // In the order of `Params`.
+    let mut arguments = PgArguments::default();
+    each.add_to(&mut arguments)
+        .and_then(|()| match kinds.claims {
+            true => idempotency::add_claims(&mut arguments, claims.iter().copied()),
+            false => Ok(()),
+        })
+        .and_then(|()| match kinds.inbox {
+            true => webhooks::add_inbox(&mut arguments, &rows),
+            false => Ok(()),
+        })
+        .and_then(|()| match kinds.completions {
+            true => idempotency::add_completions(&mut arguments, borrowed(&completions)),
+            false => Ok(()),
+        })
+        .and_then(|()| match kinds.settles {
+            true => idempotency::add_claims(&mut arguments, settle_claims.iter().copied())
+                .and_then(|()| idempotency::add_answers(&mut arguments, borrowed(&settle_answers))),
+            false => Ok(()),
+        })
+        .map_err(sqlx::Error::Encode)?;
     let result = sqlx::query_with(statement(kinds), arguments)
         .fetch_one(&mut *conn)
         .await;
@@ -318,9 +359,9 @@ fn statement(kinds: Kinds) -> &'static str {
     &STATEMENTS[kinds.index()]
 }
 
-/// The statement for `kinds`; its parameters as [`CLAIMS_FIRST`] and the others say (those of a
-/// kind left out are bound, typed, and not read).
+/// The statement for `kinds`; its parameters as [`Params::of`] lays them out.
 fn build(kinds: Kinds) -> String {
+    let params = Params::of(kinds);
     // The steps that write nothing (`each_blocked`): the stale ones, those whose claim did not
     // come back and those whose key to settle was not fresh.
     let blocked_steps = "SELECT req FROM each_blocked";
@@ -332,11 +373,11 @@ fn build(kinds: Kinds) -> String {
     // The CTEs in the order they must run: the claims and the keys settled at once before the
     // events they gate, the completions and the settled keys after the events whose position
     // they carry.
-    let mut ctes = vec![EachAppend::input_ctes(EVENTS_FIRST)];
+    let mut ctes = vec![EachAppend::input_ctes(params.events)];
     let mut owners = Vec::new();
     if kinds.claims {
         ctes.push(idempotency::claims_ctes(
-            CLAIMS_FIRST,
+            params.claims,
             "step NOT IN (SELECT req FROM each_stale)",
         ));
         blocked
@@ -344,8 +385,8 @@ fn build(kinds: Kinds) -> String {
         owners.push("SELECT lease_owner FROM claimed");
     }
     let [settle_input, settled] = idempotency::settles_ctes(
-        SETTLE_CLAIMS_FIRST,
-        SETTLE_ANSWERS_FIRST,
+        params.settle_claims,
+        params.settle_answers,
         &step_written,
         position,
     );
@@ -355,7 +396,7 @@ fn build(kinds: Kinds) -> String {
     }
     ctes.push(format!("each_blocked AS ({})", blocked.join(" UNION ALL ")));
     if kinds.inbox {
-        ctes.push(webhooks::inbox_cte(INBOX_FIRST));
+        ctes.push(webhooks::inbox_cte(params.inbox));
     }
     ctes.push(EachAppend::write_cte(blocked_steps));
     if kinds.completions || kinds.settles {
@@ -367,7 +408,7 @@ fn build(kinds: Kinds) -> String {
     }
     if kinds.completions {
         ctes.push(idempotency::completions_cte(
-            COMPLETIONS_FIRST,
+            params.completions,
             position,
             &step_written,
         ));
@@ -395,8 +436,9 @@ fn build(kinds: Kinds) -> String {
     if kinds.completions {
         refusals.push(format!(
             "WHEN (SELECT count(*) FROM completed) <> (SELECT count(*) FROM \
-             unnest(${COMPLETIONS_FIRST}::int8[]) AS u(step) WHERE {step_written}) \
-             THEN asiento_batch_refused('a key''s lease was taken over')"
+             unnest(${completions}::int8[]) AS u(step) WHERE {step_written}) \
+             THEN asiento_batch_refused('a key''s lease was taken over')",
+            completions = params.completions,
         ));
     }
     // The written rows' columns in one pass: the four arrays are aligned, in no particular order.
@@ -425,6 +467,53 @@ mod tests {
             status: 201,
             body: render(position).into_bytes(),
         })
+    }
+
+    /// The parameters a statement reads, in order of first mention.
+    fn parameters(statement: &str) -> Vec<usize> {
+        let mut read = Vec::new();
+        for (at, _) in statement.match_indices('$') {
+            let digits: String = statement[at + 1..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            let n: usize = digits.parse().expect("a parameter number");
+            if !read.contains(&n) {
+                read.push(n);
+            }
+        }
+        read
+    }
+
+    #[test]
+    fn a_statement_reads_exactly_the_parameters_of_the_kinds_its_batch_has() {
+        for index in 0..Kinds::COUNT {
+            let kinds = Kinds::of_index(index);
+            let bound = 11
+                + [
+                    (kinds.claims, 10),
+                    (kinds.inbox, 6),
+                    (kinds.completions, 10),
+                    (kinds.settles, 14),
+                ]
+                .iter()
+                .filter(|(present, _)| *present)
+                .map(|(_, arrays)| arrays)
+                .sum::<usize>();
+            let mut read = parameters(&build(kinds));
+            read.sort_unstable();
+            assert_eq!(read, (1..=bound).collect::<Vec<_>>(), "{kinds:?}");
+        }
+        let transfers = Params::of(Kinds::of_index(8));
+        assert_eq!(
+            (
+                transfers.events,
+                transfers.settle_claims,
+                transfers.settle_answers
+            ),
+            (1, 12, 22),
+            "a batch of ledger commands binds its events, then its keys' claims and answers"
+        );
     }
 
     #[test]

@@ -316,7 +316,7 @@ fn claims_unnest(first: usize) -> String {
 /// comes after the events and `settle_input` before them): keys claimed and completed at once,
 /// for a step that needs no time between the two (a ledger command: claim, events and answer in
 /// one go). Their claims are [`add_claims`]'s ten arrays from `$claims_first` on, their answers
-/// [`add_completions`]'s ten from `$completions_first` on (matched by `step`). `settle_input`
+/// [`add_answers`]'s four from `$answers_first` on (matched by `step`). `settle_input`
 /// holds them with `fresh`: whether the key did not exist when the statement began (only then may
 /// the step write its events). (The look-up is a scalar subquery, one probe of the key's index per
 /// step: as `NOT EXISTS` the planner may hash the whole table, which it did on a table without
@@ -327,7 +327,7 @@ fn claims_unnest(first: usize) -> String {
 /// the whole statement.
 pub(crate) fn settles_ctes(
     claims_first: usize,
-    completions_first: usize,
+    answers_first: usize,
     filter: &str,
     position: &str,
 ) -> [String; 2] {
@@ -336,7 +336,7 @@ pub(crate) fn settles_ctes(
          idempotency_keys k WHERE k.tenant = c.t AND k.method = c.m AND k.route = c.r \
          AND k.key = c.k) IS NULL AS fresh FROM ({claims}) c JOIN ({answers}) a ON a.step = c.step)",
         claims = claims_unnest(claims_first),
-        answers = completions_unnest(completions_first),
+        answers = answers_unnest(answers_first),
     );
     let settled = format!(
         "settled AS (insert into idempotency_keys (tenant, method, route, key, body_sha256, \
@@ -450,6 +450,39 @@ fn completions_unnest(first: usize) -> String {
          AS u(step, t, m, r, key, s, b, tail, c, o)",
         p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]
     )
+}
+
+/// [`add_answers`]'s four arrays from `$first` on as rows `(step, s, b, tail)`.
+fn answers_unnest(first: usize) -> String {
+    let p: Vec<usize> = (first..first + 4).collect();
+    format!(
+        "SELECT * FROM unnest(${}::int8[], ${}::int4[], ${}::bytea[], ${}::bytea[]) \
+         AS u(step, s, b, tail)",
+        p[0], p[1], p[2], p[3]
+    )
+}
+
+/// Adds the answers of keys settled at once (their claims carry the rest), each with its step and
+/// the part of its response after the position where the statement fills that in, as
+/// [`settles_ctes`] reads them, to `arguments`.
+pub(crate) fn add_answers<'c>(
+    arguments: &mut PgArguments,
+    answers: impl Iterator<Item = (&'c Completing, i64, Option<&'c [u8]>)> + Clone,
+) -> Result<(), BoxDynError> {
+    arguments.add(answers.clone().map(|(_, step, _)| step).collect::<Vec<_>>())?;
+    arguments.add(
+        answers
+            .clone()
+            .map(|(c, _, _)| i32::from(c.response.status))
+            .collect::<Vec<_>>(),
+    )?;
+    arguments.add(
+        answers
+            .clone()
+            .map(|(c, _, _)| &c.response.body[..])
+            .collect::<Vec<_>>(),
+    )?;
+    arguments.add(answers.map(|(_, _, tail)| tail).collect::<Vec<_>>())
 }
 
 /// Adds the completions, each with its step and, for a response whose position the statement
