@@ -7,10 +7,12 @@
 //! transfers (the same accounts, amounts and order) as a plain ledger would write them: one
 //! statement per transfer on PostgreSQL (lock both account rows in id order, debit with the
 //! balance check, credit, insert the transfer row and its two entries: pgledger's shape), one
-//! transaction of plain statements on SQLite. It prints `COMMAND-<backend> asiento=<transfers/s>
-//! limit=<transfers/s> ratio=<x>`, and on stderr the CPU per transfer of each side (this process
-//! and, when it runs on this machine, the PostgreSQL server), which tells a side that waits from
-//! a side that works.
+//! transaction of plain statements on SQLite. The two sides take turns (`--rounds`), each making
+//! an equal share of the transfers per turn, so that a machine whose speed drifts during a run (a
+//! shared VM) slows both alike. It prints `COMMAND-<backend> asiento=<transfers/s>
+//! limit=<transfers/s> ratio=<x>` over all rounds, and on stderr each round's figures and the CPU
+//! per transfer of each side (this process and, when it runs on this machine, the PostgreSQL
+//! server), which tells a side that waits from a side that works.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +27,7 @@ use asiento_app::payments::Idempotent;
 use asiento_app::reply::Answer;
 use asiento_domain::{AccountName, Amount, Currency, TenantId};
 use asiento_eventstore::Database;
+use hdrhistogram::Histogram;
 use uuid::Uuid;
 
 use super::bench_cpu::{postmaster_pid, CpuReading};
@@ -51,6 +54,9 @@ pub struct CommandArgs {
     /// Transfers to make (after funding).
     #[arg(long, default_value_t = 20_000)]
     pub commands: u64,
+    /// Turns the two sides take, each making an equal share of the transfers per turn.
+    #[arg(long, default_value_t = 4)]
+    pub rounds: u64,
 }
 
 fn idempotent(key: &str, body: &serde_json::Value) -> anyhow::Result<Idempotent> {
@@ -157,67 +163,62 @@ async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
     );
 
     let postmaster = postmaster_pid(db).await;
-    let next = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let cpu_before = CpuReading::now(postmaster.as_deref());
-    let mut tasks = Vec::with_capacity(args.tasks);
-    for task in 0..args.tasks {
-        let (flow, next, run_id) = (flow.clone(), Arc::clone(&next), run_id.clone());
-        let (accounts, commands) = (args.accounts, args.commands);
-        tasks.push(tokio::spawn(async move {
-            let mut rng = task_seed(task);
-            let mut latency = new_histogram()?;
-            let mut statuses = BTreeMap::<u16, u64>::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= commands {
-                    break;
+    create_plain_ledger(db, args.accounts).await?;
+    let mut asiento = Side::new(args.tasks, args.accounts)?;
+    let mut plain = Side::new(args.tasks, args.accounts)?;
+    let rounds = args.rounds.clamp(1, args.commands.max(1));
+    for round in 0..rounds {
+        let range = args.commands * round / rounds..args.commands * (round + 1) / rounds;
+        let asiento_s = {
+            let (flow, run_id) = (flow.clone(), run_id.clone());
+            let one = move |i: u64, (from, to, amount): (u64, u64, i64)| {
+                let (flow, key) = (flow.clone(), format!("{run_id}-t-{i}"));
+                async move { transfer(&flow, &key, customer(from)?, customer(to)?, amount).await }
+            };
+            asiento
+                .run(postmaster.as_deref(), range.clone(), one)
+                .await?
+        };
+        let plain_s = {
+            let db = db.clone();
+            let one = move |_: u64, (from, to, amount): (u64, u64, i64)| {
+                let db = db.clone();
+                async move {
+                    let (from, to) = (i64::try_from(from)?, i64::try_from(to)?);
+                    let posted = plain_transfer(&db, from, to, amount).await?;
+                    Ok(if posted { 201 } else { 422 })
                 }
-                let (from, to, amount) = draw(&mut rng, accounts);
-                let t = Instant::now();
-                let status = transfer(
-                    &flow,
-                    &format!("{run_id}-t-{i}"),
-                    customer(from)?,
-                    customer(to)?,
-                    amount,
-                )
-                .await?;
-                record(&mut latency, t);
-                *statuses.entry(status).or_default() += 1;
-            }
-            anyhow::Ok((latency, statuses))
-        }));
+            };
+            plain.run(postmaster.as_deref(), range.clone(), one).await?
+        };
+        let transfers = (range.end - range.start) as f64;
+        eprintln!(
+            "command round {}: asiento={:.0} limit={:.0} ratio={:.2}",
+            round + 1,
+            transfers / asiento_s,
+            transfers / plain_s,
+            plain_s / asiento_s.max(f64::EPSILON)
+        );
     }
-    let mut latency = new_histogram()?;
-    let mut statuses = BTreeMap::<u16, u64>::new();
-    for task in tasks {
-        let (h, s) = task.await??;
-        latency.add(h)?;
-        for (status, n) in s {
-            *statuses.entry(status).or_default() += n;
-        }
-    }
-    let elapsed = started.elapsed();
-    let cpu = CpuReading::now(postmaster.as_deref()).since(&cpu_before);
-    let rate = args.commands as f64 / elapsed.as_secs_f64().max(f64::EPSILON);
-    let (limit, plain_posted, plain_cpu) = run_plain(db, args, postmaster.as_deref()).await?;
+    let rate = args.commands as f64 / asiento.elapsed_s.max(f64::EPSILON);
+    let limit = args.commands as f64 / plain.elapsed_s.max(f64::EPSILON);
     let name = format!("COMMAND-{}", backend_name(db));
     println!(
         "{name} asiento={rate:.0} limit={limit:.0} ratio={:.2}",
         rate / limit.max(f64::EPSILON)
     );
+    let plain_posted = plain.statuses.get(&201).copied().unwrap_or(0);
     eprintln!(
-        "{name} tasks={} accounts={} commands={} in {:.1}s; answers {:?}; latency_us p50={} \
-         p99={} max={}; plain posted {plain_posted}",
+        "{name} tasks={} accounts={} commands={} rounds={rounds} in {:.1}s; answers {:?}; \
+         latency_us p50={} p99={} max={}; plain posted {plain_posted}",
         args.tasks,
         args.accounts,
         args.commands,
-        elapsed.as_secs_f64(),
-        statuses,
-        latency.value_at_quantile(0.5),
-        latency.value_at_quantile(0.99),
-        latency.max()
+        asiento.elapsed_s,
+        asiento.statuses,
+        asiento.latency.value_at_quantile(0.5),
+        asiento.latency.value_at_quantile(0.99),
+        asiento.latency.max()
     );
     let per_transfer_ms = |s: f64| s * 1e3 / (args.commands.max(1) as f64);
     let side = |cpu: &CpuReading| match cpu.postgres_s {
@@ -232,9 +233,9 @@ async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
     // The limit's CPU per transfer against asiento's: the ratio a CPU-bound run would reach.
     eprintln!(
         "{name} cpu per transfer: asiento {}; limit {}; cpu_ratio={:.2}",
-        side(&cpu),
-        side(&plain_cpu),
-        plain_cpu.total_s() / cpu.total_s().max(f64::EPSILON)
+        side(&asiento.cpu),
+        side(&plain.cpu),
+        plain.cpu.total_s() / asiento.cpu.total_s().max(f64::EPSILON)
     );
     if plain_posted != args.commands {
         bail!(
@@ -242,7 +243,7 @@ async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
             args.commands
         );
     }
-    let posted = statuses.get(&201).copied().unwrap_or(0);
+    let posted = asiento.statuses.get(&201).copied().unwrap_or(0);
     if posted != args.commands {
         bail!(
             "{} of {} transfers were not posted",
@@ -251,6 +252,86 @@ async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// One side of the run across its rounds: each task's draws carry on from round to round, so
+/// both sides make the same transfers in the same order per task.
+struct Side {
+    rngs: Vec<u64>,
+    accounts: u64,
+    elapsed_s: f64,
+    cpu: CpuReading,
+    latency: Histogram<u64>,
+    statuses: BTreeMap<u16, u64>,
+}
+
+impl Side {
+    fn new(tasks: usize, accounts: u64) -> anyhow::Result<Side> {
+        Ok(Side {
+            rngs: (0..tasks).map(task_seed).collect(),
+            accounts,
+            elapsed_s: 0.0,
+            cpu: CpuReading {
+                process_s: 0.0,
+                postgres_s: Some(0.0),
+            },
+            latency: new_histogram()?,
+            statuses: BTreeMap::new(),
+        })
+    }
+
+    /// Makes the transfers numbered `range`, a task per draw state, each by `one(number, (from,
+    /// to, amount))`, which answers its status (201: posted); the round's seconds.
+    async fn run<F, Fut>(
+        &mut self,
+        postmaster: Option<&str>,
+        range: std::ops::Range<u64>,
+        one: F,
+    ) -> anyhow::Result<f64>
+    where
+        F: Fn(u64, (u64, u64, i64)) -> Fut + Clone + Send + 'static,
+        Fut: std::future::Future<Output = anyhow::Result<u16>> + Send + 'static,
+    {
+        let next = Arc::new(AtomicU64::new(range.start));
+        let accounts = self.accounts;
+        let started = Instant::now();
+        let cpu_before = CpuReading::now(postmaster);
+        let mut tasks = Vec::with_capacity(self.rngs.len());
+        for &seed in &self.rngs {
+            let (next, one, end) = (Arc::clone(&next), one.clone(), range.end);
+            tasks.push(tokio::spawn(async move {
+                let mut rng = seed;
+                let mut latency = new_histogram()?;
+                let mut statuses = BTreeMap::<u16, u64>::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= end {
+                        break;
+                    }
+                    let drawn = draw(&mut rng, accounts);
+                    let t = Instant::now();
+                    let status = one(i, drawn).await?;
+                    record(&mut latency, t);
+                    *statuses.entry(status).or_default() += 1;
+                }
+                anyhow::Ok((rng, latency, statuses))
+            }));
+        }
+        for (task, handle) in tasks.into_iter().enumerate() {
+            let (rng, latency, statuses) = handle.await??;
+            self.rngs[task] = rng;
+            self.latency.add(latency)?;
+            for (status, n) in statuses {
+                *self.statuses.entry(status).or_default() += n;
+            }
+        }
+        let elapsed_s = started.elapsed().as_secs_f64();
+        let cpu = CpuReading::now(postmaster).since(&cpu_before);
+        self.elapsed_s += elapsed_s;
+        self.cpu.process_s += cpu.process_s;
+        self.cpu.postgres_s = self.cpu.postgres_s.zip(cpu.postgres_s).map(|(a, b)| a + b);
+        Ok(elapsed_s)
+    }
 }
 
 /// The transfers of a run: task `task`'s `n`-th draw is the same on both sides.
@@ -389,41 +470,6 @@ async fn plain_transfer(db: &Database, from: i64, to: i64, amount: i64) -> anyho
     }
 }
 
-/// The run's transfers as plain SQL: transfers/s, how many posted, and the CPU they took.
-async fn run_plain(
-    db: &Database,
-    args: &CommandArgs,
-    postmaster: Option<&str>,
-) -> anyhow::Result<(f64, u64, CpuReading)> {
-    create_plain_ledger(db, args.accounts).await?;
-    let next = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let cpu_before = CpuReading::now(postmaster);
-    let mut tasks = Vec::with_capacity(args.tasks);
-    for task in 0..args.tasks {
-        let (db, next) = (db.clone(), Arc::clone(&next));
-        let (accounts, commands) = (args.accounts, args.commands);
-        tasks.push(tokio::spawn(async move {
-            let mut rng = task_seed(task);
-            let mut posted = 0u64;
-            while next.fetch_add(1, Ordering::Relaxed) < commands {
-                let (from, to, amount) = draw(&mut rng, accounts);
-                if plain_transfer(&db, i64::try_from(from)?, i64::try_from(to)?, amount).await? {
-                    posted += 1;
-                }
-            }
-            anyhow::Ok(posted)
-        }));
-    }
-    let mut posted = 0;
-    for task in tasks {
-        posted += task.await??;
-    }
-    let rate = args.commands as f64 / started.elapsed().as_secs_f64().max(f64::EPSILON);
-    let cpu = CpuReading::now(postmaster).since(&cpu_before);
-    Ok((rate, posted, cpu))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -437,6 +483,7 @@ mod tests {
             accounts: 20,
             tasks: 3,
             commands: 150,
+            rounds: 2,
         })
         .await
         .unwrap();
@@ -449,6 +496,7 @@ mod tests {
             accounts: 20,
             tasks: 4,
             commands: 150,
+            rounds: 3,
         })
         .await
         .unwrap();
