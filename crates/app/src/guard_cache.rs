@@ -19,9 +19,18 @@
 //! log only for guards this process has not written since it started (or that conflicted): no
 //! read at all for a transfer between accounts this process moved money on before.
 //!
+//! A ledger command that reads a guard while a command of this process is writing it (its step
+//! is with group commit) would decide against the state that step is changing, and could only
+//! lose the race to it: a statement spent for nothing, and a retry. So a transfer first waits, a
+//! bounded time, until no command of this process is writing its guards
+//! ([`GuardCache::load_after_writes`]; a command marks its guards while its step is written,
+//! [`GuardCache::writing`]), and then decides against what the writer left in memory.
+//!
 //! Bounded: when full, it forgets everything and starts over.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use asiento_domain::guard::{self, DebitGuard, GuardAppend, GuardKey};
 use asiento_domain::JournalEntry;
@@ -42,10 +51,54 @@ pub struct Loaded {
     pub remembered: bool,
 }
 
+/// How long a transfer waits, at most, for the commands of this process writing its guards: past
+/// that it decides on what it has, which at worst loses a race and is decided again.
+pub const WRITES_WAIT_MAX: Duration = Duration::from_millis(500);
+
 /// Shared by clones: one per process is the point.
 #[derive(Debug, Clone, Default)]
 pub struct GuardCache {
     states: Latest<GuardKey, DebitGuard, GUARDS_MAX>,
+    writing: Arc<Writing>,
+}
+
+/// The guards commands of this process are writing, each with how many of them, and a signal
+/// each time one is done.
+#[derive(Debug, Default)]
+struct Writing {
+    counts: Mutex<HashMap<GuardKey, usize>>,
+    done: tokio::sync::Notify,
+}
+
+impl Writing {
+    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<GuardKey, usize>> {
+        // Counts change whole under the lock; a panic elsewhere cannot leave one half-written.
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A command's guards marked as being written ([`GuardCache::writing`]), until it is dropped.
+#[must_use = "the guards are marked only while this is held"]
+pub struct WritingGuards {
+    writing: Arc<Writing>,
+    keys: Vec<GuardKey>,
+}
+
+impl Drop for WritingGuards {
+    fn drop(&mut self) {
+        {
+            let mut counts = self.writing.counts();
+            for key in &self.keys {
+                if let Some(count) = counts.get_mut(key) {
+                    *count -= 1;
+                    if *count == 0 {
+                        counts.remove(key);
+                    }
+                }
+            }
+        }
+        self.writing.done.notify_waiters();
+    }
 }
 
 impl GuardCache {
@@ -74,6 +127,50 @@ impl GuardCache {
                 .await?;
         states.extend(missing.into_iter().zip(read));
         Ok(Loaded { states, remembered })
+    }
+
+    /// [`GuardCache::load`], once no command of this process is writing any of the guards (or
+    /// after [`WRITES_WAIT_MAX`]).
+    pub async fn load_after_writes<'a>(
+        &self,
+        store: &dyn EventStore,
+        entries: impl IntoIterator<Item = &'a JournalEntry>,
+    ) -> Result<Loaded, LogError> {
+        let entries: Vec<&JournalEntry> = entries.into_iter().collect();
+        let keys: Vec<GuardKey> = entries
+            .iter()
+            .flat_map(|e| guard::guarded_keys(e))
+            .collect();
+        let deadline = tokio::time::Instant::now() + WRITES_WAIT_MAX;
+        loop {
+            // Registered before the look, so that a write ending in between is not missed.
+            let done = self.writing.done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            let busy = {
+                let counts = self.writing.counts();
+                keys.iter().any(|key| counts.contains_key(key))
+            };
+            if !busy || tokio::time::timeout_at(deadline, done).await.is_err() {
+                break;
+            }
+        }
+        self.load(store, entries).await
+    }
+
+    /// Marks `keys` as being written by a command of this process until the result is dropped,
+    /// which must be after the command's outcome is in memory ([`GuardCache::wrote`],
+    /// [`GuardCache::lost_race`]).
+    pub fn writing(&self, keys: impl IntoIterator<Item = GuardKey>) -> WritingGuards {
+        let keys: Vec<GuardKey> = keys.into_iter().collect();
+        let mut counts = self.writing.counts();
+        for key in &keys {
+            *counts.entry(key.clone()).or_default() += 1;
+        }
+        WritingGuards {
+            writing: Arc::clone(&self.writing),
+            keys,
+        }
     }
 
     /// Remembers what committed `appends` left each guard in; `before` is what the decision read.
@@ -108,5 +205,122 @@ impl GuardCache {
     /// The state remembered for `key`, if any.
     pub fn remembered(&self, key: &GuardKey) -> Option<DebitGuard> {
         self.states.recall(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use asiento_domain::{AccountName, Amount, Currency, EntryId, Leg, TenantId};
+    use asiento_eventstore::{testing, Database};
+
+    use super::*;
+
+    fn transfer_entry() -> JournalEntry {
+        let currency = Currency::parse("USD").unwrap();
+        let leg = |account: &str, minor| {
+            Leg::new(
+                AccountName::parse(account).unwrap(),
+                currency,
+                Amount::new(minor),
+            )
+        };
+        JournalEntry::new(
+            EntryId::from_uuid(uuid::Uuid::now_v7()),
+            TenantId::parse("acme").unwrap(),
+            vec![
+                leg("customer:1:available", -500),
+                leg("customer:2:available", 500),
+            ],
+            None,
+        )
+        .unwrap()
+    }
+
+    fn at(version: u64) -> DebitGuard {
+        DebitGuard {
+            version,
+            ..DebitGuard::default()
+        }
+    }
+
+    /// A cache that remembers `entry`'s guards at `version`, and a store it need not read.
+    async fn remembering(
+        entry: &JournalEntry,
+        version: u64,
+    ) -> (GuardCache, Arc<dyn EventStore>, tempfile::TempDir) {
+        let (dir, url) = testing::temp_sqlite_url();
+        let store = Database::connect(&url).await.unwrap().event_store();
+        let cache = GuardCache::default();
+        let states: Vec<(GuardKey, DebitGuard)> = guard::guarded_keys(entry)
+            .into_iter()
+            .map(|key| (key, at(version)))
+            .collect();
+        assert!(!states.is_empty(), "the entry touches guarded accounts");
+        cache.remember(&states);
+        (cache, store, dir)
+    }
+
+    #[tokio::test]
+    async fn a_transfer_waits_for_this_process_writing_its_guards_and_reads_what_that_left() {
+        let entry = transfer_entry();
+        let (cache, store, _dir) = remembering(&entry, 1).await;
+        let keys = guard::guarded_keys(&entry);
+        let writing = cache.writing(keys.clone());
+        let load = {
+            let (cache, entry) = (cache.clone(), entry.clone());
+            tokio::spawn(async move {
+                cache
+                    .load_after_writes(store.as_ref(), [&entry])
+                    .await
+                    .unwrap()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !load.is_finished(),
+            "it waits while a command of this process writes its guards"
+        );
+        let written: Vec<(GuardKey, DebitGuard)> =
+            keys.iter().map(|key| (key.clone(), at(2))).collect();
+        cache.remember(&written);
+        drop(writing);
+        let loaded = load.await.unwrap();
+        assert!(loaded.remembered);
+        assert!(
+            loaded.states.values().all(|state| state.version == 2),
+            "then it decides against what that command left: {:?}",
+            loaded.states
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_that_does_not_end_holds_a_transfer_back_a_bounded_time() {
+        let entry = transfer_entry();
+        let (cache, store, _dir) = remembering(&entry, 1).await;
+        let _writing = cache.writing(guard::guarded_keys(&entry));
+        let loaded = tokio::time::timeout(
+            WRITES_WAIT_MAX * 4,
+            cache.load_after_writes(store.as_ref(), [&entry]),
+        )
+        .await
+        .expect("the wait is bounded")
+        .unwrap();
+        assert!(loaded.states.values().all(|state| state.version == 1));
+    }
+
+    #[test]
+    fn a_guard_written_by_two_commands_is_free_once_both_are_done() {
+        let cache = GuardCache::default();
+        let keys = guard::guarded_keys(&transfer_entry());
+        let first = cache.writing(keys.clone());
+        let second = cache.writing(keys.clone());
+        drop(first);
+        assert!(keys
+            .iter()
+            .all(|key| cache.writing.counts().get(key) == Some(&1)));
+        drop(second);
+        assert!(cache.writing.counts().is_empty());
     }
 }

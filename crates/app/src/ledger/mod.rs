@@ -119,6 +119,11 @@ impl LedgerFlow {
             inbox: None,
             facts: false,
         };
+        // Until its outcome is in memory, this process's transfers on these guards wait for it.
+        let _writing = touched.as_ref().map(|touched| {
+            let keys = touched.appends.iter().map(|append| append.key.clone());
+            self.guards.writing(keys)
+        });
         let outcome = self.commits.commit(step).await?;
         if let Some(Touched { read, appends }) = &touched {
             match outcome {

@@ -80,7 +80,9 @@ impl LedgerFlow {
                     remembered: false,
                 }
             } else {
-                self.guards.load(self.store.as_ref(), posted).await?
+                self.guards
+                    .load_after_writes(self.store.as_ref(), posted)
+                    .await?
             };
             let decided = match decide_with_guards(&Transfer::default(), command, &loaded.states) {
                 // Only the log refuses a command: decided again against it.
