@@ -470,19 +470,27 @@ pub(crate) fn add_answers<'c>(
     answers: impl Iterator<Item = (&'c Completing, i64, Option<&'c [u8]>)> + Clone,
 ) -> Result<(), BoxDynError> {
     arguments.add(answers.clone().map(|(_, step, _)| step).collect::<Vec<_>>())?;
+    add_responses(arguments, answers)
+}
+
+/// Adds each response's status, body and the part after its position (see [`add_completions`]).
+fn add_responses<'c>(
+    arguments: &mut PgArguments,
+    responses: impl Iterator<Item = (&'c Completing, i64, Option<&'c [u8]>)> + Clone,
+) -> Result<(), BoxDynError> {
     arguments.add(
-        answers
+        responses
             .clone()
             .map(|(c, _, _)| i32::from(c.response.status))
             .collect::<Vec<_>>(),
     )?;
     arguments.add(
-        answers
+        responses
             .clone()
             .map(|(c, _, _)| &c.response.body[..])
             .collect::<Vec<_>>(),
     )?;
-    arguments.add(answers.map(|(_, _, tail)| tail).collect::<Vec<_>>())
+    arguments.add(responses.map(|(_, _, tail)| tail).collect::<Vec<_>>())
 }
 
 /// Adds the completions, each with its step and, for a response whose position the statement
@@ -508,24 +516,7 @@ pub(crate) fn add_completions<'c>(
     arguments.add(column(&|c| &c.scope.method))?;
     arguments.add(column(&|c| &c.scope.route))?;
     arguments.add(column(&|c| c.key.as_str()))?;
-    arguments.add(
-        completions
-            .clone()
-            .map(|(c, _, _)| i32::from(c.response.status))
-            .collect::<Vec<_>>(),
-    )?;
-    arguments.add(
-        completions
-            .clone()
-            .map(|(c, _, _)| &c.response.body[..])
-            .collect::<Vec<_>>(),
-    )?;
-    arguments.add(
-        completions
-            .clone()
-            .map(|(_, _, tail)| tail)
-            .collect::<Vec<_>>(),
-    )?;
+    add_responses(arguments, completions.clone())?;
     arguments.add(
         completions
             .clone()
