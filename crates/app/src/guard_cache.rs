@@ -109,9 +109,19 @@ impl GuardCache {
         store: &dyn EventStore,
         entries: impl IntoIterator<Item = &'a JournalEntry>,
     ) -> Result<Loaded, LogError> {
+        self.load_keys(store, entries.into_iter().flat_map(guard::guarded_keys))
+            .await
+    }
+
+    /// [`GuardCache::load`] of the guards `keys`.
+    async fn load_keys(
+        &self,
+        store: &dyn EventStore,
+        keys: impl IntoIterator<Item = GuardKey>,
+    ) -> Result<Loaded, LogError> {
         let mut states = BTreeMap::new();
         let mut missing = BTreeSet::new();
-        for key in entries.into_iter().flat_map(guard::guarded_keys) {
+        for key in keys {
             match self.states.recall(&key) {
                 Some(state) => {
                     states.insert(key, state);
@@ -136,11 +146,7 @@ impl GuardCache {
         store: &dyn EventStore,
         entries: impl IntoIterator<Item = &'a JournalEntry>,
     ) -> Result<Loaded, LogError> {
-        let entries: Vec<&JournalEntry> = entries.into_iter().collect();
-        let keys: Vec<GuardKey> = entries
-            .iter()
-            .flat_map(|e| guard::guarded_keys(e))
-            .collect();
+        let keys: Vec<GuardKey> = entries.into_iter().flat_map(guard::guarded_keys).collect();
         let deadline = tokio::time::Instant::now() + WRITES_WAIT_MAX;
         loop {
             // Registered before the look, so that a write ending in between is not missed.
@@ -155,7 +161,7 @@ impl GuardCache {
                 break;
             }
         }
-        self.load(store, entries).await
+        self.load_keys(store, keys).await
     }
 
     /// Marks `keys` as being written by a command of this process until the result is dropped,
