@@ -271,10 +271,7 @@ impl Side {
             rngs: (0..tasks).map(task_seed).collect(),
             accounts,
             elapsed_s: 0.0,
-            cpu: CpuReading {
-                process_s: 0.0,
-                postgres_s: Some(0.0),
-            },
+            cpu: CpuReading::none(),
             latency: new_histogram()?,
             statuses: BTreeMap::new(),
         })
@@ -326,10 +323,10 @@ impl Side {
             }
         }
         let elapsed_s = started.elapsed().as_secs_f64();
-        let cpu = CpuReading::now(postmaster).since(&cpu_before);
+        self.cpu = self
+            .cpu
+            .plus(&CpuReading::now(postmaster).since(&cpu_before));
         self.elapsed_s += elapsed_s;
-        self.cpu.process_s += cpu.process_s;
-        self.cpu.postgres_s = self.cpu.postgres_s.zip(cpu.postgres_s).map(|(a, b)| a + b);
         Ok(elapsed_s)
     }
 }

@@ -30,6 +30,22 @@ impl CpuReading {
         }
     }
 
+    /// Nothing used yet: where a sum of [`CpuReading::since`] readings starts.
+    pub(super) fn none() -> CpuReading {
+        CpuReading {
+            process_s: 0.0,
+            postgres_s: Some(0.0),
+        }
+    }
+
+    /// This and `more` together (the server's only where both know it).
+    pub(super) fn plus(&self, more: &CpuReading) -> CpuReading {
+        CpuReading {
+            process_s: self.process_s + more.process_s,
+            postgres_s: self.postgres_s.zip(more.postgres_s).map(|(a, b)| a + b),
+        }
+    }
+
     /// All of it: the process's and the server's.
     pub(super) fn total_s(&self) -> f64 {
         self.process_s + self.postgres_s.unwrap_or(0.0)
