@@ -10,7 +10,10 @@
 //!
 //! - **A step is written whole or not at all, and alone.** A step one of whose streams is not at
 //!   the version it expects (`each_stale`) gets nothing written: no key claimed, no events, no
-//!   completion. It is answered [`Committed::Conflict`] and the rest of the batch commits.
+//!   completion. It is answered [`Committed::Conflict`] and the rest of the batch commits. A
+//!   step that expects a stream to be new is not probed (most steps start a stream of their own,
+//!   and that probe would find nothing in nearly every batch): if the stream exists, its first
+//!   event's unique violation refuses the batch (below).
 //! - **A claim gates its step's events.** A step whose key exists gets no events: its claim did
 //!   not come back from `claimed`.
 //! - **A key claimed and completed at once** (a step with both: a ledger command, whose answer

@@ -245,12 +245,22 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
                 inbox: None,
                 facts: false,
             },
-            // A stale expectation beside a good stream: neither is written.
+            // A stale expectation beside a good stream: neither is written. Half expect the
+            // stream at a version it is not at, half expect it new (the batch statement refuses
+            // itself on those, and each step of the batch is written alone).
             2 => Work {
                 claim: None,
                 appends: vec![
                     append(&format!("fine-{i}"), ExpectedVersion::NoStream, 1),
-                    append("account", ExpectedVersion::Exact(7), 1),
+                    append(
+                        "account",
+                        if i % 12 == 2 {
+                            ExpectedVersion::Exact(7)
+                        } else {
+                            ExpectedVersion::NoStream
+                        },
+                        1,
+                    ),
                 ],
                 completion: None,
                 inbox: None,
@@ -397,8 +407,9 @@ async fn response_body(database: &Database, key: &str) -> Vec<u8> {
 /// real position, a key settled at once (claimed and completed with its step) stored completed
 /// with its position, and a step whose stream moved on answered `Conflict` with nothing of it
 /// written (not its key, not its other stream's events) while the rest commits; a batch with a
-/// completion under a lost lease, two steps settling one key, two steps taking one stream's first
-/// version, or a step continuing the chain of a stale one, is refused with nothing of it written.
+/// completion under a lost lease, two steps settling one key, a step expecting a stream that
+/// exists to be new, two steps taking one stream's first version, or a step continuing the chain
+/// of a stale one, is refused with nothing of it written.
 /// SQLite's batches take the transaction path.
 async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
     let db = TestDatabase::open(backend).await;
@@ -427,7 +438,7 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
         ));
     }
     store
-        .append(&[append("account", ExpectedVersion::NoStream, 1)])
+        .append(&[append("account", ExpectedVersion::NoStream, 2)])
         .await
         .unwrap();
     let steps = vec![
@@ -452,7 +463,7 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
         Work {
             appends: vec![
                 append("completing", ExpectedVersion::NoStream, 1),
-                append("account", ExpectedVersion::Exact(1), 1),
+                append("account", ExpectedVersion::Exact(2), 1),
             ],
             completion: Some(completion("in-flight", held)),
             ..Work::default()
@@ -465,7 +476,7 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
             claim: Some(claim("stale", lease())),
             appends: vec![
                 append("payment-stale", ExpectedVersion::NoStream, 1),
-                append("account", ExpectedVersion::NoStream, 1),
+                append("account", ExpectedVersion::Exact(1), 1),
             ],
             ..Work::default()
         },
@@ -503,7 +514,7 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
             assert_eq!(new.streams, vec![("payment-new".to_owned(), 2)]);
             assert_eq!(
                 completed.streams,
-                vec![("completing".to_owned(), 1), ("account".to_owned(), 2)]
+                vec![("completing".to_owned(), 1), ("account".to_owned(), 3)]
             );
             assert_eq!(settled.streams, vec![("transfer-settled".to_owned(), 1)]);
             (completed.clone(), settled.clone())
@@ -538,7 +549,7 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
     );
     let events = count(&database, "select count(*) from events").await;
     let keys = count(&database, "select count(*) from idempotency_keys").await;
-    assert_eq!((events, keys), (4 + 1 + 2 + 2 + 1, 4 + 3));
+    assert_eq!((events, keys), (4 + 2 + 2 + 2 + 1, 4 + 3));
 
     // A completion under a lease that is not its key's, a key settled twice or a stream version
     // taken twice refuses the whole batch: the good steps beside it are not written either.
@@ -556,6 +567,15 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
             ..Work::default()
         }],
         vec![settling("twice-a"), settling("twice-b")],
+        // A step that expects a stream to be new where it exists: its first event is taken.
+        vec![Work {
+            claim: Some(claim("account-new", lease())),
+            appends: vec![
+                append("payment-account-new", ExpectedVersion::NoStream, 1),
+                append("account", ExpectedVersion::NoStream, 1),
+            ],
+            ..Work::default()
+        }],
         // Two steps that each take a stream's first version (neither continues the other).
         (0..2)
             .map(|_| Work {

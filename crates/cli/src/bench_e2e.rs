@@ -168,12 +168,14 @@ fn proc_kb(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The server's counters the transaction count needs, from `/metrics`.
+/// The server's counters the transaction count needs, from `/metrics`, and the group commit
+/// steps written alone after their batch's statement refused itself.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 struct Counters {
     projector_batches: f64,
     webhooks_received: f64,
     webhooks_processed: f64,
+    retried_alone: f64,
 }
 
 impl Counters {
@@ -191,6 +193,7 @@ impl Counters {
                 "asiento_projection_batch_seconds_count" => c.projector_batches += value,
                 "asiento_webhooks_received_total" => c.webhooks_received += value,
                 "asiento_webhook_events_processed_total" => c.webhooks_processed += value,
+                "asiento_group_commit_retried_alone_total" => c.retried_alone += value,
                 _ => {}
             }
         }
@@ -202,6 +205,7 @@ impl Counters {
             projector_batches: self.projector_batches - before.projector_batches,
             webhooks_received: self.webhooks_received - before.webhooks_received,
             webhooks_processed: self.webhooks_processed - before.webhooks_processed,
+            retried_alone: self.retried_alone - before.retried_alone,
         }
     }
 }
@@ -583,9 +587,11 @@ async fn e2e_on(
             run_healthz(&client, &server.base, args.clients, args.healthz_requests).await?;
         let rss_peak_kb = proc_kb(server.pid, "VmHWM");
         let hot = if args.hot_account {
-            settle(&client, &server.base).await?;
+            let before = settle(&client, &server.base).await?;
             let hot_run = format!("{run_id}-hot");
-            Some(run_load(&client, &server.base, args, &hot_run, 1).await?)
+            let (elapsed, load) = run_load(&client, &server.base, args, &hot_run, 1).await?;
+            let after = settle(&client, &server.base).await?;
+            Some((elapsed, load, after.minus(before)))
         } else {
             None
         };
@@ -723,8 +729,13 @@ async fn e2e_on(
         "{name} server rss_kb idle={rss_idle_kb} peak_after_load={rss_peak_load_kb} \
          peak={rss_peak_kb}"
     );
+    eprintln!(
+        "{name} group commit steps written alone after a refused batch: {} ({:.2} % of payments)",
+        counters.retried_alone,
+        counters.retried_alone * 100.0 / (load.accepted.max(1) as f64)
+    );
     let mut server_errors = server_errors_of(&load);
-    if let Some((hot_elapsed, hot)) = hot {
+    if let Some((hot_elapsed, hot, hot_counters)) = hot {
         let hot_rate = hot.accepted as f64 / hot_elapsed.as_secs_f64().max(f64::EPSILON);
         let hot_errors = server_errors_of(&hot);
         println!(
@@ -733,9 +744,11 @@ async fn e2e_on(
         );
         eprintln!(
             "E2E-HOT-{backend} every payment to one customer: accepted={} in {:.1}s, \
-             5xx or transport errors {hot_errors}; limit: the spread load's payments/s",
+             5xx or transport errors {hot_errors}, group commit steps written alone {}; \
+             limit: the spread load's payments/s",
             hot.accepted,
-            hot_elapsed.as_secs_f64()
+            hot_elapsed.as_secs_f64(),
+            hot_counters.retried_alone
         );
         server_errors += hot_errors;
     }
@@ -766,8 +779,10 @@ mod tests {
             asiento_projection_batch_seconds_count{projection=\"payments\"} 4\n\
             asiento_webhooks_received_total{outcome=\"stored\"} 10\n\
             asiento_webhook_events_processed_total{outcome=\"applied\"} 9\n\
+            asiento_group_commit_retried_alone_total 6\n\
             asiento_projection_batch_seconds_sum{projection=\"balances\"} 0.5\n";
         let c = Counters::parse(text);
+        assert_eq!(c.retried_alone, 6.0);
         assert_eq!(c.projector_batches, 7.0);
         assert_eq!(c.webhooks_received, 10.0);
         assert_eq!(c.webhooks_processed, 9.0);

@@ -4,7 +4,8 @@
 //! streams) into eleven column arrays, one element per event, and CTEs over them: `each_input`
 //! (one row per event, with `req`, its request's index in the batch), `each_stale` (the requests
 //! one of whose streams is not at the version they expect: one probe of the stream's current
-//! version per append) and `each_written` (the INSERT, `RETURNING event_id, position, version,
+//! version per append, but for the appends expecting no stream when a taken row fails the
+//! statement) and `each_written` (the INSERT, `RETURNING event_id, position, version,
 //! xact`). A stale request gets no rows at all, on any of its streams. A row some other writer got
 //! to first is skipped (`Taken::Skip`, ON CONFLICT DO NOTHING) or fails the statement
 //! (`Taken::Fail`): a request is written when all its events came back, which [`each_results`]
@@ -164,23 +165,39 @@ impl<'a> EachAppend<'a> {
              ORDER BY g.n ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS chain_ok \
              FROM (SELECT i.*, ({gate}) AND i.req NOT IN (SELECT req FROM each_stale) AS ok \
              FROM each_input i) g), {}",
-            Self::input_ctes(first),
+            Self::inputs(first, Taken::Skip),
             Self::written_cte("each_chained i WHERE i.chain_ok", Taken::Skip)
         )
     }
 
-    /// The CTEs `each_input` and `each_stale` (`req`: the requests one of whose streams is not at
-    /// the version its chain expects), reading the eleven arrays from parameters `$first` to
-    /// `$first + 10`: what the rest of a statement may gate its own rows on (a key claimed only
-    /// for a request that is not stale).
+    /// The CTEs `each_input` and `each_stale` for a statement that fails on a row another writer
+    /// took first (`Taken::Fail`, [`EachAppend::write_cte`]), reading the eleven arrays from
+    /// parameters `$first` to `$first + 10`: what the rest of a statement may gate its own rows on
+    /// (a key claimed only for a request that is not stale). `each_stale` holds the requests one
+    /// of whose streams is not at the version its chain expects, except those expecting no
+    /// stream: a stream that exists already has a version 1, so their first row fails the
+    /// statement, and the probe of a stream that is new in nearly every batch (a payment's, a
+    /// transfer's) is spared.
     pub fn input_ctes(first: usize) -> String {
+        Self::inputs(first, Taken::Fail)
+    }
+
+    /// `each_input` and `each_stale`. Only a statement that fails on a taken row may leave the
+    /// streams expected new out of `each_stale`: skipping the taken row instead would write
+    /// the rows after it (an append of two events to a stream at version 1 would get its
+    /// version 2), a request in part.
+    fn inputs(first: usize, taken: Taken) -> String {
         let p: Vec<usize> = (first..first + 11).collect();
+        let probed = match taken {
+            Taken::Skip => "",
+            Taken::Fail => " AND i.chain <> 0",
+        };
         format!(
             "each_input AS (SELECT * FROM unnest(${}::text[], ${}::int8[], ${}::int8[], \
              ${}::int8[], ${}::uuid[], ${}::text[], ${}::int4[], ${}::jsonb[], ${}::jsonb[], \
              ${}::int8[], ${}::int8[]) WITH ORDINALITY AS i(stream_id, expected, chain, ord, \
              event_id, event_type, schema, data, metadata, req, prev, n)), \
-             each_stale AS (SELECT i.req FROM each_input i WHERE i.ord = 1 \
+             each_stale AS (SELECT i.req FROM each_input i WHERE i.ord = 1{probed} \
              AND (SELECT coalesce(max(e.version), 0) FROM events e \
              WHERE e.stream_id = i.stream_id) <> i.chain)",
             p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10]

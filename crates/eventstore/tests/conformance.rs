@@ -864,8 +864,8 @@ mod suite {
         assert_eq!(streams, want, "each stream once, whole, in version order");
     }
 
-    /// Group commit: each request of a batch is written whole or not at all; two requests naming
-    /// one stream cannot both be; a batch that is not all written is rolled back by its caller and
+    /// Group commit: each request of a batch is written whole or not at all (one expecting a new
+    /// stream that exists writes nothing); two requests naming one stream cannot both be; a batch that is not all written is rolled back by its caller and
     /// leaves nothing; one that is commits every request with its own result.
     pub async fn append_each_in_writes_requests_independently(h: &Harness) {
         use ExpectedVersion::*;
@@ -899,12 +899,24 @@ mod suite {
         assert_eq!(h.store.stream_version("y").await.unwrap(), Some(1));
         assert_eq!(h.store.stream_version("z").await.unwrap(), Some(1));
 
+        // A request expecting a stream that exists to be new: none of its events is written,
+        // not even those past the stream's versions.
+        h.store
+            .append(&[to("w", NoStream, events(1))])
+            .await
+            .unwrap();
+        let not_new = [to("w", NoStream, events(2))];
         let mut tx = h.store.begin().await.unwrap();
-        let results = h.store.append_each_in(&mut tx, &[&a, &b]).await.unwrap();
+        let results = h
+            .store
+            .append_each_in(&mut tx, &[&a, &b, &not_new])
+            .await
+            .unwrap();
         tx.commit().await.unwrap();
-        let [Some(first), Some(second)] = &results[..] else {
-            panic!("both requests are written: {results:?}");
+        let [Some(first), Some(second), None] = &results[..] else {
+            panic!("both requests are written, not the third: {results:?}");
         };
+        assert_eq!(h.store.stream_version("w").await.unwrap(), Some(1));
         assert_eq!(first.streams, vec![("x".into(), 2), ("y".into(), 2)]);
         assert_eq!(second.streams, vec![("z".into(), 2)]);
         for appended in [first, second] {
