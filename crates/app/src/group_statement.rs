@@ -171,25 +171,24 @@ pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommit
     };
     // In the order of `Params`.
     let mut arguments = PgArguments::default();
-    each.add_to(&mut arguments)
-        .and_then(|()| match kinds.claims {
-            true => idempotency::add_claims(&mut arguments, claims.iter().copied()),
-            false => Ok(()),
-        })
-        .and_then(|()| match kinds.inbox {
-            true => webhooks::add_inbox(&mut arguments, &rows),
-            false => Ok(()),
-        })
-        .and_then(|()| match kinds.completions {
-            true => idempotency::add_completions(&mut arguments, borrowed(&completions)),
-            false => Ok(()),
-        })
-        .and_then(|()| match kinds.settles {
-            true => idempotency::add_claims(&mut arguments, settle_claims.iter().copied())
-                .and_then(|()| idempotency::add_answers(&mut arguments, borrowed(&settle_answers))),
-            false => Ok(()),
-        })
-        .map_err(sqlx::Error::Encode)?;
+    let add = || -> Result<(), sqlx::error::BoxDynError> {
+        each.add_to(&mut arguments)?;
+        if kinds.claims {
+            idempotency::add_claims(&mut arguments, claims.iter().copied())?;
+        }
+        if kinds.inbox {
+            webhooks::add_inbox(&mut arguments, &rows)?;
+        }
+        if kinds.completions {
+            idempotency::add_completions(&mut arguments, borrowed(&completions))?;
+        }
+        if kinds.settles {
+            idempotency::add_claims(&mut arguments, settle_claims.iter().copied())?;
+            idempotency::add_answers(&mut arguments, borrowed(&settle_answers))?;
+        }
+        Ok(())
+    };
+    add().map_err(sqlx::Error::Encode)?;
     let result = sqlx::query_with(statement(kinds), arguments)
         .fetch_one(&mut *conn)
         .await;
