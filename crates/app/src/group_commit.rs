@@ -29,8 +29,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::group_statement::{self, Written};
 use crate::guard_chain::GuardStates;
-use crate::idempotency::{self, Completing, FreshClaim, IdempotencyError, StoredResponse};
+use crate::idempotency::{self, Completing, FreshClaim, IdempotencyError};
 use crate::log::Store;
+pub use crate::respond::Respond;
 use crate::webhooks::{self, InboxRow};
 
 /// Requests written in one transaction, at most. (The queue itself is unbounded: what waits in
@@ -58,13 +59,8 @@ pub struct Work {
 pub struct Completion {
     /// The key, its lease and the time; the response is rendered by `respond`.
     pub completing: Completing,
-    pub respond: Respond,
+    pub respond: Arc<Respond>,
 }
-
-/// Renders a completion's response from the position of the last event its step appended
-/// (`None`: it appended none). Nothing else of the append may go into the response: the
-/// one-statement batch ([`crate::group_statement`]) fills the position in inside the database.
-pub type Respond = Arc<dyn Fn(Option<i64>) -> StoredResponse + Send + Sync>;
 
 /// How one request's step ended.
 #[derive(Debug)]
@@ -423,7 +419,9 @@ async fn write_step(
     };
     if let Some(completion) = &step.completion {
         let mut row = completion.completing.clone();
-        row.response = (completion.respond)(appended.as_ref().map(|a| a.last_position));
+        row.response = completion
+            .respond
+            .at(appended.as_ref().map(|a| a.last_position));
         if idempotency::complete_each(tx, &[row]).await? != [true] {
             return Ok(Committed::LeaseLost);
         }

@@ -24,10 +24,10 @@
 //!   nothing; each kind of row is written for the steps not in it. The set is computed once, so
 //!   every gate is one probe of one hash table.
 //! - **A completion's response carries the position of its step's last event**, which only the
-//!   insert knows (`each_last`, each step's greatest position). The response is rendered twice in
-//!   Rust, with two different positions; if the two differ only in one occurrence of the
-//!   position's decimal text (checked, not assumed), the statement stores the part before it, the
-//!   real position and the part after it. Otherwise the batch takes the transaction path.
+//!   insert knows (`each_last`, each step's greatest position). If the response splits at the
+//!   position's decimal text (`crate::respond::Respond::split`, checked, not assumed), the
+//!   statement stores the part before it, the real position and the part after it. Otherwise the
+//!   batch takes the transaction path.
 //! - **Nothing of a step is committed in part.** If a step that is written continues the chain of
 //!   one that is not (`EachAppend::broken_chain`: its rows would leave a gap in the stream), or a
 //!   completion found its lease taken over, the statement calls `asiento_batch_refused`
@@ -46,18 +46,14 @@ use sqlx::postgres::PgArguments;
 use sqlx::Row;
 use uuid::Uuid;
 
-use crate::group_commit::{Committed, GroupCommitError, Respond, Work};
-use crate::idempotency::{self, Completing, FreshClaim, StoredResponse};
+use crate::group_commit::{Committed, GroupCommitError, Work};
+use crate::idempotency::{self, Completing, FreshClaim};
 use crate::log::Store;
 use crate::webhooks::{self, InboxRow};
 
 /// The SQLSTATEs that mean the statement refused itself: `asiento_batch_refused`'s (migration
 /// 0050) and a unique violation (a row another writer inserted first).
 const REFUSED: [&str; 2] = ["AB001", "23505"];
-/// The two positions a response is rendered with to find where its position goes. Large, so that
-/// their text is unlikely anywhere else in a response (if it is, the batch takes the transaction
-/// path).
-const PROBES: [i64; 2] = [i64::MAX - 1, i64::MAX - 2];
 
 /// Where each kind of row's arrays start among the statement's parameters. Only the kinds a batch
 /// has are bound, the events' eleven arrays first, then the claims (ten), the webhook rows (six),
@@ -138,10 +134,10 @@ pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommit
         }
         if let Some(completion) = &work.completion {
             let (response, tail) = if work.appends.is_empty() {
-                ((completion.respond)(None), None)
+                (completion.respond.at(None), None)
             } else {
-                match split_at_position(&completion.respond) {
-                    Some((head, tail)) => (head, Some(tail)),
+                match completion.respond.split() {
+                    Some(split) => (split.head.clone(), Some(split.tail.clone())),
                     None => return Ok(Written::Unfit),
                 }
             };
@@ -288,38 +284,6 @@ fn outcomes(
     Ok(Written::Done(outcomes))
 }
 
-/// The response rendered without its position (the part before it) and the part after it, if
-/// `respond` puts the position's decimal text in exactly one place and nothing else of it
-/// depends on the position.
-fn split_at_position(respond: &Respond) -> Option<(StoredResponse, Vec<u8>)> {
-    let [a, b] = PROBES.map(|position| respond(Some(position)));
-    let [a_text, b_text] = PROBES.map(|position| position.to_string().into_bytes());
-    if a.status != b.status {
-        return None;
-    }
-    let mut found = a
-        .body
-        .windows(a_text.len())
-        .enumerate()
-        .filter(|(_, window)| *window == a_text.as_slice())
-        .map(|(at, _)| at);
-    let (at, None) = (found.next()?, found.next()) else {
-        return None;
-    };
-    let (head, tail) = (&a.body[..at], &a.body[at + a_text.len()..]);
-    if b.body != [head, b_text.as_slice(), tail].concat() {
-        return None;
-    }
-    let tail = tail.to_vec();
-    Some((
-        StoredResponse {
-            status: a.status,
-            body: head.to_vec(),
-        },
-        tail,
-    ))
-}
-
 /// The kinds of rows a batch writes besides its events. The statement leaves out the CTEs of the
 /// kinds a batch has none of: PostgreSQL sets up every node of a plan on each execution, and for a
 /// batch of one or a few steps that set-up costs about as much as running it.
@@ -462,14 +426,6 @@ fn build(kinds: Kinds) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-
-    fn respond(render: impl Fn(Option<i64>) -> String + Send + Sync + 'static) -> Respond {
-        Arc::new(move |position| StoredResponse {
-            status: 201,
-            body: render(position).into_bytes(),
-        })
-    }
 
     /// The parameters a statement reads, in order of first mention.
     fn parameters(statement: &str) -> Vec<usize> {
@@ -516,31 +472,5 @@ mod tests {
             (1, 12, 22),
             "a batch of ledger commands binds its events, then its keys' claims and answers"
         );
-    }
-
-    #[test]
-    fn a_response_splits_around_its_one_position() {
-        let split = split_at_position(&respond(|p| {
-            format!("{{\"id\":\"a\",\"position\":{}}}", p.unwrap_or(0))
-        }));
-        let (head, tail) = split.expect("one position");
-        assert_eq!(head.body, b"{\"id\":\"a\",\"position\":");
-        assert_eq!(tail, b"}");
-        assert_eq!(head.status, 201);
-    }
-
-    #[test]
-    fn a_response_that_does_not_split_cleanly_is_refused() {
-        // The position twice.
-        let twice = respond(|p| format!("[{0},{0}]", p.unwrap_or(0)));
-        assert!(split_at_position(&twice).is_none());
-        // The probe's text also elsewhere (a client's string).
-        let echo = respond(|p| format!("[\"{}\",{}]", i64::MAX - 1, p.unwrap_or(0)));
-        assert!(split_at_position(&echo).is_none());
-        // Something else depends on the position.
-        let derived = respond(|p| format!("[{},{}]", p.unwrap_or(0), p.unwrap_or(0) % 7));
-        assert!(split_at_position(&derived).is_none());
-        // No position at all.
-        assert!(split_at_position(&respond(|_| "{}".to_owned())).is_none());
     }
 }

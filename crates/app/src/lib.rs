@@ -29,5 +29,6 @@ pub mod providers;
 pub mod reconcile;
 pub mod replay;
 pub mod reply;
+pub mod respond;
 pub mod watch;
 pub mod webhooks;

@@ -664,10 +664,12 @@ impl PaymentFlow {
                         events_appended,
                     }
                 };
-                let respond: Respond = {
+                let respond = {
                     let (render, kind, finalized) =
                         (Arc::clone(&self.render), completion.kind, finalized.clone());
-                    Arc::new(move |position| render.render(&reply_for(kind, &finalized(position))))
+                    Respond::new(move |position| {
+                        render.render(&reply_for(kind, &finalized(position)))
+                    })
                 };
                 let step = Work {
                     claim: None,

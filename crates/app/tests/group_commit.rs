@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
-use asiento_app::group_commit::{Committed, Completion, GroupCommit, Work};
+use asiento_app::group_commit::{Committed, Completion, GroupCommit, Respond, Work};
 use asiento_app::group_statement::{self, Written};
 use asiento_app::idempotency::{
     canonical_body_hash, Completing, FreshClaim, IdempotencyKey, Lease, Scope, StoredResponse,
@@ -75,7 +75,7 @@ fn completion(key: &str, lease: Lease) -> Completion {
             response: StoredResponse::default(),
             now_ms: NOW_MS,
         },
-        respond: Arc::new(|position| StoredResponse {
+        respond: Respond::new(|position| StoredResponse {
             status: 201,
             body: format!("{position:?}").into_bytes(),
         }),

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use asiento_domain::guard::{DebitGuard, GuardAppend, GuardKey};
-use asiento_eventstore::{Database, StreamAppend};
+use asiento_eventstore::{Backend, Database, StreamAppend};
 
 use crate::clock::Clock;
 use crate::group_commit::{Committed, Completion, GroupCommit, Respond, Work};
@@ -81,18 +81,23 @@ impl LedgerFlow {
         F: Fn(&dyn Render, i64) -> StoredResponse + Send + Sync + 'static,
     {
         let now = self.clock.now().timestamp_millis();
-        let (appends, touched, respond): (Vec<StreamAppend>, Option<Touched>, Respond) =
+        let (appends, touched, respond): (Vec<StreamAppend>, Option<Touched>, Arc<Respond>) =
             match decided {
                 Decided::Refused(rejected) => {
                     let response = self.render.render(&Reply::Rejected(rejected));
-                    (Vec::new(), None, Arc::new(move |_| response.clone()))
+                    (Vec::new(), None, Respond::new(move |_| response.clone()))
                 }
                 Decided::Append(appends, touched, reply) => {
                     let render = Arc::clone(&self.render);
-                    let respond = move |position: Option<i64>| {
+                    let respond = Respond::new(move |position: Option<i64>| {
                         reply(render.as_ref(), position.unwrap_or_default())
-                    };
-                    (appends, Some(touched), Arc::new(respond))
+                    });
+                    // PostgreSQL writes the batch as one statement, which needs the response split
+                    // at its position: found here rather than on the writer's path.
+                    if self.database.backend() == Backend::Postgres {
+                        respond.prepare();
+                    }
+                    (appends, Some(touched), respond)
                 }
             };
         let lease = Lease::new(now, self.idempotency_lease_ms);
@@ -135,9 +140,9 @@ impl LedgerFlow {
             }
         }
         match outcome {
-            Committed::Written(appended) => Ok(Some(Answer::Done(respond(
-                appended.map(|appended| appended.last_position),
-            )))),
+            Committed::Written(appended) => Ok(Some(Answer::Done(
+                respond.at(appended.map(|appended| appended.last_position)),
+            ))),
             Committed::Conflict => {
                 metrics::counter!("asiento_ledger_conflicts_total").increment(1);
                 Ok(None)
@@ -200,7 +205,7 @@ impl LedgerFlow {
                 Err(error) => return Err(FlowError::Append(error)),
             }
         };
-        let response = respond(position);
+        let response = respond.at(position);
         idempotency::complete(&mut tx, &request.scope, &request.key, lease, &response, now).await?;
         tx.commit().await?;
         Ok(Some(Answer::Done(response)))

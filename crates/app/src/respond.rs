@@ -1,0 +1,171 @@
+//! A completion's response, rendered from the position of the last event its step appends, which
+//! only the write knows.
+//!
+//! The one-statement batch (`crate::group_statement`) stores such a response inside the database,
+//! around the position the INSERT takes: it needs the response split at the position's decimal
+//! text ([`Respond::split`]). Finding that split renders the response twice, with two positions,
+//! and checks that the two differ only there. The split is found once per response and kept: a
+//! flow finds it in its request's own task ([`Respond::prepare`]), off the writer's path that
+//! every request of a batch waits for, and the answer given once the step is written is the
+//! split filled in ([`Respond::at`]), not a third rendering.
+
+use std::sync::{Arc, OnceLock};
+
+use crate::idempotency::StoredResponse;
+
+/// The two positions a response is rendered with to find where its position goes. Large, so that
+/// their text is unlikely anywhere else in a response (if it is, the response does not split).
+const PROBES: [i64; 2] = [i64::MAX - 1, i64::MAX - 2];
+
+/// A response split at its position: the response with the part before it as its body, and the
+/// part after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Split {
+    pub head: StoredResponse,
+    pub tail: Vec<u8>,
+}
+
+impl Split {
+    /// The response with `position` in its place.
+    fn fill(&self, position: i64) -> StoredResponse {
+        let position = position.to_string();
+        let mut body = Vec::with_capacity(self.head.body.len() + position.len() + self.tail.len());
+        body.extend_from_slice(&self.head.body);
+        body.extend_from_slice(position.as_bytes());
+        body.extend_from_slice(&self.tail);
+        StoredResponse {
+            status: self.head.status,
+            body,
+        }
+    }
+}
+
+type Render = dyn Fn(Option<i64>) -> StoredResponse + Send + Sync;
+
+/// Renders a completion's response from the position of the last event its step appended
+/// (`None`: it appended none). Nothing else of the append may go into the response.
+pub struct Respond {
+    render: Box<Render>,
+    split: OnceLock<Option<Split>>,
+}
+
+impl std::fmt::Debug for Respond {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Respond")
+            .field("split", &self.split.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Respond {
+    pub fn new(
+        render: impl Fn(Option<i64>) -> StoredResponse + Send + Sync + 'static,
+    ) -> Arc<Respond> {
+        Arc::new(Respond {
+            render: Box::new(render),
+            split: OnceLock::new(),
+        })
+    }
+
+    /// The response for a step whose last event is at `position`.
+    pub fn at(&self, position: Option<i64>) -> StoredResponse {
+        match (position, self.split.get()) {
+            (Some(position), Some(Some(split))) => split.fill(position),
+            _ => (self.render)(position),
+        }
+    }
+
+    /// The response split at its position, if the position's decimal text is in exactly one
+    /// place and nothing else of it depends on the position; found on first use.
+    pub fn split(&self) -> Option<&Split> {
+        self.split.get_or_init(|| self.find_split()).as_ref()
+    }
+
+    /// Finds the split now, in the caller's task, so that the writer finds it ready.
+    pub fn prepare(&self) {
+        self.split();
+    }
+
+    fn find_split(&self) -> Option<Split> {
+        let [a, b] = PROBES.map(|position| (self.render)(Some(position)));
+        let [a_text, b_text] = PROBES.map(|position| position.to_string().into_bytes());
+        if a.status != b.status {
+            return None;
+        }
+        let mut found = memchr::memmem::find_iter(&a.body, &a_text);
+        let (at, None) = (found.next()?, found.next()) else {
+            return None;
+        };
+        let (head, tail) = (&a.body[..at], &a.body[at + a_text.len()..]);
+        if b.body != [head, b_text.as_slice(), tail].concat() {
+            return None;
+        }
+        Some(Split {
+            head: StoredResponse {
+                status: a.status,
+                body: head.to_vec(),
+            },
+            tail: tail.to_vec(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn respond(render: impl Fn(Option<i64>) -> String + Send + Sync + 'static) -> Arc<Respond> {
+        Respond::new(move |position| StoredResponse {
+            status: 201,
+            body: render(position).into_bytes(),
+        })
+    }
+
+    #[test]
+    fn a_response_splits_around_its_one_position() {
+        let respond = respond(|p| format!("{{\"id\":\"a\",\"position\":{}}}", p.unwrap_or(0)));
+        let split = respond.split().expect("one position");
+        assert_eq!(split.head.body, b"{\"id\":\"a\",\"position\":");
+        assert_eq!(split.tail, b"}");
+        assert_eq!(split.head.status, 201);
+    }
+
+    #[test]
+    fn a_response_that_does_not_split_cleanly_is_refused() {
+        // The position twice.
+        let twice = respond(|p| format!("[{0},{0}]", p.unwrap_or(0)));
+        assert!(twice.split().is_none());
+        // The probe's text also elsewhere (a client's string).
+        let echo = respond(|p| format!("[\"{}\",{}]", i64::MAX - 1, p.unwrap_or(0)));
+        assert!(echo.split().is_none());
+        // Something else depends on the position.
+        let derived = respond(|p| format!("[{},{}]", p.unwrap_or(0), p.unwrap_or(0) % 7));
+        assert!(derived.split().is_none());
+        // No position at all.
+        assert!(respond(|_| "{}".to_owned()).split().is_none());
+    }
+
+    #[test]
+    fn an_answer_is_the_rendering_whether_or_not_the_split_was_found() {
+        let render = |p: Option<i64>| format!("{{\"position\":{},\"n\":7}}", p.unwrap_or(-1));
+        for prepared in [false, true] {
+            let respond = respond(render);
+            if prepared {
+                respond.prepare();
+                assert!(respond.split().is_some());
+            }
+            for position in [None, Some(0), Some(42), Some(i64::MAX)] {
+                assert_eq!(
+                    respond.at(position).body,
+                    render(position).into_bytes(),
+                    "prepared: {prepared}, position: {position:?}"
+                );
+            }
+        }
+        // A response that does not split is rendered each time.
+        let derived = |p: Option<i64>| format!("[{},{}]", p.unwrap_or(0), p.unwrap_or(0) % 7);
+        let respond = respond(derived);
+        respond.prepare();
+        assert_eq!(respond.at(Some(12)).body, derived(Some(12)).into_bytes());
+    }
+}
