@@ -5,9 +5,8 @@
 //! alone is a transaction of a few single-row statements and a commit flush; measured, a
 //! row costs several times more in a single-row statement than in a batch (docs/benchmarks.md).
 //! So requests hand their step to the process's dispatcher ([`GroupCommit::commit`],
-//! `crate::group_dispatch`), which takes every step waiting at that moment and has a writer task
-//! write them in one transaction with one statement per kind of row (two such batches at once on
-//! PostgreSQL, never sharing a row):
+//! `crate::group_dispatch`), which takes every step waiting at that moment and writes them in one
+//! transaction with one statement per kind of row, one batch at a time:
 //! the fresh claims (`idempotency::claim_fresh_each`), the webhook events received
 //! (`webhooks::insert_inbox_each`), the events
 //! (`EventStore::append_each_in`), the completions (`idempotency::complete_each`). Each request
@@ -97,7 +96,7 @@ pub enum GroupCommitError {
 
 pub(crate) type Reply = oneshot::Sender<Result<Committed, GroupCommitError>>;
 
-/// The dispatcher of one store and its writer tasks, started on first use. Cheap to share (`Arc`).
+/// The dispatcher of one store, which writes its batches, started on first use. Cheap to share (`Arc`).
 pub struct GroupCommit {
     store: Store,
     queue: OnceLock<mpsc::UnboundedSender<(Work, Reply)>>,

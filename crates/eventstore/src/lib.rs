@@ -369,12 +369,6 @@ pub trait EventStore: Send + Sync {
         Ok(None)
     }
 
-    /// Whether transactions on this store write at once, each waiting only for the rows
-    /// another one holds (PostgreSQL), rather than one after the other (SQLite's one writer).
-    fn writes_concurrently(&self) -> bool {
-        false
-    }
-
     /// Up to `limit` events of one stream with `version >= from_version`, in
     /// version order.
     async fn read_stream(

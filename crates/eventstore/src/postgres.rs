@@ -617,10 +617,6 @@ impl EventStore for PgEventStore {
         Ok(Tx::Postgres(PgTx::begin(lease).await?))
     }
 
-    fn writes_concurrently(&self) -> bool {
-        true
-    }
-
     async fn statement_connection(&self) -> Result<Option<PgConn>, StoreError> {
         Ok(Some(PgConn {
             lease: self.statement_connections.lease(&self.pool).await?,
