@@ -96,7 +96,8 @@ pub enum GroupCommitError {
 
 pub(crate) type Reply = oneshot::Sender<Result<Committed, GroupCommitError>>;
 
-/// The dispatcher of one store, which writes its batches, started on first use. Cheap to share (`Arc`).
+/// The dispatcher of one store, which writes its batches, started on first use. Cheap to share
+/// (`Arc`).
 pub struct GroupCommit {
     store: Store,
     queue: OnceLock<mpsc::UnboundedSender<(Work, Reply)>>,

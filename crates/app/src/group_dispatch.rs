@@ -3,9 +3,10 @@
 //!
 //! The steps that arrive while a batch is being written wait for it and go together in the next.
 //! One writer, on every store: a second batch in flight beside it was measured on PostgreSQL
-//! (docs/benchmarks.md) and made no more transfers per second with 8 or 16 concurrent requests
-//! or in `bench e2e`; on two cores its backend only competes with the first one and with the
-//! process for the CPU. Batches that follow one another also never wait for each other's rows.
+//! (docs/benchmarks.md) and made no more transfers per second with 8 or 16 concurrent requests,
+//! nor did a batch split in two halves written at once; in `bench e2e --hot-account` it made
+//! fewer payments per second. Batches that follow one another also never wait for each other's
+//! rows.
 
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
