@@ -671,6 +671,7 @@ impl PaymentFlow {
                         render.render(&reply_for(kind, &finalized(position)))
                     })
                 };
+                respond.prepare_for(self.database.backend());
                 let step = Work {
                     claim: None,
                     appends,

@@ -5,11 +5,13 @@
 //! around the position the INSERT takes: it needs the response split at the position's decimal
 //! text ([`Respond::split`]). Finding that split renders the response twice, with two positions,
 //! and checks that the two differ only there. The split is found once per response and kept: a
-//! flow finds it in its request's own task ([`Respond::prepare`]), off the writer's path that
+//! flow finds it in its request's own task ([`Respond::prepare_for`]), off the writer's path that
 //! every request of a batch waits for, and the answer given once the step is written is the
 //! split filled in ([`Respond::at`]), not a third rendering.
 
 use std::sync::{Arc, OnceLock};
+
+use asiento_eventstore::Backend;
 
 use crate::idempotency::StoredResponse;
 
@@ -81,9 +83,13 @@ impl Respond {
         self.split.get_or_init(|| self.find_split()).as_ref()
     }
 
-    /// Finds the split now, in the caller's task, so that the writer finds it ready.
-    pub fn prepare(&self) {
-        self.split();
+    /// Finds the split now, in the caller's task, if `backend` writes a batch as one statement
+    /// (PostgreSQL, which needs it), so that the writer finds it ready. Elsewhere the answer is
+    /// rendered once, when the step is written.
+    pub fn prepare_for(&self, backend: Backend) {
+        if backend == Backend::Postgres {
+            self.split();
+        }
     }
 
     fn find_split(&self) -> Option<Split> {
@@ -150,10 +156,12 @@ mod tests {
         let render = |p: Option<i64>| format!("{{\"position\":{},\"n\":7}}", p.unwrap_or(-1));
         for prepared in [false, true] {
             let respond = respond(render);
-            if prepared {
-                respond.prepare();
-                assert!(respond.split().is_some());
-            }
+            respond.prepare_for(if prepared {
+                Backend::Postgres
+            } else {
+                Backend::Sqlite
+            });
+            assert_eq!(respond.split.get().is_some(), prepared);
             for position in [None, Some(0), Some(42), Some(i64::MAX)] {
                 assert_eq!(
                     respond.at(position).body,
@@ -165,7 +173,7 @@ mod tests {
         // A response that does not split is rendered each time.
         let derived = |p: Option<i64>| format!("[{},{}]", p.unwrap_or(0), p.unwrap_or(0) % 7);
         let respond = respond(derived);
-        respond.prepare();
+        respond.prepare_for(Backend::Postgres);
         assert_eq!(respond.at(Some(12)).body, derived(Some(12)).into_bytes());
     }
 }

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use asiento_domain::guard::{DebitGuard, GuardAppend, GuardKey};
-use asiento_eventstore::{Backend, Database, StreamAppend};
+use asiento_eventstore::{Database, StreamAppend};
 
 use crate::clock::Clock;
 use crate::group_commit::{Committed, Completion, GroupCommit, Respond, Work};
@@ -92,11 +92,7 @@ impl LedgerFlow {
                     let respond = Respond::new(move |position: Option<i64>| {
                         reply(render.as_ref(), position.unwrap_or_default())
                     });
-                    // PostgreSQL writes the batch as one statement, which needs the response split
-                    // at its position: found here rather than on the writer's path.
-                    if self.database.backend() == Backend::Postgres {
-                        respond.prepare();
-                    }
+                    respond.prepare_for(self.database.backend());
                     (appends, Some(touched), respond)
                 }
             };
