@@ -865,8 +865,9 @@ mod suite {
     }
 
     /// Group commit: each request of a batch is written whole or not at all (one expecting a new
-    /// stream that exists writes nothing); two requests naming one stream cannot both be; a batch that is not all written is rolled back by its caller and
-    /// leaves nothing; one that is commits every request with its own result.
+    /// stream that exists writes nothing); two requests naming one stream cannot both be; a batch
+    /// that is not all written is rolled back by its caller and leaves nothing; one that is
+    /// commits every request with its own result.
     pub async fn append_each_in_writes_requests_independently(h: &Harness) {
         use ExpectedVersion::*;
         h.store
