@@ -2,11 +2,12 @@
 //! a time (`crate::group_commit::write`).
 //!
 //! The steps that arrive while a batch is being written wait for it and go together in the next.
-//! One writer, on every store: a second batch in flight beside it was measured on PostgreSQL
-//! (docs/benchmarks.md) and made no more transfers per second with 8 or 16 concurrent requests,
-//! nor did a batch split in two halves written at once; in `bench e2e --hot-account` it made
-//! fewer payments per second. Batches that follow one another also never wait for each other's
-//! rows.
+//! One writer, on every store. A second batch in flight beside it was measured on PostgreSQL on
+//! two-core machines (docs/benchmarks.md): it made more ledger transfers per second only where a
+//! few concurrent requests left a core idle, and in `bench e2e`, whose load keeps both cores busy,
+//! it cost CPU per payment and made fewer payments per second, whether its batches took half the
+//! steps or only those arriving while another was in flight. Batches that follow one another also
+//! never wait for each other's rows.
 
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
