@@ -72,6 +72,11 @@ pub fn describe() {
         "asiento_group_commit_batch_size",
         "Steps written together by one group commit"
     );
+    describe_histogram!(
+        "asiento_group_commit_write_seconds",
+        Unit::Seconds,
+        "Time the group commit writer took to write one batch and answer its steps; the rate of its sum is the share of the time the writer is busy"
+    );
     describe_counter!(
         "asiento_group_commit_guard_rebased_total",
         "Group-commit batches whose guard appends were rebased onto the log"

@@ -3,11 +3,11 @@
 //!
 //! The steps that arrive while a batch is being written wait for it and go together in the next.
 //! One writer, on every store. A second batch in flight beside it was measured on PostgreSQL on
-//! two-core machines (docs/benchmarks.md): it made more ledger transfers per second only where a
-//! few concurrent requests left a core idle, and in `bench e2e`, whose load keeps both cores busy,
-//! it cost CPU per payment and made fewer payments per second, whether its batches took half the
-//! steps or only those arriving while another was in flight. Batches that follow one another also
-//! never wait for each other's rows.
+//! two-core machines (docs/benchmarks.md): it made more ledger transfers per second on one of them,
+//! where a few concurrent requests left a core idle, and fewer on another; in `bench e2e`, whose
+//! load keeps both cores busy, it cost CPU per payment and made fewer payments per second, whether
+//! its batches took half the steps or only those arriving while another was in flight. Batches
+//! that follow one another also never wait for each other's rows.
 
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
@@ -33,8 +33,11 @@ pub(crate) async fn dispatch(store: Store, mut receiver: mpsc::UnboundedReceiver
     }
 }
 
-/// Writes `batch` and answers each of its requests.
+/// Writes `batch` and answers each of its requests. The time this takes is recorded
+/// (`asiento_group_commit_write_seconds`): its sum's rate is the share of the time the one writer
+/// is busy, which nears 1 when requests queue behind it.
 async fn write_and_answer(store: &Store, batch: Vec<(Work, Reply)>) {
+    let started = Instant::now();
     metrics::histogram!("asiento_group_commit_batch_size").record(batch.len() as f64);
     let (steps, replies): (Vec<Work>, Vec<Reply>) = batch.into_iter().unzip();
     // A panic fails this batch's requests, not the dispatcher.
@@ -54,6 +57,8 @@ async fn write_and_answer(store: &Store, batch: Vec<(Work, Reply)>) {
         // A request that gave up is answered nowhere; its step is committed or not as told.
         let _ = reply.send(outcome);
     }
+    metrics::histogram!("asiento_group_commit_write_seconds")
+        .record(started.elapsed().as_secs_f64());
 }
 
 /// Adds to `batch` the steps that arrive while the tasks just woken run: the requests the last

@@ -30,6 +30,7 @@ async fn metrics_text(client: &Client) -> String {
 
 async fn metrics_an_on_call_engineer_alerts_on(backend: Backend) {
     let database = TestDatabase::new(backend).await;
+    let started = Instant::now();
     let server = Server::start(&database.url, &["--gauges-interval", "200ms"]);
     let client = server.client();
     let paid = client
@@ -112,6 +113,17 @@ async fn metrics_an_on_call_engineer_alerts_on(backend: Backend) {
     assert_eq!(
         sample(&text, "asiento_provider_operations_pending{age=\"lt_1m\"}"),
         Some(0.0)
+    );
+    // The group commit writer's busy time, in seconds: every payment's steps went through it,
+    // and it cannot have been busy longer than the server has run.
+    let (batches, busy) = (
+        sample(&text, "asiento_group_commit_write_seconds_count"),
+        sample(&text, "asiento_group_commit_write_seconds_sum"),
+    );
+    assert!(batches.is_some_and(|batches| batches >= 2.0), "{text}");
+    assert!(
+        busy.is_some_and(|busy| busy > 0.0 && busy < started.elapsed().as_secs_f64()),
+        "busy {busy:?}"
     );
     // Every metric says what it is.
     let families: Vec<&str> = text
