@@ -2,10 +2,11 @@
 //!
 //! The open holds with an expiry are kept from the log itself (`hold_expiries`, one cursor), as
 //! the reconciler's watch lists are, so that expiry depends on no read model's lag or rebuild: a
-//! hold enters at its `TransferRequested` and leaves at its `HoldPosted` or `HoldVoided`. Each
-//! round catches up, then voids the due holds, most overdue first, through
-//! [`LedgerFlow::expire_hold`]: the transfer's stream version makes an expiry racing a client's
-//! post or void lose or win whole, so several workers may run at once.
+//! hold enters at the event carrying its request (its `EntryPosted`, or a `TransferRequested` in
+//! logs written before) and leaves at its `HoldPosted` or `HoldVoided`. Each round catches up,
+//! then voids the due holds, most overdue first, through [`LedgerFlow::expire_hold`]: the
+//! transfer's stream version makes an expiry racing a client's post or void lose or win whole, so
+//! several workers may run at once.
 
 use std::time::Duration;
 
@@ -59,19 +60,23 @@ fn change_of(event: &RecordedEvent) -> Result<Option<Change>, LogError> {
     };
     let transfer = id.to_string();
     Ok(match event.event_type.as_str() {
-        "TransferRequested" => {
+        "EntryPosted" | "TransferRequested" => {
             let decoded =
                 TransferEvent::decode_raw(&event.event_type, event.schema, event.data.raw())?;
-            match decoded {
-                TransferEvent::TransferRequested(requested) if requested.pending => {
+            let requested = match decoded {
+                TransferEvent::TransferRequested(requested) => Some(requested),
+                TransferEvent::EntryPosted(posted) => posted.transfer,
+                _ => None,
+            };
+            requested
+                .filter(|requested| requested.pending)
+                .and_then(|requested| {
                     requested.expires_at.map(|expires_at| Change::Watch {
                         transfer,
                         tenant: requested.tenant.to_string(),
                         expires_ms: expires_at.timestamp_millis(),
                     })
-                }
-                _ => None,
-            }
+                })
         }
         "HoldPosted" | "HoldVoided" => Some(Change::Unwatch { transfer }),
         _ => None,
@@ -205,5 +210,90 @@ pub async fn run(
             Ok(count) => tracing::info!(count, "expired holds voided"),
             Err(error) => tracing::warn!(%error, "hold expiry round failed; retrying"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use asiento_domain::transfer::{decide, Transfer};
+    use asiento_domain::{AccountName, Amount, Currency, RequestTransfer};
+    use asiento_eventstore::{Cursor, Metadata};
+    use chrono::{TimeZone, Utc};
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn recorded(stream_id: &str, event: &TransferEvent) -> RecordedEvent {
+        RecordedEvent {
+            position: 1,
+            cursor: Cursor::default(),
+            stream_id: stream_id.to_owned(),
+            version: 1,
+            event_id: Uuid::nil(),
+            event_type: event.event_type().to_owned(),
+            schema: event.schema_version(),
+            data: event.encode().unwrap().into(),
+            metadata: Metadata::default(),
+            recorded_at: Utc::now(),
+        }
+    }
+
+    fn watched(change: Option<Change>) -> Option<(String, i64)> {
+        match change {
+            Some(Change::Watch {
+                tenant, expires_ms, ..
+            }) => Some((tenant, expires_ms)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_hold_is_watched_from_the_event_that_carries_its_request_in_either_form() {
+        let id = TransferId::from_uuid(Uuid::now_v7());
+        let stream = asiento_domain::transfer_stream(id);
+        let expires_at = Utc.timestamp_millis_opt(1_800_000_000_000).unwrap();
+        let hold = |pending: bool| RequestTransfer {
+            id,
+            tenant: TenantId::parse("acme").unwrap(),
+            from: AccountName::parse("customer:1:available").unwrap(),
+            to: AccountName::parse("merchant:1").unwrap(),
+            amount: Amount::new(500),
+            currency: Currency::parse("USD").unwrap(),
+            description: None,
+            pending,
+            expires_at: pending.then_some(expires_at),
+            at: Utc.timestamp_millis_opt(1_700_000_000_000).unwrap(),
+        };
+        let events = decide(&Transfer::default(), hold(true)).unwrap();
+        let [TransferEvent::EntryPosted(posted)] = events.as_slice() else {
+            panic!("not one entry: {events:?}")
+        };
+        let expected = Some(("acme".to_owned(), expires_at.timestamp_millis()));
+        assert_eq!(
+            watched(change_of(&recorded(&stream, &events[0])).unwrap()),
+            expected
+        );
+        // As logs written before hold it: the request, then an entry that does not carry it.
+        let request = TransferEvent::TransferRequested(posted.transfer.clone().unwrap());
+        let entry = TransferEvent::EntryPosted(asiento_domain::payment::EntryPosted {
+            transfer: None,
+            ..posted.clone()
+        });
+        assert_eq!(
+            watched(change_of(&recorded(&stream, &request)).unwrap()),
+            expected
+        );
+        assert_eq!(
+            watched(change_of(&recorded(&stream, &entry)).unwrap()),
+            None
+        );
+        // A plain transfer is never watched.
+        let plain = decide(&Transfer::default(), hold(false)).unwrap();
+        assert_eq!(
+            watched(change_of(&recorded(&stream, &plain[0])).unwrap()),
+            None
+        );
     }
 }

@@ -585,7 +585,11 @@ impl SeedPlan {
         )?;
         let at = chrono::DateTime::from_timestamp_millis(SEED_START_UNIX_MS + i64::try_from(g)?)
             .context("a seeded instant out of range")?;
-        let event = PaymentEvent::EntryPosted(EntryPosted { entry, at });
+        let event = PaymentEvent::EntryPosted(EntryPosted {
+            entry,
+            at,
+            transfer: None,
+        });
         Ok(SeedRow {
             stream_id: payment_stream(payment),
             version: i64::try_from(version)?,

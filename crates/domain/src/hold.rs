@@ -258,6 +258,7 @@ pub fn decide(
         TransferEvent::EntryPosted(EntryPosted {
             entry,
             at: command.at,
+            transfer: None,
         }),
     ])
 }

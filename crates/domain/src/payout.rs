@@ -257,7 +257,11 @@ pub fn decide(
                     ],
                     None,
                 )?;
-                events.push(PayoutEvent::EntryPosted(EntryPosted { entry, at }));
+                events.push(PayoutEvent::EntryPosted(EntryPosted {
+                    entry,
+                    at,
+                    transfer: None,
+                }));
             }
             events.insert(
                 0,
@@ -287,6 +291,7 @@ pub fn decide(
                 events.push(PayoutEvent::EntryPosted(EntryPosted {
                     entry: entry.reversal(id)?,
                     at,
+                    transfer: None,
                 }));
             }
             Ok(events)

@@ -47,6 +47,9 @@ fn is_false(value: &bool) -> bool {
     !*value
 }
 
+/// A transfer's request. A transfer's stream starts with the `EntryPosted` that carries it; logs
+/// written before start with it as an event of its own, followed by that `EntryPosted`, and both
+/// fold into the same [`Transfer`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TransferRequested {
     pub transfer_id: TransferId,
@@ -181,9 +184,9 @@ impl From<EntryError> for TransferRejection {
     }
 }
 
-/// The transfer's own events: `TransferRequested` and its `EntryPosted` (`from` −amount, `to`
-/// +amount; for a hold, on their pending accounts). A repeat of the same request yields
-/// nothing; the insufficient-funds rule is applied by [`decide_with_guards`].
+/// The transfer's own event: its `EntryPosted` (`from` −amount, `to` +amount; for a hold, on
+/// their pending accounts), which carries the request it posts. A repeat of the same request
+/// yields nothing; the insufficient-funds rule is applied by [`decide_with_guards`].
 pub fn decide(
     transfer: &Transfer,
     request: RequestTransfer,
@@ -258,11 +261,11 @@ pub fn decide(
             (to, requested.amount_minor),
         ],
     )?;
-    let at = requested.at;
-    Ok(vec![
-        TransferEvent::TransferRequested(requested),
-        TransferEvent::EntryPosted(EntryPosted { entry, at }),
-    ])
+    Ok(vec![TransferEvent::EntryPosted(EntryPosted {
+        entry,
+        at: requested.at,
+        transfer: Some(requested),
+    })])
 }
 
 /// A full transfer decision: what to append to the transfer's stream and to
@@ -315,6 +318,17 @@ pub fn evolve(mut transfer: Transfer, event: &TransferEvent) -> Transfer {
             transfer.record = Some(TransferRecord {
                 requested: e.clone(),
                 entry_id: None,
+                settled: None,
+            });
+        }
+        TransferEvent::EntryPosted(EntryPosted {
+            entry,
+            transfer: Some(requested),
+            ..
+        }) => {
+            transfer.record = Some(TransferRecord {
+                requested: requested.clone(),
+                entry_id: Some(entry.id()),
                 settled: None,
             });
         }
@@ -382,11 +396,18 @@ mod tests {
     #[test]
     fn a_transfer_posts_two_legs_and_repeats_are_idempotent() {
         let events = decide(&Transfer::default(), request("a", "b", 5)).unwrap();
-        assert_eq!(events.len(), 2);
-        let TransferEvent::EntryPosted(posted) = &events[1] else {
-            panic!("no entry")
+        let [TransferEvent::EntryPosted(posted)] = events.as_slice() else {
+            panic!("not one entry: {events:?}")
         };
         assert_eq!(posted.entry.legs().len(), 2);
+        assert_eq!(
+            posted
+                .transfer
+                .as_ref()
+                .map(|requested| requested.amount_minor),
+            Some(Amount::new(5)),
+            "the entry carries the request it posts"
+        );
         let t = events.iter().fold(Transfer::default(), evolve);
         assert_eq!(t.record.as_ref().unwrap().entry_id, Some(posted.entry.id()));
         assert_eq!(decide(&t, request("a", "b", 5)), Ok(vec![]));
@@ -397,10 +418,33 @@ mod tests {
     }
 
     #[test]
+    fn a_transfer_written_as_a_request_then_its_entry_folds_the_same() {
+        let events = decide(&Transfer::default(), request("a", "b", 5)).unwrap();
+        let [TransferEvent::EntryPosted(posted)] = events.as_slice() else {
+            panic!("not one entry: {events:?}")
+        };
+        let requested = posted.transfer.clone().unwrap();
+        let older = [
+            TransferEvent::TransferRequested(requested),
+            TransferEvent::EntryPosted(EntryPosted {
+                transfer: None,
+                ..posted.clone()
+            }),
+        ];
+        let (one, two) = (
+            events.iter().fold(Transfer::default(), evolve),
+            older.iter().fold(Transfer::default(), evolve),
+        );
+        assert_eq!(one.record, two.record);
+        assert!(one.record.is_some());
+        assert_eq!((one.version, two.version), (1, 2));
+    }
+
+    #[test]
     fn insufficient_funds_refuses_the_whole_transfer() {
         let r = request("customer:1:available", "customer:2:available", 500);
         let events = decide(&Transfer::default(), r.clone()).unwrap();
-        let TransferEvent::EntryPosted(posted) = &events[1] else {
+        let TransferEvent::EntryPosted(posted) = &events[0] else {
             panic!("no entry")
         };
         let keys = guarded_keys(&posted.entry);

@@ -234,29 +234,41 @@ fn transfer_fixtures() -> Vec<(TransferEvent, Value)> {
     let PaymentEvent::EntryPosted(posted) = e_capture_entry(10_000, 300) else {
         unreachable!()
     };
+    let requested = TransferRequested {
+        transfer_id: TransferId::from_uuid(uuid::Uuid::from_u128(5)),
+        tenant: tenant(),
+        from: customer(),
+        to: AccountName::parse("customer:7:available").unwrap(),
+        amount_minor: amt(500),
+        currency: usd(),
+        description: Some("rent".into()),
+        pending: false,
+        expires_at: None,
+        at: at(10),
+    };
+    // A plain transfer has neither `pending` nor `expires_at`, as in events written before holds
+    // existed (see `a_hold_request_carries_pending_and_its_expiry`).
+    let requested_json = json!({
+        "transfer_id": "tr_00000000000000000000000000000005", "tenant": "acme",
+        "from": "customer:42:available", "to": "customer:7:available",
+        "amount_minor": 500, "currency": "USD", "description": "rent", "at": AT
+    });
+    let mut posted_with_request = entry_json();
+    posted_with_request["transfer"] = requested_json.clone();
     vec![
         (
-            TransferEvent::TransferRequested(TransferRequested {
-                transfer_id: TransferId::from_uuid(uuid::Uuid::from_u128(5)),
-                tenant: tenant(),
-                from: customer(),
-                to: AccountName::parse("customer:7:available").unwrap(),
-                amount_minor: amt(500),
-                currency: usd(),
-                description: Some("rent".into()),
-                pending: false,
-                expires_at: None,
-                at: at(10),
-            }),
-            // A plain transfer has neither `pending` nor `expires_at`, as in events written
-            // before holds existed (see `a_hold_request_carries_pending_and_its_expiry`).
-            json!({
-                "transfer_id": "tr_00000000000000000000000000000005", "tenant": "acme",
-                "from": "customer:42:available", "to": "customer:7:available",
-                "amount_minor": 500, "currency": "USD", "description": "rent", "at": AT
-            }),
+            TransferEvent::TransferRequested(requested.clone()),
+            requested_json,
         ),
-        (TransferEvent::EntryPosted(posted), entry_json()),
+        // A transfer's first event: its entry, carrying the request it posts (a hold's ending
+        // posts one without, as a payment's is above).
+        (
+            TransferEvent::EntryPosted(EntryPosted {
+                transfer: Some(requested),
+                ..posted
+            }),
+            posted_with_request,
+        ),
         (
             TransferEvent::HoldPosted(HoldPosted {
                 amount_minor: amt(300),
@@ -481,7 +493,11 @@ fn payout_fixtures() -> Vec<(PayoutEvent, Value)> {
             json!({"provider": "stripe", "payout_id": "po_1", "failure_code": "account_closed", "at": AT}),
         ),
         (
-            PayoutEvent::EntryPosted(EntryPosted { entry, at: at(10) }),
+            PayoutEvent::EntryPosted(EntryPosted {
+                entry,
+                at: at(10),
+                transfer: None,
+            }),
             json!({
                 "entry": {
                     "id": EntryId::derived("payout:stripe:po_1:acme").to_string(),

@@ -64,6 +64,7 @@ fn entry_event(tenant: &str, legs: &[(&str, &str, i64)]) -> (String, NewEvent) {
     let event = Event::Transfer(TransferEvent::EntryPosted(EntryPosted {
         entry,
         at: chrono::Utc::now(),
+        transfer: None,
     }));
     (
         transfer_stream(TransferId::from_uuid(Uuid::new_v4())),

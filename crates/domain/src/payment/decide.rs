@@ -141,7 +141,11 @@ impl Draft {
             legs,
         )
         .map_err(|e| PaymentRejection::InvalidEntry(e.to_string()))?;
-        self.push(PaymentEvent::EntryPosted(EntryPosted { entry, at }));
+        self.push(PaymentEvent::EntryPosted(EntryPosted {
+            entry,
+            at,
+            transfer: None,
+        }));
         Ok(())
     }
 

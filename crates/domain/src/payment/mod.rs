@@ -19,6 +19,7 @@ use crate::entry::JournalEntry;
 use crate::fee::FeeSchedule;
 use crate::ids::{CustomerId, EntryId, PaymentId, ProviderName, TenantId};
 use crate::money::{Amount, AmountError, AmountLimitError, Currency};
+use crate::transfer::TransferRequested;
 
 pub use decide::decide;
 pub use operations::{Operation, OperationKind, OperationOutcome, OperationState, ProviderRequest};
@@ -821,11 +822,16 @@ pub struct FlaggedForReview {
 }
 
 /// A journal entry, posted in the stream of the aggregate whose decision
-/// moved the money (payment or transfer).
+/// moved the money (payment, transfer or payout).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EntryPosted {
     pub entry: JournalEntry,
     pub at: DateTime<Utc>,
+    /// The request a transfer's first event posts: a transfer (or a hold) is requested and its
+    /// entry posted in one append, so one event records both. Absent everywhere else, and in the
+    /// transfers of logs written while a `TransferRequested` came first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<TransferRequested>,
 }
 
 crate::event::event_family! {

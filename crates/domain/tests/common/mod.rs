@@ -201,7 +201,11 @@ pub fn posted(cause: &str, legs: Vec<(AccountName, i64)>) -> PaymentEvent {
         legs.into_iter().map(|(a, n)| (a, amt(n))),
     )
     .unwrap();
-    PaymentEvent::EntryPosted(EntryPosted { entry, at: at(10) })
+    PaymentEvent::EntryPosted(EntryPosted {
+        entry,
+        at: at(10),
+        transfer: None,
+    })
 }
 
 /// An authorization and its hold: a pending credit to the customer from the clearing account.
