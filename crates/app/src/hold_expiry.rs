@@ -68,15 +68,16 @@ fn change_of(event: &RecordedEvent) -> Result<Option<Change>, LogError> {
                 TransferEvent::EntryPosted(posted) => posted.transfer,
                 _ => None,
             };
-            requested
-                .filter(|requested| requested.pending)
-                .and_then(|requested| {
+            match requested {
+                Some(requested) if requested.pending => {
                     requested.expires_at.map(|expires_at| Change::Watch {
                         transfer,
                         tenant: requested.tenant.to_string(),
                         expires_ms: expires_at.timestamp_millis(),
                     })
-                })
+                }
+                _ => None,
+            }
         }
         "HoldPosted" | "HoldVoided" => Some(Change::Unwatch { transfer }),
         _ => None,
