@@ -25,9 +25,9 @@
 //!   every gate is one probe of one hash table.
 //! - **A completion's response carries the position of its step's last event**, which only the
 //!   insert knows (`each_last`, each step's greatest position). If the response splits at the
-//!   position's decimal text (`crate::respond::Respond::split`, checked, not assumed), the
-//!   statement stores the part before it, the real position and the part after it. Otherwise the
-//!   batch takes the transaction path.
+//!   position's decimal text (`crate::respond::Respond::split`: the text found in exactly one
+//!   place), the statement stores the part before it, the real position and the part after it.
+//!   Otherwise the batch takes the transaction path.
 //! - **Nothing of a step is committed in part.** If a step that is written continues the chain of
 //!   one that is not (`EachAppend::broken_chain`: its rows would leave a gap in the stream), or a
 //!   completion found its lease taken over, the statement calls `asiento_batch_refused`

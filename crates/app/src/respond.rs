@@ -3,11 +3,14 @@
 //!
 //! The one-statement batch (`crate::group_statement`) stores such a response inside the database,
 //! around the position the INSERT takes: it needs the response split at the position's decimal
-//! text ([`Respond::split`]). Finding that split renders the response twice, with two positions,
-//! and checks that the two differ only there. The split is found once per response and kept: a
-//! flow finds it in its request's own task ([`Respond::prepare_for`]), off the writer's path that
-//! every request of a batch waits for, and the answer given once the step is written is the
-//! split filled in ([`Respond::at`]), not a third rendering.
+//! text ([`Respond::split`]). Finding that split renders the response once, with a probe position
+//! whose text must occur exactly once in it (a client's string that happens to hold it makes the
+//! response unsplittable, and the batch takes the transaction path). That nothing else of a
+//! response depends on the position is an invariant of the renderers, asserted in debug builds
+//! (every test) by a second rendering. The split is found once per response and kept: a flow finds
+//! it in its request's own task ([`Respond::prepare_for`]), off the writer's path that every
+//! request of a batch waits for, and the answer given once the step is written is the split filled
+//! in ([`Respond::at`]), not another rendering.
 
 use std::sync::{Arc, OnceLock};
 
@@ -15,9 +18,11 @@ use asiento_eventstore::Backend;
 
 use crate::idempotency::StoredResponse;
 
-/// The two positions a response is rendered with to find where its position goes. Large, so that
-/// their text is unlikely anywhere else in a response (if it is, the response does not split).
-const PROBES: [i64; 2] = [i64::MAX - 1, i64::MAX - 2];
+/// The position a response is rendered with to find where its position goes. Large, so that its
+/// text is unlikely anywhere else in a response (if it is, the response does not split).
+const PROBE: i64 = i64::MAX - 1;
+/// Another position, rendered in debug builds to check the split against.
+const CHECK: i64 = i64::MAX - 2;
 
 /// A response split at its position: the response with the part before it as its body, and the
 /// part after it.
@@ -78,7 +83,12 @@ impl Respond {
     }
 
     /// The response split at its position, if the position's decimal text is in exactly one
-    /// place and nothing else of it depends on the position; found on first use.
+    /// place; found on first use.
+    ///
+    /// # Panics
+    ///
+    /// In debug builds, if something else of the response depends on the position: a renderer
+    /// that breaks the invariant this type rests on.
     pub fn split(&self) -> Option<&Split> {
         self.split.get_or_init(|| self.find_split()).as_ref()
     }
@@ -93,26 +103,24 @@ impl Respond {
     }
 
     fn find_split(&self) -> Option<Split> {
-        let [a, b] = PROBES.map(|position| (self.render)(Some(position)));
-        let [a_text, b_text] = PROBES.map(|position| position.to_string().into_bytes());
-        if a.status != b.status {
-            return None;
-        }
-        let mut found = memchr::memmem::find_iter(&a.body, &a_text);
+        let rendered = (self.render)(Some(PROBE));
+        let probe = PROBE.to_string();
+        let mut found = memchr::memmem::find_iter(&rendered.body, probe.as_bytes());
         let (at, None) = (found.next()?, found.next()) else {
             return None;
         };
-        let (head, tail) = (&a.body[..at], &a.body[at + a_text.len()..]);
-        if b.body != [head, b_text.as_slice(), tail].concat() {
-            return None;
-        }
-        Some(Split {
+        let split = Split {
             head: StoredResponse {
-                status: a.status,
-                body: head.to_vec(),
+                status: rendered.status,
+                body: rendered.body[..at].to_vec(),
             },
-            tail: tail.to_vec(),
-        })
+            tail: rendered.body[at + probe.len()..].to_vec(),
+        };
+        debug_assert!(
+            split.fill(CHECK) == (self.render)(Some(CHECK)),
+            "a response depends on its position elsewhere than where the position is written"
+        );
+        Some(split)
     }
 }
 
@@ -144,11 +152,27 @@ mod tests {
         // The probe's text also elsewhere (a client's string).
         let echo = respond(|p| format!("[\"{}\",{}]", i64::MAX - 1, p.unwrap_or(0)));
         assert!(echo.split().is_none());
-        // Something else depends on the position.
-        let derived = respond(|p| format!("[{},{}]", p.unwrap_or(0), p.unwrap_or(0) % 7));
-        assert!(derived.split().is_none());
         // No position at all.
         assert!(respond(|_| "{}".to_owned()).split().is_none());
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "depends on its position elsewhere")]
+    fn a_response_that_depends_on_its_position_elsewhere_is_a_bug() {
+        let derived = respond(|p| format!("[{},{}]", p.unwrap_or(0), p.unwrap_or(0) % 7));
+        let _ = derived.split();
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "depends on its position elsewhere")]
+    fn a_status_that_depends_on_the_position_is_a_bug() {
+        let respond = Respond::new(|p: Option<i64>| StoredResponse {
+            status: if p == Some(PROBE) { 201 } else { 200 },
+            body: format!("{}", p.unwrap_or(0)).into_bytes(),
+        });
+        let _ = respond.split();
     }
 
     #[test]
@@ -171,9 +195,10 @@ mod tests {
             }
         }
         // A response that does not split is rendered each time.
-        let derived = |p: Option<i64>| format!("[{},{}]", p.unwrap_or(0), p.unwrap_or(0) % 7);
-        let respond = respond(derived);
+        let twice = |p: Option<i64>| format!("[{0},{0}]", p.unwrap_or(0));
+        let respond = respond(twice);
         respond.prepare_for(Backend::Postgres);
-        assert_eq!(respond.at(Some(12)).body, derived(Some(12)).into_bytes());
+        assert!(respond.split().is_none());
+        assert_eq!(respond.at(Some(12)).body, twice(Some(12)).into_bytes());
     }
 }
