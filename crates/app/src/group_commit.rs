@@ -42,7 +42,10 @@ pub struct Work {
     /// A key to claim as new, with the step.
     pub claim: Option<FreshClaim>,
     /// The events of the step (one decision: its aggregate's stream and its guards' streams).
-    pub appends: Vec<StreamAppend>,
+    /// Shared, so that the request keeps them for the claim it makes itself when its key exists
+    /// (`Committed::NotFresh`) and a batch keeps them as decided while it chains them, without a
+    /// copy of every event.
+    pub appends: Arc<[StreamAppend]>,
     /// A held key to complete, with the answer rendered from what the append wrote.
     pub completion: Option<Completion>,
     /// A verified provider event to store in the webhook inbox (alone: a webhook's step).
@@ -151,8 +154,8 @@ pub(crate) async fn write(
     store: &Store,
     mut steps: Vec<Work>,
 ) -> Vec<Result<Committed, GroupCommitError>> {
-    let decided: Option<Vec<Vec<StreamAppend>>> = crate::guard_chain::shares_a_stream(&steps)
-        .then(|| steps.iter().map(|step| step.appends.clone()).collect());
+    let decided: Option<Vec<Arc<[StreamAppend]>>> = crate::guard_chain::shares_a_stream(&steps)
+        .then(|| steps.iter().map(|step| Arc::clone(&step.appends)).collect());
     let mut rebased = crate::guard_chain::chain(&mut steps);
     let mut outcomes: Vec<Option<Result<Committed, GroupCommitError>>> = overtaken(&steps)
         .into_iter()
@@ -182,7 +185,7 @@ pub(crate) async fn write(
         // it can expect the very version the log is at while carrying that step's change.
         if let Some(decided) = &decided {
             for (step, &i) in retried.iter_mut().zip(&again) {
-                step.appends = decided[i].clone();
+                step.appends = Arc::clone(&decided[i]);
                 rebased[i] = None;
             }
         }
@@ -210,7 +213,7 @@ pub(crate) async fn write(
                 let mut alone = take(&mut steps, &again);
                 if let Some(decided) = &decided {
                     for (step, &i) in alone.iter_mut().zip(&again) {
-                        step.appends = decided[i].clone();
+                        step.appends = Arc::clone(&decided[i]);
                         rebased[i] = None;
                     }
                 }
@@ -285,7 +288,7 @@ fn overtaken(steps: &[Work]) -> Vec<bool> {
                 expected_start(append).is_some_and(|start| left.is_some_and(|&left| left != start))
             });
             if !behind {
-                for append in &step.appends {
+                for append in step.appends.iter() {
                     if let Some(start) = expected_start(append) {
                         let left = start + append.events.len() as u64;
                         leaves.insert(append.stream_id.as_str(), left);

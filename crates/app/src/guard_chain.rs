@@ -19,6 +19,7 @@
 //! may refuse, is left as it is, and conflicts if another step moved its guard first.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use asiento_domain::guard::{self, DebitGuard, GuardEvent, GuardKey};
 use asiento_domain::StreamKind;
@@ -49,7 +50,7 @@ pub(crate) async fn rebase_onto_log(
     steps: &mut [Work],
 ) -> Result<Vec<Option<GuardStates>>, LogError> {
     let mut tips = HashMap::new();
-    for append in steps.iter().flat_map(|step| &step.appends) {
+    for append in steps.iter().flat_map(|step| step.appends.iter()) {
         if tips.contains_key(&append.stream_id) {
             continue;
         }
@@ -73,22 +74,27 @@ fn chain_onto(
     for step in steps.iter_mut() {
         let (mut was_rebased, mut states) = (false, GuardStates::new());
         let facts = step.facts;
-        for append in &mut step.appends {
-            let Some((key, start, events)) = guard_append(append) else {
+        for at in 0..step.appends.len() {
+            let Some((key, start, events)) = guard_append(&step.appends[at]) else {
                 continue;
             };
-            let events = match tips.get(&append.stream_id) {
+            let events = match tips.get(&step.appends[at].stream_id) {
                 // A command's guard events are decided against the state it read: never rebased.
                 Some(tip) if start != tip.version && !facts => continue,
-                Some(tip) if start != tip.version => match rebase(append, &key, *tip, &events) {
-                    Some(rebased_events) => {
-                        was_rebased = true;
-                        rebased_events
+                Some(tip) if start != tip.version => {
+                    // The step's own copy: the batch keeps the appends as decided.
+                    let append = &mut Arc::make_mut(&mut step.appends)[at];
+                    match rebase(append, &key, *tip, &events) {
+                        Some(rebased_events) => {
+                            was_rebased = true;
+                            rebased_events
+                        }
+                        None => continue,
                     }
-                    None => continue,
-                },
+                }
                 _ => events,
             };
+            let append = &step.appends[at];
             let version = start_of(append) + events.len() as u64;
             if let Some(last) = events.last() {
                 let after = DebitGuard::from_last(version, last);
@@ -198,7 +204,9 @@ mod tests {
         let guards = [(key(), read)].into_iter().collect();
         let appends = decide_entry(&entry, Origin::ProviderFact, &guards, at).expect("a fact");
         Work {
-            appends: log::guard_appends(&appends, &Metadata::default()).expect("encoded"),
+            appends: log::guard_appends(&appends, &Metadata::default())
+                .expect("encoded")
+                .into(),
             facts: true,
             ..Work::default()
         }
@@ -287,10 +295,10 @@ mod tests {
         // must be decided again (and refused), not carried onto the first.
         let mut command = fact_step(2, -100, read);
         command.facts = false;
-        let before = command.appends.clone();
+        let before = command.appends.to_vec();
         let mut steps = vec![fact_step(1, -50, read), command];
         assert_eq!(chain(&mut steps), [None, None]);
-        assert_eq!(steps[1].appends, before);
+        assert_eq!(*steps[1].appends, before);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use asiento_domain::{
     PaymentCommand, PaymentEvent, PaymentId, PaymentRecord, PaymentRejection, PaymentStatus,
     ProviderFact, ProviderName, TenantId,
 };
-use asiento_eventstore::{AppendError, Appended, Database, Metadata, Tx};
+use asiento_eventstore::{AppendError, Appended, Database, Metadata, StreamAppend, Tx};
 use asiento_psp::CreateCharge;
 use serde_json::{Map, Value};
 use uuid::Uuid;
@@ -304,19 +304,20 @@ impl PaymentFlow {
         };
         // The common case, a new key: claim and intent committed with other requests' steps.
         let metadata = self.metadata(&payment.tenant, Some(request));
-        let appends = log::decision_appends(
+        let appends: Arc<[StreamAppend]> = log::decision_appends(
             asiento_domain::payment_stream(id),
             0,
             log::encode(&events, &metadata, log::payment_codec)?,
             &[],
             &metadata,
-        )?;
+        )?
+        .into();
         let now_ms = now.timestamp_millis();
         let claim = self.fresh_claim(request, id.to_string(), now_ms);
         let lease = claim.lease;
         let step = Work {
             claim: Some(claim),
-            appends: appends.clone(),
+            appends: Arc::clone(&appends),
             ..Work::default()
         };
         if let Committed::Written(Some(appended)) | Committed::Rebased(Some(appended), _) =
@@ -674,7 +675,7 @@ impl PaymentFlow {
                 respond.prepare_for(self.database.backend());
                 let step = Work {
                     claim: None,
-                    appends,
+                    appends: appends.into(),
                     completion: Some(WorkCompletion {
                         completing: Completing {
                             scope: completion.request.scope.clone(),
@@ -985,7 +986,7 @@ impl PaymentFlow {
                 payment: id,
                 operation,
             };
-            let appends = match &decided {
+            let appends: Arc<[StreamAppend]> = match &decided {
                 Ok(events) if !events.is_empty() => {
                     let metadata = self.metadata(tenant, Some(request));
                     log::decision_appends(
@@ -995,8 +996,9 @@ impl PaymentFlow {
                         &[],
                         &metadata,
                     )?
+                    .into()
                 }
-                _ => Vec::new(),
+                _ => Arc::default(),
             };
             let now_ms = now.timestamp_millis();
             if !appends.is_empty() {
@@ -1006,7 +1008,7 @@ impl PaymentFlow {
                 let lease = claim.lease;
                 let work = Work {
                     claim: Some(claim),
-                    appends: appends.clone(),
+                    appends: Arc::clone(&appends),
                     ..Work::default()
                 };
                 match self.commits.commit(work).await? {

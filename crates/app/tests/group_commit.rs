@@ -164,7 +164,7 @@ fn entry_step(
     let mut work_appends = vec![stream];
     work_appends.extend(asiento_app::log::guard_appends(&appends, &Metadata::default()).unwrap());
     Work {
-        appends: work_appends,
+        appends: work_appends.into(),
         facts: origin == Origin::ProviderFact,
         ..Work::default()
     }
@@ -205,7 +205,8 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
                 &format!("setup-{key}"),
                 ExpectedVersion::NoStream,
                 1,
-            )],
+            )]
+            .into(),
             completion: None,
             inbox: None,
             facts: false,
@@ -232,7 +233,8 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
                     &format!("payment-{i}"),
                     ExpectedVersion::NoStream,
                     2,
-                )],
+                )]
+                .into(),
                 completion: None,
                 inbox: None,
                 facts: false,
@@ -240,7 +242,7 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
             // A key that exists: nothing of it is written.
             1 => Work {
                 claim: Some(claim("existing", lease())),
-                appends: vec![append(&format!("never-{i}"), ExpectedVersion::NoStream, 2)],
+                appends: vec![append(&format!("never-{i}"), ExpectedVersion::NoStream, 2)].into(),
                 completion: None,
                 inbox: None,
                 facts: false,
@@ -261,7 +263,8 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
                         },
                         1,
                     ),
-                ],
+                ]
+                .into(),
                 completion: None,
                 inbox: None,
                 facts: false,
@@ -269,7 +272,7 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
             // A completion under a lease that is not the key's: nothing is written.
             3 => Work {
                 claim: None,
-                appends: vec![append(&format!("lost-{i}"), ExpectedVersion::NoStream, 1)],
+                appends: vec![append(&format!("lost-{i}"), ExpectedVersion::NoStream, 1)].into(),
                 completion: Some(completion("in-flight", lease())),
                 inbox: None,
                 facts: false,
@@ -283,7 +286,8 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
                         &format!("settled-{i}"),
                         ExpectedVersion::NoStream,
                         1,
-                    )],
+                    )]
+                    .into(),
                     completion: Some(completion(&format!("settled-{i}"), lease)),
                     ..Work::default()
                 }
@@ -291,7 +295,7 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
             // Events without a key: written.
             _ => Work {
                 claim: None,
-                appends: vec![append(&format!("plain-{i}"), ExpectedVersion::NoStream, 3)],
+                appends: vec![append(&format!("plain-{i}"), ExpectedVersion::NoStream, 3)].into(),
                 completion: None,
                 inbox: None,
                 facts: false,
@@ -333,7 +337,7 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
     // The key's own lease completes it, with the response rendered from its append.
     let step = Work {
         claim: None,
-        appends: vec![append("completing", ExpectedVersion::NoStream, 1)],
+        appends: vec![append("completing", ExpectedVersion::NoStream, 1)].into(),
         completion: Some(completion("in-flight", held)),
         inbox: None,
         facts: false,
@@ -429,7 +433,8 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
                 &format!("setup-{key}"),
                 ExpectedVersion::NoStream,
                 1,
-            )],
+            )]
+            .into(),
             ..Work::default()
         };
         assert!(matches!(
@@ -444,12 +449,12 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
     let steps = vec![
         Work {
             claim: Some(claim("new", lease())),
-            appends: vec![append("payment-new", ExpectedVersion::NoStream, 2)],
+            appends: vec![append("payment-new", ExpectedVersion::NoStream, 2)].into(),
             ..Work::default()
         },
         Work {
             claim: Some(claim("existing", lease())),
-            appends: vec![append("never", ExpectedVersion::NoStream, 2)],
+            appends: vec![append("never", ExpectedVersion::NoStream, 2)].into(),
             ..Work::default()
         },
         Work {
@@ -464,7 +469,8 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
             appends: vec![
                 append("completing", ExpectedVersion::NoStream, 1),
                 append("account", ExpectedVersion::Exact(2), 1),
-            ],
+            ]
+            .into(),
             completion: Some(completion("in-flight", held)),
             ..Work::default()
         },
@@ -477,18 +483,19 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
             appends: vec![
                 append("payment-stale", ExpectedVersion::NoStream, 1),
                 append("account", ExpectedVersion::Exact(1), 1),
-            ],
+            ]
+            .into(),
             ..Work::default()
         },
         Work {
             claim: Some(claim("settled", settled)),
-            appends: vec![append("transfer-settled", ExpectedVersion::NoStream, 1)],
+            appends: vec![append("transfer-settled", ExpectedVersion::NoStream, 1)].into(),
             completion: Some(completion("settled", settled)),
             ..Work::default()
         },
         Work {
             claim: Some(claim("existing", lease())),
-            appends: vec![append("never-settled", ExpectedVersion::NoStream, 1)],
+            appends: vec![append("never-settled", ExpectedVersion::NoStream, 1)].into(),
             completion: Some(completion("existing", lease())),
             ..Work::default()
         },
@@ -556,13 +563,13 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
     let twice = lease();
     let settling = |stream: &str| Work {
         claim: Some(claim("twice", twice)),
-        appends: vec![append(stream, ExpectedVersion::NoStream, 1)],
+        appends: vec![append(stream, ExpectedVersion::NoStream, 1)].into(),
         completion: Some(completion("twice", twice)),
         ..Work::default()
     };
     for bad in [
         vec![Work {
-            appends: vec![append("lost", ExpectedVersion::NoStream, 1)],
+            appends: vec![append("lost", ExpectedVersion::NoStream, 1)].into(),
             completion: Some(completion("in-flight-other", lease())),
             ..Work::default()
         }],
@@ -573,13 +580,14 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
             appends: vec![
                 append("payment-account-new", ExpectedVersion::NoStream, 1),
                 append("account", ExpectedVersion::NoStream, 1),
-            ],
+            ]
+            .into(),
             ..Work::default()
         }],
         // Two steps that each take a stream's first version (neither continues the other).
         (0..2)
             .map(|_| Work {
-                appends: vec![append("taken-twice", ExpectedVersion::NoStream, 1)],
+                appends: vec![append("taken-twice", ExpectedVersion::NoStream, 1)].into(),
                 ..Work::default()
             })
             .collect(),
@@ -590,14 +598,16 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
                 appends: vec![
                     append("chain-stale", ExpectedVersion::Exact(5), 1),
                     append("chain", ExpectedVersion::NoStream, 1),
-                ],
+                ]
+                .into(),
                 ..Work::default()
             },
             Work {
                 appends: vec![
                     append("chain-next", ExpectedVersion::NoStream, 1),
                     append("chain", ExpectedVersion::Exact(1), 1),
-                ],
+                ]
+                .into(),
                 ..Work::default()
             },
         ],
@@ -605,7 +615,7 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
         let steps = vec![
             Work {
                 claim: Some(claim("refused", lease())),
-                appends: vec![append("payment-refused", ExpectedVersion::NoStream, 1)],
+                appends: vec![append("payment-refused", ExpectedVersion::NoStream, 1)].into(),
                 inbox: None,
                 facts: false,
                 completion: None,
@@ -661,13 +671,13 @@ async fn one_statement_commits_every_combination_of_kinds_postgres() {
         }
         let settled = lease();
         let mut steps = vec![Work {
-            appends: vec![append(&name("plain"), ExpectedVersion::NoStream, 1)],
+            appends: vec![append(&name("plain"), ExpectedVersion::NoStream, 1)].into(),
             ..Work::default()
         }];
         if has(0) {
             steps.push(Work {
                 claim: Some(claim(&name("claimed"), lease())),
-                appends: vec![append(&name("claimed"), ExpectedVersion::NoStream, 1)],
+                appends: vec![append(&name("claimed"), ExpectedVersion::NoStream, 1)].into(),
                 ..Work::default()
             });
         }
@@ -679,7 +689,7 @@ async fn one_statement_commits_every_combination_of_kinds_postgres() {
         }
         if has(2) {
             steps.push(Work {
-                appends: vec![append(&name("completed"), ExpectedVersion::NoStream, 1)],
+                appends: vec![append(&name("completed"), ExpectedVersion::NoStream, 1)].into(),
                 completion: Some(completion(&name("held"), held)),
                 ..Work::default()
             });
@@ -687,7 +697,7 @@ async fn one_statement_commits_every_combination_of_kinds_postgres() {
         if has(3) {
             steps.push(Work {
                 claim: Some(claim(&name("settled"), settled)),
-                appends: vec![append(&name("settled"), ExpectedVersion::NoStream, 1)],
+                appends: vec![append(&name("settled"), ExpectedVersion::NoStream, 1)].into(),
                 completion: Some(completion(&name("settled"), settled)),
                 ..Work::default()
             });
@@ -845,7 +855,7 @@ async fn no_step_carries_the_balances_of_a_step_not_written(backend: Backend) {
         asiento_app::log::guard_appends(&[declaration], &Metadata::default()).unwrap();
     appends[0].expected = ExpectedVersion::Any;
     let declared = Work {
-        appends,
+        appends: appends.into(),
         ..Work::default()
     };
     let chained = fact(

@@ -97,6 +97,7 @@ impl LedgerFlow {
                 }
             };
         let lease = Lease::new(now, self.idempotency_lease_ms);
+        let appends: Arc<[StreamAppend]> = appends.into();
         let step = Work {
             claim: Some(FreshClaim {
                 scope: request.scope.clone(),
@@ -106,7 +107,7 @@ impl LedgerFlow {
                 lease,
                 now_ms: now,
             }),
-            appends: appends.clone(),
+            appends: Arc::clone(&appends),
             completion: Some(Completion {
                 completing: Completing {
                     scope: request.scope.clone(),
