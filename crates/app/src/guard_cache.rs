@@ -35,6 +35,7 @@ use std::time::Duration;
 use asiento_domain::guard::{self, DebitGuard, GuardAppend, GuardKey};
 use asiento_domain::JournalEntry;
 use asiento_eventstore::EventStore;
+use tokio::sync::Notify;
 
 use crate::latest::Latest;
 use crate::log::{self, LogError};
@@ -62,16 +63,22 @@ pub struct GuardCache {
     writing: Arc<Writing>,
 }
 
-/// The guards commands of this process are writing, each with how many of them, and a signal
-/// each time one is done.
+/// The guards commands of this process are writing.
 #[derive(Debug, Default)]
 struct Writing {
-    counts: Mutex<HashMap<GuardKey, usize>>,
-    done: tokio::sync::Notify,
+    counts: Mutex<HashMap<GuardKey, Busy>>,
+}
+
+/// A guard being written: by how many commands, and the signal given when the last is done, which
+/// wakes only the transfers waiting for this guard.
+#[derive(Debug, Default)]
+struct Busy {
+    commands: usize,
+    done: Arc<Notify>,
 }
 
 impl Writing {
-    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<GuardKey, usize>> {
+    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<GuardKey, Busy>> {
         // Counts change whole under the lock; a panic elsewhere cannot leave one half-written.
         self.counts.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -86,18 +93,18 @@ pub struct WritingGuards {
 
 impl Drop for WritingGuards {
     fn drop(&mut self) {
-        {
-            let mut counts = self.writing.counts();
-            for key in &self.keys {
-                if let Some(count) = counts.get_mut(key) {
-                    *count -= 1;
-                    if *count == 0 {
-                        counts.remove(key);
+        let mut counts = self.writing.counts();
+        for key in &self.keys {
+            if let Some(busy) = counts.get_mut(key) {
+                busy.commands -= 1;
+                if busy.commands == 0 {
+                    // Under the lock, where waiters register: none can miss it.
+                    if let Some(busy) = counts.remove(key) {
+                        busy.done.notify_waiters();
                     }
                 }
             }
         }
-        self.writing.done.notify_waiters();
     }
 }
 
@@ -149,15 +156,15 @@ impl GuardCache {
         let keys: Vec<GuardKey> = entries.into_iter().flat_map(guard::guarded_keys).collect();
         let deadline = tokio::time::Instant::now() + WRITES_WAIT_MAX;
         loop {
-            // Registered before the look, so that a write ending in between is not missed.
-            let done = self.writing.done.notified();
-            tokio::pin!(done);
-            done.as_mut().enable();
-            let busy = {
+            let done = {
                 let counts = self.writing.counts();
-                keys.iter().any(|key| counts.contains_key(key))
+                let Some(busy) = keys.iter().find_map(|key| counts.get(key)) else {
+                    break;
+                };
+                // Registered under the lock, where the write's end is signalled: not missed.
+                Arc::clone(&busy.done).notified_owned()
             };
-            if !busy || tokio::time::timeout_at(deadline, done).await.is_err() {
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
                 break;
             }
         }
@@ -171,7 +178,7 @@ impl GuardCache {
         let keys: Vec<GuardKey> = keys.into_iter().collect();
         let mut counts = self.writing.counts();
         for key in &keys {
-            *counts.entry(key.clone()).or_default() += 1;
+            counts.entry(key.clone()).or_default().commands += 1;
         }
         WritingGuards {
             writing: Arc::clone(&self.writing),
@@ -218,12 +225,19 @@ impl GuardCache {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use std::future::Future;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use asiento_domain::{AccountName, Amount, Currency, EntryId, Leg, TenantId};
     use asiento_eventstore::{testing, Database};
 
     use super::*;
 
     fn transfer_entry() -> JournalEntry {
+        entry_between("customer:1:available", "customer:2:available")
+    }
+
+    fn entry_between(from: &str, to: &str) -> JournalEntry {
         let currency = Currency::parse("USD").unwrap();
         let leg = |account: &str, minor| {
             Leg::new(
@@ -235,10 +249,7 @@ mod tests {
         JournalEntry::new(
             EntryId::from_uuid(uuid::Uuid::now_v7()),
             TenantId::parse("acme").unwrap(),
-            vec![
-                leg("customer:1:available", -500),
-                leg("customer:2:available", 500),
-            ],
+            vec![leg(from, -500), leg(to, 500)],
             None,
         )
         .unwrap()
@@ -302,6 +313,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_waiting_transfer_is_woken_by_the_writes_of_its_own_guards_only() {
+        struct Wakes(AtomicUsize);
+        impl futures::task::ArcWake for Wakes {
+            fn wake_by_ref(wakes: &Arc<Self>) {
+                wakes.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let entry = transfer_entry();
+        let (cache, store, _dir) = remembering(&entry, 1).await;
+        let mine = cache.writing(guard::guarded_keys(&entry));
+        let other = cache.writing(guard::guarded_keys(&entry_between(
+            "customer:3:available",
+            "customer:4:available",
+        )));
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+        let waker = futures::task::waker(Arc::clone(&wakes));
+        let mut load = std::pin::pin!(cache.load_after_writes(store.as_ref(), [&entry]));
+        assert!(load
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker))
+            .is_pending());
+        drop(other);
+        assert_eq!(
+            wakes.0.load(Ordering::SeqCst),
+            0,
+            "another guard's write ending does not wake it"
+        );
+        drop(mine);
+        assert_eq!(
+            wakes.0.load(Ordering::SeqCst),
+            1,
+            "its own guard's write ending does"
+        );
+        assert!(load.await.unwrap().states.values().all(|s| s.version == 1));
+    }
+
+    #[tokio::test]
     async fn a_write_that_does_not_end_holds_a_transfer_back_a_bounded_time() {
         let entry = transfer_entry();
         let (cache, store, _dir) = remembering(&entry, 1).await;
@@ -325,7 +373,7 @@ mod tests {
         drop(first);
         assert!(keys
             .iter()
-            .all(|key| cache.writing.counts().get(key) == Some(&1)));
+            .all(|key| cache.writing.counts().get(key).map(|busy| busy.commands) == Some(1)));
         drop(second);
         assert!(cache.writing.counts().is_empty());
     }
