@@ -360,8 +360,14 @@ async fn support_person_refunds_and_resolves_in_the_console(backend: Backend) {
     screens.save_signed_in(&browser, "health").await;
 
     // Signed out, the console is closed again.
-    // A click waits for the navigation it starts, so the session is gone before the next goto.
+    // A click may return before the form's navigation starts, and a goto then would cancel
+    // it: the sign-out's own redirect to the sign-in page is what says the session is gone.
     browser.click("#sign-out-submit").await;
+    browser
+        .wait_for_path("the sign-in page the sign-out redirects to", |path| {
+            path == "/console/sign-in"
+        })
+        .await;
     browser.goto(&format!("{base}/console/payments")).await;
     browser
         .wait_for_path("the sign-in page after signing out", |path| {
