@@ -36,6 +36,13 @@ impl EventData {
         self.raw.get()
     }
 
+    /// The payload as JSON text that is known to be one JSON value, for a reader that keeps it
+    /// (`to_owned` copies the text, parsing nothing).
+    #[must_use]
+    pub fn raw_value(&self) -> &RawValue {
+        &self.raw
+    }
+
     /// The payload as a JSON tree, parsed on first use.
     pub fn value(&self) -> &Value {
         self.value.get_or_init(|| parse(self.raw.get()))

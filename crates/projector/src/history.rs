@@ -8,6 +8,7 @@
 
 use asiento_eventstore::RecordedEvent;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use crate::ProjectionError;
 
@@ -20,13 +21,15 @@ fn malformed(position: i64, reason: impl Into<String>) -> ProjectionError {
 
 /// One event of a stream as a read model keeps it: the stored form, so that replaying
 /// it goes through the domain's decoder (and its upcaster) exactly as reading the log does.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The payload stays JSON text: a projection decodes it straight into the domain's event
+/// (`decode_raw`), and stores it back as it read it, without a `serde_json::Value` tree.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Kept {
     pub version: u64,
     pub position: i64,
     pub event_type: String,
     pub schema: i32,
-    pub data: serde_json::Value,
+    pub data: Box<RawValue>,
 }
 
 impl Kept {
@@ -37,7 +40,7 @@ impl Kept {
             position: event.position,
             event_type: event.event_type.clone(),
             schema: event.schema,
-            data: event.data.value().clone(),
+            data: event.data.raw_value().to_owned(),
         }
     }
 }
@@ -85,7 +88,8 @@ mod tests {
             position: i64::try_from(version).unwrap_or(0) * 10,
             event_type: "ChargeRequested".into(),
             schema: 1,
-            data: serde_json::Value::Null,
+            data: serde_json::value::to_raw_value(&serde_json::Value::Null)
+                .unwrap_or_else(|e| panic!("null is JSON: {e}")),
         }
     }
 
@@ -149,5 +153,20 @@ mod tests {
                 "{applied} {before:?} {incoming:?}"
             );
         }
+    }
+
+    /// The stored form is the one read models already hold: the payload a JSON value inside the
+    /// kept event (not a string of it), read back and written out again unchanged.
+    #[test]
+    fn a_kept_payload_is_stored_as_the_json_value_it_is() {
+        let stored = r#"{"version":3,"position":30,"event_type":"ChargeCaptured","schema":1,"data":{"amount":{"minor":2500,"currency":"USD"},"note":"caf\u00e9"}}"#;
+        let kept: Kept = serde_json::from_str(stored).unwrap();
+        assert_eq!(
+            kept.data.get(),
+            r#"{"amount":{"minor":2500,"currency":"USD"},"note":"caf\u00e9"}"#
+        );
+        assert_eq!(serde_json::to_string(&kept).unwrap(), stored);
+        let tree = serde_json::to_value(&kept).unwrap();
+        assert_eq!(tree["data"]["amount"]["minor"], 2500, "{tree}");
     }
 }

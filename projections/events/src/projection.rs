@@ -139,9 +139,13 @@ impl Deriver {
             vec![Kept::from_recorded(event)],
         )?;
         for kept in &stream.history[applied..] {
-            let decoded =
-                Event::decode(&event.stream_id, &kept.event_type, kept.schema, &kept.data)
-                    .map_err(|e| malformed(kept.position, e.to_string()))?;
+            let decoded = Event::decode_raw(
+                &event.stream_id,
+                &kept.event_type,
+                kept.schema,
+                kept.data.get(),
+            )
+            .map_err(|e| malformed(kept.position, e.to_string()))?;
             let after = stream
                 .folded
                 .clone()
@@ -339,7 +343,7 @@ async fn load(
             .unwrap_or_else(|| unreachable!("only streams with merchant events are loaded"));
         let history = stored.remove(id).unwrap_or_default();
         for kept in &history {
-            let decoded = Event::decode(id, &kept.event_type, kept.schema, &kept.data)
+            let decoded = Event::decode_raw(id, &kept.event_type, kept.schema, kept.data.get())
                 .map_err(|e| malformed(kept.position, e.to_string()))?;
             folded = folded
                 .evolve(&decoded)
