@@ -12,18 +12,25 @@
 //! (`EventStore::append_each_in`), the completions (`idempotency::complete_each`). Each request
 //! is answered only after the commit.
 //!
-//! Every request's outcome is its own: a key that is not new comes back [`Committed::NotFresh`]
-//! (its request then claims the usual way), and nothing else of it is written. If any request's
-//! events or completion cannot be written (a lost version race, a lost lease), the transaction is
-//! rolled back and every request of the batch is written again alone, in a transaction of its
-//! own, where that one request gets its [`Committed::Conflict`] or [`Committed::LeaseLost`].
-//! Nothing of a batch is ever committed in part. Provider facts on one account within a batch
-//! are chained first (`crate::guard_chain`), so that they do not conflict with each other.
+//! Every request's outcome is its own, and each step is written whole or not at all: a step
+//! whose key exists comes back [`Committed::NotFresh`] (its request then claims the usual way), a
+//! step one of whose streams is not at the version it expects [`Committed::Conflict`], a step
+//! whose key's lease was taken over [`Committed::LeaseLost`]; nothing of such a step is written,
+//! and the rest of the batch commits. Before writing, the batch is planned in batch order
+//! (`crate::guard_chain`): a step that an earlier step which is written moves past is answered
+//! `Conflict` unwritten, and provider facts on one account are chained onto the steps before them
+//! that are written, so that they do not conflict with each other. Facts that conflict with the
+//! log are planned again onto the guards' states read from it and written after the rest; a batch
+//! the one statement refuses whole (`crate::group_statement`) is tried again the same way, then
+//! step by step alone.
+//!
+//! A batch's outcomes equal its steps applied one at a time, in batch order, to the log as it
+//! stood: `tests/write_model` judges every generated batch against that sequential model.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
-use asiento_eventstore::{AppendError, Appended, ExpectedVersion, StoreError, StreamAppend, Tx};
+use asiento_eventstore::{AppendError, Appended, StoreError, StreamAppend, Tx};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::group_statement::{self, Written};
@@ -141,94 +148,154 @@ impl GroupCommit {
     }
 }
 
-/// Chains the provider facts of one guard (`crate::guard_chain`), answers `Conflict` to the
-/// steps an earlier step of the batch overtakes ([`overtaken`]), then writes the rest as one
-/// batch. Steps that could not be written (all of them when the batch was refused whole; those
-/// whose streams had moved on when the statement commits the others) are tried once more, as
-/// their requests decided them, after their provider facts are rebased onto the guards' states in
-/// the log (a fact decided before another batch wrote its guard is not a conflict). If a batch
-/// refused whole still cannot commit, each step is written alone, as its request decided it: a
-/// step chained onto one that is then not written would carry the balances that step would have
-/// left, and another write could take the version it expects.
+/// Plans the batch (`crate::guard_chain::chain`): the steps an earlier step that is written
+/// overtakes are answered `Conflict` unwritten, and provider facts on one guard are chained onto
+/// the steps before them that are written. Then writes the rest as one batch. Steps that could
+/// not be written (all of them when the batch was refused whole; those whose streams had moved
+/// on when the statement commits the others) are planned once more, as their requests decided
+/// them, onto the guards' states in the log (a fact decided before another batch wrote its guard
+/// is not a conflict), and tried again. If a batch refused whole still cannot commit, each step
+/// is written alone, as its request decided it: a step chained onto one that is then not written
+/// would carry the balances that step would have left, and another write could take the version
+/// it expects.
 pub(crate) async fn write(
     store: &Store,
     mut steps: Vec<Work>,
 ) -> Vec<Result<Committed, GroupCommitError>> {
     let decided: Option<Vec<Arc<[StreamAppend]>>> = crate::guard_chain::shares_a_stream(&steps)
         .then(|| steps.iter().map(|step| Arc::clone(&step.appends)).collect());
-    let mut rebased = crate::guard_chain::chain(&mut steps);
-    let mut outcomes: Vec<Option<Result<Committed, GroupCommitError>>> = overtaken(&steps)
-        .into_iter()
-        .map(|overtaken| overtaken.then_some(Ok(Committed::Conflict)))
-        .collect();
-    let first: Vec<usize> = (0..steps.len())
-        .filter(|&i| outcomes[i].is_none())
-        .collect();
+    let mut outcomes: Vec<Option<Result<Committed, GroupCommitError>>> =
+        steps.iter().map(|_| None).collect();
+    let mut rebased: Vec<Option<GuardStates>> = vec![None; steps.len()];
+    let every: Vec<usize> = (0..steps.len()).collect();
+    let plans = crate::guard_chain::chain(&mut steps);
+    let first = follow(plans, &every, &mut outcomes, &mut rebased);
     let (refused, again) = match write_some(store, &mut steps, &first).await {
         None => (true, first),
         Some(written) => {
-            let mut again = Vec::new();
+            let mut conflicted = Vec::new();
             for (i, outcome) in first.into_iter().zip(written) {
                 if matches!(outcome, Ok(Committed::Conflict)) && steps[i].facts {
-                    again.push(i);
+                    conflicted.push(i);
                 } else {
                     outcomes[i] = Some(outcome);
                 }
             }
+            // A fact tried again is written after the rest of the batch. So that the batch
+            // still reads as its steps in batch order, it is only where no later step that was
+            // written appends to one of its streams; otherwise it is answered `Conflict`.
+            let again = conflicted
+                .into_iter()
+                .filter(|&i| {
+                    let overtaken_later = (i + 1..steps.len()).any(|later| {
+                        matches!(
+                            outcomes[later],
+                            Some(Ok(Committed::Written(_) | Committed::Rebased(..)))
+                        ) && shares_a_stream_with(&steps[i], &steps[later])
+                    });
+                    if overtaken_later {
+                        outcomes[i] = Some(Ok(Committed::Conflict));
+                    }
+                    !overtaken_later
+                })
+                .collect();
             (false, again)
         }
     };
-    if !again.is_empty() {
-        let mut retried = take(&mut steps, &again);
-        // Chained again from the log as each request decided it: what the first try chained a
-        // step onto may not be written (a command answered `Conflict`), and a step chained onto
-        // it can expect the very version the log is at while carrying that step's change.
-        if let Some(decided) = &decided {
-            for (step, &i) in retried.iter_mut().zip(&again) {
-                step.appends = Arc::clone(&decided[i]);
-                rebased[i] = None;
+    if again.is_empty() {
+        return answers(outcomes, rebased);
+    }
+    // Planned again from the log as each request decided it: what the first plan chained a
+    // step onto may not be written.
+    as_decided(&mut steps, &again, decided.as_deref(), &mut rebased);
+    let mut retried = take(&mut steps, &again);
+    let plans = crate::guard_chain::rebase_onto_log(store.as_ref(), &mut retried).await;
+    put_back(&mut steps, &again, retried);
+    let second = match plans {
+        Ok(plans) if plans.iter().any(crate::guard_chain::Plan::changes) => {
+            let kept = follow(plans, &again, &mut outcomes, &mut rebased);
+            write_some(store, &mut steps, &kept)
+                .await
+                .map(|written| (kept, written))
+        }
+        Ok(_) => None,
+        Err(error) => {
+            tracing::warn!(%error, "reading guards to rebase a batch failed");
+            None
+        }
+    };
+    let open: Vec<usize> = again
+        .into_iter()
+        .filter(|&i| outcomes[i].is_none())
+        .collect();
+    match second {
+        Some((kept, written)) => {
+            for (i, outcome) in kept.into_iter().zip(written) {
+                outcomes[i] = Some(outcome);
             }
         }
-        let second = match crate::guard_chain::rebase_onto_log(store.as_ref(), &mut retried).await {
-            Ok(states) if states.iter().any(Option::is_some) => {
-                for (&i, states) in again.iter().zip(states) {
-                    rebased[i] = states;
-                }
-                write_whole(store, &retried).await
+        None if refused => {
+            as_decided(&mut steps, &open, decided.as_deref(), &mut rebased);
+            let alone = take(&mut steps, &open);
+            for (&i, outcome) in open.iter().zip(write_alone(store, &alone).await) {
+                outcomes[i] = Some(outcome);
             }
-            Ok(_) => None,
-            Err(error) => {
-                tracing::warn!(%error, "reading guards to rebase a batch failed");
-                None
-            }
-        };
-        put_back(&mut steps, &again, retried);
-        match second {
-            Some(written) => {
-                for (&i, outcome) in again.iter().zip(written) {
-                    outcomes[i] = Some(outcome);
-                }
-            }
-            None if refused => {
-                let mut alone = take(&mut steps, &again);
-                if let Some(decided) = &decided {
-                    for (step, &i) in alone.iter_mut().zip(&again) {
-                        step.appends = Arc::clone(&decided[i]);
-                        rebased[i] = None;
-                    }
-                }
-                for (&i, outcome) in again.iter().zip(write_alone(store, &alone).await) {
-                    outcomes[i] = Some(outcome);
-                }
-            }
-            // The statement answered these `Conflict` and wrote nothing of them.
-            None => {
-                for &i in &again {
-                    outcomes[i] = Some(Ok(Committed::Conflict));
-                }
+        }
+        // The statement answered these `Conflict` and wrote nothing of them.
+        None => {
+            for &i in &open {
+                outcomes[i] = Some(Ok(Committed::Conflict));
             }
         }
     }
+    answers(outcomes, rebased)
+}
+
+/// Follows `plans` (one per step at `indices`): an overtaken step is answered `Conflict`, a
+/// rebased one keeps the guard states it leaves. The steps to write.
+fn follow(
+    plans: Vec<crate::guard_chain::Plan>,
+    indices: &[usize],
+    outcomes: &mut [Option<Result<Committed, GroupCommitError>>],
+    rebased: &mut [Option<GuardStates>],
+) -> Vec<usize> {
+    use crate::guard_chain::Plan;
+    debug_assert_eq!(plans.len(), indices.len(), "one plan per step");
+    let mut kept = Vec::with_capacity(indices.len());
+    for (&i, plan) in indices.iter().zip(plans) {
+        match plan {
+            Plan::Overtaken => outcomes[i] = Some(Ok(Committed::Conflict)),
+            Plan::Write(states) => {
+                rebased[i] = states;
+                kept.push(i);
+            }
+        }
+    }
+    kept
+}
+
+/// Puts the steps at `indices` back as their requests decided them (`decided`: the batch's
+/// appends before any plan changed them, when one could).
+fn as_decided(
+    steps: &mut [Work],
+    indices: &[usize],
+    decided: Option<&[Arc<[StreamAppend]>]>,
+    rebased: &mut [Option<GuardStates>],
+) {
+    let Some(decided) = decided else {
+        return;
+    };
+    for &i in indices {
+        steps[i].appends = Arc::clone(&decided[i]);
+        rebased[i] = None;
+    }
+}
+
+/// Each step's answer: a step written with rebased guard appends is told the states written.
+fn answers(
+    outcomes: Vec<Option<Result<Committed, GroupCommitError>>>,
+    rebased: Vec<Option<GuardStates>>,
+) -> Vec<Result<Committed, GroupCommitError>> {
     outcomes
         .into_iter()
         .zip(rebased)
@@ -242,6 +309,13 @@ pub(crate) async fn write(
             }
         })
         .collect()
+}
+
+/// Whether two steps append to one stream.
+fn shares_a_stream_with(one: &Work, other: &Work) -> bool {
+    one.appends
+        .iter()
+        .any(|a| other.appends.iter().any(|b| a.stream_id == b.stream_id))
 }
 
 /// [`write_whole`] for the steps at `indices` of `steps`.
@@ -270,42 +344,6 @@ fn take(steps: &mut [Work], indices: &[usize]) -> Vec<Work> {
 fn put_back(steps: &mut [Work], indices: &[usize], taken: Vec<Work>) {
     for (&i, step) in indices.iter().zip(taken) {
         steps[i] = step;
-    }
-}
-
-/// Per step, whether an earlier step of the batch (not itself overtaken) appends to one of its
-/// streams and leaves it at another version than the step expects. Such a step can only
-/// conflict, and in the batch it would refuse the others; so it is answered `Conflict` unwritten
-/// and its request decides again against what the batch wrote. (Facts on one guard are chained
-/// before this, so they continue each other.)
-fn overtaken(steps: &[Work]) -> Vec<bool> {
-    let mut leaves: HashMap<&str, u64> = HashMap::new();
-    steps
-        .iter()
-        .map(|step| {
-            let behind = step.appends.iter().any(|append| {
-                let left = leaves.get(append.stream_id.as_str());
-                expected_start(append).is_some_and(|start| left.is_some_and(|&left| left != start))
-            });
-            if !behind {
-                for append in step.appends.iter() {
-                    if let Some(start) = expected_start(append) {
-                        let left = start + append.events.len() as u64;
-                        leaves.insert(append.stream_id.as_str(), left);
-                    }
-                }
-            }
-            behind
-        })
-        .collect()
-}
-
-/// The version an append expects its stream at, when it names one.
-fn expected_start(append: &StreamAppend) -> Option<u64> {
-    match append.expected {
-        ExpectedVersion::NoStream => Some(0),
-        ExpectedVersion::Exact(version) => Some(version),
-        ExpectedVersion::Any | ExpectedVersion::StreamExists => None,
     }
 }
 
@@ -430,55 +468,4 @@ async fn write_step(
         }
     }
     Ok(Committed::Written(appended))
-}
-
-#[cfg(test)]
-mod tests {
-    use asiento_eventstore::{Metadata, NewEvent};
-
-    use super::*;
-
-    fn step(appends: &[(&str, ExpectedVersion, usize)]) -> Work {
-        Work {
-            appends: appends
-                .iter()
-                .map(|&(stream, expected, n)| StreamAppend {
-                    stream_id: stream.to_owned(),
-                    expected,
-                    events: (0..n)
-                        .map(|_| NewEvent {
-                            event_id: uuid::Uuid::now_v7(),
-                            event_type: "Tested".into(),
-                            schema: 1,
-                            data: serde_json::Value::Null,
-                            metadata: Metadata::default(),
-                        })
-                        .collect(),
-                })
-                .collect(),
-            ..Work::default()
-        }
-    }
-
-    #[test]
-    fn a_step_expecting_a_version_an_earlier_step_moves_past_is_overtaken() {
-        use ExpectedVersion::{Any, Exact, NoStream};
-        let steps = [
-            step(&[("transfer-1", NoStream, 1), ("guard-a", Exact(4), 1)]),
-            // Read guard-a at 4 too: overtaken.
-            step(&[
-                ("transfer-2", NoStream, 1),
-                ("guard-a", Exact(4), 1),
-                ("guard-b", Exact(1), 1),
-            ]),
-            // Continues where the first leaves guard-a: not.
-            step(&[("transfer-3", NoStream, 1), ("guard-a", Exact(5), 2)]),
-            // The overtaken step moves nothing: guard-b is still where this one expects it.
-            step(&[("guard-b", Exact(1), 1)]),
-            // Any version: never overtaken.
-            step(&[("guard-a", Any, 1)]),
-            step(&[("guard-a", Exact(6), 1)]),
-        ];
-        assert_eq!(overtaken(&steps), [false, true, false, false, false, true]);
-    }
 }

@@ -2,17 +2,22 @@
 //!
 //! Each request decides its guard events against the guard state it read, and expects that
 //! version. Two facts on one account (a marketplace seller paid twice at once) read the same
-//! version, so in one batch the second always conflicted, and the whole batch, other tenants'
-//! requests included, fell back to one transaction per request. A provider fact is never refused
+//! version: in one batch the second would conflict, and the whole batch, other tenants' requests
+//! included, would fall back to one transaction per request. A provider fact is never refused
 //! by its guard, so its events depend on the state only through the balances they carry and the
-//! overdraft flags: [`chain`] rebases each such append onto the state the previous step of the
-//! batch leaves (`asiento_domain::guard::rebase_fact`), expecting that step's version. A batch that
-//! still cannot commit (a fact decided before an earlier batch wrote its guard) is rebased once
-//! more onto the guards' states read from the log ([`rebase_onto_log`]) and tried again. A batch
-//! that commits neither way is written step by step as each request decided it, never rebased: a
-//! step chained onto one that is not written would carry the balances that one would have left,
-//! under a version some other write can take (`app/tests/group_commit.rs`
-//! `no_step_carries_the_balances_of_a_step_not_written_*`).
+//! overdraft flags: [`chain`] plans the batch in batch order, judging each step against what the
+//! steps before it that will be written leave, and rebases each fact's guard append that expects
+//! an older version onto the state those steps leave (`asiento_domain::guard::rebase_fact`),
+//! expecting that version. Which steps are written is decided for each step before anything is
+//! chained onto it: a step one of whose other appends is behind is [`Plan::Overtaken`] (answered
+//! `Conflict` unwritten) and leaves nothing to chain onto, so a fact never carries the change of a
+//! step that is not written (`app/tests/group_commit.rs`
+//! `a_fact_is_never_chained_onto_a_step_the_batch_overtakes_*`). A batch that still cannot commit
+//! (a fact decided before an earlier batch wrote its guard) is planned once more onto the guards'
+//! states read from the log ([`rebase_onto_log`]) and tried again. A batch that commits neither
+//! way is written step by step as each request decided it, never rebased: a step chained onto one
+//! that is not written would carry the balances that one would have left, under a version some
+//! other write can take (`no_step_carries_the_balances_of_a_step_not_written_*`).
 //!
 //! Only a step that says its guard appends are provider facts (`Work::facts`: a payment
 //! decision) is rebased; a command's (a transfer, a hold's ending, a declaration), which its guard
@@ -23,7 +28,7 @@ use std::sync::Arc;
 
 use asiento_domain::guard::{self, DebitGuard, GuardEvent, GuardKey};
 use asiento_domain::StreamKind;
-use asiento_eventstore::{EventStore, ExpectedVersion, StreamAppend};
+use asiento_eventstore::{EventStore, ExpectedVersion, NewEvent, StreamAppend};
 
 use crate::group_commit::Work;
 use crate::log::{self, LogError};
@@ -32,15 +37,35 @@ use crate::log::{self, LogError};
 /// of the states it computed itself.
 pub type GuardStates = Vec<(GuardKey, DebitGuard)>;
 
-/// Rebases, in batch order, every guard append that expects an older version than an earlier
-/// step of the batch leaves its guard at. Per step: the states its guards are left in when it
-/// was rebased.
-pub(crate) fn chain(steps: &mut [Work]) -> Vec<Option<GuardStates>> {
+/// How one step of a batch is to be written.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Plan {
+    /// A step planned before it leaves one of its streams at another version than this one
+    /// expects, and this one's append there is not a fact that could be rebased: it can only
+    /// conflict, and in the batch it would refuse the others. It is answered `Conflict`
+    /// unwritten, and its request decides again against what the batch wrote.
+    Overtaken,
+    /// Written; with the states its guards are left in when its facts were rebased.
+    Write(Option<GuardStates>),
+}
+
+impl Plan {
+    /// Whether the plan changes the step or its fate (the batch is not written as decided).
+    pub(crate) fn changes(&self) -> bool {
+        !matches!(self, Plan::Write(None))
+    }
+}
+
+/// Plans a batch in batch order: which steps are overtaken by the steps before them that are
+/// written, and which facts are rebased onto the guard states those steps leave. A fact is only
+/// ever chained onto a step that the plan writes: which steps are written is decided for each
+/// step before anything is chained onto it.
+pub(crate) fn chain(steps: &mut [Work]) -> Vec<Plan> {
     // The common batch names each stream once: nothing to chain, nothing to decode.
     if !shares_a_stream(steps) {
-        return vec![None; steps.len()];
+        return vec![Plan::Write(None); steps.len()];
     }
-    chain_onto(steps, HashMap::new())
+    plan_onto(steps, HashMap::new())
 }
 
 /// [`chain`], starting from each guard's state in the log: for a batch that could not commit
@@ -48,7 +73,7 @@ pub(crate) fn chain(steps: &mut [Work]) -> Vec<Option<GuardStates>> {
 pub(crate) async fn rebase_onto_log(
     store: &dyn EventStore,
     steps: &mut [Work],
-) -> Result<Vec<Option<GuardStates>>, LogError> {
+) -> Result<Vec<Plan>, LogError> {
     let mut tips = HashMap::new();
     for append in steps.iter().flat_map(|step| step.appends.iter()) {
         if tips.contains_key(&append.stream_id) {
@@ -61,50 +86,92 @@ pub(crate) async fn rebase_onto_log(
             );
         }
     }
-    Ok(chain_onto(steps, tips))
+    Ok(plan_onto(steps, tips))
 }
 
-/// Rebases every guard append whose expected version is not the tip `tips` holds for its stream,
-/// and moves the tip past it.
-fn chain_onto(
-    steps: &mut [Work],
-    mut tips: HashMap<String, DebitGuard>,
-) -> Vec<Option<GuardStates>> {
-    let mut rebased = Vec::with_capacity(steps.len());
-    for step in steps.iter_mut() {
-        let (mut was_rebased, mut states) = (false, GuardStates::new());
-        let facts = step.facts;
-        for at in 0..step.appends.len() {
-            let Some((key, start, events)) = guard_append(&step.appends[at]) else {
-                continue;
+/// Plans `steps` onto `tips`, the guards' states before the batch where known. Each step is
+/// judged against what the steps planned before it leave: an append that expects another version
+/// of its stream than they leave is rebased when it is a fact's guard append (onto the state they
+/// leave), and otherwise makes its step [`Plan::Overtaken`]. Only a step planned to be written
+/// moves a stream on; a step that expects no exact version (`Any`) leaves its streams unknown.
+fn plan_onto(steps: &mut [Work], mut tips: HashMap<String, DebitGuard>) -> Vec<Plan> {
+    let mut leaves: HashMap<String, u64> = tips
+        .iter()
+        .map(|(stream, tip)| (stream.clone(), tip.version))
+        .collect();
+    steps
+        .iter_mut()
+        .map(|step| {
+            let Some(rebases) = rebases(step, &leaves, &tips) else {
+                return Plan::Overtaken;
             };
-            let events = match tips.get(&step.appends[at].stream_id) {
-                // A command's guard events are decided against the state it read: never rebased.
-                Some(tip) if start != tip.version && !facts => continue,
-                Some(tip) if start != tip.version => {
-                    // The step's own copy: the batch keeps the appends as decided.
-                    let append = &mut Arc::make_mut(&mut step.appends)[at];
-                    match rebase(append, &key, *tip, &events) {
-                        Some(rebased_events) => {
-                            was_rebased = true;
-                            rebased_events
+            let was_rebased = !rebases.is_empty();
+            if was_rebased {
+                // The step's own copy: the batch keeps the appends as decided.
+                let appends = Arc::make_mut(&mut step.appends);
+                for (at, expected, events) in rebases {
+                    appends[at].expected = expected;
+                    appends[at].events = events;
+                    metrics::counter!("asiento_group_commit_guard_rebased_total").increment(1);
+                }
+            }
+            let mut states = GuardStates::new();
+            for append in step.appends.iter() {
+                let Some(start) = expected_start(append) else {
+                    leaves.remove(&append.stream_id);
+                    tips.remove(&append.stream_id);
+                    continue;
+                };
+                let version = start + append.events.len() as u64;
+                leaves.insert(append.stream_id.clone(), version);
+                match guard_append(append) {
+                    Some((key, _, events)) => {
+                        if let Some(last) = events.last() {
+                            let after = DebitGuard::from_last(version, last);
+                            tips.insert(append.stream_id.clone(), after);
+                            states.push((key, after));
                         }
-                        None => continue,
+                    }
+                    None => {
+                        tips.remove(&append.stream_id);
                     }
                 }
-                _ => events,
-            };
-            let append = &step.appends[at];
-            let version = start_of(append) + events.len() as u64;
-            if let Some(last) = events.last() {
-                let after = DebitGuard::from_last(version, last);
-                tips.insert(append.stream_id.clone(), after);
-                states.push((key, after));
             }
+            Plan::Write(was_rebased.then_some(states))
+        })
+        .collect()
+}
+
+/// The rebased guard appends `step` needs to continue what `leaves` says its streams are left at
+/// (the append's index, expectation and events), or None when it cannot: one of its appends
+/// expects another version and is not a fact's guard append that `tips` holds the state for.
+fn rebases(
+    step: &Work,
+    leaves: &HashMap<String, u64>,
+    tips: &HashMap<String, DebitGuard>,
+) -> Option<Vec<(usize, ExpectedVersion, Vec<NewEvent>)>> {
+    let mut rebases = Vec::new();
+    for (at, append) in step.appends.iter().enumerate() {
+        let (Some(start), Some(&left)) = (expected_start(append), leaves.get(&append.stream_id))
+        else {
+            continue;
+        };
+        if start == left {
+            continue;
         }
-        rebased.push(was_rebased.then_some(states));
+        let tip = tips
+            .get(&append.stream_id)
+            .filter(|tip| tip.version == left);
+        let (Some(tip), true) = (tip, step.facts) else {
+            return None;
+        };
+        let (key, _, events) = guard_append(append)?;
+        let rebased = guard::rebase_fact(&key, *tip, &events)?;
+        let metadata = append.events.first()?.metadata.clone();
+        let encoded = log::encode(&rebased, &metadata, log::guard_codec).ok()?;
+        rebases.push((at, log::expected(tip.version), encoded));
     }
-    rebased
+    Some(rebases)
 }
 
 /// Whether two steps append to one stream (after [`chain`], a step may then expect the version
@@ -138,32 +205,16 @@ fn guard_append(append: &StreamAppend) -> Option<(GuardKey, u64, Vec<GuardEvent>
         account,
         currency,
     };
-    Some((key, start_of(append), events))
+    Some((key, expected_start(append).unwrap_or(0), events))
 }
 
-/// The version an append expects its stream at (0: none yet).
-fn start_of(append: &StreamAppend) -> u64 {
+/// The version an append expects its stream at, when it names one.
+pub(crate) fn expected_start(append: &StreamAppend) -> Option<u64> {
     match append.expected {
-        ExpectedVersion::Exact(version) => version,
-        _ => 0,
+        ExpectedVersion::NoStream => Some(0),
+        ExpectedVersion::Exact(version) => Some(version),
+        ExpectedVersion::Any | ExpectedVersion::StreamExists => None,
     }
-}
-
-/// `append` rebased onto `tip`, in place; its new events, or None (left as it was) when they
-/// are not a provider fact's or do not encode.
-fn rebase(
-    append: &mut StreamAppend,
-    key: &GuardKey,
-    tip: DebitGuard,
-    events: &[GuardEvent],
-) -> Option<Vec<GuardEvent>> {
-    let rebased = guard::rebase_fact(key, tip, events)?;
-    let metadata = append.events.first()?.metadata.clone();
-    let encoded = log::encode(&rebased, &metadata, log::guard_codec).ok()?;
-    append.expected = log::expected(tip.version);
-    append.events = encoded;
-    metrics::counter!("asiento_group_commit_guard_rebased_total").increment(1);
-    Some(rebased)
 }
 
 #[cfg(test)]
@@ -171,6 +222,7 @@ mod tests {
     use asiento_domain::guard::{decide_entry, Origin};
     use asiento_domain::{AccountName, Amount, Currency, EntryId, JournalEntry, Leg, TenantId};
     use asiento_eventstore::Metadata;
+    use asiento_eventstore::NewEvent;
     use chrono::DateTime;
 
     use super::*;
@@ -235,7 +287,10 @@ mod tests {
             fact_step(2, -400, read),
             fact_step(3, 25, read),
         ];
-        let rebased: Vec<bool> = chain(&mut steps).iter().map(Option::is_some).collect();
+        let rebased: Vec<bool> = chain(&mut steps)
+            .iter()
+            .map(|plan| matches!(plan, Plan::Write(Some(_))))
+            .collect();
         assert_eq!(rebased, [false, true, true]);
         let states: Vec<_> = steps.iter().map(state_after).collect();
         assert_eq!(states[0].0, ExpectedVersion::Exact(3));
@@ -265,13 +320,13 @@ mod tests {
         };
         let mut steps = vec![fact_step(1, 50, read), fact_step(2, -100, read)];
         let tips = [(stream, in_log)].into_iter().collect();
-        let rebased = chain_onto(&mut steps, tips);
+        let rebased = plan_onto(&mut steps, tips);
         let states: Vec<_> = steps.iter().map(state_after).collect();
         assert_eq!(
             rebased,
             [
-                Some(vec![(key(), states[0].1)]),
-                Some(vec![(key(), states[1].1)])
+                Plan::Write(Some(vec![(key(), states[0].1)])),
+                Plan::Write(Some(vec![(key(), states[1].1)]))
             ],
             "each rebased step tells the state it leaves"
         );
@@ -292,12 +347,13 @@ mod tests {
             ..DebitGuard::default()
         };
         // The second debits 100 from a balance the first already took to 50: as a command it
-        // must be decided again (and refused), not carried onto the first.
+        // must be decided again (and refused), not carried onto the first. So it is overtaken,
+        // unchanged.
         let mut command = fact_step(2, -100, read);
         command.facts = false;
         let before = command.appends.to_vec();
         let mut steps = vec![fact_step(1, -50, read), command];
-        assert_eq!(chain(&mut steps), [None, None]);
+        assert_eq!(chain(&mut steps), [Plan::Write(None), Plan::Overtaken]);
         assert_eq!(*steps[1].appends, before);
     }
 
@@ -315,11 +371,95 @@ mod tests {
             .iter()
             .map(|s| s.appends[0].events[0].data.clone())
             .collect();
-        assert_eq!(chain(&mut steps), [None, None]);
+        assert_eq!(chain(&mut steps), [Plan::Write(None), Plan::Write(None)]);
         let after: Vec<_> = steps
             .iter()
             .map(|s| s.appends[0].events[0].data.clone())
             .collect();
         assert_eq!(before, after);
+    }
+
+    fn plain_step(appends: &[(&str, ExpectedVersion, usize)]) -> Work {
+        Work {
+            appends: appends
+                .iter()
+                .map(|&(stream, expected, n)| StreamAppend {
+                    stream_id: stream.to_owned(),
+                    expected,
+                    events: (0..n)
+                        .map(|_| NewEvent {
+                            event_id: uuid::Uuid::now_v7(),
+                            event_type: "Tested".into(),
+                            schema: 1,
+                            data: serde_json::Value::Null,
+                            metadata: Metadata::default(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            ..Work::default()
+        }
+    }
+
+    #[test]
+    fn a_step_expecting_a_version_an_earlier_written_step_moves_past_is_overtaken() {
+        use ExpectedVersion::{Any, Exact, NoStream};
+        use Plan::{Overtaken, Write};
+        let mut steps = [
+            plain_step(&[("transfer-1", NoStream, 1), ("payment-a", Exact(4), 1)]),
+            // Read payment-a at 4 too: overtaken.
+            plain_step(&[
+                ("transfer-2", NoStream, 1),
+                ("payment-a", Exact(4), 1),
+                ("payment-b", Exact(1), 1),
+            ]),
+            // Continues where the first leaves payment-a: not.
+            plain_step(&[("transfer-3", NoStream, 1), ("payment-a", Exact(5), 2)]),
+            // The overtaken step moves nothing: payment-b is still where this one expects it.
+            plain_step(&[("payment-b", Exact(1), 1)]),
+            // Any version: never overtaken, and what it leaves is not known here.
+            plain_step(&[("payment-a", Any, 1)]),
+            plain_step(&[("payment-a", Exact(6), 1)]),
+        ];
+        assert_eq!(
+            chain(&mut steps),
+            [
+                Write(None),
+                Overtaken,
+                Write(None),
+                Write(None),
+                Write(None),
+                Write(None)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_fact_is_chained_only_onto_steps_that_are_written() {
+        let read = DebitGuard {
+            version: 1,
+            balance: Amount::new(1_000),
+            ..DebitGuard::default()
+        };
+        // W moves payment-p on; X, a fact on the guard, expects payment-p where W found it and
+        // is overtaken; C, a fact decided against the same read as X, is not chained onto X.
+        let w = plain_step(&[("payment-p", ExpectedVersion::Exact(1), 1)]);
+        let mut x = fact_step(1, 100, read);
+        let mut appends = plain_step(&[("payment-p", ExpectedVersion::Exact(1), 1)])
+            .appends
+            .to_vec();
+        appends.extend(x.appends.iter().cloned());
+        x.appends = appends.into();
+        let c = fact_step(2, 300, read);
+        let decided = c.appends.to_vec();
+        let mut steps = vec![w, x, c];
+        assert_eq!(
+            chain(&mut steps),
+            [Plan::Write(None), Plan::Overtaken, Plan::Write(None)]
+        );
+        assert_eq!(
+            *steps[2].appends, decided,
+            "C stays as its request decided it"
+        );
     }
 }

@@ -980,3 +980,69 @@ async fn a_retried_fact_is_chained_from_the_log_not_from_its_first_try_sqlite() 
 async fn a_retried_fact_is_chained_from_the_log_not_from_its_first_try_postgres() {
     a_retried_fact_is_chained_from_the_log_not_from_its_first_try(Backend::Postgres).await;
 }
+
+/// A fact is never chained onto a step that the batch itself overtakes. W continues a payment's
+/// stream; X, a fact on a customer's guard, expects that payment's stream where W found it, so
+/// the batch answers X `Conflict`; C, another fact on the same guard decided against the same
+/// read as X, must then be written from the guard as the log holds it (+1,000, +50), never
+/// chained onto X, whose +100 no entry holds.
+async fn a_fact_is_never_chained_onto_a_step_the_batch_overtakes(backend: Backend) {
+    use asiento_domain::guard::Origin;
+
+    let db = TestDatabase::open(backend).await;
+    let store = db.database.event_store();
+    let commits = GroupCommit::new(store.clone());
+    let key = customer_key(9);
+    let committed = |outcome| matches!(outcome, Ok(Committed::Written(Some(_))));
+    let first = fact_step(
+        20,
+        &key,
+        1_000,
+        append("payment-a", ExpectedVersion::NoStream, 1),
+    );
+    assert!(committed(commits.commit(first).await));
+    let read = asiento_app::log::load_guard(store.as_ref(), &key)
+        .await
+        .unwrap();
+    assert_eq!(read.version, 1);
+    let fact = |n, delta, stream| entry_step(n, &key, delta, stream, Origin::ProviderFact, read);
+    let second = fact(21, 50, append("payment-b", ExpectedVersion::NoStream, 1));
+    assert!(committed(commits.commit(second).await));
+    let created = Work {
+        appends: vec![append("payment-p", ExpectedVersion::NoStream, 1)].into(),
+        ..Work::default()
+    };
+    assert!(committed(commits.commit(created).await));
+
+    let w = Work {
+        appends: vec![append("payment-p", ExpectedVersion::Exact(1), 1)].into(),
+        ..Work::default()
+    };
+    let x = fact(22, 100, append("payment-p", ExpectedVersion::Exact(1), 1));
+    let c = fact(23, 300, append("payment-c", ExpectedVersion::NoStream, 1));
+    // On one thread the three are queued before the writer runs: one batch.
+    let (w, x, c) = tokio::join!(commits.commit(w), commits.commit(x), commits.commit(c));
+    assert!(matches!(w, Ok(Committed::Written(Some(_)))), "{w:?}");
+    assert!(matches!(x, Ok(Committed::Conflict)), "{x:?}");
+    assert!(matches!(c, Ok(Committed::Rebased(Some(_), _))), "{c:?}");
+    assert_eq!(assert_guard_balances_add_up(&store, &key).await, 1_350);
+    let logged = asiento_app::log::load_guard(store.as_ref(), &key)
+        .await
+        .unwrap();
+    assert_eq!((logged.version, logged.balance.minor()), (3, 1_350));
+    if let Ok(Committed::Rebased(_, states)) = &c {
+        assert_eq!(states.as_slice(), [(key.clone(), logged)].as_slice());
+    }
+    drop(commits);
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_fact_is_never_chained_onto_a_step_the_batch_overtakes_sqlite() {
+    a_fact_is_never_chained_onto_a_step_the_batch_overtakes(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_fact_is_never_chained_onto_a_step_the_batch_overtakes_postgres() {
+    a_fact_is_never_chained_onto_a_step_the_batch_overtakes(Backend::Postgres).await;
+}

@@ -3,6 +3,8 @@
 //! flow wired to it.
 #![allow(dead_code)]
 
+pub mod rng;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
