@@ -154,7 +154,7 @@ mod tests {
         database.migrate().await.unwrap();
         let receiver = WebhookReceiver {
             database: database.clone(),
-            commits: asiento_app::group_commit::GroupCommit::new(database.event_store()),
+            writer: asiento_app::commit::Writer::new(database.event_store()),
             secrets: "sim:whsec_sim,acme:whsec_acme"
                 .parse::<WebhookSecrets>()
                 .unwrap(),

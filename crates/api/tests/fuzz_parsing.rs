@@ -437,9 +437,7 @@ async fn app() -> (tempdir::Guard, Router) {
         payments: PaymentFlow {
             database: database.clone(),
             store: database.event_store(),
-            commits: asiento_app::group_commit::GroupCommit::new(database.event_store()),
-            guards: Default::default(),
-            committed: Default::default(),
+            writer: asiento_app::commit::Writer::new(database.event_store()),
             providers: Providers::default(),
             clock: clock.clone(),
             render: render.clone(),
@@ -449,15 +447,14 @@ async fn app() -> (tempdir::Guard, Router) {
         ledger: LedgerFlow {
             database: database.clone(),
             store: database.event_store(),
-            commits: asiento_app::group_commit::GroupCommit::new(database.event_store()),
-            guards: Default::default(),
+            writer: asiento_app::commit::Writer::new(database.event_store()),
             clock: clock.clone(),
             render,
             idempotency_lease_ms: 30_000,
         },
         webhooks: WebhookReceiver {
             database: database.clone(),
-            commits: asiento_app::group_commit::GroupCommit::new(database.event_store()),
+            writer: asiento_app::commit::Writer::new(database.event_store()),
             secrets: format!("sim:{WEBHOOK_SECRET}")
                 .parse::<WebhookSecrets>()
                 .unwrap(),

@@ -225,7 +225,7 @@ pub async fn claim(
     }
 }
 
-/// A key to claim as new (group commit: see `group_commit`).
+/// A key to claim as new (group commit: see `crate::commit`).
 #[derive(Debug, Clone)]
 pub struct FreshClaim {
     pub scope: Scope,

@@ -29,18 +29,14 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use crate::clock::Clock;
+use crate::commit::{CommitError, Committed, Completion as WorkCompletion, Respond, Work, Writer};
 use crate::facts;
-use crate::group_commit::{
-    Committed, Completion as WorkCompletion, GroupCommit, GroupCommitError, Respond, Work,
-};
-use crate::guard_cache::GuardCache;
 use crate::idempotency::{
     self, BodyHash, Claim, Completing, FreshClaim, IdempotencyError, IdempotencyKey, Lease, Scope,
     StoredResponse,
 };
 use crate::leases;
 use crate::log::{self, LogError, Store};
-use crate::payment_memory::PaymentMemory;
 use crate::providers::{ConfiguredProvider, Providers};
 use crate::reply::{Answer, PaymentCommandKind, Rejected, Render, Reply};
 
@@ -95,7 +91,7 @@ pub enum FlowError {
     #[error(transparent)]
     Lease(#[from] crate::leases::LeaseError),
     #[error(transparent)]
-    Commit(#[from] GroupCommitError),
+    Commit(#[from] CommitError),
 }
 
 impl From<asiento_eventstore::StoreError> for FlowError {
@@ -224,14 +220,10 @@ pub struct PaymentFlow {
     /// How long a request that resumes after a crash holds its payment's lease (serve's
     /// `--payment-lease`), so that the webhook worker and the reconciler keep off meanwhile.
     pub payment_lease_ms: i64,
-    /// The writer that commits the request path's steps of concurrent requests together; made
-    /// with [`GroupCommit::new`] on `store`.
-    pub commits: Arc<GroupCommit>,
-    /// The guard states this flow's own commits left; share one per process.
-    pub guards: GuardCache,
-    /// The payment states this flow's own commits left (for the webhook worker); share one per
-    /// process.
-    pub committed: PaymentMemory,
+    /// The process's one writer (made with [`Writer::new`] on `store`): it commits the request
+    /// path's steps of concurrent requests together, and keeps the memories of the guard and
+    /// payment states its commits left.
+    pub writer: Arc<Writer>,
 }
 
 impl PaymentFlow {
@@ -321,7 +313,7 @@ impl PaymentFlow {
             ..Work::default()
         };
         if let Committed::Written(Some(appended)) | Committed::Rebased(Some(appended), _) =
-            self.commits.commit(step).await?
+            self.writer.commit(step).await?
         {
             let current = CurrentPayment::new(&events, &appended);
             return self
@@ -636,7 +628,8 @@ impl PaymentFlow {
             // transaction holds the one write lock, and a holder waiting for a pool connection
             // that other waiters for the lock occupy would deadlock until the busy timeout.
             let guards = self
-                .guards
+                .writer
+                .guards()
                 .load(self.store.as_ref(), log::payment_entries(&events))
                 .await?
                 .states;
@@ -689,20 +682,20 @@ impl PaymentFlow {
                     inbox: None,
                     facts: true,
                 };
-                match self.commits.commit(step).await? {
+                match self.writer.commit(step).await? {
                     Committed::Written(appended) => {
-                        self.guards.wrote(&guards, &guard_appends);
-                        self.committed.remember(id, &after);
+                        self.writer.guards().wrote(&guards, &guard_appends);
+                        self.writer.payments().remember(id, &after);
                         return Ok(finalized(appended.map(|a| a.last_position)));
                     }
                     Committed::Rebased(appended, states) => {
-                        self.guards.remember(&states);
-                        self.committed.remember(id, &after);
+                        self.writer.guards().remember(&states);
+                        self.writer.payments().remember(id, &after);
                         return Ok(finalized(appended.map(|a| a.last_position)));
                     }
                     Committed::Conflict => {
                         metrics::counter!("asiento_finalize_conflicts_total").increment(1);
-                        self.guards.forget(guards.keys());
+                        self.writer.guards().forget(guards.keys());
                         back_off(attempt).await;
                         continue;
                     }
@@ -720,7 +713,7 @@ impl PaymentFlow {
                     Ok(appended) => appended.last_position,
                     Err(error) if log::is_conflict(&error) => {
                         metrics::counter!("asiento_finalize_conflicts_total").increment(1);
-                        self.guards.forget(guards.keys());
+                        self.writer.guards().forget(guards.keys());
                         tx.rollback().await?;
                         back_off(attempt).await;
                         continue;
@@ -749,8 +742,8 @@ impl PaymentFlow {
                 also.run(&mut tx, &finalized).await?;
             }
             tx.commit().await?;
-            self.guards.wrote(&guards, &guard_appends);
-            self.committed.remember(id, &after);
+            self.writer.guards().wrote(&guards, &guard_appends);
+            self.writer.payments().remember(id, &after);
             return Ok(finalized);
         }
         Err(FlowError::TooManyConflicts(id))
@@ -1011,7 +1004,7 @@ impl PaymentFlow {
                     appends: Arc::clone(&appends),
                     ..Work::default()
                 };
-                match self.commits.commit(work).await? {
+                match self.writer.commit(work).await? {
                     Committed::Written(_) | Committed::Rebased(..) => {
                         return Ok(Step::Work {
                             lease,

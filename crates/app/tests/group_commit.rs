@@ -9,8 +9,8 @@ mod common;
 
 use std::sync::Arc;
 
-use asiento_app::group_commit::{Committed, Completion, GroupCommit, Respond, Work};
-use asiento_app::group_statement::{self, Written};
+use asiento_app::commit::statement::{self, Written};
+use asiento_app::commit::{Committed, Completion, Respond, Work, Writer};
 use asiento_app::idempotency::{
     canonical_body_hash, Completing, FreshClaim, IdempotencyKey, Lease, Scope, StoredResponse,
 };
@@ -193,7 +193,7 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
     let db = TestDatabase::open(backend).await;
     let database = db.database.clone();
     let store = database.event_store();
-    let commits = GroupCommit::new(store.clone());
+    let commits = Writer::new(store.clone());
 
     // Before: a key already claimed (and completed), an in-flight key with a known lease, and a
     // stream at version 1.
@@ -419,7 +419,7 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
     let db = TestDatabase::open(backend).await;
     let database = db.database.clone();
     let store = database.event_store();
-    let commits = GroupCommit::new(store.clone());
+    let commits = Writer::new(store.clone());
     let (held, held_too, settled, rejected) = (lease(), lease(), lease(), lease());
     for (key, lease) in [
         ("existing", lease()),
@@ -505,7 +505,7 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
             ..Work::default()
         },
     ];
-    let written = group_statement::write(&store, &steps).await.unwrap();
+    let written = statement::write(&store, &steps).await.unwrap();
     if matches!(backend, Backend::Sqlite) {
         assert!(matches!(written, Written::Unfit));
         drop(commits);
@@ -629,7 +629,7 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
         .chain(bad)
         .collect::<Vec<_>>();
         assert!(matches!(
-            group_statement::write(&store, &steps).await.unwrap(),
+            statement::write(&store, &steps).await.unwrap(),
             Written::Refused
         ));
         assert_eq!(
@@ -665,7 +665,7 @@ async fn one_statement_commits_every_combination_of_kinds_postgres() {
                 ..Work::default()
             };
             assert!(matches!(
-                group_statement::write(&store, &[step]).await.unwrap(),
+                statement::write(&store, &[step]).await.unwrap(),
                 Written::Done(_)
             ));
         }
@@ -702,7 +702,7 @@ async fn one_statement_commits_every_combination_of_kinds_postgres() {
                 ..Work::default()
             });
         }
-        let Written::Done(outcomes) = group_statement::write(&store, &steps).await.unwrap() else {
+        let Written::Done(outcomes) = statement::write(&store, &steps).await.unwrap() else {
             panic!("combination {combination:04b}: the batch fits one statement and commits");
         };
         for (step, outcome) in steps.iter().zip(&outcomes) {
@@ -749,7 +749,7 @@ async fn facts_on_one_guard_are_chained_not_refused(backend: Backend) {
 
     let db = TestDatabase::open(backend).await;
     let store = db.database.event_store();
-    let commits = GroupCommit::new(store.clone());
+    let commits = Writer::new(store.clone());
     let step = |n: u32, customer: u32, delta: i64| {
         let payment = append(&format!("payment-{n}"), ExpectedVersion::NoStream, 1);
         fact_step(u128::from(n), &customer_key(customer), delta, payment)
@@ -834,7 +834,7 @@ async fn no_step_carries_the_balances_of_a_step_not_written(backend: Backend) {
 
     let db = TestDatabase::open(backend).await;
     let store = db.database.event_store();
-    let commits = GroupCommit::new(store.clone());
+    let commits = Writer::new(store.clone());
     let key = customer_key(7);
     let at = chrono::DateTime::from_timestamp(1_764_000_000, 0).unwrap();
     let fact = |n: u128, delta: i64, payment: StreamAppend| fact_step(n, &key, delta, payment);
@@ -907,7 +907,7 @@ async fn a_retried_fact_is_chained_from_the_log_not_from_its_first_try(backend: 
 
     let db = TestDatabase::open(backend).await;
     let store = db.database.event_store();
-    let commits = GroupCommit::new(store.clone());
+    let commits = Writer::new(store.clone());
     let key = customer_key(8);
     let first = fact_step(
         10,
@@ -991,7 +991,7 @@ async fn a_fact_is_never_chained_onto_a_step_the_batch_overtakes(backend: Backen
 
     let db = TestDatabase::open(backend).await;
     let store = db.database.event_store();
-    let commits = GroupCommit::new(store.clone());
+    let commits = Writer::new(store.clone());
     let key = customer_key(9);
     let committed = |outcome| matches!(outcome, Ok(Committed::Written(Some(_))));
     let first = fact_step(

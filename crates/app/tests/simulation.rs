@@ -1156,9 +1156,7 @@ async fn start_process(
     let flow = PaymentFlow {
         database: database.clone(),
         store: store.clone(),
-        commits: asiento_app::group_commit::GroupCommit::new(store),
-        guards: Default::default(),
-        committed: Default::default(),
+        writer: asiento_app::commit::Writer::new(store),
         providers,
         clock: clock.clone(),
         render: Arc::new(SimRender),
@@ -1168,8 +1166,7 @@ async fn start_process(
     let transfers = LedgerFlow {
         database: database.clone(),
         store: database.event_store(),
-        commits: Arc::clone(&flow.commits),
-        guards: flow.guards.clone(),
+        writer: Arc::clone(&flow.writer),
         clock,
         render: Arc::new(SimRender),
         idempotency_lease_ms: IDEMPOTENCY_LEASE_MS,

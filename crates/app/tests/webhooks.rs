@@ -88,7 +88,7 @@ impl Harness {
         let flow = served.flow(&database, ClientConfig::default(), clock.clone());
         let receiver = WebhookReceiver {
             database: database.clone(),
-            commits: flow.commits.clone(),
+            writer: flow.writer.clone(),
             secrets: format!("sim:{SECRET},other:{OTHER_SECRET}")
                 .parse::<WebhookSecrets>()
                 .unwrap(),
@@ -908,9 +908,7 @@ async fn two_workers(backend: Backend) {
         let flow = PaymentFlow {
             database: database.clone(),
             store: store.clone(),
-            commits: asiento_app::group_commit::GroupCommit::new(store),
-            guards: Default::default(),
-            committed: Default::default(),
+            writer: asiento_app::commit::Writer::new(store),
             ..h.flow.clone()
         };
         let worker = Worker::new(flow, fast_config());
@@ -1125,8 +1123,9 @@ async fn remembered(backend: Backend) {
     for event in &events {
         assert!(!h.deliver(event).await);
     }
+    // A writer of its own: no memory of the payments the first one committed.
     let forgetful = PaymentFlow {
-        committed: Default::default(),
+        writer: asiento_app::commit::Writer::new(blind.store.clone()),
         ..blind
     };
     let report = Worker::new(forgetful, fast_config())

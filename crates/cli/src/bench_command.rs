@@ -134,8 +134,7 @@ async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
     let flow = LedgerFlow {
         database: db.clone(),
         store: db.event_store(),
-        commits: asiento_app::group_commit::GroupCommit::new(db.event_store()),
-        guards: Default::default(),
+        writer: asiento_app::commit::Writer::new(db.event_store()),
         clock: Arc::new(SystemClock),
         render: Arc::new(asiento_api::render::JsonRender),
         idempotency_lease_ms: 60_000,

@@ -138,9 +138,7 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
     let flow = PaymentFlow {
         database: database.clone(),
         store: store.clone(),
-        commits: asiento_app::group_commit::GroupCommit::new(store),
-        guards: Default::default(),
-        committed: Default::default(),
+        writer: asiento_app::commit::Writer::new(store),
         providers,
         clock: Arc::new(SystemClock),
         render: Arc::new(asiento_api::render::JsonRender),

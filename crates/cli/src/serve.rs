@@ -488,17 +488,14 @@ impl Core {
         let render = Arc::new(asiento_api::render::JsonRender);
         let store = Arc::clone(store);
         let lease_ms = duration_ms(args.idempotency_lease);
-        // One group commit for the process: its batches in flight never share a row.
-        let commits = asiento_app::group_commit::GroupCommit::new(store.clone());
-        // One memory of the guards the process wrote, for both flows.
-        let guards = asiento_app::guard_cache::GuardCache::default();
+        // The process's one writer: one batching of every flow's steps, one memory of what they
+        // left.
+        let writer = asiento_app::commit::Writer::new(store.clone());
         Ok(Core {
             payments: PaymentFlow {
                 database: database.clone(),
                 store: store.clone(),
-                commits: Arc::clone(&commits),
-                guards: guards.clone(),
-                committed: Default::default(),
+                writer: Arc::clone(&writer),
                 providers,
                 clock: clock.clone(),
                 render: render.clone(),
@@ -508,8 +505,7 @@ impl Core {
             ledger: LedgerFlow {
                 database: database.clone(),
                 store,
-                commits,
-                guards,
+                writer,
                 clock,
                 render,
                 idempotency_lease_ms: lease_ms,
@@ -534,7 +530,7 @@ impl Core {
             ledger: self.ledger.clone(),
             webhooks: WebhookReceiver {
                 database: database.clone(),
-                commits: self.payments.commits.clone(),
+                writer: self.payments.writer.clone(),
                 secrets: self.secrets.clone(),
                 clock: self.payments.clock.clone(),
                 tolerance_s: asiento_app::webhooks::TOLERANCE_S_DEFAULT,

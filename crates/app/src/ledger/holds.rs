@@ -94,12 +94,12 @@ impl LedgerFlow {
             };
             match self.store.append(&appends).await {
                 Ok(_) => {
-                    self.guards.wrote(&touched.read, &touched.appends);
+                    self.writer.guards().wrote(&touched.read, &touched.appends);
                     metrics::counter!("asiento_holds_expired_total").increment(1);
                     return Ok(HoldExpiry::Expired);
                 }
                 Err(error) if log::is_conflict(&error) => {
-                    self.guards.lost_race(&touched.read);
+                    self.writer.guards().lost_race(&touched.read);
                     metrics::counter!("asiento_ledger_conflicts_total").increment(1);
                     back_off(attempt).await;
                 }

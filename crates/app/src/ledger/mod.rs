@@ -2,7 +2,7 @@
 //! ([`holds`]) and declarations of an account's policy ([`accounts`]).
 //!
 //! Each is decided against the debit guards it touches and then committed by [`LedgerFlow::commit`]
-//! as one group-commit step (`crate::group_commit`), with other requests' steps: the idempotency
+//! as one group-commit step (`crate::commit`), with other requests' steps: the idempotency
 //! key claimed and completed at once, and the events with each guard at its exact expected
 //! version. A command's guard events are never rebased onto another step's (a guard may refuse a
 //! command). Two commands racing on one guard cannot both pass: the second's step conflicts and
@@ -22,8 +22,7 @@ use asiento_domain::guard::{DebitGuard, GuardAppend, GuardKey};
 use asiento_eventstore::{Database, StreamAppend};
 
 use crate::clock::Clock;
-use crate::group_commit::{Committed, Completion, GroupCommit, Respond, Work};
-use crate::guard_cache::GuardCache;
+use crate::commit::{Committed, Completion, Respond, Work, Writer};
 use crate::idempotency::{self, Claim, Completing, FreshClaim, Lease, StoredResponse};
 use crate::log::{self, Store};
 pub(crate) use crate::payments::back_off;
@@ -37,11 +36,9 @@ pub use transfers::NewTransfer;
 pub struct LedgerFlow {
     pub database: Database,
     pub store: Store,
-    /// The process's group commit writer, shared with the payment flow.
-    pub commits: Arc<GroupCommit>,
-    /// The process's memory of the guards it wrote, shared with the payment flow: a transfer
-    /// reads from the log only the guards it holds no state of.
-    pub guards: GuardCache,
+    /// The process's one writer, shared with the payment flow; its guard memory lets a transfer
+    /// read from the log only the guards it holds no state of.
+    pub writer: Arc<Writer>,
     pub clock: Arc<dyn Clock>,
     pub render: Arc<dyn Render>,
     pub idempotency_lease_ms: i64,
@@ -124,16 +121,16 @@ impl LedgerFlow {
         // Until its outcome is in memory, this process's transfers on these guards wait for it.
         let _writing = touched.as_ref().map(|touched| {
             let keys = touched.appends.iter().map(|append| append.key.clone());
-            self.guards.writing(keys)
+            self.writer.guards().writing(keys)
         });
-        let outcome = self.commits.commit(step).await?;
+        let outcome = self.writer.commit(step).await?;
         if let Some(Touched { read, appends }) = &touched {
             match outcome {
-                Committed::Written(_) => self.guards.wrote(read, appends),
-                Committed::Conflict => self.guards.lost_race(read),
+                Committed::Written(_) => self.writer.guards().wrote(read, appends),
+                Committed::Conflict => self.writer.guards().lost_race(read),
                 // The interactive claim below writes it, and that path does not tell the memory
                 // what it wrote.
-                _ => self.guards.forget(read.keys()),
+                _ => self.writer.guards().forget(read.keys()),
             }
         }
         match outcome {

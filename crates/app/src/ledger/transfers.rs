@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{back_off, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
-use crate::guard_cache::Loaded;
+use crate::commit::guard_memory::Loaded;
 use crate::log;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
@@ -80,14 +80,15 @@ impl LedgerFlow {
                     remembered: false,
                 }
             } else {
-                self.guards
+                self.writer
+                    .guards()
                     .load_after_writes(self.store.as_ref(), posted)
                     .await?
             };
             let decided = match decide_with_guards(&Transfer::default(), command, &loaded.states) {
                 // Only the log refuses a command: decided again against it.
                 Err(_) if loaded.remembered => {
-                    self.guards.forget(loaded.states.keys());
+                    self.writer.guards().forget(loaded.states.keys());
                     refused_on_memory = true;
                     continue;
                 }

@@ -12,7 +12,7 @@ use super::receive::{
     PROVIDER_ECHO_CHARS_MAX,
 };
 use super::{truncate, WebhookReceiver};
-use crate::group_commit::{Committed, GroupCommitError, Work};
+use crate::commit::{CommitError, Committed, Work};
 
 /// What a stored batch held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +79,7 @@ impl WebhookReceiver {
         // Every item goes to the writer at once, so that they share its batches.
         let mut commits = JoinSet::new();
         for row in rows {
-            let writer = std::sync::Arc::clone(&self.commits);
+            let writer = std::sync::Arc::clone(&self.writer);
             commits.spawn(async move {
                 writer
                     .commit(Work {
@@ -94,13 +94,13 @@ impl WebhookReceiver {
             duplicates: 0,
         };
         while let Some(joined) = commits.join_next().await {
-            let committed = joined
-                .map_err(|error| GroupCommitError::Unexpected(format!("store task: {error}")))?;
+            let committed =
+                joined.map_err(|error| CommitError::Unexpected(format!("store task: {error}")))?;
             match committed? {
                 Committed::Written(_) | Committed::Rebased(..) => received.stored += 1,
                 Committed::NotFresh => received.duplicates += 1,
                 other => {
-                    return Err(ReceiveError::Store(GroupCommitError::Unexpected(format!(
+                    return Err(ReceiveError::Store(CommitError::Unexpected(format!(
                         "{other:?}"
                     ))))
                 }

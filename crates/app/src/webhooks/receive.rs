@@ -15,7 +15,7 @@ use sqlx::Arguments;
 
 use super::{truncate, WebhookSecrets};
 use crate::clock::Clock;
-use crate::group_commit::{Committed, GroupCommit, GroupCommitError, Work};
+use crate::commit::{CommitError, Committed, Work, Writer};
 
 /// Provider event ids longer than this are refused as malformed (Stripe's are ~30 characters).
 pub const EVENT_ID_LEN_MAX: usize = 255;
@@ -28,8 +28,8 @@ pub(super) const PROVIDER_ECHO_CHARS_MAX: usize = 64;
 #[derive(Clone)]
 pub struct WebhookReceiver {
     pub database: Database,
-    /// Stores each verified event with other requests' steps (see `group_commit`).
-    pub commits: Arc<GroupCommit>,
+    /// Stores each verified event with other requests' steps (see `crate::commit`).
+    pub writer: Arc<Writer>,
     pub secrets: WebhookSecrets,
     pub clock: Arc<dyn Clock>,
     /// How far the signature's timestamp may be from our clock, either way.
@@ -61,7 +61,7 @@ pub enum ReceiveError {
     #[error("the batch is refused: {0}")]
     BatchRefused(BatchError),
     #[error("storing the event failed: {0}")]
-    Store(#[from] GroupCommitError),
+    Store(#[from] CommitError),
 }
 
 impl ReceiveError {
@@ -154,11 +154,11 @@ impl WebhookReceiver {
             inbox: Some(row),
             ..Work::default()
         };
-        let duplicate = match self.commits.commit(work).await? {
+        let duplicate = match self.writer.commit(work).await? {
             Committed::Written(_) | Committed::Rebased(..) => false,
             Committed::NotFresh => true,
             other => {
-                return Err(ReceiveError::Store(GroupCommitError::Unexpected(format!(
+                return Err(ReceiveError::Store(CommitError::Unexpected(format!(
                     "{other:?}"
                 ))))
             }

@@ -340,7 +340,7 @@ impl Worker {
         let Some(id) = payment_named(event) else {
             return false;
         };
-        let Some(payment) = self.flow.committed.recall(id) else {
+        let Some(payment) = self.flow.writer.payments().recall(id) else {
             return false;
         };
         let provider_matches = payment

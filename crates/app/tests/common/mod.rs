@@ -130,9 +130,7 @@ pub fn flow_of(
     PaymentFlow {
         database: database.clone(),
         store: store.clone(),
-        commits: asiento_app::group_commit::GroupCommit::new(store),
-        guards: Default::default(),
-        committed: Default::default(),
+        writer: asiento_app::commit::Writer::new(store),
         providers,
         clock,
         render: Arc::new(TestRender),

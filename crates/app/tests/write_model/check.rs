@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use asiento_app::group_commit::{Committed, GroupCommitError};
+use asiento_app::commit::{CommitError, Committed};
 use asiento_app::log::Store;
 use asiento_domain::guard::GuardEvent;
 use asiento_domain::StreamKind;
@@ -48,7 +48,7 @@ pub async fn batch(
     case: &Case<'_>,
     model: &mut Model,
     steps: &[Step],
-    outcomes: Vec<Result<Committed, GroupCommitError>>,
+    outcomes: Vec<Result<Committed, CommitError>>,
     tally: &mut Tally,
     context: &str,
 ) {

@@ -19,7 +19,7 @@ mod generate;
 mod model;
 mod step;
 
-use asiento_app::group_commit::GroupCommit;
+use asiento_app::commit::Writer;
 use asiento_domain::guard::GuardEvent;
 use common::{Backend, TestDatabase};
 
@@ -45,7 +45,7 @@ async fn batches_equal_their_steps_one_at_a_time(backend: Backend) {
     let db = TestDatabase::open(backend).await;
     let database = without_commit_flush(&db).await;
     let store = database.event_store();
-    let writer = GroupCommit::new(store.clone());
+    let writer = Writer::new(store.clone());
     let mut generator = generate::Generator::new(seed);
     let mut tally = check::Tally::default();
     let mut steps_total = 0;

@@ -1,7 +1,7 @@
 //! A generated step: what its request decided, kept by the test beside the `Work` the writer
 //! takes (which the writer consumes).
 
-use asiento_app::group_commit::{Completion, Respond, Work};
+use asiento_app::commit::{Completion, Respond, Work};
 use asiento_app::idempotency::{
     canonical_body_hash, Completing, FreshClaim, IdempotencyKey, Lease, Scope, StoredResponse,
 };

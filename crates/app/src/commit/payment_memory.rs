@@ -14,7 +14,7 @@
 
 use asiento_domain::{Payment, PaymentId};
 
-use crate::latest::Latest;
+use super::latest::Latest;
 
 /// Payments remembered at most; then the memory starts over. A webhook usually follows its
 /// payment's commit within a second, so this covers many seconds of a busy process.

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use asiento_app::clock::SystemClock;
-use asiento_app::group_commit::GroupCommit;
+use asiento_app::commit::Writer;
 use asiento_app::invariants::Checker;
 use asiento_app::ledger::{LedgerFlow, NewTransfer};
 use asiento_app::log;
@@ -61,7 +61,7 @@ async fn refund(flow: &PaymentFlow, id: PaymentId) {
     assert!(matches!(answer, Answer::Done(_)), "{answer:?}");
 }
 
-async fn guard_cache_against_a_second_writer(backend: Backend) {
+async fn guard_memory_against_a_second_writer(backend: Backend) {
     let db = TestDatabase::open(backend).await;
     let sim = TestSim::start(SimConfig::default()).await;
     let clock = Arc::new(SystemClock);
@@ -76,7 +76,8 @@ async fn guard_cache_against_a_second_writer(backend: Backend) {
     // A writes the guard first and remembers what it wrote.
     pay(&a).await;
     let first = a
-        .guards
+        .writer
+        .guards()
         .remembered(&key)
         .expect("A remembers the guard it wrote");
     assert_eq!(first.version, 1);
@@ -85,9 +86,9 @@ async fn guard_cache_against_a_second_writer(backend: Backend) {
 
     // B (its own memory) reads the log, so it builds on A's write.
     let paid_by_b = pay(&b).await;
-    assert_eq!(b.guards.remembered(&key).unwrap().version, 2);
+    assert_eq!(b.writer.guards().remembered(&key).unwrap().version, 2);
     assert_eq!(
-        a.guards.remembered(&key).unwrap().version,
+        a.writer.guards().remembered(&key).unwrap().version,
         1,
         "A's memory is stale now"
     );
@@ -95,11 +96,11 @@ async fn guard_cache_against_a_second_writer(backend: Backend) {
     // A decides on its stale memory, conflicts, reads the log and writes version 3, then B
     // refunds on its own stale memory (version 2).
     pay(&a).await;
-    let third = a.guards.remembered(&key).unwrap();
+    let third = a.writer.guards().remembered(&key).unwrap();
     assert_eq!(third.version, 3);
     assert_eq!(third.balance.minor(), 3 * credit);
     refund(&b, paid_by_b).await;
-    let fourth = b.guards.remembered(&key).unwrap();
+    let fourth = b.writer.guards().remembered(&key).unwrap();
     assert_eq!(fourth.version, 4);
     assert!(
         (3 * credit - REFUND_MINOR..3 * credit).contains(&fourth.balance.minor()),
@@ -126,13 +127,13 @@ async fn guard_cache_against_a_second_writer(backend: Backend) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn guard_cache_against_a_second_writer_sqlite() {
-    guard_cache_against_a_second_writer(Backend::Sqlite).await;
+async fn guard_memory_against_a_second_writer_sqlite() {
+    guard_memory_against_a_second_writer(Backend::Sqlite).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn guard_cache_against_a_second_writer_postgres() {
-    guard_cache_against_a_second_writer(Backend::Postgres).await;
+async fn guard_memory_against_a_second_writer_postgres() {
+    guard_memory_against_a_second_writer(Backend::Postgres).await;
 }
 
 /// A ledger flow of its own (another process): its own writer and its own memory of guards.
@@ -140,8 +141,7 @@ fn ledger(db: &TestDatabase) -> LedgerFlow {
     LedgerFlow {
         database: db.database.clone(),
         store: db.database.event_store(),
-        commits: GroupCommit::new(db.database.event_store()),
-        guards: Default::default(),
+        writer: Writer::new(db.database.event_store()),
         clock: Arc::new(SystemClock),
         render: Arc::new(TestRender),
         idempotency_lease_ms: 30_000,
@@ -175,7 +175,7 @@ async fn transfer(flow: &LedgerFlow, from: &str, to: &str, amount_minor: i64) ->
     body.get("rejected").is_none()
 }
 
-async fn ledger_guard_cache_against_a_second_writer(backend: Backend) {
+async fn ledger_guard_memory_against_a_second_writer(backend: Backend) {
     let db = TestDatabase::open(backend).await;
     let (a, b) = (ledger(&db), ledger(&db));
     let source = "customer:1:available";
@@ -185,7 +185,11 @@ async fn ledger_guard_cache_against_a_second_writer(backend: Backend) {
         currency: Currency::parse("USD").unwrap(),
     };
     let remembered = |flow: &LedgerFlow| {
-        let state = flow.guards.remembered(&key).expect("a guard it wrote");
+        let state = flow
+            .writer
+            .guards()
+            .remembered(&key)
+            .expect("a guard it wrote");
         (state.version, state.balance.minor())
     };
 
@@ -228,11 +232,11 @@ async fn holds_every_invariant(db: TestDatabase) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ledger_guard_cache_against_a_second_writer_sqlite() {
-    ledger_guard_cache_against_a_second_writer(Backend::Sqlite).await;
+async fn ledger_guard_memory_against_a_second_writer_sqlite() {
+    ledger_guard_memory_against_a_second_writer(Backend::Sqlite).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ledger_guard_cache_against_a_second_writer_postgres() {
-    ledger_guard_cache_against_a_second_writer(Backend::Postgres).await;
+async fn ledger_guard_memory_against_a_second_writer_postgres() {
+    ledger_guard_memory_against_a_second_writer(Backend::Postgres).await;
 }

@@ -1,5 +1,5 @@
 //! The latest state of each of many streams, as this process's own commits left them: the shared
-//! core of [`crate::guard_cache::GuardCache`] and [`crate::payment_memory::PaymentMemory`], whose
+//! core of [`super::guard_memory::GuardMemory`] and [`super::payment_memory::PaymentMemory`], whose
 //! docs say why a remembered state is safe to use. Bounded: at `MAX` entries it starts over; a
 //! state never replaces a later one (a late `remember` of an earlier commit is dropped).
 

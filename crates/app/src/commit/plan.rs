@@ -30,12 +30,8 @@ use asiento_domain::guard::{self, DebitGuard, GuardEvent, GuardKey};
 use asiento_domain::StreamKind;
 use asiento_eventstore::{EventStore, ExpectedVersion, NewEvent, StreamAppend};
 
-use crate::group_commit::Work;
+use super::step::{GuardStates, Work};
 use crate::log::{self, LogError};
-
-/// What a rebased step leaves its guards in, once written: its request remembers these instead
-/// of the states it computed itself.
-pub type GuardStates = Vec<(GuardKey, DebitGuard)>;
 
 /// How one step of a batch is to be written.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,11 +1,11 @@
-//! Group commit: the request path's writes of many concurrent requests in one transaction.
+//! A batch: the request path's writes of many concurrent requests in one transaction.
 //!
 //! A request's durable steps are small: a create claims its key and appends the intent; a
 //! finalisation appends the provider's fact and completes the key with the rendered answer. Each
 //! alone is a transaction of a few single-row statements and a commit flush; measured, a
 //! row costs several times more in a single-row statement than in a batch (docs/benchmarks.md).
-//! So requests hand their step to the process's dispatcher ([`GroupCommit::commit`],
-//! `crate::group_dispatch`), which takes every step waiting at that moment and writes them in one
+//! So requests hand their step to the process's dispatcher ([`Writer::commit`],
+//! `dispatch`), which takes every step waiting at that moment and writes them in one
 //! transaction with one statement per kind of row, one batch at a time:
 //! the fresh claims (`idempotency::claim_fresh_each`), the webhook events received
 //! (`webhooks::insert_inbox_each`), the events
@@ -17,138 +17,28 @@
 //! step one of whose streams is not at the version it expects [`Committed::Conflict`], a step
 //! whose key's lease was taken over [`Committed::LeaseLost`]; nothing of such a step is written,
 //! and the rest of the batch commits. Before writing, the batch is planned in batch order
-//! (`crate::guard_chain`): a step that an earlier step which is written moves past is answered
+//! (`plan`): a step that an earlier step which is written moves past is answered
 //! `Conflict` unwritten, and provider facts on one account are chained onto the steps before them
 //! that are written, so that they do not conflict with each other. Facts that conflict with the
 //! log are planned again onto the guards' states read from it and written after the rest; a batch
-//! the one statement refuses whole (`crate::group_statement`) is tried again the same way, then
+//! the one statement refuses whole (`statement`) is tried again the same way, then
 //! step by step alone.
 //!
 //! A batch's outcomes equal its steps applied one at a time, in batch order, to the log as it
 //! stood: `tests/write_model` judges every generated batch against that sequential model.
 
 use std::collections::HashSet;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use asiento_eventstore::{AppendError, Appended, StoreError, StreamAppend, Tx};
-use tokio::sync::{mpsc, oneshot};
+use asiento_eventstore::{StreamAppend, Tx};
 
-use crate::group_statement::{self, Written};
-use crate::guard_chain::GuardStates;
-use crate::idempotency::{self, Completing, FreshClaim, IdempotencyError};
+use super::statement::{self, Written};
+use super::step::{CommitError, Committed, GuardStates, Work};
+use crate::idempotency;
 use crate::log::Store;
-pub use crate::respond::Respond;
-use crate::webhooks::{self, InboxRow};
+use crate::webhooks;
 
-/// Requests written in one transaction, at most. (The queue itself is unbounded: what waits in
-/// it is bounded by the requests in flight.)
-pub const BATCH_MAX: usize = 64;
-/// One request's step: what it writes.
-#[derive(Default)]
-pub struct Work {
-    /// A key to claim as new, with the step.
-    pub claim: Option<FreshClaim>,
-    /// The events of the step (one decision: its aggregate's stream and its guards' streams).
-    /// Shared, so that the request keeps them for the claim it makes itself when its key exists
-    /// (`Committed::NotFresh`) and a batch keeps them as decided while it chains them, without a
-    /// copy of every event.
-    pub appends: Arc<[StreamAppend]>,
-    /// A held key to complete, with the answer rendered from what the append wrote.
-    pub completion: Option<Completion>,
-    /// A verified provider event to store in the webhook inbox (alone: a webhook's step).
-    pub inbox: Option<InboxRow>,
-    /// Its guard appends are provider facts, which a guard never refuses: they may be rebased
-    /// onto the state an earlier step leaves (`crate::guard_chain`). A command's guard appends
-    /// (a transfer, which a guard may refuse) never are.
-    pub facts: bool,
-}
-
-/// A completion whose response depends on the append (its position is in the answer). With a
-/// claim in the same step, the key is claimed and completed at once (a ledger command).
-pub struct Completion {
-    /// The key, its lease and the time; the response is rendered by `respond`.
-    pub completing: Completing,
-    pub respond: Arc<Respond>,
-}
-
-/// How one request's step ended.
-#[derive(Debug)]
-pub enum Committed {
-    /// Written and committed (`None`: the step had no events).
-    Written(Option<Appended>),
-    /// Written and committed, with its guard appends rebased onto an earlier step of the batch
-    /// or onto the log (`crate::guard_chain`): the guard states its request computed are not the
-    /// ones written; these are.
-    Rebased(Option<Appended>, GuardStates),
-    /// The key (or the inbox event) exists: nothing was written.
-    NotFresh,
-    /// A stream was not at the expected version: nothing was written.
-    Conflict,
-    /// The key's lease was taken over: nothing was written.
-    LeaseLost,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum GroupCommitError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Append(#[from] AppendError),
-    #[error(transparent)]
-    Idempotency(#[from] IdempotencyError),
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error("the group commit writer stopped")]
-    Stopped,
-    #[error("a step ended in a way its kind cannot: {0}")]
-    Unexpected(String),
-}
-
-pub(crate) type Reply = oneshot::Sender<Result<Committed, GroupCommitError>>;
-
-/// The dispatcher of one store, which writes its batches, started on first use. Cheap to share
-/// (`Arc`).
-pub struct GroupCommit {
-    store: Store,
-    queue: OnceLock<mpsc::UnboundedSender<(Work, Reply)>>,
-}
-
-impl std::fmt::Debug for GroupCommit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GroupCommit").finish_non_exhaustive()
-    }
-}
-
-impl GroupCommit {
-    pub fn new(store: Store) -> Arc<GroupCommit> {
-        Arc::new(GroupCommit {
-            store,
-            queue: OnceLock::new(),
-        })
-    }
-
-    /// Writes `step` with whatever other steps are waiting, and answers once that committed.
-    pub async fn commit(&self, step: Work) -> Result<Committed, GroupCommitError> {
-        let (reply, answer) = oneshot::channel();
-        self.queue()
-            .send((step, reply))
-            .map_err(|_| GroupCommitError::Stopped)?;
-        answer.await.map_err(|_| GroupCommitError::Stopped)?
-    }
-
-    fn queue(&self) -> &mpsc::UnboundedSender<(Work, Reply)> {
-        self.queue.get_or_init(|| {
-            let (sender, receiver) = mpsc::unbounded_channel();
-            tokio::spawn(crate::group_dispatch::dispatch(
-                self.store.clone(),
-                receiver,
-            ));
-            sender
-        })
-    }
-}
-
-/// Plans the batch (`crate::guard_chain::chain`): the steps an earlier step that is written
+/// Plans the batch (`super::plan::chain`): the steps an earlier step that is written
 /// overtakes are answered `Conflict` unwritten, and provider facts on one guard are chained onto
 /// the steps before them that are written. Then writes the rest as one batch. Steps that could
 /// not be written (all of them when the batch was refused whole; those whose streams had moved
@@ -161,14 +51,14 @@ impl GroupCommit {
 pub(crate) async fn write(
     store: &Store,
     mut steps: Vec<Work>,
-) -> Vec<Result<Committed, GroupCommitError>> {
-    let decided: Option<Vec<Arc<[StreamAppend]>>> = crate::guard_chain::shares_a_stream(&steps)
+) -> Vec<Result<Committed, CommitError>> {
+    let decided: Option<Vec<Arc<[StreamAppend]>>> = super::plan::shares_a_stream(&steps)
         .then(|| steps.iter().map(|step| Arc::clone(&step.appends)).collect());
-    let mut outcomes: Vec<Option<Result<Committed, GroupCommitError>>> =
+    let mut outcomes: Vec<Option<Result<Committed, CommitError>>> =
         steps.iter().map(|_| None).collect();
     let mut rebased: Vec<Option<GuardStates>> = vec![None; steps.len()];
     let every: Vec<usize> = (0..steps.len()).collect();
-    let plans = crate::guard_chain::chain(&mut steps);
+    let plans = super::plan::chain(&mut steps);
     let first = follow(plans, &every, &mut outcomes, &mut rebased);
     let (refused, again) = match write_some(store, &mut steps, &first).await {
         None => (true, first),
@@ -209,10 +99,10 @@ pub(crate) async fn write(
     // step onto may not be written.
     as_decided(&mut steps, &again, decided.as_deref(), &mut rebased);
     let mut retried = take(&mut steps, &again);
-    let plans = crate::guard_chain::rebase_onto_log(store.as_ref(), &mut retried).await;
+    let plans = super::plan::rebase_onto_log(store.as_ref(), &mut retried).await;
     put_back(&mut steps, &again, retried);
     let second = match plans {
-        Ok(plans) if plans.iter().any(crate::guard_chain::Plan::changes) => {
+        Ok(plans) if plans.iter().any(super::plan::Plan::changes) => {
             let kept = follow(plans, &again, &mut outcomes, &mut rebased);
             write_some(store, &mut steps, &kept)
                 .await
@@ -254,12 +144,12 @@ pub(crate) async fn write(
 /// Follows `plans` (one per step at `indices`): an overtaken step is answered `Conflict`, a
 /// rebased one keeps the guard states it leaves. The steps to write.
 fn follow(
-    plans: Vec<crate::guard_chain::Plan>,
+    plans: Vec<super::plan::Plan>,
     indices: &[usize],
-    outcomes: &mut [Option<Result<Committed, GroupCommitError>>],
+    outcomes: &mut [Option<Result<Committed, CommitError>>],
     rebased: &mut [Option<GuardStates>],
 ) -> Vec<usize> {
-    use crate::guard_chain::Plan;
+    use super::plan::Plan;
     debug_assert_eq!(plans.len(), indices.len(), "one plan per step");
     let mut kept = Vec::with_capacity(indices.len());
     for (&i, plan) in indices.iter().zip(plans) {
@@ -293,9 +183,9 @@ fn as_decided(
 
 /// Each step's answer: a step written with rebased guard appends is told the states written.
 fn answers(
-    outcomes: Vec<Option<Result<Committed, GroupCommitError>>>,
+    outcomes: Vec<Option<Result<Committed, CommitError>>>,
     rebased: Vec<Option<GuardStates>>,
-) -> Vec<Result<Committed, GroupCommitError>> {
+) -> Vec<Result<Committed, CommitError>> {
     outcomes
         .into_iter()
         .zip(rebased)
@@ -323,7 +213,7 @@ async fn write_some(
     store: &Store,
     steps: &mut [Work],
     indices: &[usize],
-) -> Option<Vec<Result<Committed, GroupCommitError>>> {
+) -> Option<Vec<Result<Committed, CommitError>>> {
     if indices.is_empty() {
         return Some(Vec::new());
     }
@@ -349,16 +239,13 @@ fn put_back(steps: &mut [Work], indices: &[usize], taken: Vec<Work>) {
 
 /// The steps as one batch: one statement on PostgreSQL, else one transaction
 /// ([`write_steps`]). None when the statement refused the batch (nothing was written).
-async fn write_whole(
-    store: &Store,
-    steps: &[Work],
-) -> Option<Vec<Result<Committed, GroupCommitError>>> {
-    match group_statement::write(store, steps).await {
+async fn write_whole(store: &Store, steps: &[Work]) -> Option<Vec<Result<Committed, CommitError>>> {
+    match statement::write(store, steps).await {
         Ok(Written::Done(outcomes)) => Some(outcomes.into_iter().map(Ok).collect()),
         Ok(Written::Unreadable(error)) => Some(
             steps
                 .iter()
-                .map(|_| Err(GroupCommitError::Unexpected(error.clone())))
+                .map(|_| Err(CommitError::Unexpected(error.clone())))
                 .collect(),
         ),
         Ok(Written::Unfit) => match write_steps(store, steps).await {
@@ -377,7 +264,7 @@ async fn write_whole(
 }
 
 /// Each step in a transaction of its own, where each gets its own outcome.
-async fn write_alone(store: &Store, steps: &[Work]) -> Vec<Result<Committed, GroupCommitError>> {
+async fn write_alone(store: &Store, steps: &[Work]) -> Vec<Result<Committed, CommitError>> {
     if steps.len() > 1 {
         metrics::counter!("asiento_group_commit_retried_alone_total").increment(steps.len() as u64);
     }
@@ -386,7 +273,7 @@ async fn write_alone(store: &Store, steps: &[Work]) -> Vec<Result<Committed, Gro
         outcomes.push(
             write_steps(store, std::slice::from_ref(step))
                 .await
-                .and_then(|mut one| one.pop().ok_or(GroupCommitError::Stopped)),
+                .and_then(|mut one| one.pop().ok_or(CommitError::Stopped)),
         );
     }
     outcomes
@@ -398,7 +285,7 @@ async fn write_alone(store: &Store, steps: &[Work]) -> Vec<Result<Committed, Gro
 /// batch failed to append to is not tried (`Conflict`): it may rest on that step (a chained
 /// fact), and written without it would carry what that step would have left. Steps are written
 /// in batch order, so a step may expect the version an earlier one leaves.
-async fn write_steps(store: &Store, steps: &[Work]) -> Result<Vec<Committed>, GroupCommitError> {
+async fn write_steps(store: &Store, steps: &[Work]) -> Result<Vec<Committed>, CommitError> {
     let mut tx = store.begin().await?;
     let alone = steps.len() == 1;
     let mut failed: HashSet<&str> = HashSet::new();
@@ -434,11 +321,7 @@ async fn write_steps(store: &Store, steps: &[Work]) -> Result<Vec<Committed>, Gr
 
 /// One step inside `tx`: its claim, its inbox row, its events, its completion. Anything but
 /// `Written` leaves part of it in `tx`, for the caller to undo.
-async fn write_step(
-    store: &Store,
-    tx: &mut Tx,
-    step: &Work,
-) -> Result<Committed, GroupCommitError> {
+async fn write_step(store: &Store, tx: &mut Tx, step: &Work) -> Result<Committed, CommitError> {
     if let Some(claim) = &step.claim {
         if idempotency::claim_fresh_each(tx, std::slice::from_ref(claim)).await? != [true] {
             return Ok(Committed::NotFresh);

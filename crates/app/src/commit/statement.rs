@@ -25,7 +25,7 @@
 //!   every gate is one probe of one hash table.
 //! - **A completion's response carries the position of its step's last event**, which only the
 //!   insert knows (`each_last`, each step's greatest position). If the response splits at the
-//!   position's decimal text (`crate::respond::Respond::split`: the text found in exactly one
+//!   position's decimal text (`super::respond::Respond::split`: the text found in exactly one
 //!   place), the statement stores the part before it, the real position and the part after it.
 //!   Otherwise the batch takes the transaction path.
 //! - **Nothing of a step is committed in part.** If a step that is written continues the chain of
@@ -46,7 +46,7 @@ use sqlx::postgres::PgArguments;
 use sqlx::Row;
 use uuid::Uuid;
 
-use crate::group_commit::{Committed, GroupCommitError, Work};
+use super::step::{CommitError, Committed, Work};
 use crate::idempotency::{self, Completing, FreshClaim};
 use crate::log::Store;
 use crate::webhooks::{self, InboxRow};
@@ -108,7 +108,7 @@ pub enum Written {
 }
 
 /// Writes `steps` as one statement, if they fit one.
-pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, GroupCommitError> {
+pub async fn write(store: &Store, steps: &[Work]) -> Result<Written, CommitError> {
     let mut requests: Vec<(i64, &[StreamAppend])> = Vec::new();
     let mut claims: Vec<(&FreshClaim, i64)> = Vec::new();
     let mut rows: Vec<&InboxRow> = Vec::new();
@@ -228,7 +228,7 @@ fn outcomes(
     row: &sqlx::postgres::PgRow,
     requests: &[(i64, &[StreamAppend])],
     rows: &[&InboxRow],
-) -> Result<Written, GroupCommitError> {
+) -> Result<Written, CommitError> {
     let claimed: HashSet<Uuid> = row
         .try_get::<Vec<Uuid>, _>("claimed")?
         .into_iter()
@@ -275,7 +275,7 @@ fn outcomes(
             }
             // The statement refuses a batch with such a step; committed means it had none.
             (true, _) => {
-                return Err(GroupCommitError::Unexpected(
+                return Err(CommitError::Unexpected(
                     "a step of a committed batch was not written".into(),
                 ))
             }

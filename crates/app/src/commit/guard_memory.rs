@@ -4,7 +4,7 @@
 //! A decision that posts to a guarded account appends to that account's guard stream at the exact
 //! version it read. So a remembered guard state that is stale (another process, or another flow,
 //! appended since) can only make that append conflict; it can never write a wrong balance. The
-//! conflict makes the flow forget the states it read ([`GuardCache::lost_race`]), and its retry
+//! conflict makes the flow forget the states it read ([`GuardMemory::lost_race`]), and its retry
 //! reads them from the log, unless this process remembered a later state of a guard since: the
 //! race was then most often lost to one of its own steps in flight, and the retry decides against
 //! what that step left (stale too, it only conflicts once more, and is then read from the log).
@@ -23,8 +23,8 @@
 //! is with group commit) would decide against the state that step is changing, and could only
 //! lose the race to it: a statement spent for nothing, and a retry. So a transfer first waits, a
 //! bounded time, until no command of this process is writing its guards
-//! ([`GuardCache::load_after_writes`]; a command marks its guards while its step is written,
-//! [`GuardCache::writing`]), and then decides against what the writer left in memory.
+//! ([`GuardMemory::load_after_writes`]; a command marks its guards while its step is written,
+//! [`GuardMemory::writing`]), and then decides against what the writer left in memory.
 //!
 //! Bounded: when full, it forgets everything and starts over.
 
@@ -37,7 +37,7 @@ use asiento_domain::JournalEntry;
 use asiento_eventstore::EventStore;
 use tokio::sync::Notify;
 
-use crate::latest::Latest;
+use super::latest::Latest;
 use crate::log::{self, LogError};
 
 /// Guards remembered at most; past that the memory starts over empty.
@@ -48,7 +48,7 @@ pub const GUARDS_MAX: usize = 65_536;
 pub struct Loaded {
     pub states: BTreeMap<GuardKey, DebitGuard>,
     /// Some of them came from memory, not the log: a refusal decided against them must be
-    /// decided again against the log ([`GuardCache::forget`] them first).
+    /// decided again against the log ([`GuardMemory::forget`] them first).
     pub remembered: bool,
 }
 
@@ -58,7 +58,7 @@ pub const WRITES_WAIT_MAX: Duration = Duration::from_millis(500);
 
 /// Shared by clones: one per process is the point.
 #[derive(Debug, Clone, Default)]
-pub struct GuardCache {
+pub struct GuardMemory {
     states: Latest<GuardKey, DebitGuard, GUARDS_MAX>,
     writing: Arc<Writing>,
 }
@@ -84,7 +84,7 @@ impl Writing {
     }
 }
 
-/// A command's guards marked as being written ([`GuardCache::writing`]), until it is dropped.
+/// A command's guards marked as being written ([`GuardMemory::writing`]), until it is dropped.
 #[must_use = "the guards are marked only while this is held"]
 pub struct WritingGuards {
     writing: Arc<Writing>,
@@ -108,7 +108,7 @@ impl Drop for WritingGuards {
     }
 }
 
-impl GuardCache {
+impl GuardMemory {
     /// The guards every entry in `entries` touches: remembered, or read from the log (those at
     /// once, each in a statement of its own).
     pub async fn load<'a>(
@@ -120,7 +120,7 @@ impl GuardCache {
             .await
     }
 
-    /// [`GuardCache::load`] of the guards `keys`.
+    /// [`GuardMemory::load`] of the guards `keys`.
     async fn load_keys(
         &self,
         store: &dyn EventStore,
@@ -146,7 +146,7 @@ impl GuardCache {
         Ok(Loaded { states, remembered })
     }
 
-    /// [`GuardCache::load`], once no command of this process is writing any of the guards (or
+    /// [`GuardMemory::load`], once no command of this process is writing any of the guards (or
     /// after [`WRITES_WAIT_MAX`]).
     pub async fn load_after_writes<'a>(
         &self,
@@ -172,8 +172,8 @@ impl GuardCache {
     }
 
     /// Marks `keys` as being written by a command of this process until the result is dropped,
-    /// which must be after the command's outcome is in memory ([`GuardCache::wrote`],
-    /// [`GuardCache::lost_race`]).
+    /// which must be after the command's outcome is in memory ([`GuardMemory::wrote`],
+    /// [`GuardMemory::lost_race`]).
     pub fn writing(&self, keys: impl IntoIterator<Item = GuardKey>) -> WritingGuards {
         let keys: Vec<GuardKey> = keys.into_iter().collect();
         let mut counts = self.writing.counts();
@@ -191,12 +191,16 @@ impl GuardCache {
     pub fn wrote(&self, before: &BTreeMap<GuardKey, DebitGuard>, appends: &[GuardAppend]) {
         for append in appends {
             let start = before.get(&append.key).copied().unwrap_or_default();
+            debug_assert_eq!(
+                start.version, append.expected_version,
+                "a written append's guard state is the one it was decided against"
+            );
             let after = append.events.iter().fold(start, guard::evolve);
             self.states.remember(&append.key, &after);
         }
     }
 
-    /// Remembers states the writer tells (a step it rebased: `crate::guard_chain`).
+    /// Remembers states the writer tells (a step it rebased: `plan`).
     pub fn remember(&self, states: &[(GuardKey, DebitGuard)]) {
         for (key, state) in states {
             self.states.remember(key, state);
@@ -266,10 +270,10 @@ mod tests {
     async fn remembering(
         entry: &JournalEntry,
         version: u64,
-    ) -> (GuardCache, Arc<dyn EventStore>, tempfile::TempDir) {
+    ) -> (GuardMemory, Arc<dyn EventStore>, tempfile::TempDir) {
         let (dir, url) = testing::temp_sqlite_url();
         let store = Database::connect(&url).await.unwrap().event_store();
-        let cache = GuardCache::default();
+        let cache = GuardMemory::default();
         let states: Vec<(GuardKey, DebitGuard)> = guard::guarded_keys(entry)
             .into_iter()
             .map(|key| (key, at(version)))
@@ -366,7 +370,7 @@ mod tests {
 
     #[test]
     fn a_guard_written_by_two_commands_is_free_once_both_are_done() {
-        let cache = GuardCache::default();
+        let cache = GuardMemory::default();
         let keys = guard::guarded_keys(&transfer_entry());
         let first = cache.writing(keys.clone());
         let second = cache.writing(keys.clone());

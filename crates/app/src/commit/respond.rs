@@ -1,7 +1,7 @@
 //! A completion's response, rendered from the position of the last event its step appends, which
 //! only the write knows.
 //!
-//! The one-statement batch (`crate::group_statement`) stores such a response inside the database,
+//! The one-statement batch (`statement`) stores such a response inside the database,
 //! around the position the INSERT takes: it needs the response split at the position's decimal
 //! text ([`Respond::split`]). Finding that split renders the response once, with a probe position
 //! whose text must occur exactly once in it (a client's string that happens to hold it makes the

@@ -1,5 +1,5 @@
 //! Group commit's dispatcher: takes the steps requests send, forms batches and writes them one at
-//! a time (`crate::group_commit::write`).
+//! a time (`super::step::write`).
 //!
 //! The steps that arrive while a batch is being written wait for it and go together in the next.
 //! One writer, on every store. A second batch in flight beside it was measured on PostgreSQL on
@@ -16,7 +16,8 @@ use futures::FutureExt;
 
 use tokio::sync::mpsc;
 
-use crate::group_commit::{write, GroupCommitError, Reply, Work, BATCH_MAX};
+use super::batch::write;
+use super::step::{CommitError, Reply, Work, BATCH_MAX};
 use crate::log::Store;
 
 /// How long the dispatcher goes on gathering steps after the first, at most (see [`gather`]).
@@ -50,7 +51,7 @@ async fn write_and_answer(store: &Store, batch: Vec<(Work, Reply)>) {
             .unwrap_or("a panic without a message");
         tracing::error!(panic, "a group commit batch panicked; its requests fail");
         (0..replies.len())
-            .map(|_| Err(GroupCommitError::Unexpected("the batch panicked".into())))
+            .map(|_| Err(CommitError::Unexpected("the batch panicked".into())))
             .collect()
     });
     for (reply, outcome) in replies.into_iter().zip(outcomes) {

@@ -1,0 +1,29 @@
+//! The write path: one door, [`Writer`], built once per process.
+//!
+//! Every durable step of a request (a create's claim and intent, a payment's provider facts with
+//! its key's completion, a capture's or refund's request, a ledger command, a webhook's inbox
+//! row) is handed to the process's writer ([`Writer::commit`]), which batches the steps waiting
+//! at that moment (`dispatch`), plans each batch in batch order (`plan`: the steps an earlier
+//! written step overtakes, and provider facts chained onto the steps before them), writes it as
+//! one PostgreSQL statement (`statement`) or one transaction (`batch`), and answers each step
+//! after the commit, the answer's position filled in (`respond`). It keeps the memories of what
+//! its commits left (`guard_memory`, `payment_memory`, both on `latest`).
+//!
+//! The files import in one direction: `writer` → `dispatch` → `batch` → {`plan`, `statement`} →
+//! `step` → `respond`; the memories stand apart. A batch's outcomes equal its steps applied one at a
+//! time, in batch order, to the log as it stood (`app/tests/write_model`).
+
+mod batch;
+mod dispatch;
+pub mod guard_memory;
+mod latest;
+pub mod payment_memory;
+mod plan;
+mod respond;
+pub mod statement;
+mod step;
+mod writer;
+
+pub use respond::Respond;
+pub use step::{CommitError, Committed, Completion, GuardStates, Work, BATCH_MAX};
+pub use writer::Writer;
