@@ -52,6 +52,10 @@
 //! (the trace is printed then, too). `scripts/simulate` runs many more seeds in release.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[allow(dead_code)]
+#[path = "common/rng.rs"]
+mod rng;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
@@ -81,6 +85,7 @@ use asiento_psp::{
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
+use rng::Rng;
 use tokio::sync::Notify;
 
 /// Seeds the bounded run checks unless `SIMULATION_SEEDS` says otherwise.
@@ -116,58 +121,6 @@ const TENANT: &str = "acme";
 const PROVIDER: &str = "sim";
 const CUSTOMERS: [&str; 3] = ["c1", "c2", "c3"];
 const METHODS: [&str; 3] = ["pm_card_ok", "pm_card_declined", "pm_card_3ds"];
-
-// ------------------------------------------------------------------------------------ the rng
-
-/// SplitMix64: tiny, fast, and fixed forever, so a seed replays on every toolchain and every
-/// version of every crate (a dependency's generator may change its stream between releases).
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed ^ 0x5EED_5EED_5EED_5EED)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`); the modulo bias is irrelevant here.
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    /// Uniform in `low..=high`.
-    fn between(&mut self, low: i64, high: i64) -> i64 {
-        low + self.below((high - low + 1) as u64) as i64
-    }
-
-    /// True with probability `percent`%.
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    /// An index chosen by weight.
-    fn weighted(&mut self, weights: &[u64]) -> usize {
-        let total: u64 = weights.iter().sum();
-        let mut pick = self.below(total);
-        for (index, weight) in weights.iter().enumerate() {
-            if pick < *weight {
-                return index;
-            }
-            pick -= weight;
-        }
-        weights.len() - 1
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-}
 
 // ------------------------------------------------------------------------- the provider
 
