@@ -7,6 +7,8 @@
 //! - [`charge_facts`]: what a charge, as the provider holds it now, stands for, in the order to
 //!   apply them (a refund or dispute implies the capture of `amount_captured`, so that is first).
 //! - [`operation_fact`]: what the provider says of one of our captures or refunds.
+//! - [`dispute_of`]: a dispute as a fact, from a charge, a report line or a provider's notice of
+//!   that dispute alone (Adyen's).
 //! - [`charge_outcome_facts`] / [`answer_facts`]: what an answer to a creation or an operation
 //!   request means: the charge's status or the operation's outcome (a refusal included), then the
 //!   fees the provider says it kept; or nothing (unknown: the payment or operation stays as it is
@@ -242,6 +244,7 @@ pub fn dispute_of(charge_id: &str, dispute: &Dispute) -> ProviderFact {
             } else {
                 DisputeOutcome::Lost
             },
+            reinstated: dispute.reinstated,
         },
     }
 }

@@ -521,11 +521,141 @@ fn disputes_won_return_the_payment_and_repeats_change_nothing() {
     );
     check(after.clone(), won, Ok(vec![]));
     check(after.clone(), f_dispute_opened("dp_1", 10_000), Ok(vec![]));
+    // A first loss told after the win is the chargeback before it, delivered late.
     check(
         after,
         f_dispute_closed("dp_1", 10_000, DisputeOutcome::Lost),
-        Ok(contradiction("dispute dp_1 closed Lost after Won")),
+        Ok(vec![]),
     );
+}
+
+/// A won dispute's money withdrawn again, and the customer's: a second chargeback.
+fn e_lost_again_entry(id: &str, amount: i64) -> PaymentEvent {
+    posted(
+        &format!("dispute:{id}:lost_again"),
+        vec![(clearing(), amount), (customer(), -amount)],
+    )
+}
+
+/// Adyen's CHARGEBACK (lost), CHARGEBACK_REVERSED and SECOND_CHARGEBACK in order: the loss takes
+/// the customer's money, the reversal gives it back (from what the provider owes us), and the
+/// second chargeback withdraws it again and ends the payment as a lost dispute; every entry sums
+/// to zero and repeats change nothing.
+#[test]
+fn a_dispute_lost_reinstated_and_lost_again_withdraws_the_money_again() {
+    use DisputeOutcome::{Lost, Won};
+    let captured = given(Some(PaymentStatus::Captured));
+    let lost = [
+        captured.clone(),
+        history_from(captured, vec![f_dispute_closed("dp_1", 10_000, Lost)]),
+    ]
+    .concat();
+    let reinstated = vec![
+        e_dispute_closed("dp_1", Won),
+        posted(
+            "dispute:dp_1:reinstated",
+            vec![(customer(), 10_000), (clearing(), -10_000)],
+        ),
+    ];
+    check(
+        lost.clone(),
+        f_dispute_closed("dp_1", 10_000, Won),
+        Ok(reinstated.clone()),
+    );
+    let won = [lost.clone(), reinstated].concat();
+    let record = record_after(&won);
+    assert_eq!(record.status, PaymentStatus::Captured);
+    assert_eq!(record.dispute.as_ref().unwrap().stage(), DisputeStage::Won);
+    assert_eq!(record.provider_holds().unwrap(), amt(10_000));
+    let again = vec![
+        e_dispute_closed("dp_1", Lost),
+        e_lost_again_entry("dp_1", 10_000),
+    ];
+    check(
+        won.clone(),
+        f_dispute_lost_again("dp_1", 10_000),
+        Ok(again.clone()),
+    );
+    let lost_again = [won, again].concat();
+    let record = record_after(&lost_again);
+    assert_eq!(record.status, PaymentStatus::Disputed);
+    assert_eq!(
+        record.dispute.as_ref().unwrap().stage(),
+        DisputeStage::LostAgain
+    );
+    assert!(!record.needs_review());
+    // The provider holds the capture less the dispute, as after the first loss.
+    assert_eq!(record.provider_holds().unwrap(), amt(0));
+    assert_eq!(balances(&lost_again), balances(&lost));
+    assert_eq!(balance_of(&lost_again, &disputed()), 0);
+    assert_eq!(balance_of(&lost_again, &customer()), 9_700 - 10_000);
+    // Every report of the dispute told again changes nothing.
+    for repeat in [
+        f_dispute_opened("dp_1", 10_000),
+        f_dispute_closed("dp_1", 10_000, Lost),
+        f_dispute_closed("dp_1", 10_000, Won),
+        f_dispute_lost_again("dp_1", 10_000),
+    ] {
+        check(lost_again.clone(), repeat, Ok(vec![]));
+    }
+}
+
+/// What the postings in `events` leave `account` with.
+fn balance_of(events: &[PaymentEvent], account: &asiento_domain::account::AccountName) -> i64 {
+    balances(events)
+        .get(&account.to_string())
+        .copied()
+        .unwrap_or_default()
+}
+
+/// A dispute's notifications arrive in any order (Adyen does not order them, and the later two
+/// name the dispute only): every order of the chargeback (open or lost), its reversal and the
+/// second chargeback ends the payment as the natural order does, with the same money moved and
+/// nothing flagged; each step stays inside the table.
+#[test]
+fn a_dispute_s_notifications_in_any_order_end_it_as_in_order() {
+    use DisputeOutcome::{Lost, Won};
+    let captured = given(Some(PaymentStatus::Captured));
+    for chargeback in [
+        f_dispute_opened("dp_1", 10_000),
+        f_dispute_closed("dp_1", 10_000, Lost),
+    ] {
+        let told = [
+            chargeback,
+            f_dispute_closed("dp_1", 10_000, Won),
+            f_dispute_lost_again("dp_1", 10_000),
+        ];
+        let in_order = [
+            captured.clone(),
+            history_from(captured.clone(), told.to_vec()),
+        ]
+        .concat();
+        let expected = record_after(&in_order);
+        assert_eq!(
+            expected.dispute.as_ref().unwrap().stage(),
+            DisputeStage::LostAgain
+        );
+        for order in [
+            [0, 1, 2],
+            [0, 2, 1],
+            [1, 0, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [2, 1, 0],
+        ] {
+            let mut events = captured.clone();
+            for index in order {
+                let payment = Payment::replay(&events);
+                let decided = decide(&payment, told[index].clone());
+                check(events.clone(), told[index].clone(), decided.clone());
+                events.extend(decided.unwrap());
+            }
+            let record = record_after(&events);
+            assert_eq!(record, expected, "{order:?}");
+            assert_eq!(balances(&events), balances(&in_order), "{order:?}");
+            assert!(!record.needs_review(), "{order:?}");
+        }
+    }
 }
 
 #[test]

@@ -94,10 +94,13 @@ impl EventData {
     }
 }
 
-/// A dispute of one charge, by the provider's id of the charge.
+/// A dispute of one charge, by the provider's id of the charge. A notice that does not name the
+/// charge (Adyen's CHARGEBACK_REVERSED and SECOND_CHARGEBACK, as its examples show them, carry
+/// no `originalReference`) is about the charge of the payment the event names.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChargeDispute {
-    pub charge: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub charge: Option<String>,
     pub dispute: Dispute,
 }
 

@@ -47,8 +47,8 @@ pub const TEXT_CHARS_MAX: usize = 2_048;
 /// so reaching it means an event no decision of ours made.
 const SATURATED: Amount = Amount::new(i64::MAX);
 
-/// The statuses of API.md. `Failed`, `Expired`, `Refunded` and a lost
-/// dispute are terminal.
+/// The statuses of API.md. `Failed`, `Expired`, `Refunded` and a dispute lost
+/// again after a win are terminal (a first loss may still be reversed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PaymentStatus {
@@ -142,9 +142,57 @@ pub struct Dispute {
     /// then its close moves that money on, a won one back to clearing and a lost one from the
     /// customer. A dispute opened in a log written before withdrawals were posted has none.
     pub withdrawn: bool,
+    /// Whether it was won once (the provider reinstated the money: Adyen's
+    /// CHARGEBACK_REVERSED): a loss after that is a second chargeback.
+    pub reinstated: bool,
+}
+
+/// How far a dispute went, in the order its money moves: withdrawn while open, lost (the
+/// customer's money), won (reinstated, after a loss too), lost again (a second chargeback after
+/// a win: Adyen's SECOND_CHARGEBACK, PREARBITRATION_LOST). Notifications of one dispute arrive
+/// in any order: a report of a stage the dispute has reached or passed changes nothing, and a
+/// report of a later stage implies every stage before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DisputeStage {
+    Open,
+    Lost,
+    Won,
+    LostAgain,
+}
+
+impl DisputeStage {
+    /// The stage a close with `outcome` reports; `reinstated` says the provider had won it once
+    /// before (then a loss is a second chargeback).
+    #[must_use]
+    pub const fn closed(outcome: DisputeOutcome, reinstated: bool) -> DisputeStage {
+        match (outcome, reinstated) {
+            (DisputeOutcome::Won, _) => DisputeStage::Won,
+            (DisputeOutcome::Lost, false) => DisputeStage::Lost,
+            (DisputeOutcome::Lost, true) => DisputeStage::LostAgain,
+        }
+    }
+
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DisputeStage::Open => "open",
+            DisputeStage::Lost => "lost",
+            DisputeStage::Won => "won",
+            DisputeStage::LostAgain => "lost_again",
+        }
+    }
 }
 
 impl Dispute {
+    /// The stage its events left it at.
+    #[must_use]
+    pub const fn stage(&self) -> DisputeStage {
+        match self.outcome {
+            None => DisputeStage::Open,
+            Some(outcome) => DisputeStage::closed(outcome, self.reinstated),
+        }
+    }
+
     /// The entry that posts the provider's withdrawal of the disputed amount.
     #[must_use]
     pub fn withdrawal_entry(payment: PaymentId, dispute_id: &str) -> EntryId {
@@ -440,6 +488,9 @@ pub enum ProviderFact {
         dispute_id: String,
         amount: Amount,
         outcome: DisputeOutcome,
+        /// The provider had won the dispute once before this outcome (a reversal came first):
+        /// told with `Lost`, a second chargeback, which withdraws the money again.
+        reinstated: bool,
     },
     /// The outcome of one of our operations, named by the PSP key we sent it with. A refund that
     /// fails after it succeeded is reversed; one that fails before is refused.
@@ -461,6 +512,25 @@ pub enum ProviderFact {
         transaction_id: String,
         fee: Amount,
     },
+}
+
+impl ProviderFact {
+    /// The dispute a dispute fact is about, and the stage it tells.
+    #[must_use]
+    pub fn dispute_stage(&self) -> Option<(&str, DisputeStage)> {
+        match self {
+            ProviderFact::DisputeOpened { dispute_id, .. } => {
+                Some((dispute_id, DisputeStage::Open))
+            }
+            ProviderFact::DisputeClosed {
+                dispute_id,
+                outcome,
+                reinstated,
+                ..
+            } => Some((dispute_id, DisputeStage::closed(*outcome, *reinstated))),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -799,6 +869,8 @@ pub struct DisputeOpened {
     pub at: DateTime<Utc>,
 }
 
+/// A dispute's outcome. A `Lost` after a `Won` of the same dispute is a second chargeback: the
+/// provider withdrew the reinstated money again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DisputeClosed {
     pub dispute_id: String,
@@ -1101,6 +1173,7 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
                 outcome: None,
                 status_before: record.status,
                 withdrawn: false,
+                reinstated: false,
             });
             record.status = PaymentStatus::Disputed;
         }
@@ -1108,7 +1181,10 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
             if let Some(dispute) = record.dispute.as_mut() {
                 dispute.outcome = Some(e.outcome);
                 record.status = match e.outcome {
-                    DisputeOutcome::Won => dispute.status_before,
+                    DisputeOutcome::Won => {
+                        dispute.reinstated = true;
+                        dispute.status_before
+                    }
                     DisputeOutcome::Lost => PaymentStatus::Disputed,
                 };
             }

@@ -248,17 +248,21 @@ pub fn item_event(item: &NotificationItem) -> Option<WebhookEvent> {
                 created: at,
                 closed: (status != DisputeStatus::Open).then_some(at),
                 id: Some(item.psp_reference.clone()),
+                reinstated: matches!(code, "SECOND_CHARGEBACK" | "PREARBITRATION_LOST"),
             };
             let kind = if status == DisputeStatus::Open {
                 EventType::ChargeDisputeCreated
             } else {
                 EventType::ChargeDisputeClosed
             };
+            // The later items of a dispute may carry no `originalReference` (Adyen's examples of
+            // CHARGEBACK_REVERSED and SECOND_CHARGEBACK do not): the dispute is named by its
+            // pspReference and the payment by our reference, whose charge it is.
             let data = EventData {
                 charge: None,
                 operation: None,
                 dispute: Some(ChargeDispute {
-                    charge: item.original_reference.clone()?,
+                    charge: item.original_reference.clone(),
                     dispute,
                 }),
                 reference: Some(item.merchant_reference.clone()),
@@ -277,12 +281,13 @@ pub fn item_event(item: &NotificationItem) -> Option<WebhookEvent> {
 
 /// Where a dispute stands after one of its money events (docs/adyen-wire.md §6). A CHARGEBACK withdraws
 /// the money; it is final when `disputeStatus` says the merchant lost or gave up, and a won
-/// status or a reversal gives it back.
+/// status or a reversal gives it back. A SECOND_CHARGEBACK or a lost pre-arbitration follows a
+/// reversal and withdraws the money again, whatever its `disputeStatus` says.
 fn dispute_status(code: &str, status: Option<&str>) -> DisputeStatus {
     match (code, status) {
+        ("SECOND_CHARGEBACK" | "PREARBITRATION_LOST", _) => DisputeStatus::Lost,
         ("CHARGEBACK_REVERSED" | "PREARBITRATION_WON", _) | (_, Some("Won")) => DisputeStatus::Won,
-        ("SECOND_CHARGEBACK" | "PREARBITRATION_LOST", _)
-        | (_, Some("Lost" | "Accepted" | "Expired")) => DisputeStatus::Lost,
+        (_, Some("Lost" | "Accepted" | "Expired")) => DisputeStatus::Lost,
         _ => DisputeStatus::Open,
     }
 }
@@ -441,7 +446,7 @@ mod tests {
             item_event(&item).map(|event| event.data.dispute.unwrap())
         };
         let opened = dispute("CHARGEBACK", Some("Undefended")).unwrap();
-        assert_eq!(opened.charge, "PAYMENT000000001");
+        assert_eq!(opened.charge.as_deref(), Some("PAYMENT000000001"));
         assert_eq!(opened.dispute.status, DisputeStatus::Open);
         assert_eq!(opened.dispute.id.as_deref(), Some("DISPUTE000000001"));
         for (code, status, expected) in [
@@ -459,5 +464,40 @@ mod tests {
         }
         assert!(dispute("NOTIFICATION_OF_CHARGEBACK", None).is_none());
         assert!(dispute("REPORT_AVAILABLE", None).is_none());
+        // A second loss follows a reversal, whatever its status says.
+        for code in ["SECOND_CHARGEBACK", "PREARBITRATION_LOST"] {
+            let again = dispute(code, Some("Won")).unwrap().dispute;
+            assert_eq!(
+                (again.status, again.reinstated),
+                (DisputeStatus::Lost, true)
+            );
+        }
+        assert!(
+            !dispute("CHARGEBACK", Some("Lost"))
+                .unwrap()
+                .dispute
+                .reinstated
+        );
+    }
+
+    /// Adyen's examples of the later items of a dispute carry no `originalReference`: the
+    /// dispute is read by its pspReference, and the payment by our reference.
+    #[test]
+    fn a_dispute_item_without_its_original_reference_names_the_payment_by_our_reference() {
+        for code in ["CHARGEBACK_REVERSED", "SECOND_CHARGEBACK"] {
+            let mut unreferenced = item(code, true);
+            unreferenced.psp_reference = "DISPUTE000000001".into();
+            unreferenced.original_reference = None;
+            unreferenced.merchant_reference = "pay_01900000000070008000000000000042".into();
+            let event = item_event(&unreferenced).expect("read, not dropped");
+            assert_eq!(event.kind, EventType::ChargeDisputeClosed);
+            assert_eq!(
+                event.data.payment_ref(),
+                Some("pay_01900000000070008000000000000042")
+            );
+            let disputed = event.data.dispute.unwrap();
+            assert_eq!(disputed.charge, None);
+            assert_eq!(disputed.dispute.id.as_deref(), Some("DISPUTE000000001"));
+        }
     }
 }
