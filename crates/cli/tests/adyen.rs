@@ -11,6 +11,8 @@
 //! - a dispute lost, reinstated and lost again (CHARGEBACK, CHARGEBACK_REVERSED,
 //!   SECOND_CHARGEBACK, the later two without `originalReference` as in Adyen's examples),
 //!   posted whatever order the items arrive in;
+//! - an EXPIRE or CANCELLATION delivered before the CAPTURE of a received capture, which still
+//!   posts the capture; a partial capture's remainder expiring, not flagged;
 //! - a creation whose request never arrived, and one whose answer was lost, sent again by the
 //!   stale sweep and captured once; one past its expiry cancelled by our reference and left
 //!   pending (not known absent yet);
@@ -1402,5 +1404,109 @@ async fn a_dispute_lost_reinstated_and_lost_again_is_posted_in_any_order() {
     assert_accepted(&delivery);
     assert!(again.get("originalReference").is_none(), "{again}");
     assert_lost_again(&client, &id, 8_000, 4).await;
+    verify(&database);
+}
+
+/// Adyen does not order notifications: an EXPIRE or a CANCELLATION (shaped as Adyen's examples:
+/// EXPIRE names the payment by its own pspReference) delivered before the CAPTURE of a capture
+/// Adyen had received leaves the payment authorized, and the CAPTURE that follows posts the
+/// capture as the natural order does. A partial capture whose remainder expires (EXPIRE after
+/// the CAPTURE) stays captured and is not flagged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authorisation_ended_before_its_capture_still_posts_the_capture() {
+    let database = TestDatabase::new(Backend::Sqlite).await;
+    let Rig { server, sim } = start_rig(&database, &[]).await;
+    let client = server.client();
+    let expiring = authorized_for_capture(&client, "ended-first-1", "pm_card_ok").await;
+    let cancelled = authorized_for_capture(&client, "ended-first-2", "pm_card_ok").await;
+    for held in [&expiring, &cancelled] {
+        assert_accepted(&sim.item("AUTHORISATION", &psp_of(held)).await.1);
+    }
+    processed(&client, &sim, 0).await;
+    // The dialect's CAPTUREs wait long enough that the hand-made ends are applied first.
+    sim.control(&client, "/sim/faults", json!({"webhook_delay_ms": 5_000}))
+        .await;
+    let mut by_hand = 0;
+    let mut captures = Vec::new();
+    for (n, (held, code)) in [(&expiring, "EXPIRE"), (&cancelled, "CANCELLATION")]
+        .into_iter()
+        .enumerate()
+    {
+        let (id, psp) = (id_of(held), psp_of(held));
+        let capture_psp = capture_asked(&client, &id, &format!("ended-first-{n}-capture")).await;
+        let ended = match code {
+            "EXPIRE" => signed_item("EXPIRE", &psp, None, &id, 4_000),
+            _ => signed_item(
+                "CANCELLATION",
+                &format!("CANCEL{n:010}"),
+                Some(&psp),
+                &id,
+                4_000,
+            ),
+        };
+        deliver_one(&client, ended).await;
+        by_hand += 1;
+        processed(&client, &sim, by_hand).await;
+        assert!(
+            sim.items()
+                .iter()
+                .all(|(item, _)| item["eventCode"] != "CAPTURE"),
+            "the CAPTURE came first, so the order under test did not happen"
+        );
+        let waiting = payment(&client, &id).await;
+        assert_eq!(waiting["status"], "authorized", "{code}: {waiting}");
+        captures.push((id, capture_psp));
+    }
+    for (id, capture_psp) in &captures {
+        assert_accepted(&sim.item("CAPTURE", capture_psp).await.1);
+        let captured = wait_for(
+            &client,
+            id,
+            "the capture after the end was never posted",
+            |p| p["status"] == "captured",
+        )
+        .await;
+        assert_eq!(captured["captured_minor"], 4_000, "{captured}");
+        assert_eq!(captured["needs_review"], false, "{captured}");
+        // The authorisation's hold, the capture and the hold's release.
+        let entries = entries_until(&client, id, 3).await;
+        assert_eq!(
+            moved(&entries, "psp:adyen:clearing"),
+            -4_000,
+            "{entries:#?}"
+        );
+    }
+
+    sim.control(&client, "/sim/faults", json!({"webhook_delay_ms": 0}))
+        .await;
+    let partial = authorized_for_capture(&client, "remainder-1", "pm_card_ok").await;
+    let (id, psp) = (id_of(&partial), psp_of(&partial));
+    let capture_psp = operation_received(
+        &client,
+        &format!("/v1/payments/{id}/capture"),
+        "remainder-1-capture",
+        &json!({"amount_minor": 2_500}),
+    )
+    .await;
+    assert_accepted(&sim.item("CAPTURE", &capture_psp).await.1);
+    let captured = wait_for(&client, &id, "the partial capture was never posted", |p| {
+        p["status"] == "captured"
+    })
+    .await;
+    assert_eq!(captured["captured_minor"], 2_500, "{captured}");
+    deliver_one(&client, signed_item("EXPIRE", &psp, None, &id, 1_500)).await;
+    by_hand += 1;
+    processed(&client, &sim, by_hand).await;
+    let after = payment(&client, &id).await;
+    assert_eq!(
+        (
+            &after["status"],
+            &after["captured_minor"],
+            &after["needs_review"]
+        ),
+        (&json!("captured"), &json!(2_500), &json!(false)),
+        "{after}"
+    );
+    entries_until(&client, &id, 3).await;
     verify(&database);
 }

@@ -56,17 +56,17 @@ fn check(
 const GRID: [(Option<PaymentStatus>, &str); 10] = {
     use PaymentStatus::*;
     [
-        //                          cre cap ref exp flg act aut cpt fai rfd dop dcl cop rop   fee
-        (None,                     "A   N   N   N   N   N   N   N   N   N   N   N   N   N   N"),
-        (Some(Pending),            "R   R   R   A   F   A   A   A   A   A   A   A   F   F   F"),
-        (Some(RequiresAction),     "R   R   R   A   F   A   A   A   A   A   A   A   F   F   F"),
-        (Some(Authorized),         "R   A   R   R   F   I   I   A   A   A   A   A   A   F   F"),
-        (Some(Captured),           "R   R   A   R   F   I   I   F   F   A   A   A   A   A   A"),
-        (Some(PartiallyRefunded),  "R   R   A   R   F   I   I   F   F   A   A   A   A   A   A"),
-        (Some(Refunded),           "R   R   R   R   F   I   I   F   F   F   F   F   A   A   A"),
-        (Some(Failed),             "R   R   R   R   F   I   F   F   I   F   F   F   F   F   F"),
-        (Some(Expired),            "R   R   R   I   F   I   F   F   I   F   F   F   F   F   F"),
-        (Some(Disputed),           "R   R   R   R   F   I   I   F   F   F   F   A   A   A   A"),
+        //                          cre cap ref exp flg act aut cpt fai end rfd dop dcl cop rop   fee
+        (None,                     "A   N   N   N   N   N   N   N   N   N   N   N   N   N   N   N"),
+        (Some(Pending),            "R   R   R   A   F   A   A   A   A   A   A   A   A   F   F   F"),
+        (Some(RequiresAction),     "R   R   R   A   F   A   A   A   A   A   A   A   A   F   F   F"),
+        (Some(Authorized),         "R   A   R   R   F   I   I   A   A   A   A   A   A   A   F   F"),
+        (Some(Captured),           "R   R   A   R   F   I   I   F   F   I   A   A   A   A   A   A"),
+        (Some(PartiallyRefunded),  "R   R   A   R   F   I   I   F   F   I   A   A   A   A   A   A"),
+        (Some(Refunded),           "R   R   R   R   F   I   I   F   F   I   F   F   F   A   A   A"),
+        (Some(Failed),             "R   R   R   R   F   I   F   F   I   I   F   F   F   F   F   F"),
+        (Some(Expired),            "R   R   R   I   F   I   F   F   I   I   F   F   F   F   F   F"),
+        (Some(Disputed),           "R   R   R   R   F   I   I   F   F   I   F   F   A   A   A   A"),
     ]
 };
 
@@ -93,6 +93,7 @@ fn when(input: Input) -> PaymentCommand {
         Input::FactAuthorized => f_authorized(10_000),
         Input::FactCaptured => f_captured(10_000),
         Input::FactFailed => f_failed(),
+        Input::FactAuthorizationEnded => f_authorization_ended("expired"),
         Input::FactRefunded => f_refunded(10_000),
         Input::FactDisputeOpened => f_dispute_opened("dp_2", 10_000),
         Input::FactDisputeClosed => f_dispute_closed("dp_1", 10_000, DisputeOutcome::Lost),
@@ -146,6 +147,14 @@ fn expected(from: PaymentStatus, input: Input) -> Vec<PaymentEvent> {
             vec![PaymentEvent::ChargeFailed(ChargeFailed {
                 charge_id: Some(CHARGE.into()),
                 reason: "card_declined".into(),
+                at: at(10),
+            })]
+        }
+        // Nothing captured and no capture open: the payment fails.
+        (Pending | RequiresAction | Authorized, FactAuthorizationEnded) => {
+            vec![PaymentEvent::ChargeFailed(ChargeFailed {
+                charge_id: Some(CHARGE.into()),
+                reason: "expired".into(),
                 at: at(10),
             })]
         }
@@ -323,7 +332,7 @@ fn every_cell_of_the_table() {
             check(given(from), when(input), then);
         }
     }
-    assert_eq!(cells, 150);
+    assert_eq!(cells, 160);
 }
 
 // ------------------------------------------------------- rules within cells
@@ -1250,6 +1259,113 @@ fn a_reversal_told_before_its_success_ends_the_operation_as_both_in_order_do() {
         refund_outcome(1, 2_500, OperationOutcome::Succeeded),
         Ok(vec![]),
     );
+}
+
+/// The entries `events` post, by id.
+fn entries(events: &[PaymentEvent]) -> std::collections::BTreeMap<String, JournalEntry> {
+    events
+        .iter()
+        .filter_map(|event| match event {
+            PaymentEvent::EntryPosted(posted) => {
+                Some((posted.entry.id().to_string(), posted.entry.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The provider ends an authorization (Adyen's EXPIRE, CANCELLATION) while our capture of it is
+/// open, and the notifications arrive in either order: told before the capture's success, the
+/// end waits for it and the capture is posted as in the natural order (where the end, after the
+/// capture, is the uncaptured remainder's and changes nothing); told before its refusal, the
+/// payment fails with the end's reason as in the natural order. Nothing is flagged, whether the
+/// capture took all of the authorization or part of it.
+#[test]
+fn an_authorization_ended_before_its_capture_s_outcome_ends_as_in_order() {
+    let authorized = given(Some(PaymentStatus::Authorized));
+    for (captured, fee) in [(10_000, 300), (6_000, 180)] {
+        let requested = [
+            authorized.clone(),
+            history_from(
+                authorized.clone(),
+                vec![PaymentCommand::RequestCapture {
+                    amount: Some(amt(captured)),
+                    at: at(10),
+                }],
+            ),
+        ]
+        .concat();
+        let capture = |outcome: OperationOutcome| {
+            f_operation(
+                OperationKind::Capture,
+                &psp_capture_key(pid(), 1),
+                captured,
+                outcome,
+            )
+        };
+        let ended = f_authorization_ended("expired");
+        for (outcome, status) in [
+            (OperationOutcome::Succeeded, PaymentStatus::Captured),
+            (failed("authorisation_expired"), PaymentStatus::Failed),
+        ] {
+            let orders = [
+                vec![capture(outcome.clone()), ended.clone()],
+                vec![ended.clone(), capture(outcome.clone())],
+            ];
+            let mut ends = Vec::new();
+            for order in orders {
+                let mut events = requested.clone();
+                for command in order {
+                    let payment = Payment::replay(&events);
+                    let decided = decide(&payment, command.clone());
+                    check(events.clone(), command, decided.clone());
+                    events.extend(decided.unwrap());
+                }
+                ends.push(events);
+            }
+            let (in_order, ended_first) = (&ends[0], &ends[1]);
+            let record = record_after(ended_first);
+            assert_eq!(record, record_after(in_order), "{captured} {outcome:?}");
+            assert_eq!(record.status, status);
+            assert!(!record.needs_review(), "{record:?}");
+            assert_eq!(record.authorization_ended, None);
+            assert_eq!(entries(ended_first), entries(in_order), "the same postings");
+            if status == PaymentStatus::Captured {
+                assert_eq!(record.captured, amt(captured));
+                assert_eq!(
+                    entries(ended_first)
+                        .get(&EntryId::derived(&format!("{}:capture", pid())).to_string()),
+                    Some(match &e_capture_entry(captured, fee) {
+                        PaymentEvent::EntryPosted(posted) => &posted.entry,
+                        _ => unreachable!(),
+                    })
+                );
+            } else {
+                assert_eq!(record.failure_reason.as_deref(), Some("expired"));
+                assert_eq!(record.operations[0].state, OperationState::Refused);
+            }
+            // Either notification told again changes nothing.
+            check(ended_first.clone(), capture(outcome.clone()), Ok(vec![]));
+            check(ended_first.clone(), ended.clone(), Ok(vec![]));
+        }
+        // While the capture is open, the end is only recorded, once.
+        check(
+            requested.clone(),
+            ended.clone(),
+            Ok(vec![PaymentEvent::AuthorizationEnded(AuthorizationEnded {
+                charge_id: CHARGE.into(),
+                reason: "expired".into(),
+                at: at(10),
+            })]),
+        );
+        let waiting = [
+            requested.clone(),
+            history_from(requested, vec![ended.clone()]),
+        ]
+        .concat();
+        assert_eq!(record_after(&waiting).status, PaymentStatus::Authorized);
+        check(waiting, f_authorization_ended("canceled"), Ok(vec![]));
+    }
 }
 
 /// What the postings in `events` leave each account with.

@@ -43,6 +43,8 @@ enum Step {
     DisputeOpened(u8, Part),
     /// Won (true) or lost, the loss a second chargeback when the last flag is set.
     DisputeClosed(u8, Part, bool, bool),
+    /// The provider ended the authorization (`expired` or `canceled`).
+    AuthorizationEnded(u8),
     OtherCharge,
     /// The provider's fee on balance transaction `txn_{0}` (a second report of one transaction
     /// with another fee contradicts the first).
@@ -76,6 +78,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..2, part()).prop_map(|(d, p)| Step::DisputeOpened(d, p)),
         1 => (0u8..2, part(), any::<bool>(), any::<bool>())
             .prop_map(|(d, p, won, again)| Step::DisputeClosed(d, p, won, again)),
+        1 => (0u8..2).prop_map(Step::AuthorizationEnded),
         1 => Just(Step::OtherCharge),
         2 => (0u8..3, -50i64..=500).prop_map(|(n, fee)| Step::ProviderFee(n, fee)),
         4 => (any::<bool>(), 1u32..=3, 0u8..4, prop_oneof![6 => Just(true), 1 => Just(false)])
@@ -146,6 +149,10 @@ fn command(step: &Step, record: &PaymentRecord, fees: FeeSchedule, t: i64) -> Pa
                 DisputeOutcome::Lost
             },
             reinstated: *again,
+        }),
+        Step::AuthorizationEnded(n) => provider(ProviderFact::AuthorizationEnded {
+            charge_id: charge(),
+            reason: ["expired", "canceled"][usize::from(*n)].to_owned(),
         }),
         Step::OtherCharge => provider(ProviderFact::Captured {
             charge_id: "ch_other".into(),

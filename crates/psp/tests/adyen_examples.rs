@@ -2,11 +2,13 @@
 //! (`components.examples` of `Webhooks-v1.json`, copied with its licence under
 //! `tests/fixtures/adyen/`) as Adyen sends them: a dispute's later items without
 //! `originalReference`, named by the dispute's pspReference with the payment by
-//! `merchantReference`.
+//! `merchantReference`, and an expiry or a cancel as the end of the authorisation, not as a
+//! failed charge.
 #![allow(clippy::unwrap_used)]
 
 use asiento_psp::adyen::reading::item_event;
 use asiento_psp::adyen::wire::NotificationItem;
+use asiento_psp::event::AuthorizationEnd;
 use asiento_psp::{DisputeStatus, EventType, WebhookEvent};
 use serde_json::Value;
 
@@ -77,4 +79,27 @@ fn a_dispute_s_later_items_name_the_dispute_and_our_reference_only() {
         );
         assert_eq!(disputed.dispute.amount_minor, 1000);
     }
+}
+
+#[test]
+fn an_expiry_and_a_cancel_end_the_authorisation() {
+    let expired = read("post-EXPIRE-expire");
+    assert!(expired.data.charge.is_none());
+    assert_eq!(
+        expired.data.authorization_end,
+        Some(AuthorizationEnd {
+            charge: "QFQTPCQ8HXSKGK82".to_owned(),
+            reason: "expired".to_owned(),
+        })
+    );
+    assert_eq!(expired.data.payment_ref(), Some("YOUR_MERCHANT_REFERENCE"));
+    let cancelled = read("post-CANCELLATION-cancellation");
+    assert!(cancelled.data.charge.is_none());
+    assert_eq!(
+        cancelled.data.authorization_end,
+        Some(AuthorizationEnd {
+            charge: "9913140798220028".to_owned(),
+            reason: "canceled".to_owned(),
+        })
+    );
 }

@@ -620,6 +620,7 @@ mod tests {
             provider_charge_id: Some("ch_1".into()),
             status,
             authorized: Amount::new(10_000),
+            authorization_ended: None,
             authorization_held: Amount::ZERO,
             captured: Amount::new(captured),
             fee: Amount::ZERO,

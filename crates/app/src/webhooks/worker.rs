@@ -29,10 +29,10 @@ const BACKOFF_DOUBLINGS_MAX: u32 = 30;
 /// The facts an event stands for, in the order to apply them: the ones it implies first (a refund
 /// or a dispute implies the capture of `amount_captured`), the event's own fact last. Empty for an
 /// event type we do not know (acknowledged and ignored) or a dispute event without its dispute.
-/// An event without a charge (an asynchronous provider's notice of one operation or one dispute)
-/// stands for that alone. A dispute notice that names no charge (Adyen's later dispute items
-/// carry no `originalReference`) is about the charge of `payment`, the payment the event names;
-/// without that payment's charge it stands for nothing yet.
+/// An event without a charge (an asynchronous provider's notice of one operation, one dispute or
+/// the end of an authorization) stands for that alone. A dispute notice that names no charge
+/// (Adyen's later dispute items carry no `originalReference`) is about the charge of `payment`,
+/// the payment the event names; without that payment's charge it stands for nothing yet.
 pub fn facts_from_event(
     event: &WebhookEvent,
     payment: Option<&PaymentRecord>,
@@ -56,6 +56,8 @@ pub fn facts_from_event(
             .as_deref()
             .or_else(|| payment.and_then(|record| record.provider_charge_id.as_deref()));
         facts.extend(charge.map(|charge| facts::dispute_of(charge, &disputed.dispute)));
+    } else if let Some(end) = &event.data.authorization_end {
+        facts.push(facts::authorization_end_fact(end));
     }
     facts
 }

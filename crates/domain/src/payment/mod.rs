@@ -240,6 +240,10 @@ pub struct PaymentRecord {
     pub provider_charge_id: Option<String>,
     pub status: PaymentStatus,
     pub authorized: Amount,
+    /// Why the provider ended the authorization while a capture of it was still open (expired,
+    /// cancelled): the capture keeps what it takes, and a refusal of it fails the payment with
+    /// this reason. Exists only while `authorized`.
+    pub authorization_ended: Option<String>,
     /// What the authorization holds as a pending credit to the customer while `authorized`
     /// (zero otherwise, and for authorizations recorded before they were held).
     pub authorization_held: Amount,
@@ -492,6 +496,11 @@ pub enum ProviderFact {
         /// told with `Lost`, a second chargeback, which withdraws the money again.
         reinstated: bool,
     },
+    /// The provider ended what was left of the authorization (Adyen's EXPIRE, CANCELLATION,
+    /// TECHNICAL_CANCEL): nothing more can be captured, and what a capture took stays captured.
+    /// Before a capture it fails the payment; with a capture still open it waits for that
+    /// capture's outcome.
+    AuthorizationEnded { charge_id: String, reason: String },
     /// The outcome of one of our operations, named by the PSP key we sent it with. A refund that
     /// fails after it succeeded is reversed; one that fails before is refused.
     Operation {
@@ -592,6 +601,7 @@ impl PaymentCommand {
                 ProviderFact::Refunded { .. } => Input::FactRefunded,
                 ProviderFact::DisputeOpened { .. } => Input::FactDisputeOpened,
                 ProviderFact::DisputeClosed { .. } => Input::FactDisputeClosed,
+                ProviderFact::AuthorizationEnded { .. } => Input::FactAuthorizationEnded,
                 ProviderFact::Operation {
                     kind: OperationKind::Capture,
                     ..
@@ -759,6 +769,16 @@ pub struct ChargeFailed {
     pub at: DateTime<Utc>,
 }
 
+/// The provider ended the authorization while a capture of it was still open (an expiry or a
+/// cancel told before the capture's outcome): the payment stays `authorized` until that outcome,
+/// captured by a success, failed with `reason` by a refusal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuthorizationEnded {
+    pub charge_id: String,
+    pub reason: String,
+    pub at: DateTime<Utc>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PaymentExpired {
     pub at: DateTime<Utc>,
@@ -916,6 +936,7 @@ crate::event::event_family! {
         CaptureRequested = 1,
         ChargeCaptured = 1,
         ChargeFailed = 1,
+        AuthorizationEnded = 1,
         PaymentExpired = 1,
         RefundRequested = 1,
         RefundSettled = 1,
@@ -944,6 +965,7 @@ impl PaymentEvent {
             PaymentEvent::CaptureRequested(e) => e.at,
             PaymentEvent::ChargeCaptured(e) => e.at,
             PaymentEvent::ChargeFailed(e) => e.at,
+            PaymentEvent::AuthorizationEnded(e) => e.at,
             PaymentEvent::PaymentExpired(e) => e.at,
             PaymentEvent::RefundRequested(e) => e.at,
             PaymentEvent::RefundSettled(e) => e.at,
@@ -987,6 +1009,7 @@ pub fn evolve(mut payment: Payment, event: &PaymentEvent) -> Payment {
             provider_charge_id: None,
             status: PaymentStatus::Pending,
             authorized: Amount::ZERO,
+            authorization_ended: None,
             authorization_held: Amount::ZERO,
             captured: Amount::ZERO,
             fee: Amount::ZERO,
@@ -1018,9 +1041,11 @@ pub fn evolve(mut payment: Payment, event: &PaymentEvent) -> Payment {
 fn apply(record: &mut PaymentRecord, event: &PaymentEvent) {
     apply_fields(record, event);
     record.updated_at = event.at();
-    // Leaving `authorized` ends the hold (its release is posted by the decision that left).
+    // Leaving `authorized` ends the hold (its release is posted by the decision that left), and
+    // an ended authorization waits for nothing any more.
     if record.status != PaymentStatus::Authorized {
         record.authorization_held = Amount::ZERO;
+        record.authorization_ended = None;
     }
     // API.md: next_action exists only while requires_action, whatever order
     // the facts came in.
@@ -1075,6 +1100,10 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
             }
             record.status = PaymentStatus::Failed;
             record.failure_reason = Some(e.reason.clone());
+        }
+        PaymentEvent::AuthorizationEnded(e) => {
+            record.provider_charge_id = Some(e.charge_id.clone());
+            record.authorization_ended = Some(e.reason.clone());
         }
         PaymentEvent::PaymentExpired(_) => record.status = PaymentStatus::Expired,
         PaymentEvent::RefundRequested(e) => record.operations.push(Operation::requested(

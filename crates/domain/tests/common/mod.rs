@@ -147,6 +147,12 @@ pub fn f_dispute_lost_again(id: &str, amount: i64) -> PaymentCommand {
         reinstated: true,
     })
 }
+pub fn f_authorization_ended(reason: &str) -> PaymentCommand {
+    fact(ProviderFact::AuthorizationEnded {
+        charge_id: CHARGE.into(),
+        reason: reason.into(),
+    })
+}
 
 /// Applies commands in order, panicking on a rejection: builds histories.
 pub fn history(commands: Vec<PaymentCommand>) -> Vec<PaymentEvent> {

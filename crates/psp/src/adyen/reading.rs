@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use super::wire::{
     NotificationItem, PaymentResponse, ResultCode, CAPTURE_DELAY_HOURS, DISPUTE_STATUS,
 };
-use crate::event::{ChargeDispute, EventData, EventType, WebhookEvent};
+use crate::event::{AuthorizationEnd, ChargeDispute, EventData, EventType, WebhookEvent};
 use crate::provider::{
     Charge, ChargeOutcome, ChargeStatus, CreateCharge, Dispute, DisputeStatus, NextAction,
     Operation, OperationKind, OperationStatus,
@@ -168,29 +168,34 @@ pub fn item_event(item: &NotificationItem) -> Option<WebhookEvent> {
             };
             (kind, EventData::of_charge(charge, None))
         }
-        // A cancel, by the payment's pspReference or by our reference: the authorisation is gone.
-        "CANCELLATION" | "TECHNICAL_CANCEL" if success => {
-            let payment = item.original_reference.clone()?;
-            let mut charge = bare_charge(item, payment, at);
-            charge.status = ChargeStatus::Failed;
-            charge.failure_code = Some("canceled".to_owned());
+        // A cancel (by the payment's pspReference, or of what our reference made) or an expiry
+        // ends what is left of the authorisation; it does not say whether a capture came first
+        // (a partial capture's remainder expires too), so it is the authorisation's end, not a
+        // failed charge. EXPIRE names the payment by its own pspReference, as Adyen's example.
+        code @ ("CANCELLATION" | "TECHNICAL_CANCEL" | "EXPIRE") if success => {
+            let charge = match code {
+                "EXPIRE" => item
+                    .original_reference
+                    .clone()
+                    .unwrap_or_else(|| item.psp_reference.clone()),
+                _ => item.original_reference.clone()?,
+            };
+            let reason = if code == "EXPIRE" {
+                "expired"
+            } else {
+                "canceled"
+            };
             let data = EventData {
+                charge: None,
+                operation: None,
+                dispute: None,
+                authorization_end: Some(AuthorizationEnd {
+                    charge,
+                    reason: reason.to_owned(),
+                }),
                 reference: Some(item.merchant_reference.clone()),
-                ..EventData::of_charge(charge, None)
             };
             (EventType::ChargeFailed, data)
-        }
-        // The uncaptured remainder expired: no capture can follow.
-        "EXPIRE" if success => {
-            let payment = item
-                .original_reference
-                .clone()
-                .unwrap_or_else(|| item.psp_reference.clone());
-            let mut charge = bare_charge(item, payment, at);
-            charge.status = ChargeStatus::Failed;
-            charge.failure_code = Some("expired".to_owned());
-            charge.reference = Some(item.merchant_reference.clone());
-            (EventType::ChargeFailed, EventData::of_charge(charge, None))
         }
         code
         @ ("CAPTURE" | "CAPTURE_FAILED" | "REFUND" | "REFUND_FAILED" | "REFUNDED_REVERSED") => {
@@ -229,6 +234,7 @@ pub fn item_event(item: &NotificationItem) -> Option<WebhookEvent> {
                 charge: None,
                 operation: Some(operation),
                 dispute: None,
+                authorization_end: None,
                 reference: Some(item.merchant_reference.clone()),
             };
             (EventType::OperationUpdated, data)
@@ -265,6 +271,7 @@ pub fn item_event(item: &NotificationItem) -> Option<WebhookEvent> {
                     charge: item.original_reference.clone(),
                     dispute,
                 }),
+                authorization_end: None,
                 reference: Some(item.merchant_reference.clone()),
             };
             (kind, data)
@@ -499,5 +506,37 @@ mod tests {
             assert_eq!(disputed.charge, None);
             assert_eq!(disputed.dispute.id.as_deref(), Some("DISPUTE000000001"));
         }
+    }
+
+    /// An expiry or a cancel ends what is left of the authorisation; it says nothing of a
+    /// capture before it, so it is no failed charge.
+    #[test]
+    fn expiries_and_cancels_end_the_authorisation() {
+        let mut expired = item("EXPIRE", true);
+        expired.psp_reference = "PAYMENT000000001".into();
+        expired.original_reference = None;
+        expired.merchant_reference = "pay_x".into();
+        let event = item_event(&expired).unwrap();
+        assert!(event.data.charge.is_none());
+        assert_eq!(
+            event.data.authorization_end,
+            Some(AuthorizationEnd {
+                charge: "PAYMENT000000001".into(),
+                reason: "expired".into()
+            })
+        );
+        assert_eq!(event.data.payment_ref(), Some("pay_x"));
+        for code in ["CANCELLATION", "TECHNICAL_CANCEL"] {
+            let event = item_event(&item(code, true)).unwrap();
+            assert_eq!(
+                event
+                    .data
+                    .authorization_end
+                    .map(|end| (end.charge, end.reason)),
+                Some(("PAYMENT000000001".to_owned(), "canceled".to_owned()))
+            );
+            assert!(item_event(&item(code, false)).is_none(), "{code} refused");
+        }
+        assert!(item_event(&item("EXPIRE", false)).is_none());
     }
 }
