@@ -137,7 +137,8 @@ pub const REDACTED: &str = "[redacted]";
 ///
 /// Everything else is shown. `ChargeFailed.reason` stays: it is the payment object's
 /// `failure_reason` (the provider's failure code, or a fixed phrase of ours), never a raw error
-/// message; so do `OperationRefused.reason`, `RefundReversed.reason` and `CaptureReversed.reason`,
+/// message; so do `AuthorizationEnded.reason` (the failure reason it may become),
+/// `OperationRefused.reason`, `RefundReversed.reason` and `CaptureReversed.reason`,
 /// which are the provider's refusal or failure code. The match names every event, so that a new one is a decision, not a leak.
 fn withheld(event: &PaymentEvent) -> &'static [&'static str] {
     match event {
@@ -149,6 +150,7 @@ fn withheld(event: &PaymentEvent) -> &'static [&'static str] {
         | PaymentEvent::CaptureRequested(_)
         | PaymentEvent::ChargeCaptured(_)
         | PaymentEvent::ChargeFailed(_)
+        | PaymentEvent::AuthorizationEnded(_)
         | PaymentEvent::PaymentExpired(_)
         | PaymentEvent::RefundRequested(_)
         | PaymentEvent::RefundSettled(_)

@@ -7,6 +7,10 @@
 //! - [`charge_facts`]: what a charge, as the provider holds it now, stands for, in the order to
 //!   apply them (a refund or dispute implies the capture of `amount_captured`, so that is first).
 //! - [`operation_fact`]: what the provider says of one of our captures or refunds.
+//! - [`dispute_of`]: a dispute as a fact, from a charge, a report line or a provider's notice of
+//!   that dispute alone (Adyen's).
+//! - [`authorization_end_fact`]: a provider's notice of the end of what is left of an
+//!   authorization (an expiry, a cancel), which carries no charge (Adyen's).
 //! - [`charge_outcome_facts`] / [`answer_facts`]: what an answer to a creation or an operation
 //!   request means: the charge's status or the operation's outcome (a refusal included), then the
 //!   fees the provider says it kept; or nothing (unknown: the payment or operation stays as it is
@@ -16,6 +20,7 @@
 
 use asiento_domain::payment::{DisputeOutcome, ProviderRequest};
 use asiento_domain::{Amount, ExceptionKind, OperationOutcome, PaymentRecord, ProviderFact};
+use asiento_psp::event::AuthorizationEnd;
 use asiento_psp::{
     Charge, ChargeOutcome, ChargeStatus, Dispute, DisputeStatus, Operation, OperationAnswer,
     OperationKind as ProviderOperationKind, OperationStatus, ProviderError, ProviderFee,
@@ -242,7 +247,17 @@ pub fn dispute_of(charge_id: &str, dispute: &Dispute) -> ProviderFact {
             } else {
                 DisputeOutcome::Lost
             },
+            reinstated: dispute.reinstated,
         },
+    }
+}
+
+/// The end of a charge's authorization (an expiry, a cancel) as a fact: it ends only what was
+/// not captured, so it fails a payment only where nothing was or will be captured.
+pub fn authorization_end_fact(end: &AuthorizationEnd) -> ProviderFact {
+    ProviderFact::AuthorizationEnded {
+        charge_id: end.charge.clone(),
+        reason: end.reason.clone(),
     }
 }
 

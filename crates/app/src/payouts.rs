@@ -324,6 +324,7 @@ mod tests {
             created: now,
             closed: None,
             id: None,
+            reinstated: false,
         };
         charge.provider_fees.push(ProviderFee {
             transaction_id: "txn_dw_1".into(),

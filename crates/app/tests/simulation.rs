@@ -639,6 +639,7 @@ impl SimProvider {
             created: now,
             closed: None,
             id: None,
+            reinstated: false,
         });
         let id = charge.id.clone();
         let percent = state.profile.dispute_dark_percent;

@@ -8,6 +8,11 @@
 //! - a refund that fails after it succeeded (REFUND_FAILED), reversed by a mirror entry; a
 //!   refund received and then refused (REFUND `"false"`), released with nothing posted;
 //! - a dispute lost (CHARGEBACK) and one won (CHARGEBACK, then CHARGEBACK_REVERSED), posted;
+//! - a dispute lost, reinstated and lost again (CHARGEBACK, CHARGEBACK_REVERSED,
+//!   SECOND_CHARGEBACK, the later two without `originalReference` as in Adyen's examples),
+//!   posted whatever order the items arrive in;
+//! - an EXPIRE or CANCELLATION delivered before the CAPTURE of a received capture, which still
+//!   posts the capture; a partial capture's remainder expiring, not flagged;
 //! - a creation whose request never arrived, and one whose answer was lost, sent again by the
 //!   stale sweep and captured once; one past its expiry cancelled by our reference and left
 //!   pending (not known absent yet);
@@ -1248,4 +1253,260 @@ async fn assert_capture_mirrored(client: &Client, id: &str) {
     ] {
         assert_eq!(moved(&entries, account), 0, "{account}: {entries:#?}");
     }
+}
+
+/// Posts one signed item, in a batch of its own, with the configured basic credentials.
+async fn deliver_one(client: &Client, item: asiento_psp::adyen::wire::NotificationItem) {
+    let right = basic(WEBHOOK_USER, WEBHOOK_PASSWORD);
+    let (status, body) = deliver(client, "adyen", Some(&right), batch(&[item])).await;
+    assert_eq!((status, body.as_str()), (200, "[accepted]"));
+}
+
+/// Waits until the worker has processed every item the dialect delivered (each stored once, by
+/// `pspReference:eventCode:success`) and the `by_hand` items posted by the test.
+async fn processed(client: &Client, sim: &AdyenSim, by_hand: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let sent: std::collections::HashSet<String> = sim
+            .items()
+            .iter()
+            .map(|(item, _)| {
+                format!(
+                    "{}:{}:{}",
+                    item["pspReference"], item["eventCode"], item["success"]
+                )
+            })
+            .collect();
+        let wanted = (sent.len() + by_hand) as f64;
+        let done = client
+            .metric("asiento_webhook_events_processed_total")
+            .await;
+        if done >= wanted {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{done} of {wanted} webhook events processed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits for payment `id` (captured at once for `amount`) to end as a dispute lost again after
+/// a win, with `count` entries: what the provider withdrew twice and gave back once came from the
+/// customer in the end, nothing stays in `psp:adyen:disputed`, and no one is asked to look.
+async fn assert_lost_again(client: &Client, id: &str, amount: i64, count: usize) {
+    let lost = wait_for(client, id, "the second chargeback was never posted", |p| {
+        p["status"] == "disputed"
+    })
+    .await;
+    assert_eq!(lost["needs_review"], false, "{lost}");
+    let entries = entries_until(client, id, count).await;
+    assert_eq!(
+        (
+            moved(&entries[1..], "psp:adyen:clearing"),
+            moved(&entries[1..], "psp:adyen:disputed"),
+            moved(&entries[1..], "customer:42:available")
+        ),
+        (amount, 0, -amount),
+        "{entries:#?}"
+    );
+}
+
+/// A dispute lost, reinstated and lost again (Adyen's CHARGEBACK, CHARGEBACK_REVERSED and
+/// SECOND_CHARGEBACK), its later two items shaped as Adyen's examples are (no
+/// `originalReference`: the dispute named by its own pspReference, the payment by our
+/// reference): in any order the items arrive, the second loss withdraws the money again and the
+/// payment ends as a lost dispute; so too as the dialect sends them (a dispute won, then a
+/// second chargeback) when asked for that shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispute_lost_reinstated_and_lost_again_is_posted_in_any_order() {
+    let database = TestDatabase::new(Backend::Sqlite).await;
+    let Rig { server, sim } = start_rig(&database, &[]).await;
+    let client = server.client();
+
+    // By hand, one payment per order, each item applied before the next is delivered. The
+    // entries after all three: the capture, the withdrawal, then (in order) the loss, its
+    // reinstatement and the second loss, or (a later stage first, which implies the ones
+    // before it) the reinstatement and the second loss.
+    let orders: [([usize; 3], usize); 3] = [([0, 1, 2], 5), ([2, 1, 0], 4), ([1, 2, 0], 4)];
+    let mut by_hand = 0;
+    for (n, (order, count)) in orders.into_iter().enumerate() {
+        let paid = create(
+            &client,
+            &format!("lost-again-{n}"),
+            &adyen_payment(5_000, "pm_card_ok"),
+        )
+        .await;
+        let (id, psp) = (id_of(&paid), psp_of(&paid));
+        let dispute = format!("DISPUTE{n:09}");
+        let mut chargeback = signed_item("CHARGEBACK", &dispute, Some(&psp), &id, 5_000);
+        // Not signed: the item's signature still holds.
+        chargeback
+            .additional_data
+            .insert("disputeStatus".to_owned(), "Lost".to_owned());
+        let items = [
+            chargeback,
+            signed_item("CHARGEBACK_REVERSED", &dispute, None, &id, 5_000),
+            signed_item("SECOND_CHARGEBACK", &dispute, None, &id, 5_000),
+        ];
+        for index in order {
+            deliver_one(&client, items[index].clone()).await;
+            by_hand += 1;
+            processed(&client, &sim, by_hand).await;
+        }
+        assert_lost_again(&client, &id, 5_000, count).await;
+    }
+
+    // The dialect's own items, in its order.
+    sim.control(
+        &client,
+        "/sim/faults",
+        json!({"dispute_items_as_adyen_examples": true}),
+    )
+    .await;
+    let paid = create(
+        &client,
+        "lost-again-dialect",
+        &adyen_payment(8_000, "pm_card_ok"),
+    )
+    .await;
+    let (id, psp) = (id_of(&paid), psp_of(&paid));
+    sim.control(&client, &format!("/sim/charges/{psp}/dispute"), json!({}))
+        .await;
+    sim.control(
+        &client,
+        &format!("/sim/charges/{psp}/dispute/close"),
+        json!({"outcome": "won"}),
+    )
+    .await;
+    let (chargeback, delivery) = sim.item("CHARGEBACK", &psp).await;
+    assert_accepted(&delivery);
+    let dispute = chargeback["pspReference"].as_str().unwrap().to_owned();
+    let (reversed, delivery) = sim.item("CHARGEBACK_REVERSED", &dispute).await;
+    assert_accepted(&delivery);
+    assert!(reversed.get("originalReference").is_none(), "{reversed}");
+    assert_eq!(reversed["merchantReference"], id.as_str());
+    // The capture, the withdrawal and its reinstatement.
+    let entries = entries_until(&client, &id, 3).await;
+    assert_eq!(
+        moved(&entries[1..], "psp:adyen:clearing"),
+        0,
+        "{entries:#?}"
+    );
+    sim.control(
+        &client,
+        &format!("/sim/charges/{psp}/dispute/second_chargeback"),
+        json!({}),
+    )
+    .await;
+    let (again, delivery) = sim.item("SECOND_CHARGEBACK", &dispute).await;
+    assert_accepted(&delivery);
+    assert!(again.get("originalReference").is_none(), "{again}");
+    assert_lost_again(&client, &id, 8_000, 4).await;
+    verify(&database);
+}
+
+/// Adyen does not order notifications: an EXPIRE or a CANCELLATION (shaped as Adyen's examples:
+/// EXPIRE names the payment by its own pspReference) delivered before the CAPTURE of a capture
+/// Adyen had received leaves the payment authorized, and the CAPTURE that follows posts the
+/// capture as the natural order does. A partial capture whose remainder expires (EXPIRE after
+/// the CAPTURE) stays captured and is not flagged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authorisation_ended_before_its_capture_still_posts_the_capture() {
+    let database = TestDatabase::new(Backend::Sqlite).await;
+    let Rig { server, sim } = start_rig(&database, &[]).await;
+    let client = server.client();
+    let expiring = authorized_for_capture(&client, "ended-first-1", "pm_card_ok").await;
+    let cancelled = authorized_for_capture(&client, "ended-first-2", "pm_card_ok").await;
+    for held in [&expiring, &cancelled] {
+        assert_accepted(&sim.item("AUTHORISATION", &psp_of(held)).await.1);
+    }
+    processed(&client, &sim, 0).await;
+    // The dialect's CAPTUREs wait long enough that the hand-made ends are applied first.
+    sim.control(&client, "/sim/faults", json!({"webhook_delay_ms": 5_000}))
+        .await;
+    let mut by_hand = 0;
+    let mut captures = Vec::new();
+    for (n, (held, code)) in [(&expiring, "EXPIRE"), (&cancelled, "CANCELLATION")]
+        .into_iter()
+        .enumerate()
+    {
+        let (id, psp) = (id_of(held), psp_of(held));
+        let capture_psp = capture_asked(&client, &id, &format!("ended-first-{n}-capture")).await;
+        let ended = match code {
+            "EXPIRE" => signed_item("EXPIRE", &psp, None, &id, 4_000),
+            _ => signed_item(
+                "CANCELLATION",
+                &format!("CANCEL{n:010}"),
+                Some(&psp),
+                &id,
+                4_000,
+            ),
+        };
+        deliver_one(&client, ended).await;
+        by_hand += 1;
+        processed(&client, &sim, by_hand).await;
+        assert!(
+            sim.items()
+                .iter()
+                .all(|(item, _)| item["eventCode"] != "CAPTURE"),
+            "the CAPTURE came first, so the order under test did not happen"
+        );
+        let waiting = payment(&client, &id).await;
+        assert_eq!(waiting["status"], "authorized", "{code}: {waiting}");
+        captures.push((id, capture_psp));
+    }
+    for (id, capture_psp) in &captures {
+        assert_accepted(&sim.item("CAPTURE", capture_psp).await.1);
+        let captured = wait_for(
+            &client,
+            id,
+            "the capture after the end was never posted",
+            |p| p["status"] == "captured",
+        )
+        .await;
+        assert_eq!(captured["captured_minor"], 4_000, "{captured}");
+        assert_eq!(captured["needs_review"], false, "{captured}");
+        // The authorisation's hold, the capture and the hold's release.
+        let entries = entries_until(&client, id, 3).await;
+        assert_eq!(
+            moved(&entries, "psp:adyen:clearing"),
+            -4_000,
+            "{entries:#?}"
+        );
+    }
+
+    sim.control(&client, "/sim/faults", json!({"webhook_delay_ms": 0}))
+        .await;
+    let partial = authorized_for_capture(&client, "remainder-1", "pm_card_ok").await;
+    let (id, psp) = (id_of(&partial), psp_of(&partial));
+    let capture_psp = operation_received(
+        &client,
+        &format!("/v1/payments/{id}/capture"),
+        "remainder-1-capture",
+        &json!({"amount_minor": 2_500}),
+    )
+    .await;
+    assert_accepted(&sim.item("CAPTURE", &capture_psp).await.1);
+    let captured = wait_for(&client, &id, "the partial capture was never posted", |p| {
+        p["status"] == "captured"
+    })
+    .await;
+    assert_eq!(captured["captured_minor"], 2_500, "{captured}");
+    deliver_one(&client, signed_item("EXPIRE", &psp, None, &id, 1_500)).await;
+    by_hand += 1;
+    processed(&client, &sim, by_hand).await;
+    let after = payment(&client, &id).await;
+    assert_eq!(
+        (
+            &after["status"],
+            &after["captured_minor"],
+            &after["needs_review"]
+        ),
+        (&json!("captured"), &json!(2_500), &json!(false)),
+        "{after}"
+    );
+    entries_until(&client, &id, 3).await;
+    verify(&database);
 }

@@ -313,6 +313,7 @@ fn payment_history(input: &NewPaymentInput, steps: &[Step]) -> Vec<PaymentEvent>
                 } else {
                     DisputeOutcome::Lost
                 },
+                reinstated: !*won,
             }),
         };
         if let Ok(events) = decide_payment(&payment, command) {

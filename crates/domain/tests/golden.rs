@@ -112,6 +112,14 @@ fn payment_fixtures() -> Vec<(PaymentEvent, Value)> {
             json!({"charge_id": null, "reason": "card_declined", "at": AT}),
         ),
         (
+            PaymentEvent::AuthorizationEnded(AuthorizationEnded {
+                charge_id: "ch_1".into(),
+                reason: "expired".into(),
+                at: at(10),
+            }),
+            json!({"charge_id": "ch_1", "reason": "expired", "at": AT}),
+        ),
+        (
             PaymentEvent::PaymentExpired(PaymentExpired { at: at(10) }),
             json!({"at": AT}),
         ),
@@ -580,6 +588,7 @@ fn type_names_and_schemas_are_stable() {
             ("CaptureRequested", 1),
             ("ChargeCaptured", 1),
             ("ChargeFailed", 1),
+            ("AuthorizationEnded", 1),
             ("PaymentExpired", 1),
             ("RefundRequested", 1),
             ("RefundSettled", 1),

@@ -56,17 +56,17 @@ fn check(
 const GRID: [(Option<PaymentStatus>, &str); 10] = {
     use PaymentStatus::*;
     [
-        //                          cre cap ref exp flg act aut cpt fai rfd dop dcl cop rop   fee
-        (None,                     "A   N   N   N   N   N   N   N   N   N   N   N   N   N   N"),
-        (Some(Pending),            "R   R   R   A   F   A   A   A   A   A   A   A   F   F   F"),
-        (Some(RequiresAction),     "R   R   R   A   F   A   A   A   A   A   A   A   F   F   F"),
-        (Some(Authorized),         "R   A   R   R   F   I   I   A   A   A   A   A   A   F   F"),
-        (Some(Captured),           "R   R   A   R   F   I   I   F   F   A   A   A   A   A   A"),
-        (Some(PartiallyRefunded),  "R   R   A   R   F   I   I   F   F   A   A   A   A   A   A"),
-        (Some(Refunded),           "R   R   R   R   F   I   I   F   F   F   F   F   A   A   A"),
-        (Some(Failed),             "R   R   R   R   F   I   F   F   I   F   F   F   F   F   F"),
-        (Some(Expired),            "R   R   R   I   F   I   F   F   I   F   F   F   F   F   F"),
-        (Some(Disputed),           "R   R   R   R   F   I   I   F   F   F   F   A   A   A   A"),
+        //                          cre cap ref exp flg act aut cpt fai end rfd dop dcl cop rop   fee
+        (None,                     "A   N   N   N   N   N   N   N   N   N   N   N   N   N   N   N"),
+        (Some(Pending),            "R   R   R   A   F   A   A   A   A   A   A   A   A   F   F   F"),
+        (Some(RequiresAction),     "R   R   R   A   F   A   A   A   A   A   A   A   A   F   F   F"),
+        (Some(Authorized),         "R   A   R   R   F   I   I   A   A   A   A   A   A   A   F   F"),
+        (Some(Captured),           "R   R   A   R   F   I   I   F   F   I   A   A   A   A   A   A"),
+        (Some(PartiallyRefunded),  "R   R   A   R   F   I   I   F   F   I   A   A   A   A   A   A"),
+        (Some(Refunded),           "R   R   R   R   F   I   I   F   F   I   F   F   F   A   A   A"),
+        (Some(Failed),             "R   R   R   R   F   I   F   F   I   I   F   F   F   F   F   F"),
+        (Some(Expired),            "R   R   R   I   F   I   F   F   I   I   F   F   F   F   F   F"),
+        (Some(Disputed),           "R   R   R   R   F   I   I   F   F   I   F   F   A   A   A   A"),
     ]
 };
 
@@ -93,6 +93,7 @@ fn when(input: Input) -> PaymentCommand {
         Input::FactAuthorized => f_authorized(10_000),
         Input::FactCaptured => f_captured(10_000),
         Input::FactFailed => f_failed(),
+        Input::FactAuthorizationEnded => f_authorization_ended("expired"),
         Input::FactRefunded => f_refunded(10_000),
         Input::FactDisputeOpened => f_dispute_opened("dp_2", 10_000),
         Input::FactDisputeClosed => f_dispute_closed("dp_1", 10_000, DisputeOutcome::Lost),
@@ -146,6 +147,14 @@ fn expected(from: PaymentStatus, input: Input) -> Vec<PaymentEvent> {
             vec![PaymentEvent::ChargeFailed(ChargeFailed {
                 charge_id: Some(CHARGE.into()),
                 reason: "card_declined".into(),
+                at: at(10),
+            })]
+        }
+        // Nothing captured and no capture open: the payment fails.
+        (Pending | RequiresAction | Authorized, FactAuthorizationEnded) => {
+            vec![PaymentEvent::ChargeFailed(ChargeFailed {
+                charge_id: Some(CHARGE.into()),
+                reason: "expired".into(),
                 at: at(10),
             })]
         }
@@ -323,7 +332,7 @@ fn every_cell_of_the_table() {
             check(given(from), when(input), then);
         }
     }
-    assert_eq!(cells, 150);
+    assert_eq!(cells, 160);
 }
 
 // ------------------------------------------------------- rules within cells
@@ -521,11 +530,141 @@ fn disputes_won_return_the_payment_and_repeats_change_nothing() {
     );
     check(after.clone(), won, Ok(vec![]));
     check(after.clone(), f_dispute_opened("dp_1", 10_000), Ok(vec![]));
+    // A first loss told after the win is the chargeback before it, delivered late.
     check(
         after,
         f_dispute_closed("dp_1", 10_000, DisputeOutcome::Lost),
-        Ok(contradiction("dispute dp_1 closed Lost after Won")),
+        Ok(vec![]),
     );
+}
+
+/// A won dispute's money withdrawn again, and the customer's: a second chargeback.
+fn e_lost_again_entry(id: &str, amount: i64) -> PaymentEvent {
+    posted(
+        &format!("dispute:{id}:lost_again"),
+        vec![(clearing(), amount), (customer(), -amount)],
+    )
+}
+
+/// Adyen's CHARGEBACK (lost), CHARGEBACK_REVERSED and SECOND_CHARGEBACK in order: the loss takes
+/// the customer's money, the reversal gives it back (from what the provider owes us), and the
+/// second chargeback withdraws it again and ends the payment as a lost dispute; every entry sums
+/// to zero and repeats change nothing.
+#[test]
+fn a_dispute_lost_reinstated_and_lost_again_withdraws_the_money_again() {
+    use DisputeOutcome::{Lost, Won};
+    let captured = given(Some(PaymentStatus::Captured));
+    let lost = [
+        captured.clone(),
+        history_from(captured, vec![f_dispute_closed("dp_1", 10_000, Lost)]),
+    ]
+    .concat();
+    let reinstated = vec![
+        e_dispute_closed("dp_1", Won),
+        posted(
+            "dispute:dp_1:reinstated",
+            vec![(customer(), 10_000), (clearing(), -10_000)],
+        ),
+    ];
+    check(
+        lost.clone(),
+        f_dispute_closed("dp_1", 10_000, Won),
+        Ok(reinstated.clone()),
+    );
+    let won = [lost.clone(), reinstated].concat();
+    let record = record_after(&won);
+    assert_eq!(record.status, PaymentStatus::Captured);
+    assert_eq!(record.dispute.as_ref().unwrap().stage(), DisputeStage::Won);
+    assert_eq!(record.provider_holds().unwrap(), amt(10_000));
+    let again = vec![
+        e_dispute_closed("dp_1", Lost),
+        e_lost_again_entry("dp_1", 10_000),
+    ];
+    check(
+        won.clone(),
+        f_dispute_lost_again("dp_1", 10_000),
+        Ok(again.clone()),
+    );
+    let lost_again = [won, again].concat();
+    let record = record_after(&lost_again);
+    assert_eq!(record.status, PaymentStatus::Disputed);
+    assert_eq!(
+        record.dispute.as_ref().unwrap().stage(),
+        DisputeStage::LostAgain
+    );
+    assert!(!record.needs_review());
+    // The provider holds the capture less the dispute, as after the first loss.
+    assert_eq!(record.provider_holds().unwrap(), amt(0));
+    assert_eq!(balances(&lost_again), balances(&lost));
+    assert_eq!(balance_of(&lost_again, &disputed()), 0);
+    assert_eq!(balance_of(&lost_again, &customer()), 9_700 - 10_000);
+    // Every report of the dispute told again changes nothing.
+    for repeat in [
+        f_dispute_opened("dp_1", 10_000),
+        f_dispute_closed("dp_1", 10_000, Lost),
+        f_dispute_closed("dp_1", 10_000, Won),
+        f_dispute_lost_again("dp_1", 10_000),
+    ] {
+        check(lost_again.clone(), repeat, Ok(vec![]));
+    }
+}
+
+/// What the postings in `events` leave `account` with.
+fn balance_of(events: &[PaymentEvent], account: &asiento_domain::account::AccountName) -> i64 {
+    balances(events)
+        .get(&account.to_string())
+        .copied()
+        .unwrap_or_default()
+}
+
+/// A dispute's notifications arrive in any order (Adyen does not order them, and the later two
+/// name the dispute only): every order of the chargeback (open or lost), its reversal and the
+/// second chargeback ends the payment as the natural order does, with the same money moved and
+/// nothing flagged; each step stays inside the table.
+#[test]
+fn a_dispute_s_notifications_in_any_order_end_it_as_in_order() {
+    use DisputeOutcome::{Lost, Won};
+    let captured = given(Some(PaymentStatus::Captured));
+    for chargeback in [
+        f_dispute_opened("dp_1", 10_000),
+        f_dispute_closed("dp_1", 10_000, Lost),
+    ] {
+        let told = [
+            chargeback,
+            f_dispute_closed("dp_1", 10_000, Won),
+            f_dispute_lost_again("dp_1", 10_000),
+        ];
+        let in_order = [
+            captured.clone(),
+            history_from(captured.clone(), told.to_vec()),
+        ]
+        .concat();
+        let expected = record_after(&in_order);
+        assert_eq!(
+            expected.dispute.as_ref().unwrap().stage(),
+            DisputeStage::LostAgain
+        );
+        for order in [
+            [0, 1, 2],
+            [0, 2, 1],
+            [1, 0, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [2, 1, 0],
+        ] {
+            let mut events = captured.clone();
+            for index in order {
+                let payment = Payment::replay(&events);
+                let decided = decide(&payment, told[index].clone());
+                check(events.clone(), told[index].clone(), decided.clone());
+                events.extend(decided.unwrap());
+            }
+            let record = record_after(&events);
+            assert_eq!(record, expected, "{order:?}");
+            assert_eq!(balances(&events), balances(&in_order), "{order:?}");
+            assert!(!record.needs_review(), "{order:?}");
+        }
+    }
 }
 
 #[test]
@@ -1120,6 +1259,113 @@ fn a_reversal_told_before_its_success_ends_the_operation_as_both_in_order_do() {
         refund_outcome(1, 2_500, OperationOutcome::Succeeded),
         Ok(vec![]),
     );
+}
+
+/// The entries `events` post, by id.
+fn entries(events: &[PaymentEvent]) -> std::collections::BTreeMap<String, JournalEntry> {
+    events
+        .iter()
+        .filter_map(|event| match event {
+            PaymentEvent::EntryPosted(posted) => {
+                Some((posted.entry.id().to_string(), posted.entry.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The provider ends an authorization (Adyen's EXPIRE, CANCELLATION) while our capture of it is
+/// open, and the notifications arrive in either order: told before the capture's success, the
+/// end waits for it and the capture is posted as in the natural order (where the end, after the
+/// capture, is the uncaptured remainder's and changes nothing); told before its refusal, the
+/// payment fails with the end's reason as in the natural order. Nothing is flagged, whether the
+/// capture took all of the authorization or part of it.
+#[test]
+fn an_authorization_ended_before_its_capture_s_outcome_ends_as_in_order() {
+    let authorized = given(Some(PaymentStatus::Authorized));
+    for (captured, fee) in [(10_000, 300), (6_000, 180)] {
+        let requested = [
+            authorized.clone(),
+            history_from(
+                authorized.clone(),
+                vec![PaymentCommand::RequestCapture {
+                    amount: Some(amt(captured)),
+                    at: at(10),
+                }],
+            ),
+        ]
+        .concat();
+        let capture = |outcome: OperationOutcome| {
+            f_operation(
+                OperationKind::Capture,
+                &psp_capture_key(pid(), 1),
+                captured,
+                outcome,
+            )
+        };
+        let ended = f_authorization_ended("expired");
+        for (outcome, status) in [
+            (OperationOutcome::Succeeded, PaymentStatus::Captured),
+            (failed("authorisation_expired"), PaymentStatus::Failed),
+        ] {
+            let orders = [
+                vec![capture(outcome.clone()), ended.clone()],
+                vec![ended.clone(), capture(outcome.clone())],
+            ];
+            let mut ends = Vec::new();
+            for order in orders {
+                let mut events = requested.clone();
+                for command in order {
+                    let payment = Payment::replay(&events);
+                    let decided = decide(&payment, command.clone());
+                    check(events.clone(), command, decided.clone());
+                    events.extend(decided.unwrap());
+                }
+                ends.push(events);
+            }
+            let (in_order, ended_first) = (&ends[0], &ends[1]);
+            let record = record_after(ended_first);
+            assert_eq!(record, record_after(in_order), "{captured} {outcome:?}");
+            assert_eq!(record.status, status);
+            assert!(!record.needs_review(), "{record:?}");
+            assert_eq!(record.authorization_ended, None);
+            assert_eq!(entries(ended_first), entries(in_order), "the same postings");
+            if status == PaymentStatus::Captured {
+                assert_eq!(record.captured, amt(captured));
+                assert_eq!(
+                    entries(ended_first)
+                        .get(&EntryId::derived(&format!("{}:capture", pid())).to_string()),
+                    Some(match &e_capture_entry(captured, fee) {
+                        PaymentEvent::EntryPosted(posted) => &posted.entry,
+                        _ => unreachable!(),
+                    })
+                );
+            } else {
+                assert_eq!(record.failure_reason.as_deref(), Some("expired"));
+                assert_eq!(record.operations[0].state, OperationState::Refused);
+            }
+            // Either notification told again changes nothing.
+            check(ended_first.clone(), capture(outcome.clone()), Ok(vec![]));
+            check(ended_first.clone(), ended.clone(), Ok(vec![]));
+        }
+        // While the capture is open, the end is only recorded, once.
+        check(
+            requested.clone(),
+            ended.clone(),
+            Ok(vec![PaymentEvent::AuthorizationEnded(AuthorizationEnded {
+                charge_id: CHARGE.into(),
+                reason: "expired".into(),
+                at: at(10),
+            })]),
+        );
+        let waiting = [
+            requested.clone(),
+            history_from(requested, vec![ended.clone()]),
+        ]
+        .concat();
+        assert_eq!(record_after(&waiting).status, PaymentStatus::Authorized);
+        check(waiting, f_authorization_ended("canceled"), Ok(vec![]));
+    }
 }
 
 /// What the postings in `events` leave each account with.

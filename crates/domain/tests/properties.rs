@@ -41,7 +41,10 @@ enum Step {
     Failed(u8),
     Refunded(Part),
     DisputeOpened(u8, Part),
-    DisputeClosed(u8, Part, bool),
+    /// Won (true) or lost, the loss a second chargeback when the last flag is set.
+    DisputeClosed(u8, Part, bool, bool),
+    /// The provider ended the authorization (`expired` or `canceled`).
+    AuthorizationEnded(u8),
     OtherCharge,
     /// The provider's fee on balance transaction `txn_{0}` (a second report of one transaction
     /// with another fee contradicts the first).
@@ -73,7 +76,9 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..2).prop_map(Step::Failed),
         3 => part().prop_map(Step::Refunded),
         1 => (0u8..2, part()).prop_map(|(d, p)| Step::DisputeOpened(d, p)),
-        1 => (0u8..2, part(), any::<bool>()).prop_map(|(d, p, won)| Step::DisputeClosed(d, p, won)),
+        1 => (0u8..2, part(), any::<bool>(), any::<bool>())
+            .prop_map(|(d, p, won, again)| Step::DisputeClosed(d, p, won, again)),
+        1 => (0u8..2).prop_map(Step::AuthorizationEnded),
         1 => Just(Step::OtherCharge),
         2 => (0u8..3, -50i64..=500).prop_map(|(n, fee)| Step::ProviderFee(n, fee)),
         4 => (any::<bool>(), 1u32..=3, 0u8..4, prop_oneof![6 => Just(true), 1 => Just(false)])
@@ -134,7 +139,7 @@ fn command(step: &Step, record: &PaymentRecord, fees: FeeSchedule, t: i64) -> Pa
             dispute_id: format!("dp_{d}"),
             amount: resolve(*p, amount),
         }),
-        Step::DisputeClosed(d, p, won) => provider(ProviderFact::DisputeClosed {
+        Step::DisputeClosed(d, p, won, again) => provider(ProviderFact::DisputeClosed {
             charge_id: charge(),
             dispute_id: format!("dp_{d}"),
             amount: resolve(*p, amount),
@@ -143,6 +148,11 @@ fn command(step: &Step, record: &PaymentRecord, fees: FeeSchedule, t: i64) -> Pa
             } else {
                 DisputeOutcome::Lost
             },
+            reinstated: *again,
+        }),
+        Step::AuthorizationEnded(n) => provider(ProviderFact::AuthorizationEnded {
+            charge_id: charge(),
+            reason: ["expired", "canceled"][usize::from(*n)].to_owned(),
         }),
         Step::OtherCharge => provider(ProviderFact::Captured {
             charge_id: "ch_other".into(),
@@ -246,7 +256,9 @@ proptest! {
         let mut all = decide(&payment, create_with(amount, mode)).unwrap();
         payment = all.iter().fold(payment, evolve);
         let mut balances = Balances::new();
-        let mut lost_disputes = 0i64;
+        // Whether a dispute was ever lost: only that (a provider fact) may take the customer
+        // below zero.
+        let mut ever_lost = false;
 
         for (t, step) in steps.iter().enumerate() {
             let cmd = command(step, payment.record.as_ref().unwrap(), fees, t as i64 + 1);
@@ -274,7 +286,7 @@ proptest! {
                             post(&mut balances, &posted.entry);
                         }
                         if let PaymentEvent::DisputeClosed(DisputeClosed { outcome: DisputeOutcome::Lost, .. }) = event {
-                            lost_disputes += payment_dispute_amount(&payment, &events);
+                            ever_lost = true;
                         }
                     }
                     payment = events.iter().fold(payment, evolve);
@@ -316,6 +328,11 @@ proptest! {
             let withdrawn = record.dispute.as_ref()
                 .filter(|d| d.withdrawn && d.outcome.is_none())
                 .map_or(0, |d| d.amount.minor());
+            // A lost dispute (lost again after a win too) took its amount from the customer; a
+            // win after a loss gave it back.
+            let lost_disputes = record.dispute.as_ref()
+                .filter(|d| d.outcome == Some(DisputeOutcome::Lost))
+                .map_or(0, |d| d.amount.minor());
             prop_assert_eq!(balance(&balances, &disputed()), -withdrawn);
             prop_assert_eq!(
                 balance(&balances, &clearing()),
@@ -330,7 +347,7 @@ proptest! {
             prop_assert_eq!(balance(&balances, &clearing().pending(PendingSide::Debits)), -held);
             // Refunds alone never take the customer below zero; only a lost
             // dispute (a provider fact) may.
-            if lost_disputes == 0 {
+            if !ever_lost {
                 prop_assert!(balance(&balances, &customer()) >= 0);
             }
         }
@@ -344,16 +361,6 @@ proptest! {
             .collect();
         prop_assert_eq!(&Payment::replay(&stored), &payment);
     }
-}
-
-/// The amount of the dispute a `DisputeClosed(lost)` in `events` settled.
-fn payment_dispute_amount(before: &Payment, events: &[PaymentEvent]) -> i64 {
-    let after = events.iter().fold(before.clone(), evolve);
-    after
-        .record
-        .and_then(|r| r.dispute)
-        .map(|d| d.amount.minor())
-        .unwrap_or(0)
 }
 
 // ------------------------------------------------------------- transfers

@@ -69,6 +69,10 @@ pub struct EventData {
     /// The dispute the event is about, when the event carries no charge.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dispute: Option<ChargeDispute>,
+    /// The end of a charge's authorization the event is about, when the event carries no
+    /// charge (Adyen's EXPIRE, CANCELLATION, TECHNICAL_CANCEL say only that).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authorization_end: Option<AuthorizationEnd>,
     /// Our payment id, when no charge in the event carries it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
@@ -81,6 +85,7 @@ impl EventData {
             charge: Some(charge),
             operation,
             dispute: None,
+            authorization_end: None,
             reference: None,
         }
     }
@@ -94,11 +99,24 @@ impl EventData {
     }
 }
 
-/// A dispute of one charge, by the provider's id of the charge.
+/// A dispute of one charge, by the provider's id of the charge. A notice that does not name the
+/// charge (Adyen's CHARGEBACK_REVERSED and SECOND_CHARGEBACK, as its examples show them, carry
+/// no `originalReference`) is about the charge of the payment the event names.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChargeDispute {
-    pub charge: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub charge: Option<String>,
     pub dispute: Dispute,
+}
+
+/// The provider ended what was left of a charge's authorization (it expired, or a cancel took
+/// it): nothing more can be captured, and what a capture took stays captured. Unlike a failed
+/// charge, it says nothing of a capture made before it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthorizationEnd {
+    pub charge: String,
+    /// Why: `expired`, `canceled`.
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -63,6 +63,38 @@ pub struct Dispute {
     /// date). Without it a dispute is named by its charge and creation time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    /// Whether the provider won it once and gave the money back (a reversal: Adyen's
+    /// CHARGEBACK_REVERSED) before the status it is in: a `Lost` dispute that was reinstated is
+    /// a second chargeback, which withdrew the money again.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reinstated: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+impl Dispute {
+    /// How far it went, in the order a dispute's money moves: open, lost, won (after a loss
+    /// too), lost again.
+    fn stage(status: DisputeStatus, reinstated: bool) -> u8 {
+        match (status, reinstated) {
+            (DisputeStatus::Open, _) => 0,
+            (DisputeStatus::Lost, false) => 1,
+            (DisputeStatus::Won, _) => 2,
+            (DisputeStatus::Lost, true) => 3,
+        }
+    }
+
+    /// Takes one of the provider's records of this dispute's money, whatever order they are
+    /// read in (a report's rows): only a later stage moves it on, closed `at`.
+    pub fn advance(&mut self, status: DisputeStatus, reinstated: bool, at: DateTime<Utc>) {
+        if Self::stage(status, reinstated) > Self::stage(self.status, self.reinstated) {
+            self.status = status;
+            self.reinstated = reinstated;
+            self.closed = (status != DisputeStatus::Open).then_some(at);
+        }
+    }
 }
 
 /// A charge as the provider holds it.

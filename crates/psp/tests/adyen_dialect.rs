@@ -1084,6 +1084,47 @@ async fn disputes_are_notified_from_the_control_routes_and_from_triggers() {
     .await;
 }
 
+/// Asked for Adyen's examples' shape, the dialect sends a dispute's CHARGEBACK_REVERSED and
+/// SECOND_CHARGEBACK without `originalReference` (the dispute's pspReference and the payment's
+/// reference name them), and each still validates against its schema and its HMAC.
+#[tokio::test]
+async fn a_dispute_s_later_items_can_leave_as_adyen_s_examples_show_them() {
+    bounded(async {
+        let (sim, received) = adyen_sim().await;
+        let faults = send(
+            reqwest::Client::new()
+                .post(format!("{}/sim/faults", sim.base))
+                .json(&json!({"dispute_items_as_adyen_examples": true})),
+        )
+        .await;
+        assert_eq!(faults.status, StatusCode::OK, "{}", faults.body);
+        let second = post(
+            &sim,
+            "/v71/payments",
+            &payment("Second Chargeback", 800, "e-1"),
+            None,
+        )
+        .await;
+        let psp = second.psp();
+        let chargeback_of = |received: &Receiver| {
+            items(received).into_iter().find(|item| {
+                item["eventCode"] == "CHARGEBACK" && item["originalReference"] == psp.as_str()
+            })
+        };
+        assert!(eventually(5_000, || chargeback_of(&received).is_some()).await);
+        let chargeback = chargeback_of(&received).unwrap();
+        let dispute = chargeback["pspReference"].as_str().unwrap().to_owned();
+        for code in ["CHARGEBACK_REVERSED", "SECOND_CHARGEBACK"] {
+            let item = item_of(&received, code, &dispute).await;
+            assert!(item.get("originalReference").is_none(), "{item}");
+            assert_eq!(item["merchantReference"], "e-1");
+            assert_eq!(item["amount"]["value"], 800);
+        }
+        sim.shutdown().await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_failing_endpoint_is_retried_and_items_ready_together_leave_in_one_batch() {
     bounded(async {

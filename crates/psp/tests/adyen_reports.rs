@@ -230,3 +230,76 @@ async fn reports_tell_payments_refunds_fees_and_payouts_as_they_happened() {
     })
     .await;
 }
+
+/// A dispute won and then lost again, its CHARGEBACK_REVERSED and SECOND_CHARGEBACK sent as
+/// Adyen's examples show them (no `originalReference`): the reports still book both on the
+/// payment, and the port reads the dispute as lost after it was reinstated.
+#[tokio::test]
+async fn a_second_chargeback_without_its_original_reference_is_in_the_reports() {
+    bounded(async {
+        let sim = RunningSim::start(SimConfig {
+            dialect: Dialect::Adyen,
+            modification_delay_ms: 30,
+            report_username: Some(REPORT_USER.into()),
+            report_password: Some(REPORT_PASSWORD.into()),
+            ..SimConfig::default()
+        })
+        .await;
+        let adyen = adapter(&sim, REPORT_PASSWORD);
+        let from = Utc::now() - Days::minutes(1);
+        let tomorrow = (Utc::now() + Days::days(1))
+            .date_naive()
+            .and_time(chrono::NaiveTime::MIN)
+            .and_utc();
+        let to = (Utc::now() + Days::hours(1)).min(tomorrow);
+        let sim_control = |path: String, body: serde_json::Value| {
+            let url = format!("{}/sim/{path}", sim.base);
+            async move {
+                let answer = reqwest::Client::new()
+                    .post(url)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(
+                    answer.status().is_success(),
+                    "{}",
+                    answer.text().await.unwrap()
+                );
+            }
+        };
+        sim_control(
+            "faults".into(),
+            serde_json::json!({"dispute_items_as_adyen_examples": true}),
+        )
+        .await;
+        let ChargeOutcome::Succeeded(paid) = adyen
+            .create_charge(&charge("psp_d", "pay_d", 7_000, true))
+            .await
+        else {
+            panic!("an automatic capture succeeds");
+        };
+        for (path, body) in [
+            ("dispute", serde_json::json!({})),
+            ("dispute/close", serde_json::json!({"outcome": "won"})),
+            ("dispute/second_chargeback", serde_json::json!({})),
+        ] {
+            sim_control(format!("charges/{}/{path}", paid.id), body).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        control(&sim, "accounting").await;
+        let report = adyen.settlement_report(from, to).await.unwrap();
+        let [line] = report.data.as_slice() else {
+            panic!("one payment: {:?}", report.data);
+        };
+        assert_eq!(line.charge_id, paid.id);
+        let dispute = line.dispute.clone().expect("the dispute is booked");
+        assert_eq!(
+            (dispute.status, dispute.reinstated, dispute.amount_minor),
+            (asiento_psp::DisputeStatus::Lost, true, 7_000)
+        );
+        assert!(dispute.id.is_some_and(|id| id != paid.id));
+        sim.shutdown().await;
+    })
+    .await;
+}

@@ -136,6 +136,7 @@ pub(crate) fn terms(event: &PaymentEvent, metadata: &Metadata) -> BTreeSet<Term>
                 add(Kind::ChargeId, charge_id);
             }
         }
+        PaymentEvent::AuthorizationEnded(e) => add(Kind::ChargeId, &e.charge_id),
         PaymentEvent::RefundRequested(e) => add(Kind::PspKey, &e.psp_key),
         PaymentEvent::RefundSettled(e) => {
             add(Kind::ChargeId, &e.charge_id);

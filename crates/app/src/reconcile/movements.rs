@@ -7,7 +7,6 @@
 //! nothing up, the movements that name one of our refunds also decide it
 //! ([`refund_outcomes`]), before any comparison.
 
-use asiento_domain::payment::DisputeOutcome;
 use asiento_domain::{
     ExceptionKind, OperationKind, OperationOutcome, OperationState, PaymentRecord, ProviderFact,
 };
@@ -58,10 +57,10 @@ fn disagreement(record: &PaymentRecord, movement: &Movement) -> Option<&'static 
             }
             _ => Some("dispute_withdrawal"),
         },
+        // Won once, lost again since or not.
         MovementKind::DisputeReinstatement => match &record.dispute {
             Some(dispute)
-                if dispute.amount.minor() == movement.amount_minor
-                    && dispute.outcome == Some(DisputeOutcome::Won) =>
+                if dispute.amount.minor() == movement.amount_minor && dispute.reinstated =>
             {
                 None
             }

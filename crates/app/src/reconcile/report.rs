@@ -154,35 +154,28 @@ pub fn classify(record: &PaymentRecord, line: &ReportLine) -> Verdict {
     }
 }
 
-/// Compares the report's dispute with ours: a dispute (or its close) that we never heard of is
-/// applied, so a lost dispute whose webhooks were all dropped is still posted.
+/// Compares the report's dispute with ours by how far each went (`DisputeStage`: open, lost,
+/// won, lost again), not only by whether it exists: a dispute we never heard of, or a stage past
+/// ours (its close, its reversal, a second chargeback whose notifications were all lost), is
+/// applied, so that clearing never says the provider owes money it took back. A report behind
+/// us (a stage we heard of after the window it covers) agrees: a later window shows it.
 fn dispute_verdict(record: &PaymentRecord, line: &ReportLine) -> Verdict {
     let Some(dispute) = &line.dispute else {
         return Verdict::Agree;
     };
     let fact = facts::dispute_of(&line.charge_id, dispute);
-    let (dispute_id, outcome) = match &fact {
-        ProviderFact::DisputeOpened { dispute_id, .. } => (dispute_id, None),
-        ProviderFact::DisputeClosed {
-            dispute_id,
-            outcome,
-            ..
-        } => (dispute_id, Some(*outcome)),
-        _ => return Verdict::Agree,
+    let Some((dispute_id, told)) = fact.dispute_stage() else {
+        return Verdict::Agree;
     };
-    let known = record.dispute.as_ref().filter(|d| &d.id == dispute_id);
-    let behind = match known {
-        None => true,
-        Some(ours) => ours.outcome.is_none() && outcome.is_some(),
-    };
+    let behind = record
+        .dispute
+        .as_ref()
+        .filter(|ours| ours.id == dispute_id)
+        .is_none_or(|ours| ours.stage() < told);
     if !behind {
         return Verdict::Agree;
     }
-    let status = match outcome {
-        None => "open".to_owned(),
-        Some(outcome) => format!("{outcome:?}").to_lowercase(),
-    };
-    let fingerprint = format!("{dispute_id}:{status}");
+    let fingerprint = format!("{dispute_id}:{}", told.as_str());
     Verdict::Auto {
         kind: ExceptionKind::DisputedAtProvider,
         facts: vec![fact],
@@ -627,6 +620,7 @@ mod tests {
             provider_charge_id: Some("ch_1".into()),
             status,
             authorized: Amount::new(10_000),
+            authorization_ended: None,
             authorization_held: Amount::ZERO,
             captured: Amount::new(captured),
             fee: Amount::ZERO,
@@ -788,6 +782,7 @@ mod tests {
                 created,
                 closed: None,
                 id: None,
+                reinstated: false,
             }),
             ..line(ChargeStatus::Succeeded, 10_000, 10_000, 0)
         };
@@ -813,6 +808,7 @@ mod tests {
             outcome: None,
             status_before: PaymentStatus::Captured,
             withdrawn: true,
+            reinstated: false,
         });
         assert_eq!(
             classify(&open_here, &with_dispute(DisputeStatus::Open)),
@@ -835,6 +831,90 @@ mod tests {
             classify(&ours, &line(ChargeStatus::Succeeded, 10_000, 10_000, 0)),
             Verdict::Agree
         );
+    }
+
+    /// A dispute whose outcome we know is compared by that outcome: one won here and lost again
+    /// there (a second chargeback whose notifications were lost), or lost here and won there, is
+    /// not agreeing, and the report's stage is applied; a report behind ours agrees.
+    #[test]
+    fn a_known_outcome_that_differs_from_the_report_s_is_not_agreeing() {
+        use asiento_domain::payment::{Dispute as OurDispute, DisputeOutcome, DisputeStage};
+        use asiento_psp::{Dispute, DisputeStatus};
+        let created = Utc::now();
+        let reported = |status: DisputeStatus, reinstated: bool| ReportLine {
+            dispute_status: Some(status),
+            dispute: Some(Dispute {
+                status,
+                amount_minor: 10_000,
+                created,
+                closed: Some(created),
+                id: Some("DISPUTE000000001".into()),
+                reinstated,
+            }),
+            ..line(ChargeStatus::Succeeded, 10_000, 10_000, 0)
+        };
+        let ours = |outcome: DisputeOutcome, reinstated: bool| {
+            let mut record = record(PaymentStatus::Captured, 10_000, 0);
+            if outcome == DisputeOutcome::Lost {
+                record.status = PaymentStatus::Disputed;
+            }
+            record.dispute = Some(OurDispute {
+                id: "dp_ch_1_DISPUTE000000001".into(),
+                amount: Amount::new(10_000),
+                outcome: Some(outcome),
+                status_before: PaymentStatus::Captured,
+                withdrawn: true,
+                reinstated,
+            });
+            record
+        };
+        let told = |verdict: Verdict| match verdict {
+            Verdict::Auto {
+                kind,
+                facts,
+                fingerprint,
+            } => {
+                assert_eq!(kind, ExceptionKind::DisputedAtProvider);
+                let [fact] = facts.as_slice() else {
+                    panic!("one fact: {facts:?}")
+                };
+                let (_, stage) = fact.dispute_stage().expect("a dispute fact");
+                Some((stage, fingerprint))
+            }
+            Verdict::Agree => None,
+            other => panic!("{other:?}"),
+        };
+        let won_here = ours(DisputeOutcome::Won, true);
+        assert_eq!(
+            told(classify(&won_here, &reported(DisputeStatus::Lost, true))),
+            Some((
+                DisputeStage::LostAgain,
+                "dp_ch_1_DISPUTE000000001:lost_again".to_owned()
+            )),
+            "won here, lost again there"
+        );
+        let lost_here = ours(DisputeOutcome::Lost, false);
+        assert_eq!(
+            told(classify(&lost_here, &reported(DisputeStatus::Won, false))),
+            Some((DisputeStage::Won, "dp_ch_1_DISPUTE000000001:won".to_owned())),
+            "lost here, reversed there"
+        );
+        // The same stage on both sides agrees; a report behind ours waits for a later window.
+        for (here, there) in [
+            (won_here.clone(), reported(DisputeStatus::Won, false)),
+            (lost_here.clone(), reported(DisputeStatus::Lost, false)),
+            (won_here, reported(DisputeStatus::Lost, false)),
+            (
+                ours(DisputeOutcome::Lost, true),
+                reported(DisputeStatus::Won, false),
+            ),
+            (
+                ours(DisputeOutcome::Lost, true),
+                reported(DisputeStatus::Lost, true),
+            ),
+        ] {
+            assert_eq!(told(classify(&here, &there)), None, "{:?}", here.dispute);
+        }
     }
 
     #[test]
@@ -1059,6 +1139,7 @@ mod tests {
             outcome: None,
             status_before: PaymentStatus::Captured,
             withdrawn: true,
+            reinstated: false,
         });
         let withdrawal = moved(
             MovementKind::DisputeWithdrawal,
@@ -1088,6 +1169,7 @@ mod tests {
         );
         if let Some(dispute) = disputed.dispute.as_mut() {
             dispute.outcome = Some(DisputeOutcome::Won);
+            dispute.reinstated = true;
         }
         disputed.status = PaymentStatus::Captured;
         assert_eq!(

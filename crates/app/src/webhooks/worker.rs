@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use asiento_domain::{PaymentCommand, PaymentId, ProviderFact, ProviderName};
+use asiento_domain::{PaymentCommand, PaymentId, PaymentRecord, ProviderFact, ProviderName};
 use asiento_eventstore::{Database, StoreError, Tx};
 use asiento_psp::{EventType, ProviderError, WebhookEvent};
 use uuid::Uuid;
@@ -29,9 +29,14 @@ const BACKOFF_DOUBLINGS_MAX: u32 = 30;
 /// The facts an event stands for, in the order to apply them: the ones it implies first (a refund
 /// or a dispute implies the capture of `amount_captured`), the event's own fact last. Empty for an
 /// event type we do not know (acknowledged and ignored) or a dispute event without its dispute.
-/// An event without a charge (an asynchronous provider's notice of one operation or dispute)
-/// stands for that operation's outcome or that dispute alone.
-pub fn facts_from_event(event: &WebhookEvent) -> Vec<ProviderFact> {
+/// An event without a charge (an asynchronous provider's notice of one operation, one dispute or
+/// the end of an authorization) stands for that alone. A dispute notice that names no charge
+/// (Adyen's later dispute items carry no `originalReference`) is about the charge of `payment`,
+/// the payment the event names; without that payment's charge it stands for nothing yet.
+pub fn facts_from_event(
+    event: &WebhookEvent,
+    payment: Option<&PaymentRecord>,
+) -> Vec<ProviderFact> {
     if event.kind == EventType::Unknown {
         return Vec::new();
     }
@@ -46,9 +51,26 @@ pub fn facts_from_event(event: &WebhookEvent) -> Vec<ProviderFact> {
     if let Some(charge) = &event.data.charge {
         facts.extend(facts::charge_facts(charge, facts::Read::Snapshot));
     } else if let Some(disputed) = &event.data.dispute {
-        facts.push(facts::dispute_of(&disputed.charge, &disputed.dispute));
+        let charge = disputed
+            .charge
+            .as_deref()
+            .or_else(|| payment.and_then(|record| record.provider_charge_id.as_deref()));
+        facts.extend(charge.map(|charge| facts::dispute_of(charge, &disputed.dispute)));
+    } else if let Some(end) = &event.data.authorization_end {
+        facts.push(facts::authorization_end_fact(end));
     }
     facts
+}
+
+/// A dispute notice that names no charge: its facts wait for its payment's charge.
+fn names_its_charge_by_payment(event: &WebhookEvent) -> bool {
+    event.kind != EventType::Unknown
+        && event.data.charge.is_none()
+        && event
+            .data
+            .dispute
+            .as_ref()
+            .is_some_and(|disputed| disputed.charge.is_none())
 }
 
 /// The payment an event names: by our payment id, or by the PSP key of one of its operations
@@ -347,7 +369,7 @@ impl Worker {
             .record
             .as_ref()
             .is_some_and(|record| record.provider.as_str() == row.provider);
-        let facts = facts_from_event(event);
+        let facts = facts_from_event(event, payment.record.as_ref());
         provider_matches
             && !facts.is_empty()
             && matches!(self.flow.reflects(&payment, &facts), Ok(true))
@@ -510,8 +532,13 @@ impl Worker {
                 return self.post_payout(row, &provider, &payout).await;
             }
         }
-        let facts = event.as_ref().map(facts_from_event).unwrap_or_default();
-        let Some(event) = event.filter(|_| !facts.is_empty()) else {
+        let facts = event
+            .as_ref()
+            .map(|event| facts_from_event(event, None))
+            .unwrap_or_default();
+        let Some(event) =
+            event.filter(|event| !facts.is_empty() || names_its_charge_by_payment(event))
+        else {
             tracing::info!("webhook event acknowledged and ignored");
             return self
                 .finish_alone(row, Finish::Processed { outcome: "ignored" })
@@ -560,6 +587,19 @@ impl Worker {
                 record.provider, row.provider
             );
             return self.bury(row, DeadReason::ProviderMismatch, &error).await;
+        }
+        // A dispute notice that names no charge is about the payment's.
+        let facts = if facts.is_empty() {
+            facts_from_event(&event, Some(record))
+        } else {
+            facts
+        };
+        if facts.is_empty() {
+            let error = format!(
+                "event {} names no charge and payment {payment} has none yet",
+                row.event_id
+            );
+            return self.failed(row, Some(payment), &error).await;
         }
         let misfit = event.data.charge.as_ref().and_then(|charge| {
             facts::charge_misfit(record, charge).map(|misfit| (charge.id.as_str(), misfit))

@@ -309,6 +309,10 @@ fn check_fact(fact: &ProviderFact) -> Result<(), PaymentRejection> {
             }
             check_text("reason", reason)
         }
+        ProviderFact::AuthorizationEnded { charge_id, reason } => {
+            check_text("charge_id", charge_id)?;
+            check_text("reason", reason)
+        }
         ProviderFact::ActionRequired {
             charge_id,
             redirect_url,
@@ -395,6 +399,10 @@ fn contradiction(record: &PaymentRecord, fact: &ProviderFact) -> Option<String> 
             Some(format!("authorized {amount} while {status}"))
         }
         ProviderFact::Failed { reason, .. } => Some(format!("failed ({reason}) while {status}")),
+        // The table never flags it; were it to, this is what the reviewer reads.
+        ProviderFact::AuthorizationEnded { reason, .. } => {
+            Some(format!("authorization ended ({reason}) while {status}"))
+        }
         ProviderFact::ActionRequired { .. } => None,
         ProviderFact::Refunded {
             amount_refunded,
@@ -477,13 +485,18 @@ fn outcome_is_recorded(state: OperationState, outcome: &OperationOutcome) -> boo
     }
 }
 
-/// The dispute fact repeats what the record already says.
+/// The dispute fact tells a stage the recorded dispute has reached or passed: it repeats what
+/// the record says, or arrives late (a CHARGEBACK after the CHARGEBACK_REVERSED that followed it).
 fn known_dispute(record: &PaymentRecord, dispute_id: &str, fact: &ProviderFact) -> bool {
     let Some(dispute) = record.dispute.as_ref().filter(|d| d.id == dispute_id) else {
         return false;
     };
     match fact {
-        ProviderFact::DisputeClosed { outcome, .. } => dispute.outcome == Some(*outcome),
+        ProviderFact::DisputeClosed {
+            outcome,
+            reinstated,
+            ..
+        } => DisputeStage::closed(*outcome, *reinstated) <= dispute.stage(),
         _ => true,
     }
 }
@@ -505,7 +518,8 @@ fn apply_fact(
 ) -> Result<(), PaymentRejection> {
     let charge_id = match &fact {
         ProviderFact::Failed { charge_id, .. } => charge_id.clone(),
-        ProviderFact::Authorized { charge_id, .. }
+        ProviderFact::AuthorizationEnded { charge_id, .. }
+        | ProviderFact::Authorized { charge_id, .. }
         | ProviderFact::Captured { charge_id, .. }
         | ProviderFact::ActionRequired { charge_id, .. }
         | ProviderFact::Refunded { charge_id, .. }
@@ -572,6 +586,9 @@ fn apply_fact(
                 at,
             }));
         }
+        ProviderFact::AuthorizationEnded { charge_id, reason } => {
+            authorization_ended(draft, charge_id, reason, at);
+        }
         ProviderFact::Refunded {
             charge_id,
             amount_refunded,
@@ -631,7 +648,11 @@ fn apply_fact(
             dispute_id,
             amount,
             outcome,
-        } => close_dispute(draft, charge_id, dispute_id, amount, outcome, fees, at)?,
+            reinstated,
+        } => {
+            let told = DisputeStage::closed(outcome, reinstated);
+            close_dispute(draft, charge_id, dispute_id, amount, told, fees, at)?;
+        }
         ProviderFact::Operation {
             kind,
             charge_id,
@@ -675,6 +696,30 @@ fn apply_fact(
         } => provider_fee(draft, transaction_id, fee, at)?,
     }
     Ok(())
+}
+
+/// The provider ended what was left of the authorization. Before any capture was asked for, or
+/// once the one asked for was refused, the payment fails. While a capture is open, its outcome
+/// decides (the provider took it before the end, or refuses it): the end is recorded and the
+/// payment stays `authorized`, so that a success captures as if the end had come after it (then
+/// it ended only the uncaptured remainder, which changes nothing) and a refusal fails the payment.
+fn authorization_ended(draft: &mut Draft, charge_id: String, reason: String, at: DateTime<Utc>) {
+    let status = draft.record.status;
+    if status == PaymentStatus::Authorized && draft.record.open_capture().is_some() {
+        if draft.record.authorization_ended.is_none() {
+            draft.push(PaymentEvent::AuthorizationEnded(AuthorizationEnded {
+                charge_id,
+                reason,
+                at,
+            }));
+        }
+        return;
+    }
+    draft.push(PaymentEvent::ChargeFailed(ChargeFailed {
+        charge_id: Some(charge_id),
+        reason,
+        at,
+    }));
 }
 
 /// The provider kept `fee` for one balance transaction: the clearing account comes up by it (the
@@ -794,6 +839,14 @@ fn capture_outcome(
             OperationOutcome::Failed { reason },
         ) => {
             draft.refused(&op, reason, at);
+            // The authorization ended while this capture was open: nothing is left to capture.
+            if let Some(ended) = draft.record.authorization_ended.clone() {
+                draft.push(PaymentEvent::ChargeFailed(ChargeFailed {
+                    charge_id: draft.record.provider_charge_id.clone(),
+                    reason: ended,
+                    at,
+                }));
+            }
         }
         (OperationState::Succeeded, OperationOutcome::Failed { reason })
             if draft.record.status == PaymentStatus::Captured
@@ -1144,80 +1197,120 @@ fn close_dispute(
     charge_id: String,
     dispute_id: String,
     amount: Amount,
-    outcome: DisputeOutcome,
+    told: DisputeStage,
     fees: FeeSchedule,
     at: DateTime<Utc>,
 ) -> Result<(), PaymentRejection> {
-    let known = draft.record.dispute.clone().filter(|d| d.id == dispute_id);
-    match known {
-        Some(dispute) => match dispute.outcome {
-            Some(previous) if previous == outcome => Ok(()),
-            Some(previous) => {
-                let detail = format!("dispute {dispute_id} closed {outcome:?} after {previous:?}");
-                draft.flag(ReviewReason::ContradictingFact, detail, at);
-                Ok(())
-            }
-            None => settle_dispute(draft, dispute_id, dispute.amount, outcome, at),
-        },
-        None if draft.record.status == PaymentStatus::Disputed => {
-            let detail = format!(
-                "dispute {dispute_id} closed {outcome:?} while another dispute is on record"
-            );
-            draft.flag(ReviewReason::ContradictingFact, detail, at);
-            Ok(())
-        }
-        // The close arrived before its open: it stands for both.
-        None => {
-            if implied_capture(draft, &charge_id, Amount::ZERO, fees, at)? {
-                open_dispute(draft, dispute_id.clone(), amount, at)?;
-                settle_dispute(draft, dispute_id, amount, outcome, at)?;
-            }
-            Ok(())
-        }
+    let known = draft
+        .record
+        .dispute
+        .as_ref()
+        .is_some_and(|d| d.id == dispute_id);
+    if known {
+        return advance_dispute(draft, &dispute_id, told, at);
     }
+    if draft.record.status == PaymentStatus::Disputed {
+        let detail = format!(
+            "dispute {dispute_id} closed {} while another dispute is on record",
+            told.as_str()
+        );
+        draft.flag(ReviewReason::ContradictingFact, detail, at);
+        return Ok(());
+    }
+    // The close arrived before its open: it stands for both.
+    if implied_capture(draft, &charge_id, Amount::ZERO, fees, at)? {
+        open_dispute(draft, dispute_id.clone(), amount, at)?;
+        advance_dispute(draft, &dispute_id, told, at)?;
+    }
+    Ok(())
 }
 
-/// A won dispute's withdrawal comes back to clearing (disputed +amount, clearing −amount); a
-/// lost one was the customer's money (disputed +amount, customer −amount). A dispute whose
-/// opening posted no withdrawal (an older log) posts a lost one as clearing +amount, customer
-/// −amount: either way the provider took the money back out of what it owed us.
-fn settle_dispute(
+/// Moves the recorded dispute on to the stage `told`, through every stage between (a second
+/// chargeback told first also wins the dispute before it loses it again), each with its posting.
+/// A stage the dispute has reached or passed is a late or repeated report: nothing.
+fn advance_dispute(
     draft: &mut Draft,
-    dispute_id: String,
-    amount: Amount,
-    outcome: DisputeOutcome,
+    dispute_id: &str,
+    told: DisputeStage,
     at: DateTime<Utc>,
 ) -> Result<(), PaymentRejection> {
+    while let Some(dispute) = draft.record.dispute.clone() {
+        let next = match dispute.stage() {
+            stage if stage >= told => return Ok(()),
+            DisputeStage::Open if told == DisputeStage::Lost => DisputeStage::Lost,
+            DisputeStage::Open | DisputeStage::Lost => DisputeStage::Won,
+            DisputeStage::Won | DisputeStage::LostAgain => DisputeStage::LostAgain,
+        };
+        settle_dispute(draft, dispute_id, &dispute, next, at)?;
+    }
+    Ok(())
+}
+
+/// Moves `dispute` one stage on, to `next`, and posts the money that moves:
+/// - won while open: the withdrawal comes back to clearing (disputed +A, clearing −A);
+/// - lost while open: the withdrawal was the customer's money (disputed +A, customer −A);
+/// - won after a loss: the provider gives back what the loss took (customer +A, clearing −A);
+/// - lost again after a win (a second chargeback): the provider withdraws the money again, and
+///   it is the customer's (clearing +A, customer −A).
+///
+/// A dispute whose opening posted no withdrawal (an older log) posts a loss while open as
+/// clearing +A, customer −A, and a win while open as nothing: either way the provider took the
+/// money back out of what it owed us.
+fn settle_dispute(
+    draft: &mut Draft,
+    dispute_id: &str,
+    dispute: &Dispute,
+    next: DisputeStage,
+    at: DateTime<Utc>,
+) -> Result<(), PaymentRejection> {
+    let amount = dispute.amount;
+    let outcome = match next {
+        DisputeStage::Won => DisputeOutcome::Won,
+        DisputeStage::Lost | DisputeStage::LostAgain => DisputeOutcome::Lost,
+        DisputeStage::Open => return Ok(()),
+    };
     draft.push(PaymentEvent::DisputeClosed(DisputeClosed {
-        dispute_id: dispute_id.clone(),
+        dispute_id: dispute_id.to_owned(),
         outcome,
         at,
     }));
-    let withdrawn = draft.record.dispute.as_ref().is_some_and(|d| d.withdrawn);
-    let legs = match (outcome, withdrawn) {
-        (DisputeOutcome::Won, false) => return Ok(()),
-        (DisputeOutcome::Won, true) => (
+    let (cause, legs) = match (dispute.stage(), next, dispute.withdrawn) {
+        (DisputeStage::Open, DisputeStage::Won, false) => return Ok(()),
+        (DisputeStage::Open, DisputeStage::Won, true) => (
             "reinstated",
             vec![
                 (draft.disputed(), amount),
                 (draft.clearing(), amount.checked_neg()?),
             ],
         ),
-        (DisputeOutcome::Lost, true) => (
+        (DisputeStage::Open, _, true) => (
             "lost",
             vec![
                 (draft.disputed(), amount),
                 (draft.customer(), amount.checked_neg()?),
             ],
         ),
-        (DisputeOutcome::Lost, false) => (
+        (DisputeStage::Open, _, false) => (
             "lost",
             vec![
                 (draft.clearing(), amount),
                 (draft.customer(), amount.checked_neg()?),
             ],
         ),
+        (_, DisputeStage::Won, _) => (
+            "reinstated",
+            vec![
+                (draft.customer(), amount),
+                (draft.clearing(), amount.checked_neg()?),
+            ],
+        ),
+        (_, _, _) => (
+            "lost_again",
+            vec![
+                (draft.clearing(), amount),
+                (draft.customer(), amount.checked_neg()?),
+            ],
+        ),
     };
-    draft.post(&format!("dispute:{dispute_id}:{}", legs.0), legs.1, at)?;
-    Ok(())
+    draft.post(&format!("dispute:{dispute_id}:{cause}"), legs, at)
 }

@@ -47,8 +47,8 @@ pub const TEXT_CHARS_MAX: usize = 2_048;
 /// so reaching it means an event no decision of ours made.
 const SATURATED: Amount = Amount::new(i64::MAX);
 
-/// The statuses of API.md. `Failed`, `Expired`, `Refunded` and a lost
-/// dispute are terminal.
+/// The statuses of API.md. `Failed`, `Expired`, `Refunded` and a dispute lost
+/// again after a win are terminal (a first loss may still be reversed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PaymentStatus {
@@ -142,9 +142,57 @@ pub struct Dispute {
     /// then its close moves that money on, a won one back to clearing and a lost one from the
     /// customer. A dispute opened in a log written before withdrawals were posted has none.
     pub withdrawn: bool,
+    /// Whether it was won once (the provider reinstated the money: Adyen's
+    /// CHARGEBACK_REVERSED): a loss after that is a second chargeback.
+    pub reinstated: bool,
+}
+
+/// How far a dispute went, in the order its money moves: withdrawn while open, lost (the
+/// customer's money), won (reinstated, after a loss too), lost again (a second chargeback after
+/// a win: Adyen's SECOND_CHARGEBACK, PREARBITRATION_LOST). Notifications of one dispute arrive
+/// in any order: a report of a stage the dispute has reached or passed changes nothing, and a
+/// report of a later stage implies every stage before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DisputeStage {
+    Open,
+    Lost,
+    Won,
+    LostAgain,
+}
+
+impl DisputeStage {
+    /// The stage a close with `outcome` reports; `reinstated` says the provider had won it once
+    /// before (then a loss is a second chargeback).
+    #[must_use]
+    pub const fn closed(outcome: DisputeOutcome, reinstated: bool) -> DisputeStage {
+        match (outcome, reinstated) {
+            (DisputeOutcome::Won, _) => DisputeStage::Won,
+            (DisputeOutcome::Lost, false) => DisputeStage::Lost,
+            (DisputeOutcome::Lost, true) => DisputeStage::LostAgain,
+        }
+    }
+
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DisputeStage::Open => "open",
+            DisputeStage::Lost => "lost",
+            DisputeStage::Won => "won",
+            DisputeStage::LostAgain => "lost_again",
+        }
+    }
 }
 
 impl Dispute {
+    /// The stage its events left it at.
+    #[must_use]
+    pub const fn stage(&self) -> DisputeStage {
+        match self.outcome {
+            None => DisputeStage::Open,
+            Some(outcome) => DisputeStage::closed(outcome, self.reinstated),
+        }
+    }
+
     /// The entry that posts the provider's withdrawal of the disputed amount.
     #[must_use]
     pub fn withdrawal_entry(payment: PaymentId, dispute_id: &str) -> EntryId {
@@ -192,6 +240,10 @@ pub struct PaymentRecord {
     pub provider_charge_id: Option<String>,
     pub status: PaymentStatus,
     pub authorized: Amount,
+    /// Why the provider ended the authorization while a capture of it was still open (expired,
+    /// cancelled): the capture keeps what it takes, and a refusal of it fails the payment with
+    /// this reason. Exists only while `authorized`.
+    pub authorization_ended: Option<String>,
     /// What the authorization holds as a pending credit to the customer while `authorized`
     /// (zero otherwise, and for authorizations recorded before they were held).
     pub authorization_held: Amount,
@@ -440,7 +492,15 @@ pub enum ProviderFact {
         dispute_id: String,
         amount: Amount,
         outcome: DisputeOutcome,
+        /// The provider had won the dispute once before this outcome (a reversal came first):
+        /// told with `Lost`, a second chargeback, which withdraws the money again.
+        reinstated: bool,
     },
+    /// The provider ended what was left of the authorization (Adyen's EXPIRE, CANCELLATION,
+    /// TECHNICAL_CANCEL): nothing more can be captured, and what a capture took stays captured.
+    /// Before a capture it fails the payment; with a capture still open it waits for that
+    /// capture's outcome.
+    AuthorizationEnded { charge_id: String, reason: String },
     /// The outcome of one of our operations, named by the PSP key we sent it with. A refund that
     /// fails after it succeeded is reversed; one that fails before is refused.
     Operation {
@@ -461,6 +521,25 @@ pub enum ProviderFact {
         transaction_id: String,
         fee: Amount,
     },
+}
+
+impl ProviderFact {
+    /// The dispute a dispute fact is about, and the stage it tells.
+    #[must_use]
+    pub fn dispute_stage(&self) -> Option<(&str, DisputeStage)> {
+        match self {
+            ProviderFact::DisputeOpened { dispute_id, .. } => {
+                Some((dispute_id, DisputeStage::Open))
+            }
+            ProviderFact::DisputeClosed {
+                dispute_id,
+                outcome,
+                reinstated,
+                ..
+            } => Some((dispute_id, DisputeStage::closed(*outcome, *reinstated))),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -522,6 +601,7 @@ impl PaymentCommand {
                 ProviderFact::Refunded { .. } => Input::FactRefunded,
                 ProviderFact::DisputeOpened { .. } => Input::FactDisputeOpened,
                 ProviderFact::DisputeClosed { .. } => Input::FactDisputeClosed,
+                ProviderFact::AuthorizationEnded { .. } => Input::FactAuthorizationEnded,
                 ProviderFact::Operation {
                     kind: OperationKind::Capture,
                     ..
@@ -689,6 +769,16 @@ pub struct ChargeFailed {
     pub at: DateTime<Utc>,
 }
 
+/// The provider ended the authorization while a capture of it was still open (an expiry or a
+/// cancel told before the capture's outcome): the payment stays `authorized` until that outcome,
+/// captured by a success, failed with `reason` by a refusal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuthorizationEnded {
+    pub charge_id: String,
+    pub reason: String,
+    pub at: DateTime<Utc>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PaymentExpired {
     pub at: DateTime<Utc>,
@@ -799,6 +889,8 @@ pub struct DisputeOpened {
     pub at: DateTime<Utc>,
 }
 
+/// A dispute's outcome. A `Lost` after a `Won` of the same dispute is a second chargeback: the
+/// provider withdrew the reinstated money again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DisputeClosed {
     pub dispute_id: String,
@@ -844,6 +936,7 @@ crate::event::event_family! {
         CaptureRequested = 1,
         ChargeCaptured = 1,
         ChargeFailed = 1,
+        AuthorizationEnded = 1,
         PaymentExpired = 1,
         RefundRequested = 1,
         RefundSettled = 1,
@@ -872,6 +965,7 @@ impl PaymentEvent {
             PaymentEvent::CaptureRequested(e) => e.at,
             PaymentEvent::ChargeCaptured(e) => e.at,
             PaymentEvent::ChargeFailed(e) => e.at,
+            PaymentEvent::AuthorizationEnded(e) => e.at,
             PaymentEvent::PaymentExpired(e) => e.at,
             PaymentEvent::RefundRequested(e) => e.at,
             PaymentEvent::RefundSettled(e) => e.at,
@@ -915,6 +1009,7 @@ pub fn evolve(mut payment: Payment, event: &PaymentEvent) -> Payment {
             provider_charge_id: None,
             status: PaymentStatus::Pending,
             authorized: Amount::ZERO,
+            authorization_ended: None,
             authorization_held: Amount::ZERO,
             captured: Amount::ZERO,
             fee: Amount::ZERO,
@@ -946,9 +1041,11 @@ pub fn evolve(mut payment: Payment, event: &PaymentEvent) -> Payment {
 fn apply(record: &mut PaymentRecord, event: &PaymentEvent) {
     apply_fields(record, event);
     record.updated_at = event.at();
-    // Leaving `authorized` ends the hold (its release is posted by the decision that left).
+    // Leaving `authorized` ends the hold (its release is posted by the decision that left), and
+    // an ended authorization waits for nothing any more.
     if record.status != PaymentStatus::Authorized {
         record.authorization_held = Amount::ZERO;
+        record.authorization_ended = None;
     }
     // API.md: next_action exists only while requires_action, whatever order
     // the facts came in.
@@ -1003,6 +1100,10 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
             }
             record.status = PaymentStatus::Failed;
             record.failure_reason = Some(e.reason.clone());
+        }
+        PaymentEvent::AuthorizationEnded(e) => {
+            record.provider_charge_id = Some(e.charge_id.clone());
+            record.authorization_ended = Some(e.reason.clone());
         }
         PaymentEvent::PaymentExpired(_) => record.status = PaymentStatus::Expired,
         PaymentEvent::RefundRequested(e) => record.operations.push(Operation::requested(
@@ -1101,6 +1202,7 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
                 outcome: None,
                 status_before: record.status,
                 withdrawn: false,
+                reinstated: false,
             });
             record.status = PaymentStatus::Disputed;
         }
@@ -1108,7 +1210,10 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
             if let Some(dispute) = record.dispute.as_mut() {
                 dispute.outcome = Some(e.outcome);
                 record.status = match e.outcome {
-                    DisputeOutcome::Won => dispute.status_before,
+                    DisputeOutcome::Won => {
+                        dispute.reinstated = true;
+                        dispute.status_before
+                    }
                     DisputeOutcome::Lost => PaymentStatus::Disputed,
                 };
             }

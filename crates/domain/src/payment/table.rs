@@ -24,6 +24,7 @@ pub enum Input {
     FactAuthorized,
     FactCaptured,
     FactFailed,
+    FactAuthorizationEnded,
     FactRefunded,
     FactDisputeOpened,
     FactDisputeClosed,
@@ -33,7 +34,7 @@ pub enum Input {
 }
 
 impl Input {
-    pub const ALL: [Input; 15] = [
+    pub const ALL: [Input; 16] = [
         Input::Create,
         Input::RequestCapture,
         Input::RequestRefund,
@@ -43,6 +44,7 @@ impl Input {
         Input::FactAuthorized,
         Input::FactCaptured,
         Input::FactFailed,
+        Input::FactAuthorizationEnded,
         Input::FactRefunded,
         Input::FactDisputeOpened,
         Input::FactDisputeClosed,
@@ -63,6 +65,7 @@ impl Input {
             Input::FactAuthorized => "fact_authorized",
             Input::FactCaptured => "fact_captured",
             Input::FactFailed => "fact_failed",
+            Input::FactAuthorizationEnded => "fact_authorization_ended",
             Input::FactRefunded => "fact_refunded",
             Input::FactDisputeOpened => "fact_dispute_opened",
             Input::FactDisputeClosed => "fact_dispute_closed",
@@ -80,6 +83,7 @@ impl Input {
                 | Input::FactAuthorized
                 | Input::FactCaptured
                 | Input::FactFailed
+                | Input::FactAuthorizationEnded
                 | Input::FactRefunded
                 | Input::FactDisputeOpened
                 | Input::FactDisputeClosed
@@ -180,6 +184,13 @@ pub const fn rule(from: Option<PaymentStatus>, input: Input) -> Rule {
         (Input::FactFailed, Failed | Expired) => IGNORE,
         (Input::FactFailed, _) => FLAG,
 
+        // The provider ended what was left of the authorization: before a capture the payment
+        // fails; with a capture still open it stays authorized until the capture's outcome; once
+        // captured (in part or whole) it is the uncaptured remainder's end and changes nothing.
+        (Input::FactAuthorizationEnded, Pending | RequiresAction) => apply(&[Failed]),
+        (Input::FactAuthorizationEnded, Authorized) => apply(&[Authorized, Failed]),
+        (Input::FactAuthorizationEnded, _) => IGNORE,
+
         (
             Input::FactRefunded,
             Pending | RequiresAction | Authorized | Captured | PartiallyRefunded,
@@ -201,7 +212,8 @@ pub const fn rule(from: Option<PaymentStatus>, input: Input) -> Rule {
         (Input::FactDisputeClosed, _) => FLAG,
 
         // The outcome of a capture we asked for: a success captures, a refusal frees the
-        // authorization for another capture. A failure after the capture reverses it and the
+        // authorization for another capture (or fails the payment, if the provider ended the
+        // authorization while the capture was open). A failure after the capture reverses it and the
         // payment fails (at once, from authorized, when the reversal arrives before the success);
         // once refunded or disputed, a late answer changes nothing (a failure is flagged).
         (Input::FactCaptureOutcome, Authorized) => apply(&[Authorized, Captured, Failed]),

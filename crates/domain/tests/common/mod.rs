@@ -134,6 +134,23 @@ pub fn f_dispute_closed(id: &str, amount: i64, outcome: DisputeOutcome) -> Payme
         dispute_id: id.into(),
         amount: amt(amount),
         outcome,
+        reinstated: false,
+    })
+}
+/// A second chargeback: the dispute lost after the provider had reinstated its money.
+pub fn f_dispute_lost_again(id: &str, amount: i64) -> PaymentCommand {
+    fact(ProviderFact::DisputeClosed {
+        charge_id: CHARGE.into(),
+        dispute_id: id.into(),
+        amount: amt(amount),
+        outcome: DisputeOutcome::Lost,
+        reinstated: true,
+    })
+}
+pub fn f_authorization_ended(reason: &str) -> PaymentCommand {
+    fact(ProviderFact::AuthorizationEnded {
+        charge_id: CHARGE.into(),
+        reason: reason.into(),
     })
 }
 

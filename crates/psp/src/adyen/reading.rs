@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use super::wire::{
     NotificationItem, PaymentResponse, ResultCode, CAPTURE_DELAY_HOURS, DISPUTE_STATUS,
 };
-use crate::event::{ChargeDispute, EventData, EventType, WebhookEvent};
+use crate::event::{AuthorizationEnd, ChargeDispute, EventData, EventType, WebhookEvent};
 use crate::provider::{
     Charge, ChargeOutcome, ChargeStatus, CreateCharge, Dispute, DisputeStatus, NextAction,
     Operation, OperationKind, OperationStatus,
@@ -168,29 +168,34 @@ pub fn item_event(item: &NotificationItem) -> Option<WebhookEvent> {
             };
             (kind, EventData::of_charge(charge, None))
         }
-        // A cancel, by the payment's pspReference or by our reference: the authorisation is gone.
-        "CANCELLATION" | "TECHNICAL_CANCEL" if success => {
-            let payment = item.original_reference.clone()?;
-            let mut charge = bare_charge(item, payment, at);
-            charge.status = ChargeStatus::Failed;
-            charge.failure_code = Some("canceled".to_owned());
+        // A cancel (by the payment's pspReference, or of what our reference made) or an expiry
+        // ends what is left of the authorisation; it does not say whether a capture came first
+        // (a partial capture's remainder expires too), so it is the authorisation's end, not a
+        // failed charge. EXPIRE names the payment by its own pspReference, as Adyen's example.
+        code @ ("CANCELLATION" | "TECHNICAL_CANCEL" | "EXPIRE") if success => {
+            let charge = match code {
+                "EXPIRE" => item
+                    .original_reference
+                    .clone()
+                    .unwrap_or_else(|| item.psp_reference.clone()),
+                _ => item.original_reference.clone()?,
+            };
+            let reason = if code == "EXPIRE" {
+                "expired"
+            } else {
+                "canceled"
+            };
             let data = EventData {
+                charge: None,
+                operation: None,
+                dispute: None,
+                authorization_end: Some(AuthorizationEnd {
+                    charge,
+                    reason: reason.to_owned(),
+                }),
                 reference: Some(item.merchant_reference.clone()),
-                ..EventData::of_charge(charge, None)
             };
             (EventType::ChargeFailed, data)
-        }
-        // The uncaptured remainder expired: no capture can follow.
-        "EXPIRE" if success => {
-            let payment = item
-                .original_reference
-                .clone()
-                .unwrap_or_else(|| item.psp_reference.clone());
-            let mut charge = bare_charge(item, payment, at);
-            charge.status = ChargeStatus::Failed;
-            charge.failure_code = Some("expired".to_owned());
-            charge.reference = Some(item.merchant_reference.clone());
-            (EventType::ChargeFailed, EventData::of_charge(charge, None))
         }
         code
         @ ("CAPTURE" | "CAPTURE_FAILED" | "REFUND" | "REFUND_FAILED" | "REFUNDED_REVERSED") => {
@@ -229,6 +234,7 @@ pub fn item_event(item: &NotificationItem) -> Option<WebhookEvent> {
                 charge: None,
                 operation: Some(operation),
                 dispute: None,
+                authorization_end: None,
                 reference: Some(item.merchant_reference.clone()),
             };
             (EventType::OperationUpdated, data)
@@ -248,19 +254,24 @@ pub fn item_event(item: &NotificationItem) -> Option<WebhookEvent> {
                 created: at,
                 closed: (status != DisputeStatus::Open).then_some(at),
                 id: Some(item.psp_reference.clone()),
+                reinstated: matches!(code, "SECOND_CHARGEBACK" | "PREARBITRATION_LOST"),
             };
             let kind = if status == DisputeStatus::Open {
                 EventType::ChargeDisputeCreated
             } else {
                 EventType::ChargeDisputeClosed
             };
+            // The later items of a dispute may carry no `originalReference` (Adyen's examples of
+            // CHARGEBACK_REVERSED and SECOND_CHARGEBACK do not): the dispute is named by its
+            // pspReference and the payment by our reference, whose charge it is.
             let data = EventData {
                 charge: None,
                 operation: None,
                 dispute: Some(ChargeDispute {
-                    charge: item.original_reference.clone()?,
+                    charge: item.original_reference.clone(),
                     dispute,
                 }),
+                authorization_end: None,
                 reference: Some(item.merchant_reference.clone()),
             };
             (kind, data)
@@ -277,12 +288,13 @@ pub fn item_event(item: &NotificationItem) -> Option<WebhookEvent> {
 
 /// Where a dispute stands after one of its money events (docs/adyen-wire.md §6). A CHARGEBACK withdraws
 /// the money; it is final when `disputeStatus` says the merchant lost or gave up, and a won
-/// status or a reversal gives it back.
+/// status or a reversal gives it back. A SECOND_CHARGEBACK or a lost pre-arbitration follows a
+/// reversal and withdraws the money again, whatever its `disputeStatus` says.
 fn dispute_status(code: &str, status: Option<&str>) -> DisputeStatus {
     match (code, status) {
+        ("SECOND_CHARGEBACK" | "PREARBITRATION_LOST", _) => DisputeStatus::Lost,
         ("CHARGEBACK_REVERSED" | "PREARBITRATION_WON", _) | (_, Some("Won")) => DisputeStatus::Won,
-        ("SECOND_CHARGEBACK" | "PREARBITRATION_LOST", _)
-        | (_, Some("Lost" | "Accepted" | "Expired")) => DisputeStatus::Lost,
+        (_, Some("Lost" | "Accepted" | "Expired")) => DisputeStatus::Lost,
         _ => DisputeStatus::Open,
     }
 }
@@ -441,7 +453,7 @@ mod tests {
             item_event(&item).map(|event| event.data.dispute.unwrap())
         };
         let opened = dispute("CHARGEBACK", Some("Undefended")).unwrap();
-        assert_eq!(opened.charge, "PAYMENT000000001");
+        assert_eq!(opened.charge.as_deref(), Some("PAYMENT000000001"));
         assert_eq!(opened.dispute.status, DisputeStatus::Open);
         assert_eq!(opened.dispute.id.as_deref(), Some("DISPUTE000000001"));
         for (code, status, expected) in [
@@ -459,5 +471,72 @@ mod tests {
         }
         assert!(dispute("NOTIFICATION_OF_CHARGEBACK", None).is_none());
         assert!(dispute("REPORT_AVAILABLE", None).is_none());
+        // A second loss follows a reversal, whatever its status says.
+        for code in ["SECOND_CHARGEBACK", "PREARBITRATION_LOST"] {
+            let again = dispute(code, Some("Won")).unwrap().dispute;
+            assert_eq!(
+                (again.status, again.reinstated),
+                (DisputeStatus::Lost, true)
+            );
+        }
+        assert!(
+            !dispute("CHARGEBACK", Some("Lost"))
+                .unwrap()
+                .dispute
+                .reinstated
+        );
+    }
+
+    /// Adyen's examples of the later items of a dispute carry no `originalReference`: the
+    /// dispute is read by its pspReference, and the payment by our reference.
+    #[test]
+    fn a_dispute_item_without_its_original_reference_names_the_payment_by_our_reference() {
+        for code in ["CHARGEBACK_REVERSED", "SECOND_CHARGEBACK"] {
+            let mut unreferenced = item(code, true);
+            unreferenced.psp_reference = "DISPUTE000000001".into();
+            unreferenced.original_reference = None;
+            unreferenced.merchant_reference = "pay_01900000000070008000000000000042".into();
+            let event = item_event(&unreferenced).expect("read, not dropped");
+            assert_eq!(event.kind, EventType::ChargeDisputeClosed);
+            assert_eq!(
+                event.data.payment_ref(),
+                Some("pay_01900000000070008000000000000042")
+            );
+            let disputed = event.data.dispute.unwrap();
+            assert_eq!(disputed.charge, None);
+            assert_eq!(disputed.dispute.id.as_deref(), Some("DISPUTE000000001"));
+        }
+    }
+
+    /// An expiry or a cancel ends what is left of the authorisation; it says nothing of a
+    /// capture before it, so it is no failed charge.
+    #[test]
+    fn expiries_and_cancels_end_the_authorisation() {
+        let mut expired = item("EXPIRE", true);
+        expired.psp_reference = "PAYMENT000000001".into();
+        expired.original_reference = None;
+        expired.merchant_reference = "pay_x".into();
+        let event = item_event(&expired).unwrap();
+        assert!(event.data.charge.is_none());
+        assert_eq!(
+            event.data.authorization_end,
+            Some(AuthorizationEnd {
+                charge: "PAYMENT000000001".into(),
+                reason: "expired".into()
+            })
+        );
+        assert_eq!(event.data.payment_ref(), Some("pay_x"));
+        for code in ["CANCELLATION", "TECHNICAL_CANCEL"] {
+            let event = item_event(&item(code, true)).unwrap();
+            assert_eq!(
+                event
+                    .data
+                    .authorization_end
+                    .map(|end| (end.charge, end.reason)),
+                Some(("PAYMENT000000001".to_owned(), "canceled".to_owned()))
+            );
+            assert!(item_event(&item(code, false)).is_none(), "{code} refused");
+        }
+        assert!(item_event(&item("EXPIRE", false)).is_none());
     }
 }

@@ -60,6 +60,12 @@ pub struct Faults {
     /// instead of waiting or replaying.
     #[serde(default)]
     pub key_in_use_conflict: bool,
+    /// The Adyen dialect sends a dispute's CHARGEBACK_REVERSED and SECOND_CHARGEBACK as Adyen's
+    /// own examples (`Webhooks-v1.json`) show them: without `originalReference`, the dispute
+    /// named by its pspReference and the payment by `merchantReference`. Other dialects ignore
+    /// it.
+    #[serde(default)]
+    pub dispute_items_as_adyen_examples: bool,
 }
 
 /// `POST /sim/faults`: the fields present replace the current ones, the
@@ -81,6 +87,7 @@ pub struct FaultsPatch {
     pub refund_reversal_delay_ms: Option<u64>,
     pub lookup_disabled: Option<bool>,
     pub key_in_use_conflict: Option<bool>,
+    pub dispute_items_as_adyen_examples: Option<bool>,
 }
 
 /// Why a fault set was refused.
@@ -120,6 +127,9 @@ impl Faults {
             key_in_use_conflict: patch
                 .key_in_use_conflict
                 .unwrap_or(self.key_in_use_conflict),
+            dispute_items_as_adyen_examples: patch
+                .dispute_items_as_adyen_examples
+                .unwrap_or(self.dispute_items_as_adyen_examples),
         };
         next.validate()?;
         Ok(next)

@@ -58,6 +58,10 @@ fn control_routes() -> Router<Simulator> {
         .route("/charges/{id}/refund_out_of_band", post(refund_out_of_band))
         .route("/charges/{id}/dispute", post(open_dispute))
         .route("/charges/{id}/dispute/close", post(close_dispute))
+        .route(
+            "/charges/{id}/dispute/second_chargeback",
+            post(second_chargeback),
+        )
         .route("/charges/{id}/amount", post(set_amount))
         .route("/operations", get(list_operations))
         .route("/operations/{id}/fail", post(fail_operation))
@@ -489,6 +493,11 @@ async fn close_dispute(
         let won = matches!(b.outcome, CloseOutcome::Won);
         into_response(sim.state().close_dispute(&id, won, Utc::now()))
     })
+}
+
+/// A won dispute lost after all: the disputed money is withdrawn again.
+async fn second_chargeback(State(sim): State<Simulator>, Path(id): Path<String>) -> Response {
+    into_response(sim.state().second_chargeback(&id, Utc::now()))
 }
 
 async fn set_amount(State(sim): State<Simulator>, Path(id): Path<String>, body: Bytes) -> Response {

@@ -1354,6 +1354,7 @@ impl SimState {
                 created: now,
                 closed: None,
                 id: None,
+                reinstated: false,
             });
             Ok(())
         })
@@ -1398,6 +1399,7 @@ impl SimState {
             |c| match &mut c.dispute {
                 Some(d) if d.status == DisputeStatus::Won => {
                     d.status = DisputeStatus::Lost;
+                    d.reinstated = true;
                     d.closed = Some(now);
                     Ok(())
                 }

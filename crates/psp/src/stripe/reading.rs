@@ -159,6 +159,7 @@ pub fn dispute_of(dispute: &wire::Dispute) -> Dispute {
         closed: None,
         // Named by charge and creation time, as every dispute posted from Stripe has been.
         id: None,
+        reinstated: false,
     }
 }
 

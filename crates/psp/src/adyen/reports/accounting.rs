@@ -181,24 +181,27 @@ impl Fold {
                     created: row.booked,
                     closed: None,
                     id: row.modification_reference.clone(),
+                    reinstated: false,
                 });
                 dispute.amount_minor = amount;
             }
+            // A second chargeback follows a reversal: the money withdrawn again.
             code @ ("ChargebackReversed" | "SecondChargeback") => {
-                let status = if code == "ChargebackReversed" {
-                    DisputeStatus::Won
+                let (status, reinstated) = if code == "ChargebackReversed" {
+                    (DisputeStatus::Won, false)
                 } else {
-                    DisputeStatus::Lost
+                    (DisputeStatus::Lost, true)
                 };
-                let dispute = self.dispute.get_or_insert(Dispute {
-                    status,
-                    amount_minor: amount,
-                    created: row.booked,
-                    closed: None,
-                    id: row.modification_reference.clone(),
-                });
-                dispute.status = status;
-                dispute.closed = Some(row.booked);
+                self.dispute
+                    .get_or_insert(Dispute {
+                        status: DisputeStatus::Open,
+                        amount_minor: amount,
+                        created: row.booked,
+                        closed: None,
+                        id: row.modification_reference.clone(),
+                        reinstated: false,
+                    })
+                    .advance(status, reinstated, row.booked);
             }
             _ => {}
         }

@@ -240,23 +240,24 @@ pub fn charges_of<'a>(
                 "Refunded" | "RefundedReversed" => {
                     charge.amount_refunded = charge.amount_refunded.saturating_sub(gross)
                 }
+                // A second chargeback follows a reversal: the money withdrawn again.
                 code @ ("Chargeback" | "ChargebackReversed" | "SecondChargeback") => {
-                    let status = match code {
-                        "Chargeback" => DisputeStatus::Open,
-                        "ChargebackReversed" => DisputeStatus::Won,
-                        _ => DisputeStatus::Lost,
+                    let (status, reinstated) = match code {
+                        "Chargeback" => (DisputeStatus::Open, false),
+                        "ChargebackReversed" => (DisputeStatus::Won, false),
+                        _ => (DisputeStatus::Lost, true),
                     };
-                    let dispute = charge.dispute.get_or_insert(Dispute {
-                        status,
-                        amount_minor: gross.saturating_abs(),
-                        created: row.created,
-                        closed: None,
-                        id: row.modification_reference.clone(),
-                    });
-                    dispute.status = status;
-                    if status != DisputeStatus::Open {
-                        dispute.closed = Some(row.created);
-                    }
+                    charge
+                        .dispute
+                        .get_or_insert(Dispute {
+                            status: DisputeStatus::Open,
+                            amount_minor: gross.saturating_abs(),
+                            created: row.created,
+                            closed: None,
+                            id: row.modification_reference.clone(),
+                            reinstated: false,
+                        })
+                        .advance(status, reinstated, row.created);
                 }
                 _ => {}
             }

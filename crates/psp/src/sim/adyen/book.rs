@@ -242,6 +242,14 @@ impl AdyenBook {
             .expect("the dispute was inserted above")
     }
 
+    /// The payment (its charge's id) whose dispute is `psp_reference`.
+    pub fn payment_of_dispute(&self, psp_reference: &str) -> Option<&str> {
+        self.disputes
+            .iter()
+            .find(|(_, dispute)| dispute.psp_reference == psp_reference)
+            .map(|(charge, _)| charge.as_str())
+    }
+
     pub fn answer(&self, key: &str) -> Option<&StoredAnswer> {
         self.answers.get(key)
     }

@@ -19,8 +19,10 @@
 //!
 //! A modification's item carries its own pspReference, the payment's as `originalReference`,
 //! and the modification request's `reference` as `merchantReference` (the payment's when the
-//! request had none); a dispute's carry the dispute's pspReference and the payment's reference.
-//! AUTHORISATION items have no `originalReference`.
+//! request had none); a dispute's carry the dispute's pspReference and the payment's reference
+//! (and the payment's pspReference as `originalReference`, except on CHARGEBACK_REVERSED and
+//! SECOND_CHARGEBACK when the run asks for Adyen's examples' shape). AUTHORISATION items have no
+//! `originalReference`.
 
 use std::collections::BTreeMap;
 
@@ -265,7 +267,9 @@ fn modification_event(
     )
 }
 
-/// A dispute's item, with its status and reason code.
+/// A dispute's item, with its status and reason code. Its CHARGEBACK_REVERSED and
+/// SECOND_CHARGEBACK leave `originalReference` out when the run asks for Adyen's examples'
+/// shape (`dispute_items_as_adyen_examples`).
 fn dispute_item(
     state: &mut SimState,
     payment: &PaymentRecord,
@@ -293,12 +297,14 @@ fn dispute_item(
         .dispute
         .as_ref()
         .map_or(payment.amount.value, |dispute| dispute.amount_minor);
+    let unreferenced = state.faults.dispute_items_as_adyen_examples
+        && matches!(event_code, "CHARGEBACK_REVERSED" | "SECOND_CHARGEBACK");
     encode(
         state,
         Item {
             event_code,
             psp_reference,
-            original_reference: Some(payment.psp_reference.clone()),
+            original_reference: (!unreferenced).then(|| payment.psp_reference.clone()),
             merchant_account: payment.merchant_account.clone(),
             merchant_reference: payment.reference.clone(),
             amount: Amount {

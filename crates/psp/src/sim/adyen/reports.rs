@@ -178,10 +178,15 @@ pub(crate) fn journal(book: &mut AdyenBook, outgoing: &[Outgoing]) {
         let Ok(item) = serde_json::from_slice::<NotificationItem>(&outgoing.body) else {
             continue;
         };
-        let payment = item
-            .original_reference
-            .clone()
-            .unwrap_or_else(|| item.psp_reference.clone());
+        // An item without `originalReference` names the payment by its own pspReference (an
+        // AUTHORISATION), or is a dispute's named by the dispute's.
+        let payment = match &item.original_reference {
+            Some(payment) => payment.clone(),
+            None => book
+                .payment_of_dispute(&item.psp_reference)
+                .unwrap_or(&item.psp_reference)
+                .to_owned(),
+        };
         let Some(record) = book.payment(&payment) else {
             continue;
         };

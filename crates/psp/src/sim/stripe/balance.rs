@@ -281,6 +281,7 @@ mod tests {
             created: charge.created,
             closed: None,
             id: None,
+            reinstated: false,
         });
         let dispute = of_dispute(&charge);
         let nets: Vec<(&str, i64)> = dispute
