@@ -975,13 +975,10 @@ impl PaymentFlow {
                 }
                 _ => Err(PaymentRejection::NotFound),
             };
-            let operation = decided.as_ref().ok().and_then(|events| {
-                events.iter().find_map(|event| match event {
-                    PaymentEvent::RefundRequested(e) => Some((OperationKind::Refund, e.sequence)),
-                    PaymentEvent::CaptureRequested(e) => Some((OperationKind::Capture, e.sequence)),
-                    _ => None,
-                })
-            });
+            let operation = decided
+                .as_ref()
+                .ok()
+                .and_then(|events| requested_operation(payment, events));
             let resource = Resource {
                 payment: id,
                 operation,
@@ -1051,8 +1048,9 @@ impl PaymentFlow {
                         return Ok(Step::Answered(answer));
                     }
                     // Nothing new to record (the same capture is already awaiting the
-                    // provider): the key is ours, so ask the provider again with the same PSP
-                    // key, which is safe, instead of appending an empty decision.
+                    // provider): the key is ours and names that capture, so ask the provider
+                    // again with the same PSP key while it is open, which is safe, or answer its
+                    // outcome once it has one, instead of appending an empty decision.
                     Ok(events) if events.is_empty() => {
                         tx.commit().await?;
                         return Ok(Step::Work {
@@ -1173,6 +1171,28 @@ impl std::str::FromStr for Resource {
             payment: PaymentId::parse(payment).map_err(|_| ())?,
             operation,
         })
+    }
+}
+
+/// The operation a merchant request's decision names: the capture or refund it records, or,
+/// when it records nothing because the same capture already awaits the provider, that open
+/// capture. It is named as the decision saw it: it may settle before the request reaches the
+/// provider (another request's answer, a webhook), and the request then answers its outcome
+/// instead of looking for an open capture that is gone.
+fn requested_operation(payment: &Payment, events: &[PaymentEvent]) -> Option<(OperationKind, u32)> {
+    let recorded = events.iter().find_map(|event| match event {
+        PaymentEvent::RefundRequested(e) => Some((OperationKind::Refund, e.sequence)),
+        PaymentEvent::CaptureRequested(e) => Some((OperationKind::Capture, e.sequence)),
+        _ => None,
+    });
+    match (recorded, events.is_empty()) {
+        (Some(operation), _) => Some(operation),
+        (None, true) => payment
+            .record
+            .as_ref()?
+            .open_capture()
+            .map(|op| (OperationKind::Capture, op.sequence)),
+        (None, false) => None,
     }
 }
 
