@@ -85,6 +85,12 @@ pub enum FlowError {
     TooManyConflicts(PaymentId),
     #[error("stored state is inconsistent: {0}")]
     Inconsistent(String),
+    /// A ledger command lost every race it had on its accounts' guards: other writes kept
+    /// changing them between its decision and its commit. Nothing was written and its key was
+    /// not claimed, so the same request may be sent again (the API answers 409 `account_busy`
+    /// with `Retry-After`).
+    #[error("{0} kept losing races on its accounts; nothing was written")]
+    Contended(String),
     /// The state machine refused a command of ours (a fact is never refused).
     #[error("refused: {0}")]
     Rejected(PaymentRejection),
