@@ -112,10 +112,10 @@ impl LedgerFlow {
 
     /// Loads the transfer and the guards its ending touches, and decides the ending. The guards
     /// are read as a transfer reads them: once no command of this process is writing one, from
-    /// what its commits left in memory (read from the log, an ending decided against the state
-    /// a command in flight is changing, lost its race to it, and on a busy account lost every
-    /// race it had). Only the log refuses: an ending refused on a remembered state is decided
-    /// again against the log.
+    /// what its commits left in memory (read from the log, an ending would be decided against the
+    /// state a command in flight is changing and lose its race to it, on a busy account every
+    /// time). Only the log refuses: an ending refused on a remembered state is decided again
+    /// against the log.
     async fn decide_ending(
         &self,
         tenant: &TenantId,
@@ -134,8 +134,22 @@ impl LedgerFlow {
             Ok(events) => events,
             Err(rejection) => return Ok(Err(rejection)),
         };
-        let guards = log::load_guards(self.store.as_ref(), log::transfer_entries(&events)).await?;
-        let decision = match hold::decide_with_guards(&transfer, &command, &guards) {
+        let entries = log::transfer_entries(&events);
+        let loaded = self
+            .guards
+            .load_after_writes(self.store.as_ref(), entries.iter().copied())
+            .await?;
+        let (guards, decided) = match hold::decide_with_guards(&transfer, &command, &loaded.states)
+        {
+            Err(_) if loaded.remembered => {
+                self.guards.forget(loaded.states.keys());
+                let guards = log::load_guards(self.store.as_ref(), entries).await?;
+                let decided = hold::decide_with_guards(&transfer, &command, &guards);
+                (guards, decided)
+            }
+            decided => (loaded.states, decided),
+        };
+        let decision = match decided {
             Ok(decision) => decision,
             Err(rejection) => return Ok(Err(rejection)),
         };
