@@ -34,6 +34,7 @@ pub const ACCOUNTS_LIMIT_DEFAULT: usize = 100;
         (status = 201, description = "The account's first declaration in this currency", body = crate::openapi::Account),
         (status = 200, description = "A later declaration: it replaces the policy and metadata", body = crate::openapi::Account),
         (status = 400, description = "Invalid body, account or key", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "The key's first request is still in flight, or account_busy (nothing done; retry with the same key after Retry-After)", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "account_reserved (a system account), amount_too_large (the limit), or the key was reused", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
     )
 )]

@@ -6,7 +6,7 @@ use asiento_app::idempotency::{
     canonical_body_hash, IdempotencyKey, KeyError, Scope, StoredResponse,
 };
 use asiento_app::ledger::NewTransfer;
-use asiento_app::payments::{Idempotent, NewPayment};
+use asiento_app::payments::{FlowError, Idempotent, NewPayment};
 use asiento_app::reply::Answer;
 use asiento_domain::{
     CaptureMode, CustomerId, HoldAction, PaymentId, ProviderName, TenantId, TransferId,
@@ -69,7 +69,7 @@ pub(crate) fn tenant_id(tenant: &AuthenticatedTenant) -> Result<TenantId, Proble
 }
 
 /// Turns a use case's answer into the HTTP response; replays carry `Idempotent-Replayed: true`.
-pub fn answer_response(answer: Result<Answer, asiento_app::payments::FlowError>) -> Response {
+pub fn answer_response(answer: Result<Answer, FlowError>) -> Response {
     match answer {
         Ok(Answer::Done(stored)) => stored_response(stored, false),
         Ok(Answer::Replayed(stored)) => stored_response(stored, true),
@@ -86,6 +86,18 @@ pub fn answer_response(answer: Result<Answer, asiento_app::payments::FlowError>)
             "this Idempotency-Key was used with a different request body",
         )
         .into_response(),
+        // Nothing was written and the key is free: the same request may be sent again.
+        Err(error @ FlowError::Contended(_)) => {
+            tracing::warn!(%error, "a ledger command gave up on busy accounts");
+            Problem::new(
+                StatusCode::CONFLICT,
+                "account_busy",
+                "other requests kept changing these accounts while this one was decided; \
+                 nothing was done; retry with the same Idempotency-Key",
+            )
+            .with_retry_after(1)
+            .into_response()
+        }
         Err(error) => Problem::server(&error).into_response(),
     }
 }
@@ -270,7 +282,7 @@ pub async fn refund_payment(
     responses(
         (status = 201, description = "Posted", body = crate::openapi::Transfer),
         (status = 400, description = "Invalid body, account or key", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
-        (status = 409, description = "The key's first request is still in flight", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "The key's first request is still in flight, or account_busy (nothing done; retry with the same key after Retry-After)", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "insufficient_funds, or the key was reused", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
     )
 )]
@@ -334,7 +346,7 @@ pub fn transfer_id(raw: &str) -> Result<TransferId, Problem> {
     responses(
         (status = 200, description = "Posted: the amount moved, the rest of the hold released", body = crate::openapi::Transfer),
         (status = 404, description = "transfer_not_found", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
-        (status = 409, description = "not_a_hold, hold_posted, hold_voided, hold_expired, or the key is in flight", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "not_a_hold, hold_posted, hold_voided, hold_expired, account_busy (nothing done; retry with the same key after Retry-After), or the key is in flight", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "amount_exceeds_hold, account_frozen, or the key was reused", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
     )
 )]
@@ -368,7 +380,7 @@ pub async fn post_hold(
     responses(
         (status = 200, description = "Voided: the whole hold released", body = crate::openapi::Transfer),
         (status = 404, description = "transfer_not_found", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
-        (status = 409, description = "not_a_hold, hold_posted, hold_voided, hold_expired, or the key is in flight", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "not_a_hold, hold_posted, hold_voided, hold_expired, account_busy (nothing done; retry with the same key after Retry-After), or the key is in flight", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
         (status = 422, description = "The key was reused", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
     )
 )]
@@ -426,4 +438,27 @@ async fn end_hold(
             .settle_hold(&idempotent, &tenant, id, action)
             .await,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_command_that_kept_losing_races_is_a_409_to_retry_never_a_500() {
+        let response = answer_response(Err(FlowError::Contended("hold tr_x".into())));
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(
+            response
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|value| value.to_str().ok()),
+            Some("1")
+        );
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .expect("body");
+        let problem: Value = serde_json::from_slice(&bytes).expect("problem json");
+        assert_eq!(problem["code"], "account_busy");
+    }
 }

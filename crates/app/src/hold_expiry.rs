@@ -182,7 +182,8 @@ pub async fn expire_due(ledger: &LedgerFlow) -> Result<u64, ExpiryError> {
             HoldExpiry::Expired => expired += 1,
             // Its ending is in the log: the next catch-up removes the row, this saves a visit.
             HoldExpiry::AlreadyEnded => forget(&ledger.database, &transfer).await?,
-            HoldExpiry::NotDue => {}
+            // Not due yet, or its accounts too busy this round: the next round tries again.
+            HoldExpiry::NotDue | HoldExpiry::Contended => {}
             HoldExpiry::Refused(rejection) => {
                 tracing::error!(%transfer, %rejection, "a hold expiry row names no open hold; dropped");
                 forget(&ledger.database, &transfer).await?;

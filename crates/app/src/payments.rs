@@ -81,6 +81,12 @@ pub enum FlowError {
     TooManyConflicts(PaymentId),
     #[error("stored state is inconsistent: {0}")]
     Inconsistent(String),
+    /// A ledger command lost every race it had on its accounts' guards: other writes kept
+    /// changing them between its decision and its commit. Nothing was written and its key was
+    /// not claimed, so the same request may be sent again (the API answers 409 `account_busy`
+    /// with `Retry-After`).
+    #[error("{0} kept losing races on its accounts; nothing was written")]
+    Contended(String),
     /// The state machine refused a command of ours (a fact is never refused).
     #[error("refused: {0}")]
     Rejected(PaymentRejection),
@@ -968,13 +974,10 @@ impl PaymentFlow {
                 }
                 _ => Err(PaymentRejection::NotFound),
             };
-            let operation = decided.as_ref().ok().and_then(|events| {
-                events.iter().find_map(|event| match event {
-                    PaymentEvent::RefundRequested(e) => Some((OperationKind::Refund, e.sequence)),
-                    PaymentEvent::CaptureRequested(e) => Some((OperationKind::Capture, e.sequence)),
-                    _ => None,
-                })
-            });
+            let operation = decided
+                .as_ref()
+                .ok()
+                .and_then(|events| requested_operation(payment, events));
             let resource = Resource {
                 payment: id,
                 operation,
@@ -1044,8 +1047,9 @@ impl PaymentFlow {
                         return Ok(Step::Answered(answer));
                     }
                     // Nothing new to record (the same capture is already awaiting the
-                    // provider): the key is ours, so ask the provider again with the same PSP
-                    // key, which is safe, instead of appending an empty decision.
+                    // provider): the key is ours and names that capture, so ask the provider
+                    // again with the same PSP key while it is open, which is safe, or answer its
+                    // outcome once it has one, instead of appending an empty decision.
                     Ok(events) if events.is_empty() => {
                         tx.commit().await?;
                         return Ok(Step::Work {
@@ -1166,6 +1170,28 @@ impl std::str::FromStr for Resource {
             payment: PaymentId::parse(payment).map_err(|_| ())?,
             operation,
         })
+    }
+}
+
+/// The operation a merchant request's decision names: the capture or refund it records, or,
+/// when it records nothing because the same capture already awaits the provider, that open
+/// capture. It is named as the decision saw it: it may settle before the request reaches the
+/// provider (another request's answer, a webhook), and the request then answers its outcome
+/// instead of looking for an open capture that is gone.
+fn requested_operation(payment: &Payment, events: &[PaymentEvent]) -> Option<(OperationKind, u32)> {
+    let recorded = events.iter().find_map(|event| match event {
+        PaymentEvent::RefundRequested(e) => Some((OperationKind::Refund, e.sequence)),
+        PaymentEvent::CaptureRequested(e) => Some((OperationKind::Capture, e.sequence)),
+        _ => None,
+    });
+    match (recorded, events.is_empty()) {
+        (Some(operation), _) => Some(operation),
+        (None, true) => payment
+            .record
+            .as_ref()?
+            .open_capture()
+            .map(|op| (OperationKind::Capture, op.sequence)),
+        (None, false) => None,
     }
 }
 

@@ -84,8 +84,8 @@ use asiento_psp::{
 };
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
 use rng::Rng;
+use serde_json::{json, Value};
 use tokio::sync::Notify;
 
 /// Seeds the bounded run checks unless `SIMULATION_SEEDS` says otherwise.

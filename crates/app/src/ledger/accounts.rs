@@ -84,8 +84,8 @@ impl LedgerFlow {
             }
             back_off(attempt).await;
         }
-        Err(FlowError::Inconsistent(format!(
-            "the declaration of {resource} kept losing guard races"
+        Err(FlowError::Contended(format!(
+            "the declaration of {resource}"
         )))
     }
 }

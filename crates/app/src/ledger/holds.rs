@@ -26,6 +26,8 @@ pub enum HoldExpiry {
     NotDue,
     /// Refused for another reason: the row that named it does not name an open hold (a bug).
     Refused(HoldRejection),
+    /// Every try this round lost its race on the hold's accounts: left for the next round.
+    Contended,
 }
 
 /// An ending decided: the appends, what they do to the guards, and the transfer as they leave it.
@@ -64,9 +66,7 @@ impl LedgerFlow {
             }
             back_off(attempt).await;
         }
-        Err(FlowError::Inconsistent(format!(
-            "hold {id} kept losing races"
-        )))
+        Err(FlowError::Contended(format!("hold {id}")))
     }
 
     /// Voids hold `id` of `tenant` as expired, if its `expires_at` has passed and nobody ended it.
@@ -106,13 +106,16 @@ impl LedgerFlow {
                 Err(error) => return Err(FlowError::Append(error)),
             }
         }
-        Err(FlowError::Inconsistent(format!(
-            "the expiry of hold {id} kept losing races"
-        )))
+        metrics::counter!("asiento_hold_expiries_contended_total").increment(1);
+        Ok(HoldExpiry::Contended)
     }
 
     /// Loads the transfer and the guards its ending touches, and decides the ending. The guards
-    /// are read from the log: an ending is refused on what they hold.
+    /// are read as a transfer reads them: once no command of this process is writing one, from
+    /// what its commits left in memory (read from the log, an ending would be decided against the
+    /// state a command in flight is changing and lose its race to it, on a busy account every
+    /// time). Only the log refuses: an ending refused on a remembered state is decided again
+    /// against the log.
     async fn decide_ending(
         &self,
         tenant: &TenantId,
@@ -131,8 +134,23 @@ impl LedgerFlow {
             Ok(events) => events,
             Err(rejection) => return Ok(Err(rejection)),
         };
-        let guards = log::load_guards(self.store.as_ref(), log::transfer_entries(&events)).await?;
-        let decision = match hold::decide_with_guards(&transfer, &command, &guards) {
+        let entries = log::transfer_entries(&events);
+        let loaded = self
+            .writer
+            .guards()
+            .load_after_writes(self.store.as_ref(), entries.iter().copied())
+            .await?;
+        let (guards, decided) = match hold::decide_with_guards(&transfer, &command, &loaded.states)
+        {
+            Err(_) if loaded.remembered => {
+                self.writer.guards().forget(loaded.states.keys());
+                let guards = log::load_guards(self.store.as_ref(), entries).await?;
+                let decided = hold::decide_with_guards(&transfer, &command, &guards);
+                (guards, decided)
+            }
+            decided => (loaded.states, decided),
+        };
+        let decision = match decided {
             Ok(decision) => decision,
             Err(rejection) => return Ok(Err(rejection)),
         };

@@ -127,8 +127,6 @@ impl LedgerFlow {
             }
             back_off(attempt).await;
         }
-        Err(FlowError::Inconsistent(format!(
-            "transfer {id} kept losing guard races"
-        )))
+        Err(FlowError::Contended(format!("transfer {id}")))
     }
 }

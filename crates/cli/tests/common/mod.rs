@@ -150,6 +150,12 @@ impl Process {
         }
     }
 
+    /// Everything the process has logged so far (its stderr), lossy where it was cut off inside a
+    /// character.
+    pub fn log_text(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(self.log.path()).unwrap_or_default()).into_owned()
+    }
+
     /// SIGKILL: the process gets no chance to clean up.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
