@@ -11,6 +11,7 @@ use asiento_domain::{transfer_stream, TenantId, TransferId};
 use asiento_eventstore::{Metadata, StreamAppend};
 
 use super::{back_off, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
+use crate::commit::{Committed, Work};
 use crate::log;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
@@ -92,18 +93,26 @@ impl LedgerFlow {
                 Err(HoldRejection::NotDue(_)) => return Ok(HoldExpiry::NotDue),
                 Err(other) => return Ok(HoldExpiry::Refused(other)),
             };
-            match self.store.append(&appends).await {
-                Ok(_) => {
-                    self.writer.guards().wrote(&touched.read, &touched.appends);
+            // Through the process's writer, like every other step: batched with the requests'
+            // steps, and its guards' outcome in memory.
+            let step = Work {
+                appends: appends.into(),
+                ..Work::default()
+            };
+            match self.write(step, Some(&touched)).await? {
+                Committed::Written(_) => {
                     metrics::counter!("asiento_holds_expired_total").increment(1);
                     return Ok(HoldExpiry::Expired);
                 }
-                Err(error) if log::is_conflict(&error) => {
-                    self.writer.guards().lost_race(&touched.read);
+                Committed::Conflict => {
                     metrics::counter!("asiento_ledger_conflicts_total").increment(1);
                     back_off(attempt).await;
                 }
-                Err(error) => return Err(FlowError::Append(error)),
+                other => {
+                    return Err(FlowError::Inconsistent(format!(
+                        "a hold's expiry ended {other:?}"
+                    )))
+                }
             }
         }
         metrics::counter!("asiento_hold_expiries_contended_total").increment(1);

@@ -66,6 +66,27 @@ struct Touched {
 pub const LEDGER_CONFLICT_RETRIES_MAX: u32 = 64;
 
 impl LedgerFlow {
+    /// Writes a command's `step` through the process's writer and tells the guard memory its
+    /// outcome (`touched`: the guards it was decided against and what it appends to them). Until
+    /// the outcome is in memory, this process's transfers on those guards wait for it.
+    async fn write(&self, step: Work, touched: Option<&Touched>) -> Result<Committed, FlowError> {
+        let _writing = touched.map(|touched| {
+            let keys = touched.appends.iter().map(|append| append.key.clone());
+            self.writer.guards().writing(keys)
+        });
+        let outcome = self.writer.commit(step).await?;
+        if let Some(Touched { read, appends }) = touched {
+            match outcome {
+                Committed::Written(_) => self.writer.guards().wrote(read, appends),
+                Committed::Conflict => self.writer.guards().lost_race(read),
+                // The interactive claim writes it, and that path does not tell the memory what
+                // it wrote.
+                _ => self.writer.guards().forget(read.keys()),
+            }
+        }
+        Ok(outcome)
+    }
+
     /// Commits the decision with its key claimed and completed at once. `Ok(None)`: a guard race
     /// was lost (nothing was written); decide again.
     async fn commit<F>(
@@ -118,21 +139,7 @@ impl LedgerFlow {
             inbox: None,
             facts: false,
         };
-        // Until its outcome is in memory, this process's transfers on these guards wait for it.
-        let _writing = touched.as_ref().map(|touched| {
-            let keys = touched.appends.iter().map(|append| append.key.clone());
-            self.writer.guards().writing(keys)
-        });
-        let outcome = self.writer.commit(step).await?;
-        if let Some(Touched { read, appends }) = &touched {
-            match outcome {
-                Committed::Written(_) => self.writer.guards().wrote(read, appends),
-                Committed::Conflict => self.writer.guards().lost_race(read),
-                // The interactive claim below writes it, and that path does not tell the memory
-                // what it wrote.
-                _ => self.writer.guards().forget(read.keys()),
-            }
-        }
+        let outcome = self.write(step, touched.as_ref()).await?;
         match outcome {
             Committed::Written(appended) => Ok(Some(Answer::Done(
                 respond.at(appended.map(|appended| appended.last_position)),
