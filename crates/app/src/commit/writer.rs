@@ -40,11 +40,6 @@ impl Writer {
         })
     }
 
-    /// The store it writes to.
-    pub fn store(&self) -> &Store {
-        &self.store
-    }
-
     /// The guard states this process's commits left.
     pub fn guards(&self) -> &GuardMemory {
         &self.guards
