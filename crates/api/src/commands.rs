@@ -157,7 +157,7 @@ pub async fn create_payment(
         None => ProviderName::parse("sim").map_err(|error| Problem::internal(&error))?,
         Some(name) => ProviderName::parse(name)
             .ok()
-            .filter(|name| state.payments.providers.get(name).is_some())
+            .filter(|name| state.payments.providers().get(name).is_some())
             .ok_or_else(|| {
                 Problem::bad_request("unknown_provider", format!("no provider named {name:?}"))
             })?,

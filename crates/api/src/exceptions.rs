@@ -139,11 +139,11 @@ pub async fn resolve(
         .ok_or_else(|| Problem::bad_request("note_invalid", "note is required"))?;
     let view = exceptions::resolve(
         &state.database,
-        state.payments.store.as_ref(),
+        state.payments.store().as_ref(),
         &scope(&tenant)?,
         id,
         note,
-        state.payments.clock.now(),
+        state.payments.clock().now(),
     )
     .await
     .map_err(problem)?;

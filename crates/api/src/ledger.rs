@@ -68,7 +68,7 @@ pub(crate) async fn known_position(state: &AppState, position: Option<i64>) -> R
     let Some(position) = position.filter(|position| *position > 0) else {
         return Ok(());
     };
-    match state.payments.store.cursor_of_position(position).await {
+    match state.payments.store().cursor_of_position(position).await {
         Ok(Some(_)) => Ok(()),
         Ok(None) => Err(Problem::bad_request(
             "unknown_position",
@@ -121,7 +121,7 @@ pub async fn balance(
     known_position(&state, min_position).await?;
     let balance = asiento_balances::read_balance(
         &state.database,
-        state.payments.store.as_ref(),
+        state.payments.store().as_ref(),
         &tenant.0,
         &account,
         currency.code(),
@@ -137,7 +137,7 @@ pub async fn balance(
             account: account.clone(),
             currency,
         };
-        log::load_guard(state.ledger.store.as_ref(), &key)
+        log::load_guard(state.ledger.store().as_ref(), &key)
             .await
             .map_err(|error| Problem::server(&error))?
             .policy(&account)
@@ -218,7 +218,7 @@ pub async fn entries(
     };
     let legs = asiento_balances::entries(
         &state.database,
-        state.payments.store.as_ref(),
+        state.payments.store().as_ref(),
         &tenant.0,
         account.as_str(),
         currency.code(),
@@ -270,7 +270,7 @@ pub async fn journal_entry(
     let entry_id = asiento_domain::EntryId::parse(&entry_id).map_err(|_| not_found())?;
     let entry = asiento_balances::journal_entry(
         &state.database,
-        state.payments.store.as_ref(),
+        state.payments.store().as_ref(),
         &tenant.0,
         &entry_id.to_string(),
         min_position,

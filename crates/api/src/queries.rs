@@ -42,7 +42,7 @@ pub async fn get_payment(
     Path(raw_id): Path<String>,
 ) -> Result<Response, Problem> {
     let id = payment_id(&raw_id)?;
-    let loaded = log::load_payment(state.payments.store.as_ref(), id)
+    let loaded = log::load_payment(state.payments.store().as_ref(), id)
         .await
         .map_err(|error| Problem::server(&error))?;
     let record = visible(&loaded.aggregate.record, &tenant)?;
@@ -74,7 +74,7 @@ pub async fn get_transfer(
     Path(raw_id): Path<String>,
 ) -> Result<Response, Problem> {
     let id = transfer_id(&raw_id)?;
-    let loaded = log::load_transfer(state.ledger.store.as_ref(), id)
+    let loaded = log::load_transfer(state.ledger.store().as_ref(), id)
         .await
         .map_err(|error| Problem::server(&error))?;
     let record = loaded
@@ -102,7 +102,7 @@ pub async fn payment_events(
     Path(raw_id): Path<String>,
 ) -> Result<Response, Problem> {
     let id = payment_id(&raw_id)?;
-    let loaded = log::load_payment(state.payments.store.as_ref(), id)
+    let loaded = log::load_payment(state.payments.store().as_ref(), id)
         .await
         .map_err(|error| Problem::server(&error))?;
     visible(&loaded.aggregate.record, &tenant)?;
@@ -303,7 +303,7 @@ pub async fn list_payments(
     if let Some(position) = min_position {
         asiento_payments_view::wait_for_position(
             &state.database,
-            state.payments.store.as_ref(),
+            state.payments.store().as_ref(),
             position,
         )
         .await

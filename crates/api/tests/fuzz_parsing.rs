@@ -432,29 +432,22 @@ async fn app() -> (tempdir::Guard, Router) {
         .unwrap();
     let clock = Arc::new(SystemClock);
     let render = Arc::new(asiento_api::render::JsonRender);
+    let writer = asiento_app::commit::Writer::new(database.event_store());
     let state = AppState {
         database: database.clone(),
-        payments: PaymentFlow {
-            database: database.clone(),
-            store: database.event_store(),
-            writer: asiento_app::commit::Writer::new(database.event_store()),
-            providers: Providers::default(),
-            clock: clock.clone(),
-            render: render.clone(),
-            idempotency_lease_ms: 30_000,
-            payment_lease_ms: asiento_app::leases::PAYMENT_LEASE_MS_DEFAULT,
-        },
-        ledger: LedgerFlow {
-            database: database.clone(),
-            store: database.event_store(),
-            writer: asiento_app::commit::Writer::new(database.event_store()),
-            clock: clock.clone(),
-            render,
-            idempotency_lease_ms: 30_000,
-        },
+        payments: PaymentFlow::new(
+            database.clone(),
+            writer.clone(),
+            Providers::default(),
+            clock.clone(),
+            render.clone(),
+        )
+        .with_leases(30_000, asiento_app::leases::PAYMENT_LEASE_MS_DEFAULT),
+        ledger: LedgerFlow::new(database.clone(), writer.clone(), clock.clone(), render)
+            .with_idempotency_lease(30_000),
         webhooks: WebhookReceiver {
             database: database.clone(),
-            writer: asiento_app::commit::Writer::new(database.event_store()),
+            writer,
             secrets: format!("sim:{WEBHOOK_SECRET}")
                 .parse::<WebhookSecrets>()
                 .unwrap(),

@@ -29,7 +29,9 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use crate::clock::Clock;
-use crate::commit::{CommitError, Committed, Completion as WorkCompletion, Respond, Work, Writer};
+use crate::commit::{
+    CommitError, Committed, Completion as WorkCompletion, Facts, GuardWrite, Respond, Step, Writer,
+};
 use crate::facts;
 use crate::idempotency::{
     self, BodyHash, Claim, Completing, FreshClaim, IdempotencyError, IdempotencyKey, Lease, Scope,
@@ -130,7 +132,8 @@ pub struct Idempotent {
     pub correlation_id: Option<Uuid>,
 }
 
-/// What `finalize` must also do in its transaction: complete the request's idempotency record.
+/// What a finalisation on the request path also does: complete the request's idempotency record
+/// with its answer.
 struct Completion<'a> {
     request: &'a Idempotent,
     lease: Lease,
@@ -148,18 +151,58 @@ enum Change {
     Command(PaymentCommand),
 }
 
-impl From<Option<ProviderFact>> for Change {
-    fn from(fact: Option<ProviderFact>) -> Self {
-        Change::from(Vec::from_iter(fact))
-    }
+/// One finalisation of a payment ([`PaymentFlow::finalize`]): provider facts or a command of
+/// ours, what must commit in the same transaction, and the payment's state when the caller has
+/// just read it.
+pub struct Finalize<'a> {
+    payment: PaymentId,
+    change: Change,
+    also: Option<&'a dyn InTransaction>,
+    current: Option<CurrentPayment>,
+    completion: Option<Completion<'a>>,
 }
 
-impl From<Vec<ProviderFact>> for Change {
-    fn from(facts: Vec<ProviderFact>) -> Self {
-        if facts.is_empty() {
-            Change::Nothing
-        } else {
-            Change::Facts(facts)
+impl<'a> Finalize<'a> {
+    /// Provider facts, applied in order (none: answer with the payment's current state).
+    pub fn facts(payment: PaymentId, facts: impl IntoIterator<Item = ProviderFact>) -> Self {
+        let facts: Vec<ProviderFact> = facts.into_iter().collect();
+        Finalize {
+            payment,
+            change: if facts.is_empty() {
+                Change::Nothing
+            } else {
+                Change::Facts(facts)
+            },
+            also: None,
+            current: None,
+            completion: None,
+        }
+    }
+
+    /// A command of ours (`Expire`, `FlagForReview` …), through the same guarded path as
+    /// provider facts. A command the state machine refuses is `FlowError::Rejected`.
+    pub fn command(payment: PaymentId, command: PaymentCommand) -> Self {
+        Finalize {
+            change: Change::Command(command),
+            ..Finalize::facts(payment, None)
+        }
+    }
+
+    /// With `also` committed in the same transaction (or, when nothing changes, on its own).
+    pub fn also(self, also: &'a dyn InTransaction) -> Self {
+        Finalize {
+            also: Some(also),
+            ..self
+        }
+    }
+
+    /// Starting from the payment as the caller has just read it, to save reading it again. Read
+    /// before any transaction began, as every decision must be; if it is outdated by now, the
+    /// append's exact version refuses it and the flow reads again.
+    pub fn loaded(self, loaded: Option<LoadedPayment>) -> Self {
+        Finalize {
+            current: loaded.map(Into::into),
+            ..self
         }
     }
 }
@@ -215,24 +258,83 @@ impl From<LoadedPayment> for CurrentPayment {
     }
 }
 
+/// The payment use cases: create, capture, refund, and the finalisation every path shares.
+/// Made with [`PaymentFlow::new`]; cheap to clone.
 #[derive(Clone)]
 pub struct PaymentFlow {
-    pub database: Database,
-    pub store: Store,
-    pub providers: Providers,
-    pub clock: Arc<dyn Clock>,
-    pub render: Arc<dyn Render>,
-    pub idempotency_lease_ms: i64,
+    pub(crate) database: Database,
+    pub(crate) store: Store,
+    pub(crate) providers: Providers,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) render: Arc<dyn Render>,
+    pub(crate) idempotency_lease_ms: i64,
     /// How long a request that resumes after a crash holds its payment's lease (serve's
     /// `--payment-lease`), so that the webhook worker and the reconciler keep off meanwhile.
-    pub payment_lease_ms: i64,
-    /// The process's one writer (made with [`Writer::new`] on `store`): it commits the request
-    /// path's steps of concurrent requests together, and keeps the memories of the guard and
-    /// payment states its commits left.
-    pub writer: Arc<Writer>,
+    pub(crate) payment_lease_ms: i64,
+    /// The process's one writer: it commits the request path's steps of concurrent requests
+    /// together, and keeps the memories of the guard and payment states its commits left.
+    pub(crate) writer: Arc<Writer>,
 }
 
 impl PaymentFlow {
+    /// The payment flow on `database`, writing through the process's `writer` (made on the same
+    /// database's store), with its providers; the leases at their defaults
+    /// ([`PaymentFlow::with_leases`]).
+    pub fn new(
+        database: Database,
+        writer: Arc<Writer>,
+        providers: Providers,
+        clock: Arc<dyn Clock>,
+        render: Arc<dyn Render>,
+    ) -> PaymentFlow {
+        PaymentFlow {
+            store: writer.store().clone(),
+            database,
+            writer,
+            providers,
+            clock,
+            render,
+            idempotency_lease_ms: IDEMPOTENCY_LEASE_MS_DEFAULT,
+            payment_lease_ms: crate::leases::PAYMENT_LEASE_MS_DEFAULT,
+        }
+    }
+
+    /// With these leases: how long a request holds its idempotency key, and how long one that
+    /// resumes after a crash holds its payment.
+    pub fn with_leases(self, idempotency_lease_ms: i64, payment_lease_ms: i64) -> PaymentFlow {
+        PaymentFlow {
+            idempotency_lease_ms,
+            payment_lease_ms,
+            ..self
+        }
+    }
+
+    /// The same flow, committing through `writer` and deciding with its memories (a second
+    /// process's flow on the same database, in a test). It goes on reading its own store.
+    pub fn with_writer(self, writer: Arc<Writer>) -> PaymentFlow {
+        PaymentFlow { writer, ..self }
+    }
+
+    /// The store it reads and writes.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The providers it charges through.
+    pub fn providers(&self) -> &Providers {
+        &self.providers
+    }
+
+    /// The clock it decides by.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The process's writer it commits through.
+    pub fn writer(&self) -> &Arc<Writer> {
+        &self.writer
+    }
+
     fn metadata(&self, tenant: &TenantId, request: Option<&Idempotent>) -> Metadata {
         Metadata {
             tenant: Some(tenant.to_string()),
@@ -313,10 +415,9 @@ impl PaymentFlow {
         let now_ms = now.timestamp_millis();
         let claim = self.fresh_claim(request, id.to_string(), now_ms);
         let lease = claim.lease;
-        let step = Work {
-            claim: Some(claim),
+        let step = Step::Claim {
+            claim,
             appends: Arc::clone(&appends),
-            ..Work::default()
         };
         if let Committed::Written(Some(appended)) | Committed::Rebased(Some(appended), _) =
             self.writer.commit(step).await?
@@ -475,64 +576,11 @@ impl PaymentFlow {
         })
     }
 
-    /// Applies provider facts, in order (or none: just answer with the current state) to a
-    /// payment, once, whoever calls: the synchronous path, the webhook worker, the reconciler.
-    pub async fn finalize(
-        &self,
-        id: PaymentId,
-        facts: impl IntoIterator<Item = ProviderFact>,
-    ) -> Result<Finalized, FlowError> {
-        let facts: Vec<ProviderFact> = facts.into_iter().collect();
-        self.finalize_with(id, facts.into(), None, None, None).await
-    }
-
-    /// Applies a command of ours (`Expire`, `FlagForReview` …) through the same guarded path as
-    /// provider facts: exact versions, re-read and re-decide on a lost race. A command the state
-    /// machine refuses is `FlowError::Rejected`.
-    pub async fn apply(
-        &self,
-        id: PaymentId,
-        command: PaymentCommand,
-    ) -> Result<Finalized, FlowError> {
-        self.finalize_with(id, Change::Command(command), None, None, None)
-            .await
-    }
-
-    /// [`PaymentFlow::apply`], with `also` committed in the same transaction.
-    pub async fn apply_and(
-        &self,
-        id: PaymentId,
-        command: PaymentCommand,
-        also: &dyn InTransaction,
-    ) -> Result<Finalized, FlowError> {
-        self.finalize_with(id, Change::Command(command), None, Some(also), None)
-            .await
-    }
-
-    /// [`PaymentFlow::finalize`], with `also` committed in the same transaction.
-    pub async fn finalize_and(
-        &self,
-        id: PaymentId,
-        fact: Option<ProviderFact>,
-        also: &dyn InTransaction,
-    ) -> Result<Finalized, FlowError> {
-        self.finalize_with(id, fact.into(), None, Some(also), None)
-            .await
-    }
-
-    /// [`PaymentFlow::finalize`] (or [`PaymentFlow::finalize_and`]) starting from a payment the
-    /// caller has just loaded, if any, to save reading it again. Loaded before any transaction
-    /// began, as every decision must be; if it is outdated by now, the append's exact version
-    /// refuses it and the flow reads again.
-    pub async fn finalize_loaded(
-        &self,
-        loaded: Option<LoadedPayment>,
-        id: PaymentId,
-        fact: Option<ProviderFact>,
-        also: Option<&dyn InTransaction>,
-    ) -> Result<Finalized, FlowError> {
-        self.finalize_with(id, fact.into(), None, also, loaded.map(Into::into))
-            .await
+    /// Applies a finalisation ([`Finalize`]: provider facts or a command of ours, and what commits
+    /// with it) to a payment, once, whoever calls: the synchronous path, the webhook worker, the
+    /// reconciler. Exact versions: a lost race reads and decides again.
+    pub async fn finalize(&self, request: Finalize<'_>) -> Result<Finalized, FlowError> {
+        self.finalize_with(request).await
     }
 
     /// The events a provider fact adds to a payment. Never a refusal: a malformed fact (a
@@ -575,15 +623,15 @@ impl PaymentFlow {
         Ok(true)
     }
 
-    #[tracing::instrument(skip_all, fields(payment = %id))]
-    async fn finalize_with(
-        &self,
-        id: PaymentId,
-        change: Change,
-        completion: Option<&Completion<'_>>,
-        also: Option<&dyn InTransaction>,
-        mut preloaded: Option<CurrentPayment>,
-    ) -> Result<Finalized, FlowError> {
+    #[tracing::instrument(skip_all, fields(payment = %request.payment))]
+    async fn finalize_with(&self, request: Finalize<'_>) -> Result<Finalized, FlowError> {
+        let Finalize {
+            payment: id,
+            change,
+            also,
+            current: mut preloaded,
+            completion,
+        } = request;
         for attempt in 0..CONFLICT_RETRIES_MAX {
             let current = match preloaded.take() {
                 Some(current) => current,
@@ -633,18 +681,19 @@ impl PaymentFlow {
             // Every read through the pool happens before the transaction begins: on SQLite a
             // transaction holds the one write lock, and a holder waiting for a pool connection
             // that other waiters for the lock occupy would deadlock until the busy timeout.
-            let guards = self
+            let read = self
                 .writer
                 .guards()
                 .load(self.store.as_ref(), log::payment_entries(&events))
                 .await?
                 .states;
-            let guard_appends = log::payment_guard_appends(&events, &guards)
+            let guard_appends = log::payment_guard_appends(&events, &read)
                 .map_err(|rejection| FlowError::Inconsistent(rejection.to_string()))?;
             let appends = if events.is_empty() {
                 Vec::new()
             } else {
-                let metadata = self.metadata(&record.tenant, completion.map(|c| c.request));
+                let metadata =
+                    self.metadata(&record.tenant, completion.as_ref().map(|c| c.request));
                 log::decision_appends(
                     asiento_domain::payment_stream(id),
                     payment.version,
@@ -653,28 +702,35 @@ impl PaymentFlow {
                     &metadata,
                 )?
             };
+            let guards = GuardWrite {
+                read,
+                appends: guard_appends,
+            };
             let unchanged_position = current.last_position.unwrap_or(0);
-            if let (Some(completion), None) = (completion, also) {
+            let finalized = |position: Option<i64>| Finalized {
+                payment: after_record.clone(),
+                position: position.unwrap_or(unchanged_position),
+                events_appended: events.len(),
+            };
+            if let (Some(completion), None) = (&completion, also) {
                 // A request's finalisation: committed with other requests' steps.
-                let finalized = {
-                    let (payment, events_appended) = (after_record.clone(), events.len());
-                    move |position: Option<i64>| Finalized {
-                        payment: payment.clone(),
-                        position: position.unwrap_or(unchanged_position),
-                        events_appended,
-                    }
-                };
                 let respond = {
-                    let (render, kind, finalized) =
-                        (Arc::clone(&self.render), completion.kind, finalized.clone());
-                    Respond::new(move |position| {
-                        render.render(&reply_for(kind, &finalized(position)))
+                    let (render, kind) = (Arc::clone(&self.render), completion.kind);
+                    let (payment, events_appended) = (after_record.clone(), events.len());
+                    Respond::new(move |position: Option<i64>| {
+                        let finalized = Finalized {
+                            payment: payment.clone(),
+                            position: position.unwrap_or(unchanged_position),
+                            events_appended,
+                        };
+                        render.render(&reply_for(kind, &finalized))
                     })
                 };
                 respond.prepare_for(self.database.backend());
-                let step = Work {
-                    claim: None,
+                let step = Step::Facts(Facts {
                     appends: appends.into(),
+                    guards,
+                    payment: Some((id, after)),
                     completion: Some(WorkCompletion {
                         completing: Completing {
                             scope: completion.request.scope.clone(),
@@ -685,23 +741,13 @@ impl PaymentFlow {
                         },
                         respond,
                     }),
-                    inbox: None,
-                    facts: true,
-                };
+                });
                 match self.writer.commit(step).await? {
-                    Committed::Written(appended) => {
-                        self.writer.guards().wrote(&guards, &guard_appends);
-                        self.writer.payments().remember(id, &after);
-                        return Ok(finalized(appended.map(|a| a.last_position)));
-                    }
-                    Committed::Rebased(appended, states) => {
-                        self.writer.guards().remember(&states);
-                        self.writer.payments().remember(id, &after);
+                    Committed::Written(appended) | Committed::Rebased(appended, _) => {
                         return Ok(finalized(appended.map(|a| a.last_position)));
                     }
                     Committed::Conflict => {
                         metrics::counter!("asiento_finalize_conflicts_total").increment(1);
-                        self.writer.guards().forget(guards.keys());
                         back_off(attempt).await;
                         continue;
                     }
@@ -711,28 +757,25 @@ impl PaymentFlow {
                     }
                 }
             }
+            // With work of the caller's own in the transaction: appended there, through the
+            // writer, so that its memories learn what commits.
             let mut tx = self.store.begin().await?;
-            let position = if appends.is_empty() {
-                unchanged_position
-            } else {
-                match self.store.append_in(&mut tx, &appends).await {
-                    Ok(appended) => appended.last_position,
-                    Err(error) if log::is_conflict(&error) => {
-                        metrics::counter!("asiento_finalize_conflicts_total").increment(1);
-                        self.writer.guards().forget(guards.keys());
-                        tx.rollback().await?;
-                        back_off(attempt).await;
-                        continue;
-                    }
-                    Err(error) => return Err(FlowError::Append(error)),
+            let (appended, uncommitted) = match self
+                .writer
+                .append_in(&mut tx, &appends, guards, Some((id, after)))
+                .await
+            {
+                Ok(written) => written,
+                Err(error) if log::is_conflict(&error) => {
+                    metrics::counter!("asiento_finalize_conflicts_total").increment(1);
+                    tx.rollback().await?;
+                    back_off(attempt).await;
+                    continue;
                 }
+                Err(error) => return Err(FlowError::Append(error)),
             };
-            let finalized = Finalized {
-                payment: after_record,
-                position,
-                events_appended: events.len(),
-            };
-            if let Some(completion) = completion {
+            let finalized = finalized(appended.map(|a| a.last_position));
+            if let Some(completion) = &completion {
                 let response = self.render.render(&reply_for(completion.kind, &finalized));
                 idempotency::complete(
                     &mut tx,
@@ -748,8 +791,7 @@ impl PaymentFlow {
                 also.run(&mut tx, &finalized).await?;
             }
             tx.commit().await?;
-            self.writer.guards().wrote(&guards, &guard_appends);
-            self.writer.payments().remember(id, &after);
+            uncommitted.committed();
             return Ok(finalized);
         }
         Err(FlowError::TooManyConflicts(id))
@@ -912,12 +954,12 @@ impl PaymentFlow {
         Fut: std::future::Future<Output = Result<Answer, FlowError>>,
     {
         match self.request_step(request, tenant, id, command).await? {
-            Step::Work {
+            RequestStep::Work {
                 lease,
                 resource,
                 resumed: false,
             } => finish(lease, resource).await,
-            Step::Work {
+            RequestStep::Work {
                 lease,
                 resource,
                 resumed: true,
@@ -925,7 +967,7 @@ impl PaymentFlow {
                 self.with_payment_lease(id, request, lease, || finish(lease, resource))
                     .await
             }
-            Step::Answered(answer) => Ok(answer),
+            RequestStep::Answered(answer) => Ok(answer),
         }
     }
 
@@ -940,14 +982,16 @@ impl PaymentFlow {
         facts: Vec<ProviderFact>,
         current: Option<CurrentPayment>,
     ) -> Result<Answer, FlowError> {
-        let completion = Completion {
-            request,
-            lease,
-            kind,
+        let finalize = Finalize {
+            completion: Some(Completion {
+                request,
+                lease,
+                kind,
+            }),
+            current,
+            ..Finalize::facts(id, facts)
         };
-        let finalized = self
-            .finalize_with(id, facts.into(), Some(&completion), None, current)
-            .await?;
+        let finalized = self.finalize_with(finalize).await?;
         Ok(Answer::Done(
             self.render.render(&reply_for(kind, &finalized)),
         ))
@@ -962,7 +1006,7 @@ impl PaymentFlow {
         tenant: &TenantId,
         id: PaymentId,
         command: impl Fn(chrono::DateTime<chrono::Utc>) -> PaymentCommand,
-    ) -> Result<Step, FlowError> {
+    ) -> Result<RequestStep, FlowError> {
         for _ in 0..CONFLICT_RETRIES_MAX {
             let loaded = log::load_payment(self.store.as_ref(), id).await?;
             let payment = &loaded.aggregate;
@@ -1002,14 +1046,13 @@ impl PaymentFlow {
                 // requests' steps.
                 let claim = self.fresh_claim(request, resource.to_string(), now_ms);
                 let lease = claim.lease;
-                let work = Work {
-                    claim: Some(claim),
+                let step = Step::Claim {
+                    claim,
                     appends: Arc::clone(&appends),
-                    ..Work::default()
                 };
-                match self.writer.commit(work).await? {
+                match self.writer.commit(step).await? {
                     Committed::Written(_) | Committed::Rebased(..) => {
-                        return Ok(Step::Work {
+                        return Ok(RequestStep::Work {
                             lease,
                             resource,
                             resumed: false,
@@ -1036,7 +1079,7 @@ impl PaymentFlow {
                     Err(PaymentRejection::NotFound) => {
                         // Not stored: an unknown payment is the client's mistake, not work done.
                         tx.rollback().await?;
-                        return Ok(Step::Answered(Answer::Done(self.render.render(
+                        return Ok(RequestStep::Answered(Answer::Done(self.render.render(
                             &Reply::Rejected(Rejected::Payment(PaymentRejection::NotFound)),
                         ))));
                     }
@@ -1044,7 +1087,7 @@ impl PaymentFlow {
                         let answer = self
                             .store_rejection(tx, request, lease, Rejected::Payment(rejection))
                             .await?;
-                        return Ok(Step::Answered(answer));
+                        return Ok(RequestStep::Answered(answer));
                     }
                     // Nothing new to record (the same capture is already awaiting the
                     // provider): the key is ours and names that capture, so ask the provider
@@ -1052,7 +1095,7 @@ impl PaymentFlow {
                     // outcome once it has one, instead of appending an empty decision.
                     Ok(events) if events.is_empty() => {
                         tx.commit().await?;
-                        return Ok(Step::Work {
+                        return Ok(RequestStep::Work {
                             lease,
                             resource,
                             resumed: false,
@@ -1061,7 +1104,7 @@ impl PaymentFlow {
                     Ok(_) => match self.store.append_in(&mut tx, &appends).await {
                         Ok(_) => {
                             tx.commit().await?;
-                            return Ok(Step::Work {
+                            return Ok(RequestStep::Work {
                                 lease,
                                 resource,
                                 resumed: false,
@@ -1079,7 +1122,7 @@ impl PaymentFlow {
                     let resource = resource_id.parse::<Resource>().map_err(|()| {
                         FlowError::Inconsistent(format!("resource {resource_id} is unreadable"))
                     })?;
-                    return Ok(Step::Work {
+                    return Ok(RequestStep::Work {
                         lease,
                         resource,
                         resumed: true,
@@ -1088,7 +1131,7 @@ impl PaymentFlow {
                 other => {
                     // As in `create`: nothing was written.
                     tx.rollback().await?;
-                    return Ok(Step::Answered(answer_without_work(other)));
+                    return Ok(RequestStep::Answered(answer_without_work(other)));
                 }
             }
         }
@@ -1195,7 +1238,7 @@ fn requested_operation(payment: &Payment, events: &[PaymentEvent]) -> Option<(Op
     }
 }
 
-enum Step {
+enum RequestStep {
     /// The key is ours and the request's first events are recorded: call the provider.
     /// `resumed`: an earlier request with this key died mid-flight and this one took over.
     Work {

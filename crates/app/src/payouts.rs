@@ -19,7 +19,7 @@ use crate::exceptions::{self, ExceptionError};
 use crate::facts::{self, Read};
 use crate::leases::{self, LeaseError};
 use crate::log::{self, LogError};
-use crate::payments::{FlowError, PaymentFlow};
+use crate::payments::{Finalize, FlowError, PaymentFlow};
 
 /// Writers racing on one payout stream are at most the webhook worker and the sweep.
 const APPEND_ATTEMPTS_MAX: usize = 4;
@@ -246,7 +246,10 @@ async fn bring_up_to_date(
         return Err(PayoutError::PaymentBusy(payment));
     };
     let applied = flow
-        .finalize(payment, facts::charge_facts(charge, Read::Snapshot))
+        .finalize(Finalize::facts(
+            payment,
+            facts::charge_facts(charge, Read::Snapshot),
+        ))
         .await;
     if let Err(error) = leases::release(&flow.database, &lease).await {
         tracing::warn!(%payment, %error, "payment lease not released; it runs out");

@@ -229,11 +229,11 @@ async fn second_capture_resumed_after_the_first_settled(backend: Backend) {
 
     // Once its key's lease has run out, the second request resumes and answers the capture it
     // was decided against.
-    clock.advance_ms(flow.idempotency_lease_ms + 1_000);
+    clock.advance_ms(asiento_app::payments::IDEMPOTENCY_LEASE_MS_DEFAULT + 1_000);
     let resumed = capture(&flow, &capture_request(id, "capture-second"), id).await;
     assert_eq!(status_of(&resumed), "captured");
 
-    let record = log::load_payment(flow.store.as_ref(), id)
+    let record = log::load_payment(flow.store().as_ref(), id)
         .await
         .unwrap()
         .aggregate

@@ -10,7 +10,9 @@ mod common;
 use std::sync::Arc;
 
 use asiento_app::commit::statement::{self, Written};
-use asiento_app::commit::{Committed, Completion, Respond, Work, Writer};
+use asiento_app::commit::{
+    Command, Committed, Completion, Facts, GuardWrite, Respond, Settle, Step, Work, Writer,
+};
 use asiento_app::idempotency::{
     canonical_body_hash, Completing, FreshClaim, IdempotencyKey, Lease, Scope, StoredResponse,
 };
@@ -119,7 +121,7 @@ fn fact_step(
     key: &asiento_domain::guard::GuardKey,
     delta: i64,
     payment: StreamAppend,
-) -> Work {
+) -> Step {
     use asiento_domain::guard::{DebitGuard, Origin};
     entry_step(
         n,
@@ -139,7 +141,7 @@ fn entry_step(
     stream: StreamAppend,
     origin: asiento_domain::guard::Origin,
     read: asiento_domain::guard::DebitGuard,
-) -> Work {
+) -> Step {
     use asiento_domain::guard::{decide_entry, Origin};
     use asiento_domain::{AccountName, Amount, EntryId, JournalEntry, Leg};
 
@@ -158,16 +160,67 @@ fn entry_step(
         None,
     )
     .unwrap();
-    let guards = [(key.clone(), read)].into_iter().collect();
+    let read: std::collections::BTreeMap<_, _> = [(key.clone(), read)].into_iter().collect();
     let at = chrono::DateTime::from_timestamp(1_764_000_000, 0).unwrap();
-    let appends = decide_entry(&entry, origin, &guards, at).unwrap();
-    let mut work_appends = vec![stream];
-    work_appends.extend(asiento_app::log::guard_appends(&appends, &Metadata::default()).unwrap());
-    Work {
-        appends: work_appends.into(),
-        facts: origin == Origin::ProviderFact,
-        ..Work::default()
+    let guard_appends = decide_entry(&entry, origin, &read, at).unwrap();
+    let mut appends = vec![stream];
+    appends.extend(asiento_app::log::guard_appends(&guard_appends, &Metadata::default()).unwrap());
+    let guards = GuardWrite {
+        read,
+        appends: guard_appends,
+    };
+    if origin == Origin::ProviderFact {
+        Step::Facts(Facts {
+            appends: appends.into(),
+            guards,
+            payment: None,
+            completion: None,
+        })
+    } else {
+        Step::Command(Command {
+            appends: appends.into(),
+            guards,
+            key: None,
+        })
     }
+}
+
+/// The rows `steps` write, as the statement takes them.
+fn rows(steps: Vec<Step>) -> Vec<Work> {
+    steps.into_iter().map(Work::from).collect()
+}
+
+/// A step of a payment's facts without guards: `appends`, and the key it completes, if any.
+fn facts_step(appends: Arc<[StreamAppend]>, completion: Option<Completion>) -> Step {
+    Step::Facts(Facts {
+        appends,
+        guards: GuardWrite::default(),
+        payment: None,
+        completion,
+    })
+}
+
+/// A command's step without guards or key: `appends` alone.
+fn plain_step(appends: Arc<[StreamAppend]>) -> Step {
+    Step::Command(Command {
+        appends,
+        guards: GuardWrite::default(),
+        key: None,
+    })
+}
+
+/// A command's step whose key is claimed and completed at once (`completion` names the key
+/// `claim` claims, and renders its answer).
+fn settled_step(claim: FreshClaim, completion: Completion, appends: Arc<[StreamAppend]>) -> Step {
+    assert_eq!(claim.key, completion.completing.key, "one key");
+    Step::Command(Command {
+        appends,
+        guards: GuardWrite::default(),
+        key: Some(Settle {
+            claim,
+            respond: completion.respond,
+        }),
+    })
 }
 
 /// Every balance `key`'s guard records is the sum of the changes written up to it; the sum.
@@ -199,17 +252,14 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
     // stream at version 1.
     let held = lease();
     for (key, lease) in [("existing", lease()), ("in-flight", held)] {
-        let step = Work {
-            claim: Some(claim(key, lease)),
+        let step = Step::Claim {
+            claim: claim(key, lease),
             appends: vec![append(
                 &format!("setup-{key}"),
                 ExpectedVersion::NoStream,
                 1,
             )]
             .into(),
-            completion: None,
-            inbox: None,
-            facts: false,
         };
         assert!(matches!(
             commits.commit(step).await.unwrap(),
@@ -227,32 +277,25 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
         let commits = Arc::clone(&commits);
         let step = match i % 6 {
             // A new key and its intent: written.
-            0 => Work {
-                claim: Some(claim(&format!("new-{i}"), lease())),
+            0 => Step::Claim {
+                claim: claim(&format!("new-{i}"), lease()),
                 appends: vec![append(
                     &format!("payment-{i}"),
                     ExpectedVersion::NoStream,
                     2,
                 )]
                 .into(),
-                completion: None,
-                inbox: None,
-                facts: false,
             },
             // A key that exists: nothing of it is written.
-            1 => Work {
-                claim: Some(claim("existing", lease())),
+            1 => Step::Claim {
+                claim: claim("existing", lease()),
                 appends: vec![append(&format!("never-{i}"), ExpectedVersion::NoStream, 2)].into(),
-                completion: None,
-                inbox: None,
-                facts: false,
             },
             // A stale expectation beside a good stream: neither is written. Half expect the
             // stream at a version it is not at, half expect it new (the batch statement refuses
             // itself on those, and each step of the batch is written alone).
-            2 => Work {
-                claim: None,
-                appends: vec![
+            2 => plain_step(
+                vec![
                     append(&format!("fine-{i}"), ExpectedVersion::NoStream, 1),
                     append(
                         "account",
@@ -265,41 +308,30 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
                     ),
                 ]
                 .into(),
-                completion: None,
-                inbox: None,
-                facts: false,
-            },
+            ),
             // A completion under a lease that is not the key's: nothing is written.
-            3 => Work {
-                claim: None,
-                appends: vec![append(&format!("lost-{i}"), ExpectedVersion::NoStream, 1)].into(),
-                completion: Some(completion("in-flight", lease())),
-                inbox: None,
-                facts: false,
-            },
+            3 => facts_step(
+                vec![append(&format!("lost-{i}"), ExpectedVersion::NoStream, 1)].into(),
+                Some(completion("in-flight", lease())),
+            ),
             // A key claimed and completed with its events (a ledger command): written.
             5 => {
                 let lease = lease();
-                Work {
-                    claim: Some(claim(&format!("settled-{i}"), lease)),
-                    appends: vec![append(
+                settled_step(
+                    claim(&format!("settled-{i}"), lease),
+                    completion(&format!("settled-{i}"), lease),
+                    vec![append(
                         &format!("settled-{i}"),
                         ExpectedVersion::NoStream,
                         1,
                     )]
                     .into(),
-                    completion: Some(completion(&format!("settled-{i}"), lease)),
-                    ..Work::default()
-                }
+                )
             }
             // Events without a key: written.
-            _ => Work {
-                claim: None,
-                appends: vec![append(&format!("plain-{i}"), ExpectedVersion::NoStream, 3)].into(),
-                completion: None,
-                inbox: None,
-                facts: false,
-            },
+            _ => {
+                plain_step(vec![append(&format!("plain-{i}"), ExpectedVersion::NoStream, 3)].into())
+            }
         };
         tasks.push(tokio::spawn(async move {
             (i, commits.commit(step).await.unwrap())
@@ -335,13 +367,10 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
     );
 
     // The key's own lease completes it, with the response rendered from its append.
-    let step = Work {
-        claim: None,
-        appends: vec![append("completing", ExpectedVersion::NoStream, 1)].into(),
-        completion: Some(completion("in-flight", held)),
-        inbox: None,
-        facts: false,
-    };
+    let step = facts_step(
+        vec![append("completing", ExpectedVersion::NoStream, 1)].into(),
+        Some(completion("in-flight", held)),
+    );
     let Committed::Written(Some(appended)) = commits.commit(step).await.unwrap() else {
         panic!("the holder completes its key");
     };
@@ -356,10 +385,7 @@ async fn each_step_gets_its_own_outcome(backend: Backend) {
         let commits = Arc::clone(&commits);
         let row = inbox_row(&format!("evt_{}", i % 5));
         tasks.push(tokio::spawn(async move {
-            let work = Work {
-                inbox: Some(row),
-                ..Work::default()
-            };
+            let work = Step::Inbox(row);
             commits.commit(work).await.unwrap()
         }));
     }
@@ -427,15 +453,14 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
         ("in-flight-too", held_too),
         ("in-flight-other", lease()),
     ] {
-        let step = Work {
-            claim: Some(claim(key, lease)),
+        let step = Step::Claim {
+            claim: claim(key, lease),
             appends: vec![append(
                 &format!("setup-{key}"),
                 ExpectedVersion::NoStream,
                 1,
             )]
             .into(),
-            ..Work::default()
         };
         assert!(matches!(
             commits.commit(step).await.unwrap(),
@@ -447,65 +472,50 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
         .await
         .unwrap();
     let steps = vec![
-        Work {
-            claim: Some(claim("new", lease())),
+        Step::Claim {
+            claim: claim("new", lease()),
             appends: vec![append("payment-new", ExpectedVersion::NoStream, 2)].into(),
-            ..Work::default()
         },
-        Work {
-            claim: Some(claim("existing", lease())),
+        Step::Claim {
+            claim: claim("existing", lease()),
             appends: vec![append("never", ExpectedVersion::NoStream, 2)].into(),
-            ..Work::default()
         },
-        Work {
-            inbox: Some(inbox_row("evt_a")),
-            ..Work::default()
-        },
-        Work {
-            inbox: Some(inbox_row("evt_a")),
-            ..Work::default()
-        },
-        Work {
-            appends: vec![
+        Step::Inbox(inbox_row("evt_a")),
+        Step::Inbox(inbox_row("evt_a")),
+        facts_step(
+            vec![
                 append("completing", ExpectedVersion::NoStream, 1),
                 append("account", ExpectedVersion::Exact(2), 1),
             ]
             .into(),
-            completion: Some(completion("in-flight", held)),
-            ..Work::default()
-        },
-        Work {
-            completion: Some(completion("in-flight-too", held_too)),
-            ..Work::default()
-        },
-        Work {
-            claim: Some(claim("stale", lease())),
+            Some(completion("in-flight", held)),
+        ),
+        facts_step(Arc::default(), Some(completion("in-flight-too", held_too))),
+        Step::Claim {
+            claim: claim("stale", lease()),
             appends: vec![
                 append("payment-stale", ExpectedVersion::NoStream, 1),
                 append("account", ExpectedVersion::Exact(1), 1),
             ]
             .into(),
-            ..Work::default()
         },
-        Work {
-            claim: Some(claim("settled", settled)),
-            appends: vec![append("transfer-settled", ExpectedVersion::NoStream, 1)].into(),
-            completion: Some(completion("settled", settled)),
-            ..Work::default()
-        },
-        Work {
-            claim: Some(claim("existing", lease())),
-            appends: vec![append("never-settled", ExpectedVersion::NoStream, 1)].into(),
-            completion: Some(completion("existing", lease())),
-            ..Work::default()
-        },
-        Work {
-            claim: Some(claim("rejected", rejected)),
-            completion: Some(completion("rejected", rejected)),
-            ..Work::default()
-        },
+        settled_step(
+            claim("settled", settled),
+            completion("settled", settled),
+            vec![append("transfer-settled", ExpectedVersion::NoStream, 1)].into(),
+        ),
+        settled_step(
+            claim("existing", lease()),
+            completion("existing", lease()),
+            vec![append("never-settled", ExpectedVersion::NoStream, 1)].into(),
+        ),
+        settled_step(
+            claim("rejected", rejected),
+            completion("rejected", rejected),
+            Arc::default(),
+        ),
     ];
-    let written = statement::write(&store, &steps).await.unwrap();
+    let written = statement::write(&store, &rows(steps)).await.unwrap();
     if matches!(backend, Backend::Sqlite) {
         assert!(matches!(written, Written::Unfit));
         drop(commits);
@@ -561,75 +571,63 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
     // A completion under a lease that is not its key's, a key settled twice or a stream version
     // taken twice refuses the whole batch: the good steps beside it are not written either.
     let twice = lease();
-    let settling = |stream: &str| Work {
-        claim: Some(claim("twice", twice)),
-        appends: vec![append(stream, ExpectedVersion::NoStream, 1)].into(),
-        completion: Some(completion("twice", twice)),
-        ..Work::default()
+    let settling = |stream: &str| {
+        settled_step(
+            claim("twice", twice),
+            completion("twice", twice),
+            vec![append(stream, ExpectedVersion::NoStream, 1)].into(),
+        )
     };
     for bad in [
-        vec![Work {
-            appends: vec![append("lost", ExpectedVersion::NoStream, 1)].into(),
-            completion: Some(completion("in-flight-other", lease())),
-            ..Work::default()
-        }],
+        vec![facts_step(
+            vec![append("lost", ExpectedVersion::NoStream, 1)].into(),
+            Some(completion("in-flight-other", lease())),
+        )],
         vec![settling("twice-a"), settling("twice-b")],
         // A step that expects a stream to be new where it exists: its first event is taken.
-        vec![Work {
-            claim: Some(claim("account-new", lease())),
+        vec![Step::Claim {
+            claim: claim("account-new", lease()),
             appends: vec![
                 append("payment-account-new", ExpectedVersion::NoStream, 1),
                 append("account", ExpectedVersion::NoStream, 1),
             ]
             .into(),
-            ..Work::default()
         }],
         // Two steps that each take a stream's first version (neither continues the other).
         (0..2)
-            .map(|_| Work {
-                appends: vec![append("taken-twice", ExpectedVersion::NoStream, 1)].into(),
-                ..Work::default()
-            })
+            .map(|_| plain_step(vec![append("taken-twice", ExpectedVersion::NoStream, 1)].into()))
             .collect(),
         // A step that continues, on one stream, the chain of a stale step: written alone, its
         // row would leave a gap where the stale step's was to go.
         vec![
-            Work {
-                appends: vec![
+            plain_step(
+                vec![
                     append("chain-stale", ExpectedVersion::Exact(5), 1),
                     append("chain", ExpectedVersion::NoStream, 1),
                 ]
                 .into(),
-                ..Work::default()
-            },
-            Work {
-                appends: vec![
+            ),
+            plain_step(
+                vec![
                     append("chain-next", ExpectedVersion::NoStream, 1),
                     append("chain", ExpectedVersion::Exact(1), 1),
                 ]
                 .into(),
-                ..Work::default()
-            },
+            ),
         ],
     ] {
         let steps = vec![
-            Work {
-                claim: Some(claim("refused", lease())),
+            Step::Claim {
+                claim: claim("refused", lease()),
                 appends: vec![append("payment-refused", ExpectedVersion::NoStream, 1)].into(),
-                inbox: None,
-                facts: false,
-                completion: None,
             },
-            Work {
-                inbox: Some(inbox_row("evt_refused")),
-                ..Work::default()
-            },
+            Step::Inbox(inbox_row("evt_refused")),
         ]
         .into_iter()
         .chain(bad)
         .collect::<Vec<_>>();
         assert!(matches!(
-            statement::write(&store, &steps).await.unwrap(),
+            statement::write(&store, &rows(steps)).await.unwrap(),
             Written::Refused
         ));
         assert_eq!(
@@ -660,59 +658,53 @@ async fn one_statement_commits_every_combination_of_kinds_postgres() {
         let has = |bit: u32| combination & (1 << bit) != 0;
         let held = lease();
         if has(2) {
-            let step = Work {
-                claim: Some(claim(&name("held"), held)),
-                ..Work::default()
+            let step = Step::Claim {
+                claim: claim(&name("held"), held),
+                appends: Arc::default(),
             };
             assert!(matches!(
-                statement::write(&store, &[step]).await.unwrap(),
+                statement::write(&store, &[step.into()]).await.unwrap(),
                 Written::Done(_)
             ));
         }
         let settled = lease();
-        let mut steps = vec![Work {
-            appends: vec![append(&name("plain"), ExpectedVersion::NoStream, 1)].into(),
-            ..Work::default()
-        }];
+        let mut steps = vec![plain_step(
+            vec![append(&name("plain"), ExpectedVersion::NoStream, 1)].into(),
+        )];
         if has(0) {
-            steps.push(Work {
-                claim: Some(claim(&name("claimed"), lease())),
+            steps.push(Step::Claim {
+                claim: claim(&name("claimed"), lease()),
                 appends: vec![append(&name("claimed"), ExpectedVersion::NoStream, 1)].into(),
-                ..Work::default()
             });
         }
         if has(1) {
-            steps.push(Work {
-                inbox: Some(inbox_row(&name("evt"))),
-                ..Work::default()
-            });
+            steps.push(Step::Inbox(inbox_row(&name("evt"))));
         }
         if has(2) {
-            steps.push(Work {
-                appends: vec![append(&name("completed"), ExpectedVersion::NoStream, 1)].into(),
-                completion: Some(completion(&name("held"), held)),
-                ..Work::default()
-            });
+            steps.push(facts_step(
+                vec![append(&name("completed"), ExpectedVersion::NoStream, 1)].into(),
+                Some(completion(&name("held"), held)),
+            ));
         }
         if has(3) {
-            steps.push(Work {
-                claim: Some(claim(&name("settled"), settled)),
-                appends: vec![append(&name("settled"), ExpectedVersion::NoStream, 1)].into(),
-                completion: Some(completion(&name("settled"), settled)),
-                ..Work::default()
-            });
+            steps.push(settled_step(
+                claim(&name("settled"), settled),
+                completion(&name("settled"), settled),
+                vec![append(&name("settled"), ExpectedVersion::NoStream, 1)].into(),
+            ));
         }
+        let steps = rows(steps);
         let Written::Done(outcomes) = statement::write(&store, &steps).await.unwrap() else {
             panic!("combination {combination:04b}: the batch fits one statement and commits");
         };
         for (step, outcome) in steps.iter().zip(&outcomes) {
             match outcome {
-                Committed::Written(Some(appended)) if !step.appends.is_empty() => assert_eq!(
+                Committed::Written(Some(appended)) if !step.appends().is_empty() => assert_eq!(
                     appended.streams,
-                    vec![(step.appends[0].stream_id.clone(), 1)],
+                    vec![(step.appends()[0].stream_id.clone(), 1)],
                     "combination {combination:04b}"
                 ),
-                Committed::Written(None) if step.appends.is_empty() => {}
+                Committed::Written(None) if step.appends().is_empty() => {}
                 other => panic!("combination {combination:04b}: {other:?}"),
             }
         }
@@ -854,10 +846,7 @@ async fn no_step_carries_the_balances_of_a_step_not_written(backend: Backend) {
     let mut appends =
         asiento_app::log::guard_appends(&[declaration], &Metadata::default()).unwrap();
     appends[0].expected = ExpectedVersion::Any;
-    let declared = Work {
-        appends: appends.into(),
-        ..Work::default()
-    };
+    let declared = plain_step(appends.into());
     let chained = fact(
         2,
         200,
@@ -1008,16 +997,10 @@ async fn a_fact_is_never_chained_onto_a_step_the_batch_overtakes(backend: Backen
     let fact = |n, delta, stream| entry_step(n, &key, delta, stream, Origin::ProviderFact, read);
     let second = fact(21, 50, append("payment-b", ExpectedVersion::NoStream, 1));
     assert!(committed(commits.commit(second).await));
-    let created = Work {
-        appends: vec![append("payment-p", ExpectedVersion::NoStream, 1)].into(),
-        ..Work::default()
-    };
+    let created = plain_step(vec![append("payment-p", ExpectedVersion::NoStream, 1)].into());
     assert!(committed(commits.commit(created).await));
 
-    let w = Work {
-        appends: vec![append("payment-p", ExpectedVersion::Exact(1), 1)].into(),
-        ..Work::default()
-    };
+    let w = plain_step(vec![append("payment-p", ExpectedVersion::Exact(1), 1)].into());
     let x = fact(22, 100, append("payment-p", ExpectedVersion::Exact(1), 1));
     let c = fact(23, 300, append("payment-c", ExpectedVersion::NoStream, 1));
     // On one thread the three are queued before the writer runs: one batch.

@@ -76,7 +76,7 @@ async fn guard_memory_against_a_second_writer(backend: Backend) {
     // A writes the guard first and remembers what it wrote.
     pay(&a).await;
     let first = a
-        .writer
+        .writer()
         .guards()
         .remembered(&key)
         .expect("A remembers the guard it wrote");
@@ -86,9 +86,9 @@ async fn guard_memory_against_a_second_writer(backend: Backend) {
 
     // B (its own memory) reads the log, so it builds on A's write.
     let paid_by_b = pay(&b).await;
-    assert_eq!(b.writer.guards().remembered(&key).unwrap().version, 2);
+    assert_eq!(b.writer().guards().remembered(&key).unwrap().version, 2);
     assert_eq!(
-        a.writer.guards().remembered(&key).unwrap().version,
+        a.writer().guards().remembered(&key).unwrap().version,
         1,
         "A's memory is stale now"
     );
@@ -96,11 +96,11 @@ async fn guard_memory_against_a_second_writer(backend: Backend) {
     // A decides on its stale memory, conflicts, reads the log and writes version 3, then B
     // refunds on its own stale memory (version 2).
     pay(&a).await;
-    let third = a.writer.guards().remembered(&key).unwrap();
+    let third = a.writer().guards().remembered(&key).unwrap();
     assert_eq!(third.version, 3);
     assert_eq!(third.balance.minor(), 3 * credit);
     refund(&b, paid_by_b).await;
-    let fourth = b.writer.guards().remembered(&key).unwrap();
+    let fourth = b.writer().guards().remembered(&key).unwrap();
     assert_eq!(fourth.version, 4);
     assert!(
         (3 * credit - REFUND_MINOR..3 * credit).contains(&fourth.balance.minor()),
@@ -138,14 +138,12 @@ async fn guard_memory_against_a_second_writer_postgres() {
 
 /// A ledger flow of its own (another process): its own writer and its own memory of guards.
 fn ledger(db: &TestDatabase) -> LedgerFlow {
-    LedgerFlow {
-        database: db.database.clone(),
-        store: db.database.event_store(),
-        writer: Writer::new(db.database.event_store()),
-        clock: Arc::new(SystemClock),
-        render: Arc::new(TestRender),
-        idempotency_lease_ms: 30_000,
-    }
+    LedgerFlow::new(
+        db.database.clone(),
+        Writer::new(db.database.event_store()),
+        Arc::new(SystemClock),
+        Arc::new(TestRender),
+    )
 }
 
 /// A transfer of `amount_minor` USD of tenant `acme`: whether it was posted (else refused).
@@ -186,7 +184,7 @@ async fn ledger_guard_memory_against_a_second_writer(backend: Backend) {
     };
     let remembered = |flow: &LedgerFlow| {
         let state = flow
-            .writer
+            .writer()
             .guards()
             .remembered(&key)
             .expect("a guard it wrote");

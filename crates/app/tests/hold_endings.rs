@@ -64,14 +64,12 @@ impl Render for IdRender {
 
 /// The ledger flow of the process `payments` runs in: one writer, one memory of guards.
 fn ledger(db: &TestDatabase, payments: &PaymentFlow) -> LedgerFlow {
-    LedgerFlow {
-        database: db.database.clone(),
-        store: db.database.event_store(),
-        writer: Arc::clone(&payments.writer),
-        clock: Arc::new(SystemClock),
-        render: Arc::new(IdRender),
-        idempotency_lease_ms: 30_000,
-    }
+    LedgerFlow::new(
+        db.database.clone(),
+        Arc::clone(payments.writer()),
+        Arc::new(SystemClock),
+        Arc::new(IdRender),
+    )
 }
 
 /// A payment of customer 1, captured at once.

@@ -200,7 +200,7 @@ impl Harness {
     async fn watching(&self, payments: &[PaymentId]) {
         let sql = "select count(*) from reconciliation_watch where payment_id = $1";
         for _ in 0..500 {
-            asiento_app::watch::catch_up(&self.database, self.flow.store.as_ref())
+            asiento_app::watch::catch_up(&self.database, self.flow.store().as_ref())
                 .await
                 .unwrap();
             let mut watched = 0;
@@ -235,7 +235,7 @@ impl Harness {
     }
 
     async fn status(&self, payment: PaymentId) -> PaymentStatus {
-        log::load_payment(self.flow.store.as_ref(), payment)
+        log::load_payment(self.flow.store().as_ref(), payment)
             .await
             .unwrap()
             .aggregate
@@ -345,7 +345,7 @@ async fn lost_answers_are_sent_again_under_their_key_postgres() {
 async fn unwanted_creations_are_cancelled_then_expire(backend: Backend) {
     let h = Harness::start(backend).await;
     let (absent, made) = h.unanswered(CaptureMode::Manual, false).await;
-    let expired_ms = h.flow.clock.now_ms() + PENDING_TIMEOUT_MS;
+    let expired_ms = h.flow.clock().now_ms() + PENDING_TIMEOUT_MS;
 
     // Past its expiry the payment is no longer wanted: nothing is sent again, whatever its
     // request made is cancelled by our reference, and it stays pending.

@@ -125,7 +125,7 @@ impl Harness {
     }
 
     async fn record(&self, id: PaymentId) -> PaymentRecord {
-        log::load_payment(self.flow.store.as_ref(), id)
+        log::load_payment(self.flow.store().as_ref(), id)
             .await
             .unwrap()
             .aggregate
@@ -134,7 +134,7 @@ impl Harness {
     }
 
     async fn events(&self, id: PaymentId) -> Vec<PaymentEvent> {
-        log::load_payment(self.flow.store.as_ref(), id)
+        log::load_payment(self.flow.store().as_ref(), id)
             .await
             .unwrap()
             .events

@@ -141,7 +141,7 @@ impl Harness {
             &request.key,
             request.body,
             &payment.to_string(),
-            self.flow.clock.now_ms(),
+            self.flow.clock().now_ms(),
             lease_ms,
         )
         .await
@@ -182,7 +182,7 @@ impl Harness {
     }
 
     async fn record(&self, payment: PaymentId) -> asiento_domain::PaymentRecord {
-        log::load_payment(self.flow.store.as_ref(), payment)
+        log::load_payment(self.flow.store().as_ref(), payment)
             .await
             .unwrap()
             .aggregate
@@ -191,7 +191,7 @@ impl Harness {
     }
 
     async fn events(&self, payment: PaymentId) -> Vec<PaymentEvent> {
-        log::load_payment(self.flow.store.as_ref(), payment)
+        log::load_payment(self.flow.store().as_ref(), payment)
             .await
             .unwrap()
             .events
@@ -400,7 +400,7 @@ async fn amount_mismatch(backend: Backend) {
     let exception_id = ExceptionId::parse(&exception.id).unwrap();
     let other = ExceptionScope::Tenant(TenantId::parse("globex").unwrap());
     assert!(h.open_exceptions(other.clone()).await.is_empty());
-    let store = h.flow.store.clone();
+    let store = h.flow.store().clone();
     let refused = exceptions::resolve(
         &h.database,
         store.as_ref(),
@@ -488,7 +488,7 @@ async fn unknown_expired_stuck_and_lease(backend: Backend) {
 
     // Another process holds the sweep lease: this sweep does nothing.
     let holder = uuid::Uuid::new_v4();
-    let now_ms = h.flow.clock.now_ms();
+    let now_ms = h.flow.clock().now_ms();
     acquire_job(&h.database, RECONCILER_JOB, holder, now_ms, 60_000)
         .await
         .unwrap()
@@ -515,7 +515,7 @@ async fn unknown_expired_stuck_and_lease(backend: Backend) {
         &stuck.key,
         stuck.body,
         "unused",
-        h.flow.clock.now_ms(),
+        h.flow.clock().now_ms(),
         60_000,
     )
     .await

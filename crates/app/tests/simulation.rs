@@ -67,7 +67,7 @@ use asiento_app::idempotency::{canonical_body_hash, IdempotencyKey, Scope, Store
 use asiento_app::invariants::{Checker, Sealer};
 use asiento_app::ledger::{LedgerFlow, NewTransfer};
 use asiento_app::log;
-use asiento_app::payments::{Idempotent, NewPayment, PaymentFlow};
+use asiento_app::payments::{Finalize, Idempotent, NewPayment, PaymentFlow};
 use asiento_app::providers::{ConfiguredProvider, Providers};
 use asiento_app::reconcile::{Reconciler, ReconcilerConfig};
 use asiento_app::reply::{Answer, Render, Reply};
@@ -1106,25 +1106,20 @@ async fn start_process(
             fees: FeeSchedule::new(FEE_BPS, Amount::ZERO).unwrap(),
         },
     )]);
-    let store = database.event_store();
-    let flow = PaymentFlow {
-        database: database.clone(),
-        store: store.clone(),
-        writer: asiento_app::commit::Writer::new(store),
+    let writer = asiento_app::commit::Writer::new(database.event_store());
+    let flow = PaymentFlow::new(
+        database.clone(),
+        Arc::clone(&writer),
         providers,
-        clock: clock.clone(),
-        render: Arc::new(SimRender),
-        idempotency_lease_ms: IDEMPOTENCY_LEASE_MS,
-        payment_lease_ms: asiento_app::leases::PAYMENT_LEASE_MS_DEFAULT,
-    };
-    let transfers = LedgerFlow {
-        database: database.clone(),
-        store: database.event_store(),
-        writer: Arc::clone(&flow.writer),
-        clock,
-        render: Arc::new(SimRender),
-        idempotency_lease_ms: IDEMPOTENCY_LEASE_MS,
-    };
+        clock.clone(),
+        Arc::new(SimRender),
+    )
+    .with_leases(
+        IDEMPOTENCY_LEASE_MS,
+        asiento_app::leases::PAYMENT_LEASE_MS_DEFAULT,
+    );
+    let transfers = LedgerFlow::new(database.clone(), writer, clock, Arc::new(SimRender))
+        .with_idempotency_lease(IDEMPOTENCY_LEASE_MS);
     let config = ReconcilerConfig {
         operation_timeout_ms: OPERATION_TIMEOUT_MS,
         operation_pending_deadline_ms: OPERATION_PENDING_DEADLINE_MS,
@@ -1461,7 +1456,7 @@ impl Sim {
         if self.rng.chance(80) {
             let mut fits = Vec::new();
             for &id in &self.payments {
-                let status = log::load_payment(self.process.flow.store.as_ref(), id)
+                let status = log::load_payment(self.process.flow.store().as_ref(), id)
                     .await
                     .unwrap()
                     .aggregate
@@ -1479,7 +1474,7 @@ impl Sim {
     }
 
     async fn payment_amount(&self, id: PaymentId) -> i64 {
-        log::load_payment(self.process.flow.store.as_ref(), id)
+        log::load_payment(self.process.flow.store().as_ref(), id)
             .await
             .unwrap()
             .aggregate
@@ -1520,7 +1515,7 @@ impl Sim {
         };
         let full = self.payment_amount(payment).await;
         // Mostly within what is left (so the provider sees it), sometimes anything.
-        let left = log::load_payment(self.process.flow.store.as_ref(), payment)
+        let left = log::load_payment(self.process.flow.store().as_ref(), payment)
             .await
             .unwrap()
             .aggregate
@@ -1635,7 +1630,7 @@ impl Sim {
             match self
                 .process
                 .flow
-                .finalize(payment, Some(fact.clone()))
+                .finalize(Finalize::facts(payment, Some(fact.clone())))
                 .await
             {
                 Ok(finalized) => {
@@ -1795,7 +1790,7 @@ impl Sim {
         }
         let mut records = Vec::new();
         for id in ids {
-            let loaded = log::load_payment(self.process.flow.store.as_ref(), id)
+            let loaded = log::load_payment(self.process.flow.store().as_ref(), id)
                 .await
                 .unwrap();
             records.extend(loaded.aggregate.record);
@@ -1944,7 +1939,7 @@ impl Sim {
         };
         for charge in self.provider.charges() {
             let payment = PaymentId::parse(charge.reference.as_deref().unwrap()).unwrap();
-            let record = log::load_payment(self.process.flow.store.as_ref(), payment)
+            let record = log::load_payment(self.process.flow.store().as_ref(), payment)
                 .await
                 .unwrap()
                 .aggregate

@@ -18,7 +18,7 @@ use std::time::Duration;
 use asiento_app::clock::{Clock, ManualClock, SystemClock};
 use asiento_app::leases;
 use asiento_app::log;
-use asiento_app::payments::{NewPayment, PaymentFlow};
+use asiento_app::payments::{Finalize, NewPayment, PaymentFlow};
 use asiento_app::providers::Providers;
 use asiento_app::reply::Answer;
 use asiento_app::webhooks::{
@@ -88,7 +88,7 @@ impl Harness {
         let flow = served.flow(&database, ClientConfig::default(), clock.clone());
         let receiver = WebhookReceiver {
             database: database.clone(),
-            writer: flow.writer.clone(),
+            writer: flow.writer().clone(),
             secrets: format!("sim:{SECRET},other:{OTHER_SECRET}")
                 .parse::<WebhookSecrets>()
                 .unwrap(),
@@ -184,7 +184,7 @@ impl Harness {
         &self,
         payment: PaymentId,
     ) -> (PaymentRecord, Vec<PaymentEvent>, Vec<Option<String>>) {
-        let loaded = log::load_payment(self.flow.store.as_ref(), payment)
+        let loaded = log::load_payment(self.flow.store().as_ref(), payment)
             .await
             .unwrap();
         let keys = loaded
@@ -616,7 +616,7 @@ async fn out_of_order(backend: Backend) {
     .await;
     let sim = h
         .flow
-        .providers
+        .providers()
         .get(&ProviderName::parse("sim").unwrap())
         .unwrap();
     sim.adapter
@@ -727,10 +727,13 @@ async fn dead_letters_case(backend: Backend) {
     // retried with backoff, then dead-lettered and the payment flagged.
     let (id, _) = h.create("pm_card_ok", 1_000, CaptureMode::Automatic).await;
     let broken = Worker::new(
-        PaymentFlow {
-            providers: Providers::default(),
-            ..h.flow.clone()
-        },
+        PaymentFlow::new(
+            h.database.clone(),
+            h.flow.writer().clone(),
+            Providers::default(),
+            h.flow.clock().clone(),
+            Arc::new(common::TestRender),
+        ),
         config.clone(),
     );
     let events = h.new_events();
@@ -904,13 +907,13 @@ async fn two_workers(backend: Backend) {
             (Database::Postgres(_), Some(url)) => Database::connect(url).await.unwrap(),
             _ => h.database.clone(),
         };
-        let store = database.event_store();
-        let flow = PaymentFlow {
-            database: database.clone(),
-            store: store.clone(),
-            writer: asiento_app::commit::Writer::new(store),
-            ..h.flow.clone()
-        };
+        let flow = PaymentFlow::new(
+            database.clone(),
+            asiento_app::commit::Writer::new(database.event_store()),
+            h.flow.providers().clone(),
+            h.flow.clock().clone(),
+            Arc::new(common::TestRender),
+        );
         let worker = Worker::new(flow, fast_config());
         handles.push(tokio::spawn(async move {
             let mut total = DrainReport::default();
@@ -981,11 +984,16 @@ async fn redirect_finished_by_webhook(backend: Backend) {
         // The stale synchronous answer races the worker.
         let sync = {
             let h = h.clone();
-            tokio::spawn(async move { h.flow.finalize(id, Some(stale)).await.unwrap() })
+            tokio::spawn(async move {
+                h.flow
+                    .finalize(Finalize::facts(id, Some(stale)))
+                    .await
+                    .unwrap()
+            })
         };
         worker.drain().await.unwrap();
         sync.await.unwrap();
-        let read = h.flow.finalize(id, None).await.unwrap();
+        let read = h.flow.finalize(Finalize::facts(id, None)).await.unwrap();
         assert_eq!(read.payment.status, PaymentStatus::Captured);
         assert!(read.payment.next_action.is_none());
         h.check_against_provider(id).await;
@@ -1007,7 +1015,7 @@ async fn redirect_finished_by_webhook_has_no_next_action_postgres() {
 
 /// Takes the payment's lease as another holder would, then delivers the provider's new events.
 async fn hold_and_deliver(h: &Harness, payment: PaymentId) -> leases::PaymentLease {
-    let now = h.flow.clock.now_ms();
+    let now = h.flow.clock().now_ms();
     let held = leases::acquire(&h.database, payment, now, 60_000)
         .await
         .unwrap()
@@ -1097,8 +1105,16 @@ async fn payment_lease_has_one_holder_postgres() {
 async fn remembered(backend: Backend) {
     let h = Harness::start(backend, system_clock()).await;
     let empty = TestDatabase::open(backend).await;
-    let mut blind = h.flow.clone();
-    blind.store = empty.database.event_store();
+    // Its inbox on the harness's database, its log read from the empty one, with the memory of
+    // the writer that committed the payments.
+    let blind = PaymentFlow::new(
+        h.database.clone(),
+        asiento_app::commit::Writer::new(empty.database.event_store()),
+        h.flow.providers().clone(),
+        h.flow.clock().clone(),
+        Arc::new(common::TestRender),
+    )
+    .with_writer(h.flow.writer().clone());
 
     let (first, _) = h.create("pm_card_ok", 1_000, CaptureMode::Automatic).await;
     let events = h.new_events();
@@ -1124,10 +1140,9 @@ async fn remembered(backend: Backend) {
         assert!(!h.deliver(event).await);
     }
     // A writer of its own: no memory of the payments the first one committed.
-    let forgetful = PaymentFlow {
-        writer: asiento_app::commit::Writer::new(blind.store.clone()),
-        ..blind
-    };
+    let forgetful = blind.with_writer(asiento_app::commit::Writer::new(
+        empty.database.event_store(),
+    ));
     let report = Worker::new(forgetful, fast_config())
         .drain_once()
         .await

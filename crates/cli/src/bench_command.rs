@@ -131,14 +131,12 @@ pub async fn command(args: CommandArgs) -> anyhow::Result<()> {
 }
 
 async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
-    let flow = LedgerFlow {
-        database: db.clone(),
-        store: db.event_store(),
-        writer: asiento_app::commit::Writer::new(db.event_store()),
-        clock: Arc::new(SystemClock),
-        render: Arc::new(asiento_api::render::JsonRender),
-        idempotency_lease_ms: 60_000,
-    };
+    let flow = LedgerFlow::new(
+        db.clone(),
+        asiento_app::commit::Writer::new(db.event_store()),
+        Arc::new(SystemClock),
+        Arc::new(asiento_api::render::JsonRender),
+    );
     let run_id = Uuid::new_v4().simple().to_string();
     let treasury = AccountName::parse("treasury:main")?;
     let funding = Instant::now();

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use asiento_app::clock::SystemClock;
 use asiento_app::exceptions::{self, Scope, EXCEPTIONS_PAGE_MAX};
-use asiento_app::payments::{PaymentFlow, IDEMPOTENCY_LEASE_MS_DEFAULT};
+use asiento_app::payments::PaymentFlow;
 use asiento_app::reconcile::{Reconciler, ReconcilerConfig, SWEEP_LEASE_MS_MIN};
 use asiento_domain::exception::ExceptionStatus;
 use asiento_psp::ClientConfig;
@@ -134,17 +134,13 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
     };
     let env = |variable: &str| std::env::var(variable).ok();
     let providers = crate::providers::build(&urls, &args.fees, &ClientConfig::default(), &env)?;
-    let store = database.event_store();
-    let flow = PaymentFlow {
-        database: database.clone(),
-        store: store.clone(),
-        writer: asiento_app::commit::Writer::new(store),
+    let flow = PaymentFlow::new(
+        database.clone(),
+        asiento_app::commit::Writer::new(database.event_store()),
         providers,
-        clock: Arc::new(SystemClock),
-        render: Arc::new(asiento_api::render::JsonRender),
-        idempotency_lease_ms: IDEMPOTENCY_LEASE_MS_DEFAULT,
-        payment_lease_ms: asiento_app::leases::PAYMENT_LEASE_MS_DEFAULT,
-    };
+        Arc::new(SystemClock),
+        Arc::new(asiento_api::render::JsonRender),
+    );
     let reconciler = Reconciler::new(
         flow,
         args.operations.apply(ReconcilerConfig {

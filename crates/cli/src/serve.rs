@@ -329,7 +329,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let reconciler = Reconciler::new(core.payments.clone(), reconciler_config(&args));
         let shutdown = wait_for(stopped.clone());
         tasks.spawn(async move { reconciler.run(shutdown).await });
-        let sealer = Sealer::new(database.clone(), core.payments.clock.clone())
+        let sealer = Sealer::new(database.clone(), core.payments.clock().clone())
             .with_store(Arc::clone(&store));
         let shutdown = wait_for(stopped.clone());
         tasks.spawn(async move { sealer.run(shutdown).await });
@@ -338,7 +338,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tasks.spawn(async move { checker.run(interval, shutdown).await });
         let purger = IdempotencyPurger {
             database: database.clone(),
-            clock: core.payments.clock.clone(),
+            clock: core.payments.clock().clone(),
             keep_ms: duration_ms(args.idempotency_retention),
         };
         tasks.spawn(purger.run(wait_for(stopped.clone())));
@@ -356,7 +356,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ));
         tasks.spawn(asiento_app::gauges::run(
             database.clone(),
-            core.payments.clock.clone(),
+            core.payments.clock().clone(),
             args.gauges_interval,
             wait_for(stopped.clone()),
         ));
@@ -486,30 +486,21 @@ impl Core {
         let providers = crate::providers::build(&urls, &args.fees, &client, &env)?;
         let clock = Arc::new(SystemClock);
         let render = Arc::new(asiento_api::render::JsonRender);
-        let store = Arc::clone(store);
         let lease_ms = duration_ms(args.idempotency_lease);
         // The process's one writer: one batching of every flow's steps, one memory of what they
         // left.
-        let writer = asiento_app::commit::Writer::new(store.clone());
+        let writer = asiento_app::commit::Writer::new(Arc::clone(store));
         Ok(Core {
-            payments: PaymentFlow {
-                database: database.clone(),
-                store: store.clone(),
-                writer: Arc::clone(&writer),
+            payments: PaymentFlow::new(
+                database.clone(),
+                Arc::clone(&writer),
                 providers,
-                clock: clock.clone(),
-                render: render.clone(),
-                idempotency_lease_ms: lease_ms,
-                payment_lease_ms: duration_ms(args.payment_lease),
-            },
-            ledger: LedgerFlow {
-                database: database.clone(),
-                store,
-                writer,
-                clock,
-                render,
-                idempotency_lease_ms: lease_ms,
-            },
+                clock.clone(),
+                render.clone(),
+            )
+            .with_leases(lease_ms, duration_ms(args.payment_lease)),
+            ledger: LedgerFlow::new(database.clone(), writer, clock, render)
+                .with_idempotency_lease(lease_ms),
             urls,
             simulator,
             secrets,
@@ -530,9 +521,9 @@ impl Core {
             ledger: self.ledger.clone(),
             webhooks: WebhookReceiver {
                 database: database.clone(),
-                writer: self.payments.writer.clone(),
+                writer: self.payments.writer().clone(),
                 secrets: self.secrets.clone(),
-                clock: self.payments.clock.clone(),
+                clock: self.payments.clock().clone(),
                 tolerance_s: asiento_app::webhooks::TOLERANCE_S_DEFAULT,
             },
             database: database.clone(),

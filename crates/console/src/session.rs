@@ -239,7 +239,7 @@ pub async fn delete(
 
 /// The current time of the application clock, in unix milliseconds.
 pub fn now_ms(state: &ConsoleState) -> i64 {
-    state.api.payments.clock.now().timestamp_millis()
+    state.api.payments.clock().now().timestamp_millis()
 }
 
 impl FromRequestParts<ConsoleState> for Session {

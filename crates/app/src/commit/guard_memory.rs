@@ -4,7 +4,7 @@
 //! A decision that posts to a guarded account appends to that account's guard stream at the exact
 //! version it read. So a remembered guard state that is stale (another process, or another flow,
 //! appended since) can only make that append conflict; it can never write a wrong balance. The
-//! conflict makes the flow forget the states it read ([`GuardMemory::lost_race`]), and its retry
+//! conflict makes the writer forget the states it read ([`GuardMemory::lost_race`]), and the retry
 //! reads them from the log, unless this process remembered a later state of a guard since: the
 //! race was then most often lost to one of its own steps in flight, and the retry decides against
 //! what that step left (stale too, it only conflicts once more, and is then read from the log).
@@ -12,12 +12,13 @@
 //!
 //! - payment decisions are provider facts, which a guard flags but never refuses;
 //! - a ledger command that a remembered state refuses (`insufficient_funds`, a frozen account) is
-//!   decided again against the log before the refusal is answered ([`Loaded::remembered`]): only
-//!   what the log says refuses a command.
+//!   decided again against the log before the refusal is answered ([`Loaded::remembered`],
+//!   [`GuardMemory::load_from_log`]): only what the log says refuses a command.
 //!
-//! So after each commit a flow remembers the state its appends left each guard in, and reads the
-//! log only for guards this process has not written since it started (or that conflicted): no
-//! read at all for a transfer between accounts this process moved money on before.
+//! So after each commit the writer remembers the state its appends left each guard in
+//! (`super::writer`), and a flow reads the log only for guards this process has not written since
+//! it started (or that conflicted): no read at all for a transfer between accounts this process
+//! moved money on before.
 //!
 //! A ledger command that reads a guard while a command of this process is writing it (its step
 //! is with group commit) would decide against the state that step is changing, and could only
@@ -32,12 +33,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use asiento_domain::guard::{self, DebitGuard, GuardAppend, GuardKey};
+use asiento_domain::guard::{self, DebitGuard, GuardKey};
 use asiento_domain::JournalEntry;
 use asiento_eventstore::EventStore;
 use tokio::sync::Notify;
 
 use super::latest::Latest;
+use super::step::GuardWrite;
 use crate::log::{self, LogError};
 
 /// Guards remembered at most; past that the memory starts over empty.
@@ -48,7 +50,7 @@ pub const GUARDS_MAX: usize = 65_536;
 pub struct Loaded {
     pub states: BTreeMap<GuardKey, DebitGuard>,
     /// Some of them came from memory, not the log: a refusal decided against them must be
-    /// decided again against the log ([`GuardMemory::forget`] them first).
+    /// decided again against the log ([`GuardMemory::load_from_log`]).
     pub remembered: bool,
 }
 
@@ -174,7 +176,7 @@ impl GuardMemory {
     /// Marks `keys` as being written by a command of this process until the result is dropped,
     /// which must be after the command's outcome is in memory ([`GuardMemory::wrote`],
     /// [`GuardMemory::lost_race`]).
-    pub fn writing(&self, keys: impl IntoIterator<Item = GuardKey>) -> WritingGuards {
+    pub(super) fn writing(&self, keys: impl IntoIterator<Item = GuardKey>) -> WritingGuards {
         let keys: Vec<GuardKey> = keys.into_iter().collect();
         let mut counts = self.writing.counts();
         for key in &keys {
@@ -186,37 +188,52 @@ impl GuardMemory {
         }
     }
 
-    /// Remembers what committed `appends` left each guard in; `before` is what the decision read.
-    /// A state older than the one remembered (a later commit was remembered first) is dropped.
-    pub fn wrote(&self, before: &BTreeMap<GuardKey, DebitGuard>, appends: &[GuardAppend]) {
-        for append in appends {
-            let start = before.get(&append.key).copied().unwrap_or_default();
+    /// Remembers what a committed decision left each guard in (`written`: the states it read and
+    /// what it appended to them), as a read of the log would give it. A state older than the one
+    /// remembered (a later commit was remembered first) is dropped.
+    pub(super) fn wrote(&self, written: &GuardWrite) {
+        for append in &written.appends {
+            let start = written.read.get(&append.key).copied().unwrap_or_default();
             debug_assert_eq!(
                 start.version, append.expected_version,
                 "a written append's guard state is the one it was decided against"
             );
-            let after = append.events.iter().fold(start, guard::evolve);
-            self.states.remember(&append.key, &after);
+            // As a read of the log gives it (`log::load_guard`): from the last event written.
+            if let Some(last) = append.events.last() {
+                let version = start.version + append.events.len() as u64;
+                self.states
+                    .remember(&append.key, &DebitGuard::from_last(version, last));
+            }
         }
     }
 
     /// Remembers states the writer tells (a step it rebased: `plan`).
-    pub fn remember(&self, states: &[(GuardKey, DebitGuard)]) {
+    pub(super) fn remember(&self, states: &[(GuardKey, DebitGuard)]) {
         for (key, state) in states {
             self.states.remember(key, state);
         }
     }
 
-    /// Forgets `keys`: a decision on them conflicted, so what is remembered may be stale.
-    pub fn forget<'a>(&self, keys: impl IntoIterator<Item = &'a GuardKey>) {
-        self.states.forget(keys);
+    /// A decision on `read` was not written (it lost a version race, or failed): forgets those
+    /// guards, except where this process remembered a later state since (the winner was one of
+    /// its own steps), which the decision is then taken again against without reading the log.
+    pub(super) fn lost_race(&self, read: &BTreeMap<GuardKey, DebitGuard>) {
+        self.states.forget_unless_later(read);
     }
 
-    /// A decision on `read` lost a version race: forgets those guards, except where this process
-    /// remembered a later state since (the winner was one of its own steps), which the decision
-    /// is then taken again against without reading the log.
-    pub fn lost_race(&self, read: &BTreeMap<GuardKey, DebitGuard>) {
-        self.states.forget_unless_later(read);
+    /// The guards every entry in `entries` touches, read from the log; what was remembered of
+    /// them is forgotten. For a command refused on remembered states: only the log refuses.
+    pub async fn load_from_log<'a>(
+        &self,
+        store: &dyn EventStore,
+        entries: impl IntoIterator<Item = &'a JournalEntry>,
+    ) -> Result<BTreeMap<GuardKey, DebitGuard>, LogError> {
+        let keys: Vec<GuardKey> = entries.into_iter().flat_map(guard::guarded_keys).collect();
+        self.states.forget(&keys);
+        let read =
+            futures::future::try_join_all(keys.iter().map(|key| log::load_guard(store, key)))
+                .await?;
+        Ok(keys.into_iter().zip(read).collect())
     }
 
     /// The state remembered for `key`, if any.

@@ -11,7 +11,8 @@ use asiento_domain::{AccountName, AccountPolicy, Currency, TenantId};
 use asiento_eventstore::Metadata;
 use serde_json::{Map, Value};
 
-use super::{back_off, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
+use super::{back_off, Decided, LedgerFlow, LEDGER_CONFLICT_RETRIES_MAX};
+use crate::commit::GuardWrite;
 use crate::log;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
@@ -65,7 +66,7 @@ impl LedgerFlow {
                     let appends = log::guard_appends(std::slice::from_ref(&append), &metadata)?;
                     let key = key.clone();
                     let created = current.declared.is_none();
-                    let touched = Touched {
+                    let touched = GuardWrite {
                         read: [(key.clone(), current)].into(),
                         appends: vec![append],
                     };

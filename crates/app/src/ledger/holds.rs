@@ -10,8 +10,8 @@ use asiento_domain::transfer::{evolve, TransferRecord};
 use asiento_domain::{transfer_stream, TenantId, TransferId};
 use asiento_eventstore::{Metadata, StreamAppend};
 
-use super::{back_off, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
-use crate::commit::{Committed, Work};
+use super::{back_off, Decided, LedgerFlow, LEDGER_CONFLICT_RETRIES_MAX};
+use crate::commit::{Command, Committed, GuardWrite, Step};
 use crate::log;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
@@ -32,7 +32,7 @@ pub enum HoldExpiry {
 }
 
 /// An ending decided: the appends, what they do to the guards, and the transfer as they leave it.
-type Ending = Result<(Vec<StreamAppend>, Touched, TransferRecord), HoldRejection>;
+type Ending = Result<(Vec<StreamAppend>, GuardWrite, TransferRecord), HoldRejection>;
 
 impl LedgerFlow {
     #[tracing::instrument(skip_all, fields(tenant = %tenant, transfer = %id))]
@@ -95,11 +95,12 @@ impl LedgerFlow {
             };
             // Through the process's writer, like every other step: batched with the requests'
             // steps, and its guards' outcome in memory.
-            let step = Work {
+            let step = Step::Command(Command {
                 appends: appends.into(),
-                ..Work::default()
-            };
-            match self.write(step, Some(&touched)).await? {
+                guards: touched,
+                key: None,
+            });
+            match self.writer.commit(step).await? {
                 Committed::Written(_) => {
                     metrics::counter!("asiento_holds_expired_total").increment(1);
                     return Ok(HoldExpiry::Expired);
@@ -152,8 +153,11 @@ impl LedgerFlow {
         let (guards, decided) = match hold::decide_with_guards(&transfer, &command, &loaded.states)
         {
             Err(_) if loaded.remembered => {
-                self.writer.guards().forget(loaded.states.keys());
-                let guards = log::load_guards(self.store.as_ref(), entries).await?;
+                let guards = self
+                    .writer
+                    .guards()
+                    .load_from_log(self.store.as_ref(), entries)
+                    .await?;
                 let decided = hold::decide_with_guards(&transfer, &command, &guards);
                 (guards, decided)
             }
@@ -176,7 +180,7 @@ impl LedgerFlow {
             .fold(transfer, evolve)
             .record
             .ok_or_else(|| FlowError::Inconsistent(format!("hold {id} without a record")))?;
-        let touched = Touched {
+        let touched = GuardWrite {
             read: guards,
             appends: decision.guards,
         };

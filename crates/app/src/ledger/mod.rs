@@ -15,15 +15,13 @@ pub mod accounts;
 pub mod holds;
 pub mod transfers;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use asiento_domain::guard::{DebitGuard, GuardAppend, GuardKey};
 use asiento_eventstore::{Database, StreamAppend};
 
 use crate::clock::Clock;
-use crate::commit::{Committed, Completion, Respond, Work, Writer};
-use crate::idempotency::{self, Claim, Completing, FreshClaim, Lease, StoredResponse};
+use crate::commit::{Command, Committed, GuardWrite, Respond, Settle, Step, Writer};
+use crate::idempotency::{self, Claim, FreshClaim, Lease, StoredResponse};
 use crate::log::{self, Store};
 pub(crate) use crate::payments::back_off;
 use crate::payments::{FlowError, Idempotent};
@@ -32,16 +30,56 @@ use crate::reply::{Answer, Rejected, Render, Reply};
 pub use accounts::AccountDeclaration;
 pub use transfers::NewTransfer;
 
+/// The ledger commands' use cases. Made with [`LedgerFlow::new`]; cheap to clone.
 #[derive(Clone)]
 pub struct LedgerFlow {
-    pub database: Database,
-    pub store: Store,
+    pub(crate) database: Database,
+    pub(crate) store: Store,
     /// The process's one writer, shared with the payment flow; its guard memory lets a transfer
     /// read from the log only the guards it holds no state of.
-    pub writer: Arc<Writer>,
-    pub clock: Arc<dyn Clock>,
-    pub render: Arc<dyn Render>,
-    pub idempotency_lease_ms: i64,
+    pub(crate) writer: Arc<Writer>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) render: Arc<dyn Render>,
+    pub(crate) idempotency_lease_ms: i64,
+}
+
+impl LedgerFlow {
+    /// The ledger flow on `database`, writing through the process's `writer` (made on the same
+    /// database's store); keys held for [`crate::payments::IDEMPOTENCY_LEASE_MS_DEFAULT`]
+    /// ([`LedgerFlow::with_idempotency_lease`]).
+    pub fn new(
+        database: Database,
+        writer: Arc<Writer>,
+        clock: Arc<dyn Clock>,
+        render: Arc<dyn Render>,
+    ) -> LedgerFlow {
+        LedgerFlow {
+            store: writer.store().clone(),
+            database,
+            writer,
+            clock,
+            render,
+            idempotency_lease_ms: crate::payments::IDEMPOTENCY_LEASE_MS_DEFAULT,
+        }
+    }
+
+    /// With requests holding their idempotency key this long.
+    pub fn with_idempotency_lease(self, idempotency_lease_ms: i64) -> LedgerFlow {
+        LedgerFlow {
+            idempotency_lease_ms,
+            ..self
+        }
+    }
+
+    /// The store it reads and writes.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The process's writer it commits through.
+    pub fn writer(&self) -> &Arc<Writer> {
+        &self.writer
+    }
 }
 
 /// What a ledger command decided, to be committed with its idempotency record.
@@ -50,14 +88,7 @@ enum Decided<F> {
     Refused(Rejected),
     /// Appends, what they do to the guards, and how to render the answer once they are in
     /// (given the last position written).
-    Append(Vec<StreamAppend>, Touched, F),
-}
-
-/// A decision's guards: the states it was decided against and what it appends to them, from
-/// which the guard memory learns once the decision commits.
-struct Touched {
-    read: BTreeMap<GuardKey, DebitGuard>,
-    appends: Vec<GuardAppend>,
+    Append(Vec<StreamAppend>, GuardWrite, F),
 }
 
 /// How many guard races a ledger command may lose before it gives up (an internal error). A hot
@@ -66,27 +97,6 @@ struct Touched {
 pub const LEDGER_CONFLICT_RETRIES_MAX: u32 = 64;
 
 impl LedgerFlow {
-    /// Writes a command's `step` through the process's writer and tells the guard memory its
-    /// outcome (`touched`: the guards it was decided against and what it appends to them). Until
-    /// the outcome is in memory, this process's transfers on those guards wait for it.
-    async fn write(&self, step: Work, touched: Option<&Touched>) -> Result<Committed, FlowError> {
-        let _writing = touched.map(|touched| {
-            let keys = touched.appends.iter().map(|append| append.key.clone());
-            self.writer.guards().writing(keys)
-        });
-        let outcome = self.writer.commit(step).await?;
-        if let Some(Touched { read, appends }) = touched {
-            match outcome {
-                Committed::Written(_) => self.writer.guards().wrote(read, appends),
-                Committed::Conflict => self.writer.guards().lost_race(read),
-                // The interactive claim writes it, and that path does not tell the memory what
-                // it wrote.
-                _ => self.writer.guards().forget(read.keys()),
-            }
-        }
-        Ok(outcome)
-    }
-
     /// Commits the decision with its key claimed and completed at once. `Ok(None)`: a guard race
     /// was lost (nothing was written); decide again.
     async fn commit<F>(
@@ -99,47 +109,39 @@ impl LedgerFlow {
         F: Fn(&dyn Render, i64) -> StoredResponse + Send + Sync + 'static,
     {
         let now = self.clock.now().timestamp_millis();
-        let (appends, touched, respond): (Vec<StreamAppend>, Option<Touched>, Arc<Respond>) =
+        let (appends, guards, respond): (Vec<StreamAppend>, GuardWrite, Arc<Respond>) =
             match decided {
                 Decided::Refused(rejected) => {
                     let response = self.render.render(&Reply::Rejected(rejected));
-                    (Vec::new(), None, Respond::new(move |_| response.clone()))
+                    let respond = Respond::new(move |_| response.clone());
+                    (Vec::new(), GuardWrite::default(), respond)
                 }
-                Decided::Append(appends, touched, reply) => {
+                Decided::Append(appends, guards, reply) => {
                     let render = Arc::clone(&self.render);
                     let respond = Respond::new(move |position: Option<i64>| {
                         reply(render.as_ref(), position.unwrap_or_default())
                     });
                     respond.prepare_for(self.database.backend());
-                    (appends, Some(touched), respond)
+                    (appends, guards, respond)
                 }
             };
-        let lease = Lease::new(now, self.idempotency_lease_ms);
         let appends: Arc<[StreamAppend]> = appends.into();
-        let step = Work {
-            claim: Some(FreshClaim {
-                scope: request.scope.clone(),
-                key: request.key.clone(),
-                body: request.body,
-                resource_id: resource_id.to_owned(),
-                lease,
-                now_ms: now,
-            }),
+        let step = Step::Command(Command {
             appends: Arc::clone(&appends),
-            completion: Some(Completion {
-                completing: Completing {
+            guards,
+            key: Some(Settle {
+                claim: FreshClaim {
                     scope: request.scope.clone(),
                     key: request.key.clone(),
-                    lease,
-                    response: StoredResponse::default(),
+                    body: request.body,
+                    resource_id: resource_id.to_owned(),
+                    lease: Lease::new(now, self.idempotency_lease_ms),
                     now_ms: now,
                 },
                 respond: Arc::clone(&respond),
             }),
-            inbox: None,
-            facts: false,
-        };
-        let outcome = self.write(step, touched.as_ref()).await?;
+        });
+        let outcome = self.writer.commit(step).await?;
         match outcome {
             Committed::Written(appended) => Ok(Some(Answer::Done(
                 respond.at(appended.map(|appended| appended.last_position)),
@@ -193,22 +195,26 @@ impl LedgerFlow {
                 return Ok(Some(crate::payments::answer_without_work(other)));
             }
         };
-        let position = if appends.is_empty() {
-            None
-        } else {
-            match self.store.append_in(&mut tx, appends).await {
-                Ok(appended) => Some(appended.last_position),
-                Err(error) if log::is_conflict(&error) => {
-                    metrics::counter!("asiento_ledger_conflicts_total").increment(1);
-                    tx.rollback().await?;
-                    return Ok(None);
-                }
-                Err(error) => return Err(FlowError::Append(error)),
+        let (appended, uncommitted) = match self
+            .writer
+            // The writer forgot the guards the step was decided against when it came back
+            // `NotFresh`: nothing for the memory to learn here.
+            .append_in(&mut tx, appends, GuardWrite::default(), None)
+            .await
+        {
+            Ok(written) => written,
+            Err(error) if log::is_conflict(&error) => {
+                metrics::counter!("asiento_ledger_conflicts_total").increment(1);
+                tx.rollback().await?;
+                return Ok(None);
             }
+            Err(error) => return Err(FlowError::Append(error)),
         };
+        let position = appended.map(|appended| appended.last_position);
         let response = respond.at(position);
         idempotency::complete(&mut tx, &request.scope, &request.key, lease, &response, now).await?;
         tx.commit().await?;
+        uncommitted.committed();
         Ok(Some(Answer::Done(response)))
     }
 }

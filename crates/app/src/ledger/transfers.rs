@@ -12,8 +12,9 @@ use asiento_eventstore::Metadata;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{back_off, Decided, LedgerFlow, Touched, LEDGER_CONFLICT_RETRIES_MAX};
+use super::{back_off, Decided, LedgerFlow, LEDGER_CONFLICT_RETRIES_MAX};
 use crate::commit::guard_memory::Loaded;
+use crate::commit::GuardWrite;
 use crate::log;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
@@ -76,7 +77,11 @@ impl LedgerFlow {
             let posted = log::transfer_entries(&entries);
             let loaded = if refused_on_memory {
                 Loaded {
-                    states: log::load_guards(self.store.as_ref(), posted).await?,
+                    states: self
+                        .writer
+                        .guards()
+                        .load_from_log(self.store.as_ref(), posted)
+                        .await?,
                     remembered: false,
                 }
             } else {
@@ -88,7 +93,6 @@ impl LedgerFlow {
             let decided = match decide_with_guards(&Transfer::default(), command, &loaded.states) {
                 // Only the log refuses a command: decided again against it.
                 Err(_) if loaded.remembered => {
-                    self.writer.guards().forget(loaded.states.keys());
                     refused_on_memory = true;
                     continue;
                 }
@@ -102,7 +106,7 @@ impl LedgerFlow {
                         &guards,
                         &metadata,
                     )?;
-                    let touched = Touched {
+                    let touched = GuardWrite {
                         read: loaded.states,
                         appends: guards,
                     };

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::{ReconcileError, Reconciler, SweepSummary};
 use crate::exceptions;
-use crate::payments::FlowError;
+use crate::payments::{Finalize, FlowError};
 
 /// A difference found, before it is recorded.
 pub(super) struct Finding {
@@ -107,13 +107,13 @@ impl Reconciler {
             .increment(1);
         match self
             .flow
-            .apply(
+            .finalize(Finalize::command(
                 record.id,
                 PaymentCommand::FlagForReview {
                     note: format!("reconciliation exception {exception_id}: {kind}"),
                     at: self.flow.clock.now(),
                 },
-            )
+            ))
             .await
         {
             Ok(_) => summary.flagged += 1,

@@ -23,6 +23,7 @@ use super::{duration_ms, local_state, ReconcileError, Reconciler, SweepSummary};
 use crate::facts;
 use crate::leases;
 use crate::log;
+use crate::payments::Finalize;
 use crate::watch::{self, WatchedOperation};
 
 /// Operations driven in one sweep.
@@ -125,7 +126,10 @@ impl Reconciler {
             Driven::Wait => {}
             Driven::Applied(facts) if facts.is_empty() => {}
             Driven::Applied(facts) => {
-                let finalized = self.flow.finalize(record.id, facts).await?;
+                let finalized = self
+                    .flow
+                    .finalize(Finalize::facts(record.id, facts))
+                    .await?;
                 let closed = finalized
                     .payment
                     .operation(op.kind, op.sequence)

@@ -19,7 +19,7 @@ use crate::exceptions::{self, ExceptionError};
 use crate::facts;
 use crate::leases;
 use crate::log;
-use crate::payments::{FlowError, InTransaction};
+use crate::payments::{Finalize, FlowError, InTransaction};
 
 /// What a settlement-report line means against our payment. Pure, so it is tested as a table.
 #[derive(Debug, Clone, PartialEq)]
@@ -456,7 +456,9 @@ impl Reconciler {
                 if exceptions::exists(self.flow.store.as_ref(), recorded.exception_id).await? {
                     // Recorded by an earlier sweep together with its fix; apply what is left
                     // (nothing, unless a later fact raced it) without a second exception.
-                    self.flow.finalize(record.id, Some(first)).await?;
+                    self.flow
+                        .finalize(Finalize::facts(record.id, Some(first)))
+                        .await?;
                 } else {
                     let also = RecordWithFix {
                         store: self.flow.store.clone(),
@@ -465,7 +467,7 @@ impl Reconciler {
                         outcome: std::sync::Mutex::new(None),
                     };
                     self.flow
-                        .finalize_and(record.id, Some(first), &also)
+                        .finalize(Finalize::facts(record.id, Some(first)).also(&also))
                         .await?;
                     let outcome = also.outcome.lock().ok().and_then(|outcome| *outcome);
                     if let Some(resolution) = outcome {
@@ -478,7 +480,9 @@ impl Reconciler {
                     }
                 }
                 for fact in facts {
-                    self.flow.finalize(record.id, Some(fact)).await?;
+                    self.flow
+                        .finalize(Finalize::facts(record.id, Some(fact)))
+                        .await?;
                 }
                 Ok(())
             }

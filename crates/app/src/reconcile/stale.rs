@@ -22,7 +22,7 @@ use crate::facts;
 use crate::idempotency;
 use crate::leases;
 use crate::log;
-use crate::payments::FlowError;
+use crate::payments::{Finalize, FlowError};
 
 use crate::watch;
 
@@ -234,12 +234,12 @@ impl Reconciler {
                 }
                 match self
                     .flow
-                    .apply(
+                    .finalize(Finalize::command(
                         id,
                         PaymentCommand::Expire {
                             at: self.flow.clock.now(),
                         },
-                    )
+                    ))
                     .await
                 {
                     Ok(finalized) if finalized.events_appended > 0 => summary.expired += 1,
@@ -277,7 +277,12 @@ impl Reconciler {
                 } else {
                     let mut status = record.status;
                     for fact in facts::charge_facts(&charge, facts::Read::Now) {
-                        status = self.flow.finalize(id, Some(fact)).await?.payment.status;
+                        status = self
+                            .flow
+                            .finalize(Finalize::facts(id, Some(fact)))
+                            .await?
+                            .payment
+                            .status;
                     }
                     if status != record.status {
                         summary.settled += 1;
@@ -319,7 +324,10 @@ impl Reconciler {
         if facts.is_empty() {
             return Ok(Revisit::NextSweep);
         }
-        let finalized = self.flow.finalize(record.id, facts).await?;
+        let finalized = self
+            .flow
+            .finalize(Finalize::facts(record.id, facts))
+            .await?;
         if finalized.payment.status != record.status {
             summary.settled += 1;
         }
@@ -445,12 +453,12 @@ impl Reconciler {
             Some(after) if after.status == ChargeStatus::Failed => {
                 let expired = self
                     .flow
-                    .apply(
+                    .finalize(Finalize::command(
                         record.id,
                         PaymentCommand::Expire {
                             at: self.flow.clock.now(),
                         },
-                    )
+                    ))
                     .await;
                 match expired {
                     Ok(finalized) if finalized.events_appended > 0 => summary.expired += 1,
@@ -464,7 +472,9 @@ impl Reconciler {
             // Paid (or authorized) meanwhile: the charge's facts settle the payment.
             Some(after) if after.status != ChargeStatus::RequiresAction => {
                 for fact in facts::charge_facts(&after, facts::Read::Now) {
-                    self.flow.finalize(record.id, Some(fact)).await?;
+                    self.flow
+                        .finalize(Finalize::facts(record.id, Some(fact)))
+                        .await?;
                 }
                 summary.settled += 1;
             }

@@ -12,7 +12,7 @@ use super::receive::{
     PROVIDER_ECHO_CHARS_MAX,
 };
 use super::{truncate, WebhookReceiver};
-use crate::commit::{CommitError, Committed, Work};
+use crate::commit::{CommitError, Committed, Step};
 
 /// What a stored batch held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,14 +80,7 @@ impl WebhookReceiver {
         let mut commits = JoinSet::new();
         for row in rows {
             let writer = std::sync::Arc::clone(&self.writer);
-            commits.spawn(async move {
-                writer
-                    .commit(Work {
-                        inbox: Some(row),
-                        ..Work::default()
-                    })
-                    .await
-            });
+            commits.spawn(async move { writer.commit(Step::Inbox(row)).await });
         }
         let mut received = BatchReceived {
             stored: 0,

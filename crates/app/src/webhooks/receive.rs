@@ -15,7 +15,7 @@ use sqlx::Arguments;
 
 use super::{truncate, WebhookSecrets};
 use crate::clock::Clock;
-use crate::commit::{CommitError, Committed, Work, Writer};
+use crate::commit::{CommitError, Committed, Step, Writer};
 
 /// Provider event ids longer than this are refused as malformed (Stripe's are ~30 characters).
 pub const EVENT_ID_LEN_MAX: usize = 255;
@@ -150,11 +150,7 @@ impl WebhookReceiver {
             payload: body.to_vec(),
             now_ms,
         };
-        let work = Work {
-            inbox: Some(row),
-            ..Work::default()
-        };
-        let duplicate = match self.writer.commit(work).await? {
+        let duplicate = match self.writer.commit(Step::Inbox(row)).await? {
             Committed::Written(_) | Committed::Rebased(..) => false,
             Committed::NotFresh => true,
             other => {

@@ -16,7 +16,7 @@ use crate::clock::Clock;
 use crate::facts;
 use crate::leases;
 use crate::log::{self, LogError};
-use crate::payments::{Finalized, FlowError, InTransaction, LoadedPayment, PaymentFlow};
+use crate::payments::{Finalize, Finalized, FlowError, InTransaction, LoadedPayment, PaymentFlow};
 use crate::payouts;
 
 /// Error texts kept on a row or put into a review note are cut to this many characters.
@@ -740,7 +740,7 @@ impl Worker {
         let mut loaded = Some(loaded);
         for fact in facts {
             self.flow
-                .finalize_loaded(loaded.take(), payment, Some(fact), None)
+                .finalize(Finalize::facts(payment, Some(fact)).loaded(loaded.take()))
                 .await?;
         }
         let mark = FinishRow {
@@ -750,7 +750,11 @@ impl Worker {
             how: Finish::Processed { outcome: "applied" },
         };
         self.flow
-            .finalize_loaded(loaded, payment, Some(last), Some(&mark))
+            .finalize(
+                Finalize::facts(payment, Some(last))
+                    .loaded(loaded)
+                    .also(&mark),
+            )
             .await?;
         Ok(())
     }
@@ -838,7 +842,11 @@ impl Worker {
             note,
             at: self.flow.clock.now(),
         };
-        match self.flow.apply_and(payment, command, &bury).await {
+        match self
+            .flow
+            .finalize(Finalize::command(payment, command).also(&bury))
+            .await
+        {
             Ok(_) => {
                 dead_lettered(row, reason, error);
                 tracing::error!(%payment, "payment flagged for review: its webhook was dead-lettered");

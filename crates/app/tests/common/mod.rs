@@ -126,17 +126,13 @@ pub fn flow_of(
             fees: FeeSchedule::new(FEE_BPS, Amount::ZERO).unwrap(),
         },
     )]);
-    let store = database.event_store();
-    PaymentFlow {
-        database: database.clone(),
-        store: store.clone(),
-        writer: asiento_app::commit::Writer::new(store),
+    PaymentFlow::new(
+        database.clone(),
+        asiento_app::commit::Writer::new(database.event_store()),
         providers,
         clock,
-        render: Arc::new(TestRender),
-        idempotency_lease_ms: 60_000,
-        payment_lease_ms: asiento_app::leases::PAYMENT_LEASE_MS_DEFAULT,
-    }
+        Arc::new(TestRender),
+    )
 }
 
 /// A `POST /v1/payments` request of tenant `acme` with this key (and a body naming it).

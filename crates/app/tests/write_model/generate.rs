@@ -126,6 +126,7 @@ impl Generator {
                 },
                 completion: None,
                 facts: false,
+                ..Step::default()
             }),
             5 => self.declaration(pool, log),
             6 => Some(Step {
@@ -134,6 +135,7 @@ impl Generator {
                 appends: Vec::new(),
                 completion: None,
                 facts: false,
+                ..Step::default()
             }),
             _ => Some(Step {
                 claim: None,
@@ -141,6 +143,7 @@ impl Generator {
                 appends: Vec::new(),
                 completion: Some(self.completion(log)?),
                 facts: false,
+                ..Step::default()
             }),
         }
     }
@@ -219,14 +222,19 @@ impl Generator {
         let key = self.rng.pick(&pool.guards).clone();
         let read = self.guard_read(log, &key.stream());
         let policy = AccountPolicy::implied(&key.account);
-        let append = declare(key, &read, policy, serde_json::Map::new(), self.at).ok()?;
+        let append = declare(key.clone(), &read, policy, serde_json::Map::new(), self.at).ok()?;
         Some(Step {
             claim: None,
             inbox: None,
-            appends: asiento_app::log::guard_appends(&[append], &Metadata::default())
-                .expect("encoded"),
+            appends: asiento_app::log::guard_appends(
+                std::slice::from_ref(&append),
+                &Metadata::default(),
+            )
+            .expect("encoded"),
             completion: None,
             facts: false,
+            read: BTreeMap::from([(key, read)]),
+            guard_appends: vec![append],
         })
     }
 
@@ -256,6 +264,8 @@ impl Generator {
                 .expect("encoded"),
             completion: None,
             facts: origin == Origin::ProviderFact,
+            read: reads,
+            guard_appends: appends,
         })
     }
 
@@ -284,6 +294,7 @@ impl Generator {
             appends: vec![self.append(stream, expected)],
             completion,
             facts: false,
+            ..Step::default()
         }
     }
 

@@ -6,7 +6,8 @@
 //! order, to the log as it stood (`model`, `check`): a step is written only if the model writes
 //! it; a rebased fact's guard events are what the model decides from the state the written steps
 //! leave; the log, the keys and the inbox are the model's after every batch; and every balance a
-//! guard records is the sum of the changes written before it.
+//! guard records is the sum of the changes written before it; and every guard state the writer
+//! remembers (what the flows decide on) is one the log held.
 //!
 //! `ASIENTO_WRITE_MODEL_BATCHES` sets the number of batches per backend (10,000 by default;
 //! `scripts/chaos` runs many more), `ASIENTO_WRITE_MODEL_SEED` the seed (a failure prints it).
@@ -49,6 +50,7 @@ async fn batches_equal_their_steps_one_at_a_time(backend: Backend) {
     let mut generator = generate::Generator::new(seed);
     let mut tally = check::Tally::default();
     let mut steps_total = 0;
+    let mut remembered = 0;
     for n_case in 0..batches.div_ceil(BATCHES_PER_CASE) {
         let pool = generate::Pool::new(n_case);
         let case = check::Case {
@@ -62,16 +64,19 @@ async fn batches_equal_their_steps_one_at_a_time(backend: Backend) {
             steps_total += steps.len();
             // On one thread every step is queued before the writer runs: one batch.
             let outcomes =
-                futures::future::join_all(steps.iter().map(|step| writer.commit(step.work())))
+                futures::future::join_all(steps.iter().map(|step| writer.commit(step.step())))
                     .await;
             let context = format!("seed {seed}, case {n_case}, batch {n}");
             check::batch(&case, &mut model, &steps, outcomes, &mut tally, &context).await;
+            remembered += assert_memory_held_by_log(&writer, &pool, &model, &context);
         }
         for key in pool.guards() {
             assert_balances_add_up(&store, &key.stream()).await;
         }
     }
-    eprintln!("write model on {backend:?}: {steps_total} steps, {tally:?}");
+    eprintln!(
+        "write model on {backend:?}: {steps_total} steps, {tally:?}, {remembered} guard states remembered"
+    );
     // A run that exercised nothing proves nothing.
     for (what, count) in [
         ("written", tally.written),
@@ -79,6 +84,7 @@ async fn batches_equal_their_steps_one_at_a_time(backend: Backend) {
         ("not fresh", tally.not_fresh),
         ("conflict", tally.conflict),
         ("lease lost", tally.lease_lost),
+        ("remembered", remembered),
     ] {
         assert!(
             count > 0 || batches < 1_000,
@@ -111,6 +117,36 @@ async fn without_commit_flush(db: &TestDatabase) -> asiento_eventstore::Database
         .unwrap();
     }
     asiento_eventstore::Database::connect(url).await.unwrap()
+}
+
+/// The writer's guard memory, which the flows decide on, holds only states the log held: each
+/// state it remembers is the model's state of that guard at that version. How many it remembers.
+fn assert_memory_held_by_log(
+    writer: &Writer,
+    pool: &generate::Pool,
+    model: &model::Model,
+    context: &str,
+) -> u64 {
+    let mut remembered = 0;
+    for key in pool.guards() {
+        let Some(state) = writer.guards().remembered(key) else {
+            continue;
+        };
+        let stream = key.stream();
+        assert!(
+            state.version <= model.version(&stream),
+            "{context}: {stream} remembered at {}, beyond the log's {}",
+            state.version,
+            model.version(&stream)
+        );
+        assert_eq!(
+            state,
+            model.guard_at(&stream, state.version),
+            "{context}: {stream} remembered in a state the log never held"
+        );
+        remembered += 1;
+    }
+    remembered
 }
 
 /// Every balance the guard records is the sum of the changes written up to it.

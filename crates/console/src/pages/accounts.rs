@@ -147,7 +147,7 @@ pub async fn entries(
         })
         .transpose()?
         .unwrap_or(0);
-    let store = state.api.payments.store.as_ref();
+    let store = state.api.payments.store().as_ref();
     let legs = asiento_balances::entries(
         &state.api.database,
         store,
@@ -227,7 +227,7 @@ pub async fn journal_entry(
     let tenant = session.tenant()?.to_string();
     let entry = asiento_balances::journal_entry(
         &state.api.database,
-        state.api.payments.store.as_ref(),
+        state.api.payments.store().as_ref(),
         &tenant,
         &entry_id,
         None,

@@ -206,12 +206,12 @@ pub async fn resolve(
         )));
     }
     let id = ExceptionId::parse(&exception.id).map_err(ConsoleError::internal)?;
-    let now = state.api.payments.clock.now();
+    let now = state.api.payments.clock().now();
     // The note names who resolved it, so the exception's own history says so too.
     let recorded_note = format!("{note} (by {})", session.operator);
     let outcome = exceptions::resolve(
         &state.api.database,
-        state.api.payments.store.as_ref(),
+        state.api.payments.store().as_ref(),
         &scope_of(&session),
         id,
         recorded_note,

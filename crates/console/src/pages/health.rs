@@ -23,7 +23,7 @@ pub async fn show(
     session: Session,
 ) -> Result<Response, ConsoleError> {
     let database = &state.api.database;
-    let store = state.api.payments.store.as_ref();
+    let store = state.api.payments.store().as_ref();
     let run = invariants::last_run(database)
         .await
         .map_err(ConsoleError::internal)?;
@@ -176,7 +176,7 @@ async fn own_link(
     subject: &str,
 ) -> Result<Option<String>, ConsoleError> {
     let tenant = session.tenant()?;
-    let store = state.api.payments.store.as_ref();
+    let store = state.api.payments.store().as_ref();
     let payment = subject
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
         .find_map(|word| PaymentId::parse(word).ok());

@@ -208,7 +208,7 @@ async fn load(
 > {
     let tenant = session.tenant()?;
     let id = payment_id(raw_id)?;
-    let loaded = log::load_payment(state.api.payments.store.as_ref(), id)
+    let loaded = log::load_payment(state.api.payments.store().as_ref(), id)
         .await
         .map_err(ConsoleError::internal)?;
     let record = loaded
