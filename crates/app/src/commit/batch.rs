@@ -63,6 +63,7 @@ pub(crate) async fn write(
     let (refused, again) = match write_some(store, &mut steps, &first).await {
         None => (true, first),
         Some(written) => {
+            debug_assert_rebased_follow_written(&steps, &first, &written, &rebased);
             let mut conflicted = Vec::new();
             for (i, outcome) in first.into_iter().zip(written) {
                 if matches!(outcome, Ok(Committed::Conflict)) && steps[i].facts {
@@ -178,6 +179,48 @@ fn as_decided(
     for &i in indices {
         steps[i].appends = Arc::clone(&decided[i]);
         rebased[i] = None;
+    }
+}
+
+/// Asserts what the first plan rests on: a step written with guard appends rebased onto the
+/// steps before it (`kept`: the steps the plan writes, in batch order) follows steps that were
+/// written. On each of its guard streams, the last step before it that appends there was written
+/// too; otherwise it would carry that step's change, which no entry holds (the defect
+/// `tests/group_commit.rs` `a_fact_is_never_chained_onto_a_step_the_batch_overtakes_*` shows).
+/// The statement and the transaction refuse such a step themselves; this says that they must.
+fn debug_assert_rebased_follow_written(
+    steps: &[Work],
+    kept: &[usize],
+    written: &[Result<Committed, CommitError>],
+    rebased: &[Option<GuardStates>],
+) {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    let is_written = |at: usize| matches!(written[at], Ok(Committed::Written(_)));
+    for (at, &i) in kept.iter().enumerate() {
+        if rebased[i].is_none() || !is_written(at) {
+            continue;
+        }
+        for append in steps[i].appends.iter() {
+            if !super::plan::is_guard_stream(&append.stream_id) {
+                continue;
+            }
+            let before = kept[..at].iter().rposition(|&j| {
+                steps[j]
+                    .appends
+                    .iter()
+                    .any(|other| other.stream_id == append.stream_id)
+            });
+            if let Some(before) = before {
+                assert!(
+                    is_written(before),
+                    "step {i} was written rebased onto step {} on {}, which was not written",
+                    kept[before],
+                    append.stream_id
+                );
+            }
+        }
     }
 }
 

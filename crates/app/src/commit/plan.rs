@@ -181,6 +181,11 @@ pub(crate) fn shares_a_stream(steps: &[Work]) -> bool {
     })
 }
 
+/// Whether `stream` is a debit guard's.
+pub(crate) fn is_guard_stream(stream: &str) -> bool {
+    matches!(StreamKind::parse(stream), Some(StreamKind::Guard { .. }))
+}
+
 /// A guard stream's append: its key, the version it expects and its events decoded.
 fn guard_append(append: &StreamAppend) -> Option<(GuardKey, u64, Vec<GuardEvent>)> {
     let Some(StreamKind::Guard {

@@ -245,7 +245,7 @@ fn payment_of_key(key: &str) -> Option<PaymentId> {
 }
 
 /// Records an auto exception in the transaction of the fix it describes (see
-/// [`PaymentFlow::finalize_and`](crate::payments::PaymentFlow::finalize_and)); if the fact turned
+/// [`Finalize::also`](crate::payments::Finalize::also)); if the fact turned
 /// out to contradict the payment (the flow flagged it instead of applying it), the exception is
 /// recorded as manual and open.
 struct RecordWithFix {

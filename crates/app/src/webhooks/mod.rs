@@ -10,7 +10,7 @@
 //! SQLite the single write lock serialises claimers), takes the payment's lease
 //! ([`crate::leases`]) so that no other worker, recovery or reconciler works on the same payment at
 //! once, and applies the event through
-//! [`PaymentFlow::finalize_and`](crate::payments::PaymentFlow::finalize_and), the one path
+//! [`PaymentFlow::finalize`](crate::payments::PaymentFlow::finalize) (with [`Finalize::also`](crate::payments::Finalize::also)), the one path
 //! every provider fact takes. The row is marked processed in the same transaction as the events
 //! it appends, and only if this worker still holds the row: a row is processed exactly when its
 //! effect is recorded.
