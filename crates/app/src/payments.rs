@@ -707,23 +707,21 @@ impl PaymentFlow {
                 appends: guard_appends,
             };
             let unchanged_position = current.last_position.unwrap_or(0);
-            let finalized = |position: Option<i64>| Finalized {
-                payment: after_record.clone(),
-                position: position.unwrap_or(unchanged_position),
-                events_appended: events.len(),
+            let finalized = {
+                let events_appended = events.len();
+                move |position: Option<i64>| Finalized {
+                    payment: after_record.clone(),
+                    position: position.unwrap_or(unchanged_position),
+                    events_appended,
+                }
             };
             if let (Some(completion), None) = (&completion, also) {
                 // A request's finalisation: committed with other requests' steps.
                 let respond = {
-                    let (render, kind) = (Arc::clone(&self.render), completion.kind);
-                    let (payment, events_appended) = (after_record.clone(), events.len());
-                    Respond::new(move |position: Option<i64>| {
-                        let finalized = Finalized {
-                            payment: payment.clone(),
-                            position: position.unwrap_or(unchanged_position),
-                            events_appended,
-                        };
-                        render.render(&reply_for(kind, &finalized))
+                    let (render, kind, finalized) =
+                        (Arc::clone(&self.render), completion.kind, finalized.clone());
+                    Respond::new(move |position| {
+                        render.render(&reply_for(kind, &finalized(position)))
                     })
                 };
                 respond.prepare_for(self.database.backend());

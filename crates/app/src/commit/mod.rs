@@ -2,8 +2,8 @@
 //!
 //! Every durable step of a request, typed as what it is ([`Step`]: a key's claim with the first
 //! events of its work, a payment's provider facts with its key's completion, a ledger command, a
-//! webhook's inbox row), is handed to the process's writer ([`Writer::commit`]), which batches the steps waiting
-//! at that moment (`dispatch`), plans each batch in batch order (`plan`: the steps an earlier
+//! webhook's inbox row), is handed to the process's writer ([`Writer::commit`]), which batches
+//! the steps waiting at that moment (`dispatch`), plans each batch in batch order (`plan`: the steps an earlier
 //! written step overtakes, and provider facts chained onto the steps before them), writes it as
 //! one PostgreSQL statement (`statement`) or one transaction (`batch`), and answers each step
 //! after the commit, the answer's position filled in (`respond`). It keeps the memories of what
@@ -12,8 +12,10 @@
 //! through it too ([`Writer::append_in`]).
 //!
 //! The files import in one direction: `writer` → `dispatch` → `batch` → {`plan`, `statement`} →
-//! `step` → `respond`; the memories stand apart. A batch's outcomes equal its steps applied one at a
-//! time, in batch order, to the log as it stood (`app/tests/write_model`).
+//! `step` → `respond`; `writer` → the memories (`guard_memory`, `payment_memory`, both on
+//! `latest`), which know only `step`'s `GuardWrite`. A batch's outcomes equal its steps applied
+//! one at a time, in batch order, to the log as it stood, and every state the memories hold is
+//! one the log held (`app/tests/write_model`).
 
 mod batch;
 mod dispatch;
