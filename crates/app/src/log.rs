@@ -3,6 +3,12 @@
 //! guard events of the entries it posts) into one atomic multi-stream append with exact expected
 //! versions. Every writer of money goes through [`decision_appends`], so no path can post an entry
 //! without its guards.
+//!
+//! Every decision reads what its expected versions rest on (the aggregate and its guards) before
+//! the transaction that appends it begins. Then a stream's versions also appear in the log's
+//! `(xact, position)` order: a transaction that read a version after its first write could
+//! overtake the writer of that version in the global order (the payments projection tolerates
+//! versions out of order anyway).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

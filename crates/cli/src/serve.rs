@@ -2,6 +2,14 @@
 //!
 //! It connects, migrates, registers API keys, configures the providers (by default a simulator
 //! mounted in process under `/sim`) and serves the API until Ctrl-C or SIGTERM.
+//!
+//! It builds one store, the process's one `Writer` and the flows that share it
+//! (`PaymentFlow::new`, `LedgerFlow::new`), and runs what its role asks. Every role answers
+//! `/healthz`, `/readyz` and `/metrics`; `api` adds `/v1`, `/webhooks`, `/openapi.json` and
+//! `/console` (and the simulator under `/sim` when no provider URL is given); `projector` runs the
+//! projection runners; `worker` runs the webhook worker, the reconciler, the sealer, the invariant
+//! checker, the idempotency-key purger, the hold expiry worker, the merchant webhooks' dispatcher
+//! and deliverer, and the gauges. Every long-running part takes a shutdown future.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

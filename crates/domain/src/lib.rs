@@ -18,6 +18,10 @@
 //! - [`payout`]: a provider's payouts, moved from clearing to the bank.
 //! - [`exception`]: reconciliation exceptions (findings against a provider's truth).
 //! - [`event`]: type names, schema versions, encode/decode, upcasting.
+//! - [`hold`]: ending a hold (post, void, expiry); [`policy`]: an account's normal balance,
+//!   overdraft policy and freeze.
+//! - [`major_units`]: the one conversion between minor units and decimal text.
+//! - [`endpoint`]: what the log knows of a merchant's webhook endpoint (its disabling).
 
 pub mod account;
 pub mod endpoint;

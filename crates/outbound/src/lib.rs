@@ -14,6 +14,10 @@
 //!   connection, after DNS resolution.
 //! - **Endpoints are configuration**, in tables beside the log: they move no money, and their
 //!   secrets must not be in an append-only log.
+//!
+//! The one fact about endpoints the log holds: an endpoint that failed every delivery for the
+//! whole retry window is disabled with an `EndpointDisabled` event on its own stream
+//! (`webhook_endpoint-we_…`), which the feed tells as `webhook_endpoint.disabled`.
 
 use std::future::Future;
 use std::time::Duration;

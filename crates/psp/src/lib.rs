@@ -3,9 +3,16 @@
 //! - [`provider`]: the port, [`Provider`], in the provider's plain terms (i64
 //!   minor units, currency codes), with an outcome type that keeps "unknown"
 //!   apart from "declined" because a timed-out charge may exist.
-//! - [`client`]: [`HttpProvider`], the adapter production would use against a
-//!   Stripe-like provider: timeouts, bounded retries with full jitter on
-//!   transient failures only, the same idempotency key on every attempt.
+//! - [`client`]: [`HttpProvider`], the adapter for the simulator's protocol
+//!   (kind `sim`): timeouts, bounded retries with full jitter on transient
+//!   failures only, the same idempotency key on every attempt.
+//! - [`transport`]: the HTTP transport every adapter sends through: timeouts,
+//!   bounded retries with full jitter, the same idempotency key on every
+//!   attempt, and "unknown", never "failed", for a write that may have
+//!   reached the provider.
+//! - [`stripe`], [`adyen`]: the adapters for Stripe's API and Adyen's Checkout
+//!   v71 (`docs/providers.md`).
+//! - [`payout`]: payouts as the port shows them.
 //! - [`signature`]: the `Psp-Signature` scheme of webhooks, shared by the
 //!   simulator (signs) and the ledger's webhook endpoint (verifies).
 //! - [`event`]: the webhook event body.
@@ -15,7 +22,9 @@
 //!   protocol, Stripe's or Adyen's.
 //!
 //! This crate does not know the ledger's domain: the simulator plays someone
-//! else's system, and the client speaks the provider's protocol.
+//! else's system, and the client speaks the provider's protocol. It uses
+//! `asiento_domain` for one thing only: the one conversion of major units,
+//! which Adyen's reports need.
 
 // `json!` literals of Stripe's objects (every field of its fixtures) nest past the default.
 #![recursion_limit = "256"]

@@ -12,8 +12,9 @@
 //!
 //! - payment decisions are provider facts, which a guard flags but never refuses;
 //! - a ledger command that a remembered state refuses (`insufficient_funds`, a frozen account) is
-//!   decided again against the log before the refusal is answered ([`Loaded::remembered`],
-//!   [`GuardMemory::load_from_log`]): only what the log says refuses a command.
+//!   decided again against the log before the refusal is answered ([`Loaded::remembered`]): only
+//!   what the log says refuses a command. What the memory holds stays (it is a state the log
+//!   held); a command decided on it that is not refused conflicts, and the writer forgets it.
 //!
 //! So after each commit the writer remembers the state its appends left each guard in
 //! (`super::writer`), and a flow reads the log only for guards this process has not written since
@@ -50,7 +51,7 @@ pub const GUARDS_MAX: usize = 65_536;
 pub struct Loaded {
     pub states: BTreeMap<GuardKey, DebitGuard>,
     /// Some of them came from memory, not the log: a refusal decided against them must be
-    /// decided again against the log ([`GuardMemory::load_from_log`]).
+    /// decided again against the log (`log::load_guards`).
     pub remembered: bool,
 }
 
@@ -219,21 +220,6 @@ impl GuardMemory {
     /// its own steps), which the decision is then taken again against without reading the log.
     pub(super) fn lost_race(&self, read: &BTreeMap<GuardKey, DebitGuard>) {
         self.states.forget_unless_later(read);
-    }
-
-    /// The guards every entry in `entries` touches, read from the log; what was remembered of
-    /// them is forgotten. For a command refused on remembered states: only the log refuses.
-    pub async fn load_from_log<'a>(
-        &self,
-        store: &dyn EventStore,
-        entries: impl IntoIterator<Item = &'a JournalEntry>,
-    ) -> Result<BTreeMap<GuardKey, DebitGuard>, LogError> {
-        let keys: Vec<GuardKey> = entries.into_iter().flat_map(guard::guarded_keys).collect();
-        self.states.forget(&keys);
-        let read =
-            futures::future::try_join_all(keys.iter().map(|key| log::load_guard(store, key)))
-                .await?;
-        Ok(keys.into_iter().zip(read).collect())
     }
 
     /// The state remembered for `key`, if any.

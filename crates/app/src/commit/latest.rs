@@ -70,17 +70,6 @@ impl<K: Eq + Hash + Clone, V: Versioned + Clone, const MAX: usize> Latest<K, V, 
         self.lock().get(key).cloned()
     }
 
-    /// Forgets `keys` (what is remembered of them may be stale).
-    pub fn forget<'a>(&self, keys: impl IntoIterator<Item = &'a K>)
-    where
-        K: 'a,
-    {
-        let mut states = self.lock();
-        for key in keys {
-            states.remove(key);
-        }
-    }
-
     /// Forgets each of `read` (the states a decision read, which then lost a version race) unless
     /// a later state of it is remembered since: the one read is stale, while a later one is most
     /// often the state the winner left.

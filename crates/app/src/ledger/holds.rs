@@ -153,11 +153,7 @@ impl LedgerFlow {
         let (guards, decided) = match hold::decide_with_guards(&transfer, &command, &loaded.states)
         {
             Err(_) if loaded.remembered => {
-                let guards = self
-                    .writer
-                    .guards()
-                    .load_from_log(self.store.as_ref(), entries)
-                    .await?;
+                let guards = log::load_guards(self.store.as_ref(), entries).await?;
                 let decided = hold::decide_with_guards(&transfer, &command, &guards);
                 (guards, decided)
             }

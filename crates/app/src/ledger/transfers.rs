@@ -77,11 +77,7 @@ impl LedgerFlow {
             let posted = log::transfer_entries(&entries);
             let loaded = if refused_on_memory {
                 Loaded {
-                    states: self
-                        .writer
-                        .guards()
-                        .load_from_log(self.store.as_ref(), posted)
-                        .await?,
+                    states: log::load_guards(self.store.as_ref(), posted).await?,
                     remembered: false,
                 }
             } else {

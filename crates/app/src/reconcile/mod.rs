@@ -1,6 +1,9 @@
 //! The reconciler: converges the ledger to the providers' truth when the synchronous answer and
 //! the webhooks did not (a timeout, a dropped webhook, a crash, a refund made in the provider's
-//! dashboard). One sweep ([`Reconciler::sweep_once`]) does four things, in this order:
+//! dashboard). One sweep ([`Reconciler::sweep_once`]) runs its jobs in this order: stale
+//! payments, provider operations (`operations.rs`: every capture and refund still open past the
+//! operation timeout, driven as its provider's capabilities allow), stuck keys, settlement reports
+//! (with the window's payouts), dead letters. Four of them:
 //!
 //! 1. **Stale payments.** Payments still `pending` or `requires_action` after `pending_timeout`
 //!    are looked up at their provider (by charge id, or by the PSP key derived from the payment

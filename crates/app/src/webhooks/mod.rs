@@ -35,6 +35,14 @@
 //! stores a delivery (the inbox's one insert, shared with group commit), `batch.rs` does so for a
 //! batch of items signed one by one (Adyen's), `worker.rs` drains the inbox, and `queries.rs`
 //! reads it (depth, counts, dead letters).
+//!
+//! What a row stands for is its provider adapter's reading (`Provider::read_event`). The
+//! simulator's body is the fact itself, as above. A Stripe event names objects without the
+//! payment they belong to, so it is a hint: the adapter reads the PaymentIntent and the refund it
+//! names as they stand (a read that fails is retried like any other failure). An Adyen item is the
+//! one change it reports; a dispute item that names no charge (no `originalReference`) is about
+//! the charge of the payment its reference names. A charge that is not its payment's
+//! (`facts::charge_misfit`) is dead-lettered as `charge_mismatch` and the payment flagged.
 
 mod batch;
 mod queries;
