@@ -23,8 +23,9 @@ use asiento_domain::{
 };
 use asiento_psp::{
     Capabilities, Charge, ChargeOutcome, ClientConfig, CreateCharge, HttpProvider, Operation,
-    OperationAnswer, Provider, ProviderError, SettlementReport, SimConfig,
+    OperationAnswer, Provider, ProviderError, SettlementReport,
 };
+use asiento_psp_sim::SimConfig;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::Value;

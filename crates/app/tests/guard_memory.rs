@@ -20,7 +20,8 @@ use asiento_domain::payment::CaptureMode;
 use asiento_domain::{
     AccountName, Amount, Currency, CustomerId, PaymentId, ProviderName, TenantId,
 };
-use asiento_psp::{ClientConfig, SimConfig};
+use asiento_psp::ClientConfig;
+use asiento_psp_sim::SimConfig;
 
 mod common;
 

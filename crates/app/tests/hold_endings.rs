@@ -24,7 +24,8 @@ use asiento_domain::payment::CaptureMode;
 use asiento_domain::{
     AccountName, Amount, Currency, CustomerId, ProviderName, TenantId, TransferId,
 };
-use asiento_psp::{ClientConfig, SimConfig};
+use asiento_psp::ClientConfig;
+use asiento_psp_sim::SimConfig;
 use serde_json::{json, Value};
 
 mod common;

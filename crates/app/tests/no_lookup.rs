@@ -21,8 +21,9 @@ use asiento_domain::{
 };
 use asiento_eventstore::Database;
 use asiento_psp::adyen::{AdyenAccount, AdyenProvider, BasicCredentials, ReportsAccess};
-use asiento_psp::sim::Dialect;
-use asiento_psp::{ChargeStatus, ClientConfig, SimConfig};
+use asiento_psp::{ChargeStatus, ClientConfig};
+use asiento_psp_sim::Dialect;
+use asiento_psp_sim::SimConfig;
 use serde_json::{json, Value};
 
 mod common;

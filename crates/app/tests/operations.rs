@@ -19,8 +19,9 @@ use asiento_domain::{
     Amount, CaptureMode, Currency, CustomerId, OperationKind, OperationState, PaymentEvent,
     PaymentId, PaymentRecord, PaymentStatus, ProviderName, TenantId,
 };
-use asiento_psp::sim::FaultsPatch;
-use asiento_psp::{Capabilities, ClientConfig, OperationKind as SimKind, SimConfig};
+use asiento_psp::{Capabilities, ClientConfig, OperationKind as SimKind};
+use asiento_psp_sim::FaultsPatch;
+use asiento_psp_sim::SimConfig;
 use serde_json::{json, Value};
 
 mod common;
@@ -29,7 +30,7 @@ use common::{create_request, Backend, TestDatabase, TestSim};
 
 struct Harness {
     flow: PaymentFlow,
-    sim: asiento_psp::Simulator,
+    sim: asiento_psp_sim::Simulator,
     sim_addr: SocketAddr,
     served: TestSim,
     db: TestDatabase,

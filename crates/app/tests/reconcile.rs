@@ -23,7 +23,8 @@ use asiento_domain::{
     ProviderName, TenantId,
 };
 use asiento_eventstore::Database;
-use asiento_psp::{Charge, ChargeStatus, ClientConfig, SimConfig, Simulator};
+use asiento_psp::{Charge, ChargeStatus, ClientConfig};
+use asiento_psp_sim::{SimConfig, Simulator};
 use serde_json::{json, Value};
 
 mod common;

@@ -30,8 +30,9 @@ use asiento_domain::{
     PaymentStatus, ProviderName, TenantId,
 };
 use asiento_eventstore::Database;
-use asiento_psp::sim::FaultsPatch;
-use asiento_psp::{Charge, ChargeStatus, ClientConfig, SimConfig, Simulator, WebhookEvent};
+use asiento_psp::{Charge, ChargeStatus, ClientConfig, WebhookEvent};
+use asiento_psp_sim::FaultsPatch;
+use asiento_psp_sim::{SimConfig, Simulator};
 use serde_json::{json, Value};
 
 mod common;

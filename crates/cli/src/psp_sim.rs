@@ -1,13 +1,13 @@
 //! `asiento psp-sim`: the provider simulator as its own server, so that the
 //! ledger can be run against a provider in another process (or another
 //! machine) and its failures produced on demand. See
-//! `asiento_psp::sim` for the routes and faults.
+//! `asiento_psp_sim` for the routes and faults.
 
 use std::net::SocketAddr;
 
 use anyhow::Context;
 use asiento_psp::adyen::HmacKey;
-use asiento_psp::sim::{
+use asiento_psp_sim::{
     random_hmac_key, random_seed, random_webhook_secret, run as run_simulator, Dialect, SimConfig,
     Simulator,
 };

@@ -24,7 +24,8 @@ use asiento_app::reconcile::{Reconciler, ReconcilerConfig, SWEEP_LEASE_MS_MIN};
 use asiento_app::webhooks::{WebhookReceiver, WebhookSecrets, Worker, WorkerConfig};
 use asiento_domain::ProviderName;
 use asiento_eventstore::{Database, EventStore};
-use asiento_psp::{sim::SimConfig, ClientConfig, Simulator};
+use asiento_psp::ClientConfig;
+use asiento_psp_sim::{SimConfig, Simulator};
 use tokio::sync::watch;
 
 use crate::providers::{
@@ -446,14 +447,14 @@ impl Core {
                 let secret = match secrets.get(sim_name.as_str()) {
                     Some(secret) => secret.to_owned(),
                     None => {
-                        let secret = asiento_psp::sim::random_webhook_secret();
+                        let secret = asiento_psp_sim::random_webhook_secret();
                         secrets.set(&sim_name, &secret).context("webhook secret")?;
                         println!("webhook secret of provider sim (generated, dev only): {secret}");
                         secret
                     }
                 };
                 let simulator = Simulator::new(SimConfig {
-                    seed: asiento_psp::sim::random_seed(),
+                    seed: asiento_psp_sim::random_seed(),
                     webhook_url: Some(format!("http://{address}/webhooks/sim")),
                     webhook_secret: secret,
                     ..SimConfig::default()

@@ -16,13 +16,13 @@
 //! - [`signature`]: the `Psp-Signature` scheme of webhooks, shared by the
 //!   simulator (signs) and the ledger's webhook endpoint (verifies).
 //! - [`event`]: the webhook event body.
-//! - [`sim`]: a provider simulator that fails on demand over real HTTP, since
-//!   a real provider cannot be made to time out after charging, send a
-//!   webhook twice or refund from its dashboard on cue; it speaks its own
-//!   protocol, Stripe's or Adyen's.
 //!
-//! This crate does not know the ledger's domain: the simulator plays someone
-//! else's system, and the client speaks the provider's protocol. It uses
+//! The provider simulator the tests and demos run against is a crate of its
+//! own (`asiento-psp-sim`), which depends on this one for the wire types; the
+//! ledger never depends on it.
+//!
+//! This crate does not know the ledger's domain: the adapters speak the
+//! providers' protocols. It uses
 //! `asiento_domain` for one thing only: the one conversion of major units,
 //! which Adyen's reports need.
 
@@ -35,7 +35,6 @@ pub mod event;
 pub mod payout;
 pub mod provider;
 pub mod signature;
-pub mod sim;
 pub mod stripe;
 pub mod transport;
 
@@ -48,4 +47,3 @@ pub use provider::{
     Provider, ProviderError, ProviderFee, ProviderRequest, Rejection, ReportLine, SettlementReport,
 };
 pub use signature::{sign, verify, SignatureError, SIGNATURE_HEADER, TOLERANCE_S_DEFAULT};
-pub use sim::{SimConfig, Simulator};

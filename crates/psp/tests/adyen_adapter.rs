@@ -14,11 +14,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use asiento_psp::adyen::{AdyenAccount, AdyenProvider};
-use asiento_psp::sim::Dialect;
 use asiento_psp::{
     ChargeOutcome, ChargeStatus, ClientConfig, CreateCharge, OperationKind, OperationStatus,
-    Provider, ProviderError, SimConfig,
+    Provider, ProviderError,
 };
+use asiento_psp_sim::Dialect;
+use asiento_psp_sim::SimConfig;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};

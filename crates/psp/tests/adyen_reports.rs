@@ -11,11 +11,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use asiento_psp::adyen::{AdyenAccount, AdyenProvider, BasicCredentials, ReportsAccess};
-use asiento_psp::sim::Dialect;
 use asiento_psp::{
     ChargeOutcome, ChargeStatus, ClientConfig, CreateCharge, PayoutStatus, Provider, ProviderError,
-    SimConfig,
 };
+use asiento_psp_sim::Dialect;
+use asiento_psp_sim::SimConfig;
 use chrono::{Duration as Days, Utc};
 
 use common::{bounded, RunningSim};

@@ -15,12 +15,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use asiento_psp::sim::Faults;
 use asiento_psp::{
     sign, verify, Charge, ChargeOutcome, ChargeStatus, ClientConfig, CreateCharge, DisputeStatus,
-    EventType, HttpProvider, Provider, ProviderError, RetrySleeper, SimConfig, Simulator,
-    WebhookEvent, SIGNATURE_HEADER,
+    EventType, HttpProvider, Provider, ProviderError, RetrySleeper, WebhookEvent, SIGNATURE_HEADER,
 };
+use asiento_psp_sim::Faults;
+use asiento_psp_sim::{SimConfig, Simulator};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use asiento_psp::{
     Charge, ChargeOutcome, ChargeStatus, ClientConfig, CreateCharge, EventType, HttpProvider,
-    OperationKind, OperationStatus, Provider, ProviderError, SimConfig, Simulator, WebhookEvent,
+    OperationKind, OperationStatus, Provider, ProviderError, WebhookEvent,
 };
+use asiento_psp_sim::{SimConfig, Simulator};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;

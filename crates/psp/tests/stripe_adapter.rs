@@ -7,12 +7,13 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use asiento_psp::sim::Dialect;
 use asiento_psp::stripe::StripeProvider;
 use asiento_psp::{
     ChargeOutcome, ChargeStatus, ClientConfig, CreateCharge, DisputeStatus, MovementKind,
-    OperationStatus, PayoutStatus, Provider, ProviderError, SimConfig,
+    OperationStatus, PayoutStatus, Provider, ProviderError,
 };
+use asiento_psp_sim::Dialect;
+use asiento_psp_sim::SimConfig;
 use chrono::{Duration, Utc};
 
 use common::{bounded, RunningSim};

@@ -8,10 +8,10 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use asiento_psp::sim::Dialect;
 use asiento_psp::stripe::wire::{BalanceTransaction, Charge, ErrorBody, PaymentIntent, Refund};
 use asiento_psp::stripe::{Form, SIGNATURE_HEADER};
-use asiento_psp::SimConfig;
+use asiento_psp_sim::Dialect;
+use asiento_psp_sim::SimConfig;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

@@ -15,7 +15,8 @@ use asiento_app::providers::{ConfiguredProvider, Providers};
 use asiento_app::reply::{Render, Reply};
 use asiento_domain::{Amount, FeeSchedule, ProviderName};
 use asiento_eventstore::Database;
-use asiento_psp::{ClientConfig, HttpProvider, SimConfig, Simulator};
+use asiento_psp::{ClientConfig, HttpProvider};
+use asiento_psp_sim::{SimConfig, Simulator};
 use serde_json::json;
 
 /// The simulator's fee in the tests' provider configuration, in basis points.
@@ -84,7 +85,7 @@ impl TestSim {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(asiento_psp::sim::run(listener, sim.clone(), async move {
+        tokio::spawn(asiento_psp_sim::run(listener, sim.clone(), async move {
             let _ = stopped.await;
         }));
         TestSim {

@@ -7,8 +7,8 @@ pub mod adyen_schema;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use asiento_psp::sim::run;
-use asiento_psp::{SimConfig, Simulator};
+use asiento_psp_sim::run;
+use asiento_psp_sim::{SimConfig, Simulator};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

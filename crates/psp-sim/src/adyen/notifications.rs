@@ -1,6 +1,6 @@
 //! The Adyen dialect's notifications: each change of the charge model told as the standard
 //! notification items an Adyen account sends for it, each signed on its own
-//! (`additionalData.hmacSignature`, `crate::adyen::hmac::sign_item`), and the batch
+//! (`additionalData.hmacSignature`, `asiento_psp::adyen::hmac::sign_item`), and the batch
 //! (`NotificationRequest`) the dispatcher wraps the items ready at one moment in. Every value is
 //! a string, as Adyen's are (`success`, `live`); `eventDate` is ISO 8601 with an offset.
 //!
@@ -33,15 +33,13 @@ use super::book::{Aftermath, ModificationKind, ModificationRecord, PaymentRecord
 use super::later::Later;
 use super::payments::REFUSED;
 use super::{BATCH_BYTES_MAX, BATCH_ITEMS_MAX};
-use crate::adyen::hmac::sign_item;
-use crate::adyen::wire::{
+use crate::state::{LaterAction, Outgoing, SimState, CAPTURE_REVERSAL_REASON, REVERSAL_REASON};
+use asiento_psp::adyen::hmac::sign_item;
+use asiento_psp::adyen::wire::{
     Amount, NotificationItem, CAPTURE_DELAY_HOURS, DISPUTE_STATUS, HMAC_SIGNATURE,
 };
-use crate::event::{EventType, WebhookEvent};
-use crate::provider::{Charge, DisputeStatus, OperationKind, OperationStatus};
-use crate::sim::state::{
-    LaterAction, Outgoing, SimState, CAPTURE_REVERSAL_REASON, REVERSAL_REASON,
-};
+use asiento_psp::event::{EventType, WebhookEvent};
+use asiento_psp::provider::{Charge, DisputeStatus, OperationKind, OperationStatus};
 
 /// What a batch adds around its items: `{"live":"false","notificationItems":[` and `]}`.
 const BATCH_ENVELOPE_BYTES: usize = 39;

@@ -24,12 +24,12 @@ use super::book::{Aftermath, ModificationKind, ModificationRecord, PaymentRecord
 use super::later::Later;
 use super::payments::amount_of;
 use super::{check_fields, decoded, merchant_account, reply, text, write_call, AdyenError};
-use crate::adyen::wire::{Amount, ModificationResponse, STATUS_RECEIVED};
-use crate::provider::{ChargeStatus, OperationAnswer};
-use crate::sim::state::{
+use crate::state::{
     CaptureRequest, LaterAction, RefundRequest, Reply, SimError, SimState, CHARGES_MAX,
 };
-use crate::sim::Simulator;
+use crate::Simulator;
+use asiento_psp::adyen::wire::{Amount, ModificationResponse, STATUS_RECEIVED};
+use asiento_psp::provider::{ChargeStatus, OperationAnswer};
 
 /// The properties of Checkout v71's modification requests.
 const CAPTURE_FIELDS: &[&str] = &[

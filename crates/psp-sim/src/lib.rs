@@ -28,6 +28,9 @@
 //! same seed and the same order of requests replay the same failures even
 //! though webhooks are dispatched concurrently with requests.
 
+// `json!` literals of Stripe's objects (every field of its fixtures) nest past the default.
+#![recursion_limit = "256"]
+
 mod adyen;
 mod faults;
 mod routes;
@@ -224,7 +227,7 @@ impl Simulator {
         let mut state = SimState::new(config.seed, config.fee_bps, config.dialect, tx);
         if config.dialect == Dialect::Adyen {
             state.set_modification_delay(config.modification_delay_ms);
-            let key = crate::adyen::HmacKey::from_hex(&config.webhook_hmac_key).ok();
+            let key = asiento_psp::adyen::HmacKey::from_hex(&config.webhook_hmac_key).ok();
             if key.is_none() {
                 tracing::warn!("no usable webhook HMAC key: Adyen notification items go unsigned");
             }
@@ -282,7 +285,7 @@ impl Simulator {
     }
 
     /// Every capture, refund and cancel, in request order.
-    pub fn operations(&self) -> Vec<crate::provider::Operation> {
+    pub fn operations(&self) -> Vec<asiento_psp::provider::Operation> {
         self.state().operations()
     }
 
@@ -309,12 +312,12 @@ impl Simulator {
     }
 
     /// Every charge, in creation order.
-    pub fn charges(&self) -> Vec<crate::provider::Charge> {
+    pub fn charges(&self) -> Vec<asiento_psp::provider::Charge> {
         self.state().charges()
     }
 
     /// The most recent events ([`EVENTS_RECORDED_MAX`]), oldest first.
-    pub fn events(&self) -> Vec<crate::event::WebhookEvent> {
+    pub fn events(&self) -> Vec<asiento_psp::event::WebhookEvent> {
         self.state().events()
     }
 

@@ -13,7 +13,7 @@ use axum::body::Bytes;
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 
-use crate::provider::{Charge, Operation, OperationKind, OperationStatus};
+use asiento_psp::provider::{Charge, Operation, OperationKind, OperationStatus};
 
 /// A PaymentIntent as created; what happens after its confirmation lives in its charge.
 #[derive(Clone, Debug)]

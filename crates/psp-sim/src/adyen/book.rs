@@ -12,8 +12,8 @@ use std::collections::{HashMap, HashSet};
 use axum::body::Bytes;
 use axum::http::StatusCode;
 
-use crate::adyen::wire::{Amount, ResultCode};
-use crate::adyen::HmacKey;
+use asiento_psp::adyen::wire::{Amount, ResultCode};
+use asiento_psp::adyen::HmacKey;
 
 /// The characters of a pspReference.
 const PSP_REFERENCE_ALPHABET: &[u8; 36] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ";

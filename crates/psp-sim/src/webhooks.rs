@@ -42,8 +42,8 @@ use super::adyen::{batches, BATCH_ITEMS_MAX};
 use super::state::Outgoing;
 use super::Dialect;
 use super::Simulator;
-use crate::client::FullJitter;
-use crate::signature::{sign, SIGNATURE_HEADER};
+use asiento_psp::client::FullJitter;
+use asiento_psp::signature::{sign, SIGNATURE_HEADER};
 
 /// Events held back by the reorder fault before they are shuffled out.
 pub const REORDER_WINDOW_LEN: usize = 4;
@@ -107,7 +107,7 @@ impl Dispatcher {
             secret: Arc::from(config.webhook_secret.as_str()),
             header: match config.dialect {
                 Dialect::Sim => Some(SIGNATURE_HEADER),
-                Dialect::Stripe => Some(crate::stripe::SIGNATURE_HEADER),
+                Dialect::Stripe => Some(asiento_psp::stripe::SIGNATURE_HEADER),
                 Dialect::Adyen => None,
             },
             batched: config.dialect == Dialect::Adyen,

@@ -51,9 +51,9 @@ use super::state::{
     PM_REDIRECT,
 };
 use super::Simulator;
-use crate::client::IDEMPOTENCY_KEY_HEADER;
-use crate::provider::{Charge, Operation, OperationAnswer, OperationKind, OperationStatus};
-use crate::stripe::API_VERSION;
+use asiento_psp::client::IDEMPOTENCY_KEY_HEADER;
+use asiento_psp::provider::{Charge, Operation, OperationAnswer, OperationKind, OperationStatus};
+use asiento_psp::stripe::API_VERSION;
 
 /// Stripe's documented test payment methods, and what the simulator does for each.
 const TEST_METHODS: &[(&str, &str)] = &[
@@ -719,8 +719,8 @@ async fn cancel_intent(
                 && state.charge(&charge_id_of(&id)).is_some_and(|c| {
                     matches!(
                         c.status,
-                        crate::provider::ChargeStatus::RequiresCapture
-                            | crate::provider::ChargeStatus::RequiresAction
+                        asiento_psp::provider::ChargeStatus::RequiresCapture
+                            | asiento_psp::provider::ChargeStatus::RequiresAction
                     )
                 })
             {

@@ -12,11 +12,11 @@ use serde_json::{json, Value};
 
 use super::balance;
 use super::book::{intent_id_of, IntentRecord};
-use crate::provider::{
+use crate::state::SimError;
+use asiento_psp::provider::{
     Charge, ChargeStatus, DisputeStatus, Operation, OperationKind, OperationStatus,
 };
-use crate::sim::state::SimError;
-use crate::stripe::wire::API_VERSION;
+use asiento_psp::stripe::wire::API_VERSION;
 
 /// Stripe's `Stripe-Should-Retry` answer header.
 pub const SHOULD_RETRY_HEADER: &str = "Stripe-Should-Retry";

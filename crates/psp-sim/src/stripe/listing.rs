@@ -4,7 +4,7 @@
 
 use super::params::Params;
 use super::render::{self, StripeError};
-use crate::sim::state::Reply;
+use crate::state::Reply;
 
 /// What a listing request asked for.
 pub(crate) struct Listing {

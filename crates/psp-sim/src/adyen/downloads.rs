@@ -1,5 +1,5 @@
 //! The Adyen dialect's report routes: downloads as Adyen's Customer Area serves them, for the
-//! report user only, and the control routes that generate files (`crate::sim::adyen::reports`
+//! report user only, and the control routes that generate files (`crate::adyen::reports`
 //! says when and what) and announce each with REPORT_AVAILABLE.
 
 use axum::body::Bytes;
@@ -14,10 +14,10 @@ use serde_json::json;
 
 use super::notifications::report_available;
 use super::reports::Generated;
-use crate::adyen::BasicCredentials;
-use crate::sim::routes::redirect_base;
-use crate::sim::state::SimState;
-use crate::sim::Simulator;
+use crate::routes::redirect_base;
+use crate::state::SimState;
+use crate::Simulator;
+use asiento_psp::adyen::BasicCredentials;
 
 /// The control routes, nested under `/sim`.
 pub(crate) fn control_routes() -> Router<Simulator> {

@@ -1,6 +1,6 @@
 //! The simulator's Adyen dialect (`psp-sim --dialect adyen`): the same charge model, faults and
 //! truth routes, answering at Adyen's Checkout v71 paths in Adyen's wire format
-//! (`crate::adyen::wire`), with Adyen's idempotency and its standard notifications, so that
+//! (`asiento_psp::adyen::wire`), with Adyen's idempotency and its standard notifications, so that
 //! asiento's Adyen adapter and webhook receiver can be tested against it. Its answers and
 //! notifications are checked against Adyen's published OpenAPI schemas in
 //! `tests/adyen_dialect.rs`.
@@ -60,7 +60,7 @@ pub(crate) use reports::journal;
 use super::routes::{provider_call, REPLAYED_HEADER};
 use super::state::{Reply, SimError, SimState};
 use super::Simulator;
-use crate::adyen::wire::{ServiceError, TRANSIENT_ERROR_HEADER};
+use asiento_psp::adyen::wire::{ServiceError, TRANSIENT_ERROR_HEADER};
 
 /// The header of Adyen's API key.
 pub const API_KEY_HEADER: &str = "X-API-Key";
@@ -177,7 +177,7 @@ impl From<SimError> for AdyenError {
             SimError::IdempotencyKeyInUse => AdyenError {
                 transient: true,
                 ..AdyenError::validation(
-                    crate::adyen::wire::ERROR_KEY_IN_PROGRESS,
+                    asiento_psp::adyen::wire::ERROR_KEY_IN_PROGRESS,
                     "request already processed or in progress",
                 )
             },

@@ -26,8 +26,8 @@ use super::state::{
     RefundRequest, Reply, SimError, SimState,
 };
 use super::{Dialect, Simulator};
-use crate::client::IDEMPOTENCY_KEY_HEADER;
-use crate::provider::SettlementReport;
+use asiento_psp::client::IDEMPOTENCY_KEY_HEADER;
+use asiento_psp::provider::SettlementReport;
 
 /// Marks an answer replayed from an idempotency record.
 pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";

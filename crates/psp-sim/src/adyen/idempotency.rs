@@ -13,8 +13,8 @@ use axum::http::HeaderMap;
 
 use super::book::StoredAnswer;
 use super::AdyenError;
-use crate::client::IDEMPOTENCY_KEY_HEADER;
-use crate::sim::state::{AnswerDelay, Reply, SimError, SimState, CHARGES_MAX};
+use crate::state::{AnswerDelay, Reply, SimError, SimState, CHARGES_MAX};
+use asiento_psp::client::IDEMPOTENCY_KEY_HEADER;
 
 /// Adyen's limit on a key.
 pub const IDEMPOTENCY_KEY_LEN_MAX: usize = 64;

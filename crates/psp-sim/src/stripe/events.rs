@@ -17,10 +17,10 @@ use super::listing::Listing;
 use super::params::Params;
 use super::render::{self, Expand, StripeError};
 use super::{read_call, read_object};
-use crate::event::{EventType, WebhookEvent};
-use crate::provider::{OperationKind, OperationStatus};
-use crate::sim::state::{Outgoing, SimState};
-use crate::sim::Simulator;
+use crate::state::{Outgoing, SimState};
+use crate::Simulator;
+use asiento_psp::event::{EventType, WebhookEvent};
+use asiento_psp::provider::{OperationKind, OperationStatus};
 
 /// The Stripe events one change of the charge model stands for.
 pub(crate) fn events(event: &WebhookEvent, state: &SimState) -> Vec<Outgoing> {

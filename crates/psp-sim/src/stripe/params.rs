@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::stripe::form::{self, FormValue};
+use asiento_psp::stripe::form::{self, FormValue};
 
 use super::render::StripeError;
 

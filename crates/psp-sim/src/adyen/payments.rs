@@ -38,15 +38,15 @@ use serde_json::{Map, Value};
 use super::book::{Aftermath, DisputePlan, PaymentRecord, Refusal};
 use super::later::Later;
 use super::{check_fields, decoded, merchant_account, reply, write_call, AdyenError};
-use crate::adyen::adapter::SHOPPER_REFERENCE_CHARS;
-use crate::adyen::wire::{self, Action, Amount, PaymentResponse, ResultCode, MANUAL_CAPTURE};
-use crate::provider::{Charge, ChargeStatus};
-use crate::sim::routes::redirect_base;
-use crate::sim::state::{
+use crate::routes::redirect_base;
+use crate::state::{
     CreateChargeRequest, LaterAction, Reply, SimError, SimState, CHARGES_MAX, PM_CARD_DECLINED,
     PM_CARD_OK, PM_CARD_SLOW, PM_CARD_TIMEOUT, PM_REDIRECT,
 };
-use crate::sim::Simulator;
+use crate::Simulator;
+use asiento_psp::adyen::adapter::SHOPPER_REFERENCE_CHARS;
+use asiento_psp::adyen::wire::{self, Action, Amount, PaymentResponse, ResultCode, MANUAL_CAPTURE};
+use asiento_psp::provider::{Charge, ChargeStatus};
 
 /// Every property of Checkout v71's `PaymentRequest`.
 const PAYMENT_REQUEST_FIELDS: &[&str] = &[

@@ -29,9 +29,9 @@ use axum::body::Bytes;
 use chrono::{DateTime, NaiveDate, Utc};
 
 use super::book::AdyenBook;
-use crate::adyen::reports::{accounting_file, major_units, settlement_file};
-use crate::adyen::wire::{Amount, NotificationItem, CAPTURE_DELAY_HOURS};
-use crate::sim::state::Outgoing;
+use crate::state::Outgoing;
+use asiento_psp::adyen::reports::{accounting_file, major_units, settlement_file};
+use asiento_psp::adyen::wire::{Amount, NotificationItem, CAPTURE_DELAY_HOURS};
 
 /// The fee schedule of `Settled` lines.
 pub const COMMISSION_MINOR: i64 = 10;

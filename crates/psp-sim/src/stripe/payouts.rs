@@ -24,8 +24,8 @@ use super::listing::Listing;
 use super::params::Params;
 use super::render::{self, StripeError};
 use super::{read_call, read_object};
-use crate::sim::state::{new_id, Outgoing, SimState};
-use crate::sim::Simulator;
+use crate::state::{new_id, Outgoing, SimState};
+use crate::Simulator;
 
 /// Days from a payout until its money reaches the bank.
 const ARRIVAL_AFTER_S: i64 = 2 * 24 * 60 * 60;

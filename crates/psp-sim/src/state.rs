@@ -28,8 +28,8 @@ use super::adyen::{self, AdyenBook};
 use super::faults::{call_fault, CallFault, Faults};
 use super::stripe::{self, IntentBook};
 use super::Dialect;
-use crate::event::{EventData, EventType, WebhookEvent};
-use crate::provider::{
+use asiento_psp::event::{EventData, EventType, WebhookEvent};
+use asiento_psp::provider::{
     Charge, ChargeStatus, Dispute, DisputeStatus, NextAction, Operation, OperationAnswer,
     OperationKind, OperationStatus, ProviderFee, ReportLine,
 };
@@ -161,7 +161,7 @@ impl SimError {
             SimError::AmountMustBePositive => "amount_must_be_positive",
             SimError::CurrencyInvalid => "currency_invalid",
             SimError::PaymentMethodUnknown(_) => "payment_method_unknown",
-            SimError::ChargeNotFound => crate::client::CODE_RESOURCE_MISSING,
+            SimError::ChargeNotFound => asiento_psp::client::CODE_RESOURCE_MISSING,
             SimError::ChargeNotCapturable(_) => "charge_not_capturable",
             SimError::CaptureExceedsAuthorized => "capture_exceeds_authorized",
             SimError::ChargeNotRefundable => "charge_not_refundable",
@@ -174,7 +174,7 @@ impl SimError {
             SimError::Simulated => "simulated_error",
             SimError::ChargeNotCancelable(_) => "charge_not_cancelable",
             SimError::CapturePending => "capture_pending",
-            SimError::OperationNotFound => crate::client::CODE_RESOURCE_MISSING,
+            SimError::OperationNotFound => asiento_psp::client::CODE_RESOURCE_MISSING,
             SimError::OperationNotFailable(_) => "operation_not_failable",
             SimError::IdempotencyKeyInUse => "idempotency_key_in_use",
             SimError::Unreachable => "provider_unreachable",

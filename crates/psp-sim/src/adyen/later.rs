@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use super::book::{Aftermath, DisputePlan};
 use super::modifications::refusal_reason;
 use super::notifications::modification_item;
-use crate::sim::state::{LaterAction, SimError, SimState};
+use crate::state::{LaterAction, SimError, SimState};
 
 /// What happens to the record `Scheduled::operation_id` names (a modification's pspReference
 /// for `Refuse` and `Cancel`, a payment's for the others).

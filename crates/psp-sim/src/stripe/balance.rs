@@ -18,8 +18,8 @@
 use serde_json::{json, Value};
 
 use super::book::{intent_id_of, PayoutRecord};
-use crate::provider::{Charge, DisputeStatus, Operation, OperationKind, OperationStatus};
-use crate::sim::state::{fee_minor, SimState, REVERSAL_REASON};
+use crate::state::{fee_minor, SimState, REVERSAL_REASON};
+use asiento_psp::provider::{Charge, DisputeStatus, Operation, OperationKind, OperationStatus};
 
 /// Stripe's fee on a dispute, withdrawn with the disputed amount (US pricing: $15).
 pub(crate) const DISPUTE_FEE_MINOR: i64 = 1_500;
@@ -237,7 +237,7 @@ mod tests {
     use chrono::{TimeZone as _, Utc};
 
     use super::*;
-    use crate::provider::{ChargeStatus, Dispute};
+    use asiento_psp::provider::{ChargeStatus, Dispute};
 
     fn captured(amount: i64) -> Charge {
         let at = Utc.timestamp_opt(1_700_000_000, 0).unwrap();
