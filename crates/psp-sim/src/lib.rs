@@ -33,6 +33,7 @@
 
 mod adyen;
 mod faults;
+mod fee;
 mod routes;
 mod state;
 mod stripe;
@@ -46,9 +47,10 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 pub use faults::{Faults, FaultsError, FaultsPatch, FAULT_DELAY_MS_MAX};
+pub use fee::provider_fee_minor;
 pub use state::{
-    fee_minor, SimError, CHARGES_MAX, EVENTS_RECORDED_MAX, FAILED_ON_DEMAND_REASON,
-    PM_CARD_DECLINED, PM_CARD_OK, PM_CARD_SLOW, PM_CARD_TIMEOUT, PM_REDIRECT, REVERSAL_REASON,
+    SimError, CHARGES_MAX, EVENTS_RECORDED_MAX, FAILED_ON_DEMAND_REASON, PM_CARD_DECLINED,
+    PM_CARD_OK, PM_CARD_SLOW, PM_CARD_TIMEOUT, PM_REDIRECT, REVERSAL_REASON,
 };
 
 use state::{Outgoing, Scheduled, SimState};

@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 
 use super::adyen::{self, AdyenBook};
 use super::faults::{call_fault, CallFault, Faults};
+use super::fee::provider_fee_minor;
 use super::stripe::{self, IntentBook};
 use super::Dialect;
 use asiento_psp::event::{EventData, EventType, WebhookEvent};
@@ -366,13 +367,6 @@ fn fingerprint(route: &str, target: &str, body: &impl Serialize) -> String {
         "{route} {target} {}",
         String::from_utf8_lossy(&to_bytes(body))
     )
-}
-
-/// `bps` of `amount`, rounded half up, without floats or overflow.
-pub fn fee_minor(amount_minor: i64, fee_bps: u32) -> i64 {
-    let scaled = i128::from(amount_minor) * i128::from(fee_bps);
-    let rounded = (scaled + 5_000).div_euclid(10_000);
-    i64::try_from(rounded).unwrap_or(i64::MAX)
 }
 
 pub(crate) fn check_idempotency_key(key: Option<&str>) -> Result<&str, SimError> {
@@ -1456,7 +1450,7 @@ impl SimState {
     /// The fee the simulator keeps on a charge's capture, as its one balance transaction
     /// (`txn_<charge>`): the simulator's protocol reports it in the settlement report only.
     fn provider_fees(&self, charge: &Charge) -> Vec<ProviderFee> {
-        let fee = fee_minor(charge.amount_captured, self.fee_bps);
+        let fee = provider_fee_minor(charge.amount_captured, self.fee_bps);
         if fee == 0 {
             return Vec::new();
         }
@@ -1513,16 +1507,6 @@ mod tests {
 
     fn charge_of(reply: &Reply) -> Charge {
         serde_json::from_slice(&reply.body).unwrap()
-    }
-
-    #[test]
-    fn fee_rounds_half_up_in_minor_units() {
-        // API.md's examples at 300 bps: 50 -> 1.5 -> 2, 49 -> 1.47 -> 1.
-        assert_eq!(fee_minor(50, 300), 2);
-        assert_eq!(fee_minor(49, 300), 1);
-        assert_eq!(fee_minor(10_000, 300), 300);
-        assert_eq!(fee_minor(10_000, 0), 0);
-        assert_eq!(fee_minor(i64::MAX, u32::MAX), i64::MAX);
     }
 
     #[test]

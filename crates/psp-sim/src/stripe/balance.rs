@@ -18,7 +18,8 @@
 use serde_json::{json, Value};
 
 use super::book::{intent_id_of, PayoutRecord};
-use crate::state::{fee_minor, SimState, REVERSAL_REASON};
+use crate::fee::provider_fee_minor;
+use crate::state::{SimState, REVERSAL_REASON};
 use asiento_psp::provider::{Charge, DisputeStatus, Operation, OperationKind, OperationStatus};
 
 /// Stripe's fee on a dispute, withdrawn with the disputed amount (US pricing: $15).
@@ -89,7 +90,7 @@ pub(crate) fn of_capture(charge: &Charge, fee_bps: u32) -> Option<BalanceTransac
     (amount > 0).then(|| BalanceTransaction {
         id: format!("txn_{}", suffix(&charge.id)),
         amount,
-        fee: fee_minor(amount, fee_bps),
+        fee: provider_fee_minor(amount, fee_bps),
         kind: "charge",
         reporting_category: "charge",
         source: charge.id.clone(),
