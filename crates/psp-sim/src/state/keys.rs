@@ -1,8 +1,8 @@
 //! The simulated provider's idempotency: one key space for every write, as Stripe's. A key's
 //! first request is stored with a fingerprint of its route, target and body; the same request
 //! again is a replay, another one a reuse. A key whose request still holds its answer back is in
-//! flight: a second request with it waits, or is refused at once where the dialect or a fault
-//! says so (`SimState::conflicts_while_in_flight`).
+//! flight: a second request with it is refused at once where the dialect or a fault says so
+//! (`SimState::conflicts_while_in_flight`), and otherwise served.
 
 use axum::body::Bytes;
 use axum::http::StatusCode;
