@@ -43,7 +43,8 @@ async fn claim_committed(
     claim
 }
 
-async fn lifecycle(database: Database) {
+async fn lifecycle(opened: Opened) {
+    let Opened { database, _dir } = opened;
     let body = serde_json::json!({"amount_minor": 100, "currency": "USD"});
     let k = key("order-1");
 
@@ -86,7 +87,8 @@ async fn lifecycle(database: Database) {
     );
 }
 
-async fn takeover_after_lease_expiry(database: Database) {
+async fn takeover_after_lease_expiry(opened: Opened) {
+    let Opened { database, _dir } = opened;
     let body = serde_json::json!({"amount_minor": 100});
     let k = key("crashy");
     let Claim::Fresh { lease: dead } = claim_committed(&database, &k, &body, "pay_a", 0).await
@@ -127,7 +129,8 @@ async fn takeover_after_lease_expiry(database: Database) {
 }
 
 /// Many requests race for one key at the same instant: exactly one wins it.
-async fn concurrent_claims_have_one_winner(database: Database) {
+async fn concurrent_claims_have_one_winner(opened: Opened) {
+    let Opened { database, _dir } = opened;
     const REQUESTS: usize = 20;
     let body = serde_json::json!({"amount_minor": 500});
     let mut tasks = Vec::new();
@@ -150,7 +153,8 @@ async fn concurrent_claims_have_one_winner(database: Database) {
     assert_eq!(fresh, 1, "exactly one request may own the key");
 }
 
-async fn purge_keeps_in_flight_records(database: Database) {
+async fn purge_keeps_in_flight_records(opened: Opened) {
+    let Opened { database, _dir } = opened;
     let body = serde_json::json!({});
     let Claim::Fresh { lease } = claim_committed(&database, &key("old"), &body, "r1", 0).await
     else {
@@ -184,38 +188,34 @@ async fn purge_keeps_in_flight_records(database: Database) {
     ));
 }
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    let (_dir, url) = asiento_eventstore::testing::temp_sqlite_url();
-                    let database = super::open(&url).await;
-                    super::$name(database).await;
-                }
-            )*
+/// A migrated database of its own on `backend`, and the directory a SQLite file lives in (held
+/// for the test).
+struct Opened {
+    database: Database,
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn open(backend: asiento_testkit::Backend) -> Opened {
+    let (url, dir) = match backend {
+        asiento_testkit::Backend::Sqlite => {
+            let (dir, url) = asiento_eventstore::testing::temp_sqlite_url();
+            (url, Some(dir))
         }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    let url = asiento_eventstore::testing::fresh_postgres_url().await;
-                    let database = super::open(&url).await;
-                    super::$name(database).await;
-                }
-            )*
-        }
+        asiento_testkit::Backend::Postgres => (
+            asiento_eventstore::testing::fresh_postgres_url().await,
+            None,
+        ),
     };
-}
-
-async fn open(url: &str) -> Database {
-    let database = Database::connect(url).await.expect("connect");
+    let database = Database::connect(&url).await.expect("connect");
     database.migrate().await.expect("migrate");
-    database
+    Opened {
+        database,
+        _dir: dir,
+    }
 }
 
-on_both_backends!(
+asiento_testkit::both_backends!(
+    fixture = open;
     lifecycle,
     takeover_after_lease_expiry,
     concurrent_claims_have_one_winner,

@@ -52,10 +52,6 @@
 //! (the trace is printed then, too). `scripts/simulate` runs many more seeds in release.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[allow(dead_code)]
-#[path = "common/rng.rs"]
-mod rng;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
@@ -82,9 +78,9 @@ use asiento_psp::{
     NextAction, Operation, OperationAnswer, OperationKind, OperationStatus, Provider,
     ProviderError, ProviderFee, ProviderRequest, Rejection, ReportLine, SettlementReport,
 };
+use asiento_testkit::Rng;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use rng::Rng;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 

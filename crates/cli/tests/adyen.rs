@@ -38,8 +38,8 @@ use common::adyen::{
 use common::free_port;
 use common::stripe::{sim_control, start_stripe_sim, stripe_payment};
 use common::{
-    on_both_backends, payment, payment_body, verify, wait_for, without_provider_fees, Backend,
-    Client, Process, Server, TestDatabase,
+    payment, payment_body, verify, wait_for, without_provider_fees, Backend, Client, Process,
+    Server, TestDatabase,
 };
 use serde_json::{json, Value};
 
@@ -408,7 +408,7 @@ async fn adyen_payouts_reach_the_bank_account(backend: Backend) {
     verify(&database);
 }
 
-on_both_backends!(payments_through_adyen, adyen_payouts_reach_the_bank_account);
+asiento_testkit::both_backends!(threads = 2; payments_through_adyen, adyen_payouts_reach_the_bank_account);
 
 /// A refund that succeeded and then failed at the scheme (REFUND_FAILED) is reversed by a mirror
 /// of its entry; the refunded total goes back to zero.

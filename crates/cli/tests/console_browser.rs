@@ -379,4 +379,4 @@ async fn support_person_refunds_and_resolves_in_the_console(backend: Backend) {
     println!("console screenshots: {}", screens.folder.display());
 }
 
-common::on_both_backends!(support_person_refunds_and_resolves_in_the_console);
+asiento_testkit::both_backends!(threads = 2; support_person_refunds_and_resolves_in_the_console);

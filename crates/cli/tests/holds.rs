@@ -615,7 +615,7 @@ async fn posts_racing_the_expiry_of_one_hold_end_it_once(backend: Backend) {
     verify_clean(&database.url).await;
 }
 
-common::on_both_backends!(
+asiento_testkit::both_backends!(threads = 2;
     posts_racing_the_expiry_of_one_hold_end_it_once,
     an_authorized_payment_is_a_pending_credit_until_captured_or_cancelled,
     holds_reserve_then_post_or_void,

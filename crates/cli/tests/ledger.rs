@@ -484,7 +484,7 @@ async fn overdraft_policies_hold_under_concurrent_transfers(backend: Backend) {
     assert!(ok, "{output}");
 }
 
-common::on_both_backends!(
+asiento_testkit::both_backends!(threads = 2;
     amounts_above_the_limit_are_refused_at_the_edge,
     balances_beyond_i64_are_exact,
     system_accounts_are_reserved,

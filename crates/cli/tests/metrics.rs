@@ -156,4 +156,4 @@ fn logs_to_a_pipe_have_no_colour_codes() {
     assert!(!log.contains('\u{1b}'), "colour codes in the log:\n{log}");
 }
 
-common::on_both_backends!(metrics_an_on_call_engineer_alerts_on);
+asiento_testkit::both_backends!(threads = 2; metrics_an_on_call_engineer_alerts_on);

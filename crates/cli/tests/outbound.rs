@@ -747,7 +747,7 @@ async fn an_endpoint_failing_for_the_whole_window_is_disabled_and_told(backend: 
     common::verify(&database);
 }
 
-common::on_both_backends!(
+asiento_testkit::both_backends!(threads = 2;
     an_endpoint_failing_for_the_whole_window_is_disabled_and_told,
     every_event_reaches_a_failing_endpoint_once_by_id,
     signatures_fail_when_forged_replayed_or_rotated_out,

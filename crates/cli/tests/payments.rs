@@ -742,7 +742,7 @@ async fn events_view_withholds_the_redirect_url(backend: Backend) {
     );
 }
 
-common::on_both_backends!(
+asiento_testkit::both_backends!(threads = 2;
     one_key_many_concurrent_requests_charge_once,
     one_key_many_concurrent_requests_charge_once_at_stripe,
     one_key_many_concurrent_requests_charge_once_at_adyen,

@@ -386,7 +386,7 @@ async fn corrupted_snapshot_is_found_and_repaired(backend: Backend) {
     assert_eq!(balance.json()["balance_minor"], 3 * 1_940);
 }
 
-common::on_both_backends!(
+asiento_testkit::both_backends!(threads = 2;
     rebuild_while_payments_flow,
     read_your_writes,
     min_position_zero_is_satisfied_at_once,

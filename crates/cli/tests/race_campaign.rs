@@ -28,8 +28,6 @@ mod common;
 mod expiries;
 #[path = "race_campaign/ledger_walk.rs"]
 mod ledger_walk;
-#[path = "race_campaign/rng.rs"]
-mod rng;
 #[path = "race_campaign/server_log.rs"]
 mod server_log;
 #[path = "race_campaign/tally.rs"]
@@ -233,4 +231,4 @@ async fn verify(database_url: &str) -> Result<(), String> {
     Err(output)
 }
 
-common::on_both_backends!(race_campaign);
+asiento_testkit::both_backends!(threads = 2; race_campaign);

@@ -398,7 +398,7 @@ async fn verify_names_what_was_corrupted(backend: Backend) {
     );
 }
 
-common::on_both_backends!(
+asiento_testkit::both_backends!(threads = 2;
     dashboard_refund_is_found_and_posted_once,
     dashboard_refund_at_stripe_is_found_and_posted_once,
     dashboard_refund_at_adyen_is_found_and_posted_once,

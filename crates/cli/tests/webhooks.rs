@@ -631,7 +631,7 @@ async fn two_worker_processes_drain_one_inbox_exactly_once() {
     drop(workers);
 }
 
-common::on_both_backends!(
+asiento_testkit::both_backends!(threads = 2;
     payments_converge_under_duplicated_and_reordered_webhooks,
     payments_at_stripe_converge_under_duplicated_and_reordered_webhooks,
     payments_at_adyen_converge_under_duplicated_and_reordered_webhooks,

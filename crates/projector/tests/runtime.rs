@@ -309,28 +309,13 @@ fn start(runner: Runner) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
     (stop, handle)
 }
 
-macro_rules! on_both_backends {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $test() {
-                    super::$test(super::Harness::new(false).await).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $test() {
-                    super::$test(super::Harness::new(true).await).await;
-                }
-            )*
-        }
-    };
+/// The harness of a test on `backend`.
+async fn harness(backend: asiento_testkit::Backend) -> Harness {
+    Harness::new(backend == asiento_testkit::Backend::Postgres).await
 }
 
-on_both_backends!(
+asiento_testkit::both_backends!(
+    fixture = harness;
     catches_up_then_tails_live_and_releases_its_lease_on_shutdown,
     one_of_two_runners_is_active_and_the_other_takes_over_when_it_dies_mid_batch,
     a_batch_whose_lease_was_taken_rolls_back,

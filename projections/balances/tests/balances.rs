@@ -278,28 +278,13 @@ impl Projection for Slow {
     }
 }
 
-macro_rules! on_both_backends {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $test() {
-                    super::$test(super::Harness::new(false).await).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $test() {
-                    super::$test(super::Harness::new(true).await).await;
-                }
-            )*
-        }
-    };
+/// The harness of a test on `backend`.
+async fn harness(backend: asiento_testkit::Backend) -> Harness {
+    Harness::new(backend == asiento_testkit::Backend::Postgres).await
 }
 
-on_both_backends!(
+asiento_testkit::both_backends!(
+    fixture = harness;
     reads_are_exact_whether_the_projector_is_current_behind_or_stopped,
     min_position_that_is_never_reached_is_projection_lagging,
     entries_page_in_log_order_and_journal_entries_are_per_tenant,

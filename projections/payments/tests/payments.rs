@@ -406,28 +406,13 @@ fn filter(limit: u32) -> PaymentFilter {
     }
 }
 
-macro_rules! on_both_backends {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $test() {
-                    super::$test(super::Harness::new(false).await).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $test() {
-                    super::$test(super::Harness::new(true).await).await;
-                }
-            )*
-        }
-    };
+/// The harness of a test on `backend`.
+async fn harness(backend: asiento_testkit::Backend) -> Harness {
+    Harness::new(backend == asiento_testkit::Backend::Postgres).await
 }
 
-on_both_backends!(
+asiento_testkit::both_backends!(
+    fixture = harness;
     rows_are_the_fold_of_their_streams_and_list_newest_first,
     every_filter_selects_exactly_the_matching_payments,
     pages_neither_skip_nor_repeat_while_payments_are_created,

@@ -469,28 +469,13 @@ fn found(made: &Made, kind: &str) -> Vec<Match> {
     }]
 }
 
-macro_rules! on_both_backends {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $test() {
-                    super::$test(super::Harness::new(false).await).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $test() {
-                    super::$test(super::Harness::new(true).await).await;
-                }
-            )*
-        }
-    };
+/// The harness of a test on `backend`.
+async fn harness(backend: asiento_testkit::Backend) -> Harness {
+    Harness::new(backend == asiento_testkit::Backend::Postgres).await
 }
 
-on_both_backends!(
+asiento_testkit::both_backends!(
+    fixture = harness;
     a_payment_is_found_by_every_kind_of_term,
     another_tenants_payments_are_never_found,
     several_payments_come_newest_first_each_once_up_to_the_limit,

@@ -3,8 +3,6 @@
 //! flow wired to it.
 #![allow(dead_code)]
 
-pub mod rng;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -22,11 +20,7 @@ use serde_json::json;
 /// The simulator's fee in the tests' provider configuration, in basis points.
 pub const FEE_BPS: u32 = 300;
 
-#[derive(Clone, Copy, Debug)]
-pub enum Backend {
-    Sqlite,
-    Postgres,
-}
+pub use asiento_testkit::Backend;
 
 /// A migrated database of its own: a SQLite file in a temporary directory, or a fresh PostgreSQL
 /// database dropped by [`TestDatabase::finish`].

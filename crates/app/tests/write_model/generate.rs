@@ -16,9 +16,9 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::common::rng::Rng;
 use crate::model::{Key, Model};
 use crate::step::{Step, TENANT};
+use asiento_testkit::Rng;
 
 /// The names one case's batches draw from: a case's streams and keys are its own.
 pub struct Pool {

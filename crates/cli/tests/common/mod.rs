@@ -51,12 +51,7 @@ pub fn free_port() -> u16 {
     panic!("no free port between {LOWEST} and {ephemeral}");
 }
 
-/// Which database a test runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    Sqlite,
-    Postgres,
-}
+pub use asiento_testkit::Backend;
 
 /// A database for one test: a SQLite file in a temp dir, or a fresh PostgreSQL database.
 pub struct TestDatabase {
@@ -678,29 +673,3 @@ pub fn shift_balance_sql(backend: Backend, account: &str, delta: i64) -> String 
     };
     format!("UPDATE balances_g1 SET balance_minor = {shifted} WHERE account = '{account}'")
 }
-
-/// Runs each named `async fn(Backend)` of the calling test file as two tests, `sqlite::name` and
-/// `postgres::name`.
-#[allow(unused_macros)] // not every test file runs on both backends
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Postgres).await;
-                }
-            )*
-        }
-    };
-}
-#[allow(unused_imports)]
-pub(crate) use on_both_backends;

@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use super::rng::Rng;
 use super::tally::{Allowed, Caller, Reply};
+use asiento_testkit::Rng;
 
 /// The busy customer: every payment is its, every transfer and hold takes from it.
 pub const CUSTOMER: &str = "busy";

@@ -1,6 +1,7 @@
 //! SplitMix64: tiny, fast, and fixed forever, so that a seed replays on every toolchain and every
 //! version of every crate (a dependency's generator may change its stream between releases).
 
+#[derive(Clone, Debug)]
 pub struct Rng(u64);
 
 impl Rng {

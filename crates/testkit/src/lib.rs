@@ -1,0 +1,65 @@
+//! The test kit: what every test crate of the workspace shares, defined once. A dev-dependency
+//! only; nothing the binary is built from depends on it.
+//!
+//! - [`Backend`] and [`both_backends!`]: each test of a module run once on SQLite and once on
+//!   PostgreSQL (the eventstore's conformance suite is the model).
+//! - [`Rng`]: the one seeded generator, so that a seed replays.
+
+mod rng;
+
+pub use rng::Rng;
+
+/// Which database a test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Runs each named `async fn` of the calling module as two tests, `sqlite::name` and
+/// `postgres::name`, on a multi-threaded runtime (4 worker threads unless `threads = N`).
+///
+/// Without `fixture`, each test takes the [`Backend`]. With `fixture = f`, it takes what
+/// `async fn f(Backend) -> T` (a function of the calling module) makes, held for the whole test.
+///
+/// ```ignore
+/// asiento_testkit::both_backends!(fixture = harness; first_test, second_test);
+/// asiento_testkit::both_backends!(threads = 2; a_test_of_the_binary);
+/// ```
+#[macro_export]
+macro_rules! both_backends {
+    (fixture = $fixture:ident, threads = $threads:literal; $($test:ident),* $(,)?) => {
+        $crate::both_backends!(@module sqlite, Sqlite, $threads, $fixture; $($test),*);
+        $crate::both_backends!(@module postgres, Postgres, $threads, $fixture; $($test),*);
+    };
+    (fixture = $fixture:ident; $($test:ident),* $(,)?) => {
+        $crate::both_backends!(fixture = $fixture, threads = 4; $($test),*);
+    };
+    (threads = $threads:literal; $($test:ident),* $(,)?) => {
+        $crate::both_backends!(@module sqlite, Sqlite, $threads; $($test),*);
+        $crate::both_backends!(@module postgres, Postgres, $threads; $($test),*);
+    };
+    (@module $module:ident, $backend:ident, $threads:literal, $fixture:ident; $($test:ident),*) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
+                async fn $test() {
+                    super::$test(super::$fixture($crate::Backend::$backend).await).await;
+                }
+            )*
+        }
+    };
+    (@module $module:ident, $backend:ident, $threads:literal; $($test:ident),*) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
+                async fn $test() {
+                    super::$test($crate::Backend::$backend).await;
+                }
+            )*
+        }
+    };
+    ($($test:ident),* $(,)?) => {
+        $crate::both_backends!(threads = 4; $($test),*);
+    };
+}
