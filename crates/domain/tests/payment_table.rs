@@ -1538,3 +1538,59 @@ fn a_refund_settled_by_a_total_learns_its_id_from_its_answer() {
     );
     check(after, named, Ok(vec![]));
 }
+
+/// The chaos campaign's seed 333414799: a refund settled, then reversed at the provider while a
+/// second refund of ours was open, and the reversal's webhook carried a snapshot of the charge
+/// counting the second refund alone (the provider had succeeded it for a moment before failing
+/// it). The snapshot's excess over every refund ever settled (7,636 - 545) is no refund of ours:
+/// settling it would refund 7,091 that nobody asked for, which the second refund's failure then
+/// leaves with the customer.
+#[test]
+fn a_snapshot_its_open_refunds_do_not_explain_settles_nothing() {
+    let captured = history(vec![create(), f_captured(8_233)]);
+    let steps = vec![
+        refund_request(545),
+        refund_outcome(1, 545, OperationOutcome::Succeeded),
+        refund_request(7_636),
+        refund_outcome(1, 545, failed("expired_or_canceled_card")),
+    ];
+    let before = [captured.clone(), history_from(captured, steps)].concat();
+    assert_eq!(record_after(&before).refunded, amt(0));
+    check(before.clone(), f_refunded(7_636), Ok(vec![]));
+
+    // The second refund's own outcome settles it, or fails it, as without the snapshot.
+    let failed_after = history_from(
+        before.clone(),
+        vec![
+            f_refunded(7_636),
+            refund_outcome(2, 7_636, failed("declined")),
+        ],
+    );
+    let record = record_after(&[before.clone(), failed_after].concat());
+    assert_eq!(record.refunded, amt(0));
+    assert_eq!(
+        record.operation(OperationKind::Refund, 2).unwrap().state,
+        OperationState::Refused
+    );
+    let succeeded_after = history_from(
+        before.clone(),
+        vec![
+            f_refunded(7_636),
+            refund_outcome(2, 7_636, OperationOutcome::Succeeded),
+        ],
+    );
+    assert_eq!(
+        record_after(&[before.clone(), succeeded_after].concat()).refunded,
+        amt(7_636)
+    );
+
+    // A snapshot that still counts the reversed refund and counts the open one too is explained
+    // by it: the open refund settles.
+    let settled = history_from(before.clone(), vec![f_refunded(545 + 7_636)]);
+    let record = record_after(&[before, settled].concat());
+    assert_eq!(record.refunded, amt(7_636));
+    assert_eq!(
+        record.operation(OperationKind::Refund, 2).unwrap().state,
+        OperationState::Succeeded
+    );
+}

@@ -616,6 +616,9 @@ fn apply_fact(
                 draft.flag(ReviewReason::ContradictingFact, detail, at);
                 return Ok(());
             }
+            if !current && !open_refunds_explain(&draft.record, new_total, at) {
+                return Ok(());
+            }
             let settled = SettledRefund {
                 charge_id,
                 sequence: None,
@@ -957,6 +960,34 @@ fn refund_baseline(record: &PaymentRecord, current: bool) -> Amount {
         .fold(record.refund_settled_ever(), |total, op| {
             total.checked_add(op.amount).unwrap_or(total)
         })
+}
+
+/// Whether a snapshot that leaves the refunded total at `new_total` may settle it while refunds of
+/// ours are open: only when what it settles is wholly the open refunds it would be attributed to
+/// ([`PaymentRecord::attribute_settled_refunds`]). A snapshot compared with every refund ever
+/// settled also counts, once one of them is reversed, a total that no longer includes it: the
+/// excess is then no refund at all (7,636 of an open refund less a reversed 545), and settling it
+/// would refund what nobody asked for. The open refunds' own outcomes, and totals read now, settle
+/// what such a snapshot leaves. With no refund of ours open, the excess is a refund made elsewhere.
+fn open_refunds_explain(record: &PaymentRecord, new_total: Amount, at: DateTime<Utc>) -> bool {
+    let open = |record: &PaymentRecord| -> Amount {
+        record
+            .operations
+            .iter()
+            .filter(|op| op.kind == OperationKind::Refund && op.state.is_open())
+            .fold(Amount::ZERO, |total, op| {
+                total.checked_add(op.amount).unwrap_or(SATURATED)
+            })
+    };
+    let open_before = open(record);
+    if open_before.is_zero() {
+        return true;
+    }
+    let mut settled = record.clone();
+    settled.refunded = new_total;
+    settled.attribute_settled_refunds(at);
+    let attributed = open_before.checked_sub(open(&settled)).ok();
+    attributed == new_total.checked_sub(record.refunded).ok()
 }
 
 /// The most a capture fact may capture: the authorization once there is
