@@ -21,11 +21,13 @@
 //! it started (or that conflicted): no read at all for a transfer between accounts this process
 //! moved money on before.
 //!
-//! A ledger command that reads a guard while a command of this process is writing it (its step
-//! is with group commit) would decide against the state that step is changing, and could only
-//! lose the race to it: a statement spent for nothing, and a retry. So a transfer first waits, a
-//! bounded time, until no command of this process is writing its guards
-//! ([`GuardMemory::load_after_writes`]; a command marks its guards while its step is written,
+//! A ledger command that reads a guard while a step of this process is writing it (with group
+//! commit) would decide against the state that step is changing, and could only lose the race to
+//! it: a statement spent for nothing, and a retry. So a command first takes its turn on its guards
+//! ([`GuardMemory::take_turn`]: commands of this process on one guard go one at a time, in the
+//! order they came, `super::turns`), then waits, a bounded time, until no step of this process (a
+//! provider fact, or a command that takes no turn) is writing them
+//! ([`GuardMemory::load_after_writes`]; a step marks its guards while it is written,
 //! [`GuardMemory::writing`]), and then decides against what the writer left in memory.
 //!
 //! Bounded: when full, it forgets everything and starts over.
@@ -41,6 +43,7 @@ use tokio::sync::Notify;
 
 use super::latest::Latest;
 use super::step::GuardWrite;
+use super::turns::{Turn, Turns};
 use crate::log::{self, LogError};
 
 /// Guards remembered at most; past that the memory starts over empty.
@@ -55,7 +58,7 @@ pub struct Loaded {
     pub remembered: bool,
 }
 
-/// How long a transfer waits, at most, for the commands of this process writing its guards: past
+/// How long a command waits, at most, for the steps of this process writing its guards: past
 /// that it decides on what it has, which at worst loses a race and is decided again.
 pub const WRITES_WAIT_MAX: Duration = Duration::from_millis(500);
 
@@ -64,19 +67,20 @@ pub const WRITES_WAIT_MAX: Duration = Duration::from_millis(500);
 pub struct GuardMemory {
     states: Latest<GuardKey, DebitGuard, GUARDS_MAX>,
     writing: Arc<Writing>,
+    turns: Arc<Turns>,
 }
 
-/// The guards commands of this process are writing.
+/// The guards steps of this process are writing.
 #[derive(Debug, Default)]
 struct Writing {
     counts: Mutex<HashMap<GuardKey, Busy>>,
 }
 
-/// A guard being written: by how many commands, and the signal given when the last is done, which
-/// wakes only the transfers waiting for this guard.
+/// A guard being written: by how many steps, and the signal given when the last is done, which
+/// wakes only the commands waiting for this guard.
 #[derive(Debug, Default)]
 struct Busy {
-    commands: usize,
+    steps: usize,
     done: Arc<Notify>,
 }
 
@@ -87,7 +91,7 @@ impl Writing {
     }
 }
 
-/// A command's guards marked as being written ([`GuardMemory::writing`]), until it is dropped.
+/// A step's guards marked as being written ([`GuardMemory::writing`]), until it is dropped.
 #[must_use = "the guards are marked only while this is held"]
 pub struct WritingGuards {
     writing: Arc<Writing>,
@@ -99,8 +103,8 @@ impl Drop for WritingGuards {
         let mut counts = self.writing.counts();
         for key in &self.keys {
             if let Some(busy) = counts.get_mut(key) {
-                busy.commands -= 1;
-                if busy.commands == 0 {
+                busy.steps -= 1;
+                if busy.steps == 0 {
                     // Under the lock, where waiters register: none can miss it.
                     if let Some(busy) = counts.remove(key) {
                         busy.done.notify_waiters();
@@ -149,7 +153,18 @@ impl GuardMemory {
         Ok(Loaded { states, remembered })
     }
 
-    /// [`GuardMemory::load`], once no command of this process is writing any of the guards (or
+    /// Waits for this process's turn to decide and write a command on the guards `entries` touch
+    /// (`super::turns`), and puts it in `turn`; a turn on exactly those guards is kept.
+    pub async fn take_turn<'a>(
+        &self,
+        entries: impl IntoIterator<Item = &'a JournalEntry>,
+        turn: &mut Turn,
+    ) {
+        let keys = entries.into_iter().flat_map(guard::guarded_keys).collect();
+        self.turns.take(keys, turn).await;
+    }
+
+    /// [`GuardMemory::load`], once no step of this process is writing any of the guards (or
     /// after [`WRITES_WAIT_MAX`]).
     pub async fn load_after_writes<'a>(
         &self,
@@ -174,14 +189,14 @@ impl GuardMemory {
         self.load_keys(store, keys).await
     }
 
-    /// Marks `keys` as being written by a command of this process until the result is dropped,
-    /// which must be after the command's outcome is in memory ([`GuardMemory::wrote`],
+    /// Marks `keys` as being written by a step of this process until the result is dropped,
+    /// which must be after the step's outcome is in memory ([`GuardMemory::wrote`],
     /// [`GuardMemory::lost_race`]).
     pub(super) fn writing(&self, keys: impl IntoIterator<Item = GuardKey>) -> WritingGuards {
         let keys: Vec<GuardKey> = keys.into_iter().collect();
         let mut counts = self.writing.counts();
         for key in &keys {
-            counts.entry(key.clone()).or_default().commands += 1;
+            counts.entry(key.clone()).or_default().steps += 1;
         }
         WritingGuards {
             writing: Arc::clone(&self.writing),
@@ -380,7 +395,7 @@ mod tests {
         drop(first);
         assert!(keys
             .iter()
-            .all(|key| cache.writing.counts().get(key).map(|busy| busy.commands) == Some(1)));
+            .all(|key| cache.writing.counts().get(key).map(|busy| busy.steps) == Some(1)));
         drop(second);
         assert!(cache.writing.counts().is_empty());
     }

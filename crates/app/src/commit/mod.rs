@@ -26,6 +26,7 @@ mod plan;
 mod respond;
 pub mod statement;
 mod step;
+mod turns;
 mod writer;
 
 pub use respond::Respond;
@@ -33,4 +34,5 @@ pub use step::{
     Command, CommitError, Committed, Completion, Facts, GuardStates, GuardWrite, Settle, Step,
     Work, BATCH_MAX,
 };
+pub use turns::Turn;
 pub use writer::{Uncommitted, Writer};

@@ -107,8 +107,6 @@ pub struct Work {
 pub(crate) struct Lesson {
     pub(crate) guards: GuardWrite,
     pub(crate) payment: Option<(PaymentId, Payment)>,
-    /// A command's: this process's transfers on its guards wait while it is written.
-    pub(crate) command: bool,
 }
 
 impl Step {
@@ -135,11 +133,7 @@ impl Step {
                     facts: true,
                     ..Work::default()
                 },
-                Lesson {
-                    guards,
-                    payment,
-                    command: false,
-                },
+                Lesson { guards, payment },
             ),
             Step::Command(Command {
                 appends,
@@ -172,7 +166,6 @@ impl Step {
                 let lesson = Lesson {
                     guards,
                     payment: None,
-                    command: true,
                 };
                 (work, lesson)
             }

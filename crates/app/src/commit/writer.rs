@@ -64,18 +64,17 @@ impl Writer {
     }
 
     /// Writes `step` with whatever other steps are waiting, and answers once that committed;
-    /// the memories have learnt its outcome by then. While a command is written, this process's
-    /// transfers on its guards wait for it (`GuardMemory::load_after_writes`).
+    /// the memories have learnt its outcome by then. While a step is written, this process's
+    /// commands on its guards wait for it (`GuardMemory::load_after_writes`).
     pub async fn commit(&self, step: Step) -> Result<Committed, CommitError> {
         let (work, lesson) = step.into_parts();
-        let _writing = lesson.command.then(|| {
-            let keys = lesson
+        let _writing = self.guards.writing(
+            lesson
                 .guards
                 .appends
                 .iter()
-                .map(|append| append.key.clone());
-            self.guards.writing(keys)
-        });
+                .map(|append| append.key.clone()),
+        );
         let (reply, answer) = oneshot::channel();
         self.queue()
             .send((work, reply))
@@ -100,11 +99,7 @@ impl Writer {
     ) -> Result<(Option<Appended>, Uncommitted<'_>), AppendError> {
         let pending = Uncommitted {
             writer: self,
-            lesson: Some(Lesson {
-                guards,
-                payment,
-                command: false,
-            }),
+            lesson: Some(Lesson { guards, payment }),
         };
         if appends.is_empty() {
             return Ok((None, pending));

@@ -11,7 +11,7 @@ use asiento_domain::{transfer_stream, TenantId, TransferId};
 use asiento_eventstore::{Metadata, StreamAppend};
 
 use super::{back_off, Decided, LedgerFlow, LEDGER_CONFLICT_RETRIES_MAX};
-use crate::commit::{Command, Committed, GuardWrite, Step};
+use crate::commit::{Command, Committed, GuardWrite, Step, Turn};
 use crate::log;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
@@ -49,8 +49,13 @@ impl LedgerFlow {
             causation_id: None,
             idempotency_key: Some(request.key.as_str().to_owned()),
         };
+        // Kept through the retries: an ending that loses a race stays first in line.
+        let mut turn = Turn::default();
         for attempt in 0..LEDGER_CONFLICT_RETRIES_MAX {
-            let decided = match self.decide_ending(tenant, id, action, &metadata).await? {
+            let decided = match self
+                .decide_ending(tenant, id, action, &metadata, &mut turn)
+                .await?
+            {
                 Err(rejection) => Decided::Refused(Rejected::Hold(rejection)),
                 Ok((appends, touched, record)) => {
                     Decided::Append(appends, touched, move |render: &dyn Render, position| {
@@ -83,9 +88,10 @@ impl LedgerFlow {
             causation_id: None,
             idempotency_key: None,
         };
+        let mut turn = Turn::default();
         for attempt in 0..LEDGER_CONFLICT_RETRIES_MAX {
             let (appends, touched) = match self
-                .decide_ending(tenant, id, HoldAction::Expire, &metadata)
+                .decide_ending(tenant, id, HoldAction::Expire, &metadata, &mut turn)
                 .await?
             {
                 Ok((appends, touched, _)) => (appends, touched),
@@ -121,17 +127,18 @@ impl LedgerFlow {
     }
 
     /// Loads the transfer and the guards its ending touches, and decides the ending. The guards
-    /// are read as a transfer reads them: once no command of this process is writing one, from
-    /// what its commits left in memory (read from the log, an ending would be decided against the
-    /// state a command in flight is changing and lose its race to it, on a busy account every
-    /// time). Only the log refuses: an ending refused on a remembered state is decided again
-    /// against the log.
+    /// are read as a transfer reads them: in its turn on them (`turn`, kept for the caller's
+    /// retries), once no step of this process is writing one, from what its commits left in
+    /// memory (read from the log, an ending would be decided against the state a step in flight
+    /// is changing and lose its race to it, on a busy account every time). Only the log refuses:
+    /// an ending refused on a remembered state is decided again against the log.
     async fn decide_ending(
         &self,
         tenant: &TenantId,
         id: TransferId,
         action: HoldAction,
         metadata: &Metadata,
+        turn: &mut Turn,
     ) -> Result<Ending, FlowError> {
         let transfer = log::load_transfer(self.store.as_ref(), id).await?.aggregate;
         let command = SettleHold {
@@ -145,9 +152,9 @@ impl LedgerFlow {
             Err(rejection) => return Ok(Err(rejection)),
         };
         let entries = log::transfer_entries(&events);
-        let loaded = self
-            .writer
-            .guards()
+        let memory = self.writer.guards();
+        memory.take_turn(entries.iter().copied(), turn).await;
+        let loaded = memory
             .load_after_writes(self.store.as_ref(), entries.iter().copied())
             .await?;
         let (guards, decided) = match hold::decide_with_guards(&transfer, &command, &loaded.states)

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::{back_off, Decided, LedgerFlow, LEDGER_CONFLICT_RETRIES_MAX};
 use crate::commit::guard_memory::Loaded;
-use crate::commit::GuardWrite;
+use crate::commit::{GuardWrite, Turn};
 use crate::log;
 use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
@@ -48,6 +48,8 @@ impl LedgerFlow {
             idempotency_key: Some(request.key.as_str().to_owned()),
         };
         let mut refused_on_memory = false;
+        // Kept through the retries: a transfer that loses a race stays first in line.
+        let mut turn = Turn::default();
         for attempt in 0..LEDGER_CONFLICT_RETRIES_MAX {
             let command = RequestTransfer {
                 id,
@@ -75,6 +77,10 @@ impl LedgerFlow {
                     }
                 };
             let posted = log::transfer_entries(&entries);
+            self.writer
+                .guards()
+                .take_turn(posted.iter().copied(), &mut turn)
+                .await;
             let loaded = if refused_on_memory {
                 Loaded {
                     states: log::load_guards(self.store.as_ref(), posted).await?,
