@@ -160,7 +160,7 @@ mod tests {
     /// effect at once.
     #[tokio::test]
     async fn found_keys_are_remembered_unknown_ones_are_not() {
-        let (_dir, url) = asiento_eventstore::testing::temp_sqlite_url();
+        let (_dir, url) = asiento_eventstore::scratch::temp_sqlite_url();
         let database = Database::connect(&url).await.unwrap();
         database.migrate().await.unwrap();
         let cache = KeyCache::default();

@@ -184,7 +184,7 @@ async fn second_capture_resumed_after_the_first_settled(backend: Backend) {
         through: Semaphore::new(0),
     });
     let clock = Arc::new(ManualClock::at_ms(Utc::now().timestamp_millis()));
-    let flow = flow_of(&db.database, "sim", held.clone(), clock.clone());
+    let flow = flow_of(db.database(), "sim", held.clone(), clock.clone());
 
     let payment = NewPayment {
         tenant: TenantId::parse("acme").unwrap(),

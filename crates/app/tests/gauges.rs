@@ -57,7 +57,7 @@ fn operation(sequence: i64, age_ms: i64) -> String {
 
 async fn gauges_count_what_is_open_now(backend: Backend) {
     let test = TestDatabase::open(backend).await;
-    let db = &test.database;
+    let db = test.database();
     assert_eq!(count(db, NOW_MS).await.unwrap(), Counts::default());
     for statement in [
         exception("exc_1", "amount_mismatch", "manual", "open"),

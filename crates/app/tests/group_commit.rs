@@ -244,7 +244,7 @@ async fn assert_guard_balances_add_up(
 
 async fn each_step_gets_its_own_outcome(backend: Backend) {
     let db = TestDatabase::open(backend).await;
-    let database = db.database.clone();
+    let database = db.database().clone();
     let store = database.event_store();
     let commits = Writer::new(store.clone());
 
@@ -443,7 +443,7 @@ async fn response_body(database: &Database, key: &str) -> Vec<u8> {
 /// SQLite's batches take the transaction path.
 async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
     let db = TestDatabase::open(backend).await;
-    let database = db.database.clone();
+    let database = db.database().clone();
     let store = database.event_store();
     let commits = Writer::new(store.clone());
     let (held, held_too, settled, rejected) = (lease(), lease(), lease(), lease());
@@ -652,7 +652,7 @@ async fn one_statement_commits_a_batch_whole_or_not_at_all(backend: Backend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_statement_commits_every_combination_of_kinds_postgres() {
     let db = TestDatabase::open(Backend::Postgres).await;
-    let store = db.database.event_store();
+    let store = db.database().event_store();
     for combination in 0..16_u32 {
         let name = |kind: &str| format!("{kind}-{combination}");
         let has = |bit: u32| combination & (1 << bit) != 0;
@@ -715,7 +715,7 @@ async fn one_statement_commits_every_combination_of_kinds_postgres() {
             (1, "select count(*) from webhook_inbox where event_id = 'evt-{c}'"),
         ] {
             let sql = sql.replace("{c}", &combination.to_string());
-            assert_eq!(count(&db.database, &sql).await, i64::from(has(kind)), "{sql}");
+            assert_eq!(count(db.database(), &sql).await, i64::from(has(kind)), "{sql}");
         }
     }
     db.finish().await;
@@ -740,7 +740,7 @@ async fn facts_on_one_guard_are_chained_not_refused(backend: Backend) {
     use asiento_domain::Amount;
 
     let db = TestDatabase::open(backend).await;
-    let store = db.database.event_store();
+    let store = db.database().event_store();
     let commits = Writer::new(store.clone());
     let step = |n: u32, customer: u32, delta: i64| {
         let payment = append(&format!("payment-{n}"), ExpectedVersion::NoStream, 1);
@@ -825,7 +825,7 @@ async fn no_step_carries_the_balances_of_a_step_not_written(backend: Backend) {
     use asiento_domain::AccountPolicy;
 
     let db = TestDatabase::open(backend).await;
-    let store = db.database.event_store();
+    let store = db.database().event_store();
     let commits = Writer::new(store.clone());
     let key = customer_key(7);
     let at = chrono::DateTime::from_timestamp(1_764_000_000, 0).unwrap();
@@ -895,7 +895,7 @@ async fn a_retried_fact_is_chained_from_the_log_not_from_its_first_try(backend: 
     use asiento_domain::guard::Origin;
 
     let db = TestDatabase::open(backend).await;
-    let store = db.database.event_store();
+    let store = db.database().event_store();
     let commits = Writer::new(store.clone());
     let key = customer_key(8);
     let first = fact_step(
@@ -979,7 +979,7 @@ async fn a_fact_is_never_chained_onto_a_step_the_batch_overtakes(backend: Backen
     use asiento_domain::guard::Origin;
 
     let db = TestDatabase::open(backend).await;
-    let store = db.database.event_store();
+    let store = db.database().event_store();
     let commits = Writer::new(store.clone());
     let key = customer_key(9);
     let committed = |outcome| matches!(outcome, Ok(Committed::Written(Some(_))));

@@ -66,8 +66,8 @@ async fn guard_memory_against_a_second_writer(backend: Backend) {
     let db = TestDatabase::open(backend).await;
     let sim = TestSim::start(SimConfig::default()).await;
     let clock = Arc::new(SystemClock);
-    let a = sim.flow(&db.database, ClientConfig::default(), clock.clone());
-    let b = sim.flow(&db.database, ClientConfig::default(), clock);
+    let a = sim.flow(db.database(), ClientConfig::default(), clock.clone());
+    let b = sim.flow(db.database(), ClientConfig::default(), clock);
     let key = GuardKey {
         tenant: TenantId::parse("acme").unwrap(),
         account: AccountName::customer_available(&CustomerId::parse("7").unwrap()),
@@ -109,7 +109,7 @@ async fn guard_memory_against_a_second_writer(backend: Backend) {
     );
 
     // The log agrees: one chain of guard events, each balance the previous plus its delta.
-    let store = db.database.event_store();
+    let store = db.database().event_store();
     let events = store.read_stream(&key.stream(), 1, 100).await.unwrap();
     let mut balance = 0;
     for (i, raw) in events.iter().enumerate() {
@@ -140,8 +140,8 @@ async fn guard_memory_against_a_second_writer_postgres() {
 /// A ledger flow of its own (another process): its own writer and its own memory of guards.
 fn ledger(db: &TestDatabase) -> LedgerFlow {
     LedgerFlow::new(
-        db.database.clone(),
-        Writer::new(db.database.event_store()),
+        db.database().clone(),
+        Writer::new(db.database().event_store()),
         Arc::new(SystemClock),
         Arc::new(TestRender),
     )
@@ -214,7 +214,7 @@ async fn ledger_guard_memory_against_a_second_writer(backend: Backend) {
     assert!(transfer(&a, source, "customer:2:available", 100).await);
     assert_eq!(remembered(&a), (5, 450));
 
-    let store = db.database.event_store();
+    let store = db.database().event_store();
     let state = log::load_guard(store.as_ref(), &key).await.unwrap();
     assert_eq!((state.version, state.balance.minor()), (5, 450));
     holds_every_invariant(db).await;
@@ -222,7 +222,7 @@ async fn ledger_guard_memory_against_a_second_writer(backend: Backend) {
 
 /// Every invariant holds over what the test wrote; then the database goes.
 async fn holds_every_invariant(db: TestDatabase) {
-    let report = Checker::new(db.database.clone(), Arc::new(SystemClock))
+    let report = Checker::new(db.database().clone(), Arc::new(SystemClock))
         .check_once()
         .await
         .unwrap();

@@ -66,7 +66,7 @@ impl Render for IdRender {
 /// The ledger flow of the process `payments` runs in: one writer, one memory of guards.
 fn ledger(db: &TestDatabase, payments: &PaymentFlow) -> LedgerFlow {
     LedgerFlow::new(
-        db.database.clone(),
+        db.database().clone(),
         Arc::clone(payments.writer()),
         Arc::new(SystemClock),
         Arc::new(IdRender),
@@ -154,7 +154,11 @@ async fn end(flow: &LedgerFlow, id: TransferId, action: HoldAction) -> Value {
 async fn endings_on_a_busy_account(backend: Backend) {
     let db = TestDatabase::open(backend).await;
     let mut sim = TestSim::start(SimConfig::default()).await;
-    let payments = sim.flow(&db.database, ClientConfig::default(), Arc::new(SystemClock));
+    let payments = sim.flow(
+        db.database(),
+        ClientConfig::default(),
+        Arc::new(SystemClock),
+    );
     let flow = ledger(&db, &payments);
     let funded = transfer(&flow, "treasury:main", BUSY, 1_000_000_000, false)
         .await
@@ -207,7 +211,7 @@ async fn endings_on_a_busy_account(backend: Backend) {
         client.await.unwrap();
     }
 
-    let report = Checker::new(db.database.clone(), Arc::new(SystemClock))
+    let report = Checker::new(db.database().clone(), Arc::new(SystemClock))
         .check_once()
         .await
         .unwrap();

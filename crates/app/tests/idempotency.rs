@@ -5,6 +5,7 @@ use asiento_app::idempotency::{
     self, canonical_body_hash, Claim, IdempotencyError, IdempotencyKey, Scope, StoredResponse,
 };
 use asiento_eventstore::Database;
+use asiento_testkit::TestDatabase;
 
 const LEASE_MS: i64 = 30_000;
 
@@ -43,8 +44,8 @@ async fn claim_committed(
     claim
 }
 
-async fn lifecycle(opened: Opened) {
-    let Opened { database, _dir } = opened;
+async fn lifecycle(opened: TestDatabase) {
+    let database = opened.database().clone();
     let body = serde_json::json!({"amount_minor": 100, "currency": "USD"});
     let k = key("order-1");
 
@@ -87,8 +88,8 @@ async fn lifecycle(opened: Opened) {
     );
 }
 
-async fn takeover_after_lease_expiry(opened: Opened) {
-    let Opened { database, _dir } = opened;
+async fn takeover_after_lease_expiry(opened: TestDatabase) {
+    let database = opened.database().clone();
     let body = serde_json::json!({"amount_minor": 100});
     let k = key("crashy");
     let Claim::Fresh { lease: dead } = claim_committed(&database, &k, &body, "pay_a", 0).await
@@ -129,8 +130,8 @@ async fn takeover_after_lease_expiry(opened: Opened) {
 }
 
 /// Many requests race for one key at the same instant: exactly one wins it.
-async fn concurrent_claims_have_one_winner(opened: Opened) {
-    let Opened { database, _dir } = opened;
+async fn concurrent_claims_have_one_winner(opened: TestDatabase) {
+    let database = opened.database().clone();
     const REQUESTS: usize = 20;
     let body = serde_json::json!({"amount_minor": 500});
     let mut tasks = Vec::new();
@@ -153,8 +154,8 @@ async fn concurrent_claims_have_one_winner(opened: Opened) {
     assert_eq!(fresh, 1, "exactly one request may own the key");
 }
 
-async fn purge_keeps_in_flight_records(opened: Opened) {
-    let Opened { database, _dir } = opened;
+async fn purge_keeps_in_flight_records(opened: TestDatabase) {
+    let database = opened.database().clone();
     let body = serde_json::json!({});
     let Claim::Fresh { lease } = claim_committed(&database, &key("old"), &body, "r1", 0).await
     else {
@@ -188,30 +189,9 @@ async fn purge_keeps_in_flight_records(opened: Opened) {
     ));
 }
 
-/// A migrated database of its own on `backend`, and the directory a SQLite file lives in (held
-/// for the test).
-struct Opened {
-    database: Database,
-    _dir: Option<tempfile::TempDir>,
-}
-
-async fn open(backend: asiento_testkit::Backend) -> Opened {
-    let (url, dir) = match backend {
-        asiento_testkit::Backend::Sqlite => {
-            let (dir, url) = asiento_eventstore::testing::temp_sqlite_url();
-            (url, Some(dir))
-        }
-        asiento_testkit::Backend::Postgres => (
-            asiento_eventstore::testing::fresh_postgres_url().await,
-            None,
-        ),
-    };
-    let database = Database::connect(&url).await.expect("connect");
-    database.migrate().await.expect("migrate");
-    Opened {
-        database,
-        _dir: dir,
-    }
+/// A migrated database of the test's own on `backend`.
+async fn open(backend: asiento_testkit::Backend) -> TestDatabase {
+    TestDatabase::open(backend).await
 }
 
 asiento_testkit::both_backends!(

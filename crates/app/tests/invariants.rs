@@ -29,8 +29,8 @@ struct Db {
 async fn start(backend: Backend) -> Db {
     let db = TestDatabase::open(backend).await;
     Db {
-        sealer: Sealer::new(db.database.clone(), clock()),
-        database: db.database.clone(),
+        sealer: Sealer::new(db.database().clone(), clock()),
+        database: db.database().clone(),
         db,
     }
 }

@@ -52,7 +52,7 @@ struct Harness {
 impl Harness {
     async fn start(backend: Backend) -> Harness {
         let db = TestDatabase::open(backend).await;
-        let database = db.database.clone();
+        let database = db.database().clone();
         let served = TestSim::start(SimConfig {
             seed: 5,
             dialect: Dialect::Adyen,

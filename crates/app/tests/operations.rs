@@ -61,7 +61,7 @@ impl Harness {
             capabilities,
             ..ClientConfig::default()
         };
-        let flow = served.flow(&db.database, client, Arc::new(SystemClock));
+        let flow = served.flow(db.database(), client, Arc::new(SystemClock));
         Harness {
             flow,
             sim: served.sim.clone(),

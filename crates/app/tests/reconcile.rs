@@ -52,7 +52,7 @@ fn config() -> ReconcilerConfig {
 impl Harness {
     async fn start(backend: Backend) -> Harness {
         let db = TestDatabase::open(backend).await;
-        let database = db.database.clone();
+        let database = db.database().clone();
         let served = TestSim::start(SimConfig {
             seed: 11,
             ..SimConfig::default()

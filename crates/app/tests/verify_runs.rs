@@ -96,7 +96,7 @@ fn expected(id: i64, report: &Report, started_ms: i64, finished_ms: i64) -> Veri
 
 async fn the_last_run_reads_back_what_it_found(backend: Backend) {
     let db = TestDatabase::open(backend).await;
-    let database = &db.database;
+    let database = db.database();
     let clock = Arc::new(ManualClock::at_ms(STARTED_MS));
     assert_eq!(last_run(database).await.unwrap(), None);
 
@@ -167,7 +167,7 @@ async fn the_last_run_reads_back_what_it_found(backend: Backend) {
 
 async fn only_the_newest_runs_are_kept(backend: Backend) {
     let db = TestDatabase::open(backend).await;
-    let database = &db.database;
+    let database = db.database();
     let report = Report::default();
     let mut ids = Vec::new();
     let runs = 105;
@@ -196,7 +196,7 @@ async fn only_the_newest_runs_are_kept(backend: Backend) {
 
 async fn scheduled_runs_are_stored(backend: Backend) {
     let db = TestDatabase::open(backend).await;
-    let database = db.database.clone();
+    let database = db.database().clone();
     let clock = Arc::new(ManualClock::at_ms(STARTED_MS));
     let scheduled = checker(&database, clock, 2, false);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -33,6 +33,7 @@ use asiento_eventstore::Database;
 use asiento_psp::{Charge, ChargeStatus, ClientConfig, WebhookEvent};
 use asiento_psp_sim::FaultsPatch;
 use asiento_psp_sim::{SimConfig, Simulator};
+use asiento_testkit::Rng;
 use serde_json::{json, Value};
 
 mod common;
@@ -41,28 +42,6 @@ use common::{create_request, Backend, TestDatabase, TestSim, FEE_BPS};
 
 const SECRET: &str = "whsec_test_sim";
 const OTHER_SECRET: &str = "whsec_test_other";
-
-/// A small seeded generator, so that delivery faults replay.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            items.swap(i, self.below(i + 1));
-        }
-    }
-}
 
 struct Harness {
     database: Database,
@@ -79,7 +58,7 @@ struct Harness {
 impl Harness {
     async fn start(backend: Backend, clock: Arc<dyn Clock>) -> Harness {
         let db = TestDatabase::open(backend).await;
-        let database = db.database.clone();
+        let database = db.database().clone();
         let served = TestSim::start(SimConfig {
             webhook_secret: SECRET.to_owned(),
             seed: 7,
@@ -430,7 +409,7 @@ async fn race_between_sync_finalize_and_webhook_postgres() {
 /// every payment agrees with the provider afterwards.
 async fn mixed_payments(backend: Backend) {
     let h = Harness::start(backend, system_clock()).await;
-    let mut rng = Rng(0x5eed_0001);
+    let mut rng = Rng::new(0x5eed_0001);
     let mut ids = Vec::new();
     for i in 0..200 {
         let amount = 1_000 + (i as i64) * 7;
@@ -896,7 +875,7 @@ async fn two_workers(backend: Backend) {
     }
     let mut events = h.new_events();
     assert_eq!(events.len(), 1_000);
-    Rng(0x5eed_0002).shuffle(&mut events);
+    Rng::new(0x5eed_0002).shuffle(&mut events);
     for event in &events {
         assert!(!h.deliver(event).await);
     }
@@ -904,8 +883,8 @@ async fn two_workers(backend: Backend) {
     let mut handles = Vec::new();
     for _ in 0..2 {
         // A second pool on the same database: nothing shared with the other worker but the rows.
-        let database = match (&h.database, &h.db.pg_url) {
-            (Database::Postgres(_), Some(url)) => Database::connect(url).await.unwrap(),
+        let database = match &h.database {
+            Database::Postgres(_) => Database::connect(&h.db.url).await.unwrap(),
             _ => h.database.clone(),
         };
         let flow = PaymentFlow::new(
@@ -1110,7 +1089,7 @@ async fn remembered(backend: Backend) {
     // the writer that committed the payments.
     let blind = PaymentFlow::new(
         h.database.clone(),
-        asiento_app::commit::Writer::new(empty.database.event_store()),
+        asiento_app::commit::Writer::new(empty.database().event_store()),
         h.flow.providers().clone(),
         h.flow.clock().clone(),
         Arc::new(common::TestRender),
@@ -1142,7 +1121,7 @@ async fn remembered(backend: Backend) {
     }
     // A writer of its own: no memory of the payments the first one committed.
     let forgetful = blind.with_writer(asiento_app::commit::Writer::new(
-        empty.database.event_store(),
+        empty.database().event_store(),
     ));
     let report = Worker::new(forgetful, fast_config())
         .drain_once()

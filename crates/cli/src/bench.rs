@@ -35,7 +35,7 @@ use asiento_domain::{
     JournalEntry, PaymentEvent, PaymentId, ProviderName, TenantId,
 };
 use asiento_eventstore::{
-    testing, AppendError, Cursor, Database, EventStore, ExpectedVersion, Metadata, NewEvent,
+    scratch, AppendError, Cursor, Database, EventStore, ExpectedVersion, Metadata, NewEvent,
     StreamAppend,
 };
 use asiento_projector::RebuildConfig;
@@ -45,7 +45,7 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 /// Environment variable naming the database to benchmark (else a fresh
-/// PostgreSQL database from `testing::fresh_postgres_url`).
+/// PostgreSQL database from `scratch::fresh_postgres_url`).
 pub const BENCH_DATABASE_URL_ENV: &str = "ASIENTO_BENCH_DATABASE_URL";
 /// Pool size: the writers plus room for the store's NOTIFY and the reader.
 const POOL_CONNECTIONS_EXTRA: u32 = 4;
@@ -169,7 +169,7 @@ impl Target {
     async fn open(url: Option<String>, connections_max: u32) -> anyhow::Result<Target> {
         let (url, fresh) = match url {
             Some(url) => (url, false),
-            None => (testing::fresh_postgres_url().await, true),
+            None => (scratch::fresh_postgres_url().await, true),
         };
         let db = Database::connect_with_pool_size(&url, connections_max)
             .await
@@ -203,7 +203,7 @@ impl Target {
             Database::Sqlite(pool) => pool.close().await,
         }
         if let Some(url) = self.fresh_url {
-            testing::drop_postgres_database(&url).await;
+            scratch::drop_postgres_database(&url).await;
         }
     }
 }
@@ -936,7 +936,7 @@ mod tests {
     /// The whole bench, small, on SQLite: both commands run and their folds check.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn both_commands_run_small_on_sqlite() {
-        let (_dir, url) = testing::temp_sqlite_url();
+        let (_dir, url) = scratch::temp_sqlite_url();
         run(BenchCommand::Append(AppendArgs {
             database_url: Some(url),
             writers: 3,
@@ -947,7 +947,7 @@ mod tests {
         }))
         .await
         .unwrap();
-        let (_dir, url) = testing::temp_sqlite_url();
+        let (_dir, url) = scratch::temp_sqlite_url();
         run(BenchCommand::Replay(ReplayArgs {
             database_url: Some(url),
             events: 2_500,

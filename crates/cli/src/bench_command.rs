@@ -467,11 +467,11 @@ async fn plain_transfer(db: &Database, from: i64, to: i64, amount: i64) -> anyho
 #[cfg(test)]
 mod tests {
     use super::*;
-    use asiento_eventstore::testing;
+    use asiento_eventstore::scratch;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn command_runs_small_on_sqlite() {
-        let (_dir, url) = testing::temp_sqlite_url();
+        let (_dir, url) = scratch::temp_sqlite_url();
         command(CommandArgs {
             database_url: Some(url),
             accounts: 20,

@@ -143,7 +143,7 @@ async fn metrics_an_on_call_engineer_alerts_on(backend: Backend) {
 /// Logs written to a pipe (a file, a log collector) carry no terminal colour codes.
 #[test]
 fn logs_to_a_pipe_have_no_colour_codes() {
-    let (_dir, url) = asiento_eventstore::testing::temp_sqlite_url();
+    let (_dir, url) = asiento_eventstore::scratch::temp_sqlite_url();
     // `verify` on a fresh database logs at info as it migrates and checks.
     let output = std::process::Command::new(common::BIN)
         .args(["verify", "--database-url", &url])

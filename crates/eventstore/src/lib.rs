@@ -41,10 +41,10 @@ mod connections;
 mod data;
 mod each;
 mod postgres;
+pub mod scratch;
 mod sqlite;
 mod subscription;
 mod tail_cache;
-pub mod testing;
 
 pub use connections::PgTx;
 pub use data::EventData;

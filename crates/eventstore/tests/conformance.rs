@@ -1,64 +1,12 @@
 //! One conformance suite, run unchanged against both backends: each test in
-//! `suite` takes a [`Harness`] (a fresh, migrated database) and the
-//! `conformance!` macro instantiates every test once per backend.
+//! `suite` borrows a [`Harness`] (a fresh, migrated database), and the test
+//! kit's `both_backends!` runs every test once per backend.
 
 // Everything in this file is test code; clippy.toml's unwrap allowance
 // only reaches `#[test]` functions, not their helpers.
 #![allow(clippy::unwrap_used)]
 
 mod common;
-
-macro_rules! conformance {
-    ($backend:ident: $($test:ident),* $(,)?) => {
-        mod $backend {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $test() {
-                    let harness = crate::common::Harness::$backend().await;
-                    crate::suite::$test(&harness).await;
-                    harness.cleanup().await;
-                }
-            )*
-        }
-    };
-}
-
-macro_rules! suite_tests {
-    ($($backend:ident),*) => {
-        $(
-            conformance!($backend:
-                expectations_table,
-                exact_refuses_a_stream_behind_or_ahead,
-                multi_stream_append_is_atomic,
-                idempotent_resend_returns_the_original_result,
-                reused_event_ids_are_refused,
-                invalid_appends_are_refused,
-                read_stream_from_a_version,
-                read_all_batches_cover_everything_once,
-                cursors_and_head,
-                subscription_catches_up_then_tails_live,
-                subscription_from_a_checkpoint,
-                events_are_immutable,
-                metadata_round_trips,
-                upcaster_applies_on_every_read,
-                append_in_commits_with_other_work,
-                append_in_rolled_back_leaves_nothing,
-                append_in_conflict_then_rollback,
-                store_units_of_work_end_cleanly_and_reuse_connections,
-                last_event_is_the_streams_last,
-                read_streams_reads_each_stream_whole,
-                append_each_in_writes_requests_independently,
-                append_each_in_writes_chains_on_one_stream_in_order,
-                migrations_are_reported_applied,
-                race_sixteen_exact_writers_one_stream,
-                race_slow_writers_under_a_tailing_subscriber,
-                appends_abandoned_mid_flight_write_all_or_nothing,
-            );
-        )*
-    };
-}
-
-suite_tests!(sqlite, postgres);
 
 mod suite {
     use std::collections::HashSet;
@@ -74,6 +22,40 @@ mod suite {
     use uuid::Uuid;
 
     use crate::common::{assert_each_committed_once, event, events, to, Harness};
+
+    async fn harness(backend: asiento_testkit::Backend) -> Harness {
+        Harness::open(backend).await
+    }
+
+    asiento_testkit::both_backends!(
+        fixture = &harness;
+        expectations_table,
+        exact_refuses_a_stream_behind_or_ahead,
+        multi_stream_append_is_atomic,
+        idempotent_resend_returns_the_original_result,
+        reused_event_ids_are_refused,
+        invalid_appends_are_refused,
+        read_stream_from_a_version,
+        read_all_batches_cover_everything_once,
+        cursors_and_head,
+        subscription_catches_up_then_tails_live,
+        subscription_from_a_checkpoint,
+        events_are_immutable,
+        metadata_round_trips,
+        upcaster_applies_on_every_read,
+        append_in_commits_with_other_work,
+        append_in_rolled_back_leaves_nothing,
+        append_in_conflict_then_rollback,
+        store_units_of_work_end_cleanly_and_reuse_connections,
+        last_event_is_the_streams_last,
+        read_streams_reads_each_stream_whole,
+        append_each_in_writes_requests_independently,
+        append_each_in_writes_chains_on_one_stream_in_order,
+        migrations_are_reported_applied,
+        race_sixteen_exact_writers_one_stream,
+        race_slow_writers_under_a_tailing_subscriber,
+        appends_abandoned_mid_flight_write_all_or_nothing,
+    );
 
     const LIVE_WAIT_MS: u64 = 10_000;
 
@@ -749,8 +731,9 @@ mod suite {
         // A transaction of the other backend is refused, not misused.
         let other = match h.backend() {
             Backend::Postgres => {
-                let (_dir, url) = asiento_eventstore::testing::temp_sqlite_url();
-                let db = Database::connect(&url).await.unwrap();
+                let sqlite =
+                    asiento_testkit::TestDatabase::new(asiento_testkit::Backend::Sqlite).await;
+                let db = Database::connect(&sqlite.url).await.unwrap();
                 db.begin().await.unwrap()
             }
             Backend::Sqlite => return,

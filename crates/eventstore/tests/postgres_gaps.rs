@@ -42,7 +42,7 @@ fn pg_pool(h: &Harness) -> sqlx::PgPool {
 /// the naive tailer moves past both, and the early one commits behind it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn naive_position_tailing_skips_a_late_commit_read_all_does_not() {
-    let h = Harness::postgres().await;
+    let h = Harness::open(asiento_testkit::Backend::Postgres).await;
     let pool = pg_pool(&h);
 
     let mut slow = h.db.begin().await.unwrap();
@@ -90,7 +90,7 @@ async fn naive_position_tailing_skips_a_late_commit_read_all_does_not() {
     assert_eq!(streams, vec!["slow", "fast"]);
     assert_eq!(all[0].cursor, slow_append.last_cursor);
     assert_eq!(all[1].cursor, fast_append.last_cursor);
-    h.cleanup().await;
+    h.finish().await;
 }
 
 /// Under load: slow writers hold their transactions open after inserting
@@ -102,7 +102,7 @@ async fn under_load_naive_tailer_misses_events_subscription_gets_all() {
     const SLOW_WRITERS: usize = 3;
     const SLOW_TXS: usize = 12;
     const FAST_WRITERS: usize = 3;
-    let h = Harness::postgres().await;
+    let h = Harness::open(asiento_testkit::Backend::Postgres).await;
     let pool = pg_pool(&h);
     // Writers stop first; the naive tailer's final read comes after every
     // writer has finished, so whatever it still lacks it skipped for good.
@@ -222,5 +222,5 @@ async fn under_load_naive_tailer_misses_events_subscription_gets_all() {
         .expect("the subscriber saw the last event in time")
         .unwrap();
     assert_each_committed_once(&got, &committed);
-    h.cleanup().await;
+    h.finish().await;
 }

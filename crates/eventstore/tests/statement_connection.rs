@@ -12,7 +12,7 @@ use common::Harness;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_statement_connection_plans_a_statement_over_arrays_once() {
-    let h = Harness::postgres().await;
+    let h = Harness::open(asiento_testkit::Backend::Postgres).await;
     let mut conn = h.store.statement_connection().await.unwrap().unwrap();
     // Batches of different sizes, more executions than PostgreSQL plans for each one by default
     // before it weighs the generic plan (five).
@@ -37,5 +37,5 @@ async fn the_statement_connection_plans_a_statement_over_arrays_once() {
     .unwrap();
     assert_eq!(plans, (8, 0), "(generic plans, custom plans)");
     conn.finished(&Ok::<(), sqlx::Error>(()), false);
-    h.cleanup().await;
+    h.finish().await;
 }

@@ -5,14 +5,15 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed setup step should panic loudly
 
+use asiento_testkit::{Backend, TestDatabase};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use asiento_eventstore::{
-    testing, Cursor, Database, EventStore, ExpectedVersion, Metadata, NewEvent, RecordedEvent,
-    StreamAppend, Tx,
+    Cursor, Database, EventStore, ExpectedVersion, Metadata, NewEvent, RecordedEvent, StreamAppend,
+    Tx,
 };
 use asiento_projector::{
     on_db, on_tx, rebuild, status, Projection, ProjectionError, RebuildConfig, Runner, RunnerConfig,
@@ -122,23 +123,17 @@ impl Projection for Counts {
 struct Harness {
     db: Database,
     store: Arc<dyn EventStore>,
-    _dir: Option<tempfile::TempDir>,
+    _test_db: TestDatabase,
 }
 
 impl Harness {
-    async fn new(postgres: bool) -> Harness {
-        let (url, dir) = if postgres {
-            (testing::fresh_postgres_url().await, None)
-        } else {
-            let (dir, url) = testing::temp_sqlite_url();
-            (url, Some(dir))
-        };
-        let db = Database::connect(&url).await.unwrap();
-        db.migrate().await.unwrap();
+    async fn new(backend: Backend) -> Harness {
+        let test_db = TestDatabase::open(backend).await;
+        let db = test_db.database().clone();
         Harness {
             store: db.event_store(),
             db,
-            _dir: dir,
+            _test_db: test_db,
         }
     }
 
@@ -310,8 +305,8 @@ fn start(runner: Runner) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
 }
 
 /// The harness of a test on `backend`.
-async fn harness(backend: asiento_testkit::Backend) -> Harness {
-    Harness::new(backend == asiento_testkit::Backend::Postgres).await
+async fn harness(backend: Backend) -> Harness {
+    Harness::new(backend).await
 }
 
 asiento_testkit::both_backends!(

@@ -3,10 +3,13 @@
 //!
 //! - [`Backend`] and [`both_backends!`]: each test of a module run once on SQLite and once on
 //!   PostgreSQL (the eventstore's conformance suite is the model).
+//! - [`TestDatabase`]: a database of the test's own, on either backend.
 //! - [`Rng`]: the one seeded generator, so that a seed replays.
 
+mod database;
 mod rng;
 
+pub use database::TestDatabase;
 pub use rng::Rng;
 
 /// Which database a test runs on.
@@ -21,13 +24,32 @@ pub enum Backend {
 ///
 /// Without `fixture`, each test takes the [`Backend`]. With `fixture = f`, it takes what
 /// `async fn f(Backend) -> T` (a function of the calling module) makes, held for the whole test.
+/// With `fixture = &f`, it borrows it, and the fixture's `async fn finish(self)` runs after it
+/// (a test that panics leaves its PostgreSQL database for the next run to drop).
 ///
 /// ```ignore
 /// asiento_testkit::both_backends!(fixture = harness; first_test, second_test);
+/// asiento_testkit::both_backends!(fixture = &harness; a_test_borrowing_it);
 /// asiento_testkit::both_backends!(threads = 2; a_test_of_the_binary);
 /// ```
 #[macro_export]
 macro_rules! both_backends {
+    (fixture = &$fixture:ident; $($test:ident),* $(,)?) => {
+        $crate::both_backends!(@borrowed sqlite, Sqlite, 4, $fixture; $($test),*);
+        $crate::both_backends!(@borrowed postgres, Postgres, 4, $fixture; $($test),*);
+    };
+    (@borrowed $module:ident, $backend:ident, $threads:literal, $fixture:ident; $($test:ident),*) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
+                async fn $test() {
+                    let fixture = super::$fixture($crate::Backend::$backend).await;
+                    super::$test(&fixture).await;
+                    fixture.finish().await;
+                }
+            )*
+        }
+    };
     (fixture = $fixture:ident, threads = $threads:literal; $($test:ident),* $(,)?) => {
         $crate::both_backends!(@module sqlite, Sqlite, $threads, $fixture; $($test),*);
         $crate::both_backends!(@module postgres, Postgres, $threads, $fixture; $($test),*);

@@ -17,6 +17,11 @@ impl Rng {
         z ^ (z >> 31)
     }
 
+    /// Uniform in [0, 1): the top 53 bits of the next draw.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
     /// Uniform in `0..n` (`n > 0`); the modulo bias is irrelevant here.
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n
@@ -43,6 +48,13 @@ impl Rng {
             pick -= weight;
         }
         weights.len() - 1
+    }
+
+    /// Shuffles `items` in place (Fisher-Yates).
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            items.swap(i, self.below(i as u64 + 1) as usize);
+        }
     }
 
     pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {

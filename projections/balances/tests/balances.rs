@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed setup step should panic loudly
 
+use asiento_testkit::{Backend, TestDatabase};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use asiento_domain::{
     TenantId, TransferEvent, TransferId,
 };
 use asiento_eventstore::{
-    testing, Appended, Database, EventStore, ExpectedVersion, Metadata, NewEvent, RecordedEvent,
+    Appended, Database, EventStore, ExpectedVersion, Metadata, NewEvent, RecordedEvent,
     StreamAppend, Tx,
 };
 use asiento_projector::{
@@ -40,7 +41,7 @@ const CURRENCIES: [&str; 2] = ["USD", "EUR"];
 struct Harness {
     db: Database,
     store: Arc<dyn EventStore>,
-    _dir: Option<tempfile::TempDir>,
+    _test_db: TestDatabase,
 }
 
 fn entry_event(tenant: &str, legs: &[(&str, &str, i64)]) -> (String, NewEvent) {
@@ -82,20 +83,14 @@ fn entry_event(tenant: &str, legs: &[(&str, &str, i64)]) -> (String, NewEvent) {
 }
 
 impl Harness {
-    async fn new(postgres: bool) -> Harness {
-        let (url, dir) = if postgres {
-            (testing::fresh_postgres_url().await, None)
-        } else {
-            let (dir, url) = testing::temp_sqlite_url();
-            (url, Some(dir))
-        };
-        let db = Database::connect(&url).await.unwrap();
-        db.migrate().await.unwrap();
+    async fn new(backend: Backend) -> Harness {
+        let test_db = TestDatabase::open(backend).await;
+        let db = test_db.database().clone();
         asiento_balances::install(&db).await.unwrap();
         Harness {
             store: db.event_store(),
             db,
-            _dir: dir,
+            _test_db: test_db,
         }
     }
 
@@ -279,8 +274,8 @@ impl Projection for Slow {
 }
 
 /// The harness of a test on `backend`.
-async fn harness(backend: asiento_testkit::Backend) -> Harness {
-    Harness::new(backend == asiento_testkit::Backend::Postgres).await
+async fn harness(backend: Backend) -> Harness {
+    Harness::new(backend).await
 }
 
 asiento_testkit::both_backends!(

@@ -11,24 +11,21 @@ use asiento_domain::{
     TenantId,
 };
 use asiento_eventstore::{
-    testing, Database, EventStore, ExpectedVersion, Metadata, NewEvent, RecordedEvent, StreamAppend,
+    Database, EventStore, ExpectedVersion, Metadata, NewEvent, RecordedEvent, StreamAppend,
 };
 use asiento_merchant_events::{read_after, FeedCursor, FeedEvent, FeedQuery, MerchantEvents};
 use asiento_projector::Projection;
+use asiento_testkit::{Backend, TestDatabase};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-async fn database(postgres: bool) -> (Database, Option<tempfile::TempDir>) {
-    let (url, dir) = if postgres {
-        (testing::fresh_postgres_url().await, None)
-    } else {
-        let (dir, url) = testing::temp_sqlite_url();
-        (url, Some(dir))
-    };
-    let db = Database::connect(&url).await.unwrap();
-    db.migrate().await.unwrap();
+/// A migrated database of the test's own, with the projection installed (the directory of a
+/// SQLite file is held with it).
+async fn database(backend: Backend) -> (Database, TestDatabase) {
+    let test_db = TestDatabase::open(backend).await;
+    let db = test_db.database().clone();
     asiento_merchant_events::install(&db).await.unwrap();
-    (db, dir)
+    (db, test_db)
 }
 
 /// Decides each command in turn and appends what it decided, one append per command.
@@ -147,14 +144,14 @@ async fn feed(db: &Database) -> Vec<FeedEvent> {
     .unwrap()
 }
 
-async fn versions_out_of_order_give_the_feed_in_order_would(postgres: bool) {
-    let (source, _d0) = database(postgres).await;
+async fn versions_out_of_order_give_the_feed_in_order_would(backend: Backend) {
+    let (source, _d0) = database(backend).await;
     let events = payment_stream_of(source.event_store().as_ref(), commands()).await;
     let version = |v: u64| events.iter().find(|e| e.version == v).unwrap().clone();
     let last = u64::try_from(events.len()).unwrap();
     assert!(last >= 8, "{last} events");
 
-    let (in_order, _d1) = database(postgres).await;
+    let (in_order, _d1) = database(backend).await;
     apply(&in_order, &events[..3]).await;
     apply(&in_order, &events[3..]).await;
     let expected = feed(&in_order).await;
@@ -196,7 +193,7 @@ async fn versions_out_of_order_give_the_feed_in_order_would(postgres: bool) {
     assert_eq!(refunds, [1_000, 500]);
 
     // The same events, versions 2 and 3 before 1, and the tail before 4.
-    let (out_of_order, _d2) = database(postgres).await;
+    let (out_of_order, _d2) = database(backend).await;
     apply(&out_of_order, &[version(3), version(2)]).await;
     assert_eq!(feed(&out_of_order).await, []);
     apply(&out_of_order, &[version(1)]).await;
@@ -208,12 +205,4 @@ async fn versions_out_of_order_give_the_feed_in_order_would(postgres: bool) {
     assert_eq!(feed(&out_of_order).await, expected);
 }
 
-#[tokio::test]
-async fn versions_out_of_order_give_the_feed_in_order_would_sqlite() {
-    versions_out_of_order_give_the_feed_in_order_would(false).await;
-}
-
-#[tokio::test]
-async fn versions_out_of_order_give_the_feed_in_order_would_postgres() {
-    versions_out_of_order_give_the_feed_in_order_would(true).await;
-}
+asiento_testkit::both_backends!(versions_out_of_order_give_the_feed_in_order_would);

@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed setup step should panic loudly
 
+use asiento_testkit::{Backend, TestDatabase};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use asiento_domain::{
     ProviderName, TenantId,
 };
 use asiento_eventstore::{
-    testing, Appended, Database, EventStore, ExpectedVersion, Metadata, NewEvent, StreamAppend,
+    Appended, Database, EventStore, ExpectedVersion, Metadata, NewEvent, StreamAppend,
 };
 use asiento_payments_view::{
     get_payment, list_payments, verify, wait_for_position, Page, PaymentFilter, PaymentRow,
@@ -34,7 +35,7 @@ const PAYMENTS: usize = 30;
 struct Harness {
     db: Database,
     store: Arc<dyn EventStore>,
-    _dir: Option<tempfile::TempDir>,
+    _test_db: TestDatabase,
 }
 
 /// A payment as the test decided it: the reference the read model is checked against.
@@ -104,22 +105,16 @@ fn base_time() -> DateTime<Utc> {
 }
 
 impl Harness {
-    async fn new(postgres: bool) -> Harness {
-        let (url, dir) = if postgres {
-            (testing::fresh_postgres_url().await, None)
-        } else {
-            let (dir, url) = testing::temp_sqlite_url();
-            (url, Some(dir))
-        };
-        let db = Database::connect(&url).await.unwrap();
-        db.migrate().await.unwrap();
+    async fn new(backend: Backend) -> Harness {
+        let test_db = TestDatabase::open(backend).await;
+        let db = test_db.database().clone();
         asiento_payments_view::install(&db).await.unwrap();
         // Installing twice changes nothing.
         asiento_payments_view::install(&db).await.unwrap();
         Harness {
             store: db.event_store(),
             db,
-            _dir: dir,
+            _test_db: test_db,
         }
     }
 
@@ -407,8 +402,8 @@ fn filter(limit: u32) -> PaymentFilter {
 }
 
 /// The harness of a test on `backend`.
-async fn harness(backend: asiento_testkit::Backend) -> Harness {
-    Harness::new(backend == asiento_testkit::Backend::Postgres).await
+async fn harness(backend: Backend) -> Harness {
+    Harness::new(backend).await
 }
 
 asiento_testkit::both_backends!(

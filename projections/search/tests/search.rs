@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed setup step should panic loudly
 
+use asiento_testkit::{Backend, TestDatabase};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,7 @@ use asiento_domain::{
     PaymentEvent, PaymentId, ProviderFact, ProviderName, TenantId,
 };
 use asiento_eventstore::{
-    testing, Database, EventStore, ExpectedVersion, Metadata, NewEvent, RecordedEvent, StreamAppend,
+    Database, EventStore, ExpectedVersion, Metadata, NewEvent, RecordedEvent, StreamAppend,
 };
 use asiento_payment_search::{
     find, verify, wait_for_position, Match, PaymentSearch, SearchError, FIND_LIMIT_MAX,
@@ -32,7 +33,7 @@ const GLOBEX: &str = "globex";
 struct Harness {
     db: Database,
     store: Arc<dyn EventStore>,
-    _dir: Option<tempfile::TempDir>,
+    _test_db: TestDatabase,
 }
 
 /// A payment as the test decided it.
@@ -79,22 +80,16 @@ fn provider(fact: ProviderFact, seconds: i64) -> PaymentCommand {
 }
 
 impl Harness {
-    async fn new(postgres: bool) -> Harness {
-        let (url, dir) = if postgres {
-            (testing::fresh_postgres_url().await, None)
-        } else {
-            let (dir, url) = testing::temp_sqlite_url();
-            (url, Some(dir))
-        };
-        let db = Database::connect(&url).await.unwrap();
-        db.migrate().await.unwrap();
+    async fn new(backend: Backend) -> Harness {
+        let test_db = TestDatabase::open(backend).await;
+        let db = test_db.database().clone();
         asiento_payment_search::install(&db).await.unwrap();
         // Installing twice changes nothing.
         asiento_payment_search::install(&db).await.unwrap();
         Harness {
             store: db.event_store(),
             db,
-            _dir: dir,
+            _test_db: test_db,
         }
     }
 
@@ -470,8 +465,8 @@ fn found(made: &Made, kind: &str) -> Vec<Match> {
 }
 
 /// The harness of a test on `backend`.
-async fn harness(backend: asiento_testkit::Backend) -> Harness {
-    Harness::new(backend == asiento_testkit::Backend::Postgres).await
+async fn harness(backend: Backend) -> Harness {
+    Harness::new(backend).await
 }
 
 asiento_testkit::both_backends!(

@@ -251,7 +251,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use asiento_domain::{AccountName, Amount, Currency, EntryId, Leg, TenantId};
-    use asiento_eventstore::{testing, Database};
+    use asiento_eventstore::{scratch, Database};
 
     use super::*;
 
@@ -289,7 +289,7 @@ mod tests {
         entry: &JournalEntry,
         version: u64,
     ) -> (GuardMemory, Arc<dyn EventStore>, tempfile::TempDir) {
-        let (dir, url) = testing::temp_sqlite_url();
+        let (dir, url) = scratch::temp_sqlite_url();
         let store = Database::connect(&url).await.unwrap().event_store();
         let cache = GuardMemory::default();
         let states: Vec<(GuardKey, DebitGuard)> = guard::guarded_keys(entry)

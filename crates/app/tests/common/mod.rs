@@ -20,51 +20,7 @@ use serde_json::json;
 /// The simulator's fee in the tests' provider configuration, in basis points.
 pub const FEE_BPS: u32 = 300;
 
-pub use asiento_testkit::Backend;
-
-/// A migrated database of its own: a SQLite file in a temporary directory, or a fresh PostgreSQL
-/// database dropped by [`TestDatabase::finish`].
-pub struct TestDatabase {
-    pub database: Database,
-    pub pg_url: Option<String>,
-    _dir: Option<Box<dyn std::any::Any + Send + Sync>>,
-}
-
-impl TestDatabase {
-    pub async fn open(backend: Backend) -> TestDatabase {
-        let (url, dir): (String, Option<Box<dyn std::any::Any + Send + Sync>>) = match backend {
-            Backend::Sqlite => {
-                let (dir, url) = asiento_eventstore::testing::temp_sqlite_url();
-                (url, Some(Box::new(dir)))
-            }
-            Backend::Postgres => (
-                asiento_eventstore::testing::fresh_postgres_url().await,
-                None,
-            ),
-        };
-        let database = Database::connect(&url).await.unwrap();
-        database.migrate().await.unwrap();
-        TestDatabase {
-            database,
-            pg_url: matches!(backend, Backend::Postgres).then_some(url),
-            _dir: dir,
-        }
-    }
-
-    /// Closes the pool (the connections the test still holds elsewhere stay open).
-    pub async fn close(&self) {
-        if let Database::Postgres(pool) = &self.database {
-            pool.close().await;
-        }
-    }
-
-    pub async fn finish(self) {
-        if let Some(url) = &self.pg_url {
-            self.close().await;
-            asiento_eventstore::testing::drop_postgres_database(url).await;
-        }
-    }
-}
+pub use asiento_testkit::{Backend, TestDatabase};
 
 /// The simulator served over loopback HTTP until [`TestSim::stop`].
 pub struct TestSim {

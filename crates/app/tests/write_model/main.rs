@@ -104,10 +104,11 @@ async fn batches_equal_their_steps_one_at_a_time(backend: Backend) {
 /// batches, many of them written step by step, would otherwise spend most of their time waiting
 /// for the disk.
 async fn without_commit_flush(db: &TestDatabase) -> asiento_eventstore::Database {
-    let Some(url) = &db.pg_url else {
-        return db.database.clone();
-    };
-    if let asiento_eventstore::Database::Postgres(pool) = &db.database {
+    if db.backend != Backend::Postgres {
+        return db.database().clone();
+    }
+    let url = &db.url;
+    if let asiento_eventstore::Database::Postgres(pool) = db.database() {
         sqlx::query(
             "do $$ begin execute format('alter database %I set synchronous_commit = off', \
              current_database()); end $$",

@@ -51,31 +51,7 @@ pub fn free_port() -> u16 {
     panic!("no free port between {LOWEST} and {ephemeral}");
 }
 
-pub use asiento_testkit::Backend;
-
-/// A database for one test: a SQLite file in a temp dir, or a fresh PostgreSQL database.
-pub struct TestDatabase {
-    pub url: String,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl TestDatabase {
-    pub async fn new(backend: Backend) -> Self {
-        match backend {
-            Backend::Sqlite => {
-                let (dir, url) = asiento_eventstore::testing::temp_sqlite_url();
-                Self {
-                    url,
-                    _dir: Some(dir),
-                }
-            }
-            Backend::Postgres => Self {
-                url: asiento_eventstore::testing::fresh_postgres_url().await,
-                _dir: None,
-            },
-        }
-    }
-}
+pub use asiento_testkit::{Backend, TestDatabase};
 
 /// Lines of a process's log shown when the test that ran it fails: its last ones, and its first.
 const LOG_TAIL_LINES: usize = 40;

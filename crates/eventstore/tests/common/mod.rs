@@ -5,38 +5,29 @@
 
 use std::sync::Arc;
 
-use asiento_eventstore::{
-    testing, Database, EventStore, Metadata, NewEvent, StreamAppend, Upcaster,
-};
 use asiento_eventstore::{Backend, Cursor, ExpectedVersion};
+use asiento_eventstore::{Database, EventStore, Metadata, NewEvent, StreamAppend, Upcaster};
+use asiento_testkit::TestDatabase;
 use uuid::Uuid;
 
+/// A migrated log of the test's own ([`TestDatabase`]), with a pool large enough for the races.
 pub struct Harness {
     pub db: Database,
     pub store: Arc<dyn EventStore>,
-    pg_url: Option<String>,
-    _dir: Option<tempfile::TempDir>,
+    test_db: TestDatabase,
 }
 
 impl Harness {
-    pub async fn sqlite() -> Harness {
-        let (dir, url) = testing::temp_sqlite_url();
-        Harness::open(url, Some(dir), None).await
-    }
-
-    pub async fn postgres() -> Harness {
-        let url = testing::fresh_postgres_url().await;
-        Harness::open(url.clone(), None, Some(url)).await
-    }
-
-    async fn open(url: String, dir: Option<tempfile::TempDir>, pg_url: Option<String>) -> Harness {
-        let db = Database::connect_with_pool_size(&url, 24).await.unwrap();
+    pub async fn open(backend: asiento_testkit::Backend) -> Harness {
+        let test_db = TestDatabase::new(backend).await;
+        let db = Database::connect_with_pool_size(&test_db.url, 24)
+            .await
+            .unwrap();
         db.migrate().await.unwrap();
         Harness {
             store: db.event_store(),
             db,
-            pg_url,
-            _dir: dir,
+            test_db,
         }
     }
 
@@ -77,16 +68,13 @@ impl Harness {
         }
     }
 
-    /// Drops the PostgreSQL test database (a panicking test leaves it to the
-    /// stale-database sweep of `testing::fresh_postgres_url`).
-    pub async fn cleanup(self) {
+    /// Closes the pool and drops the PostgreSQL test database.
+    pub async fn finish(self) {
         match self.db {
             Database::Postgres(pool) => pool.close().await,
             Database::Sqlite(pool) => pool.close().await,
         }
-        if let Some(url) = self.pg_url {
-            testing::drop_postgres_database(&url).await;
-        }
+        self.test_db.finish().await;
     }
 }
 

@@ -1,8 +1,9 @@
-//! Fresh databases for tests, the same way in every crate: a new PostgreSQL
-//! database per caller, or a SQLite file in a temporary directory.
+//! Scratch databases: a fresh database to run something against and throw away, a new
+//! PostgreSQL database per caller or a SQLite file in a temporary directory. `asiento bench` runs
+//! on one, and the test kit (`crates/testkit`, `TestDatabase`) gives one to every test.
 //!
-//! These helpers panic on failure: they run only in tests and benchmarks,
-//! where a missing database server is a setup error to show loudly.
+//! These helpers panic on failure: they run only in tests and benchmarks, where a missing
+//! database server is a setup error to show loudly.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
