@@ -149,7 +149,7 @@ mod tests {
     }
 
     async fn app() -> (impl Sized, Database, Router) {
-        let (dir, url) = asiento_eventstore::testing::temp_sqlite_url();
+        let (dir, url) = asiento_eventstore::scratch::temp_sqlite_url();
         let database = Database::connect(&url).await.unwrap();
         database.migrate().await.unwrap();
         let receiver = WebhookReceiver {

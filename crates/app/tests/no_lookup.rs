@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use asiento_app::clock::ManualClock;
 use asiento_app::log;
-use asiento_app::payments::{NewPayment, PaymentFlow};
+use asiento_app::payments::NewPayment;
 use asiento_app::reconcile::{Reconciler, ReconcilerConfig};
 use asiento_app::reply::Answer;
 use asiento_domain::{
@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 
 mod common;
 
-use common::{create_request, flow_of, sim_post, Backend, TestDatabase, TestSim};
+use common::{create_request, flow_of, sim_post, Backend, PaymentRig};
 
 const PROVIDER: &str = "adyen";
 /// The payment's expiry: long enough that the re-send happens well inside it.
@@ -41,19 +41,12 @@ const REPORT_PASSWORD: &str = "report-secret";
 /// How long a customer may take to finish a redirect.
 const REQUIRES_ACTION_TIMEOUT_MS: i64 = 30 * 60_000;
 
-struct Harness {
-    database: Database,
-    flow: PaymentFlow,
-    clock: Arc<ManualClock>,
-    served: TestSim,
-    db: TestDatabase,
-}
-
-impl Harness {
-    async fn start(backend: Backend) -> Harness {
-        let db = TestDatabase::open(backend).await;
-        let database = db.database().clone();
-        let served = TestSim::start(SimConfig {
+impl PaymentRig {
+    /// The rig with the simulator in Adyen's dialect, paid through the Adyen adapter, on a clock
+    /// the test moves.
+    async fn for_adyen(backend: Backend) -> (PaymentRig, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::at_ms(chrono::Utc::now().timestamp_millis()));
+        let sim = SimConfig {
             seed: 5,
             dialect: Dialect::Adyen,
             // Modifications are decided this long after Adyen received them.
@@ -61,46 +54,37 @@ impl Harness {
             report_username: Some(REPORT_USER.into()),
             report_password: Some(REPORT_PASSWORD.into()),
             ..SimConfig::default()
+        };
+        let flow_clock = clock.clone();
+        let rig = PaymentRig::start_with(backend, sim, |served, database| {
+            let adapter = AdyenProvider::new(
+                PROVIDER,
+                &format!("http://{}", served.addr),
+                "AQE_test_key",
+                AdyenAccount {
+                    merchant_account: "AsientoECOM".into(),
+                    return_url: "https://shop.example/return".into(),
+                },
+                // One attempt: a 500 stays a lost answer for the sweep to settle.
+                ClientConfig {
+                    request_timeout_ms: 2_000,
+                    attempts_max: 1,
+                    ..ClientConfig::default()
+                },
+            )
+            .unwrap()
+            .with_reports(&ReportsAccess {
+                base_url: format!("http://{}", served.addr),
+                credentials: BasicCredentials {
+                    username: REPORT_USER.into(),
+                    password: REPORT_PASSWORD.into(),
+                },
+            })
+            .unwrap();
+            flow_of(database, PROVIDER, Arc::new(adapter), flow_clock)
         })
         .await;
-        let adapter = AdyenProvider::new(
-            PROVIDER,
-            &format!("http://{}", served.addr),
-            "AQE_test_key",
-            AdyenAccount {
-                merchant_account: "AsientoECOM".into(),
-                return_url: "https://shop.example/return".into(),
-            },
-            // One attempt: a 500 stays a lost answer for the sweep to settle.
-            ClientConfig {
-                request_timeout_ms: 2_000,
-                attempts_max: 1,
-                ..ClientConfig::default()
-            },
-        )
-        .unwrap()
-        .with_reports(&ReportsAccess {
-            base_url: format!("http://{}", served.addr),
-            credentials: BasicCredentials {
-                username: REPORT_USER.into(),
-                password: REPORT_PASSWORD.into(),
-            },
-        })
-        .unwrap();
-        let clock = Arc::new(ManualClock::at_ms(chrono::Utc::now().timestamp_millis()));
-        let flow = flow_of(&database, PROVIDER, Arc::new(adapter), clock.clone());
-        Harness {
-            database,
-            flow,
-            clock,
-            served,
-            db,
-        }
-    }
-
-    async fn finish(mut self) {
-        self.served.stop();
-        self.db.finish().await;
+        (rig, clock)
     }
 
     fn reconciler(&self) -> Reconciler {
@@ -294,7 +278,7 @@ impl Harness {
 }
 
 async fn lost_answers_are_sent_again(backend: Backend) {
-    let h = Harness::start(backend).await;
+    let (h, clock) = PaymentRig::for_adyen(backend).await;
     let (reached, made_reached) = h.unanswered(CaptureMode::Automatic, true).await;
     let (never, made_never) = h.unanswered(CaptureMode::Manual, false).await;
 
@@ -302,7 +286,7 @@ async fn lost_answers_are_sent_again(backend: Backend) {
     let early = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(early.charges_resent, 0, "{early}");
 
-    h.clock.advance_ms(OPERATION_TIMEOUT_MS + 1_000);
+    clock.advance_ms(OPERATION_TIMEOUT_MS + 1_000);
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(
         summary.charges_resent,
@@ -327,7 +311,7 @@ async fn lost_answers_are_sent_again(backend: Backend) {
     assert_eq!(made[0].status, ChargeStatus::RequiresCapture);
 
     // Settled: the next sweep sends nothing again.
-    h.clock.advance_ms(OPERATION_TIMEOUT_MS);
+    clock.advance_ms(OPERATION_TIMEOUT_MS);
     let again = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(again.charges_resent, 0, "{again}");
     h.finish().await;
@@ -344,13 +328,13 @@ async fn lost_answers_are_sent_again_under_their_key_postgres() {
 }
 
 async fn unwanted_creations_are_cancelled_then_expire(backend: Backend) {
-    let h = Harness::start(backend).await;
+    let (h, clock) = PaymentRig::for_adyen(backend).await;
     let (absent, made) = h.unanswered(CaptureMode::Manual, false).await;
     let expired_ms = h.flow.clock().now_ms() + PENDING_TIMEOUT_MS;
 
     // Past its expiry the payment is no longer wanted: nothing is sent again, whatever its
     // request made is cancelled by our reference, and it stays pending.
-    h.clock.advance_ms(PENDING_TIMEOUT_MS + 1_000);
+    clock.advance_ms(PENDING_TIMEOUT_MS + 1_000);
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.charges_resent, 0, "{summary}");
     assert_eq!(summary.cancelled_by_reference, made, "{summary}");
@@ -360,14 +344,14 @@ async fn unwanted_creations_are_cancelled_then_expire(backend: Backend) {
     // A report compared a day past its expiry is not enough at this provider: it may list a
     // payment a day late.
     h.report_compared_to(expired_ms + DAY_MS).await;
-    h.clock.advance_ms(2 * DAY_MS);
+    clock.advance_ms(2 * DAY_MS);
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.expired, 0, "{summary}");
     assert_eq!(h.status(absent).await, PaymentStatus::Pending);
 
     // Two days of reports without it: the payment expires.
     h.report_compared_to(expired_ms + 2 * DAY_MS).await;
-    h.clock.advance_ms(2 * DAY_MS);
+    clock.advance_ms(2 * DAY_MS);
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert!(summary.expired >= 1, "{summary}");
     assert_eq!(h.status(absent).await, PaymentStatus::Expired);
@@ -386,11 +370,11 @@ async fn unwanted_creations_are_cancelled_by_reference_then_expire_postgres() {
 }
 
 async fn unwanted_authorisations_are_cancelled(backend: Backend) {
-    let h = Harness::start(backend).await;
+    let (h, clock) = PaymentRig::for_adyen(backend).await;
     // An authorisation whose answer was lost, past its expiry: the cancel by reference reaches
     // it at the provider (its webhook, not delivered here, would fail the payment).
     let (authorised, made) = h.unanswered(CaptureMode::Manual, true).await;
-    h.clock.advance_ms(PENDING_TIMEOUT_MS + 1_000);
+    clock.advance_ms(PENDING_TIMEOUT_MS + 1_000);
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.cancelled_by_reference, made, "{summary}");
     // The cancel is received, then decided.
@@ -414,17 +398,17 @@ async fn an_unwanted_authorisation_is_cancelled_by_reference_postgres() {
 }
 
 async fn abandoned_redirects_are_cancelled_unread(backend: Backend) {
-    let h = Harness::start(backend).await;
+    let (h, clock) = PaymentRig::for_adyen(backend).await;
     let redirect = h.create_with("pm_redirect", CaptureMode::Automatic).await;
     assert_eq!(h.status(redirect).await, PaymentStatus::RequiresAction);
     h.watching(&[redirect]).await;
 
     // The customer may still finish: nothing is cancelled before the timeout.
-    h.clock.advance_ms(REQUIRES_ACTION_TIMEOUT_MS - 60_000);
+    clock.advance_ms(REQUIRES_ACTION_TIMEOUT_MS - 60_000);
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.redirects_cancelled, 0, "{summary}");
 
-    h.clock.advance_ms(2 * 60_000);
+    clock.advance_ms(2 * 60_000);
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.redirects_cancelled, 1, "{summary}");
     let charges = h
@@ -451,7 +435,7 @@ async fn an_abandoned_redirect_is_cancelled_without_a_lookup_postgres() {
 }
 
 async fn the_daily_report_settles_what_nothing_told(backend: Backend) {
-    let h = Harness::start(backend).await;
+    let (h, clock) = PaymentRig::for_adyen(backend).await;
     // Captured at Adyen, its answer lost, no notification delivered, not due for a re-send.
     let (captured, _) = h.unanswered(CaptureMode::Automatic, true).await;
 
@@ -471,7 +455,7 @@ async fn the_daily_report_settles_what_nothing_told(backend: Backend) {
     let (status, made) = sim_post(h.served.addr, "/sim/reports/accounting", &json!({})).await;
     assert_eq!(status, 200, "{made}");
     // Our clock stands still while Adyen books by its own: move past the booking.
-    h.clock.advance_ms(5_000);
+    clock.advance_ms(5_000);
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert!(summary.report_lines >= 1, "{summary}");
     assert_eq!(

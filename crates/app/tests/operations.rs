@@ -6,13 +6,12 @@
 //! the operation again under the same key.
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use asiento_app::clock::SystemClock;
 use asiento_app::log;
-use asiento_app::payments::{NewPayment, PaymentFlow};
+use asiento_app::payments::NewPayment;
 use asiento_app::reconcile::{Reconciler, ReconcilerConfig};
 use asiento_app::reply::Answer;
 use asiento_domain::{
@@ -26,15 +25,7 @@ use serde_json::{json, Value};
 
 mod common;
 
-use common::{create_request, Backend, TestDatabase, TestSim};
-
-struct Harness {
-    flow: PaymentFlow,
-    sim: asiento_psp_sim::Simulator,
-    sim_addr: SocketAddr,
-    served: TestSim,
-    db: TestDatabase,
-}
+use common::{create_request, Backend, PaymentRig};
 
 /// Operations are due at once, the report window ends before anything here (so only the
 /// operations sweep can settle them), and nothing is stale.
@@ -47,33 +38,24 @@ fn config() -> ReconcilerConfig {
     }
 }
 
-impl Harness {
-    async fn start(backend: Backend, capabilities: Capabilities) -> Harness {
-        let db = TestDatabase::open(backend).await;
-        let served = TestSim::start(SimConfig {
-            seed: 5,
-            ..SimConfig::default()
-        })
-        .await;
+impl PaymentRig {
+    async fn for_operations(backend: Backend, capabilities: Capabilities) -> PaymentRig {
         let client = ClientConfig {
             request_timeout_ms: 1_000,
             attempts_max: 2,
             capabilities,
             ..ClientConfig::default()
         };
-        let flow = served.flow(db.database(), client, Arc::new(SystemClock));
-        Harness {
-            flow,
-            sim: served.sim.clone(),
-            sim_addr: served.addr,
-            served,
-            db,
-        }
-    }
-
-    async fn finish(mut self) {
-        self.served.stop();
-        self.db.finish().await;
+        PaymentRig::start(
+            backend,
+            SimConfig {
+                seed: 5,
+                ..SimConfig::default()
+            },
+            client,
+            Arc::new(SystemClock),
+        )
+        .await
     }
 
     async fn sweep(&self) -> asiento_app::reconcile::SweepSummary {
@@ -176,7 +158,7 @@ fn entries(events: &[PaymentEvent]) -> usize {
 }
 
 async fn refund_while_unreachable(backend: Backend) {
-    let h = Harness::start(backend, Capabilities::SIM).await;
+    let h = PaymentRig::for_operations(backend, Capabilities::SIM).await;
     let id = h.create(CaptureMode::Automatic).await;
     assert_eq!(h.record(id).await.status, PaymentStatus::Captured);
     let entries_before = entries(&h.events(id).await);
@@ -222,7 +204,7 @@ async fn a_refund_sent_while_the_provider_is_unreachable_ends_refunded_postgres(
 }
 
 async fn capture_while_unreachable(backend: Backend) {
-    let h = Harness::start(backend, Capabilities::SIM).await;
+    let h = PaymentRig::for_operations(backend, Capabilities::SIM).await;
     let id = h.create(CaptureMode::Manual).await;
     assert_eq!(h.record(id).await.status, PaymentStatus::Authorized);
 
@@ -264,7 +246,7 @@ async fn a_capture_sent_while_the_provider_is_unreachable_ends_captured_postgres
 }
 
 async fn refused_refund_releases(backend: Backend) {
-    let h = Harness::start(backend, Capabilities::SIM).await;
+    let h = PaymentRig::for_operations(backend, Capabilities::SIM).await;
     let id = h.create(CaptureMode::Automatic).await;
     let charge = h.record(id).await.provider_charge_id.unwrap();
     // A dispute opens at the provider (its webhook never reaches us): the provider refuses to
@@ -319,7 +301,7 @@ async fn no_lookup_resends_under_the_key(backend: Backend) {
         lookup_by_id: false,
         ..Capabilities::SIM
     };
-    let h = Harness::start(backend, capabilities).await;
+    let h = PaymentRig::for_operations(backend, capabilities).await;
     h.sim
         .set_faults(&FaultsPatch {
             lookup_disabled: Some(true),

@@ -8,13 +8,12 @@
 //! a request that died mid-flight has its key finished; one sweep at a time holds the lease.
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use asiento_app::clock::SystemClock;
 use asiento_app::exceptions::{self, ExceptionError, Scope as ExceptionScope};
 use asiento_app::log;
-use asiento_app::payments::{NewPayment, PaymentFlow};
+use asiento_app::payments::NewPayment;
 use asiento_app::reconcile::{acquire_job, Reconciler, ReconcilerConfig, RECONCILER_JOB};
 use asiento_app::reply::Answer;
 use asiento_domain::exception::{ExceptionRejection, ExceptionStatus};
@@ -22,23 +21,13 @@ use asiento_domain::{
     Amount, CaptureMode, Currency, CustomerId, ExceptionId, PaymentEvent, PaymentId, PaymentStatus,
     ProviderName, TenantId,
 };
-use asiento_eventstore::Database;
 use asiento_psp::{Charge, ChargeStatus, ClientConfig};
-use asiento_psp_sim::{SimConfig, Simulator};
+use asiento_psp_sim::SimConfig;
 use serde_json::{json, Value};
 
 mod common;
 
-use common::{create_request, Backend, TestDatabase, TestSim};
-
-struct Harness {
-    database: Database,
-    flow: PaymentFlow,
-    sim: Simulator,
-    sim_addr: SocketAddr,
-    served: TestSim,
-    db: TestDatabase,
-}
+use common::{create_request, Backend, PaymentRig};
 
 fn config() -> ReconcilerConfig {
     ReconcilerConfig {
@@ -49,15 +38,8 @@ fn config() -> ReconcilerConfig {
     }
 }
 
-impl Harness {
-    async fn start(backend: Backend) -> Harness {
-        let db = TestDatabase::open(backend).await;
-        let database = db.database().clone();
-        let served = TestSim::start(SimConfig {
-            seed: 11,
-            ..SimConfig::default()
-        })
-        .await;
+impl PaymentRig {
+    async fn for_reconcile(backend: Backend) -> PaymentRig {
         let client = ClientConfig {
             // pm_card_timeout hangs: give up fast, the sweep settles it (not so fast that a
             // loaded test machine turns ordinary lookups into timeouts).
@@ -65,20 +47,16 @@ impl Harness {
             attempts_max: 1,
             ..ClientConfig::default()
         };
-        let flow = served.flow(&database, client, Arc::new(SystemClock));
-        Harness {
-            database,
-            flow,
-            sim: served.sim.clone(),
-            sim_addr: served.addr,
-            served,
-            db,
-        }
-    }
-
-    async fn finish(mut self) {
-        self.served.stop();
-        self.db.finish().await;
+        PaymentRig::start(
+            backend,
+            SimConfig {
+                seed: 11,
+                ..SimConfig::default()
+            },
+            client,
+            Arc::new(SystemClock),
+        )
+        .await
     }
 
     fn reconciler(&self) -> Reconciler {
@@ -226,7 +204,7 @@ fn acme() -> ExceptionScope {
 // ------------------------------------------------------------------------ out-of-band refund
 
 async fn out_of_band_refund(backend: Backend) {
-    let h = Harness::start(backend).await;
+    let h = PaymentRig::for_reconcile(backend).await;
     let id = h.create("pm_card_ok", 10_000).await;
     assert_eq!(h.status(id).await, PaymentStatus::Captured);
     let charge = h.charge_of(id);
@@ -294,7 +272,7 @@ async fn out_of_band_refund_is_posted_once_and_auto_resolved_postgres() {
 // ------------------------------------------------------------------------ convergence
 
 async fn convergence(backend: Backend) {
-    let h = Harness::start(backend).await;
+    let h = PaymentRig::for_reconcile(backend).await;
     let methods = [
         "pm_card_ok",
         "pm_card_declined",
@@ -359,7 +337,7 @@ async fn a_hundred_payments_converge_through_the_sweep_alone_postgres() {
 // ------------------------------------------------------------------------ amount mismatch
 
 async fn amount_mismatch(backend: Backend) {
-    let h = Harness::start(backend).await;
+    let h = PaymentRig::for_reconcile(backend).await;
     let id = h.create("pm_card_ok", 10_000).await;
     let charge = h.charge_of(id);
     let before = h.events(id).await;
@@ -462,7 +440,7 @@ async fn an_amount_mismatch_is_an_open_manual_exception_that_moves_no_money_post
 // ------------------------------------------------------------------------ the rest
 
 async fn unknown_expired_stuck_and_lease(backend: Backend) {
-    let h = Harness::start(backend).await;
+    let h = PaymentRig::for_reconcile(backend).await;
     // A charge made at the provider by someone else: no payment of ours.
     let (status, _) = h
         .sim_post(
@@ -555,7 +533,7 @@ async fn unknown_charges_expiry_and_the_sweep_lease_postgres() {
 /// charged: the sweep visits the watch list in rotation (least recently checked first, the newest
 /// first among those never checked), so the charged one is resolved within two sweeps.
 async fn abandoned_redirects_do_not_starve_the_sweep(backend: Backend) {
-    let h = Harness::start(backend).await;
+    let h = PaymentRig::for_reconcile(backend).await;
     let abandoned =
         usize::try_from(asiento_app::reconcile::STALE_PAYMENTS_PER_SWEEP_MAX).unwrap() * 2;
     for i in 0..abandoned {
@@ -604,7 +582,7 @@ async fn abandoned_redirects_do_not_starve_the_sweep_postgres() {
 /// on an expired payment would be money nobody books. Once the lease runs out, the sweep settles
 /// it (the stuck key is resumed, or the payment expires).
 async fn a_payment_whose_creation_still_runs_is_not_expired(backend: Backend) {
-    let h = Harness::start(backend).await;
+    let h = PaymentRig::for_reconcile(backend).await;
     let never_sent = h.never_sent(1_111).await;
     // A request creating it that is still running: its key is in flight for two more seconds.
     h.claim_creation("still-running", never_sent, 2_000).await;
@@ -650,7 +628,7 @@ async fn a_payment_whose_creation_still_runs_is_not_expired_postgres() {
 /// A redirect nobody finishes is cancelled at the provider and expires once the timeout for
 /// customer action has passed; one the customer finished meanwhile is settled instead.
 async fn abandoned_redirects_are_cancelled_and_expire(backend: Backend) {
-    let h = Harness::start(backend).await;
+    let h = PaymentRig::for_reconcile(backend).await;
     let abandoned = h.create("pm_redirect", 1_000).await;
     let finished = h.create("pm_redirect", 2_000).await;
     let charge = h.charge_of(finished);

@@ -10,9 +10,8 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use asiento_app::clock::{Clock, ManualClock, SystemClock};
@@ -32,64 +31,39 @@ use asiento_domain::{
 use asiento_eventstore::Database;
 use asiento_psp::{Charge, ChargeStatus, ClientConfig, WebhookEvent};
 use asiento_psp_sim::FaultsPatch;
-use asiento_psp_sim::{SimConfig, Simulator};
+use asiento_psp_sim::SimConfig;
 use asiento_testkit::Rng;
 use serde_json::{json, Value};
 
 mod common;
 
-use common::{create_request, Backend, TestDatabase, TestSim, FEE_BPS};
+use common::{create_request, Backend, PaymentRig, TestDatabase, FEE_BPS};
 
 const SECRET: &str = "whsec_test_sim";
 const OTHER_SECRET: &str = "whsec_test_other";
 
-struct Harness {
-    database: Database,
-    flow: PaymentFlow,
-    receiver: WebhookReceiver,
-    sim: Simulator,
-    sim_addr: SocketAddr,
-    /// How many of the simulator's recorded events have been taken already.
-    taken: Mutex<usize>,
-    served: TestSim,
-    db: TestDatabase,
-}
-
-impl Harness {
-    async fn start(backend: Backend, clock: Arc<dyn Clock>) -> Harness {
-        let db = TestDatabase::open(backend).await;
-        let database = db.database().clone();
-        let served = TestSim::start(SimConfig {
+impl PaymentRig {
+    async fn for_webhooks(backend: Backend, clock: Arc<dyn Clock>) -> PaymentRig {
+        let sim = SimConfig {
             webhook_secret: SECRET.to_owned(),
             seed: 7,
             ..SimConfig::default()
-        })
-        .await;
-        let flow = served.flow(&database, ClientConfig::default(), clock.clone());
-        let receiver = WebhookReceiver {
-            database: database.clone(),
-            writer: flow.writer().clone(),
+        };
+        PaymentRig::start(backend, sim, ClientConfig::default(), clock).await
+    }
+
+    /// The webhook receiver of the process the flow runs in: it knows the simulator's secret and
+    /// another provider's.
+    fn receiver(&self) -> WebhookReceiver {
+        WebhookReceiver {
+            database: self.database.clone(),
+            writer: self.flow.writer().clone(),
             secrets: format!("sim:{SECRET},other:{OTHER_SECRET}")
                 .parse::<WebhookSecrets>()
                 .unwrap(),
-            clock,
+            clock: self.flow.clock().clone(),
             tolerance_s: asiento_app::webhooks::TOLERANCE_S_DEFAULT,
-        };
-        Harness {
-            database,
-            flow,
-            receiver,
-            sim: served.sim.clone(),
-            sim_addr: served.addr,
-            taken: Mutex::new(0),
-            served,
-            db,
         }
-    }
-
-    async fn finish(mut self) {
-        self.served.stop();
-        self.db.finish().await;
     }
 
     fn worker(&self, config: WorkerConfig) -> Worker {
@@ -119,21 +93,12 @@ impl Harness {
         (id, body)
     }
 
-    /// The simulator's events not taken before.
-    fn new_events(&self) -> Vec<WebhookEvent> {
-        let events = self.sim.events();
-        let mut taken = self.taken.lock().unwrap();
-        let fresh = events[(*taken).min(events.len())..].to_vec();
-        *taken = events.len();
-        fresh
-    }
-
     /// Delivers one event as the provider would: its body signed now.
     async fn deliver_as(&self, provider: &str, secret: &str, event: &WebhookEvent) -> bool {
         let body = serde_json::to_vec(event).unwrap();
-        let t = self.receiver.clock.now_ms() / 1000;
+        let t = self.receiver().clock.now_ms() / 1000;
         let signature = asiento_psp::sign(secret, t, &body);
-        self.receiver
+        self.receiver()
             .receive(provider, Some(&signature), &body)
             .await
             .unwrap()
@@ -298,7 +263,7 @@ fn iterations(default: usize) -> usize {
 /// (receive → worker → finalize) run at once for hundreds of payments: each ends with exactly one
 /// capture and one journal entry, and both orders of winning really happened.
 async fn race(backend: Backend) {
-    let h = Arc::new(Harness::start(backend, system_clock()).await);
+    let h = Arc::new(PaymentRig::for_webhooks(backend, system_clock()).await);
     let payments_total = iterations(400);
     let creators = 4;
     let done = Arc::new(AtomicBool::new(false));
@@ -408,7 +373,7 @@ async fn race_between_sync_finalize_and_webhook_postgres() {
 /// 200 payments of every kind; events delivered with half of them duplicated and all shuffled;
 /// every payment agrees with the provider afterwards.
 async fn mixed_payments(backend: Backend) {
-    let h = Harness::start(backend, system_clock()).await;
+    let h = PaymentRig::for_webhooks(backend, system_clock()).await;
     let mut rng = Rng::new(0x5eed_0001);
     let mut ids = Vec::new();
     for i in 0..200 {
@@ -494,7 +459,7 @@ async fn mixed_payments_settle_under_duplicates_and_reordering_postgres() {
 // ---------------------------------------------------------------------------- redelivery
 
 async fn redelivery(backend: Backend) {
-    let h = Harness::start(backend, system_clock()).await;
+    let h = PaymentRig::for_webhooks(backend, system_clock()).await;
     let worker = h.worker(fast_config());
     let (id, _) = h.create("pm_redirect", 2_500, CaptureMode::Automatic).await;
     let charge = h.charge_of(id);
@@ -527,7 +492,7 @@ async fn redelivery(backend: Backend) {
     let mut fresh = events[0].clone();
     fresh.id = "evt_never_stored".into();
     let body = serde_json::to_vec(&fresh).unwrap();
-    let now_s = h.receiver.clock.now_ms() / 1000;
+    let now_s = h.receiver().clock.now_ms() / 1000;
     let refused = [
         (
             "sim",
@@ -548,7 +513,7 @@ async fn redelivery(backend: Backend) {
     ];
     for (provider, signature, code) in refused {
         let error = h
-            .receiver
+            .receiver()
             .receive(provider, signature.as_deref(), &body)
             .await
             .unwrap_err();
@@ -558,7 +523,7 @@ async fn redelivery(backend: Backend) {
     let mut other = fresh.clone();
     other.data.charge.as_mut().unwrap().amount_captured += 1;
     let error = h
-        .receiver
+        .receiver()
         .receive("sim", Some(&tampered), &serde_json::to_vec(&other).unwrap())
         .await
         .unwrap_err();
@@ -582,7 +547,7 @@ async fn the_same_body_twice_changes_nothing_and_refusals_store_nothing_postgres
 // ----------------------------------------------------------- out of order, cumulative, disputes
 
 async fn out_of_order(backend: Backend) {
-    let h = Harness::start(backend, system_clock()).await;
+    let h = PaymentRig::for_webhooks(backend, system_clock()).await;
     let worker = h.worker(fast_config());
 
     // Captured before authorized: a redirect with manual capture, completed and then captured at
@@ -694,7 +659,7 @@ async fn out_of_order_cumulative_and_dispute_facts_postgres() {
 
 async fn dead_letters_case(backend: Backend) {
     let clock = Arc::new(ManualClock::at_ms(chrono::Utc::now().timestamp_millis()));
-    let h = Harness::start(backend, clock.clone()).await;
+    let h = PaymentRig::for_webhooks(backend, clock.clone()).await;
     let config = WorkerConfig {
         attempts_max: 3,
         backoff_base_ms: 1_000,
@@ -774,7 +739,7 @@ async fn dead_letters_case(backend: Backend) {
     unknown_type["type"] = json!("charge.expired");
     let body = serde_json::to_vec(&unknown_type).unwrap();
     let t = clock.now_ms() / 1000;
-    h.receiver
+    h.receiver()
         .receive("sim", Some(&asiento_psp::sign(SECRET, t, &body)), &body)
         .await
         .unwrap();
@@ -832,7 +797,7 @@ async fn dead_letters_case(backend: Backend) {
     h.finish().await;
 }
 
-impl Harness {
+impl PaymentRig {
     async fn check_against_provider_flagged(&self, payment: PaymentId) {
         let (record, events, _) = self.load(payment).await;
         assert_eq!(record.status, PaymentStatus::Captured);
@@ -859,7 +824,7 @@ async fn failures_retry_then_dead_letter_and_flag_postgres() {
 /// Two workers, each with its own connection pool (as two processes have), drain one inbox of
 /// 1,000 events: every row processed exactly once and the ledger matches the provider.
 async fn two_workers(backend: Backend) {
-    let h = Harness::start(backend, system_clock()).await;
+    let h = PaymentRig::for_webhooks(backend, system_clock()).await;
     let mut ids = Vec::new();
     for _ in 0..250 {
         let (id, _) = h.create("pm_card_ok", 1_000, CaptureMode::Automatic).await;
@@ -945,7 +910,7 @@ async fn two_workers_drain_a_shared_inbox_of_1000_exactly_once_sqlite() {
 /// synchronous path applies the provider's older "requires action" answer after (or while) the
 /// webhook commits.
 async fn redirect_finished_by_webhook(backend: Backend) {
-    let h = Arc::new(Harness::start(backend, system_clock()).await);
+    let h = Arc::new(PaymentRig::for_webhooks(backend, system_clock()).await);
     let worker = h.worker(fast_config());
     for _ in 0..30 {
         let (id, body) = h.create("pm_redirect", 4_200, CaptureMode::Automatic).await;
@@ -994,7 +959,7 @@ async fn redirect_finished_by_webhook_has_no_next_action_postgres() {
 // ----------------------------------------------------------------------------- payment lease
 
 /// Takes the payment's lease as another holder would, then delivers the provider's new events.
-async fn hold_and_deliver(h: &Harness, payment: PaymentId) -> leases::PaymentLease {
+async fn hold_and_deliver(h: &PaymentRig, payment: PaymentId) -> leases::PaymentLease {
     let now = h.flow.clock().now_ms();
     let held = leases::acquire(&h.database, payment, now, 60_000)
         .await
@@ -1007,7 +972,7 @@ async fn hold_and_deliver(h: &Harness, payment: PaymentId) -> leases::PaymentLea
 }
 
 async fn payment_lease(backend: Backend) {
-    let h = Harness::start(backend, system_clock()).await;
+    let h = PaymentRig::for_webhooks(backend, system_clock()).await;
     let id = PaymentId::from_uuid(uuid::Uuid::now_v7());
     let first = leases::acquire(&h.database, id, 1_000, 500)
         .await
@@ -1083,7 +1048,7 @@ async fn payment_lease_has_one_holder_postgres() {
 /// with the flow's memory finds the events reflected, the one without it cannot even find the
 /// payment.
 async fn remembered(backend: Backend) {
-    let h = Harness::start(backend, system_clock()).await;
+    let h = PaymentRig::for_webhooks(backend, system_clock()).await;
     let empty = TestDatabase::open(backend).await;
     // Its inbox on the harness's database, its log read from the empty one, with the memory of
     // the writer that committed the payments.

@@ -63,6 +63,73 @@ impl TestSim {
     }
 }
 
+/// A payment flow of a test's own: a migrated database, the simulator served over loopback, and
+/// the flow paying through it. The tests of this crate that pay start from one, and add their own
+/// helpers to it (`impl PaymentRig` in the test file).
+pub struct PaymentRig {
+    pub db: TestDatabase,
+    /// The database's pool (`db.database()`).
+    pub database: Database,
+    pub served: TestSim,
+    /// The served simulator and its address (`served.sim`, `served.addr`).
+    pub sim: Simulator,
+    pub sim_addr: SocketAddr,
+    pub flow: PaymentFlow,
+    /// How many of the simulator's recorded events [`PaymentRig::new_events`] has taken.
+    events_taken: std::sync::Mutex<usize>,
+}
+
+impl PaymentRig {
+    /// The flow pays through the served simulator as provider `sim`, as `client` configures it.
+    pub async fn start(
+        backend: Backend,
+        sim: SimConfig,
+        client: ClientConfig,
+        clock: Arc<dyn Clock>,
+    ) -> PaymentRig {
+        PaymentRig::start_with(backend, sim, |served, database| {
+            served.flow(database, client, clock)
+        })
+        .await
+    }
+
+    /// The flow `flow` makes from the served simulator and the database (another adapter).
+    pub async fn start_with(
+        backend: Backend,
+        sim: SimConfig,
+        flow: impl FnOnce(&TestSim, &Database) -> PaymentFlow,
+    ) -> PaymentRig {
+        let db = TestDatabase::open(backend).await;
+        let database = db.database().clone();
+        let served = TestSim::start(sim).await;
+        let flow = flow(&served, &database);
+        PaymentRig {
+            sim: served.sim.clone(),
+            sim_addr: served.addr,
+            database,
+            served,
+            flow,
+            db,
+            events_taken: std::sync::Mutex::new(0),
+        }
+    }
+
+    /// Stops the simulator and drops the database.
+    pub async fn finish(mut self) {
+        self.served.stop();
+        self.db.finish().await;
+    }
+
+    /// The simulator's recorded events not taken before.
+    pub fn new_events(&self) -> Vec<asiento_psp::WebhookEvent> {
+        let events = self.sim.events();
+        let mut taken = self.events_taken.lock().unwrap();
+        let fresh = events[(*taken).min(events.len())..].to_vec();
+        *taken = events.len();
+        fresh
+    }
+}
+
 /// A payment flow on `database` whose one provider, `name`, is `adapter`.
 pub fn flow_of(
     database: &Database,
