@@ -27,7 +27,7 @@ pub const ACCOUNTS_LIMIT_DEFAULT: usize = 100;
 
 /// `POST /v1/accounts`
 #[utoipa::path(
-    post, path = "/v1/accounts", tag = "ledger",
+    post, path = "/v1/accounts", tag = "ledger", operation_id = "declare_account",
     params(("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; scoped by tenant, method and route")),
     request_body = crate::openapi::DeclareAccountRequest,
     responses(
@@ -137,7 +137,7 @@ pub struct AccountList {
 
 /// `GET /v1/accounts?prefix=merchant:&currency=USD&after=merchant:a:USD&limit=100`
 #[utoipa::path(
-    get, path = "/v1/accounts", tag = "ledger",
+    get, path = "/v1/accounts", tag = "ledger", operation_id = "list_accounts",
     params(
         ("prefix" = Option<String>, Query, description = "Account names starting with this"),
         ("currency" = Option<String>, Query),

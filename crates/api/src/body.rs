@@ -37,7 +37,35 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
                     Problem::bad_request("invalid_body", rejection.body_text())
                 }
             })?;
-        parse_object(&bytes).map(JsonObject)
+        let object = parse_object(&bytes)?;
+        refuse_nul(&object)?;
+        Ok(JsonObject(object))
+    }
+}
+
+/// Refuses a body with U+0000 (NUL) in any string or key, at any depth: PostgreSQL's `text` and
+/// `jsonb` cannot store it, so such a request would end in a 500 there (and be taken on SQLite).
+pub fn refuse_nul(object: &Map<String, Value>) -> Result<(), Problem> {
+    match object
+        .iter()
+        .find(|(key, value)| key.contains('\0') || holds_nul(value))
+    {
+        Some((key, _)) => Err(Problem::bad_request(
+            "invalid_field",
+            format!("{key:?} holds U+0000 (NUL), which no text of a request may"),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn holds_nul(value: &Value) -> bool {
+    match value {
+        Value::String(text) => text.contains('\0'),
+        Value::Array(items) => items.iter().any(holds_nul),
+        Value::Object(map) => map
+            .iter()
+            .any(|(key, value)| key.contains('\0') || holds_nul(value)),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
     }
 }
 
@@ -304,6 +332,27 @@ mod tests {
                 .map_err(|p| p.code),
             Err("invalid_body")
         );
+    }
+
+    #[test]
+    fn nul_is_refused_anywhere_in_a_body() {
+        for body in [
+            r#"{"description": "a\u0000b"}"#,
+            r#"{"metadata": {"k": ["x", {"y": "\u0000"}]}}"#,
+            r#"{"metadata": {"k\u0000": 1}}"#,
+            r#"{"a\u0000": 1}"#,
+        ] {
+            let map = parse_object(body.as_bytes()).expect("an object");
+            let problem = refuse_nul(&map).expect_err(body);
+            assert_eq!(
+                (problem.status, problem.code),
+                (400, "invalid_field"),
+                "{body}"
+            );
+        }
+        let map = parse_object(br#"{"description": "a\u0001b", "metadata": {"k": [1, null]}}"#)
+            .expect("an object");
+        assert_eq!(refuse_nul(&map).map_err(|p| p.code), Ok(()));
     }
 
     #[test]

@@ -120,7 +120,7 @@ fn stored_response(stored: StoredResponse, replayed: bool) -> Response {
 
 /// `POST /v1/payments`
 #[utoipa::path(
-    post, path = "/v1/payments", tag = "payments",
+    post, path = "/v1/payments", tag = "payments", operation_id = "create_payment",
     params(("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; scoped by tenant, method and route")),
     request_body = crate::openapi::CreatePaymentRequest,
     responses(
@@ -210,7 +210,7 @@ pub fn payment_id(raw: &str) -> Result<PaymentId, Problem> {
 
 /// `POST /v1/payments/{id}/capture`
 #[utoipa::path(
-    post, path = "/v1/payments/{id}/capture", tag = "payments",
+    post, path = "/v1/payments/{id}/capture", tag = "payments", operation_id = "capture_payment",
     params(("id" = String, Path, description = "pay_…"), ("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; scoped by tenant, method and route")),
     request_body = crate::openapi::CaptureRequest,
     responses(
@@ -243,7 +243,7 @@ pub async fn capture_payment(
 
 /// `POST /v1/payments/{id}/refunds`
 #[utoipa::path(
-    post, path = "/v1/payments/{id}/refunds", tag = "payments",
+    post, path = "/v1/payments/{id}/refunds", tag = "payments", operation_id = "refund_payment",
     params(("id" = String, Path, description = "pay_…"), ("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; scoped by tenant, method and route")),
     request_body = crate::openapi::RefundRequest,
     responses(
@@ -276,7 +276,7 @@ pub async fn refund_payment(
 
 /// `POST /v1/transfers`
 #[utoipa::path(
-    post, path = "/v1/transfers", tag = "ledger",
+    post, path = "/v1/transfers", tag = "ledger", operation_id = "create_transfer",
     params(("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; scoped by tenant, method and route")),
     request_body = crate::openapi::TransferRequest,
     responses(
@@ -340,7 +340,7 @@ pub fn transfer_id(raw: &str) -> Result<TransferId, Problem> {
 
 /// `POST /v1/transfers/{id}/post`
 #[utoipa::path(
-    post, path = "/v1/transfers/{id}/post", tag = "ledger",
+    post, path = "/v1/transfers/{id}/post", tag = "ledger", operation_id = "post_hold",
     params(("id" = String, Path, description = "tr_…, a hold"), ("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; scoped by tenant, method and route")),
     request_body = crate::openapi::PostHoldRequest,
     responses(
@@ -375,7 +375,7 @@ pub async fn post_hold(
 
 /// `POST /v1/transfers/{id}/void`
 #[utoipa::path(
-    post, path = "/v1/transfers/{id}/void", tag = "ledger",
+    post, path = "/v1/transfers/{id}/void", tag = "ledger", operation_id = "void_hold",
     params(("id" = String, Path, description = "tr_…, a hold"), ("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; scoped by tenant, method and route")),
     responses(
         (status = 200, description = "Voided: the whole hold released", body = crate::openapi::Transfer),

@@ -66,7 +66,7 @@ fn json_response(body: Vec<u8>) -> Response {
 
 /// `GET /v1/events`
 #[utoipa::path(
-    get, path = "/v1/events", tag = "events",
+    get, path = "/v1/events", tag = "events", operation_id = "list_events",
     params(
         ("after" = Option<String>, Query, description = "next_cursor of the previous page; absent for the first event"),
         ("type" = Option<String>, Query, description = "Only these types, comma-separated"),
@@ -128,7 +128,7 @@ pub async fn list(
 
 /// `GET /v1/events/{id}`
 #[utoipa::path(
-    get, path = "/v1/events/{id}", tag = "events",
+    get, path = "/v1/events/{id}", tag = "events", operation_id = "get_event",
     params(("id" = String, Path, description = "evt_…")),
     responses(
         (status = 200, description = "The event", body = crate::openapi::MerchantEvent),
@@ -140,9 +140,13 @@ pub async fn get(
     tenant: AuthenticatedTenant,
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
+    let not_found = || Problem::new(StatusCode::NOT_FOUND, "event_not_found", "event not found");
+    if !crate::webhook_endpoints::well_formed(&id, "evt_") {
+        return Err(not_found());
+    }
     let event = read_one(&state.database, &tenant.0, &id)
         .await
         .map_err(feed_problem)?
-        .ok_or_else(|| Problem::new(StatusCode::NOT_FOUND, "event_not_found", "event not found"))?;
+        .ok_or_else(not_found)?;
     Ok(json_response(event.body.into_bytes()))
 }

@@ -78,7 +78,7 @@ fn problem(error: ExceptionError) -> Problem {
 
 /// `GET /v1/reconciliation/exceptions`
 #[utoipa::path(
-    get, path = "/v1/reconciliation/exceptions", tag = "reconciliation",
+    get, path = "/v1/reconciliation/exceptions", tag = "reconciliation", operation_id = "list_exceptions",
     params(
         ("status" = Option<String>, Query, description = "open or resolved"),
         ("limit" = Option<u32>, Query, description = "1 to 500"),
@@ -114,7 +114,7 @@ pub async fn list(
 
 /// `POST /v1/reconciliation/exceptions/{id}/resolve`
 #[utoipa::path(
-    post, path = "/v1/reconciliation/exceptions/{id}/resolve", tag = "reconciliation",
+    post, path = "/v1/reconciliation/exceptions/{id}/resolve", tag = "reconciliation", operation_id = "resolve_exception",
     params(("id" = String, Path, description = "exc_…")),
     request_body = crate::openapi::ResolveRequest,
     responses(

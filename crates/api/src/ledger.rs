@@ -96,7 +96,7 @@ fn balance_problem(error: BalanceError) -> Problem {
 
 /// `GET /v1/accounts/{account}/balance?currency=USD[&min_position=N]`
 #[utoipa::path(
-    get, path = "/v1/accounts/{account}/balance", tag = "ledger",
+    get, path = "/v1/accounts/{account}/balance", tag = "ledger", operation_id = "get_balance",
     params(
         ("account" = String, Path, description = "segment(:segment)*"),
         ("currency" = String, Query),
@@ -178,7 +178,7 @@ pub struct BalanceBody {
 
 /// `GET /v1/accounts/{account}/entries?currency=USD&after=POS&limit=100`
 #[utoipa::path(
-    get, path = "/v1/accounts/{account}/entries", tag = "ledger",
+    get, path = "/v1/accounts/{account}/entries", tag = "ledger", operation_id = "list_account_entries",
     params(
         ("account" = String, Path),
         ("currency" = String, Query),
@@ -243,7 +243,7 @@ pub async fn entries(
 
 /// `GET /v1/journal/{entry_id}[?min_position=N]`
 #[utoipa::path(
-    get, path = "/v1/journal/{entry_id}", tag = "ledger",
+    get, path = "/v1/journal/{entry_id}", tag = "ledger", operation_id = "get_journal_entry",
     params(("entry_id" = String, Path, description = "je_…"), ("min_position" = Option<i64>, Query)),
     responses(
         (status = 200, description = "One journal entry with all its legs", body = crate::openapi::JournalEntry),

@@ -16,6 +16,7 @@ pub mod metrics_catalog;
 pub mod openapi;
 pub mod problem;
 pub mod queries;
+pub mod rate_limit;
 pub mod render;
 pub mod webhook_endpoints;
 pub mod webhooks;
@@ -64,6 +65,8 @@ pub struct AppState {
     pub amount_limit: asiento_domain::AmountLimit,
     /// Which webhook endpoint URLs may be registered (`serve --webhook-allow-hosts`).
     pub webhook_urls: std::sync::Arc<asiento_outbound::url_policy::UrlPolicy>,
+    /// The buckets of `/v1` requests and console sign-ins (`serve --rate-limit`).
+    pub rate_limits: std::sync::Arc<rate_limit::RateLimits>,
 }
 
 impl webhooks::HasWebhooks for AppState {
@@ -133,15 +136,23 @@ pub fn router(state: AppState) -> Router {
             "/v1/reconciliation/exceptions/{id}/resolve",
             post(exceptions::resolve),
         )
+        // Every route above is rate limited; none below is.
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            rate_limit::enforce,
+        ))
         // Authenticated by the provider's signature, not by an API key.
         .route("/webhooks/{provider}", post(webhooks::receive::<AppState>))
+        // With this deployment's providers and amount limit.
+        .route("/openapi.json", get(openapi::deployment_document))
         .with_state(state);
     with_layers(v1.merge(ops_routes(database)))
 }
 
-/// What every process answers, whatever its role: `/healthz`, `/readyz`, `/metrics`.
+/// What every process answers, whatever its role: `/healthz`, `/readyz`, `/metrics`, and
+/// `/openapi.json` (with the defaults: such a process knows no providers).
 pub fn ops_router(database: Database) -> Router {
-    with_layers(ops_routes(database))
+    with_layers(ops_routes(database).route("/openapi.json", get(openapi::document)))
 }
 
 fn ops_routes(database: Database) -> Router {
@@ -149,7 +160,6 @@ fn ops_routes(database: Database) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi::document))
         .with_state(database)
 }
 

@@ -160,4 +160,32 @@ pub fn describe() {
         "asiento_webhooks_received_total",
         "Provider webhook requests received, by outcome"
     );
+    describe_counter!(
+        "asiento_rate_limited_total",
+        "Requests refused 429 by a rate limit, by scope (key, tenant, address: /v1 without a known key, console: sign-in attempts)"
+    );
+    describe_counter!(
+        "asiento_events_relay_published_total",
+        "Merchant events the events relay published and JetStream stored, by relay"
+    );
+    describe_counter!(
+        "asiento_events_relay_duplicates_total",
+        "Publishes JetStream answered as duplicates (events published again after a crash, a lost acknowledgement or an outage), by relay"
+    );
+    describe_counter!(
+        "asiento_events_relay_errors_total",
+        "Events relay rounds that failed and are retried from the stored cursor, by relay and kind (nats, stream, database, config)"
+    );
+    describe_gauge!(
+        "asiento_events_relay_lag_events",
+        "Merchant events after the events relay's cursor, reported by the process holding its lease, by relay"
+    );
+    describe_gauge!(
+        "asiento_events_relay_active",
+        "1 on the process holding the events relay's lease, 0 on those waiting, by relay"
+    );
+    describe_gauge!(
+        "asiento_events_relay_last_error_timestamp_seconds",
+        "Unix time of the events relay's last failed round, by relay"
+    );
 }

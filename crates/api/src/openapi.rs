@@ -1,11 +1,20 @@
 //! `GET /openapi.json`: the OpenAPI 3.1 document of every `/v1` route, generated from the
 //! handlers' `#[utoipa::path]` annotations and the body types below (which describe the JSON the
-//! renderers write; a test keeps them from drifting apart).
+//! renderers write; a test keeps them from drifting apart), then given the rules the edge
+//! enforces ([`rules`]: patterns, bounds, enums, formats) and the links between operations
+//! ([`links`]). An API process serves it with its own providers and amount limit
+//! ([`Deployment`]).
 
-use axum::{response::IntoResponse, Json};
+mod links;
+pub mod patterns;
+mod rules;
+
+use axum::{extract::State, response::IntoResponse, Json};
 use serde::Serialize;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
+
+use crate::AppState;
 
 /// RFC 9457 problem details; `code` is stable and meant to be branched on.
 #[derive(Serialize, ToSchema)]
@@ -147,13 +156,15 @@ pub struct PaymentEventView {
 /// `POST /v1/payments/{id}/capture`.
 #[derive(Serialize, ToSchema)]
 pub struct CaptureRequest {
-    /// At most the authorized amount; the whole of it when absent.
+    /// At most the authorized amount (422 `capture_exceeds_authorized`); the whole of it when
+    /// absent.
     pub amount_minor: Option<i64>,
 }
 
 /// `POST /v1/payments/{id}/refunds`.
 #[derive(Serialize, ToSchema)]
 pub struct RefundRequest {
+    /// At most what is left to refund (captured less refunded; 422 `refund_exceeds_captured`).
     pub amount_minor: i64,
 }
 
@@ -174,7 +185,8 @@ pub struct TransferRequest {
 /// `POST /v1/transfers/{id}/post`: posts a hold, whole or in part.
 #[derive(Serialize, ToSchema)]
 pub struct PostHoldRequest {
-    /// At most the hold's amount; absent: all of it. The rest is released.
+    /// At most the hold's amount (422 `amount_exceeds_hold`); absent: all of it. The rest is
+    /// released.
     pub amount_minor: Option<i64>,
 }
 
@@ -469,9 +481,57 @@ impl Modify for BearerAuth {
 )]
 pub struct ApiDoc;
 
-/// `GET /openapi.json`
+/// What one deployment accepts beyond the code's own rules: the providers a payment may name,
+/// and the largest amount one request may carry (`serve --amount-max`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deployment {
+    /// Empty: any well-formed name (the document of a process that has no providers).
+    pub providers: Vec<String>,
+    pub amount_max: i64,
+}
+
+impl Default for Deployment {
+    fn default() -> Self {
+        Deployment {
+            providers: Vec::new(),
+            amount_max: asiento_domain::AMOUNT_MAX_DEFAULT,
+        }
+    }
+}
+
+impl Deployment {
+    /// The deployment an API process serves.
+    #[must_use]
+    pub fn of(state: &AppState) -> Self {
+        Deployment {
+            providers: state
+                .payments
+                .providers()
+                .names()
+                .map(|name| name.as_str().to_owned())
+                .collect(),
+            amount_max: state.amount_limit.max().minor(),
+        }
+    }
+}
+
+/// The whole document for a deployment: utoipa's, with the edge's rules and the links.
+#[must_use]
+pub fn document_for(deployment: &Deployment) -> serde_json::Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document is JSON");
+    rules::apply(&mut doc, deployment);
+    links::apply(&mut doc);
+    doc
+}
+
+/// `GET /openapi.json` of an API process: with its providers and amount limit.
+pub async fn deployment_document(State(state): State<AppState>) -> impl IntoResponse {
+    Json(document_for(&Deployment::of(&state)))
+}
+
+/// `GET /openapi.json` of a process without the API: the defaults.
 pub async fn document() -> impl IntoResponse {
-    Json(ApiDoc::openapi())
+    Json(document_for(&Deployment::default()))
 }
 
 #[cfg(test)]
@@ -531,6 +591,91 @@ mod tests {
             doc["components"]["securitySchemes"]["bearer"]["scheme"],
             "bearer"
         );
+    }
+
+    /// Every rule and link lands where it is meant to (a misplaced one fails a debug assertion),
+    /// operation ids are unique, and every link names an operation and parameters it has.
+    #[test]
+    fn rules_and_links_name_what_exists() {
+        let doc = document_for(&Deployment {
+            providers: vec!["sim".to_owned()],
+            amount_max: 500,
+        });
+        let mut operations = std::collections::BTreeMap::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for (method, operation) in item.as_object().expect("path item") {
+                let id = operation["operationId"].as_str().expect("an operationId");
+                let parameters: Vec<String> = operation["parameters"]
+                    .as_array()
+                    .map(|all| {
+                        all.iter()
+                            .filter_map(|p| p["name"].as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let previous = operations.insert(id.to_owned(), (path, method, parameters));
+                assert!(previous.is_none(), "operationId {id} twice");
+            }
+        }
+        let mut count = 0;
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for operation in item.as_object().expect("path item").values() {
+                for response in operation["responses"]
+                    .as_object()
+                    .expect("responses")
+                    .values()
+                {
+                    let Some(links) = response["links"].as_object() else {
+                        continue;
+                    };
+                    for (name, link) in links {
+                        count += 1;
+                        let target = link["operationId"].as_str().expect("operationId");
+                        let (_, _, parameters) = operations
+                            .get(target)
+                            .unwrap_or_else(|| panic!("{path} {name}: no operation {target}"));
+                        for parameter in link["parameters"].as_object().expect("parameters").keys()
+                        {
+                            assert!(
+                                parameters.contains(parameter),
+                                "{path} {name}: {target} has no parameter {parameter}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert!(count >= 20, "{count} links");
+        let amount = &doc["components"]["schemas"]["RefundRequest"]["properties"]["amount_minor"];
+        assert_eq!(
+            (amount["minimum"].as_i64(), amount["maximum"].as_i64()),
+            (Some(1), Some(500))
+        );
+        let provider =
+            &doc["components"]["schemas"]["CreatePaymentRequest"]["properties"]["provider"];
+        assert_eq!(provider["enum"], serde_json::json!(["sim", null]));
+        let keys = doc["paths"]
+            .as_object()
+            .expect("paths")
+            .values()
+            .flat_map(|item| item.as_object().expect("item").values())
+            .filter_map(|operation| operation["parameters"].as_array())
+            .flatten()
+            .filter(|parameter| parameter["name"] == "Idempotency-Key")
+            .inspect(|parameter| assert!(parameter["schema"]["pattern"].is_string()))
+            .count();
+        assert_eq!(keys, 9);
+    }
+
+    /// The account patterns are anchored, and flat: one alternation, not a group per character of
+    /// the words they leave out (deep nesting makes regex tools recurse deeply).
+    #[test]
+    fn the_account_patterns_are_anchored_and_flat() {
+        let client = patterns::client_account();
+        let any = patterns::any_account();
+        assert!(client.starts_with('^') && client.ends_with('$'));
+        assert!(any.contains("pending_debits") && any.contains("pending_credits"));
+        assert!(!client.contains("(?:(?:(?:"), "flat enough: {client}");
     }
 
     /// The documented payment is exactly what the renderer writes.

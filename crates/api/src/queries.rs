@@ -29,7 +29,7 @@ fn not_found() -> Problem {
 
 /// `GET /v1/payments/{id}`
 #[utoipa::path(
-    get, path = "/v1/payments/{id}", tag = "payments",
+    get, path = "/v1/payments/{id}", tag = "payments", operation_id = "get_payment",
     params(("id" = String, Path, description = "pay_…")),
     responses(
         (status = 200, description = "The payment, from its own stream (never stale)", body = crate::openapi::Payment),
@@ -61,7 +61,7 @@ pub async fn get_payment(
 
 /// `GET /v1/transfers/{id}`: a transfer or hold, from its own stream.
 #[utoipa::path(
-    get, path = "/v1/transfers/{id}", tag = "ledger",
+    get, path = "/v1/transfers/{id}", tag = "ledger", operation_id = "get_transfer",
     params(("id" = String, Path, description = "tr_…")),
     responses(
         (status = 200, description = "The transfer, from its own stream (never stale)", body = crate::openapi::Transfer),
@@ -89,7 +89,7 @@ pub async fn get_transfer(
 
 /// `GET /v1/payments/{id}/events`: the payment's history, oldest first.
 #[utoipa::path(
-    get, path = "/v1/payments/{id}/events", tag = "payments",
+    get, path = "/v1/payments/{id}/events", tag = "payments", operation_id = "list_payment_events",
     params(("id" = String, Path, description = "pay_…")),
     responses(
         (status = 200, description = "Its event history, oldest first; redirect URLs and review details read \"[redacted]\"", body = Vec<crate::openapi::PaymentEventView>),
@@ -195,7 +195,7 @@ fn visible<'a>(
 /// `GET /v1/payments?status=&customer=&provider=&created_gte=&created_lt=&limit=50&cursor=[&min_position=N]`:
 /// the tenant's payments, newest first, from the payments read model.
 #[utoipa::path(
-    get, path = "/v1/payments", tag = "payments",
+    get, path = "/v1/payments", tag = "payments", operation_id = "list_payments",
     params(
         ("status" = Option<String>, Query, description = "Only payments in this status"),
         ("customer" = Option<String>, Query),

@@ -42,12 +42,34 @@ fn problem(error: OutboundError) -> Problem {
     }
 }
 
+/// Whether `raw` is `prefix` and a uuid's 32 lowercase hex digits, the only form the API gives
+/// out (`we_…`, `wd_…`, `evt_…`). Anything else names nothing: it is answered 404 before it
+/// reaches a query (PostgreSQL cannot even compare a text holding U+0000).
+pub(crate) fn well_formed(raw: &str, prefix: &str) -> bool {
+    raw.strip_prefix(prefix).is_some_and(|hex| {
+        hex.len() == 32
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// An endpoint id from the path, or the 404 a malformed one answers.
+fn endpoint_id(raw: &str) -> Result<&str, Problem> {
+    if well_formed(raw, "we_") {
+        Ok(raw)
+    } else {
+        Err(not_found())
+    }
+}
+
 /// The tenant's endpoint, or the 404 another tenant's or an unknown one answers.
 async fn found(
     state: &AppState,
     tenant: &AuthenticatedTenant,
     id: &str,
 ) -> Result<endpoints::Endpoint, Problem> {
+    let id = endpoint_id(id)?;
     endpoints::find(&state.database, &tenant.0, id)
         .await
         .map_err(problem)?
@@ -64,7 +86,7 @@ fn now_ms() -> i64 {
 
 /// `POST /v1/webhook_endpoints`
 #[utoipa::path(
-    post, path = "/v1/webhook_endpoints", tag = "webhooks",
+    post, path = "/v1/webhook_endpoints", tag = "webhooks", operation_id = "create_webhook_endpoint",
     params(("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters")),
     request_body = crate::openapi::CreateWebhookEndpoint,
     responses(
@@ -118,7 +140,7 @@ pub async fn create(
 
 /// `GET /v1/webhook_endpoints`
 #[utoipa::path(
-    get, path = "/v1/webhook_endpoints", tag = "webhooks",
+    get, path = "/v1/webhook_endpoints", tag = "webhooks", operation_id = "list_webhook_endpoints",
     responses((status = 200, description = "The tenant's endpoints, oldest first (no secrets)", body = crate::openapi::WebhookEndpointList))
 )]
 pub async fn list(
@@ -134,7 +156,7 @@ pub async fn list(
 
 /// `GET /v1/webhook_endpoints/{id}`
 #[utoipa::path(
-    get, path = "/v1/webhook_endpoints/{id}", tag = "webhooks",
+    get, path = "/v1/webhook_endpoints/{id}", tag = "webhooks", operation_id = "get_webhook_endpoint",
     params(("id" = String, Path, description = "we_…")),
     responses(
         (status = 200, description = "The endpoint (no secret)", body = crate::openapi::WebhookEndpoint),
@@ -152,7 +174,7 @@ pub async fn get(
 
 /// `DELETE /v1/webhook_endpoints/{id}`
 #[utoipa::path(
-    delete, path = "/v1/webhook_endpoints/{id}", tag = "webhooks",
+    delete, path = "/v1/webhook_endpoints/{id}", tag = "webhooks", operation_id = "delete_webhook_endpoint",
     params(("id" = String, Path, description = "we_…")),
     responses(
         (status = 200, description = "Deleted: nothing more is sent to it", body = Object),
@@ -164,6 +186,7 @@ pub async fn delete(
     tenant: AuthenticatedTenant,
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
+    endpoint_id(&id)?;
     if !endpoints::delete(&state.database, &tenant.0, &id)
         .await
         .map_err(problem)?
@@ -175,7 +198,7 @@ pub async fn delete(
 
 /// `POST /v1/webhook_endpoints/{id}/rotate_secret`
 #[utoipa::path(
-    post, path = "/v1/webhook_endpoints/{id}/rotate_secret", tag = "webhooks",
+    post, path = "/v1/webhook_endpoints/{id}/rotate_secret", tag = "webhooks", operation_id = "rotate_webhook_endpoint_secret",
     params(
         ("id" = String, Path, description = "we_…"),
         ("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters")
@@ -195,6 +218,7 @@ pub async fn rotate_secret(
     JsonObject(body): JsonObject,
 ) -> Result<Response, Problem> {
     let tenant_id = tenant_id(&tenant)?;
+    endpoint_id(&id)?;
     let request = idempotent(
         &headers,
         &tenant_id,
@@ -203,7 +227,8 @@ pub async fn rotate_secret(
         &body,
     )?;
     Fields(&body).only(&["expire_previous_in_s"])?;
-    let previous_valid_s = match body.get("expire_previous_in_s") {
+    // Null is absent, as for every other optional field.
+    let previous_valid_s = match body.get("expire_previous_in_s").filter(|v| !v.is_null()) {
         None => 24 * 3_600,
         Some(value) => value
             .as_i64()
@@ -230,7 +255,7 @@ pub async fn rotate_secret(
 
 /// `POST /v1/webhook_endpoints/{id}/enable`
 #[utoipa::path(
-    post, path = "/v1/webhook_endpoints/{id}/enable", tag = "webhooks",
+    post, path = "/v1/webhook_endpoints/{id}/enable", tag = "webhooks", operation_id = "enable_webhook_endpoint",
     params(("id" = String, Path, description = "we_…")),
     responses(
         (status = 200, description = "Enabled again (a disabled endpoint's waiting deliveries go out)", body = crate::openapi::WebhookEndpoint),
@@ -242,6 +267,7 @@ pub async fn enable(
     tenant: AuthenticatedTenant,
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
+    endpoint_id(&id)?;
     let endpoint = endpoints::enable(&state.database, &tenant.0, &id)
         .await
         .map_err(problem)?
@@ -251,7 +277,7 @@ pub async fn enable(
 
 /// `GET /v1/webhook_endpoints/{id}/deliveries`
 #[utoipa::path(
-    get, path = "/v1/webhook_endpoints/{id}/deliveries", tag = "webhooks",
+    get, path = "/v1/webhook_endpoints/{id}/deliveries", tag = "webhooks", operation_id = "list_webhook_deliveries",
     params(("id" = String, Path, description = "we_…")),
     responses(
         (status = 200, description = "The most recent 100 deliveries, newest event first, each with every attempt", body = Object),
@@ -272,7 +298,7 @@ pub async fn list_deliveries(
 
 /// `POST /v1/webhook_endpoints/{id}/deliveries/{delivery_id}/retry`
 #[utoipa::path(
-    post, path = "/v1/webhook_endpoints/{id}/deliveries/{delivery_id}/retry", tag = "webhooks",
+    post, path = "/v1/webhook_endpoints/{id}/deliveries/{delivery_id}/retry", tag = "webhooks", operation_id = "retry_webhook_delivery",
     params(
         ("id" = String, Path, description = "we_…"),
         ("delivery_id" = String, Path, description = "wd_…")
@@ -288,15 +314,21 @@ pub async fn retry_delivery(
     Path((id, delivery)): Path<(String, String)>,
 ) -> Result<Response, Problem> {
     found(&state, &tenant, &id).await?;
+    let delivery_not_found = || {
+        Problem::new(
+            StatusCode::NOT_FOUND,
+            "webhook_delivery_not_found",
+            "webhook delivery not found",
+        )
+    };
+    if !well_formed(&delivery, "wd_") {
+        return Err(delivery_not_found());
+    }
     if !deliveries::retry(&state.database, &id, &delivery, now_ms())
         .await
         .map_err(problem)?
     {
-        return Err(Problem::new(
-            StatusCode::NOT_FOUND,
-            "webhook_delivery_not_found",
-            "webhook delivery not found",
-        ));
+        return Err(delivery_not_found());
     }
     Ok((
         StatusCode::ACCEPTED,

@@ -457,6 +457,7 @@ async fn app() -> (tempdir::Guard, Router) {
         key_cache: Default::default(),
         amount_limit: AmountLimit::DEFAULT,
         webhook_urls: Default::default(),
+        rate_limits: Default::default(),
     };
     (dir, asiento_api::router(state))
 }

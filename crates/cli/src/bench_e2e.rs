@@ -11,6 +11,8 @@
 //! transactions one payment takes, counted in this run; half of them before the
 //! server starts and half after it stops). It prints
 //! `E2E-<backend> asiento=<payments/s> limit=<database floor> ratio=<x>`.
+//! With `--events-relay nats://…` the server also publishes its merchant events to
+//! JetStream: the same figures with the relay running, to compare with a run without.
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
@@ -80,6 +82,10 @@ pub struct E2eArgs {
     /// payments/s against the spread load's (`E2E-HOT-…`).
     #[arg(long)]
     pub hot_account: bool,
+    /// A NATS server (`nats://…`) the server relays its merchant events to (`serve
+    /// --events-relay`): the same load with the relay running, to compare with a run without.
+    #[arg(long)]
+    pub events_relay: Option<String>,
 }
 
 // ------------------------------------------------------------------ the server
@@ -92,7 +98,11 @@ struct Server {
 }
 
 impl Server {
-    async fn start(bin: &std::path::Path, database_url: &str) -> anyhow::Result<Server> {
+    async fn start(
+        bin: &std::path::Path,
+        database_url: &str,
+        events_relay: Option<&str>,
+    ) -> anyhow::Result<Server> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -100,6 +110,12 @@ impl Server {
         let mut child = tokio::process::Command::new(bin)
             .args(["serve", "--listen", &listen, "--database-url", database_url])
             .args(["--api-keys", &format!("{BENCH_TENANT}:{BENCH_API_KEY}")])
+            .args(
+                events_relay
+                    .map(|url| ["--events-relay", url])
+                    .into_iter()
+                    .flatten(),
+            )
             .env("ASIENTO_LOG", "warn,sqlx=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -562,7 +578,7 @@ async fn e2e_on(
     let floor_half = args.floor_transactions / 2;
     let floor_before =
         run_plain_transactions(db, args.clients, 0..floor_half, postgres.as_deref()).await?;
-    let server = Server::start(bin, url).await?;
+    let server = Server::start(bin, url, args.events_relay.as_deref()).await?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.clients)
         .timeout(Duration::from_secs(60))

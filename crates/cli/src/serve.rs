@@ -9,7 +9,8 @@
 //! `/console` (and the simulator under `/sim` when no provider URL is given); `projector` runs the
 //! projection runners; `worker` runs the webhook worker, the reconciler, the sealer, the invariant
 //! checker, the idempotency-key purger, the hold expiry worker, the merchant webhooks' dispatcher
-//! and deliverer, and the gauges. Every long-running part takes a shutdown future.
+//! and deliverer, the gauges and, with `--events-relay`, the events relay to NATS JetStream. Every
+//! long-running part takes a shutdown future.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -153,10 +154,25 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub outbound: OutboundArgs,
 
+    #[command(flatten)]
+    pub events_relay: EventsRelayArgs,
+
     /// The platform operator's key for the console (`/console`): signing in with it shows the
     /// reconciliation exceptions that name no tenant's payment. At least 16 characters.
     #[arg(long, env = "ASIENTO_OPERATOR_KEY", hide_env_values = true, value_parser = parse_operator_key)]
     pub operator_key: Option<String>,
+
+    /// Token buckets per API key (and per tenant across its keys, 4 times as large):
+    /// `default=200/s,burst=400;acme=1000/s,burst=2000`, units s, m or h; also `address=…` (requests
+    /// without a known key, per client address) and `console=…` (console sign-ins per address,
+    /// 10/m by default). Unset: no `/v1` request is limited.
+    #[arg(long, env = "ASIENTO_RATE_LIMIT", value_parser = parse_rate_limit)]
+    pub rate_limit: Option<asiento_api::rate_limit::RateLimitConfig>,
+}
+
+fn parse_rate_limit(raw: &str) -> Result<asiento_api::rate_limit::RateLimitConfig, String> {
+    raw.parse::<asiento_api::rate_limit::RateLimitConfig>()
+        .map_err(|error| error.to_string())
 }
 
 fn parse_operator_key(raw: &str) -> Result<String, String> {
@@ -369,6 +385,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             args.gauges_interval,
             wait_for(stopped.clone()),
         ));
+        if let Some(relay) = args
+            .events_relay
+            .relay(&database, core.payments.clock().clone())?
+        {
+            println!("events relay {} running", relay.name());
+            tasks.spawn(relay.run(wait_for(stopped.clone())));
+        }
         println!(
             "webhook worker, reconciler, sealer, invariant checker, hold expiry, key purger, \
              gauges and merchant webhooks running"
@@ -381,10 +404,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.role
     );
     tracing::info!(%address, role = ?args.role, backend = ?database.backend(), "serving");
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("serving HTTP");
+    // With each connection's peer address, which the rate limits of requests without a known key
+    // and of console sign-ins are kept by.
+    let served = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown_signal())
+    .await
+    .context("serving HTTP");
     stop.send_replace(true);
     while tasks.join_next().await.is_some() {}
     served
@@ -539,6 +567,9 @@ impl Core {
             key_cache: Default::default(),
             amount_limit: asiento_domain::AmountLimit::new(args.amount_max)?,
             webhook_urls: Arc::new(args.outbound.policy()?),
+            rate_limits: Arc::new(asiento_api::rate_limit::RateLimits::new(
+                args.rate_limit.clone().unwrap_or_default(),
+            )),
         };
         let console = asiento_console::ConsoleState::new(
             state.clone(),
@@ -751,5 +782,55 @@ impl OutboundArgs {
             policy: Arc::new(self.policy()?),
             ..asiento_outbound::DeliveryConfig::default()
         })
+    }
+}
+
+/// The events relay: the merchant events feed published to NATS JetStream (crates/relay), by the
+/// processes that run workers; one of them relays at a time (a job lease per relay name).
+#[derive(clap::Args, Debug, Clone)]
+pub struct EventsRelayArgs {
+    /// The NATS server to relay merchant events to (`nats://host:4222`, several comma-separated);
+    /// unset, no relay runs.
+    #[arg(long, env = "ASIENTO_EVENTS_RELAY", hide_env_values = true)]
+    pub events_relay: Option<String>,
+    /// The JetStream stream, created with subjects `asiento.>` if it does not exist.
+    #[arg(long, env = "ASIENTO_EVENTS_RELAY_STREAM", default_value = asiento_relay::STREAM_DEFAULT)]
+    pub events_relay_stream: String,
+    /// Only these tenants' events (comma-separated); empty for every tenant.
+    #[arg(long, env = "ASIENTO_EVENTS_RELAY_TENANTS", default_value = "")]
+    pub events_relay_tenants: String,
+    /// The duplicate window of a stream the relay creates.
+    #[arg(long, env = "ASIENTO_EVENTS_RELAY_DUPLICATE_WINDOW", value_parser = humantime::parse_duration, default_value = "2m")]
+    pub events_relay_duplicate_window: Duration,
+    /// How long the relay's lease holds: a stopped relay's successor takes over within it.
+    #[arg(long, env = "ASIENTO_EVENTS_RELAY_LEASE", value_parser = humantime::parse_duration, default_value = "10s")]
+    pub events_relay_lease: Duration,
+    /// How long a publish waits for JetStream's acknowledgement (below the lease).
+    #[arg(long, env = "ASIENTO_EVENTS_RELAY_ACK_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
+    pub events_relay_ack_timeout: Duration,
+}
+
+impl EventsRelayArgs {
+    /// The relay these flags ask for, checked; None without `--events-relay`.
+    pub fn relay(
+        &self,
+        database: &Database,
+        clock: Arc<dyn asiento_app::clock::Clock>,
+    ) -> anyhow::Result<Option<asiento_relay::Relay>> {
+        let Some(url) = &self.events_relay else {
+            return Ok(None);
+        };
+        let config = asiento_relay::RelayConfig {
+            stream: self.events_relay_stream.clone(),
+            duplicate_window: self.events_relay_duplicate_window,
+            lease: self.events_relay_lease,
+            ack_timeout: self.events_relay_ack_timeout,
+            ..asiento_relay::RelayConfig::new(url.clone())
+        }
+        .with_tenants(&self.events_relay_tenants)
+        .context("--events-relay-tenants")?;
+        let relay =
+            asiento_relay::Relay::new(database.clone(), clock, config).context("--events-relay")?;
+        Ok(Some(relay))
     }
 }

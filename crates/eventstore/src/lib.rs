@@ -18,7 +18,10 @@
 //!   overtaken; see `postgres.rs` for the argument.
 //! - **Round trips are the cost.** A single-stream append on PostgreSQL is one
 //!   statement in autocommit (no BEGIN/COMMIT), the pool does not ping on
-//!   acquire, and batches go as one UNNEST insert.
+//!   acquire, and batches go as one UNNEST insert. [`EachAppend`] (`each.rs`) is
+//!   the append CTE that group commit embeds in its one statement per batch, and
+//!   `tail_cache` lets the readers of one process share one read of the newest
+//!   events.
 //!
 //! Architecture invariant: rows of `events` are never updated or deleted; a
 //! trigger rejects it on both backends.

@@ -1,11 +1,15 @@
 //! Signing in and out. The key is typed into a form posted to us (never put in a URL), checked
 //! like an API request's bearer key (or against the platform operator's key), and exchanged for
 //! a session cookie. The person's name is asked for too: a tenant's key is shared, and the audit
-//! trail must say who acted.
+//! trail must say who acted. Attempts are limited per client address (`serve --rate-limit
+//! console=…`, 10 a minute by default), before anything else is read, so that a key cannot be
+//! guessed by brute force; a browser over the limit gets this form again, 429, saying how long
+//! to wait.
 
+use asiento_api::rate_limit::ClientAddress;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use maud::html;
 use subtle::ConstantTimeEq as _;
@@ -68,9 +72,22 @@ pub async fn show_form(headers: HeaderMap) -> Response {
 /// `POST /console/sign-in`: opens a session for a known key.
 pub async fn sign_in(
     State(state): State<ConsoleState>,
+    address: ClientAddress,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
+    if let Err(limited) = state.api.rate_limits.console_attempt(address) {
+        let wait = format!(
+            "Too many sign-in attempts from your address. Wait {} seconds, then try again.",
+            limited.retry_after_s
+        );
+        let mut page = form_page(&headers, Some(&wait), StatusCode::TOO_MANY_REQUESTS);
+        page.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(limited.retry_after_s),
+        );
+        return Ok(page);
+    }
     let fields = form(&body);
     let sent = fields.get("csrf").map(String::as_str).unwrap_or_default();
     let expected = session::cookie(&headers, SIGN_IN_COOKIE).unwrap_or_default();
