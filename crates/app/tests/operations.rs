@@ -59,6 +59,7 @@ impl PaymentRig {
     }
 
     async fn sweep(&self) -> asiento_app::reconcile::SweepSummary {
+        self.log_readable().await;
         let summary = Reconciler::new(self.flow.clone(), config())
             .sweep_once()
             .await

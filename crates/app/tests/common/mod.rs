@@ -120,6 +120,36 @@ impl PaymentRig {
         self.db.finish().await;
     }
 
+    /// Waits until the log can be read through every event committed so far. On PostgreSQL a
+    /// committed event becomes readable only once every older transaction of the cluster has
+    /// ended (other tests run beside this one), and the reconciler's watch lists follow what the
+    /// log can read: a sweep right after a write may not see it yet.
+    pub async fn log_readable(&self) {
+        let sql = "select max(position) from events";
+        let newest: Option<i64> = match &self.database {
+            Database::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+            Database::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+        }
+        .unwrap();
+        let Some(position) = newest else {
+            return;
+        };
+        let store = self.database.event_store();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if let Some(cursor) = store.cursor_of_position(position).await.unwrap() {
+                if store.head().await.unwrap() >= cursor {
+                    return;
+                }
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the log never became readable through position {position}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
     /// The simulator's recorded events not taken before.
     pub fn new_events(&self) -> Vec<asiento_psp::WebhookEvent> {
         let events = self.sim.events();
