@@ -283,10 +283,12 @@ async fn lost_answers_are_sent_again(backend: Backend) {
     let (never, made_never) = h.unanswered(CaptureMode::Manual, false).await;
 
     // Not yet due: the sweep leaves a fresh payment alone.
+    h.log_readable().await;
     let early = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(early.charges_resent, 0, "{early}");
 
     clock.advance_ms(OPERATION_TIMEOUT_MS + 1_000);
+    h.log_readable().await;
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(
         summary.charges_resent,
@@ -312,6 +314,7 @@ async fn lost_answers_are_sent_again(backend: Backend) {
 
     // Settled: the next sweep sends nothing again.
     clock.advance_ms(OPERATION_TIMEOUT_MS);
+    h.log_readable().await;
     let again = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(again.charges_resent, 0, "{again}");
     h.finish().await;
@@ -335,6 +338,7 @@ async fn unwanted_creations_are_cancelled_then_expire(backend: Backend) {
     // Past its expiry the payment is no longer wanted: nothing is sent again, whatever its
     // request made is cancelled by our reference, and it stays pending.
     clock.advance_ms(PENDING_TIMEOUT_MS + 1_000);
+    h.log_readable().await;
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.charges_resent, 0, "{summary}");
     assert_eq!(summary.cancelled_by_reference, made, "{summary}");
@@ -345,6 +349,7 @@ async fn unwanted_creations_are_cancelled_then_expire(backend: Backend) {
     // payment a day late.
     h.report_compared_to(expired_ms + DAY_MS).await;
     clock.advance_ms(2 * DAY_MS);
+    h.log_readable().await;
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.expired, 0, "{summary}");
     assert_eq!(h.status(absent).await, PaymentStatus::Pending);
@@ -352,6 +357,7 @@ async fn unwanted_creations_are_cancelled_then_expire(backend: Backend) {
     // Two days of reports without it: the payment expires.
     h.report_compared_to(expired_ms + 2 * DAY_MS).await;
     clock.advance_ms(2 * DAY_MS);
+    h.log_readable().await;
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert!(summary.expired >= 1, "{summary}");
     assert_eq!(h.status(absent).await, PaymentStatus::Expired);
@@ -375,6 +381,7 @@ async fn unwanted_authorisations_are_cancelled(backend: Backend) {
     // it at the provider (its webhook, not delivered here, would fail the payment).
     let (authorised, made) = h.unanswered(CaptureMode::Manual, true).await;
     clock.advance_ms(PENDING_TIMEOUT_MS + 1_000);
+    h.log_readable().await;
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.cancelled_by_reference, made, "{summary}");
     // The cancel is received, then decided.
@@ -405,10 +412,12 @@ async fn abandoned_redirects_are_cancelled_unread(backend: Backend) {
 
     // The customer may still finish: nothing is cancelled before the timeout.
     clock.advance_ms(REQUIRES_ACTION_TIMEOUT_MS - 60_000);
+    h.log_readable().await;
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.redirects_cancelled, 0, "{summary}");
 
     clock.advance_ms(2 * 60_000);
+    h.log_readable().await;
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.redirects_cancelled, 1, "{summary}");
     let charges = h
@@ -419,6 +428,7 @@ async fn abandoned_redirects_are_cancelled_unread(backend: Backend) {
     // Its notification (not delivered here) decides the payment; the sweep asks again only
     // an hour later.
     assert_eq!(h.status(redirect).await, PaymentStatus::RequiresAction);
+    h.log_readable().await;
     let again = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(again.redirects_cancelled, 0, "{again}");
     h.finish().await;
@@ -440,6 +450,7 @@ async fn the_daily_report_settles_what_nothing_told(backend: Backend) {
     let (captured, _) = h.unanswered(CaptureMode::Automatic, true).await;
 
     // Today's report is not made yet: the report is compared up to today's start, no further.
+    h.log_readable().await;
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.charges_resent, 0, "{summary}");
     assert_eq!(summary.report_lines, 0, "{summary}");
@@ -456,6 +467,7 @@ async fn the_daily_report_settles_what_nothing_told(backend: Backend) {
     assert_eq!(status, 200, "{made}");
     // Our clock stands still while Adyen books by its own: move past the booking.
     clock.advance_ms(5_000);
+    h.log_readable().await;
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert!(summary.report_lines >= 1, "{summary}");
     assert_eq!(

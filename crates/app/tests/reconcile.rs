@@ -217,6 +217,7 @@ async fn out_of_band_refund(backend: Backend) {
     assert_eq!(status, 200);
 
     let reconciler = h.reconciler();
+    h.log_readable().await;
     let summary = reconciler.sweep_once().await.unwrap();
     assert_eq!(summary.exceptions_total(), 1, "{summary}");
     let record = h.record(id).await;
@@ -248,11 +249,13 @@ async fn out_of_band_refund(backend: Backend) {
 
     // Again: nothing new, anywhere.
     let version = events.len();
+    h.log_readable().await;
     let again = reconciler.sweep_once().await.unwrap();
     assert_eq!(again.exceptions_total(), 0, "{again}");
     assert_eq!(h.events(id).await.len(), version);
     assert_eq!(h.all_exceptions().await.len(), 1);
     // A fresh reconciler (no cursor in memory, same database) agrees.
+    h.log_readable().await;
     let third = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(third.exceptions_total(), 0, "{third}");
     assert_eq!(h.events(id).await.len(), version);
@@ -298,6 +301,7 @@ async fn convergence(backend: Backend) {
             assert_eq!(status, 200);
         }
     }
+    h.log_readable().await;
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.errors, 0, "{summary}");
     for (id, method) in &payments {
@@ -315,6 +319,7 @@ async fn convergence(backend: Backend) {
         assert!(!record.needs_review(), "{id} ({method}) flagged");
     }
     // Converged: a second sweep has nothing to do.
+    h.log_readable().await;
     let again = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(
         (again.settled, again.expired, again.exceptions_total()),
@@ -348,6 +353,7 @@ async fn amount_mismatch(backend: Backend) {
         )
         .await;
     assert_eq!(status, 200);
+    h.log_readable().await;
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(summary.flagged, 1, "{summary}");
 
@@ -371,6 +377,7 @@ async fn amount_mismatch(backend: Backend) {
     assert!(record.needs_review());
 
     // The same sweep again records nothing and flags nothing twice.
+    h.log_readable().await;
     let again = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(again.exceptions_total(), 0, "{again}");
     assert_eq!(h.events(id).await.len(), after.len());
@@ -472,12 +479,15 @@ async fn unknown_expired_stuck_and_lease(backend: Backend) {
         .await
         .unwrap()
         .unwrap();
+    h.log_readable().await;
     let busy = h.reconciler().sweep_once().await.unwrap();
     assert!(busy.lease_busy);
     assert_eq!(h.status(never_sent).await, PaymentStatus::Pending);
     asiento_app::reconcile::release_job(&h.database, RECONCILER_JOB, holder)
         .await
         .unwrap();
+
+    h.log_readable().await;
 
     let summary = h.reconciler().sweep_once().await.unwrap();
     assert_eq!(
