@@ -185,12 +185,12 @@ impl PaymentRig {
     async fn watching(&self, payments: &[PaymentId]) {
         let sql = "select count(*) from reconciliation_watch where payment_id = $1";
         for _ in 0..500 {
-            asiento_app::watch::catch_up(&self.database, self.flow.store().as_ref())
+            asiento_app::watch::catch_up(self.db.database(), self.flow.store().as_ref())
                 .await
                 .unwrap();
             let mut watched = 0;
             for payment in payments {
-                let count: i64 = match &self.database {
+                let count: i64 = match self.db.database() {
                     Database::Postgres(pool) => sqlx::query_scalar(sql)
                         .bind(payment.to_string())
                         .fetch_one(pool)
@@ -233,7 +233,7 @@ impl PaymentRig {
     async fn report_compared(&self) -> Option<i64> {
         let name = format!("report:{PROVIDER}");
         let sql = "select mark from reconciliation_cursors where name = $1";
-        match &self.database {
+        match self.db.database() {
             Database::Postgres(pool) => sqlx::query_scalar(sql)
                 .bind(&name)
                 .fetch_optional(pool)
@@ -250,7 +250,7 @@ impl PaymentRig {
     /// The settlement report of the provider compared up to `mark_ms`.
     async fn report_compared_to(&self, mark_ms: i64) {
         let name = format!("report:{PROVIDER}");
-        match &self.database {
+        match self.db.database() {
             Database::Postgres(pool) => {
                 sqlx::query(
                     "insert into reconciliation_cursors (name, mark) values ($1, $2) \

@@ -129,7 +129,8 @@ impl PaymentRig {
 
     fn sim_operations(&self, record: &PaymentRecord, kind: SimKind) -> usize {
         let charge = record.provider_charge_id.clone().unwrap();
-        self.sim
+        self.served
+            .sim
             .operations()
             .into_iter()
             .filter(|op| op.charge == charge && op.kind == kind)
@@ -137,7 +138,8 @@ impl PaymentRig {
     }
 
     fn unreachable_for(&self, ms: u64) {
-        self.sim
+        self.served
+            .sim
             .set_faults(&FaultsPatch {
                 unreachable_ms: Some(ms),
                 ..FaultsPatch::default()
@@ -147,7 +149,7 @@ impl PaymentRig {
 
     /// A POST to the simulator's control routes over plain HTTP/1.1.
     async fn sim_post(&self, path: &str, body: Value) -> u16 {
-        common::sim_post(self.sim_addr, path, &body).await.0
+        common::sim_post(self.served.addr, path, &body).await.0
     }
 }
 
@@ -303,7 +305,8 @@ async fn no_lookup_resends_under_the_key(backend: Backend) {
         ..Capabilities::SIM
     };
     let h = PaymentRig::for_operations(backend, capabilities).await;
-    h.sim
+    h.served
+        .sim
         .set_faults(&FaultsPatch {
             lookup_disabled: Some(true),
             ..FaultsPatch::default()
@@ -311,7 +314,8 @@ async fn no_lookup_resends_under_the_key(backend: Backend) {
         .unwrap();
     let id = h.create(CaptureMode::Automatic).await;
     // The refund is executed, but its answer is lost.
-    h.sim
+    h.served
+        .sim
         .set_faults(&FaultsPatch {
             timeout_rate: Some(1.0),
             ..FaultsPatch::default()
@@ -326,7 +330,8 @@ async fn no_lookup_resends_under_the_key(backend: Backend) {
             .state,
         OperationState::Requested
     );
-    h.sim
+    h.served
+        .sim
         .set_faults(&FaultsPatch {
             timeout_rate: Some(0.0),
             ..FaultsPatch::default()

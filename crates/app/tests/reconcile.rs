@@ -81,7 +81,8 @@ impl PaymentRig {
     /// happen after the effect (the provider charged, then answered 500), so payments are made
     /// until one really never reached it.
     async fn never_sent(&self, amount: i64) -> PaymentId {
-        self.sim
+        self.served
+            .sim
             .set_faults(&serde_json::from_value(json!({"error_rate": 1.0})).unwrap())
             .unwrap();
         let mut never_sent = None;
@@ -89,6 +90,7 @@ impl PaymentRig {
             let id = self.create("pm_card_ok", amount).await;
             let reference = id.to_string();
             if !self
+                .served
                 .sim
                 .charges()
                 .iter()
@@ -98,7 +100,8 @@ impl PaymentRig {
                 break;
             }
         }
-        self.sim
+        self.served
+            .sim
             .set_faults(&serde_json::from_value(json!({"error_rate": 0.0})).unwrap())
             .unwrap();
         never_sent.expect("a charge that never reached the provider")
@@ -113,7 +116,7 @@ impl PaymentRig {
         lease_ms: i64,
     ) -> asiento_app::payments::Idempotent {
         let request = create_request(key);
-        let mut tx = self.database.begin().await.unwrap();
+        let mut tx = self.db.database().begin().await.unwrap();
         let claim = asiento_app::idempotency::claim(
             &mut tx,
             &request.scope,
@@ -149,7 +152,8 @@ impl PaymentRig {
 
     fn charge_of(&self, payment: PaymentId) -> Charge {
         let reference = payment.to_string();
-        self.sim
+        self.served
+            .sim
             .charges()
             .into_iter()
             .find(|charge| charge.reference.as_deref() == Some(reference.as_str()))
@@ -181,17 +185,17 @@ impl PaymentRig {
 
     /// A POST to the simulator over plain HTTP/1.1 (its control routes).
     async fn sim_post(&self, path: &str, body: Value) -> (u16, Value) {
-        common::sim_post(self.sim_addr, path, &body).await
+        common::sim_post(self.served.addr, path, &body).await
     }
 
     async fn open_exceptions(&self, scope: ExceptionScope) -> Vec<exceptions::ExceptionView> {
-        exceptions::list(&self.database, &scope, Some(ExceptionStatus::Open), 500)
+        exceptions::list(self.db.database(), &scope, Some(ExceptionStatus::Open), 500)
             .await
             .unwrap()
     }
 
     async fn all_exceptions(&self) -> Vec<exceptions::ExceptionView> {
-        exceptions::list(&self.database, &ExceptionScope::All, None, 500)
+        exceptions::list(self.db.database(), &ExceptionScope::All, None, 500)
             .await
             .unwrap()
     }
@@ -388,7 +392,7 @@ async fn amount_mismatch(backend: Backend) {
     assert!(h.open_exceptions(other.clone()).await.is_empty());
     let store = h.flow.store().clone();
     let refused = exceptions::resolve(
-        &h.database,
+        h.db.database(),
         store.as_ref(),
         &other,
         exception_id,
@@ -401,7 +405,7 @@ async fn amount_mismatch(backend: Backend) {
         Err(ExceptionError::Rejected(ExceptionRejection::NotFound))
     ));
     let resolved = exceptions::resolve(
-        &h.database,
+        h.db.database(),
         store.as_ref(),
         &acme(),
         exception_id,
@@ -417,7 +421,7 @@ async fn amount_mismatch(backend: Backend) {
     );
     assert!(h.open_exceptions(acme()).await.is_empty());
     let twice = exceptions::resolve(
-        &h.database,
+        h.db.database(),
         store.as_ref(),
         &acme(),
         exception_id,
@@ -475,7 +479,7 @@ async fn unknown_expired_stuck_and_lease(backend: Backend) {
     // Another process holds the sweep lease: this sweep does nothing.
     let holder = uuid::Uuid::new_v4();
     let now_ms = h.flow.clock().now_ms();
-    acquire_job(&h.database, RECONCILER_JOB, holder, now_ms, 60_000)
+    acquire_job(h.db.database(), RECONCILER_JOB, holder, now_ms, 60_000)
         .await
         .unwrap()
         .unwrap();
@@ -483,7 +487,7 @@ async fn unknown_expired_stuck_and_lease(backend: Backend) {
     let busy = h.reconciler().sweep_once().await.unwrap();
     assert!(busy.lease_busy);
     assert_eq!(h.status(never_sent).await, PaymentStatus::Pending);
-    asiento_app::reconcile::release_job(&h.database, RECONCILER_JOB, holder)
+    asiento_app::reconcile::release_job(h.db.database(), RECONCILER_JOB, holder)
         .await
         .unwrap();
 
@@ -497,7 +501,7 @@ async fn unknown_expired_stuck_and_lease(backend: Backend) {
     );
     assert_eq!(h.status(died).await, PaymentStatus::Captured, "{summary}");
     assert_eq!(summary.keys_finished, 1, "{summary}");
-    let mut tx = h.database.begin().await.unwrap();
+    let mut tx = h.db.database().begin().await.unwrap();
     let replay = asiento_app::idempotency::claim(
         &mut tx,
         &stuck.scope,

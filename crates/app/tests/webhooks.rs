@@ -56,7 +56,7 @@ impl PaymentRig {
     /// another provider's.
     fn receiver(&self) -> WebhookReceiver {
         WebhookReceiver {
-            database: self.database.clone(),
+            database: self.db.database().clone(),
             writer: self.flow.writer().clone(),
             secrets: format!("sim:{SECRET},other:{OTHER_SECRET}")
                 .parse::<WebhookSecrets>()
@@ -111,7 +111,8 @@ impl PaymentRig {
 
     fn charge_of(&self, payment: PaymentId) -> Charge {
         let reference = payment.to_string();
-        self.sim
+        self.served
+            .sim
             .charges()
             .into_iter()
             .find(|charge| charge.reference.as_deref() == Some(reference.as_str()))
@@ -120,7 +121,7 @@ impl PaymentRig {
 
     /// A control route of the simulator (`/sim/…`), over plain HTTP/1.1.
     async fn sim_post(&self, path: &str, body: &Value) -> Value {
-        let (status, payload) = common::sim_post(self.sim_addr, path, body).await;
+        let (status, payload) = common::sim_post(self.served.addr, path, body).await;
         assert_eq!(status, 200, "{path}: {payload}");
         payload
     }
@@ -149,7 +150,7 @@ impl PaymentRig {
                 let report = worker.drain().await.unwrap();
                 add(&mut total, &report);
             }
-            if inbox_counts(&self.database).await.unwrap().pending == 0 {
+            if inbox_counts(self.db.database()).await.unwrap().pending == 0 {
                 return total;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -283,7 +284,7 @@ async fn race(backend: Backend) {
                 if finished
                     && events.is_empty()
                     && report.claimed == 0
-                    && inbox_counts(&h.database).await.unwrap().pending == 0
+                    && inbox_counts(h.db.database()).await.unwrap().pending == 0
                 {
                     break;
                 }
@@ -303,7 +304,8 @@ async fn race(backend: Backend) {
                 // sides win some of the races; long enough to survive a loaded machine (60 ms did
                 // not: a CI run saw the webhook win none of 400).
                 let latency_ms = if (i + creator) % 3 == 0 { 250 } else { 0 };
-                h.sim
+                h.served
+                    .sim
                     .set_faults(&FaultsPatch {
                         latency_ms: Some(latency_ms),
                         ..FaultsPatch::default()
@@ -353,7 +355,7 @@ async fn race(backend: Backend) {
         webhook_first > 0 && sync_first > 0,
         "webhook first {webhook_first}, sync first {sync_first}"
     );
-    let counts = inbox_counts(&h.database).await.unwrap();
+    let counts = inbox_counts(h.db.database()).await.unwrap();
     assert_eq!((counts.pending, counts.dead), (0, 0));
     Arc::into_inner(h).unwrap().finish().await;
 }
@@ -440,7 +442,7 @@ async fn mixed_payments(backend: Backend) {
     for id in &ids {
         h.check_against_provider(*id).await;
     }
-    let counts = inbox_counts(&h.database).await.unwrap();
+    let counts = inbox_counts(h.db.database()).await.unwrap();
     assert_eq!(counts.pending + counts.dead, 0);
     assert_eq!(counts.processed as usize, deliveries.len() - duplicates);
     h.finish().await;
@@ -485,7 +487,7 @@ async fn redelivery(backend: Backend) {
     assert_eq!(worker.drain().await.unwrap().applied, 1);
     let (_, after, _) = h.load(id).await;
     assert_eq!(before.len(), after.len());
-    let counts = inbox_counts(&h.database).await.unwrap();
+    let counts = inbox_counts(h.db.database()).await.unwrap();
     assert_eq!((counts.processed, counts.pending, counts.dead), (2, 0, 0));
 
     // Refused deliveries store nothing.
@@ -528,9 +530,9 @@ async fn redelivery(backend: Backend) {
         .await
         .unwrap_err();
     assert_eq!(error.code(), "signature_invalid");
-    let counts = inbox_counts(&h.database).await.unwrap();
+    let counts = inbox_counts(h.db.database()).await.unwrap();
     assert_eq!(counts.processed + counts.pending + counts.dead, 2);
-    assert_eq!(inbox_counts(&h.database).await.unwrap().processed, 2);
+    assert_eq!(inbox_counts(h.db.database()).await.unwrap().processed, 2);
     h.finish().await;
 }
 
@@ -673,7 +675,7 @@ async fn dead_letters_case(backend: Backend) {
     let (id, _) = h.create("pm_card_ok", 1_000, CaptureMode::Automatic).await;
     let broken = Worker::new(
         PaymentFlow::new(
-            h.database.clone(),
+            h.db.database().clone(),
             h.flow.writer().clone(),
             Providers::default(),
             h.flow.clock().clone(),
@@ -683,17 +685,17 @@ async fn dead_letters_case(backend: Backend) {
     );
     let events = h.new_events();
     h.deliver(&events[0]).await;
-    assert_eq!(pending_count(&h.database).await.unwrap(), 1);
+    assert_eq!(pending_count(h.db.database()).await.unwrap(), 1);
     assert_eq!(broken.drain().await.unwrap().retried, 1);
     // Still pending (the depth gauge's count), but not due before its backoff.
-    assert_eq!(pending_count(&h.database).await.unwrap(), 1);
+    assert_eq!(pending_count(h.db.database()).await.unwrap(), 1);
     assert_eq!(broken.drain().await.unwrap().claimed, 0);
     clock.advance_ms(1_000);
     assert_eq!(broken.drain().await.unwrap().retried, 1);
     clock.advance_ms(2_000);
     assert_eq!(broken.drain().await.unwrap().dead, 1);
-    assert_eq!(pending_count(&h.database).await.unwrap(), 0);
-    let dead = dead_letters(&h.database, Some(DeadReason::AttemptsExhausted), 0, 100)
+    assert_eq!(pending_count(h.db.database()).await.unwrap(), 0);
+    let dead = dead_letters(h.db.database(), Some(DeadReason::AttemptsExhausted), 0, 100)
         .await
         .unwrap();
     assert_eq!(dead.len(), 1);
@@ -716,7 +718,7 @@ async fn dead_letters_case(backend: Backend) {
     assert_eq!(worker.drain().await.unwrap().deferred, 1);
     clock.advance_ms(30_000);
     assert_eq!(worker.drain().await.unwrap().dead, 1);
-    let unknown = dead_letters(&h.database, Some(DeadReason::UnknownPayment), 0, 100)
+    let unknown = dead_letters(h.db.database(), Some(DeadReason::UnknownPayment), 0, 100)
         .await
         .unwrap();
     assert_eq!(unknown.len(), 1);
@@ -749,17 +751,20 @@ async fn dead_letters_case(backend: Backend) {
         (DeadReason::NoPaymentReference, "evt_orphan"),
         (DeadReason::ProviderMismatch, "evt_foreign"),
     ] {
-        let rows = dead_letters(&h.database, Some(reason), 0, 100)
+        let rows = dead_letters(h.db.database(), Some(reason), 0, 100)
             .await
             .unwrap();
         assert_eq!(rows.len(), 1, "{reason:?}");
         assert_eq!(rows[0].event_id, event_id);
     }
     assert_eq!(
-        dead_letters(&h.database, None, 0, 100).await.unwrap().len(),
+        dead_letters(h.db.database(), None, 0, 100)
+            .await
+            .unwrap()
+            .len(),
         4
     );
-    let counts = inbox_counts(&h.database).await.unwrap();
+    let counts = inbox_counts(h.db.database()).await.unwrap();
     assert_eq!((counts.pending, counts.processed, counts.dead), (0, 1, 4));
     // The flagged payment is otherwise untouched: still only the synchronous capture.
     h.check_against_provider_flagged(id).await;
@@ -783,7 +788,7 @@ async fn dead_letters_case(backend: Backend) {
         h.deliver(&event).await;
     }
     assert_eq!(worker.drain().await.unwrap().dead, 2);
-    let mismatched = dead_letters(&h.database, Some(DeadReason::ChargeMismatch), 0, 100)
+    let mismatched = dead_letters(h.db.database(), Some(DeadReason::ChargeMismatch), 0, 100)
         .await
         .unwrap();
     assert_eq!(mismatched.len(), 2);
@@ -848,9 +853,9 @@ async fn two_workers(backend: Backend) {
     let mut handles = Vec::new();
     for _ in 0..2 {
         // A second pool on the same database: nothing shared with the other worker but the rows.
-        let database = match &h.database {
+        let database = match h.db.database() {
             Database::Postgres(_) => Database::connect(&h.db.url).await.unwrap(),
-            _ => h.database.clone(),
+            _ => h.db.database().clone(),
         };
         let flow = PaymentFlow::new(
             database.clone(),
@@ -882,7 +887,7 @@ async fn two_workers(backend: Backend) {
         reports.iter().all(|r| r.applied > 0 && r.lost == 0),
         "{reports:?}"
     );
-    let counts = inbox_counts(&h.database).await.unwrap();
+    let counts = inbox_counts(h.db.database()).await.unwrap();
     assert_eq!(
         (counts.processed, counts.pending, counts.dead),
         (1_000, 0, 0)
@@ -961,7 +966,7 @@ async fn redirect_finished_by_webhook_has_no_next_action_postgres() {
 /// Takes the payment's lease as another holder would, then delivers the provider's new events.
 async fn hold_and_deliver(h: &PaymentRig, payment: PaymentId) -> leases::PaymentLease {
     let now = h.flow.clock().now_ms();
-    let held = leases::acquire(&h.database, payment, now, 60_000)
+    let held = leases::acquire(h.db.database(), payment, now, 60_000)
         .await
         .unwrap()
         .unwrap();
@@ -974,27 +979,27 @@ async fn hold_and_deliver(h: &PaymentRig, payment: PaymentId) -> leases::Payment
 async fn payment_lease(backend: Backend) {
     let h = PaymentRig::for_webhooks(backend, system_clock()).await;
     let id = PaymentId::from_uuid(uuid::Uuid::now_v7());
-    let first = leases::acquire(&h.database, id, 1_000, 500)
+    let first = leases::acquire(h.db.database(), id, 1_000, 500)
         .await
         .unwrap()
         .unwrap();
-    assert!(leases::acquire(&h.database, id, 1_499, 500)
+    assert!(leases::acquire(h.db.database(), id, 1_499, 500)
         .await
         .unwrap()
         .is_none());
     // Expired: taken over; the old holder's release leaves the new lease alone.
-    let second = leases::acquire(&h.database, id, 1_500, 500)
+    let second = leases::acquire(h.db.database(), id, 1_500, 500)
         .await
         .unwrap()
         .unwrap();
     assert_ne!(first.owner, second.owner);
-    leases::release(&h.database, &first).await.unwrap();
-    assert!(leases::acquire(&h.database, id, 1_600, 500)
+    leases::release(h.db.database(), &first).await.unwrap();
+    assert!(leases::acquire(h.db.database(), id, 1_600, 500)
         .await
         .unwrap()
         .is_none());
-    leases::release(&h.database, &second).await.unwrap();
-    assert!(leases::acquire(&h.database, id, 1_600, 500)
+    leases::release(h.db.database(), &second).await.unwrap();
+    assert!(leases::acquire(h.db.database(), id, 1_600, 500)
         .await
         .unwrap()
         .is_some());
@@ -1006,7 +1011,7 @@ async fn payment_lease(backend: Backend) {
     let held = hold_and_deliver(&h, payment).await;
     let report = worker.drain_once().await.unwrap();
     assert_eq!((report.applied, report.deferred), (1, 0));
-    leases::release(&h.database, &held).await.unwrap();
+    leases::release(h.db.database(), &held).await.unwrap();
 
     // An event that changes the payment (a redirect completed at the provider) waits for the
     // lease: the worker defers the row without counting an attempt, and applies it once free.
@@ -1024,7 +1029,7 @@ async fn payment_lease(backend: Backend) {
         h.load(payment).await.0.status,
         PaymentStatus::RequiresAction
     );
-    leases::release(&h.database, &held).await.unwrap();
+    leases::release(h.db.database(), &held).await.unwrap();
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(worker.drain().await.unwrap().applied, 1);
     assert_eq!(h.load(payment).await.0.status, PaymentStatus::Captured);
@@ -1053,7 +1058,7 @@ async fn remembered(backend: Backend) {
     // Its inbox on the harness's database, its log read from the empty one, with the memory of
     // the writer that committed the payments.
     let blind = PaymentFlow::new(
-        h.database.clone(),
+        h.db.database().clone(),
         asiento_app::commit::Writer::new(empty.database().event_store()),
         h.flow.providers().clone(),
         h.flow.clock().clone(),
@@ -1076,7 +1081,7 @@ async fn remembered(backend: Backend) {
         (events.len(), 0),
         "{report:?}"
     );
-    assert_eq!(inbox_counts(&h.database).await.unwrap().pending, 0);
+    assert_eq!(inbox_counts(h.db.database()).await.unwrap().pending, 0);
     h.check_against_provider(first).await;
 
     let _ = h.create("pm_card_ok", 2_000, CaptureMode::Automatic).await;

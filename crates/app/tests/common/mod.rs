@@ -68,12 +68,7 @@ impl TestSim {
 /// helpers to it (`impl PaymentRig` in the test file).
 pub struct PaymentRig {
     pub db: TestDatabase,
-    /// The database's pool (`db.database()`).
-    pub database: Database,
     pub served: TestSim,
-    /// The served simulator and its address (`served.sim`, `served.addr`).
-    pub sim: Simulator,
-    pub sim_addr: SocketAddr,
     pub flow: PaymentFlow,
     /// How many of the simulator's recorded events [`PaymentRig::new_events`] has taken.
     events_taken: std::sync::Mutex<usize>,
@@ -100,13 +95,9 @@ impl PaymentRig {
         flow: impl FnOnce(&TestSim, &Database) -> PaymentFlow,
     ) -> PaymentRig {
         let db = TestDatabase::open(backend).await;
-        let database = db.database().clone();
         let served = TestSim::start(sim).await;
-        let flow = flow(&served, &database);
+        let flow = flow(&served, db.database());
         PaymentRig {
-            sim: served.sim.clone(),
-            sim_addr: served.addr,
-            database,
             served,
             flow,
             db,
@@ -126,7 +117,7 @@ impl PaymentRig {
     /// log can read: a sweep right after a write may not see it yet.
     pub async fn log_readable(&self) {
         let sql = "select max(position) from events";
-        let newest: Option<i64> = match &self.database {
+        let newest: Option<i64> = match self.db.database() {
             Database::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
             Database::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
         }
@@ -134,7 +125,7 @@ impl PaymentRig {
         let Some(position) = newest else {
             return;
         };
-        let store = self.database.event_store();
+        let store = self.db.database().event_store();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             if let Some(cursor) = store.cursor_of_position(position).await.unwrap() {
@@ -152,7 +143,7 @@ impl PaymentRig {
 
     /// The simulator's recorded events not taken before.
     pub fn new_events(&self) -> Vec<asiento_psp::WebhookEvent> {
-        let events = self.sim.events();
+        let events = self.served.sim.events();
         let mut taken = self.events_taken.lock().unwrap();
         let fresh = events[(*taken).min(events.len())..].to_vec();
         *taken = events.len();
