@@ -135,6 +135,28 @@ impl Fields<'_> {
         name: &str,
         limit: AmountLimit,
     ) -> Result<Option<Amount>, Problem> {
+        let Some(minor) = self.bounded_integer(name, limit)? else {
+            return Ok(None);
+        };
+        if minor <= 0 {
+            return Err(Problem::bad_request(
+                "amount_must_be_positive",
+                format!("{name} must be positive, got {minor}"),
+            ));
+        }
+        Ok(Some(Amount::new(minor)))
+    }
+
+    /// An integer amount of minor units of either sign (a threshold, not money moved), at most
+    /// `limit` from zero.
+    pub fn signed_amount(&self, name: &str, limit: AmountLimit) -> Result<Amount, Problem> {
+        self.bounded_integer(name, limit)?
+            .map(Amount::new)
+            .ok_or_else(|| missing(name))
+    }
+
+    /// A JSON integer at most `limit` from zero (see [`Fields::optional_positive_amount`]).
+    fn bounded_integer(&self, name: &str, limit: AmountLimit) -> Result<Option<i64>, Problem> {
         let Some(value) = self.get(name) else {
             return Ok(None);
         };
@@ -167,16 +189,10 @@ impl Fields<'_> {
                 ))
             }
         };
-        if minor <= 0 {
-            return Err(Problem::bad_request(
-                "amount_must_be_positive",
-                format!("{name} must be positive, got {minor}"),
-            ));
+        if minor.unsigned_abs() > limit.max().minor().unsigned_abs() {
+            return Err(too_large());
         }
-        limit
-            .check(Amount::new(minor))
-            .map(Some)
-            .map_err(|_| too_large())
+        Ok(Some(minor))
     }
 
     pub fn currency(&self, name: &str) -> Result<Currency, Problem> {

@@ -43,7 +43,10 @@ fn currency(params: &HashMap<String, String>) -> Result<Currency, Problem> {
 }
 
 /// A non-negative integer query parameter.
-fn position(params: &HashMap<String, String>, name: &str) -> Result<Option<i64>, Problem> {
+pub(crate) fn position(
+    params: &HashMap<String, String>,
+    name: &str,
+) -> Result<Option<i64>, Problem> {
     match params.get(name) {
         None => Ok(None),
         Some(raw) => raw

@@ -6,6 +6,7 @@
 
 pub mod accounts;
 pub mod auth;
+pub mod balance_monitors;
 pub mod body;
 pub mod commands;
 pub mod events;
@@ -105,6 +106,14 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/accounts/{account}/balance", get(ledger::balance))
         .route("/v1/accounts/{account}/entries", get(ledger::entries))
         .route("/v1/journal/{entry_id}", get(ledger::journal_entry))
+        .route(
+            "/v1/balance_monitors",
+            post(balance_monitors::create).get(balance_monitors::list),
+        )
+        .route(
+            "/v1/balance_monitors/{id}",
+            get(balance_monitors::get).delete(balance_monitors::delete),
+        )
         .route(
             "/v1/webhook_endpoints",
             post(webhook_endpoints::create).get(webhook_endpoints::list),

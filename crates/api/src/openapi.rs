@@ -426,6 +426,53 @@ pub struct WebhookEndpointList {
     pub data: Vec<WebhookEndpoint>,
 }
 
+/// `POST /v1/balance_monitors`: tell `balance.threshold_crossed` when an entry takes the field
+/// from not matching `condition amount_minor` to matching it.
+#[derive(Serialize, ToSchema)]
+pub struct CreateBalanceMonitor {
+    /// A client account (not a system account).
+    pub account: String,
+    pub currency: String,
+    /// `available`, `posted`, `pending_debits` or `pending_credits`.
+    pub field: String,
+    /// `lt`, `lte`, `gt` or `gte`.
+    pub condition: String,
+    /// The threshold in minor units, of either sign.
+    pub amount_minor: i64,
+    pub description: Option<String>,
+}
+
+/// A balance monitor.
+#[derive(Serialize, ToSchema)]
+pub struct BalanceMonitor {
+    /// `bm_…`
+    pub id: String,
+    pub object: String,
+    pub account: String,
+    pub currency: String,
+    pub field: String,
+    pub condition: String,
+    pub amount_minor: i64,
+    pub description: Option<String>,
+    /// `active` or `deleted`.
+    pub status: String,
+    pub created_at: String,
+    pub deleted_at: Option<String>,
+    /// The position of the monitor's last event (absent in a list).
+    pub position: Option<i64>,
+    /// In a list: whether the condition holds as of the projection's checkpoint.
+    pub matching: Option<bool>,
+}
+
+/// A page of the tenant's balance monitors.
+#[derive(Serialize, ToSchema)]
+pub struct BalanceMonitorList {
+    pub object: String,
+    pub data: Vec<BalanceMonitor>,
+    /// The `after` of the next page, or null on the last one.
+    pub next_after: Option<String>,
+}
+
 /// `POST /v1/reconciliation/exceptions/{id}/resolve`.
 #[derive(Serialize, ToSchema)]
 pub struct ResolveRequest {
@@ -463,6 +510,10 @@ impl Modify for BearerAuth {
         crate::ledger::balance,
         crate::ledger::entries,
         crate::ledger::journal_entry,
+        crate::balance_monitors::create,
+        crate::balance_monitors::list,
+        crate::balance_monitors::get,
+        crate::balance_monitors::delete,
         crate::exceptions::list,
         crate::exceptions::resolve,
         crate::events::list,
@@ -565,6 +616,8 @@ mod tests {
                 "/v1/accounts",
                 "/v1/accounts/{account}/balance",
                 "/v1/accounts/{account}/entries",
+                "/v1/balance_monitors",
+                "/v1/balance_monitors/{id}",
                 "/v1/events",
                 "/v1/events/{id}",
                 "/v1/journal/{entry_id}",
@@ -591,6 +644,39 @@ mod tests {
             doc["components"]["securitySchemes"]["bearer"]["scheme"],
             "bearer"
         );
+    }
+
+    /// Every operation may be refused 429 with `Retry-After`, and every answer names the
+    /// rate-limit fields, which the components describe.
+    #[test]
+    fn every_operation_documents_its_rate_limit() {
+        let doc = document_for(&Deployment::default());
+        for name in ["RateLimit-Policy", "RateLimit", "Retry-After"] {
+            assert!(
+                doc["components"]["headers"][name]["schema"].is_object(),
+                "{name}"
+            );
+        }
+        let mut operations = 0;
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for (method, operation) in item.as_object().expect("item") {
+                operations += 1;
+                let responses = operation["responses"].as_object().expect("responses");
+                let limited = &responses["429"];
+                assert_eq!(
+                    limited["headers"]["Retry-After"]["$ref"], "#/components/headers/Retry-After",
+                    "{method} {path}"
+                );
+                for (status, response) in responses {
+                    assert!(
+                        response["headers"]["RateLimit"].is_object()
+                            && response["headers"]["RateLimit-Policy"].is_object(),
+                        "{method} {path} {status}"
+                    );
+                }
+            }
+        }
+        assert!(operations > 30);
     }
 
     /// Every rule and link lands where it is meant to (a misplaced one fails a debug assertion),
@@ -664,7 +750,7 @@ mod tests {
             .filter(|parameter| parameter["name"] == "Idempotency-Key")
             .inspect(|parameter| assert!(parameter["schema"]["pattern"].is_string()))
             .count();
-        assert_eq!(keys, 9);
+        assert_eq!(keys, 10);
     }
 
     /// The account patterns are anchored, and flat: one alternation, not a group per character of

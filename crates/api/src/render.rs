@@ -63,6 +63,14 @@ impl Render for JsonRender {
                 .as_u16(),
                 body: account_bytes(key, declared, *position),
             },
+            Reply::Monitor {
+                created,
+                deleted_at,
+                position,
+            } => StoredResponse {
+                status: StatusCode::CREATED.as_u16(),
+                body: to_bytes(&monitor_object(created, *deleted_at, *position)),
+            },
             Reply::Rejected(rejected) => {
                 let problem = rejection_problem(rejected);
                 StoredResponse {
@@ -94,6 +102,17 @@ impl Render for JsonRender {
             },
         })
     }
+}
+
+/// A balance monitor as its routes answer it: the object and the position of its last event.
+pub(crate) fn monitor_object(
+    created: &asiento_domain::monitor::MonitorCreated,
+    deleted_at: Option<&chrono::DateTime<chrono::Utc>>,
+    position: i64,
+) -> Value {
+    let mut object = asiento_objects::monitor_json(created, deleted_at);
+    object["position"] = Value::from(position);
+    object
 }
 
 fn to_bytes(value: &Value) -> Vec<u8> {

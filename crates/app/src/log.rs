@@ -15,11 +15,12 @@ use std::sync::Arc;
 
 use asiento_domain::{
     guard::{self, guarded_keys, GuardAppend},
+    monitor::Monitor,
     payment_stream,
     payout::Payout,
     payout_stream, transfer_stream, DebitGuard, DecodeError, EncodeError, GuardEvent, GuardKey,
-    JournalEntry, Payment, PaymentEvent, PaymentId, PayoutEvent, PayoutId, ProviderName, Transfer,
-    TransferEvent, TransferId,
+    JournalEntry, MonitorEvent, Payment, PaymentEvent, PaymentId, PayoutEvent, PayoutId,
+    ProviderName, Transfer, TransferEvent, TransferId,
 };
 use asiento_eventstore::{
     AppendError, EventStore, ExpectedVersion, Metadata, NewEvent, RecordedEvent, StoreError,
@@ -165,6 +166,20 @@ pub async fn load_transfer(
     .await
 }
 
+/// A balance monitor's stream folded; empty for an id the log has no stream of.
+pub async fn load_monitor(
+    store: &dyn EventStore,
+    stream_id: &str,
+) -> Result<Loaded<Monitor, MonitorEvent>, LogError> {
+    load_folded(
+        store,
+        stream_id,
+        MonitorEvent::decode_raw,
+        asiento_domain::monitor::evolve,
+    )
+    .await
+}
+
 pub async fn load_payout(
     store: &dyn EventStore,
     provider: &ProviderName,
@@ -270,6 +285,12 @@ pub fn transfer_codec(
 
 pub fn payout_codec(
     event: &PayoutEvent,
+) -> Result<(&'static str, i32, serde_json::Value), EncodeError> {
+    Ok((event.event_type(), event.schema_version(), event.encode()?))
+}
+
+pub(crate) fn monitor_codec(
+    event: &MonitorEvent,
 ) -> Result<(&'static str, i32, serde_json::Value), EncodeError> {
     Ok((event.event_type(), event.schema_version(), event.encode()?))
 }

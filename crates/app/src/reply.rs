@@ -59,6 +59,12 @@ pub enum Reply<'a> {
         created: bool,
         position: i64,
     },
+    /// A balance monitor its creation left (201).
+    Monitor {
+        created: &'a asiento_domain::monitor::MonitorCreated,
+        deleted_at: Option<&'a chrono::DateTime<chrono::Utc>>,
+        position: i64,
+    },
     Rejected(Rejected),
 }
 

@@ -15,6 +15,7 @@ use crate::endpoint::EndpointEvent;
 use crate::entry::JournalEntry;
 use crate::exception::ExceptionEvent;
 use crate::guard::GuardEvent;
+use crate::monitor::MonitorEvent;
 use crate::payment::PaymentEvent;
 use crate::payout::PayoutEvent;
 use crate::stream::StreamKind;
@@ -236,6 +237,7 @@ pub enum Event {
     Exception(ExceptionEvent),
     Payout(PayoutEvent),
     WebhookEndpoint(EndpointEvent),
+    BalanceMonitor(MonitorEvent),
 }
 
 impl Event {
@@ -263,6 +265,9 @@ impl Event {
             }
             Some(StreamKind::WebhookEndpoint(_)) => {
                 EndpointEvent::decode(event_type, schema, data).map(Event::WebhookEndpoint)
+            }
+            Some(StreamKind::BalanceMonitor(_)) => {
+                MonitorEvent::decode(event_type, schema, data).map(Event::BalanceMonitor)
             }
             None => Err(DecodeError::UnknownStream(stream_id.to_owned())),
         }
@@ -294,6 +299,9 @@ impl Event {
             Some(StreamKind::WebhookEndpoint(_)) => {
                 EndpointEvent::decode_raw(event_type, schema, raw).map(Event::WebhookEndpoint)
             }
+            Some(StreamKind::BalanceMonitor(_)) => {
+                MonitorEvent::decode_raw(event_type, schema, raw).map(Event::BalanceMonitor)
+            }
             None => Err(DecodeError::UnknownStream(stream_id.to_owned())),
         }
     }
@@ -307,6 +315,7 @@ impl Event {
             Event::Exception(e) => e.event_type(),
             Event::Payout(e) => e.event_type(),
             Event::WebhookEndpoint(e) => e.event_type(),
+            Event::BalanceMonitor(e) => e.event_type(),
         }
     }
 
@@ -319,6 +328,7 @@ impl Event {
             Event::Exception(e) => e.schema_version(),
             Event::Payout(e) => e.schema_version(),
             Event::WebhookEndpoint(e) => e.schema_version(),
+            Event::BalanceMonitor(e) => e.schema_version(),
         }
     }
 
@@ -330,6 +340,7 @@ impl Event {
             Event::Exception(e) => e.encode(),
             Event::Payout(e) => e.encode(),
             Event::WebhookEndpoint(e) => e.encode(),
+            Event::BalanceMonitor(e) => e.encode(),
         }
     }
 

@@ -34,6 +34,7 @@ pub mod hold;
 pub mod ids;
 pub mod major_units;
 pub mod money;
+pub mod monitor;
 pub mod payment;
 pub mod payout;
 pub mod policy;
@@ -56,6 +57,7 @@ pub use money::{
     Amount, AmountError, AmountLimit, AmountLimitError, Balance, Currency, CurrencyError,
     AMOUNT_MAX_CEILING, AMOUNT_MAX_DEFAULT,
 };
+pub use monitor::MonitorEvent;
 pub use payment::{
     decide as decide_payment, evolve as evolve_payment, CaptureMode, CreatePayment, Operation,
     OperationKind, OperationOutcome, OperationState, Payment, PaymentCommand, PaymentEvent,
@@ -64,7 +66,7 @@ pub use payment::{
 pub use payout::{PayoutEvent, PayoutFact, PayoutId, PayoutLine, PayoutRejection};
 pub use policy::{AccountPolicy, NormalBalance, Overdraft};
 pub use stream::{
-    endpoint_stream, exception_stream, guard_stream, payment_stream, payout_stream,
+    endpoint_stream, exception_stream, guard_stream, monitor_stream, payment_stream, payout_stream,
     transfer_stream, StreamKind,
 };
 pub use transfer::{RequestTransfer, Transfer, TransferEvent, TransferRejection, TransferStatus};

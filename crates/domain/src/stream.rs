@@ -7,7 +7,8 @@
 //!   that must not go negative;
 //! - `exception-{exc_…}`: a reconciliation exception;
 //! - `payout-{provider}:{po_…}`: a provider's payout and the entries that move it to the bank;
-//! - `webhook_endpoint-{we_…}`: what a merchant is told about its webhook endpoint.
+//! - `webhook_endpoint-{we_…}`: what a merchant is told about its webhook endpoint;
+//! - `balance_monitor-{bm_…}`: a balance monitor's creation and deletion.
 
 use crate::account::AccountName;
 use crate::exception::ExceptionId;
@@ -21,6 +22,13 @@ pub const GUARD_PREFIX: &str = "account-";
 pub const EXCEPTION_PREFIX: &str = "exception-";
 pub const PAYOUT_PREFIX: &str = "payout-";
 pub const ENDPOINT_PREFIX: &str = "webhook_endpoint-";
+pub const MONITOR_PREFIX: &str = "balance_monitor-";
+
+/// The stream of a balance monitor (`crate::monitor`); None for a malformed id.
+#[must_use]
+pub fn monitor_stream(id: &str) -> Option<String> {
+    crate::monitor::is_monitor_id(id).then(|| format!("{MONITOR_PREFIX}{id}"))
+}
 
 /// The stream of a webhook endpoint (`crate::endpoint`); None for a malformed id.
 #[must_use]
@@ -70,6 +78,8 @@ pub enum StreamKind {
     },
     /// A webhook endpoint, by its `we_…` id.
     WebhookEndpoint(String),
+    /// A balance monitor, by its `bm_…` id.
+    BalanceMonitor(String),
 }
 
 impl StreamKind {
@@ -87,6 +97,10 @@ impl StreamKind {
         if let Some(id) = stream_id.strip_prefix(ENDPOINT_PREFIX) {
             return crate::endpoint::is_endpoint_id(id)
                 .then(|| StreamKind::WebhookEndpoint(id.to_owned()));
+        }
+        if let Some(id) = stream_id.strip_prefix(MONITOR_PREFIX) {
+            return crate::monitor::is_monitor_id(id)
+                .then(|| StreamKind::BalanceMonitor(id.to_owned()));
         }
         if let Some(rest) = stream_id.strip_prefix(PAYOUT_PREFIX) {
             // A provider name has no ':' and a payout id none either.
@@ -151,6 +165,14 @@ mod tests {
             ))
         );
         assert_eq!(endpoint_stream("we_nope"), None);
+        let monitor = monitor_stream("bm_0123456789abcdef0123456789abcdef").unwrap();
+        assert_eq!(
+            StreamKind::parse(&monitor),
+            Some(StreamKind::BalanceMonitor(
+                "bm_0123456789abcdef0123456789abcdef".to_owned()
+            ))
+        );
+        assert_eq!(monitor_stream("bm_nope"), None);
         let exc = ExceptionId::from_uuid(Uuid::from_u128(3));
         assert_eq!(
             exception_stream(exc),

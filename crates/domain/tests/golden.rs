@@ -12,6 +12,9 @@ use asiento_domain::exception::{ExceptionEvent, ExceptionRecorded, ExceptionReso
 use asiento_domain::guard::Pending;
 use asiento_domain::guard::{AccountDeclared, BalanceChanged, GuardEvent, OverdraftFlagged};
 use asiento_domain::hold::{HoldPosted, HoldVoided, VoidReason};
+use asiento_domain::monitor::{
+    BalanceField, Condition, MonitorCreated, MonitorDeleted, MonitorEvent, Threshold,
+};
 use asiento_domain::payment::*;
 use asiento_domain::transfer::{TransferEvent, TransferRequested};
 use asiento_domain::*;
@@ -522,6 +525,42 @@ fn payout_fixtures() -> Vec<(PayoutEvent, Value)> {
     ]
 }
 
+const MONITOR: &str = "bm_0123456789abcdef0123456789abcdef";
+
+fn monitor_fixtures() -> Vec<(MonitorEvent, Value)> {
+    vec![
+        (
+            MonitorEvent::MonitorCreated(MonitorCreated {
+                monitor_id: MONITOR.to_owned(),
+                tenant: tenant(),
+                account: AccountName::parse("customer:42:available").unwrap(),
+                currency: Currency::parse("USD").unwrap(),
+                threshold: Threshold {
+                    field: BalanceField::Available,
+                    condition: Condition::Lt,
+                    amount_minor: Amount::new(0),
+                },
+                description: Some("overdrawn".to_owned()),
+                at: at(10),
+            }),
+            json!({
+                "monitor_id": MONITOR, "tenant": "acme", "account": "customer:42:available",
+                "currency": "USD",
+                "threshold": {"field": "available", "condition": "lt", "amount_minor": 0},
+                "description": "overdrawn", "at": AT,
+            }),
+        ),
+        (
+            MonitorEvent::MonitorDeleted(MonitorDeleted {
+                monitor_id: MONITOR.to_owned(),
+                tenant: tenant(),
+                at: at(10),
+            }),
+            json!({"monitor_id": MONITOR, "tenant": "acme", "at": AT}),
+        ),
+    ]
+}
+
 /// Checks the fixtures of one family: exact JSON, round trip, and that every
 /// type of the family has exactly one fixture.
 macro_rules! check_family {
@@ -573,6 +612,11 @@ fn exception_events_match_their_golden_json() {
 #[test]
 fn payout_events_match_their_golden_json() {
     check_family!(PayoutEvent, payout_fixtures());
+}
+
+#[test]
+fn monitor_events_match_their_golden_json() {
+    check_family!(MonitorEvent, monitor_fixtures());
 }
 
 /// Type names and schema versions are part of the stored contract too.
@@ -629,6 +673,10 @@ fn type_names_and_schemas_are_stable() {
     assert_eq!(
         PayoutEvent::TYPES,
         &[("PayoutPaid", 1), ("PayoutFailed", 1), ("EntryPosted", 1)]
+    );
+    assert_eq!(
+        MonitorEvent::TYPES,
+        &[("MonitorCreated", 1), ("MonitorDeleted", 1)]
     );
 }
 

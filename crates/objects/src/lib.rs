@@ -1,4 +1,4 @@
-//! The objects of API.md as JSON: a payment, a transfer or hold, an exception.
+//! The objects of API.md as JSON: a payment, a transfer or hold, an exception, a balance monitor.
 //!
 //! One rendering of each, so that what a reply, a read and a merchant event say of an object
 //! cannot drift apart: the API's replies and reads call these, and the merchant events
@@ -164,5 +164,40 @@ pub fn exception_json(exception: &ExceptionRecord) -> Value {
         note: exception.note.as_deref(),
         recorded_ms: recorded.at.timestamp_millis(),
         resolved_ms: exception.resolved_at.map(|at| at.timestamp_millis()),
+    })
+}
+
+/// A balance monitor (`GET /v1/balance_monitors/{id}`, and the monitor a crossing names).
+#[must_use]
+pub fn monitor_json(
+    created: &asiento_domain::monitor::MonitorCreated,
+    deleted_at: Option<&DateTime<Utc>>,
+) -> Value {
+    json!({
+        "id": created.monitor_id,
+        "object": "balance_monitor",
+        "account": created.account.as_str(),
+        "currency": created.currency.code(),
+        "field": created.threshold.field.as_str(),
+        "condition": created.threshold.condition.as_str(),
+        "amount_minor": created.threshold.amount_minor.minor(),
+        "description": created.description,
+        "status": if deleted_at.is_some() { "deleted" } else { "active" },
+        "created_at": time(&created.at),
+        "deleted_at": deleted_at.map(time),
+    })
+}
+
+/// An account's balance figures as the balance object names them, under its normal balance.
+#[must_use]
+pub fn balances_json(
+    balances: &asiento_domain::monitor::Balances,
+    normal: asiento_domain::NormalBalance,
+) -> Value {
+    json!({
+        "balance_minor": balances.posted,
+        "pending_debits_minor": balances.pending_debits,
+        "pending_credits_minor": balances.pending_credits,
+        "available_minor": balances.available(normal).ok(),
     })
 }

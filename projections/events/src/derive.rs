@@ -33,14 +33,17 @@ pub(crate) enum Folded {
 }
 
 impl Folded {
-    /// The empty fold of a stream with merchant events; None for the others (guards, payouts).
+    /// The empty fold of a stream with merchant events of its own; None for the others (guards,
+    /// payouts, monitors: `crate::monitors` reads those).
     pub fn of_stream(stream_id: &str) -> Option<Folded> {
         match StreamKind::parse(stream_id)? {
             StreamKind::Payment(_) => Some(Folded::Payment(Payment::default())),
             StreamKind::Transfer(_) => Some(Folded::Transfer(Transfer::default())),
             StreamKind::Exception(_) => Some(Folded::Exception(Exception::default())),
             StreamKind::WebhookEndpoint(_) => Some(Folded::Endpoint(0)),
-            StreamKind::Guard { .. } | StreamKind::Payout { .. } => None,
+            StreamKind::Guard { .. }
+            | StreamKind::Payout { .. }
+            | StreamKind::BalanceMonitor(_) => None,
         }
     }
 

@@ -24,10 +24,11 @@ pub enum EventKind {
     ExceptionOpened,
     ExceptionResolved,
     WebhookEndpointDisabled,
+    BalanceThresholdCrossed,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 18] = [
+    pub const ALL: [EventKind; 19] = [
         EventKind::PaymentCreated,
         EventKind::PaymentRequiresAction,
         EventKind::PaymentAuthorized,
@@ -46,6 +47,7 @@ impl EventKind {
         EventKind::ExceptionOpened,
         EventKind::ExceptionResolved,
         EventKind::WebhookEndpointDisabled,
+        EventKind::BalanceThresholdCrossed,
     ];
 
     #[must_use]
@@ -69,6 +71,7 @@ impl EventKind {
             EventKind::ExceptionOpened => "exception.opened",
             EventKind::ExceptionResolved => "exception.resolved",
             EventKind::WebhookEndpointDisabled => "webhook_endpoint.disabled",
+            EventKind::BalanceThresholdCrossed => "balance.threshold_crossed",
         }
     }
 

@@ -4,9 +4,10 @@
 //! Why it is shaped this way:
 //!
 //! - **Derived, so it exists once and can be rebuilt.** Each merchant event comes from one log
-//!   event (at most one per log event: `derive`), and its id is a function of that event's
-//!   stream and version, so a rebuild derives the same events with the same ids, and a consumer
-//!   that dedups by id never acts twice.
+//!   event (at most one per log event: `derive`, plus one per balance monitor an entry makes
+//!   cross: `monitors`), and its id is a function of that event's stream and version (and the
+//!   monitor's id), so a rebuild derives the same events with the same ids, and a consumer that
+//!   dedups by id never acts twice.
 //! - **The object as it stood.** The projection folds each touched stream through the domain's
 //!   `evolve` (keeping the stream's events, as the payments read model does) and renders the
 //!   object with the API's own renderer (`asiento_objects`) at that event's position.
@@ -27,11 +28,16 @@ use uuid::Uuid;
 
 mod derive;
 mod kind;
+mod monitors;
 mod projection;
 mod read;
 mod verify;
 
 pub use kind::EventKind;
+pub use monitors::{
+    active_monitors, list_monitors, MonitorPage, MonitorQuery, MONITORS_LIMIT_MAX,
+    MONITORS_PER_TENANT_MAX,
+};
 pub use projection::{MerchantEvents, FINGERPRINT, NAME};
 pub use read::{
     read_after, read_one, FeedCursor, FeedEvent, FeedQuery, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX,
@@ -67,6 +73,8 @@ pub enum FeedError {
     InvalidCursor,
     #[error("the merchant events projection is not installed")]
     NotInstalled,
+    #[error("the merchant events projection did not reach the position in {waited_ms} ms")]
+    Lagging { waited_ms: u64 },
     #[error(transparent)]
     Projection(#[from] asiento_projector::ProjectionError),
     #[error(transparent)]

@@ -5,9 +5,11 @@
 //! - `merchant_event_streams_g{n}`: per payment, transfer and exception stream, its events
 //!   1..=version, which the next batch folds again to know the object before its new events;
 //! - `merchant_event_pending_g{n}`: events seen ahead of a gap in their stream's versions
-//!   (`asiento_projector::history`), with the time the log recorded them.
+//!   (`asiento_projector::history`), with the time the log recorded them;
+//! - the balance monitors' tables (`crate::monitors`): client accounts' running balances and
+//!   the monitors with whether each matches.
 //!
-//! Readers use the view `merchant_events`.
+//! Readers use the views `merchant_events` and `balance_monitors`.
 
 use std::collections::HashMap;
 
@@ -21,11 +23,12 @@ use sqlx::types::Json;
 
 use crate::derive::{derive, Derived, Folded};
 use crate::event_id;
+use crate::monitors::{self, Watch};
 
 /// The registry name, and the argument of `asiento projections rebuild merchant_events`.
 pub const NAME: &str = "merchant_events";
 /// Bump when the tables or the way they are filled change.
-pub const FINGERPRINT: &str = "merchant-events-v1";
+pub const FINGERPRINT: &str = "merchant-events-v2";
 
 /// The merchant events read model. Stateless: everything lives in the database.
 #[derive(Debug, Clone, Copy, Default)]
@@ -103,6 +106,8 @@ pub(crate) struct Row {
 /// whole log from nothing.
 pub(crate) struct Deriver {
     streams: HashMap<String, Stream>,
+    /// Balances and monitors, for `balance.threshold_crossed`.
+    watch: Watch,
     /// The last number given out.
     seq: i64,
     pub rows: Vec<Row>,
@@ -113,14 +118,21 @@ impl Deriver {
     pub fn empty() -> Deriver {
         Deriver {
             streams: HashMap::new(),
+            watch: Watch::default(),
             seq: 0,
             rows: Vec::new(),
         }
     }
 
-    /// Takes the next event of the log; the rows it derives (none, or one per event that joined
-    /// its stream's contiguous history) go to `rows`.
+    /// Takes the next event of the log; the rows it derives (one per event that joined its
+    /// stream's contiguous history and tells a merchant something, then one per monitor an entry
+    /// made cross) go to `rows`.
     pub fn push(&mut self, event: &RecordedEvent) -> Result<(), ProjectionError> {
+        self.push_stream(event)?;
+        self.watch.push(event, &mut self.seq, &mut self.rows)
+    }
+
+    fn push_stream(&mut self, event: &RecordedEvent) -> Result<(), ProjectionError> {
         if !self.streams.contains_key(&event.stream_id) {
             let Some(folded) = Folded::of_stream(&event.stream_id) else {
                 return Ok(());
@@ -199,19 +211,31 @@ impl Projection for MerchantEvents {
     }
 
     async fn create_generation(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
-        let statements = ddl(g, matches!(tx, Tx::Postgres(_)));
-        for statement in statements {
+        let postgres = matches!(tx, Tx::Postgres(_));
+        for statement in ddl(g, postgres)
+            .into_iter()
+            .chain(monitors::ddl(g, postgres))
+        {
             on_tx!(tx, conn => sqlx::query(&statement).execute(conn).await?.rows_affected());
         }
         Ok(())
     }
 
     async fn point_views(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
-        asiento_projector::point_view(tx, VIEW, &format!("{TABLE}{g}")).await
+        asiento_projector::point_view(tx, VIEW, &format!("{TABLE}{g}")).await?;
+        asiento_projector::point_view(
+            tx,
+            monitors::MONITORS_VIEW,
+            &format!("{}{g}", monitors::MONITORS_TABLE),
+        )
+        .await
     }
 
     async fn drop_generation(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
-        for table in [TABLE, STREAMS_TABLE, PENDING_TABLE] {
+        for table in [TABLE, STREAMS_TABLE, PENDING_TABLE]
+            .into_iter()
+            .chain(monitors::TABLES)
+        {
             let statement = format!("DROP TABLE IF EXISTS {table}{g}");
             on_tx!(tx, conn => sqlx::query(&statement).execute(conn).await?.rows_affected());
         }
@@ -231,25 +255,34 @@ impl Projection for MerchantEvents {
             .collect();
         ids.sort_unstable();
         ids.dedup();
-        if ids.is_empty() {
+        let needed = monitors::needed(events)?;
+        if ids.is_empty() && needed.keys.is_empty() && needed.monitors.is_empty() {
             return Ok(());
         }
         let streams = load(tx, g, &ids).await?;
+        let watch = monitors::load(tx, g, &needed).await?;
         let seq: i64 = {
             let statement = format!("SELECT COALESCE(MAX(seq), 0) FROM {TABLE}{g}");
             on_tx!(tx, conn => sqlx::query_scalar(&statement).fetch_one(conn).await?)
         };
         let mut deriver = Deriver {
             streams,
+            watch,
             seq,
             rows: Vec::new(),
         };
         for event in events {
             deriver.push(event)?;
         }
-        let Deriver { streams, rows, .. } = deriver;
+        let Deriver {
+            streams,
+            watch,
+            rows,
+            ..
+        } = deriver;
         insert_rows(tx, g, &rows).await?;
-        store_streams(tx, g, &streams).await
+        store_streams(tx, g, &streams).await?;
+        monitors::store(tx, g, &watch).await
     }
 }
 

@@ -10,9 +10,12 @@
 //! from lists (currencies, statuses, event types) stay next to the rest.
 
 use asiento_domain::exception::NOTE_CHARS_MAX;
+use asiento_domain::monitor::{
+    BalanceField, Condition, DESCRIPTION_CHARS_MAX as MONITOR_DESCRIPTION_CHARS_MAX,
+};
 use asiento_domain::payment::{DESCRIPTION_CHARS_MAX, METADATA_BYTES_MAX, METADATA_KEYS_MAX};
 use asiento_domain::PaymentStatus;
-use asiento_merchant_events::{EventKind, PAGE_LIMIT_MAX};
+use asiento_merchant_events::{EventKind, MONITORS_LIMIT_MAX, PAGE_LIMIT_MAX};
 use asiento_outbound::endpoints::{
     DESCRIPTION_CHARS_MAX as ENDPOINT_DESCRIPTION_CHARS_MAX, EVERY_TYPE, PREVIOUS_SECRET_S_MAX,
 };
@@ -24,13 +27,14 @@ use super::Deployment;
 use crate::commands::PAYMENT_METHOD_CHARS_MAX;
 
 /// The request bodies: each is read field by field and refuses a field it does not know.
-const REQUEST_BODIES: [&str; 9] = [
+const REQUEST_BODIES: [&str; 10] = [
     "CreatePaymentRequest",
     "CaptureRequest",
     "RefundRequest",
     "TransferRequest",
     "PostHoldRequest",
     "DeclareAccountRequest",
+    "CreateBalanceMonitor",
     "CreateWebhookEndpoint",
     "RotateSecret",
     "ResolveRequest",
@@ -53,6 +57,7 @@ pub fn apply(doc: &mut Value, deployment: &Deployment) {
     }
     rules.payments(doc);
     rules.ledger(doc);
+    rules.monitors(doc);
     rules.webhooks(doc);
     rules.reconciliation(doc);
     rules.events(doc);
@@ -61,9 +66,12 @@ pub fn apply(doc: &mut Value, deployment: &Deployment) {
 }
 
 /// The refusals every handler of a kind can answer, where its annotation does not name them: 401
-/// (every `/v1` route), 400 (a route with a body, a key or a query), 413 (a body), and 409 and
-/// 422 (a key still in flight, or reused with another body).
+/// and 429 (every `/v1` route), 400 (a route with a body, a key or a query), 413 (a body), and
+/// 409 and 422 (a key still in flight, or reused with another body). Every answer of a `/v1`
+/// route may carry the rate-limit fields (`serve --rate-limit`); a 429 carries them and
+/// `Retry-After`.
 fn refusals(doc: &mut Value) {
+    rate_limit_headers(doc);
     let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
         return;
     };
@@ -87,7 +95,14 @@ fn refusals(doc: &mut Value) {
         let body = operation.contains_key("requestBody");
         let key = names.iter().any(|(_, name)| name == "Idempotency-Key");
         let query = names.iter().any(|(place, _)| place == "query");
-        let mut wanted = vec![("401", "Missing or unknown API key")];
+        let mut wanted = vec![
+            ("401", "Missing or unknown API key"),
+            (
+                "429",
+                "rate_limited: the key's, its tenant's or the address's bucket is spent \
+                 (`serve --rate-limit`); retry after `Retry-After` seconds",
+            ),
+        ];
         if body || key || query {
             wanted.push(("400", "Invalid body, key or query: its `code` says which"));
         }
@@ -114,7 +129,55 @@ fn refusals(doc: &mut Value) {
                 })
             });
         }
+        for (status, response) in responses.iter_mut() {
+            let Some(response) = response.as_object_mut() else {
+                continue;
+            };
+            let headers = response
+                .entry("headers")
+                .or_insert_with(|| json!({}))
+                .as_object_mut();
+            let Some(headers) = headers else {
+                continue;
+            };
+            for name in ["RateLimit-Policy", "RateLimit"] {
+                headers.insert(
+                    name.to_owned(),
+                    json!({"$ref": format!("#/components/headers/{name}")}),
+                );
+            }
+            if status == "429" {
+                headers.insert(
+                    "Retry-After".to_owned(),
+                    json!({"$ref": "#/components/headers/Retry-After"}),
+                );
+            }
+        }
     }
+}
+
+/// The rate-limit fields of draft-ietf-httpapi-ratelimit-headers, as the limiter sends them.
+fn rate_limit_headers(doc: &mut Value) {
+    let Some(components) = doc.get_mut("components").and_then(Value::as_object_mut) else {
+        return;
+    };
+    components.insert(
+        "headers".to_owned(),
+        json!({
+            "RateLimit-Policy": {
+                "description": "One item per bucket the request drew on: `\"key\";q=<burst>;w=<seconds a spent bucket takes to fill>`, and `\"tenant\"` (or `\"address\"` without a known key). Sent when the server runs with `--rate-limit`.",
+                "schema": {"type": "string"},
+            },
+            "RateLimit": {
+                "description": "What each bucket has left: `\"key\";r=<requests left>;t=<seconds until it is full>`; the refusing bucket of a 429 says `r=0;t=<Retry-After>`.",
+                "schema": {"type": "string"},
+            },
+            "Retry-After": {
+                "description": "Seconds until the request may be sent again.",
+                "schema": {"type": "integer", "minimum": 1},
+            },
+        }),
+    );
 }
 
 struct Rules {
@@ -375,6 +438,66 @@ impl Rules {
         parameter(doc, journal.0, journal.1, "entry_id", id("je_"));
         parameter(doc, journal.0, journal.1, "min_position", position());
         note_position(doc, journal.0, journal.1, "min_position");
+    }
+
+    fn monitors(&self, doc: &mut Value) {
+        let body = "CreateBalanceMonitor";
+        let client = json!({"type": "string", "pattern": patterns::client_account()});
+        property(doc, body, "account", client);
+        property(doc, body, "currency", self.currency());
+        property(
+            doc,
+            body,
+            "field",
+            json!({"type": "string", "enum": BalanceField::ALL.map(BalanceField::as_str)}),
+        );
+        property(
+            doc,
+            body,
+            "condition",
+            json!({"type": "string", "enum": Condition::ALL.map(Condition::as_str)}),
+        );
+        property(
+            doc,
+            body,
+            "amount_minor",
+            json!({
+                "type": "integer",
+                "format": "int64",
+                "minimum": -self.amount_max,
+                "maximum": self.amount_max,
+                "description": "A JSON integer literal, at most the deployment's amount limit \
+                                from zero (422 `amount_too_large`).",
+            }),
+        );
+        property(
+            doc,
+            body,
+            "description",
+            text(MONITOR_DESCRIPTION_CHARS_MAX),
+        );
+        for method in ["get", "delete"] {
+            parameter(doc, "/v1/balance_monitors/{id}", method, "id", id("bm_"));
+        }
+        let list = ("/v1/balance_monitors", "get");
+        parameter(
+            doc,
+            list.0,
+            list.1,
+            "account",
+            json!({"type": "string", "pattern": patterns::any_account()}),
+        );
+        parameter(doc, list.0, list.1, "currency", self.currency());
+        parameter(doc, list.0, list.1, "after", id("bm_"));
+        parameter(
+            doc,
+            list.0,
+            list.1,
+            "limit",
+            limit(u64::from(MONITORS_LIMIT_MAX)),
+        );
+        parameter(doc, list.0, list.1, "min_position", position());
+        note_position(doc, list.0, list.1, "min_position");
     }
 
     fn webhooks(&self, doc: &mut Value) {

@@ -1,5 +1,6 @@
 //! Ledger commands: transfers between client accounts ([`transfers`]), the endings of holds
-//! ([`holds`]) and declarations of an account's policy ([`accounts`]).
+//! ([`holds`]), declarations of an account's policy ([`accounts`]) and balance monitors
+//! ([`monitors`]).
 //!
 //! Each is decided against the debit guards it touches and then committed by [`LedgerFlow::commit`]
 //! as one group-commit step (`crate::commit`), with other requests' steps: the idempotency
@@ -13,6 +14,7 @@
 
 pub mod accounts;
 pub mod holds;
+pub mod monitors;
 pub mod transfers;
 
 use std::sync::Arc;
@@ -28,6 +30,7 @@ use crate::payments::{FlowError, Idempotent};
 use crate::reply::{Answer, Rejected, Render, Reply};
 
 pub use accounts::AccountDeclaration;
+pub use monitors::{MonitorState, NewMonitor};
 pub use transfers::NewTransfer;
 
 /// The ledger commands' use cases. Made with [`LedgerFlow::new`]; cheap to clone.
