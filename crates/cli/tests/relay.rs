@@ -657,3 +657,90 @@ async fn a_relay_of_some_tenants_publishes_theirs_alone() {
     drop(server);
     database.finish().await;
 }
+
+/// Two relays, one per tenant, sharing one stream: each finds the other's messages between its
+/// own (its expectation of the last message fails) and goes on one event at a time; the stream
+/// ends holding every event of both tenants once, each tenant's in its feed's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_sharing_a_stream_keep_each_tenant_s_order() {
+    const SHARED: &str = "SHARED_EVENTS";
+    let nats = Nats::start();
+    let jetstream = nats.jetstream().await;
+    let database = TestDatabase::new(Backend::Postgres).await;
+    let url = nats.url();
+    let relay_of = |tenant: &'static str| {
+        Server::start(
+            &database.url,
+            &[
+                "--events-relay",
+                &url,
+                "--events-relay-stream",
+                SHARED,
+                "--events-relay-tenants",
+                tenant,
+            ],
+        )
+    };
+    let servers = [relay_of("acme"), relay_of("beta")];
+    let mut makers = Vec::new();
+    for (n, (tenant, key)) in TENANTS.iter().enumerate() {
+        let client = servers[n].client().with_key(key);
+        makers.push(tokio::spawn(async move {
+            for i in 0..40 {
+                let answer = client
+                    .post(
+                        "/v1/payments",
+                        &format!("{tenant}-{i}"),
+                        &payment_body(500 + i, "pm_card_ok"),
+                    )
+                    .await;
+                assert!(answer.status < 300, "{}", answer.status);
+            }
+        }));
+    }
+    for maker in makers {
+        maker.await.unwrap();
+    }
+    let client = servers[0].client();
+    let mut feeds = Feeds::default();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let total = loop {
+        feeds.read_on(&client).await;
+        let want: usize = TENANTS
+            .iter()
+            .map(|(tenant, _)| feeds.events.get(*tenant).map_or(0, Vec::len))
+            .sum();
+        let held = match jetstream.get_stream(SHARED).await {
+            Ok(stream) => stream.get_info().await.map_or(0, |i| i.state.messages),
+            Err(_) => 0,
+        };
+        if want >= 2 * 40 && usize::try_from(held).unwrap() == want {
+            break held;
+        }
+        assert!(Instant::now() < deadline, "{SHARED} holds {held} of {want}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let stream = jetstream.get_stream(SHARED).await.unwrap();
+    let mut got: std::collections::HashMap<String, Vec<String>> = Default::default();
+    for sequence in 1..=total {
+        let message = stream.get_raw_message(sequence).await.unwrap();
+        let tenant = message.subject.split('.').nth(1).unwrap().to_owned();
+        got.entry(tenant).or_default().push(
+            message
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .unwrap()
+                .as_str()
+                .to_owned(),
+        );
+    }
+    for (tenant, _) in TENANTS {
+        let want: Vec<String> = feeds.events[tenant]
+            .iter()
+            .map(|e| e["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(got[tenant], want, "{tenant}");
+    }
+    drop(servers);
+    database.finish().await;
+}

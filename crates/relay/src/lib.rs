@@ -13,11 +13,18 @@
 //!   by compare-and-set. A relay killed mid-page, or a publish whose answer was lost, publishes
 //!   again from the stored cursor; JetStream's duplicate window drops a message whose
 //!   `Nats-Msg-Id` it has stored within the window (the acknowledgement says `duplicate`).
-//! - **One event in flight, so the stream keeps the feed's order.** A message lost with a broken
+//! - **Many events in flight, and still the feed's order.** A message lost with a broken
 //!   connection while a later one got through would put the later one first once the lost one
-//!   is sent again; with one publish in flight, an event is sent only after its predecessor was
-//!   acknowledged, so the first stored copy of each event follows that of its predecessor, even
-//!   when two relays overlap after a lease ran out. The price is one round trip per event.
+//!   is sent again. So the first event of a page is sent alone and acknowledged, and each later
+//!   one (up to [`IN_FLIGHT`] unacknowledged) carries `Nats-Expected-Last-Msg-Id`, its
+//!   predecessor's id: JetStream stores it only right after its predecessor, and refuses it
+//!   (and so every one after it) when the predecessor was lost; the round then starts again from
+//!   the cursor. JetStream checks duplicates first, so an event sent again is answered
+//!   `duplicate`, not refused. Each stored copy of an event follows that of its predecessor,
+//!   even when two relays overlap after a lease ran out. Where something else writes to the
+//!   stream between two events (relays of other tenants sharing it), the expectation fails: the
+//!   relay then sends one event at a time, each after its predecessor's acknowledgement, for the
+//!   rest of its life.
 //! - **Resuming past the duplicate window.** A relay that starts, or recovers from an error,
 //!   reads the stream's last message: when it is this relay's and names a feed event past the
 //!   cursor, every event up to it is stored (by the point above), and the cursor moves there
@@ -45,7 +52,7 @@ use asiento_app::clock::Clock;
 use asiento_app::reconcile::{acquire_job, release_job};
 use asiento_eventstore::Database;
 use asiento_merchant_events::{read_after, read_one, FeedCursor, FeedEvent, FeedQuery};
-use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
+use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_MESSAGE_ID, NATS_MESSAGE_ID};
 use async_nats::jetstream::{self, stream};
 use rand::Rng as _;
 use uuid::Uuid;
@@ -65,6 +72,8 @@ pub use error::RelayError;
 pub const ROUND_INTERVAL: Duration = Duration::from_millis(200);
 /// Events read (and published before the cursor moves) per round.
 pub const PAGE: u32 = 200;
+/// Events published and not yet acknowledged, at most.
+pub const IN_FLIGHT: usize = 64;
 /// The longest pause between failed rounds.
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
@@ -101,6 +110,9 @@ struct Session {
     synced: bool,
     /// When the lease was last taken or renewed; None while another process holds it.
     renewed_ms: Option<i64>,
+    /// Events after a page's first are sent without waiting (see the crate docs); false once
+    /// the stream was found written by someone else between two events.
+    pipelined: bool,
 }
 
 impl Session {
@@ -169,6 +181,7 @@ impl Relay {
             stream_ready: false,
             synced: false,
             renewed_ms: None,
+            pipelined: true,
         };
         let mut delay = Duration::ZERO;
         loop {
@@ -296,6 +309,8 @@ impl Relay {
             return Ok(Round::Idle);
         };
         let renew_after_ms = i64::try_from(self.config.lease.as_millis() / 3).unwrap_or(i64::MAX);
+        let mut previous: Option<&str> = None;
+        let mut in_flight = Vec::with_capacity(IN_FLIGHT);
         for event in &events {
             if !self.config.relays(&event.tenant) {
                 continue;
@@ -306,8 +321,15 @@ impl Relay {
             {
                 return Ok(Round::Standby);
             }
-            self.publish(&session.jetstream, event).await?;
+            let after = previous.filter(|_| session.pipelined);
+            let ack = self.send(&session.jetstream, event, after).await?;
+            in_flight.push(ack);
+            if after.is_none() || in_flight.len() >= IN_FLIGHT {
+                self.confirm_all(session, &mut in_flight).await?;
+            }
+            previous = Some(event.event_id.as_str());
         }
+        self.confirm_all(session, &mut in_flight).await?;
         if !cursor::advance(&self.db, &self.name, at, last.seq, self.clock.now_ms()).await? {
             tracing::warn!(
                 relay = %self.name,
@@ -433,39 +455,67 @@ impl Relay {
             .map(|event| event.seq))
     }
 
-    /// Publishes one event and waits until JetStream has stored it (or had it already).
-    async fn publish(
+    /// Hands one event to the client; the answer is JetStream's acknowledgement. With `after`,
+    /// JetStream stores it only right after the event of that id.
+    async fn send(
         &self,
         jetstream: &jetstream::Context,
         event: &FeedEvent,
-    ) -> Result<(), RelayError> {
+        after: Option<&str>,
+    ) -> Result<jetstream::context::PublishAckFuture, RelayError> {
         let mut headers = HeaderMap::new();
         headers.insert(NATS_MESSAGE_ID, event.event_id.as_str());
+        if let Some(after) = after {
+            headers.insert(NATS_EXPECTED_LAST_MESSAGE_ID, after);
+        }
         headers.insert(HEADER_TENANT, event.tenant.as_str());
         headers.insert(HEADER_EVENT_TYPE, event.event_type.as_str());
         headers.insert(HEADER_SEQ, event.seq.to_string());
         headers.insert(HEADER_RELAY, self.name.as_str());
         headers.insert("Content-Type", "application/json");
-        let ack = jetstream
+        Ok(jetstream
             .publish_with_headers(
                 subject::subject(&event.tenant, &event.event_type),
                 headers,
                 event.body.clone().into(),
             )
-            .await?
-            .await?;
-        if ack.stream != self.config.stream {
-            return Err(RelayError::WrongStream {
-                expected: self.config.stream.clone(),
-                actual: ack.stream,
-            });
-        }
-        if ack.duplicate {
-            metrics::counter!("asiento_events_relay_duplicates_total", "relay" => self.name.clone())
-                .increment(1);
-        } else {
-            metrics::counter!("asiento_events_relay_published_total", "relay" => self.name.clone())
-                .increment(1);
+            .await?)
+    }
+
+    /// Waits, in order, until JetStream has stored every event in flight (or had it already).
+    async fn confirm_all(
+        &self,
+        session: &mut Session,
+        in_flight: &mut Vec<jetstream::context::PublishAckFuture>,
+    ) -> Result<(), RelayError> {
+        for ack in in_flight.drain(..) {
+            let ack = match ack.await {
+                Ok(ack) => ack,
+                Err(error) => {
+                    if error.kind() == jetstream::context::PublishErrorKind::WrongLastMessageId {
+                        tracing::warn!(
+                            relay = %self.name,
+                            stream = %self.config.stream,
+                            "something else writes to the stream between this relay's events; \
+                             publishing one event at a time from now on"
+                        );
+                        session.pipelined = false;
+                    }
+                    return Err(error.into());
+                }
+            };
+            if ack.stream != self.config.stream {
+                return Err(RelayError::WrongStream {
+                    expected: self.config.stream.clone(),
+                    actual: ack.stream,
+                });
+            }
+            let counter = if ack.duplicate {
+                "asiento_events_relay_duplicates_total"
+            } else {
+                "asiento_events_relay_published_total"
+            };
+            metrics::counter!(counter, "relay" => self.name.clone()).increment(1);
         }
         Ok(())
     }
