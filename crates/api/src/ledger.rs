@@ -21,20 +21,20 @@ use crate::AppState;
 /// Legs per page when the client names no limit.
 pub const ENTRIES_LIMIT_DEFAULT: usize = 100;
 
-type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
+pub(crate) type Params = Result<Query<HashMap<String, String>>, QueryRejection>;
 
-fn params(query: Params) -> Result<HashMap<String, String>, Problem> {
+pub(crate) fn params(query: Params) -> Result<HashMap<String, String>, Problem> {
     query
         .map(|Query(map)| map)
         .map_err(|rejection| Problem::bad_request("invalid_query", rejection.body_text()))
 }
 
-fn account(raw: &str) -> Result<AccountName, Problem> {
+pub(crate) fn account(raw: &str) -> Result<AccountName, Problem> {
     AccountName::parse(raw)
         .map_err(|error| Problem::bad_request("invalid_account", error.to_string()))
 }
 
-fn currency(params: &HashMap<String, String>) -> Result<Currency, Problem> {
+pub(crate) fn currency(params: &HashMap<String, String>) -> Result<Currency, Problem> {
     let raw = params
         .get("currency")
         .ok_or_else(|| Problem::bad_request("missing_field", "currency is required"))?;
@@ -81,7 +81,7 @@ pub(crate) async fn known_position(state: &AppState, position: Option<i64>) -> R
     }
 }
 
-fn balance_problem(error: BalanceError) -> Problem {
+pub(crate) fn balance_problem(error: BalanceError) -> Problem {
     match error {
         BalanceError::ProjectionLagging { waited_ms } => Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -104,9 +104,11 @@ fn balance_problem(error: BalanceError) -> Problem {
         ("account" = String, Path, description = "segment(:segment)*"),
         ("currency" = String, Query),
         ("min_position" = Option<i64>, Query, description = "Wait (up to 5 s) until the balance includes this position"),
+        ("at_position" = Option<i64>, Query, description = "The balance after the event at this position"),
+        ("at" = Option<String>, Query, description = "RFC 3339: the balance right after the account's last entry recorded at or before this time (with at_position: up to that position)"),
     ),
     responses(
-        (status = 200, description = "Snapshot plus the entries after it: exact even while the projector lags", body = crate::openapi::Balance),
+        (status = 200, description = "Now: the snapshot plus the entries after it, exact even while the projector lags; in the past (`at`, `at_position`): from the legs and their marks", body = crate::openapi::Balance),
         (status = 400, description = "Invalid account, currency or position", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
         (status = 503, description = "projection_lagging", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
     )
@@ -122,18 +124,39 @@ pub async fn balance(
     let currency = currency(&params)?;
     let min_position = position(&params, "min_position")?;
     known_position(&state, min_position).await?;
-    let balance = asiento_balances::read_balance(
-        &state.database,
-        state.payments.store().as_ref(),
-        &tenant.0,
-        &account,
-        currency.code(),
-        min_position,
-    )
-    .await
+    let point = asiento_balances::Point {
+        position: position(&params, "at_position")?,
+        time: crate::statement::time(&params, "at")?,
+    };
+    known_position(&state, point.position).await?;
+    let store = state.payments.store();
+    let balance = if point == asiento_balances::Point::default() {
+        asiento_balances::read_balance(
+            &state.database,
+            store.as_ref(),
+            &tenant.0,
+            &account,
+            currency.code(),
+            min_position,
+        )
+        .await
+    } else {
+        // A read of the past waits for its point, which a known `min_position` precedes or
+        // needs no wait for.
+        asiento_balances::balance_at(
+            &state.database,
+            store.as_ref(),
+            &tenant.0,
+            &account,
+            currency.code(),
+            point,
+        )
+        .await
+    }
     .map_err(balance_problem)?;
     // The policy in force decides which reservations count against the balance: the declared
-    // one, from the account's guard (the log, never stale), or the one its name implies.
+    // one, from the account's guard (the log, never stale), or the one its name implies. A
+    // balance of the past is shown under the policy in force now.
     let policy = if account.is_guarded() {
         let key = GuardKey {
             tenant: crate::commands::tenant_id(&tenant)?,

@@ -19,6 +19,7 @@ pub mod problem;
 pub mod queries;
 pub mod rate_limit;
 pub mod render;
+pub mod statement;
 pub mod webhook_endpoints;
 pub mod webhooks;
 
@@ -105,6 +106,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/accounts", post(accounts::declare).get(accounts::list))
         .route("/v1/accounts/{account}/balance", get(ledger::balance))
         .route("/v1/accounts/{account}/entries", get(ledger::entries))
+        .route(
+            "/v1/accounts/{account}/statement",
+            get(statement::statement),
+        )
         .route("/v1/journal/{entry_id}", get(ledger::journal_entry))
         .route(
             "/v1/balance_monitors",

@@ -237,6 +237,38 @@ pub struct Balance {
     pub as_of_position: i64,
 }
 
+/// One line of a statement: a leg on the account and the posted balance after it.
+#[derive(Serialize, ToSchema)]
+pub struct StatementLine {
+    pub entry_id: String,
+    pub position: i64,
+    pub recorded_at: String,
+    pub amount_minor: i64,
+    #[schema(value_type = i128)]
+    pub balance_minor: i128,
+}
+
+/// A page of an account's statement (`Accept: text/csv`: the whole period as CSV).
+#[derive(Serialize, ToSchema)]
+pub struct AccountStatement {
+    pub object: String,
+    pub account: String,
+    pub currency: String,
+    /// The posted balance before the period's first leg.
+    #[schema(value_type = i128)]
+    pub opening_balance_minor: i128,
+    /// The position of the event the opening balance is read after (0: before any).
+    pub opening_position: i64,
+    /// The opening balance plus every leg of the period.
+    #[schema(value_type = i128)]
+    pub closing_balance_minor: i128,
+    /// Where the period ends: pass it as `to_position` with `after` for the next page.
+    pub closing_position: i64,
+    pub data: Vec<StatementLine>,
+    /// The `after` of the next page, or null on the last one.
+    pub next_after: Option<i64>,
+}
+
 /// An overdraft policy: `{"policy": "forbidden"}`, `{"policy": "allowed"}` or
 /// `{"policy": "limit", "limit_minor": 5000}`.
 #[derive(Serialize, ToSchema)]
@@ -509,6 +541,7 @@ impl Modify for BearerAuth {
         crate::accounts::list,
         crate::ledger::balance,
         crate::ledger::entries,
+        crate::statement::statement,
         crate::ledger::journal_entry,
         crate::balance_monitors::create,
         crate::balance_monitors::list,
@@ -616,6 +649,7 @@ mod tests {
                 "/v1/accounts",
                 "/v1/accounts/{account}/balance",
                 "/v1/accounts/{account}/entries",
+                "/v1/accounts/{account}/statement",
                 "/v1/balance_monitors",
                 "/v1/balance_monitors/{id}",
                 "/v1/events",

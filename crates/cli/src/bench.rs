@@ -16,7 +16,8 @@
 //! workloads on it against the same limit, a plain streaming `SELECT`:
 //! W3-read (a subscription catching up, folding a sum) and W3-rebuild
 //! (`asiento_projector::rebuild` of the balances projection from position
-//! zero, timed whole, then checked against a recomputation from the log).
+//! zero, timed whole, then checked against a recomputation from the log);
+//! then W3-past (`bench_past.rs`), balances in the past next to current ones.
 
 #[path = "bench_command.rs"]
 mod bench_command;
@@ -24,6 +25,8 @@ mod bench_command;
 mod bench_cpu;
 #[path = "bench_e2e.rs"]
 mod bench_e2e;
+#[path = "bench_past.rs"]
+mod bench_past;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -664,6 +667,16 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
 
     let rebuild = rebuild_balances(&target.db, &store, &args).await?;
     report("W3-rebuild", args.events, rebuild, limit);
+    let clearing = AccountName::psp_clearing(&ProviderName::parse(SEED_PROVIDER)?);
+    bench_past::past(
+        &target.db,
+        &store,
+        SEED_TENANT,
+        &clearing,
+        SEED_CURRENCY,
+        args.rounds,
+    )
+    .await?;
     target.close().await;
     Ok(())
 }

@@ -22,7 +22,8 @@ pub struct VerifyArgs {
     pub database: DatabaseArgs,
 }
 
-/// Balance snapshots equal the recomputation from the entries up to their checkpoint.
+/// Balance snapshots equal the recomputation from the entries up to their checkpoint, and the
+/// legs' marks (the running sums of balances in the past) equal the legs.
 struct Snapshots;
 
 impl ExtraCheck for Snapshots {
@@ -36,6 +37,9 @@ impl ExtraCheck for Snapshots {
             let mismatches = asiento_balances::verify(database, store.as_ref())
                 .await
                 .map_err(|error| error.to_string())?;
+            let marks = asiento_balances::verify_marks(database)
+                .await
+                .map_err(|error| error.to_string())?;
             Ok(mismatches
                 .into_iter()
                 .map(|m| Violation {
@@ -46,6 +50,11 @@ impl ExtraCheck for Snapshots {
                         m.snapshot_minor, m.recomputed_minor
                     ),
                 })
+                .chain(marks.into_iter().map(|m| Violation {
+                    check: Check::Snapshot,
+                    subject: format!("{}:{}:{}", m.tenant, m.account, m.currency),
+                    detail: m.detail,
+                }))
                 .collect())
         })
     }

@@ -331,6 +331,27 @@ async fn every_screen_answers_a_support_person(backend: Backend) {
         .await;
     assert_eq!(legs.status, 200, "{}", legs.html);
     legs.assert_contains("Balance after");
+    legs.assert_contains("Opening balance");
+    // The statement's CSV, the same the API streams; a period of days.
+    let csv = ana
+        .get("/console/accounts/customer%3A42%3Aavailable/statement.csv?currency=USD&from=2000-01-01&to=2999-12-31")
+        .await;
+    assert_eq!(csv.status, 200, "{}", csv.html);
+    assert!(
+        csv.html
+            .starts_with("kind,account,currency,entry_id,position,recorded_at,amount_minor,balance_minor\r\nopening,customer:42:available,USD,"),
+        "{}",
+        csv.html
+    );
+    assert!(csv.html.contains("\r\nclosing,"), "{}", csv.html);
+    let period = ana
+        .get("/console/accounts/customer%3A42%3Aavailable?currency=USD&from=2999-01-01&to=2999-01-31")
+        .await;
+    period.assert_contains("No legs on this account in this currency and period.");
+    let bad = ana
+        .get("/console/accounts/customer%3A42%3Aavailable?currency=USD&from=yesterday")
+        .await;
+    assert_eq!(bad.status, 400, "{}", bad.html);
     let entry = client.entries_of(&paid).await[0]["id"]
         .as_str()
         .unwrap()

@@ -90,6 +90,10 @@ pub fn router(state: ConsoleState) -> Router {
         )
         .route("/console/accounts", get(accounts::list))
         .route("/console/accounts/{account}", get(accounts::entries))
+        .route(
+            "/console/accounts/{account}/statement.csv",
+            get(accounts::statement_csv),
+        )
         .route("/console/journal/{entry_id}", get(accounts::journal_entry))
         .route("/console/health", get(health::show))
         .route("/console/audit", get(audit_page::show))

@@ -14,6 +14,8 @@
 //!   policies, as of the projection's checkpoint.
 //! - **Legs and entries** (`/v1/accounts/{a}/entries`, `/v1/journal/{id}`) come from the
 //!   projected tables only; with `min_position` they wait for the projector's checkpoint.
+//! - **The past** (`?at=`, `?at_position=`, `/statement`): from the legs and their marks, a
+//!   running sum every `MARK_LEGS` legs (`at`, `marks`).
 //!
 //! The lead process must call [`install`] once at startup (after migrations) so that the views
 //! exist before the first read, and run a [`asiento_projector::Runner`] with [`projection`].
@@ -27,13 +29,17 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 mod accounts;
+mod at;
 mod decode;
+mod marks;
 mod projection;
 mod read;
 mod verify;
 
 pub use accounts::{list_accounts, AccountPage, AccountQuery, AccountView, ACCOUNTS_LIMIT_MAX};
 pub use asiento_projector::READ_WAIT_MS_MAX;
+pub use at::{balance_at, statement, Point, Statement, StatementLine, StatementQuery};
+pub use marks::{verify_marks, MarkMismatch, MARK_LEGS};
 pub use projection::{
     Balances, LedgerEntries, ENTRIES_FINGERPRINT, ENTRIES_NAME, FINGERPRINT, NAME,
 };

@@ -32,7 +32,7 @@ pub const NAME: &str = "balances";
 pub const FINGERPRINT: &str = "balances-v3";
 /// The registry name of the legs and journal entries (`asiento projections rebuild ledger_entries`).
 pub const ENTRIES_NAME: &str = "ledger_entries";
-pub const ENTRIES_FINGERPRINT: &str = "ledger-entries-v1";
+pub const ENTRIES_FINGERPRINT: &str = "ledger-entries-v2";
 
 /// The balances read model. Stateless: everything lives in the database.
 #[derive(Debug, Clone, Copy, Default)]
@@ -49,11 +49,13 @@ enum Part {
     Entries,
 }
 
-const VIEWS: [(Part, &str, &str); 4] = [
+const VIEWS: [(Part, &str, &str); 6] = [
     (Part::Balances, "balances", "balances_g"),
     (Part::Balances, "account_policies", "account_policies_g"),
     (Part::Entries, "balance_legs", "balance_legs_g"),
     (Part::Entries, "journal_entries", "journal_entries_g"),
+    (Part::Entries, "balance_runs", "balance_runs_g"),
+    (Part::Entries, "balance_marks", "balance_marks_g"),
 ];
 
 /// The declared accounts (`POST /v1/accounts`): the policy and metadata as JSON text, the same on
@@ -191,15 +193,15 @@ struct DeclarationRow {
     declared_at: DateTime<Utc>,
 }
 
-struct LegRow {
-    tenant: String,
-    account: String,
-    currency: String,
-    cursor: Cursor,
-    leg: i32,
-    entry_id: String,
-    amount_minor: i64,
-    recorded_at: DateTime<Utc>,
+pub(crate) struct LegRow {
+    pub tenant: String,
+    pub account: String,
+    pub currency: String,
+    pub cursor: Cursor,
+    pub leg: i32,
+    pub entry_id: String,
+    pub amount_minor: i64,
+    pub recorded_at: DateTime<Utc>,
 }
 
 struct EntryRow {
@@ -336,10 +338,18 @@ impl BatchWrites {
 }
 
 async fn create_tables(tx: &mut Tx, part: Part, g: i64) -> Result<(), ProjectionError> {
-    let statements = match tx {
-        Tx::Postgres(_) => ddl_postgres(g),
-        Tx::Sqlite(_) => ddl_sqlite(g),
+    let postgres = matches!(tx, Tx::Postgres(_));
+    let mut statements = if postgres {
+        ddl_postgres(g)
+    } else {
+        ddl_sqlite(g)
     };
+    // After the legs' table: the marks index it.
+    statements.extend(
+        crate::marks::ddl(g, postgres)
+            .into_iter()
+            .map(|statement| (Part::Entries, statement)),
+    );
     for (of, statement) in statements {
         if of == part {
             on_tx!(tx, conn => sqlx::query(&statement).execute(conn).await?.rows_affected());
@@ -389,6 +399,7 @@ async fn apply_part(
     if !any {
         return Ok(());
     }
+    crate::marks::write(tx, g, &writes.legs).await?;
     match tx {
         Tx::Postgres(t) => write_postgres(t, g, writes).await?,
         Tx::Sqlite(t) => write_sqlite(t, g, writes).await?,

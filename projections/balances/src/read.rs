@@ -283,7 +283,11 @@ pub async fn journal_entry(
     }))
 }
 
-async fn wait(db: &Database, store: &dyn EventStore, position: i64) -> Result<(), BalanceError> {
+pub(crate) async fn wait(
+    db: &Database,
+    store: &dyn EventStore,
+    position: i64,
+) -> Result<(), BalanceError> {
     // Legs and journal entries come from their own projection.
     match wait_for_position(db, store, ENTRIES_NAME, position, READ_WAIT_MS_MAX).await {
         Ok(_) => Ok(()),

@@ -420,6 +420,25 @@ impl Rules {
         parameter(doc, balance.0, balance.1, "currency", self.currency());
         parameter(doc, balance.0, balance.1, "min_position", position());
         note_position(doc, balance.0, balance.1, "min_position");
+        parameter(doc, balance.0, balance.1, "at_position", position());
+        note_position(doc, balance.0, balance.1, "at_position");
+        parameter(doc, balance.0, balance.1, "at", date_time());
+        let statement = ("/v1/accounts/{account}/statement", "get");
+        parameter(doc, statement.0, statement.1, "account", account.clone());
+        parameter(doc, statement.0, statement.1, "currency", self.currency());
+        parameter(doc, statement.0, statement.1, "from", date_time());
+        parameter(doc, statement.0, statement.1, "to", date_time());
+        for name in ["to_position", "after"] {
+            parameter(doc, statement.0, statement.1, name, position());
+            note_position(doc, statement.0, statement.1, name);
+        }
+        parameter(
+            doc,
+            statement.0,
+            statement.1,
+            "limit",
+            limit(asiento_balances::ENTRIES_LIMIT_MAX as u64),
+        );
         let entries = ("/v1/accounts/{account}/entries", "get");
         parameter(doc, entries.0, entries.1, "account", account);
         parameter(doc, entries.0, entries.1, "currency", self.currency());
@@ -662,6 +681,10 @@ fn limit(max: u64) -> Value {
 }
 
 /// A `min_position`: 0, or a position the log has (one a command returned).
+fn date_time() -> Value {
+    json!({"type": "string", "format": "date-time"})
+}
+
 fn position() -> Value {
     json!({"type": "integer", "format": "int64", "minimum": 0, "maximum": i64::MAX})
 }

@@ -1,8 +1,8 @@
 //! Accounts: every balance of the tenant per account and currency with the log position it is
-//! exact at, one account's legs with a running balance, and one journal entry with its legs and
-//! their zero sum. All read from the balances projection, as the API reads them.
+//! exact at, one account's statement for a period (with its CSV), and one journal entry with its
+//! legs and their zero sum. All read from the balances projections, as the API reads them.
 
-use asiento_balances::{AccountQuery, BalanceError};
+use asiento_balances::{AccountQuery, BalanceError, Point, StatementQuery};
 use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use maud::html;
@@ -116,9 +116,63 @@ fn policy_text(policy: &asiento_domain::AccountPolicy) -> String {
         .join(", ")
 }
 
-/// `GET /console/accounts/{account}?currency=&after=&opening=`: the account's legs, oldest
-/// first, each with the balance after it. A page after the first starts from the balance the
-/// previous page ended on (`opening`, carried by its link).
+/// The statement a console page or download asks for: `currency`, the period as days (`from`,
+/// `to`, both UTC and inclusive), and for a later page `after` and `to_position`.
+fn statement_query(
+    tenant: String,
+    account: &str,
+    query: &std::collections::HashMap<String, String>,
+) -> Result<(asiento_domain::AccountName, StatementQuery), ConsoleError> {
+    let currency = param(query, "currency")
+        .ok_or_else(|| ConsoleError::BadInput("currency: say which currency".into()))?
+        .to_owned();
+    asiento_domain::Currency::parse(&currency)
+        .map_err(|error| ConsoleError::BadInput(format!("currency: {error}")))?;
+    let name = asiento_domain::AccountName::parse(account)
+        .map_err(|_| ConsoleError::NotFound("account"))?;
+    let day = |field: &str, days_after: u64| {
+        param(query, field)
+            .map(|raw| {
+                chrono::NaiveDate::parse_from_str(raw, "%Y-%m-%d")
+                    .ok()
+                    .and_then(|date| date.checked_add_days(chrono::Days::new(days_after)))
+                    .and_then(|date| date.and_hms_opt(0, 0, 0))
+                    .map(|time| time.and_utc())
+                    .ok_or_else(|| {
+                        ConsoleError::BadInput(format!("{field}: not a day (YYYY-MM-DD)"))
+                    })
+            })
+            .transpose()
+    };
+    let number = |field: &str| {
+        param(query, field)
+            .map(|raw| {
+                raw.parse::<i64>()
+                    .map_err(|_| ConsoleError::BadInput(format!("{field}: not a position")))
+            })
+            .transpose()
+    };
+    let statement = StatementQuery {
+        tenant,
+        account: name.as_str().to_owned(),
+        currency,
+        from: day("from", 0)?,
+        // The last day is whole: the period ends before the next day begins.
+        to: Point {
+            position: number("to_position")?,
+            time: day("to", 1)?,
+        },
+        after: number("after")?,
+        limit: LEGS_PAGE,
+    };
+    Ok((name, statement))
+}
+
+/// `GET /console/accounts/{account}?currency=&from=&to=&after=&to_position=`: the account's
+/// balances now, and its statement for a period (every day when none is given): the opening
+/// balance, the legs oldest first with the balance after each, the closing balance, and the
+/// period's CSV. The balances come from the server (the legs and their marks), never from a
+/// figure carried in a link.
 pub async fn entries(
     State(state): State<ConsoleState>,
     session: Session,
@@ -127,61 +181,35 @@ pub async fn entries(
 ) -> Result<Response, ConsoleError> {
     let tenant = session.tenant()?.to_string();
     let query = query(raw);
-    let currency = param(&query, "currency")
-        .ok_or_else(|| ConsoleError::BadInput("currency: say which currency".into()))?
-        .to_owned();
-    asiento_domain::Currency::parse(&currency)
-        .map_err(|error| ConsoleError::BadInput(format!("currency: {error}")))?;
-    let name = asiento_domain::AccountName::parse(&account)
-        .map_err(|_| ConsoleError::NotFound("account"))?;
-    let after = param(&query, "after")
-        .map(|raw| {
-            raw.parse::<i64>()
-                .map_err(|_| ConsoleError::BadInput("after: not a position".into()))
-        })
-        .transpose()?;
-    let opening = param(&query, "opening")
-        .map(|raw| {
-            raw.parse::<i128>()
-                .map_err(|_| ConsoleError::BadInput("opening: not an amount".into()))
-        })
-        .transpose()?
-        .unwrap_or(0);
+    let (name, statement) = statement_query(tenant.clone(), &account, &query)?;
+    let currency = statement.currency.clone();
     let store = state.api.payments.store().as_ref();
-    let legs = asiento_balances::entries(
-        &state.api.database,
-        store,
-        &tenant,
-        name.as_str(),
-        &currency,
-        after,
-        LEGS_PAGE,
-        None,
-    )
-    .await
-    .map_err(balance_error)?;
+    let page = asiento_balances::statement(&state.api.database, store, &statement)
+        .await
+        .map_err(balance_error)?;
     let balance =
         asiento_balances::read_balance(&state.api.database, store, &tenant, &name, &currency, None)
             .await
             .map_err(balance_error)?;
-    let mut running = opening;
-    let rows: Vec<_> = legs
-        .iter()
-        .map(|leg| {
-            running += i128::from(leg.amount_minor);
-            (leg, running)
-        })
-        .collect();
-    let next = (legs.len() >= LEGS_PAGE)
-        .then(|| legs.last())
-        .flatten()
-        .map(|last| {
-            format!(
-                "/console/accounts/{}?currency={currency}&after={}&opening={running}",
-                layout::encode(name.as_str()),
-                last.position
-            )
-        });
+    let (from, to) = (
+        param(&query, "from").unwrap_or_default(),
+        param(&query, "to").unwrap_or_default(),
+    );
+    let base = format!(
+        "/console/accounts/{}?currency={currency}&from={}&to={}",
+        layout::encode(name.as_str()),
+        layout::encode(from),
+        layout::encode(to)
+    );
+    let next = page
+        .next_after
+        .map(|after| format!("{base}&after={after}&to_position={}", page.closing_position));
+    let csv = format!(
+        "/console/accounts/{}/statement.csv?currency={currency}&from={}&to={}",
+        layout::encode(name.as_str()),
+        layout::encode(from),
+        layout::encode(to)
+    );
     let content = html! {
         dl .summary {
             div { dt { "Posted balance" } dd #balance { (money(balance.balance_minor.minor(), &currency)) } }
@@ -189,24 +217,35 @@ pub async fn entries(
             div { dt { "Pending credits" } dd { (money(balance.pending_credits_minor.minor(), &currency)) } }
             div { dt { "As of log position" } dd { (balance.as_of_position) } }
         }
-        @if rows.is_empty() {
-            (layout::empty("No legs on this account in this currency."))
+        form .filters method="get" action={ "/console/accounts/" (layout::encode(name.as_str())) } {
+            input type="hidden" name="currency" value=(currency);
+            label { "From (UTC) " input #from type="date" name="from" value=(from); }
+            label { "To, inclusive (UTC) " input #to type="date" name="to" value=(to); }
+            button #period-submit type="submit" { "Show statement" }
+        }
+        p { a #csv href=(csv) download { "Download the statement as CSV" } }
+        dl .summary {
+            div { dt { "Opening balance" } dd #opening { (money(page.opening_balance_minor.minor(), &currency)) } }
+            div { dt { "Closing balance" } dd #closing { (money(page.closing_balance_minor.minor(), &currency)) } }
+        }
+        @if page.lines.is_empty() {
+            (layout::empty("No legs on this account in this currency and period."))
         } @else {
             table #legs {
-                caption { "Legs, oldest first" @if after.is_some() { ", continuing from " (money(opening, &currency)) } }
+                caption { "Legs of the period, oldest first" }
                 thead { tr {
                     th scope="col" { "Journal entry" } th scope="col" { "Position" }
                     th scope="col" { "Recorded (UTC)" } th scope="col" .num { "Amount" }
                     th scope="col" .num { "Balance after" }
                 } }
                 tbody {
-                    @for (leg, after) in &rows {
+                    @for line in &page.lines {
                         tr {
-                            td { a href={ "/console/journal/" (leg.entry_id) } { (layout::id(&leg.entry_id)) } }
-                            td { (leg.position) }
-                            td { (layout::time(&leg.recorded_at)) }
-                            td .num { (money(i128::from(leg.amount_minor), &currency)) }
-                            td .num { (money(*after, &currency)) }
+                            td { a href={ "/console/journal/" (line.entry_id) } { (layout::id(&line.entry_id)) } }
+                            td { (line.position) }
+                            td { (layout::time(&line.recorded_at)) }
+                            td .num { (money(i128::from(line.amount_minor), &currency)) }
+                            td .num { (money(line.balance_minor.minor(), &currency)) }
                         }
                     }
                 }
@@ -216,6 +255,21 @@ pub async fn entries(
     };
     let title = format!("{} ({currency})", name.as_str());
     Ok(layout::page(&session, Nav::Accounts, &title, content).into_response())
+}
+
+/// `GET /console/accounts/{account}/statement.csv?currency=&from=&to=`: the period's statement
+/// as the API's CSV, streamed.
+pub async fn statement_csv(
+    State(state): State<ConsoleState>,
+    session: Session,
+    Path(account): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ConsoleError> {
+    let tenant = session.tenant()?.to_string();
+    let (_, statement) = statement_query(tenant, &account, &query(raw))?;
+    asiento_api::statement::csv(state.api.clone(), statement)
+        .await
+        .map_err(balance_error)
 }
 
 /// `GET /console/journal/{entry_id}`: one entry, its legs and their sum per currency.

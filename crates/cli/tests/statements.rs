@@ -1,0 +1,355 @@
+//! Balances in the past and statements through the real binary over real HTTP, on SQLite and
+//! PostgreSQL, after a run of payments, refunds, holds and transfers on one customer: a balance
+//! `at_position` or `at` a time equals the log read in its own order at ten random moments, and
+//! a statement's opening plus its lines is its closing, as JSON pages and as CSV.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use asiento_domain::Event;
+use asiento_eventstore::Cursor;
+use asiento_testkit::Rng;
+use chrono::{DateTime, SecondsFormat, Utc};
+use common::{payment_body, Backend, Client, Server, TestDatabase};
+use serde_json::{json, Value};
+
+const CUSTOMER: &str = "customer:42:available";
+
+/// Each event that touched the customer (its account or its pending accounts, in USD), in log
+/// order: cursor, position, time, and (posted, pending debits, pending credits) after it.
+type Moment = (Cursor, i64, DateTime<Utc>, [i128; 3]);
+
+/// The model, and each leg on the three accounts: (slot, cursor, time).
+async fn model(database: &TestDatabase) -> (Vec<Moment>, Vec<(usize, Cursor, DateTime<Utc>)>) {
+    let store = database.database().event_store();
+    let names = [
+        CUSTOMER.to_owned(),
+        format!("pending_debits:{CUSTOMER}"),
+        format!("pending_credits:{CUSTOMER}"),
+    ];
+    let (mut moments, mut legs) = (Vec::new(), Vec::new());
+    let mut figures = [0i128; 3];
+    let mut reached = Cursor::START;
+    loop {
+        let page = store.read_all(reached, 1_000).await.unwrap();
+        for recorded in &page {
+            reached = recorded.cursor;
+            let event = Event::decode_raw(
+                &recorded.stream_id,
+                &recorded.event_type,
+                recorded.schema,
+                recorded.data.raw(),
+            )
+            .unwrap();
+            let Some(entry) = event.entry() else { continue };
+            let mut touched = false;
+            for leg in entry.legs().iter().filter(|l| l.currency.code() == "USD") {
+                let Some(slot) = names.iter().position(|n| n == leg.account.as_str()) else {
+                    continue;
+                };
+                let amount = i128::from(leg.amount.minor());
+                figures[slot] += if slot == 1 { -amount } else { amount };
+                legs.push((slot, recorded.cursor, recorded.recorded_at));
+                touched = true;
+            }
+            if touched {
+                moments.push((
+                    recorded.cursor,
+                    recorded.position,
+                    recorded.recorded_at,
+                    figures,
+                ));
+            }
+        }
+        if page.len() < 1_000 {
+            return (moments, legs);
+        }
+    }
+}
+
+/// What the server must answer for `at=time`: after the latest, by cursor, of each account's
+/// last leg (by time, then cursor) recorded at or before it.
+fn at_time(
+    moments: &[Moment],
+    legs: &[(usize, Cursor, DateTime<Utc>)],
+    time: DateTime<Utc>,
+) -> (i64, [i128; 3]) {
+    let mut last = Cursor::START;
+    for slot in 0..3 {
+        if let Some((_, cursor, _)) = legs
+            .iter()
+            .filter(|(s, _, at)| *s == slot && *at <= time)
+            .max_by_key(|(_, cursor, at)| (*at, *cursor))
+        {
+            last = last.max(*cursor);
+        }
+    }
+    moments
+        .iter()
+        .find(|m| m.0 == last)
+        .map_or((0, [0; 3]), |m| (m.1, m.3))
+}
+
+fn figures(balance: &Value) -> [i128; 3] {
+    [
+        "balance_minor",
+        "pending_debits_minor",
+        "pending_credits_minor",
+    ]
+    .map(|f| {
+        i128::from(
+            balance[f]
+                .as_i64()
+                .unwrap_or_else(|| panic!("{f} in {balance}")),
+        )
+    })
+}
+
+async fn ok(client: &Client, path: &str, key: &str, body: &Value) -> Value {
+    let answer = client.post(path, key, body).await;
+    assert!(
+        answer.status < 300,
+        "{path}: {} {}",
+        answer.status,
+        String::from_utf8_lossy(&answer.body)
+    );
+    answer.json()
+}
+
+/// Payments to the customer (every third refunded in part), holds on it posted in part or
+/// voided, and transfers out and back, from two clients at once.
+async fn run_history(server: &Server) -> i64 {
+    let mut tasks = Vec::new();
+    for worker in 0..2 {
+        let client = server.client();
+        tasks.push(tokio::spawn(async move {
+            let mut last = 0;
+            for i in 0..12 {
+                let key = |what: &str| format!("w{worker}-{i}-{what}");
+                let paid = ok(&client, "/v1/payments", &key("pay"), &payment_body(2_000 + i, "pm_card_ok")).await;
+                let id = paid["id"].as_str().unwrap().to_owned();
+                if i % 3 == 0 {
+                    ok(&client, &format!("/v1/payments/{id}/refunds"), &key("refund"), &json!({"amount_minor": 500})).await;
+                }
+                let hold = ok(&client, "/v1/transfers", &key("hold"), &json!({"from": CUSTOMER, "to": "merchant:shop", "amount_minor": 300, "currency": "USD", "pending": true})).await;
+                let hold_id = hold["id"].as_str().unwrap();
+                let ended = if i % 2 == 0 {
+                    ok(&client, &format!("/v1/transfers/{hold_id}/post"), &key("post"), &json!({"amount_minor": 200})).await
+                } else {
+                    ok(&client, &format!("/v1/transfers/{hold_id}/void"), &key("void"), &json!({})).await
+                };
+                last = last.max(ended["position"].as_i64().unwrap());
+            }
+            last
+        }));
+    }
+    let mut last = 0;
+    for task in tasks {
+        last = last.max(task.await.unwrap());
+    }
+    last
+}
+
+fn rfc3339(time: DateTime<Utc>) -> String {
+    time.to_rfc3339_opts(SecondsFormat::Nanos, true)
+}
+
+/// Ten random positions and ten random times of the run: the server's balance there equals the
+/// model's; before anything it is zero.
+async fn balances_in_the_past_equal_the_log_at_ten_random_moments(backend: Backend) {
+    let database = TestDatabase::open(backend).await;
+    let server = Server::start(&database.url, &[]);
+    let client = server.client();
+    let last = run_history(&server).await;
+    // The log is readable through the run's last position.
+    let now = client
+        .get(&format!(
+            "/v1/accounts/{CUSTOMER}/balance?currency=USD&min_position={last}"
+        ))
+        .await;
+    assert_eq!(now.status, 200);
+    let (moments, legs) = model(&database).await;
+    assert!(moments.len() > 40, "{} moments", moments.len());
+    let mut rng = Rng::new(7);
+    for _ in 0..10 {
+        let (_, position, _, want) = *rng.pick(&moments);
+        let answer = client
+            .get(&format!(
+                "/v1/accounts/{CUSTOMER}/balance?currency=USD&at_position={position}"
+            ))
+            .await;
+        assert_eq!(
+            answer.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        let body = answer.json();
+        assert_eq!(figures(&body), want, "at position {position}: {body}");
+        assert_eq!(body["as_of_position"], position);
+    }
+    for _ in 0..10 {
+        let (_, _, time, _) = *rng.pick(&moments);
+        let (position, want) = at_time(&moments, &legs, time);
+        let answer = client
+            .get(&format!(
+                "/v1/accounts/{CUSTOMER}/balance?currency=USD&at={}",
+                rfc3339(time).replace('+', "%2B")
+            ))
+            .await;
+        assert_eq!(
+            answer.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        let body = answer.json();
+        assert_eq!(figures(&body), want, "at {time}: {body}");
+        assert_eq!(body["as_of_position"], position);
+    }
+    let before = client
+        .get(&format!(
+            "/v1/accounts/{CUSTOMER}/balance?currency=USD&at=2000-01-01T00:00:00Z"
+        ))
+        .await
+        .json();
+    assert_eq!(
+        (figures(&before), before["as_of_position"].as_i64()),
+        ([0; 3], Some(0))
+    );
+    for (query, code) in [
+        ("at=yesterday", "invalid_query"),
+        ("at_position=999999999", "unknown_position"),
+    ] {
+        let answer = client
+            .get(&format!(
+                "/v1/accounts/{CUSTOMER}/balance?currency=USD&{query}"
+            ))
+            .await;
+        assert_eq!(
+            (answer.status, answer.code().as_str()),
+            (400, code),
+            "{query}"
+        );
+    }
+    common::verify(&database);
+    drop(server);
+    database.finish().await;
+}
+
+/// A statement of the middle of the run: paged as JSON, opening plus its lines is its closing
+/// and each line's balance is the one before plus its amount; as CSV, the same rows.
+async fn a_statement_adds_up_as_json_pages_and_as_csv(backend: Backend) {
+    let database = TestDatabase::open(backend).await;
+    let server = Server::start(&database.url, &[]);
+    let client = server.client();
+    let last = run_history(&server).await;
+    // The log is readable through the run's last position.
+    let caught_up = client
+        .get(&format!(
+            "/v1/accounts/{CUSTOMER}/balance?currency=USD&min_position={last}"
+        ))
+        .await;
+    assert_eq!(caught_up.status, 200);
+    let (moments, _) = model(&database).await;
+    let from = rfc3339(moments[moments.len() / 4].2).replace('+', "%2B");
+    let base = format!("/v1/accounts/{CUSTOMER}/statement?currency=USD&from={from}");
+    let first = client.get(&format!("{base}&limit=7")).await;
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    let first = first.json();
+    let (opening, closing) = (
+        i128::from(first["opening_balance_minor"].as_i64().unwrap()),
+        i128::from(first["closing_balance_minor"].as_i64().unwrap()),
+    );
+    let closing_position = first["closing_position"].as_i64().unwrap();
+    let at_closing = client
+        .get(&format!(
+            "/v1/accounts/{CUSTOMER}/balance?currency=USD&at_position={closing_position}"
+        ))
+        .await
+        .json();
+    assert_eq!(figures(&at_closing)[0], closing);
+    let mut lines: Vec<(String, i64, i128)> = Vec::new();
+    let mut running = opening;
+    let mut page = first;
+    loop {
+        for line in page["data"].as_array().unwrap() {
+            let amount = i128::from(line["amount_minor"].as_i64().unwrap());
+            running += amount;
+            assert_eq!(
+                i128::from(line["balance_minor"].as_i64().unwrap()),
+                running,
+                "{line}"
+            );
+            lines.push((
+                line["entry_id"].as_str().unwrap().to_owned(),
+                line["position"].as_i64().unwrap(),
+                amount,
+            ));
+        }
+        let Some(after) = page["next_after"].as_i64() else {
+            break;
+        };
+        page = client
+            .get(&format!(
+                "{base}&limit=7&after={after}&to_position={closing_position}"
+            ))
+            .await
+            .json();
+    }
+    assert!(lines.len() > 7, "several pages: {}", lines.len());
+    assert_eq!(running, closing, "opening plus the lines is the closing");
+
+    let csv = client
+        .send(
+            client
+                .http
+                .get(format!(
+                    "{}{base}&to_position={closing_position}",
+                    client.base
+                ))
+                .bearer_auth(&client.key)
+                .header("accept", "text/csv"),
+        )
+        .await;
+    assert_eq!(csv.status, 200);
+    assert_eq!(
+        csv.headers["content-type"].to_str().unwrap(),
+        "text/csv; charset=utf-8"
+    );
+    let text = String::from_utf8(csv.body).unwrap();
+    let mut rows = text.lines();
+    assert_eq!(
+        rows.next(),
+        Some("kind,account,currency,entry_id,position,recorded_at,amount_minor,balance_minor")
+    );
+    let rows: Vec<Vec<&str>> = rows.map(|row| row.split(',').collect()).collect();
+    assert_eq!(rows.first().unwrap()[0], "opening");
+    assert_eq!(rows.first().unwrap()[7].parse::<i128>().unwrap(), opening);
+    assert_eq!(rows.last().unwrap()[0], "closing");
+    assert_eq!(rows.last().unwrap()[7].parse::<i128>().unwrap(), closing);
+    let csv_lines: Vec<(String, i64, i128)> = rows[1..rows.len() - 1]
+        .iter()
+        .map(|row| {
+            assert_eq!((row[0], row[1], row[2]), ("leg", CUSTOMER, "USD"));
+            (
+                row[3].to_owned(),
+                row[4].parse().unwrap(),
+                row[6].parse().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(csv_lines, lines);
+    drop(server);
+    database.finish().await;
+}
+
+asiento_testkit::both_backends!(threads = 2;
+    balances_in_the_past_equal_the_log_at_ten_random_moments,
+    a_statement_adds_up_as_json_pages_and_as_csv,
+);

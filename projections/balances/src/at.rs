@@ -1,0 +1,323 @@
+//! Balances at a point of the past, and account statements, from the legs and their marks
+//! (`crate::marks`): exact, never from a snapshot, at the cost of one lookup plus at most
+//! `MARK_LEGS` legs per account.
+//!
+//! A point is a log position (the balance after every event up to and including it), a time
+//! (the balance right after the account's last entry recorded at or before that time, its legs
+//! taken in log order), or both (the last such entry up to that position). On PostgreSQL an
+//! event's time is its transaction's start, so two entries may commit in one order and carry
+//! times in the other; a time always names the state after one entry, a state the account was
+//! in, never a mix of two.
+
+use asiento_domain::account::PendingSide;
+use asiento_domain::{AccountName, Amount, Balance};
+use asiento_eventstore::{Cursor, Database, EventStore};
+use asiento_projector::on_db;
+use chrono::{DateTime, Utc};
+
+use crate::marks::sum_through;
+use crate::read::wait;
+use crate::{AccountBalance, BalanceError, ENTRIES_LIMIT_MAX, ENTRIES_NAME};
+
+/// Where in the past a balance is read: after the event at `position`, after the account's
+/// last entry recorded at or before `time`, or, with both, the last such entry up to
+/// `position`. With neither, now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Point {
+    pub position: Option<i64>,
+    pub time: Option<DateTime<Utc>>,
+}
+
+/// The account's (tenant, account, currency) key as the queries bind it.
+type Key<'a> = (&'a str, &'a str, &'a str);
+
+/// The cursor of the account's last leg, up to `upto`, recorded before `time` (`inclusive`: at
+/// or before).
+async fn last_leg_before(
+    db: &Database,
+    key: Key<'_>,
+    time: DateTime<Utc>,
+    inclusive: bool,
+    upto: Cursor,
+) -> Result<Option<Cursor>, BalanceError> {
+    let op = if inclusive { "<=" } else { "<" };
+    let sql = format!(
+        "SELECT xact, position FROM balance_legs \
+         WHERE tenant = $1 AND account = $2 AND currency = $3 AND recorded_at {op} $4 \
+           AND (xact, position) <= ($5, $6) \
+         ORDER BY recorded_at DESC, xact DESC, position DESC LIMIT 1"
+    );
+    let row: Option<(i64, i64)> = on_db!(db, pool => {
+        sqlx::query_as(&sql)
+            .bind(key.0)
+            .bind(key.1)
+            .bind(key.2)
+            .bind(time)
+            .bind(upto.xact())
+            .bind(upto.position())
+            .fetch_optional(pool)
+            .await?
+    });
+    Ok(row.map(|(xact, position)| Cursor::new(xact, position)))
+}
+
+/// The cursor a point names for `keys` (the accounts read together): the position's, or the
+/// last of their legs recorded by the time up to it; the legs projection's checkpoint (once it
+/// includes the log's head) for neither.
+async fn resolve(
+    db: &Database,
+    store: &dyn EventStore,
+    keys: &[Key<'_>],
+    point: Point,
+    inclusive: bool,
+) -> Result<Cursor, BalanceError> {
+    let upto = match point.position {
+        Some(position) => cursor_at(db, store, position).await?,
+        None => {
+            wait_for_head(db, store).await?;
+            asiento_projector::checkpoint(db, ENTRIES_NAME)
+                .await?
+                .ok_or(BalanceError::NotInstalled)?
+                .cursor
+        }
+    };
+    let Some(time) = point.time else {
+        return Ok(upto);
+    };
+    let mut last = Cursor::START;
+    for key in keys {
+        if let Some(cursor) = last_leg_before(db, *key, time, inclusive, upto).await? {
+            last = last.max(cursor);
+        }
+    }
+    Ok(last)
+}
+
+/// Waits until the legs projection includes every event the log had when the read began.
+async fn wait_for_head(db: &Database, store: &dyn EventStore) -> Result<(), BalanceError> {
+    let head = store.head().await?;
+    if head.position() > 0 {
+        wait(db, store, head.position()).await?;
+    }
+    Ok(())
+}
+
+/// The cursor of the event at `position`, once the legs projection includes it; 0 names the
+/// point before every event.
+async fn cursor_at(
+    db: &Database,
+    store: &dyn EventStore,
+    position: i64,
+) -> Result<Cursor, BalanceError> {
+    if position == 0 {
+        return Ok(Cursor::START);
+    }
+    let cursor = store
+        .cursor_of_position(position)
+        .await?
+        .ok_or(BalanceError::UnknownPosition { position })?;
+    wait(db, store, position).await?;
+    Ok(cursor)
+}
+
+async fn sum_at(db: &Database, key: Key<'_>, cursor: Cursor) -> Result<Balance, BalanceError> {
+    if cursor == Cursor::START {
+        return Ok(Balance::ZERO);
+    }
+    Ok(sum_through(db, key, cursor.xact(), cursor.position()).await?)
+}
+
+/// The balance of (tenant, account, currency) and what holds reserved on it at `point`.
+/// `as_of_position` is the position of the event it is read after (0: before any).
+pub async fn balance_at(
+    db: &Database,
+    store: &dyn EventStore,
+    tenant: &str,
+    account: &AccountName,
+    currency: &str,
+    point: Point,
+) -> Result<AccountBalance, BalanceError> {
+    let names = [
+        account.clone(),
+        account.pending(PendingSide::Debits),
+        account.pending(PendingSide::Credits),
+    ]
+    .map(String::from);
+    let keys: Vec<Key<'_>> = names
+        .iter()
+        .map(|name| (tenant, name.as_str(), currency))
+        .collect();
+    let cursor = resolve(db, store, &keys, point, true).await?;
+    let mut sums = [Balance::ZERO; 3];
+    for (sum, name) in sums.iter_mut().zip(&names) {
+        *sum = sum_at(db, (tenant, name, currency), cursor).await?;
+    }
+    let [balance, pending_debits, pending_credits] = sums;
+    // Money reserved to leave sits as a negative balance on `pending_debits:`.
+    let pending_debits = pending_debits.checked_neg().map_err(|_| {
+        asiento_projector::ProjectionError::Malformed {
+            position: cursor.position(),
+            reason: "pending debits overflow i128".to_owned(),
+        }
+    })?;
+    Ok(AccountBalance {
+        balance_minor: balance,
+        pending_debits_minor: pending_debits,
+        pending_credits_minor: pending_credits,
+        as_of_position: cursor.position(),
+    })
+}
+
+/// Which statement, and which page of its lines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatementQuery {
+    pub tenant: String,
+    pub account: String,
+    pub currency: String,
+    /// Entries recorded at or after; None: from the account's first.
+    pub from: Option<DateTime<Utc>>,
+    /// Where the period ends: after the account's last entry recorded before `to.time`, up to
+    /// `to.position` (what the pages after the first pass, so that every page reads the same
+    /// period however the log grows meanwhile); neither: now.
+    pub to: Point,
+    /// The page after this line's position (`next_after`); None for the first page.
+    pub after: Option<i64>,
+    /// Lines per page, 1..=[`ENTRIES_LIMIT_MAX`].
+    pub limit: usize,
+}
+
+/// One line of a statement: a leg on the account and the balance after it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StatementLine {
+    pub entry_id: String,
+    pub position: i64,
+    pub recorded_at: DateTime<Utc>,
+    pub amount_minor: i64,
+    /// The posted balance after this leg.
+    pub balance_minor: Balance,
+}
+
+/// A page of a statement: the period's opening and closing posted balances (the same on every
+/// page) and its lines after the query's `after`, in log order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Statement {
+    pub opening_balance_minor: Balance,
+    pub closing_balance_minor: Balance,
+    /// The position of the event the opening balance is read after (0: before any).
+    pub opening_position: i64,
+    /// The position of the event the closing balance is read after.
+    pub closing_position: i64,
+    pub lines: Vec<StatementLine>,
+    /// The `after` of the next page; None on the last.
+    pub next_after: Option<i64>,
+}
+
+type LineRow = (String, i64, i64, i32, i64, DateTime<Utc>);
+
+/// A page of the account's statement: opening plus its lines equals closing, by construction
+/// (the lines are exactly the account's legs between the two points, in log order).
+pub async fn statement(
+    db: &Database,
+    store: &dyn EventStore,
+    query: &StatementQuery,
+) -> Result<Statement, BalanceError> {
+    let key = (
+        query.tenant.as_str(),
+        query.account.as_str(),
+        query.currency.as_str(),
+    );
+    let closing_cursor = resolve(db, store, &[key], query.to, false).await?;
+    let opening_cursor = match query.from {
+        None => Cursor::START,
+        Some(from) => last_leg_before(db, key, from, false, closing_cursor)
+            .await?
+            .unwrap_or(Cursor::START),
+    };
+    let page_start = match query.after {
+        None | Some(0) => opening_cursor,
+        Some(position) => store
+            .cursor_of_position(position)
+            .await?
+            .ok_or(BalanceError::UnknownPosition { position })?
+            .max(opening_cursor),
+    };
+    let limit = i64::try_from(query.limit.clamp(1, ENTRIES_LIMIT_MAX)).unwrap_or(1);
+    let rows: Vec<LineRow> = on_db!(db, pool => {
+        sqlx::query_as(
+            "SELECT entry_id, xact, position, leg, amount_minor, recorded_at FROM balance_legs \
+             WHERE tenant = $1 AND account = $2 AND currency = $3 \
+               AND (xact, position) > ($4, $5) AND (xact, position) <= ($6, $7) \
+             ORDER BY xact, position, leg LIMIT $8",
+        )
+        .bind(key.0)
+        .bind(key.1)
+        .bind(key.2)
+        .bind(page_start.xact())
+        .bind(page_start.position())
+        .bind(closing_cursor.xact())
+        .bind(closing_cursor.position())
+        .bind(limit)
+        .fetch_all(pool)
+        .await?
+    });
+    let mut rows = rows;
+    // A page ends after a whole entry: the rest of the last entry's legs on this account
+    // belong on it (the next page starts after its position).
+    let full = rows.len() as i64 == limit;
+    if full {
+        if let Some(&(_, xact, position, leg, _, _)) = rows.last() {
+            let rest: Vec<LineRow> = on_db!(db, pool => {
+                sqlx::query_as(
+                    "SELECT entry_id, xact, position, leg, amount_minor, recorded_at \
+                     FROM balance_legs WHERE tenant = $1 AND account = $2 AND currency = $3 \
+                       AND xact = $4 AND position = $5 AND leg > $6 ORDER BY leg",
+                )
+                .bind(key.0)
+                .bind(key.1)
+                .bind(key.2)
+                .bind(xact)
+                .bind(position)
+                .bind(leg)
+                .fetch_all(pool)
+                .await?
+            });
+            rows.extend(rest);
+        }
+    }
+    let opening = sum_at(db, key, opening_cursor).await?;
+    let closing = sum_at(db, key, closing_cursor).await?;
+    let mut running = if page_start == opening_cursor {
+        opening
+    } else {
+        sum_at(db, key, page_start).await?
+    };
+    let mut lines = Vec::with_capacity(rows.len());
+    for (entry_id, _, position, _, amount_minor, recorded_at) in rows {
+        running = running
+            .checked_add(Amount::new(amount_minor))
+            .map_err(|_| asiento_projector::ProjectionError::Malformed {
+                position,
+                reason: "a balance overflows i128".to_owned(),
+            })?;
+        lines.push(StatementLine {
+            entry_id,
+            position,
+            recorded_at,
+            amount_minor,
+            balance_minor: running,
+        });
+    }
+    let next_after = if full {
+        lines.last().map(|line| line.position)
+    } else {
+        None
+    };
+    Ok(Statement {
+        opening_balance_minor: opening,
+        closing_balance_minor: closing,
+        opening_position: opening_cursor.position(),
+        closing_position: closing_cursor.position(),
+        lines,
+        next_after,
+    })
+}

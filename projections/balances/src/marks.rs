@@ -1,0 +1,496 @@
+//! Marks: an account's running sum every [`MARK_LEGS`] legs, kept by the legs projection
+//! (`ledger_entries`), so that a balance at any point of the log costs one lookup plus at most
+//! [`MARK_LEGS`] legs, however long the account's history (`crate::at`).
+//!
+//! - `balance_runs_g{n}`: per (tenant, account, currency) the number of legs and their sum so
+//!   far, which tells the batch where the next mark falls;
+//! - `balance_marks_g{n}`: at every [`MARK_LEGS`]-th leg of an account, in log order, that leg's
+//!   place (`xact`, `position`, `leg`) and the sum of the account's legs up to and including it.
+//!
+//! Both change with the legs, in the projection's transaction, and a rebuild makes them again;
+//! `verify_marks` checks every mark and run against the legs.
+
+use std::collections::HashMap;
+
+use asiento_domain::{Amount, Balance};
+use asiento_eventstore::{Database, Tx};
+use asiento_projector::on_db;
+
+use crate::decode::balance as balance_of;
+use crate::projection::LegRow;
+use crate::ENTRIES_NAME;
+
+/// Legs between two marks of one account.
+pub const MARK_LEGS: i64 = 1_000;
+
+/// The tables of marks and runs, created with the legs' (per backend: the sums are `NUMERIC` on
+/// PostgreSQL and decimal `TEXT` on SQLite, as the balances are), and the index that finds an
+/// account's last leg before a time.
+pub(crate) fn ddl(g: i64, postgres: bool) -> Vec<String> {
+    let (int, sum, rowid, sum_check) = if postgres {
+        ("BIGINT", "NUMERIC", "", "")
+    } else {
+        (
+            "INTEGER",
+            "TEXT",
+            " WITHOUT ROWID",
+            " CHECK (typeof(balance_minor) = 'text')",
+        )
+    };
+    vec![
+        format!(
+            "CREATE TABLE balance_runs_g{g} (
+                tenant        TEXT  NOT NULL,
+                account       TEXT  NOT NULL,
+                currency      TEXT  NOT NULL,
+                legs          {int} NOT NULL,
+                balance_minor {sum} NOT NULL{sum_check},
+                PRIMARY KEY (tenant, account, currency)){rowid}"
+        ),
+        format!(
+            "CREATE TABLE balance_marks_g{g} (
+                tenant        TEXT  NOT NULL,
+                account       TEXT  NOT NULL,
+                currency      TEXT  NOT NULL,
+                xact          {int} NOT NULL,
+                position      {int} NOT NULL,
+                leg           INTEGER NOT NULL,
+                legs          {int} NOT NULL,
+                balance_minor {sum} NOT NULL{sum_check},
+                PRIMARY KEY (tenant, account, currency, xact, position, leg)){rowid}"
+        ),
+        format!(
+            "CREATE INDEX balance_legs_g{g}_by_time \
+             ON balance_legs_g{g} (tenant, account, currency, recorded_at)"
+        ),
+    ]
+}
+
+/// An account's legs so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Run {
+    legs: i64,
+    balance: Balance,
+}
+
+type Key = (String, String, String);
+
+/// A mark to insert.
+struct Mark {
+    key: Key,
+    xact: i64,
+    position: i64,
+    leg: i32,
+    legs: i64,
+    balance: Balance,
+}
+
+fn overflow(position: i64) -> sqlx::Error {
+    sqlx::Error::Decode(format!("an account's running sum overflows i128 at {position}").into())
+}
+
+/// Advances the runs of the accounts `legs` (a batch's, in log order) touch and inserts the
+/// marks they pass.
+pub(crate) async fn write(tx: &mut Tx, g: i64, legs: &[LegRow]) -> Result<(), sqlx::Error> {
+    if legs.is_empty() {
+        return Ok(());
+    }
+    let mut keys: Vec<Key> = Vec::new();
+    let mut runs: HashMap<Key, Run> = HashMap::new();
+    for l in legs {
+        let key = (l.tenant.clone(), l.account.clone(), l.currency.clone());
+        if !runs.contains_key(&key) {
+            runs.insert(key.clone(), Run::default());
+            keys.push(key);
+        }
+    }
+    for (key, run) in load(tx, g, &keys).await? {
+        runs.insert(key, run);
+    }
+    let mut marks = Vec::new();
+    for l in legs {
+        let key = (l.tenant.clone(), l.account.clone(), l.currency.clone());
+        let run = runs.entry(key.clone()).or_default();
+        run.legs += 1;
+        run.balance = run
+            .balance
+            .checked_add(Amount::new(l.amount_minor))
+            .map_err(|_| overflow(l.cursor.position()))?;
+        if run.legs % MARK_LEGS == 0 {
+            marks.push(Mark {
+                key,
+                xact: l.cursor.xact(),
+                position: l.cursor.position(),
+                leg: l.leg,
+                legs: run.legs,
+                balance: run.balance,
+            });
+        }
+    }
+    store(tx, g, &keys, &runs, &marks).await
+}
+
+async fn load(tx: &mut Tx, g: i64, keys: &[Key]) -> Result<Vec<(Key, Run)>, sqlx::Error> {
+    type Row = (String, String, String, i64, String);
+    let select = format!(
+        "SELECT tenant, account, currency, legs, CAST(balance_minor AS TEXT) FROM balance_runs_g{g} \
+         WHERE tenant = $1 AND account = $2 AND currency = $3"
+    );
+    let rows: Vec<Row> = match tx {
+        Tx::Postgres(t) => {
+            let column = |i: usize| -> Vec<&str> {
+                keys.iter()
+                    .map(|k| match i {
+                        0 => k.0.as_str(),
+                        1 => k.1.as_str(),
+                        _ => k.2.as_str(),
+                    })
+                    .collect()
+            };
+            sqlx::query_as(&select.replace(
+                "tenant = $1 AND account = $2 AND currency = $3",
+                "(tenant, account, currency) IN \
+                 (SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[]))",
+            ))
+            .bind(column(0))
+            .bind(column(1))
+            .bind(column(2))
+            .fetch_all(&mut **t)
+            .await?
+        }
+        Tx::Sqlite(t) => {
+            let mut rows = Vec::new();
+            for (tenant, account, currency) in keys {
+                rows.extend(
+                    sqlx::query_as::<_, Row>(&select)
+                        .bind(tenant)
+                        .bind(account)
+                        .bind(currency)
+                        .fetch_optional(&mut **t)
+                        .await?,
+                );
+            }
+            rows
+        }
+    };
+    rows.into_iter()
+        .map(|(tenant, account, currency, legs, balance)| {
+            Ok((
+                (tenant, account, currency),
+                Run {
+                    legs,
+                    balance: balance_of(&balance)?,
+                },
+            ))
+        })
+        .collect()
+}
+
+async fn store(
+    tx: &mut Tx,
+    g: i64,
+    keys: &[Key],
+    runs: &HashMap<Key, Run>,
+    marks: &[Mark],
+) -> Result<(), sqlx::Error> {
+    let run_of = |key: &Key| runs.get(key).copied().unwrap_or_default();
+    match tx {
+        Tx::Postgres(t) => {
+            sqlx::query(&format!(
+                "INSERT INTO balance_runs_g{g} (tenant, account, currency, legs, balance_minor)
+                 SELECT t, a, c, n, s::numeric
+                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::text[])
+                     AS u(t, a, c, n, s)
+                 ON CONFLICT (tenant, account, currency) DO UPDATE
+                 SET legs = excluded.legs, balance_minor = excluded.balance_minor"
+            ))
+            .bind(keys.iter().map(|k| k.0.as_str()).collect::<Vec<_>>())
+            .bind(keys.iter().map(|k| k.1.as_str()).collect::<Vec<_>>())
+            .bind(keys.iter().map(|k| k.2.as_str()).collect::<Vec<_>>())
+            .bind(keys.iter().map(|k| run_of(k).legs).collect::<Vec<_>>())
+            .bind(
+                keys.iter()
+                    .map(|k| run_of(k).balance.to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .execute(&mut **t)
+            .await?;
+            if !marks.is_empty() {
+                sqlx::query(&format!(
+                    "INSERT INTO balance_marks_g{g}
+                         (tenant, account, currency, xact, position, leg, legs, balance_minor)
+                     SELECT t, a, c, x, p, l, n, s::numeric
+                     FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[],
+                                 $6::int4[], $7::int8[], $8::text[]) AS u(t, a, c, x, p, l, n, s)"
+                ))
+                .bind(marks.iter().map(|m| m.key.0.as_str()).collect::<Vec<_>>())
+                .bind(marks.iter().map(|m| m.key.1.as_str()).collect::<Vec<_>>())
+                .bind(marks.iter().map(|m| m.key.2.as_str()).collect::<Vec<_>>())
+                .bind(marks.iter().map(|m| m.xact).collect::<Vec<_>>())
+                .bind(marks.iter().map(|m| m.position).collect::<Vec<_>>())
+                .bind(marks.iter().map(|m| m.leg).collect::<Vec<_>>())
+                .bind(marks.iter().map(|m| m.legs).collect::<Vec<_>>())
+                .bind(
+                    marks
+                        .iter()
+                        .map(|m| m.balance.to_string())
+                        .collect::<Vec<_>>(),
+                )
+                .execute(&mut **t)
+                .await?;
+            }
+        }
+        Tx::Sqlite(t) => {
+            let upsert = format!(
+                "INSERT INTO balance_runs_g{g} (tenant, account, currency, legs, balance_minor)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (tenant, account, currency) DO UPDATE
+                 SET legs = excluded.legs, balance_minor = excluded.balance_minor"
+            );
+            for key in keys {
+                let run = run_of(key);
+                sqlx::query(&upsert)
+                    .bind(&key.0)
+                    .bind(&key.1)
+                    .bind(&key.2)
+                    .bind(run.legs)
+                    .bind(run.balance.to_string())
+                    .execute(&mut **t)
+                    .await?;
+            }
+            let insert = format!(
+                "INSERT INTO balance_marks_g{g}
+                     (tenant, account, currency, xact, position, leg, legs, balance_minor)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+            );
+            for m in marks {
+                sqlx::query(&insert)
+                    .bind(&m.key.0)
+                    .bind(&m.key.1)
+                    .bind(&m.key.2)
+                    .bind(m.xact)
+                    .bind(m.position)
+                    .bind(m.leg)
+                    .bind(m.legs)
+                    .bind(m.balance.to_string())
+                    .execute(&mut **t)
+                    .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The sum of an account's legs up to and including the event at (`xact`, `position`) of the
+/// log: the nearest mark at or before it, plus the legs after the mark (fewer than
+/// [`MARK_LEGS`]). Reads through the views, which a rebuild swaps in one transaction.
+pub(crate) async fn sum_through(
+    db: &Database,
+    key: (&str, &str, &str),
+    xact: i64,
+    position: i64,
+) -> Result<Balance, sqlx::Error> {
+    let (tenant, account, currency) = key;
+    let mark: Option<(i64, i64, i32, String)> = on_db!(db, pool => {
+        sqlx::query_as(
+            "SELECT xact, position, leg, CAST(balance_minor AS TEXT) FROM balance_marks \
+             WHERE tenant = $1 AND account = $2 AND currency = $3 AND (xact, position) <= ($4, $5) \
+             ORDER BY xact DESC, position DESC, leg DESC LIMIT 1",
+        )
+        .bind(tenant)
+        .bind(account)
+        .bind(currency)
+        .bind(xact)
+        .bind(position)
+        .fetch_optional(pool)
+        .await?
+    });
+    let (from, mut sum) = match mark {
+        Some((x, p, leg, balance)) => ((x, p, leg), balance_of(&balance)?),
+        None => ((i64::MIN, i64::MIN, i32::MIN), Balance::ZERO),
+    };
+    let amounts: Vec<i64> = on_db!(db, pool => {
+        sqlx::query_scalar(
+            "SELECT amount_minor FROM balance_legs \
+             WHERE tenant = $1 AND account = $2 AND currency = $3 \
+               AND (xact, position, leg) > ($4, $5, $6) AND (xact, position) <= ($7, $8)",
+        )
+        .bind(tenant)
+        .bind(account)
+        .bind(currency)
+        .bind(from.0)
+        .bind(from.1)
+        .bind(from.2)
+        .bind(xact)
+        .bind(position)
+        .fetch_all(pool)
+        .await?
+    });
+    for amount in amounts {
+        sum = sum
+            .checked_add(Amount::new(amount))
+            .map_err(|_| overflow(position))?;
+    }
+    Ok(sum)
+}
+
+/// A mark or run that disagrees with the legs: a bug or a hand edit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MarkMismatch {
+    pub tenant: String,
+    pub account: String,
+    pub currency: String,
+    /// Which row, and what it says against what the legs say.
+    pub detail: String,
+}
+
+/// Legs per read while checking.
+const VERIFY_PAGE_LEGS: i64 = 10_000;
+/// How many times a check is tried for a read that no batch of the projection cut across.
+const VERIFY_ATTEMPTS: usize = 20;
+
+/// Checks every mark and run against the legs. The legs are read in pages (memory: the marks
+/// and runs, not the legs), between two reads of the projection's checkpoint: a check that a
+/// batch cut across is done again.
+pub async fn verify_marks(db: &Database) -> Result<Vec<MarkMismatch>, sqlx::Error> {
+    for _ in 0..VERIFY_ATTEMPTS {
+        let before = asiento_projector::checkpoint(db, ENTRIES_NAME).await?;
+        let found = check_once(db).await?;
+        if asiento_projector::checkpoint(db, ENTRIES_NAME).await? == before {
+            return Ok(found);
+        }
+    }
+    Err(sqlx::Error::Protocol(format!(
+        "the {ENTRIES_NAME} projection moved during each of {VERIFY_ATTEMPTS} checks of its marks"
+    )))
+}
+
+async fn check_once(db: &Database) -> Result<Vec<MarkMismatch>, sqlx::Error> {
+    type Leg = (String, String, String, i64, i64, i32, i64);
+    type MarkRow = (String, String, String, i64, i64, i32, i64, String);
+    type RunRow = (String, String, String, i64, String);
+    let (marks, runs): (Vec<MarkRow>, Vec<RunRow>) = on_db!(db, pool => {
+        let marks = sqlx::query_as(
+            "SELECT tenant, account, currency, xact, position, leg, legs, \
+             CAST(balance_minor AS TEXT) FROM balance_marks \
+             ORDER BY tenant, account, currency, xact, position, leg",
+        )
+        .fetch_all(pool)
+        .await?;
+        let runs = sqlx::query_as(
+            "SELECT tenant, account, currency, legs, CAST(balance_minor AS TEXT) FROM balance_runs",
+        )
+        .fetch_all(pool)
+        .await?;
+        (marks, runs)
+    });
+    let mut expected_marks: Vec<MarkRow> = Vec::new();
+    let mut totals: HashMap<Key, Run> = HashMap::new();
+    let mut after: Leg = (
+        String::new(),
+        String::new(),
+        String::new(),
+        i64::MIN,
+        i64::MIN,
+        i32::MIN,
+        0,
+    );
+    loop {
+        let page: Vec<Leg> = on_db!(db, pool => {
+            sqlx::query_as(
+                "SELECT tenant, account, currency, xact, position, leg, amount_minor \
+                 FROM balance_legs \
+                 WHERE (tenant, account, currency, xact, position, leg) > ($1, $2, $3, $4, $5, $6) \
+                 ORDER BY tenant, account, currency, xact, position, leg LIMIT $7",
+            )
+            .bind(&after.0)
+            .bind(&after.1)
+            .bind(&after.2)
+            .bind(after.3)
+            .bind(after.4)
+            .bind(after.5)
+            .bind(VERIFY_PAGE_LEGS)
+            .fetch_all(pool)
+            .await?
+        });
+        let full = page.len() as i64 == VERIFY_PAGE_LEGS;
+        for leg in page {
+            let key = (leg.0.clone(), leg.1.clone(), leg.2.clone());
+            let run = totals.entry(key.clone()).or_default();
+            run.legs += 1;
+            run.balance = run
+                .balance
+                .checked_add(Amount::new(leg.6))
+                .map_err(|_| overflow(leg.4))?;
+            if run.legs % MARK_LEGS == 0 {
+                expected_marks.push((
+                    key.0,
+                    key.1,
+                    key.2,
+                    leg.3,
+                    leg.4,
+                    leg.5,
+                    run.legs,
+                    run.balance.to_string(),
+                ));
+            }
+            after = leg;
+        }
+        if !full {
+            break;
+        }
+    }
+    let mismatch = |key: &Key, detail: String| MarkMismatch {
+        tenant: key.0.clone(),
+        account: key.1.clone(),
+        currency: key.2.clone(),
+        detail,
+    };
+    let mut mismatches = Vec::new();
+    let stored: Vec<MarkRow> = marks
+        .into_iter()
+        .map(|m| {
+            let balance = balance_of(&m.7).map_or(m.7, |b| b.to_string());
+            (m.0, m.1, m.2, m.3, m.4, m.5, m.6, balance)
+        })
+        .collect();
+    if stored != expected_marks {
+        for row in stored.iter().filter(|m| !expected_marks.contains(m)) {
+            let key = (row.0.clone(), row.1.clone(), row.2.clone());
+            mismatches.push(mismatch(
+                &key,
+                format!("stored mark {row:?} is not the legs'"),
+            ));
+        }
+        for row in expected_marks.iter().filter(|m| !stored.contains(m)) {
+            let key = (row.0.clone(), row.1.clone(), row.2.clone());
+            mismatches.push(mismatch(&key, format!("mark {row:?} is missing")));
+        }
+    }
+    let mut stored_runs: HashMap<Key, Run> = HashMap::new();
+    for (tenant, account, currency, legs, balance) in runs {
+        stored_runs.insert(
+            (tenant, account, currency),
+            Run {
+                legs,
+                balance: balance_of(&balance)?,
+            },
+        );
+    }
+    for (key, total) in &totals {
+        let stored = stored_runs.remove(key);
+        if stored != Some(*total) {
+            mismatches.push(mismatch(
+                key,
+                format!("run {stored:?}, the legs give {total:?}"),
+            ));
+        }
+    }
+    for (key, run) in stored_runs {
+        mismatches.push(mismatch(
+            &key,
+            format!("run {run:?} of an account without legs"),
+        ));
+    }
+    Ok(mismatches)
+}

@@ -1,0 +1,344 @@
+//! Balances at a point of the past and statements, on both backends, against a model that reads
+//! the log in its own order: an account with thousands of legs (so several marks), reads at
+//! random positions and times, statements paged through, and `verify_marks` naming a mark edited
+//! by hand.
+
+#![allow(clippy::unwrap_used)] // test code: a failed setup step should panic loudly
+
+mod common;
+
+use asiento_balances::{
+    balance_at, entries_projection, statement, verify_marks, Point, StatementQuery, MARK_LEGS,
+};
+use asiento_domain::{AccountName, Event};
+use asiento_eventstore::Cursor;
+use asiento_testkit::Rng;
+use chrono::{DateTime, Utc};
+use common::{harness, start, Harness};
+
+const TENANT: &str = "acme";
+const ACCOUNT: &str = "customer:1:available";
+const DEBITS: &str = "pending_debits:customer:1:available";
+const CREDITS: &str = "pending_credits:customer:1:available";
+
+/// (posted, pending debits, pending credits) of [`ACCOUNT`] after each event that touched it,
+/// in log order, with the event's cursor and time; and its legs on [`ACCOUNT`] alone.
+struct Model {
+    after: Vec<(Cursor, i64, DateTime<Utc>, [i128; 3])>,
+    /// (cursor, position, time, amount) of each leg on the account itself.
+    legs: Vec<(Cursor, i64, DateTime<Utc>, i64)>,
+}
+
+async fn model(h: &Harness) -> Model {
+    let mut figures = [0i128; 3];
+    let mut model = Model {
+        after: Vec::new(),
+        legs: Vec::new(),
+    };
+    let mut reached = Cursor::START;
+    loop {
+        let page = h.store.read_all(reached, 1_000).await.unwrap();
+        for recorded in &page {
+            reached = recorded.cursor;
+            let event = Event::decode_raw(
+                &recorded.stream_id,
+                &recorded.event_type,
+                recorded.schema,
+                recorded.data.raw(),
+            )
+            .unwrap();
+            let Some(entry) = event.entry() else { continue };
+            let mut touched = false;
+            for leg in entry.legs().iter().filter(|l| l.currency.code() == "USD") {
+                let amount = leg.amount.minor();
+                let slot = match leg.account.as_str() {
+                    ACCOUNT => {
+                        model.legs.push((
+                            recorded.cursor,
+                            recorded.position,
+                            recorded.recorded_at,
+                            amount,
+                        ));
+                        0
+                    }
+                    DEBITS => 1,
+                    CREDITS => 2,
+                    _ => continue,
+                };
+                // Pending debits are shown positive: the negated balance of `pending_debits:`.
+                figures[slot] += if slot == 1 {
+                    -i128::from(amount)
+                } else {
+                    i128::from(amount)
+                };
+                touched = true;
+            }
+            if touched {
+                model.after.push((
+                    recorded.cursor,
+                    recorded.position,
+                    recorded.recorded_at,
+                    figures,
+                ));
+            }
+        }
+        if page.len() < 1_000 {
+            return model;
+        }
+    }
+}
+
+/// Posts `n` entries on the account and its pending accounts (holds placed and released),
+/// seeded, with other accounts' entries between them.
+async fn post_history(h: &Harness, seed: u64, n: usize) {
+    let mut rng = Rng::new(seed);
+    for i in 0..n {
+        let amount = rng.between(1, 5_000);
+        let legs: Vec<(&str, &str, i64)> = match rng.below(5) {
+            0 | 1 => vec![
+                (ACCOUNT, "USD", amount),
+                ("psp:sim:clearing", "USD", -amount),
+            ],
+            2 => vec![(ACCOUNT, "USD", -amount), ("merchant:shop", "USD", amount)],
+            // A hold placed: money reserved to leave, and to reach the merchant.
+            3 => vec![(DEBITS, "USD", -amount), (CREDITS, "USD", amount)],
+            _ => vec![
+                ("customer:2:available", "USD", amount),
+                ("psp:sim:clearing", "USD", -amount),
+            ],
+        };
+        h.post(TENANT, &legs).await;
+        if i % 10 == 0 {
+            // Another currency of the same account: never in its USD figures.
+            h.post(
+                TENANT,
+                &[
+                    (ACCOUNT, "EUR", amount),
+                    ("psp:sim:clearing", "EUR", -amount),
+                ],
+            )
+            .await;
+        }
+    }
+}
+
+async fn project(h: &Harness) -> tokio::sync::oneshot::Sender<()> {
+    let (stop, _handle) = start(h.runner(entries_projection(), "points"));
+    h.caught_up_to(&[asiento_balances::ENTRIES_NAME]).await;
+    stop
+}
+
+fn account() -> AccountName {
+    AccountName::parse(ACCOUNT).unwrap()
+}
+
+/// Reads at twenty random positions and twenty random times equal the model's figures after
+/// the same event; the account has passed several marks.
+async fn balances_at_random_points_equal_the_log_read_in_order(h: Harness) {
+    post_history(&h, 50, 3_600).await;
+    let _stop = project(&h).await;
+    let model = model(&h).await;
+    assert!(
+        model.legs.len() as i64 > 2 * MARK_LEGS,
+        "two marks and more"
+    );
+    let mut rng = Rng::new(51);
+    for _ in 0..20 {
+        let (_, position, _, figures) = *rng.pick(&model.after);
+        let read = balance_at(
+            &h.db,
+            h.store.as_ref(),
+            TENANT,
+            &account(),
+            "USD",
+            Point {
+                position: Some(position),
+                time: None,
+            },
+        )
+        .await
+        .unwrap();
+        let got = [
+            read.balance_minor.minor(),
+            read.pending_debits_minor.minor(),
+            read.pending_credits_minor.minor(),
+        ];
+        assert_eq!(got, figures, "at position {position}");
+        assert_eq!(read.as_of_position, position);
+    }
+    for _ in 0..20 {
+        let (_, _, time, _) = *rng.pick(&model.after);
+        // The model: after the last event touching the account recorded at or before `time`
+        // (the log's times only grow in a run of single appends).
+        let (_, position, _, figures) = *model
+            .after
+            .iter()
+            .filter(|(_, _, at, _)| *at <= time)
+            .max_by_key(|(cursor, ..)| *cursor)
+            .unwrap();
+        let read = balance_at(
+            &h.db,
+            h.store.as_ref(),
+            TENANT,
+            &account(),
+            "USD",
+            Point {
+                position: None,
+                time: Some(time),
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            [
+                read.balance_minor.minor(),
+                read.pending_debits_minor.minor(),
+                read.pending_credits_minor.minor()
+            ],
+            figures,
+            "at {time}"
+        );
+        assert_eq!(read.as_of_position, position);
+    }
+    // Before anything: zero, read after no event.
+    let first_time = model.after[0].2;
+    let before = balance_at(
+        &h.db,
+        h.store.as_ref(),
+        TENANT,
+        &account(),
+        "USD",
+        Point {
+            position: None,
+            time: Some(first_time - chrono::Duration::seconds(1)),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (before.balance_minor.minor(), before.as_of_position),
+        (0, 0)
+    );
+    assert!(matches!(
+        balance_at(
+            &h.db,
+            h.store.as_ref(),
+            TENANT,
+            &account(),
+            "USD",
+            Point {
+                position: Some(1 << 40),
+                time: None
+            }
+        )
+        .await,
+        Err(asiento_balances::BalanceError::UnknownPosition { .. })
+    ));
+}
+
+/// A statement paged through: opening plus every line is the closing, each line's balance is
+/// the one before plus its amount, and the lines are exactly the account's legs of the period.
+async fn a_statement_adds_up_on_every_page(h: Harness) {
+    post_history(&h, 60, 1_500).await;
+    let _stop = project(&h).await;
+    let model = model(&h).await;
+    let from = model.legs[100].2;
+    let to = model.legs[model.legs.len() - 100].2;
+    let want: Vec<(i64, i64)> = model
+        .legs
+        .iter()
+        .filter(|(_, _, at, _)| *at >= from && *at < to)
+        .map(|(_, position, _, amount)| (*position, *amount))
+        .collect();
+    let mut query = StatementQuery {
+        tenant: TENANT.to_owned(),
+        account: ACCOUNT.to_owned(),
+        currency: "USD".to_owned(),
+        from: Some(from),
+        to: Point {
+            position: None,
+            time: Some(to),
+        },
+        after: None,
+        limit: 97,
+    };
+    let first = statement(&h.db, h.store.as_ref(), &query).await.unwrap();
+    let (opening, closing) = (first.opening_balance_minor, first.closing_balance_minor);
+    // Every later page reads the same period.
+    query.to = Point {
+        position: Some(first.closing_position),
+        time: None,
+    };
+    let mut page = first;
+    let mut running = opening;
+    let mut got = Vec::new();
+    loop {
+        assert_eq!(
+            (page.opening_balance_minor, page.closing_balance_minor),
+            (opening, closing)
+        );
+        for line in &page.lines {
+            running = running
+                .checked_add(asiento_domain::Amount::new(line.amount_minor))
+                .unwrap();
+            assert_eq!(line.balance_minor, running, "line at {}", line.position);
+            got.push((line.position, line.amount_minor));
+        }
+        let Some(after) = page.next_after else { break };
+        query.after = Some(after);
+        page = statement(&h.db, h.store.as_ref(), &query).await.unwrap();
+    }
+    assert_eq!(running, closing);
+    assert_eq!(got, want);
+    let before: i128 = model
+        .legs
+        .iter()
+        .filter(|(_, _, at, _)| *at < from)
+        .map(|(.., amount)| i128::from(*amount))
+        .sum();
+    assert_eq!(opening.minor(), before);
+}
+
+/// Every mark and run agrees with the legs; one edited by hand is named, and so is a run.
+async fn verify_names_an_edited_mark(h: Harness) {
+    post_history(&h, 70, 2_000).await;
+    let stop = project(&h).await;
+    stop.send(()).unwrap();
+    assert_eq!(verify_marks(&h.db).await.unwrap(), vec![]);
+    let marks: i64 = asiento_projector::on_db!(&h.db, pool => {
+        sqlx::query_scalar("SELECT COUNT(*) FROM balance_marks").fetch_one(pool).await.unwrap()
+    });
+    assert!(marks >= 1, "{marks} marks");
+    let g = asiento_projector::checkpoint(&h.db, asiento_balances::ENTRIES_NAME)
+        .await
+        .unwrap()
+        .unwrap()
+        .generation;
+    h.execute(&format!(
+        "UPDATE balance_marks_g{g} SET balance_minor = '7' \
+         WHERE legs = (SELECT MIN(legs) FROM balance_marks_g{g})"
+    ))
+    .await;
+    h.execute(&format!(
+        "UPDATE balance_runs_g{g} SET legs = legs + 1 WHERE account = '{ACCOUNT}' AND currency = 'EUR'"
+    ))
+    .await;
+    let found = verify_marks(&h.db).await.unwrap();
+    assert!(
+        found.iter().any(|m| m.detail.contains("stored mark")),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|m| m.currency == "EUR" && m.detail.starts_with("run")),
+        "{found:?}"
+    );
+}
+
+asiento_testkit::both_backends!(
+    fixture = harness;
+    balances_at_random_points_equal_the_log_read_in_order,
+    a_statement_adds_up_on_every_page,
+    verify_names_an_edited_mark,
+);
