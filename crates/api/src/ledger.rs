@@ -93,6 +93,9 @@ pub(crate) fn balance_problem(error: BalanceError) -> Problem {
             "unknown_position",
             format!("no event at position {position}"),
         ),
+        BalanceError::InvalidCursor => {
+            Problem::bad_request("invalid_query", "after: not a cursor a page gave out")
+        }
         other => Problem::server(&other),
     }
 }

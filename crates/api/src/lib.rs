@@ -12,6 +12,7 @@ pub mod commands;
 pub mod events;
 pub mod exceptions;
 pub mod http_metrics;
+pub mod journal;
 pub mod ledger;
 pub mod metrics_catalog;
 pub mod openapi;
@@ -110,6 +111,7 @@ pub fn router(state: AppState) -> Router {
             "/v1/accounts/{account}/statement",
             get(statement::statement),
         )
+        .route("/v1/journal", get(journal::list))
         .route("/v1/journal/{entry_id}", get(ledger::journal_entry))
         .route(
             "/v1/balance_monitors",

@@ -237,6 +237,15 @@ pub struct Balance {
     pub as_of_position: i64,
 }
 
+/// A page of the journal of a period.
+#[derive(Serialize, ToSchema)]
+pub struct JournalList {
+    pub object: String,
+    pub data: Vec<JournalEntry>,
+    /// The `after` of the next page, or null on the last one.
+    pub next_after: Option<String>,
+}
+
 /// One line of a statement: a leg on the account and the posted balance after it.
 #[derive(Serialize, ToSchema)]
 pub struct StatementLine {
@@ -543,6 +552,7 @@ impl Modify for BearerAuth {
         crate::ledger::entries,
         crate::statement::statement,
         crate::ledger::journal_entry,
+        crate::journal::list,
         crate::balance_monitors::create,
         crate::balance_monitors::list,
         crate::balance_monitors::get,
@@ -654,6 +664,7 @@ mod tests {
                 "/v1/balance_monitors/{id}",
                 "/v1/events",
                 "/v1/events/{id}",
+                "/v1/journal",
                 "/v1/journal/{entry_id}",
                 "/v1/payments",
                 "/v1/payments/{id}",

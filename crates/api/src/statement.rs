@@ -47,7 +47,7 @@ pub(crate) fn time(
         .transpose()
 }
 
-fn wants_csv(headers: &HeaderMap) -> bool {
+pub(crate) fn wants_csv(headers: &HeaderMap) -> bool {
     headers
         .get(header::ACCEPT)
         .and_then(|value| value.to_str().ok())
@@ -130,7 +130,7 @@ pub async fn statement(
 }
 
 /// One CSV field: quoted when it holds a comma, a quote or a line break.
-fn field(text: &str) -> String {
+pub(crate) fn field(text: &str) -> String {
     if text.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", text.replace('"', "\"\""))
     } else {

@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 mod accounts;
 mod at;
 mod decode;
+mod journal;
 mod marks;
 mod projection;
 mod read;
@@ -39,6 +40,7 @@ mod verify;
 pub use accounts::{list_accounts, AccountPage, AccountQuery, AccountView, ACCOUNTS_LIMIT_MAX};
 pub use asiento_projector::READ_WAIT_MS_MAX;
 pub use at::{balance_at, statement, Point, Statement, StatementLine, StatementQuery};
+pub use journal::{journal, JournalCursor, JournalPage, JournalQuery, JOURNAL_LIMIT_MAX};
 pub use marks::{verify_marks, MarkMismatch, MARK_LEGS};
 pub use projection::{
     Balances, LedgerEntries, ENTRIES_FINGERPRINT, ENTRIES_NAME, FINGERPRINT, NAME,
@@ -126,6 +128,9 @@ pub enum BalanceError {
     /// `after` names no committed event (HTTP 400).
     #[error("no event at position {position}")]
     UnknownPosition { position: i64 },
+    /// A page cursor that no page gave out (HTTP 400).
+    #[error("the cursor is not one a page gave out")]
+    InvalidCursor,
     /// [`install`] was never called on this database.
     #[error("the balances projection is not installed")]
     NotInstalled,

@@ -309,11 +309,14 @@ pub(crate) async fn sum_through(
         Some((x, p, leg, balance)) => ((x, p, leg), balance_of(&balance)?),
         None => ((i64::MIN, i64::MIN, i32::MIN), Balance::ZERO),
     };
-    let amounts: Vec<i64> = on_db!(db, pool => {
-        sqlx::query_scalar(
-            "SELECT amount_minor FROM balance_legs \
+    // The legs after the mark in index order, at most a mark's worth (the next mark is past
+    // the point): a range scan that ends by its limit, whatever the planner knows of the table.
+    let legs: Vec<(i64, i64, i64)> = on_db!(db, pool => {
+        sqlx::query_as(
+            "SELECT xact, position, amount_minor FROM balance_legs \
              WHERE tenant = $1 AND account = $2 AND currency = $3 \
-               AND (xact, position, leg) > ($4, $5, $6) AND (xact, position) <= ($7, $8)",
+               AND (xact, position, leg) > ($4, $5, $6) \
+             ORDER BY xact, position, leg LIMIT $7",
         )
         .bind(tenant)
         .bind(account)
@@ -321,11 +324,14 @@ pub(crate) async fn sum_through(
         .bind(from.0)
         .bind(from.1)
         .bind(from.2)
-        .bind(xact)
-        .bind(position)
+        .bind(MARK_LEGS)
         .fetch_all(pool)
         .await?
     });
+    let amounts = legs
+        .into_iter()
+        .take_while(|(x, p, _)| (*x, *p) <= (xact, position))
+        .map(|(_, _, amount)| amount);
     for amount in amounts {
         sum = sum
             .checked_add(Amount::new(amount))

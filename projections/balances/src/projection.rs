@@ -344,10 +344,11 @@ async fn create_tables(tx: &mut Tx, part: Part, g: i64) -> Result<(), Projection
     } else {
         ddl_sqlite(g)
     };
-    // After the legs' table: the marks index it.
+    // After the legs' and entries' tables: these index them.
     statements.extend(
         crate::marks::ddl(g, postgres)
             .into_iter()
+            .chain([crate::journal::ddl(g)])
             .map(|statement| (Part::Entries, statement)),
     );
     for (of, statement) in statements {

@@ -453,6 +453,23 @@ impl Rules {
         );
         parameter(doc, entries.0, entries.1, "min_position", position());
         note_position(doc, entries.0, entries.1, "min_position");
+        let period = ("/v1/journal", "get");
+        parameter(doc, period.0, period.1, "from", date_time());
+        parameter(doc, period.0, period.1, "to", date_time());
+        parameter(
+            doc,
+            period.0,
+            period.1,
+            "after",
+            json!({"type": "string", "pattern": "^-?[0-9]{1,18}\\.-?[0-9]{1,18}\\.-?[0-9]{1,18}$"}),
+        );
+        parameter(
+            doc,
+            period.0,
+            period.1,
+            "limit",
+            limit(asiento_balances::JOURNAL_LIMIT_MAX as u64),
+        );
         let journal = ("/v1/journal/{entry_id}", "get");
         parameter(doc, journal.0, journal.1, "entry_id", id("je_"));
         parameter(doc, journal.0, journal.1, "min_position", position());

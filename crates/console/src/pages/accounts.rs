@@ -20,7 +20,7 @@ const LEGS_PAGE: usize = 100;
 
 fn balance_error(error: BalanceError) -> ConsoleError {
     match error {
-        BalanceError::UnknownPosition { .. } => {
+        BalanceError::UnknownPosition { .. } | BalanceError::InvalidCursor => {
             ConsoleError::BadInput("that page link is no longer valid".into())
         }
         other => ConsoleError::internal(other),

@@ -1,0 +1,162 @@
+//! `GET /v1/journal?from=&to=`: every journal entry of a period with its legs, as JSON pages or,
+//! with `Accept: text/csv`, the whole period as one CSV streamed page by page (a row per leg;
+//! the server's memory stays flat however long the period).
+
+use asiento_balances::{JournalCursor, JournalPage, JournalQuery, JOURNAL_LIMIT_MAX};
+use asiento_eventstore::EventStore;
+use axum::{
+    body::{Body, Bytes},
+    extract::State,
+    http::{header, HeaderMap, HeaderValue},
+    response::{IntoResponse, Response},
+    Json,
+};
+use serde_json::json;
+
+use crate::auth::AuthenticatedTenant;
+use crate::ledger::{balance_problem, params, position, Params};
+use crate::problem::Problem;
+use crate::statement::{field, time, wants_csv};
+use crate::AppState;
+
+/// Entries per JSON page when the client names no limit.
+pub const JOURNAL_LIMIT_DEFAULT: usize = 100;
+/// The CSV's columns, in order (docs/API.md): one row per leg.
+pub const CSV_COLUMNS: &str =
+    "entry_id,position,recorded_at,reverses,account,currency,amount_minor";
+
+/// `GET /v1/journal?from=&to=&after=&limit=`
+#[utoipa::path(
+    get, path = "/v1/journal", tag = "ledger", operation_id = "list_journal",
+    params(
+        ("from" = Option<String>, Query, description = "RFC 3339: entries recorded at or after"),
+        ("to" = Option<String>, Query, description = "RFC 3339: entries recorded before"),
+        ("after" = Option<String>, Query, description = "next_after of the previous page"),
+        ("limit" = Option<u32>, Query, description = "Entries per page, 1 to 1000, default 100 (JSON)"),
+    ),
+    responses(
+        (status = 200, description = "A page of the period's entries by time recorded, then log order (JSON), or the whole period as CSV with `Accept: text/csv`", body = crate::openapi::JournalList),
+        (status = 400, description = "Invalid time, cursor or limit", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "projection_lagging", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
+pub async fn list(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    headers: HeaderMap,
+    query: Params,
+) -> Result<Response, Problem> {
+    let params = params(query)?;
+    let limit = match position(&params, "limit")? {
+        None => JOURNAL_LIMIT_DEFAULT,
+        Some(limit) => usize::try_from(limit)
+            .ok()
+            .filter(|limit| (1..=JOURNAL_LIMIT_MAX).contains(limit))
+            .ok_or_else(|| {
+                Problem::bad_request(
+                    "invalid_query",
+                    format!("limit must be 1 to {JOURNAL_LIMIT_MAX}"),
+                )
+            })?,
+    };
+    let query = JournalQuery {
+        tenant: tenant.0.clone(),
+        from: time(&params, "from")?,
+        to: time(&params, "to")?,
+        after: params
+            .get("after")
+            .map(|raw| JournalCursor::parse(raw))
+            .transpose()
+            .map_err(balance_problem)?,
+        limit,
+    };
+    let store = state.payments.store().clone();
+    if wants_csv(&headers) {
+        let query = JournalQuery {
+            after: None,
+            limit: JOURNAL_LIMIT_MAX,
+            ..query
+        };
+        let first = asiento_balances::journal(&state.database, store.as_ref(), &query)
+            .await
+            .map_err(balance_problem)?;
+        return Ok(csv_response(state, store, query, first));
+    }
+    let page = asiento_balances::journal(&state.database, store.as_ref(), &query)
+        .await
+        .map_err(balance_problem)?;
+    Ok(Json(json!({
+        "object": "list",
+        "data": page.entries,
+        "next_after": page.next.map(|cursor| cursor.encode()),
+    }))
+    .into_response())
+}
+
+fn rows(page: &JournalPage) -> Bytes {
+    let mut out = String::new();
+    for entry in &page.entries {
+        let (position, recorded_at) = (
+            entry.position.to_string(),
+            asiento_objects::time(&entry.recorded_at),
+        );
+        let reverses = entry.reverses.as_deref().unwrap_or_default();
+        for leg in &entry.legs {
+            out.push_str(&format!(
+                "{},{position},{recorded_at},{},{},{},{}\r\n",
+                field(&entry.entry_id),
+                field(reverses),
+                field(&leg.account),
+                field(&leg.currency),
+                leg.amount_minor
+            ));
+        }
+    }
+    Bytes::from(out)
+}
+
+/// The period as CSV: the header, then a row per leg, page after page. An error after the
+/// first byte ends the body without its last chunk, which HTTP clients report as an error.
+fn csv_response(
+    state: AppState,
+    store: std::sync::Arc<dyn EventStore>,
+    query: JournalQuery,
+    first: JournalPage,
+) -> Response {
+    let mut head = format!("{CSV_COLUMNS}\r\n").into_bytes();
+    head.extend_from_slice(&rows(&first));
+    let chunks = futures::stream::unfold(
+        (Some(Bytes::from(head)), first.next),
+        move |(pending, next)| {
+            let (state, store, query) = (state.clone(), store.clone(), query.clone());
+            async move {
+                if let Some(bytes) = pending {
+                    return Some((Ok(bytes), (None, next)));
+                }
+                let after = next?;
+                let query = JournalQuery {
+                    after: Some(after),
+                    ..query
+                };
+                match asiento_balances::journal(&state.database, store.as_ref(), &query).await {
+                    Ok(page) => Some((Ok(rows(&page)), (None, page.next))),
+                    Err(error) => {
+                        tracing::error!(%error, "a journal CSV was cut short");
+                        Some((Err(std::io::Error::other(error.to_string())), (None, None)))
+                    }
+                }
+            }
+        },
+    );
+    let mut response = Body::from_stream(chunks).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/csv; charset=utf-8"),
+    );
+    headers.insert(
+        header::CONTENT_DISPOSITION,
+        HeaderValue::from_static("attachment; filename=\"journal.csv\""),
+    );
+    response
+}
