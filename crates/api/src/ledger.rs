@@ -108,7 +108,7 @@ pub(crate) fn balance_problem(error: BalanceError) -> Problem {
         ("currency" = String, Query),
         ("min_position" = Option<i64>, Query, description = "Wait (up to 5 s) until the balance includes this position"),
         ("at_position" = Option<i64>, Query, description = "The balance after the event at this position"),
-        ("at" = Option<String>, Query, description = "RFC 3339: the balance right after the account's last entry recorded at or before this time (with at_position: up to that position)"),
+        ("at" = Option<String>, Query, description = "RFC 3339: the balance right after the tenant's last journal entry recorded at or before this time (with at_position: up to that position)"),
     ),
     responses(
         (status = 200, description = "Now: the snapshot plus the entries after it, exact even while the projector lags; in the past (`at`, `at_position`): from the legs and their marks", body = crate::openapi::Balance),

@@ -64,8 +64,8 @@ pub(crate) fn wants_csv(headers: &HeaderMap) -> bool {
     params(
         ("account" = String, Path, description = "segment(:segment)*"),
         ("currency" = String, Query),
-        ("from" = Option<String>, Query, description = "RFC 3339: the period starts after the account's last entry recorded before it (absent: at its first)"),
-        ("to" = Option<String>, Query, description = "RFC 3339: the period ends after the account's last entry recorded before it (absent: now)"),
+        ("from" = Option<String>, Query, description = "RFC 3339: the period starts after the tenant's last entry recorded before it (absent: at the start)"),
+        ("to" = Option<String>, Query, description = "RFC 3339: the period ends after the tenant's last entry recorded before it (absent: now)"),
         ("to_position" = Option<i64>, Query, description = "The period ends at the latest after the event at this position (pass a page's `closing_position` with `after`)"),
         ("after" = Option<i64>, Query, description = "next_after of the previous page"),
         ("limit" = Option<u32>, Query, description = "Lines per page, 1 to 1000, default 100 (JSON)"),

@@ -46,6 +46,12 @@ pub(crate) async fn past(
         done.events_applied,
         building.elapsed().as_secs_f64()
     );
+    // Statistics for the planner, as autovacuum gathers them after a bulk load (the machines
+    // the benches run on may have it off): without them PostgreSQL may read an account's legs
+    // through the index by time and sort them, instead of the range the key gives.
+    if let Database::Postgres(pool) = db {
+        sqlx::query("ANALYZE").execute(pool).await?;
+    }
     let head = store.head().await?.position();
     if head == 0 {
         bail!("the log is empty");

@@ -1,13 +1,13 @@
 //! Balances at a point of the past, and account statements, from the legs and their marks
-//! (`crate::marks`): exact, never from a snapshot, at the cost of one lookup plus at most
-//! `MARK_LEGS` legs per account.
+//! (`crate::marks`): exact, never from a snapshot, at the cost of one statement per account
+//! (its nearest mark and at most `MARK_LEGS` legs after it).
 //!
 //! A point is a log position (the balance after every event up to and including it), a time
-//! (the balance right after the account's last entry recorded at or before that time, its legs
-//! taken in log order), or both (the last such entry up to that position). On PostgreSQL an
-//! event's time is its transaction's start, so two entries may commit in one order and carry
-//! times in the other; a time always names the state after one entry, a state the account was
-//! in, never a mix of two.
+//! (the balance right after the tenant's last journal entry recorded at or before that time,
+//! legs taken in log order), or both (the last such entry up to that position). On PostgreSQL
+//! an event's time is its transaction's start, so two entries may commit in one order and carry
+//! times in the other; a time always names the state after one entry, a state the ledger was
+//! in, the same for every account of the tenant, never a mix of two.
 
 use asiento_domain::account::PendingSide;
 use asiento_domain::{AccountName, Amount, Balance};
@@ -15,12 +15,12 @@ use asiento_eventstore::{Cursor, Database, EventStore};
 use asiento_projector::on_db;
 use chrono::{DateTime, Utc};
 
-use crate::marks::sum_through;
+use crate::marks::sums_through;
 use crate::read::wait;
 use crate::{AccountBalance, BalanceError, ENTRIES_LIMIT_MAX, ENTRIES_NAME};
 
-/// Where in the past a balance is read: after the event at `position`, after the account's
-/// last entry recorded at or before `time`, or, with both, the last such entry up to
+/// Where in the past a balance is read: after the event at `position`, after the tenant's last
+/// journal entry recorded at or before `time`, or, with both, the last such entry up to
 /// `position`. With neither, now.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Point {
@@ -31,27 +31,24 @@ pub struct Point {
 /// The account's (tenant, account, currency) key as the queries bind it.
 type Key<'a> = (&'a str, &'a str, &'a str);
 
-/// The cursor of the account's last leg, up to `upto`, recorded before `time` (`inclusive`: at
-/// or before).
-async fn last_leg_before(
+/// The cursor of the tenant's last journal entry, up to `upto`, recorded before `time`
+/// (`inclusive`: at or before), by the time recorded and then log order.
+async fn last_entry_before(
     db: &Database,
-    key: Key<'_>,
+    tenant: &str,
     time: DateTime<Utc>,
     inclusive: bool,
     upto: Cursor,
 ) -> Result<Option<Cursor>, BalanceError> {
     let op = if inclusive { "<=" } else { "<" };
     let sql = format!(
-        "SELECT xact, position FROM balance_legs \
-         WHERE tenant = $1 AND account = $2 AND currency = $3 AND recorded_at {op} $4 \
-           AND (xact, position) <= ($5, $6) \
+        "SELECT xact, position FROM journal_entries \
+         WHERE tenant = $1 AND recorded_at {op} $2 AND (xact, position) <= ($3, $4) \
          ORDER BY recorded_at DESC, xact DESC, position DESC LIMIT 1"
     );
     let row: Option<(i64, i64)> = on_db!(db, pool => {
         sqlx::query_as(&sql)
-            .bind(key.0)
-            .bind(key.1)
-            .bind(key.2)
+            .bind(tenant)
             .bind(time)
             .bind(upto.xact())
             .bind(upto.position())
@@ -61,13 +58,13 @@ async fn last_leg_before(
     Ok(row.map(|(xact, position)| Cursor::new(xact, position)))
 }
 
-/// The cursor a point names for `keys` (the accounts read together): the position's, or the
-/// last of their legs recorded by the time up to it; the legs projection's checkpoint (once it
-/// includes the log's head) for neither.
+/// The cursor a point names for `tenant`: the position's, or its last entry recorded by the
+/// time up to it; the legs projection's checkpoint (once it includes the log's head) for
+/// neither.
 async fn resolve(
     db: &Database,
     store: &dyn EventStore,
-    keys: &[Key<'_>],
+    tenant: &str,
     point: Point,
     inclusive: bool,
 ) -> Result<Cursor, BalanceError> {
@@ -84,13 +81,9 @@ async fn resolve(
     let Some(time) = point.time else {
         return Ok(upto);
     };
-    let mut last = Cursor::START;
-    for key in keys {
-        if let Some(cursor) = last_leg_before(db, *key, time, inclusive, upto).await? {
-            last = last.max(cursor);
-        }
-    }
-    Ok(last)
+    Ok(last_entry_before(db, tenant, time, inclusive, upto)
+        .await?
+        .unwrap_or(Cursor::START))
 }
 
 /// Waits until the legs projection includes every event the log had when the read began.
@@ -116,15 +109,42 @@ async fn cursor_at(
         .cursor_of_position(position)
         .await?
         .ok_or(BalanceError::UnknownPosition { position })?;
-    wait(db, store, position).await?;
+    let reached = asiento_projector::checkpoint(db, ENTRIES_NAME)
+        .await?
+        .ok_or(BalanceError::NotInstalled)?
+        .cursor;
+    if reached < cursor {
+        wait(db, store, position).await?;
+    }
     Ok(cursor)
 }
 
-async fn sum_at(db: &Database, key: Key<'_>, cursor: Cursor) -> Result<Balance, BalanceError> {
+/// The sums of `accounts` up to `cursor`, in their order.
+async fn sums_at(
+    db: &Database,
+    tenant: &str,
+    accounts: &[&str],
+    currency: &str,
+    cursor: Cursor,
+) -> Result<Vec<Balance>, BalanceError> {
     if cursor == Cursor::START {
-        return Ok(Balance::ZERO);
+        return Ok(vec![Balance::ZERO; accounts.len()]);
     }
-    Ok(sum_through(db, key, cursor.xact(), cursor.position()).await?)
+    Ok(sums_through(
+        db,
+        tenant,
+        accounts,
+        currency,
+        cursor.xact(),
+        cursor.position(),
+    )
+    .await?)
+}
+
+/// The sum of one account up to `cursor`.
+async fn sum_at(db: &Database, key: Key<'_>, cursor: Cursor) -> Result<Balance, BalanceError> {
+    let sums = sums_at(db, key.0, &[key.1], key.2, cursor).await?;
+    Ok(sums.first().copied().unwrap_or(Balance::ZERO))
 }
 
 /// The balance of (tenant, account, currency) and what holds reserved on it at `point`.
@@ -143,16 +163,13 @@ pub async fn balance_at(
         account.pending(PendingSide::Credits),
     ]
     .map(String::from);
-    let keys: Vec<Key<'_>> = names
-        .iter()
-        .map(|name| (tenant, name.as_str(), currency))
-        .collect();
-    let cursor = resolve(db, store, &keys, point, true).await?;
-    let mut sums = [Balance::ZERO; 3];
-    for (sum, name) in sums.iter_mut().zip(&names) {
-        *sum = sum_at(db, (tenant, name, currency), cursor).await?;
-    }
-    let [balance, pending_debits, pending_credits] = sums;
+    let cursor = resolve(db, store, tenant, point, true).await?;
+    let accounts: Vec<&str> = names.iter().map(String::as_str).collect();
+    let [balance, pending_debits, pending_credits] =
+        sums_at(db, tenant, &accounts, currency, cursor).await?[..]
+    else {
+        unreachable!("one sum per account asked for");
+    };
     // Money reserved to leave sits as a negative balance on `pending_debits:`.
     let pending_debits = pending_debits.checked_neg().map_err(|_| {
         asiento_projector::ProjectionError::Malformed {
@@ -174,9 +191,9 @@ pub struct StatementQuery {
     pub tenant: String,
     pub account: String,
     pub currency: String,
-    /// Entries recorded at or after; None: from the account's first.
+    /// The period starts after the tenant's last entry recorded before; None: at the start.
     pub from: Option<DateTime<Utc>>,
-    /// Where the period ends: after the account's last entry recorded before `to.time`, up to
+    /// Where the period ends: after the tenant's last entry recorded before `to.time`, up to
     /// `to.position` (what the pages after the first pass, so that every page reads the same
     /// period however the log grows meanwhile); neither: now.
     pub to: Point,
@@ -226,10 +243,10 @@ pub async fn statement(
         query.account.as_str(),
         query.currency.as_str(),
     );
-    let closing_cursor = resolve(db, store, &[key], query.to, false).await?;
+    let closing_cursor = resolve(db, store, &query.tenant, query.to, false).await?;
     let opening_cursor = match query.from {
         None => Cursor::START,
-        Some(from) => last_leg_before(db, key, from, false, closing_cursor)
+        Some(from) => last_entry_before(db, &query.tenant, from, false, closing_cursor)
             .await?
             .unwrap_or(Cursor::START),
     };

@@ -20,12 +20,11 @@ use crate::decode::balance as balance_of;
 use crate::projection::LegRow;
 use crate::ENTRIES_NAME;
 
-/// Legs between two marks of one account.
-pub const MARK_LEGS: i64 = 1_000;
+/// Legs between two marks of one account: a read in the past adds at most this many.
+pub const MARK_LEGS: i64 = 128;
 
 /// The tables of marks and runs, created with the legs' (per backend: the sums are `NUMERIC` on
-/// PostgreSQL and decimal `TEXT` on SQLite, as the balances are), and the index that finds an
-/// account's last leg before a time.
+/// PostgreSQL and decimal `TEXT` on SQLite, as the balances are).
 pub(crate) fn ddl(g: i64, postgres: bool) -> Vec<String> {
     let (int, sum, rowid, sum_check) = if postgres {
         ("BIGINT", "NUMERIC", "", "")
@@ -58,10 +57,6 @@ pub(crate) fn ddl(g: i64, postgres: bool) -> Vec<String> {
                 legs          {int} NOT NULL,
                 balance_minor {sum} NOT NULL{sum_check},
                 PRIMARY KEY (tenant, account, currency, xact, position, leg)){rowid}"
-        ),
-        format!(
-            "CREATE INDEX balance_legs_g{g}_by_time \
-             ON balance_legs_g{g} (tenant, account, currency, recorded_at)"
         ),
     ]
 }
@@ -281,63 +276,99 @@ async fn store(
     Ok(())
 }
 
-/// The sum of an account's legs up to and including the event at (`xact`, `position`) of the
-/// log: the nearest mark at or before it, plus the legs after the mark (fewer than
-/// [`MARK_LEGS`]). Reads through the views, which a rebuild swaps in one transaction.
-pub(crate) async fn sum_through(
+/// The sums of `accounts`' legs (of one tenant and currency) up to and including the event at
+/// (`xact`, `position`) of the log: for each, its nearest mark at or before it plus the legs
+/// after the mark (at most [`MARK_LEGS`]), all in one statement. Reads through the views, which
+/// a rebuild swaps in one transaction.
+pub(crate) async fn sums_through(
     db: &Database,
-    key: (&str, &str, &str),
+    tenant: &str,
+    accounts: &[&str],
+    currency: &str,
     xact: i64,
     position: i64,
-) -> Result<Balance, sqlx::Error> {
-    let (tenant, account, currency) = key;
-    let mark: Option<(i64, i64, i32, String)> = on_db!(db, pool => {
-        sqlx::query_as(
-            "SELECT xact, position, leg, CAST(balance_minor AS TEXT) FROM balance_marks \
-             WHERE tenant = $1 AND account = $2 AND currency = $3 AND (xact, position) <= ($4, $5) \
-             ORDER BY xact DESC, position DESC, leg DESC LIMIT 1",
-        )
-        .bind(tenant)
-        .bind(account)
-        .bind(currency)
-        .bind(xact)
-        .bind(position)
-        .fetch_optional(pool)
-        .await?
-    });
-    let (from, mut sum) = match mark {
-        Some((x, p, leg, balance)) => ((x, p, leg), balance_of(&balance)?),
-        None => ((i64::MIN, i64::MIN, i32::MIN), Balance::ZERO),
-    };
-    // The legs after the mark in index order, at most a mark's worth (the next mark is past
-    // the point): a range scan that ends by its limit, whatever the planner knows of the table.
-    let legs: Vec<(i64, i64, i64)> = on_db!(db, pool => {
-        sqlx::query_as(
-            "SELECT xact, position, amount_minor FROM balance_legs \
-             WHERE tenant = $1 AND account = $2 AND currency = $3 \
-               AND (xact, position, leg) > ($4, $5, $6) \
-             ORDER BY xact, position, leg LIMIT $7",
-        )
-        .bind(tenant)
-        .bind(account)
-        .bind(currency)
-        .bind(from.0)
-        .bind(from.1)
-        .bind(from.2)
-        .bind(MARK_LEGS)
-        .fetch_all(pool)
-        .await?
-    });
-    let amounts = legs
-        .into_iter()
-        .take_while(|(x, p, _)| (*x, *p) <= (xact, position))
-        .map(|(_, _, amount)| amount);
-    for amount in amounts {
-        sum = sum
-            .checked_add(Amount::new(amount))
-            .map_err(|_| overflow(position))?;
+) -> Result<Vec<Balance>, sqlx::Error> {
+    let n = accounts.len();
+    if n == 0 {
+        return Ok(Vec::new());
     }
-    Ok(sum)
+    // Placeholders are numbered in the order they first appear (SQLite numbers them so): the
+    // tenant, the first account, the currency, the point, the other accounts, then the bounds.
+    let account_param = |k: usize| if k == 0 { 2 } else { 5 + k };
+    let (min_xact, min_leg, limit) = (n + 5, n + 6, n + 7);
+    let mut sql = String::from("WITH ");
+    for k in 0..n {
+        if k > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&format!(
+            "m{k} AS (SELECT xact, position, leg, balance_minor FROM balance_marks \
+             WHERE tenant = $1 AND account = ${a} AND currency = $3 \
+               AND (xact, position) <= ($4, $5) \
+             ORDER BY xact DESC, position DESC, leg DESC LIMIT 1)",
+            a = account_param(k)
+        ));
+    }
+    for k in 0..n {
+        if k > 0 {
+            sql.push_str(" UNION ALL");
+        }
+        // The mark (part 0), then the legs after it in index order, at most a mark's worth
+        // (part 1): a range scan that its limit ends, whatever the planner knows of the table.
+        sql.push_str(&format!(
+            " SELECT {k}, 0, xact, position, CAST(balance_minor AS TEXT) FROM m{k} \
+             UNION ALL \
+             SELECT {k}, 1, xact, position, CAST(amount_minor AS TEXT) FROM ( \
+               SELECT xact, position, leg, amount_minor FROM balance_legs \
+               WHERE tenant = $1 AND account = ${a} AND currency = $3 \
+                 AND (xact, position, leg) > ( \
+                   COALESCE((SELECT xact FROM m{k}), ${min_xact}), \
+                   COALESCE((SELECT position FROM m{k}), ${min_xact}), \
+                   COALESCE((SELECT leg FROM m{k}), ${min_leg})) \
+               ORDER BY xact, position, leg LIMIT ${limit}) AS after_m{k}",
+            a = account_param(k)
+        ));
+    }
+    let rows: Vec<(i32, i32, i64, i64, String)> = on_db!(db, pool => {
+        let mut query = sqlx::query_as(&sql)
+            .bind(tenant)
+            .bind(accounts[0])
+            .bind(currency)
+            .bind(xact)
+            .bind(position);
+        for account in &accounts[1..] {
+            query = query.bind(*account);
+        }
+        query
+            .bind(i64::MIN)
+            .bind(i32::MIN)
+            .bind(MARK_LEGS)
+            .fetch_all(pool)
+            .await?
+    });
+    let mut sums = vec![Balance::ZERO; n];
+    let mut legs: Vec<(usize, i64, i64, i64)> = Vec::with_capacity(rows.len());
+    for (k, part, x, p, value) in rows {
+        let k = usize::try_from(k).map_err(|_| overflow(position))?;
+        if part == 0 {
+            sums[k] = balance_of(&value)?;
+        } else {
+            let amount = value.parse::<i64>().map_err(|e| {
+                sqlx::Error::Decode(format!("a leg's amount {value:?}: {e}").into())
+            })?;
+            legs.push((k, x, p, amount));
+        }
+    }
+    // UNION ALL keeps no order: each account's legs are put back in log order before the cut.
+    legs.sort_unstable();
+    for (k, x, p, amount) in legs {
+        if (x, p) <= (xact, position) {
+            sums[k] = sums[k]
+                .checked_add(Amount::new(amount))
+                .map_err(|_| overflow(position))?;
+        }
+    }
+    Ok(sums)
 }
 
 /// A mark or run that disagrees with the legs: a bug or a hand edit.

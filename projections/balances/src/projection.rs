@@ -344,7 +344,7 @@ async fn create_tables(tx: &mut Tx, part: Part, g: i64) -> Result<(), Projection
     } else {
         ddl_sqlite(g)
     };
-    // After the legs' and entries' tables: these index them.
+    // After the legs' and entries' tables: the marks follow the legs, and an index the entries.
     statements.extend(
         crate::marks::ddl(g, postgres)
             .into_iter()
