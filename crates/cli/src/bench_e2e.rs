@@ -31,7 +31,7 @@ use super::bench_cpu::{cpu_s, postgres_cpu_s, postmaster_pid, CpuReading};
 use super::{new_histogram, record, Target, PLAIN_INSERT_PG};
 
 pub(super) const BENCH_TENANT: &str = "bench";
-const BENCH_API_KEY: &str = "sk_bench_0123456789abcdef";
+pub(super) const BENCH_API_KEY: &str = "sk_bench_0123456789abcdef";
 /// How long the server may take to print its listening line.
 const SERVER_START_MAX_S: u64 = 120;
 /// How long the server may take to stop after SIGTERM.
@@ -91,17 +91,18 @@ pub struct E2eArgs {
 // ------------------------------------------------------------------ the server
 
 /// The server under test, a child process.
-struct Server {
+pub(super) struct Server {
     child: tokio::process::Child,
-    pid: u32,
-    base: String,
+    pub(super) pid: u32,
+    pub(super) base: String,
 }
 
 impl Server {
-    async fn start(
+    /// `asiento serve` on `database_url` with the bench tenant's key and `extra` arguments.
+    pub(super) async fn start(
         bin: &std::path::Path,
         database_url: &str,
-        events_relay: Option<&str>,
+        extra: &[&str],
     ) -> anyhow::Result<Server> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
@@ -110,12 +111,7 @@ impl Server {
         let mut child = tokio::process::Command::new(bin)
             .args(["serve", "--listen", &listen, "--database-url", database_url])
             .args(["--api-keys", &format!("{BENCH_TENANT}:{BENCH_API_KEY}")])
-            .args(
-                events_relay
-                    .map(|url| ["--events-relay", url])
-                    .into_iter()
-                    .flatten(),
-            )
+            .args(extra)
             .env("ASIENTO_LOG", "warn,sqlx=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -151,7 +147,7 @@ impl Server {
     }
 
     /// SIGTERM (a graceful stop), then SIGKILL if it takes too long.
-    async fn stop(mut self) -> anyhow::Result<()> {
+    pub(super) async fn stop(mut self) -> anyhow::Result<()> {
         let _ = tokio::process::Command::new("kill")
             .args(["-TERM", &self.pid.to_string()])
             .status()
@@ -171,7 +167,7 @@ impl Server {
 }
 
 /// A line of /proc/<pid>/status in kB (0 where there is no procfs).
-fn proc_kb(pid: u32, field: &str) -> u64 {
+pub(super) fn proc_kb(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|status| {
@@ -578,7 +574,12 @@ async fn e2e_on(
     let floor_half = args.floor_transactions / 2;
     let floor_before =
         run_plain_transactions(db, args.clients, 0..floor_half, postgres.as_deref()).await?;
-    let server = Server::start(bin, url, args.events_relay.as_deref()).await?;
+    let relay: Vec<&str> = args
+        .events_relay
+        .as_deref()
+        .map(|url| vec!["--events-relay", url])
+        .unwrap_or_default();
+    let server = Server::start(bin, url, &relay).await?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.clients)
         .timeout(Duration::from_secs(60))

@@ -1,15 +1,22 @@
-//! W3-past, the last workload of `bench replay`: balances in the past (`asiento_balances::
-//! balance_at`) of the seeded log's busiest account, `psp:sim:clearing` (one leg per event, a
-//! million by default), at random positions, next to reads of its current balance
-//! (`read_balance`, the snapshot plus the tail) in the same run. It prints
-//! `W3-past at_us=<µs per read in the past> now_us=<µs per current read> ratio=<now/at>`: a
-//! read in the past costs a mark's lookup plus at most `MARK_LEGS` legs, so the ratio stays
-//! near 1 whatever the account's length (target ≥ 0.5: within twice a current read).
+//! The last workloads of `bench replay`, on its seeded log (one journal entry per event, a
+//! million by default):
+//!
+//! - W3-past: balances in the past (`asiento_balances::balance_at`) of the busiest account,
+//!   `psp:sim:clearing` (a leg per entry), at positions spread over the log, next to reads of
+//!   its current balance (`read_balance`, the snapshot plus the tail) in the same run. It prints
+//!   `W3-past at_us=<µs per read in the past> now_us=<µs per current read> ratio=<now/at>`: a
+//!   read in the past costs a mark and at most `MARK_LEGS` legs per account, whatever the
+//!   account's length (target ≥ 0.5: within twice a current read).
+//! - W3-export: the whole journal as CSV (`GET /v1/journal`, `Accept: text/csv`) from a real
+//!   `asiento serve --role api` on the same database, read to the end; it prints
+//!   `W3-export entries=<n> rows=<legs> rss_idle_kb=<the server idle> rss_peak_kb=<its peak>
+//!   ratio=<peak/idle>`: the body is written page by page, so the peak stays near the idle
+//!   server's (target ≤ 1.2, plus a fixed buffer) however long the period.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use asiento_balances::Point;
 use asiento_domain::AccountName;
 use asiento_eventstore::{Database, EventStore};
@@ -87,4 +94,49 @@ pub(crate) async fn past(
         now.as_secs_f64() / at.as_secs_f64()
     );
     Ok(())
+}
+
+/// W3-export: the journal of the whole log as CSV from a server of its own, the peak of its
+/// memory against its idle memory.
+pub(crate) async fn export(url: &str, entries: u64) -> anyhow::Result<()> {
+    let bin = std::env::current_exe()?;
+    let server = super::bench_e2e::Server::start(&bin, url, &["--role", "api"]).await?;
+    let outcome = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let idle_kb = super::bench_e2e::proc_kb(server.pid, "VmRSS");
+        let started = Instant::now();
+        let mut response = reqwest::Client::new()
+            .get(format!("{}/v1/journal", server.base))
+            .bearer_auth(super::bench_e2e::BENCH_API_KEY)
+            .header("accept", "text/csv")
+            .send()
+            .await?
+            .error_for_status()
+            .context("the journal's CSV")?;
+        let (mut bytes, mut rows) = (0u64, 0u64);
+        while let Some(chunk) = response.chunk().await? {
+            bytes += chunk.len() as u64;
+            rows += chunk.iter().filter(|b| **b == b'\n').count() as u64;
+        }
+        let elapsed = started.elapsed();
+        let peak_kb = super::bench_e2e::proc_kb(server.pid, "VmHWM");
+        // The header, then a row per leg: two or three legs per seeded entry.
+        if rows < 1 + 2 * entries || rows > 1 + 3 * entries {
+            bail!("the CSV has {rows} lines for {entries} entries");
+        }
+        println!(
+            "W3-export entries={entries} rows={} rss_idle_kb={idle_kb} rss_peak_kb={peak_kb} ratio={:.2}",
+            rows - 1,
+            peak_kb as f64 / idle_kb.max(1) as f64
+        );
+        eprintln!(
+            "W3-export {:.1} MB in {:.1}s",
+            bytes as f64 / 1e6,
+            elapsed.as_secs_f64()
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    server.stop().await?;
+    outcome
 }
