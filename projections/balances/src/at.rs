@@ -69,7 +69,7 @@ async fn resolve(
     inclusive: bool,
 ) -> Result<Cursor, BalanceError> {
     let upto = match point.position {
-        Some(position) => cursor_at(db, store, position).await?,
+        Some(position) => cursor_at(store, position).await?,
         None => {
             wait_for_head(db, store).await?;
             asiento_projector::checkpoint(db, ENTRIES_NAME)
@@ -95,55 +95,58 @@ async fn wait_for_head(db: &Database, store: &dyn EventStore) -> Result<(), Bala
     Ok(())
 }
 
-/// The cursor of the event at `position`, once the legs projection includes it; 0 names the
-/// point before every event.
-async fn cursor_at(
-    db: &Database,
-    store: &dyn EventStore,
-    position: i64,
-) -> Result<Cursor, BalanceError> {
+/// The cursor of the event at `position`; 0 names the point before every event.
+async fn cursor_at(store: &dyn EventStore, position: i64) -> Result<Cursor, BalanceError> {
     if position == 0 {
         return Ok(Cursor::START);
     }
-    let cursor = store
+    store
         .cursor_of_position(position)
         .await?
-        .ok_or(BalanceError::UnknownPosition { position })?;
-    let reached = asiento_projector::checkpoint(db, ENTRIES_NAME)
-        .await?
-        .ok_or(BalanceError::NotInstalled)?
-        .cursor;
-    if reached < cursor {
-        wait(db, store, position).await?;
-    }
-    Ok(cursor)
+        .ok_or(BalanceError::UnknownPosition { position })
 }
 
-/// The sums of `accounts` up to `cursor`, in their order.
+/// The sums of `accounts` up to `cursor`, in their order, once the legs projection includes
+/// it: read with its checkpoint, and read again after waiting when it does not yet.
 async fn sums_at(
     db: &Database,
-    tenant: &str,
-    accounts: &[&str],
-    currency: &str,
+    store: &dyn EventStore,
+    key: (&str, &[&str], &str),
     cursor: Cursor,
 ) -> Result<Vec<Balance>, BalanceError> {
+    let (tenant, accounts, currency) = key;
     if cursor == Cursor::START {
         return Ok(vec![Balance::ZERO; accounts.len()]);
     }
-    Ok(sums_through(
-        db,
-        tenant,
-        accounts,
-        currency,
-        cursor.xact(),
-        cursor.position(),
-    )
-    .await?)
+    for _ in 0..2 {
+        let (sums, reached) = sums_through(
+            db,
+            tenant,
+            accounts,
+            currency,
+            cursor.xact(),
+            cursor.position(),
+        )
+        .await?;
+        match reached {
+            None => return Err(BalanceError::NotInstalled),
+            Some(reached) if reached >= cursor => return Ok(sums),
+            Some(_) => wait(db, store, cursor.position()).await?,
+        }
+    }
+    Err(BalanceError::ProjectionLagging {
+        waited_ms: asiento_projector::READ_WAIT_MS_MAX,
+    })
 }
 
 /// The sum of one account up to `cursor`.
-async fn sum_at(db: &Database, key: Key<'_>, cursor: Cursor) -> Result<Balance, BalanceError> {
-    let sums = sums_at(db, key.0, &[key.1], key.2, cursor).await?;
+async fn sum_at(
+    db: &Database,
+    store: &dyn EventStore,
+    key: Key<'_>,
+    cursor: Cursor,
+) -> Result<Balance, BalanceError> {
+    let sums = sums_at(db, store, (key.0, &[key.1], key.2), cursor).await?;
     Ok(sums.first().copied().unwrap_or(Balance::ZERO))
 }
 
@@ -166,7 +169,7 @@ pub async fn balance_at(
     let cursor = resolve(db, store, tenant, point, true).await?;
     let accounts: Vec<&str> = names.iter().map(String::as_str).collect();
     let [balance, pending_debits, pending_credits] =
-        sums_at(db, tenant, &accounts, currency, cursor).await?[..]
+        sums_at(db, store, (tenant, &accounts, currency), cursor).await?[..]
     else {
         unreachable!("one sum per account asked for");
     };
@@ -258,6 +261,10 @@ pub async fn statement(
             .ok_or(BalanceError::UnknownPosition { position })?
             .max(opening_cursor),
     };
+    // The sums first: they wait for the legs projection to include the closing point, so the
+    // lines read next are all there.
+    let closing = sum_at(db, store, key, closing_cursor).await?;
+    let opening = sum_at(db, store, key, opening_cursor).await?;
     let limit = i64::try_from(query.limit.clamp(1, ENTRIES_LIMIT_MAX)).unwrap_or(1);
     let rows: Vec<LineRow> = on_db!(db, pool => {
         sqlx::query_as(
@@ -301,12 +308,10 @@ pub async fn statement(
             rows.extend(rest);
         }
     }
-    let opening = sum_at(db, key, opening_cursor).await?;
-    let closing = sum_at(db, key, closing_cursor).await?;
     let mut running = if page_start == opening_cursor {
         opening
     } else {
-        sum_at(db, key, page_start).await?
+        sum_at(db, store, key, page_start).await?
     };
     let mut lines = Vec::with_capacity(rows.len());
     for (entry_id, _, position, _, amount_minor, recorded_at) in rows {

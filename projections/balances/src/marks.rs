@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use asiento_domain::{Amount, Balance};
-use asiento_eventstore::{Database, Tx};
+use asiento_eventstore::{Cursor, Database, Tx};
 use asiento_projector::on_db;
 
 use crate::decode::balance as balance_of;
@@ -278,8 +278,9 @@ async fn store(
 
 /// The sums of `accounts`' legs (of one tenant and currency) up to and including the event at
 /// (`xact`, `position`) of the log: for each, its nearest mark at or before it plus the legs
-/// after the mark (at most [`MARK_LEGS`]), all in one statement. Reads through the views, which
-/// a rebuild swaps in one transaction.
+/// after the mark (at most [`MARK_LEGS`]), all in one statement with the projection's
+/// checkpoint, which says whether the sums include the point (None: not installed). Reads
+/// through the views, which a rebuild swaps in one transaction.
 pub(crate) async fn sums_through(
     db: &Database,
     tenant: &str,
@@ -287,15 +288,13 @@ pub(crate) async fn sums_through(
     currency: &str,
     xact: i64,
     position: i64,
-) -> Result<Vec<Balance>, sqlx::Error> {
+) -> Result<(Vec<Balance>, Option<Cursor>), sqlx::Error> {
     let n = accounts.len();
-    if n == 0 {
-        return Ok(Vec::new());
-    }
+    assert!(n > 0, "the sums of no account were asked for");
     // Placeholders are numbered in the order they first appear (SQLite numbers them so): the
     // tenant, the first account, the currency, the point, the other accounts, then the bounds.
     let account_param = |k: usize| if k == 0 { 2 } else { 5 + k };
-    let (min_xact, min_leg, limit) = (n + 5, n + 6, n + 7);
+    let (min_xact, min_leg, limit, name) = (n + 5, n + 6, n + 7, n + 8);
     let mut sql = String::from("WITH ");
     for k in 0..n {
         if k > 0 {
@@ -329,6 +328,11 @@ pub(crate) async fn sums_through(
             a = account_param(k)
         ));
     }
+    // The checkpoint (part 2) comes with the sums, so that they are known to include the point.
+    sql.push_str(&format!(
+        " UNION ALL SELECT 0, 2, checkpoint_xact, checkpoint_position, '' FROM projections \
+         WHERE name = ${name}"
+    ));
     let rows: Vec<(i32, i32, i64, i64, String)> = on_db!(db, pool => {
         let mut query = sqlx::query_as(&sql)
             .bind(tenant)
@@ -343,14 +347,18 @@ pub(crate) async fn sums_through(
             .bind(i64::MIN)
             .bind(i32::MIN)
             .bind(MARK_LEGS)
+            .bind(ENTRIES_NAME)
             .fetch_all(pool)
             .await?
     });
     let mut sums = vec![Balance::ZERO; n];
+    let mut checkpoint = None;
     let mut legs: Vec<(usize, i64, i64, i64)> = Vec::with_capacity(rows.len());
     for (k, part, x, p, value) in rows {
         let k = usize::try_from(k).map_err(|_| overflow(position))?;
-        if part == 0 {
+        if part == 2 {
+            checkpoint = Some(Cursor::new(x, p));
+        } else if part == 0 {
             sums[k] = balance_of(&value)?;
         } else {
             let amount = value.parse::<i64>().map_err(|e| {
@@ -368,7 +376,7 @@ pub(crate) async fn sums_through(
                 .map_err(|_| overflow(position))?;
         }
     }
-    Ok(sums)
+    Ok((sums, checkpoint))
 }
 
 /// A mark or run that disagrees with the legs: a bug or a hand edit.
