@@ -11,7 +11,6 @@ mod common;
 use std::collections::HashMap;
 
 use asiento_domain::{Event, StreamKind};
-use asiento_eventstore::Cursor;
 use common::{asiento, payment_body, Backend, Client, Server, TestDatabase};
 use serde_json::{json, Value};
 
@@ -132,70 +131,63 @@ async fn expected_crossings(database: &TestDatabase) -> HashMap<String, Vec<Stri
     // id → (field, condition, threshold, matching)
     let mut monitors: Vec<(String, String, String, i128, bool)> = Vec::new();
     let mut fired: HashMap<String, Vec<String>> = HashMap::new();
-    let mut reached = Cursor::START;
-    loop {
-        let page = store.read_all(reached, 1_000).await.unwrap();
-        for recorded in &page {
-            reached = recorded.cursor;
-            let event = Event::decode_raw(
-                &recorded.stream_id,
-                &recorded.event_type,
-                recorded.schema,
-                recorded.data.raw(),
-            )
-            .unwrap();
-            if let Some(StreamKind::BalanceMonitor(id)) = StreamKind::parse(&recorded.stream_id) {
-                let data: Value = serde_json::from_str(recorded.data.raw()).unwrap();
-                if recorded.event_type == "MonitorCreated" && data["account"] == CUSTOMER {
-                    let threshold = &data["threshold"];
-                    let (field, condition) = (
-                        threshold["field"].as_str().unwrap().to_owned(),
-                        threshold["condition"].as_str().unwrap().to_owned(),
-                    );
-                    let amount = i128::from(threshold["amount_minor"].as_i64().unwrap());
-                    let matching = holds(&condition, figures.get(&field), amount);
-                    monitors.push((id, field, condition, amount, matching));
-                } else if recorded.event_type == "MonitorDeleted" {
-                    monitors.retain(|m| m.0 != id);
-                }
-                continue;
+    for recorded in &asiento_testkit::whole_log(store.as_ref()).await {
+        let event = Event::decode_raw(
+            &recorded.stream_id,
+            &recorded.event_type,
+            recorded.schema,
+            recorded.data.raw(),
+        )
+        .unwrap();
+        if let Some(StreamKind::BalanceMonitor(id)) = StreamKind::parse(&recorded.stream_id) {
+            let data: Value = serde_json::from_str(recorded.data.raw()).unwrap();
+            if recorded.event_type == "MonitorCreated" && data["account"] == CUSTOMER {
+                let threshold = &data["threshold"];
+                let (field, condition) = (
+                    threshold["field"].as_str().unwrap().to_owned(),
+                    threshold["condition"].as_str().unwrap().to_owned(),
+                );
+                let amount = i128::from(threshold["amount_minor"].as_i64().unwrap());
+                let matching = holds(&condition, figures.get(&field), amount);
+                monitors.push((id, field, condition, amount, matching));
+            } else if recorded.event_type == "MonitorDeleted" {
+                monitors.retain(|m| m.0 != id);
             }
-            let Some(entry) = event.entry() else {
-                continue;
-            };
-            let mut touched = false;
-            for leg in entry.legs() {
-                let amount = i128::from(leg.amount.minor());
-                match leg.account.as_str() {
-                    a if a == CUSTOMER => figures.posted += amount,
-                    a if a == format!("pending_debits:{CUSTOMER}") => {
-                        figures.pending_debits -= amount;
-                    }
-                    a if a == format!("pending_credits:{CUSTOMER}") => {
-                        figures.pending_credits += amount;
-                    }
-                    _ => continue,
-                }
-                touched = true;
-            }
-            if !touched {
-                continue;
-            }
-            for (id, field, condition, amount, matching) in &mut monitors {
-                let now = holds(condition, figures.get(field), *amount);
-                if now && !*matching {
-                    fired
-                        .entry(id.clone())
-                        .or_default()
-                        .push(entry.id().to_string());
-                }
-                *matching = now;
-            }
+            continue;
         }
-        if page.len() < 1_000 {
-            return fired;
+        let Some(entry) = event.entry() else {
+            continue;
+        };
+        let mut touched = false;
+        for leg in entry.legs() {
+            let amount = i128::from(leg.amount.minor());
+            match leg.account.as_str() {
+                a if a == CUSTOMER => figures.posted += amount,
+                a if a == format!("pending_debits:{CUSTOMER}") => {
+                    figures.pending_debits -= amount;
+                }
+                a if a == format!("pending_credits:{CUSTOMER}") => {
+                    figures.pending_credits += amount;
+                }
+                _ => continue,
+            }
+            touched = true;
+        }
+        if !touched {
+            continue;
+        }
+        for (id, field, condition, amount, matching) in &mut monitors {
+            let now = holds(condition, figures.get(field), *amount);
+            if now && !*matching {
+                fired
+                    .entry(id.clone())
+                    .or_default()
+                    .push(entry.id().to_string());
+            }
+            *matching = now;
         }
     }
+    fired
 }
 
 fn fired_entries(crossings: &[Value]) -> Vec<String> {

@@ -32,40 +32,33 @@ async fn model(database: &TestDatabase) -> Vec<Moment> {
     ];
     let mut moments = Vec::new();
     let mut figures = [0i128; 3];
-    let mut reached = Cursor::START;
-    loop {
-        let page = store.read_all(reached, 1_000).await.unwrap();
-        for recorded in &page {
-            reached = recorded.cursor;
-            let event = Event::decode_raw(
-                &recorded.stream_id,
-                &recorded.event_type,
-                recorded.schema,
-                recorded.data.raw(),
-            )
-            .unwrap();
-            let Some(entry) = event.entry() else { continue };
-            let mut touched = false;
-            for leg in entry.legs().iter().filter(|l| l.currency.code() == "USD") {
-                let Some(slot) = names.iter().position(|n| n == leg.account.as_str()) else {
-                    continue;
-                };
-                let amount = i128::from(leg.amount.minor());
-                figures[slot] += if slot == 1 { -amount } else { amount };
-                touched = true;
-            }
-            moments.push((
-                recorded.cursor,
-                recorded.position,
-                recorded.recorded_at,
-                figures,
-                touched,
-            ));
+    for recorded in &asiento_testkit::whole_log(store.as_ref()).await {
+        let event = Event::decode_raw(
+            &recorded.stream_id,
+            &recorded.event_type,
+            recorded.schema,
+            recorded.data.raw(),
+        )
+        .unwrap();
+        let Some(entry) = event.entry() else { continue };
+        let mut touched = false;
+        for leg in entry.legs().iter().filter(|l| l.currency.code() == "USD") {
+            let Some(slot) = names.iter().position(|n| n == leg.account.as_str()) else {
+                continue;
+            };
+            let amount = i128::from(leg.amount.minor());
+            figures[slot] += if slot == 1 { -amount } else { amount };
+            touched = true;
         }
-        if page.len() < 1_000 {
-            return moments;
-        }
+        moments.push((
+            recorded.cursor,
+            recorded.position,
+            recorded.recorded_at,
+            figures,
+            touched,
+        ));
     }
+    moments
 }
 
 /// What the server must answer for `at=time`: the figures after the tenant's last entry

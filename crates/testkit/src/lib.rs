@@ -5,6 +5,7 @@
 //!   PostgreSQL (the eventstore's conformance suite is the model).
 //! - [`TestDatabase`]: a database of the test's own, on either backend.
 //! - [`Rng`]: the one seeded generator, so that a seed replays.
+//! - [`whole_log`]: the log in its order, for a test's model of it.
 
 mod database;
 mod rng;
@@ -84,4 +85,28 @@ macro_rules! both_backends {
     ($($test:ident),* $(,)?) => {
         $crate::both_backends!(threads = 4; $($test),*);
     };
+}
+
+/// Every event of the log in its own gap-free order: what a test's model of the log reads,
+/// one event at a time, to compare with what a read model or an API made of it.
+pub async fn whole_log(
+    store: &dyn asiento_eventstore::EventStore,
+) -> Vec<asiento_eventstore::RecordedEvent> {
+    const PAGE: usize = 1_000;
+    let mut events = Vec::new();
+    let mut reached = asiento_eventstore::Cursor::START;
+    loop {
+        let page = store
+            .read_all(reached, PAGE)
+            .await
+            .unwrap_or_else(|error| panic!("reading the log: {error}"));
+        let full = page.len() == PAGE;
+        if let Some(last) = page.last() {
+            reached = last.cursor;
+        }
+        events.extend(page);
+        if !full {
+            return events;
+        }
+    }
 }

@@ -168,24 +168,11 @@ pub async fn balance_at(
     .map(String::from);
     let cursor = resolve(db, store, tenant, point, true).await?;
     let accounts: Vec<&str> = names.iter().map(String::as_str).collect();
-    let [balance, pending_debits, pending_credits] =
-        sums_at(db, store, (tenant, &accounts, currency), cursor).await?[..]
-    else {
-        unreachable!("one sum per account asked for");
-    };
-    // Money reserved to leave sits as a negative balance on `pending_debits:`.
-    let pending_debits = pending_debits.checked_neg().map_err(|_| {
-        asiento_projector::ProjectionError::Malformed {
-            position: cursor.position(),
-            reason: "pending debits overflow i128".to_owned(),
-        }
-    })?;
-    Ok(AccountBalance {
-        balance_minor: balance,
-        pending_debits_minor: pending_debits,
-        pending_credits_minor: pending_credits,
-        as_of_position: cursor.position(),
-    })
+    let sums = sums_at(db, store, (tenant, &accounts, currency), cursor).await?;
+    let sums: [Balance; 3] = sums
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one sum per account asked for"));
+    AccountBalance::of_sums(sums, cursor.position())
 }
 
 /// Which statement, and which page of its lines.

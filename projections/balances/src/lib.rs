@@ -88,6 +88,31 @@ pub struct AccountBalance {
     pub as_of_position: i64,
 }
 
+impl AccountBalance {
+    /// The balance from the sums of the account and of its two pending accounts (debits, then
+    /// credits), read after the event at `position`.
+    pub(crate) fn of_sums(
+        sums: [Balance; 3],
+        position: i64,
+    ) -> Result<AccountBalance, BalanceError> {
+        let [balance, pending_debits, pending_credits] = sums;
+        // Money reserved to leave sits as a negative balance on `pending_debits:`.
+        let pending_debits =
+            pending_debits
+                .checked_neg()
+                .map_err(|_| ProjectionError::Malformed {
+                    position,
+                    reason: "pending debits overflow i128".to_owned(),
+                })?;
+        Ok(AccountBalance {
+            balance_minor: balance,
+            pending_debits_minor: pending_debits,
+            pending_credits_minor: pending_credits,
+            as_of_position: position,
+        })
+    }
+}
+
 /// One leg of a journal entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LegView {

@@ -98,20 +98,7 @@ pub async fn read_balance(
         }
         tokio::time::sleep(Duration::from_millis(WAIT_POLL_MS)).await;
     }
-    let [balance, pending_debits, pending_credits] = balances;
-    // Money reserved to leave sits as a negative balance on `pending_debits:`.
-    let pending_debits = pending_debits.checked_neg().map_err(|_| {
-        asiento_projector::ProjectionError::Malformed {
-            position: reached.position(),
-            reason: "pending debits overflow i128".to_owned(),
-        }
-    })?;
-    Ok(AccountBalance {
-        balance_minor: balance,
-        pending_debits_minor: pending_debits,
-        pending_credits_minor: pending_credits,
-        as_of_position: reached.position(),
-    })
+    AccountBalance::of_sums(balances, reached.position())
 }
 
 /// The snapshot row and the checkpoint it is exact at, read in ONE statement so that they agree

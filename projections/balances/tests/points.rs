@@ -35,57 +35,49 @@ async fn model(h: &Harness) -> Model {
         after: Vec::new(),
         legs: Vec::new(),
     };
-    let mut reached = Cursor::START;
-    loop {
-        let page = h.store.read_all(reached, 1_000).await.unwrap();
-        for recorded in &page {
-            reached = recorded.cursor;
-            let event = Event::decode_raw(
-                &recorded.stream_id,
-                &recorded.event_type,
-                recorded.schema,
-                recorded.data.raw(),
-            )
-            .unwrap();
-            let Some(entry) = event.entry() else { continue };
-            if entry.tenant().as_str() != TENANT {
-                continue;
-            }
-            for leg in entry.legs().iter().filter(|l| l.currency.code() == "USD") {
-                let amount = leg.amount.minor();
-                let slot = match leg.account.as_str() {
-                    ACCOUNT => {
-                        model.legs.push((
-                            recorded.cursor,
-                            recorded.position,
-                            recorded.recorded_at,
-                            amount,
-                        ));
-                        0
-                    }
-                    DEBITS => 1,
-                    CREDITS => 2,
-                    _ => continue,
-                };
-
-                // Pending debits are shown positive: the negated balance of `pending_debits:`.
-                figures[slot] += if slot == 1 {
-                    -i128::from(amount)
-                } else {
-                    i128::from(amount)
-                };
-            }
-            model.after.push((
-                recorded.cursor,
-                recorded.position,
-                recorded.recorded_at,
-                figures,
-            ));
+    for recorded in &asiento_testkit::whole_log(h.store.as_ref()).await {
+        let event = Event::decode_raw(
+            &recorded.stream_id,
+            &recorded.event_type,
+            recorded.schema,
+            recorded.data.raw(),
+        )
+        .unwrap();
+        let Some(entry) = event.entry() else { continue };
+        if entry.tenant().as_str() != TENANT {
+            continue;
         }
-        if page.len() < 1_000 {
-            return model;
+        for leg in entry.legs().iter().filter(|l| l.currency.code() == "USD") {
+            let amount = leg.amount.minor();
+            let slot = match leg.account.as_str() {
+                ACCOUNT => {
+                    model.legs.push((
+                        recorded.cursor,
+                        recorded.position,
+                        recorded.recorded_at,
+                        amount,
+                    ));
+                    0
+                }
+                DEBITS => 1,
+                CREDITS => 2,
+                _ => continue,
+            };
+            // Pending debits are shown positive: the negated balance of `pending_debits:`.
+            figures[slot] += if slot == 1 {
+                -i128::from(amount)
+            } else {
+                i128::from(amount)
+            };
         }
+        model.after.push((
+            recorded.cursor,
+            recorded.position,
+            recorded.recorded_at,
+            figures,
+        ));
     }
+    model
 }
 
 /// Posts `n` entries on the account and its pending accounts (holds placed and released),
