@@ -131,6 +131,23 @@ async fn run_history(server: &Server) -> i64 {
     last
 }
 
+/// A server after [`run_history`], once its log is readable through the run's last position,
+/// and the model of that log.
+async fn history(backend: Backend) -> (TestDatabase, Server, Vec<Moment>) {
+    let database = TestDatabase::open(backend).await;
+    let server = Server::start(&database.url, &[]);
+    let last = run_history(&server).await;
+    let caught_up = server
+        .client()
+        .get(&format!(
+            "/v1/accounts/{CUSTOMER}/balance?currency=USD&min_position={last}"
+        ))
+        .await;
+    assert_eq!(caught_up.status, 200);
+    let moments = model(&database).await;
+    (database, server, moments)
+}
+
 fn rfc3339(time: DateTime<Utc>) -> String {
     time.to_rfc3339_opts(SecondsFormat::Nanos, true)
 }
@@ -138,18 +155,8 @@ fn rfc3339(time: DateTime<Utc>) -> String {
 /// Ten random positions and ten random times of the run: the server's balance there equals the
 /// model's; before anything it is zero.
 async fn balances_in_the_past_equal_the_log_at_ten_random_moments(backend: Backend) {
-    let database = TestDatabase::open(backend).await;
-    let server = Server::start(&database.url, &[]);
+    let (database, server, moments) = history(backend).await;
     let client = server.client();
-    let last = run_history(&server).await;
-    // The log is readable through the run's last position.
-    let now = client
-        .get(&format!(
-            "/v1/accounts/{CUSTOMER}/balance?currency=USD&min_position={last}"
-        ))
-        .await;
-    assert_eq!(now.status, 200);
-    let moments = model(&database).await;
     let touching: Vec<Moment> = moments.iter().filter(|m| m.4).copied().collect();
     assert!(touching.len() > 40, "{} moments", touching.len());
     let mut rng = Rng::new(7);
@@ -222,18 +229,8 @@ async fn balances_in_the_past_equal_the_log_at_ten_random_moments(backend: Backe
 /// A statement of the middle of the run: paged as JSON, opening plus its lines is its closing
 /// and each line's balance is the one before plus its amount; as CSV, the same rows.
 async fn a_statement_adds_up_as_json_pages_and_as_csv(backend: Backend) {
-    let database = TestDatabase::open(backend).await;
-    let server = Server::start(&database.url, &[]);
+    let (database, server, moments) = history(backend).await;
     let client = server.client();
-    let last = run_history(&server).await;
-    // The log is readable through the run's last position.
-    let caught_up = client
-        .get(&format!(
-            "/v1/accounts/{CUSTOMER}/balance?currency=USD&min_position={last}"
-        ))
-        .await;
-    assert_eq!(caught_up.status, 200);
-    let moments = model(&database).await;
     let from = rfc3339(moments[moments.len() / 4].2).replace('+', "%2B");
     let base = format!("/v1/accounts/{CUSTOMER}/statement?currency=USD&from={from}");
     let first = client.get(&format!("{base}&limit=7")).await;

@@ -120,8 +120,29 @@ async fn project(h: &Harness) -> tokio::sync::oneshot::Sender<()> {
     stop
 }
 
-fn account() -> AccountName {
-    AccountName::parse(ACCOUNT).unwrap()
+/// The account's (posted, pending debits, pending credits) at a point, and the position read
+/// after.
+async fn read_at(
+    h: &Harness,
+    position: Option<i64>,
+    time: Option<DateTime<Utc>>,
+) -> Result<([i128; 3], i64), asiento_balances::BalanceError> {
+    let account = AccountName::parse(ACCOUNT).unwrap();
+    let read = balance_at(
+        &h.db,
+        h.store.as_ref(),
+        TENANT,
+        &account,
+        "USD",
+        Point { position, time },
+    )
+    .await?;
+    let figures = [
+        read.balance_minor.minor(),
+        read.pending_debits_minor.minor(),
+        read.pending_credits_minor.minor(),
+    ];
+    Ok((figures, read.as_of_position))
 }
 
 /// Reads at twenty random positions and twenty random times equal the model's figures after
@@ -137,26 +158,8 @@ async fn balances_at_random_points_equal_the_log_read_in_order(h: Harness) {
     let mut rng = Rng::new(51);
     for _ in 0..20 {
         let (_, position, _, figures) = *rng.pick(&model.after);
-        let read = balance_at(
-            &h.db,
-            h.store.as_ref(),
-            TENANT,
-            &account(),
-            "USD",
-            Point {
-                position: Some(position),
-                time: None,
-            },
-        )
-        .await
-        .unwrap();
-        let got = [
-            read.balance_minor.minor(),
-            read.pending_debits_minor.minor(),
-            read.pending_credits_minor.minor(),
-        ];
-        assert_eq!(got, figures, "at position {position}");
-        assert_eq!(read.as_of_position, position);
+        let read = read_at(&h, Some(position), None).await.unwrap();
+        assert_eq!(read, (figures, position), "at position {position}");
     }
     for _ in 0..20 {
         let (_, _, time, _) = *rng.pick(&model.after);
@@ -168,62 +171,14 @@ async fn balances_at_random_points_equal_the_log_read_in_order(h: Harness) {
             .filter(|(_, _, at, _)| *at <= time)
             .max_by_key(|(cursor, _, at, _)| (*at, *cursor))
             .unwrap();
-        let read = balance_at(
-            &h.db,
-            h.store.as_ref(),
-            TENANT,
-            &account(),
-            "USD",
-            Point {
-                position: None,
-                time: Some(time),
-            },
-        )
-        .await
-        .unwrap();
-        assert_eq!(
-            [
-                read.balance_minor.minor(),
-                read.pending_debits_minor.minor(),
-                read.pending_credits_minor.minor()
-            ],
-            figures,
-            "at {time}"
-        );
-        assert_eq!(read.as_of_position, position);
+        let read = read_at(&h, None, Some(time)).await.unwrap();
+        assert_eq!(read, (figures, position), "at {time}");
     }
     // Before anything: zero, read after no event.
-    let first_time = model.after[0].2;
-    let before = balance_at(
-        &h.db,
-        h.store.as_ref(),
-        TENANT,
-        &account(),
-        "USD",
-        Point {
-            position: None,
-            time: Some(first_time - chrono::Duration::seconds(1)),
-        },
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        (before.balance_minor.minor(), before.as_of_position),
-        (0, 0)
-    );
+    let before = model.after[0].2 - chrono::Duration::seconds(1);
+    assert_eq!(read_at(&h, None, Some(before)).await.unwrap(), ([0; 3], 0));
     assert!(matches!(
-        balance_at(
-            &h.db,
-            h.store.as_ref(),
-            TENANT,
-            &account(),
-            "USD",
-            Point {
-                position: Some(1 << 40),
-                time: None
-            }
-        )
-        .await,
+        read_at(&h, Some(1 << 40), None).await,
         Err(asiento_balances::BalanceError::UnknownPosition { .. })
     ));
 }
