@@ -499,9 +499,6 @@ pub async fn wait_for(
     }
 }
 
-/// `asiento verify` until it passes (at most 30 s: the projections and the sealer catch up).
-/// A payment's entries without the provider's fees (Stripe reports one per balance transaction;
-/// the simulator's protocol none outside its settlement report): the ones that move its money.
 /// The merchant events about `object_id` of the given types (comma-separated), once the feed
 /// holds `count` of them: the feed follows the log by the projection's lag.
 pub async fn merchant_events_of(
@@ -539,6 +536,8 @@ pub async fn merchant_events_of(
     }
 }
 
+/// A payment's entries without the provider's fees (Stripe reports one per balance transaction;
+/// the simulator's protocol none outside its settlement report): the ones that move its money.
 pub fn without_provider_fees(entries: Vec<Value>) -> Vec<Value> {
     entries
         .into_iter()
@@ -552,6 +551,7 @@ pub fn without_provider_fees(entries: Vec<Value>) -> Vec<Value> {
         .collect()
 }
 
+/// `asiento verify` until it passes (at most 30 s: the projections and the sealer catch up).
 pub fn verify(database: &TestDatabase) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
