@@ -260,7 +260,7 @@ impl Projection for MerchantEvents {
             return Ok(());
         }
         let streams = load(tx, g, &ids).await?;
-        let watch = monitors::load(tx, g, &needed).await?;
+        let watch = monitors::load(tx, g, needed).await?;
         let seq: i64 = {
             let statement = format!("SELECT COALESCE(MAX(seq), 0) FROM {TABLE}{g}");
             on_tx!(tx, conn => sqlx::query_scalar(&statement).fetch_one(conn).await?)

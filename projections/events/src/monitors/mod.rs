@@ -65,13 +65,16 @@ pub(crate) struct Watch {
     by_key: HashMap<Key, Vec<String>>,
     pub changed_accounts: HashSet<Key>,
     pub changed_monitors: HashSet<String>,
+    /// Events `needed` decoded already, by position: each is decoded once per batch.
+    decoded: HashMap<i64, Event>,
 }
 
-/// What a batch needs loaded before its events are derived.
+/// What a batch needs loaded before its events are derived, and the events decoded to know it.
 #[derive(Debug, Default)]
 pub(crate) struct Needed {
     pub keys: HashSet<Key>,
     pub monitors: HashSet<String>,
+    pub decoded: HashMap<i64, Event>,
 }
 
 /// The accounts and monitors `events` touch, read from their types and stream names (and the
@@ -81,19 +84,19 @@ pub(crate) fn needed(events: &[RecordedEvent]) -> Result<Needed, ProjectionError
     for event in events {
         match event.event_type.as_str() {
             "EntryPosted" => {
-                let entry = decode(event)?;
-                let Some(entry) = entry.entry() else {
-                    continue;
-                };
-                for leg in entry.legs() {
-                    if let Some((owner, _)) = monitor::leg_owner(&leg.account) {
-                        needed.keys.insert((
-                            entry.tenant().as_str().to_owned(),
-                            owner.as_str().to_owned(),
-                            leg.currency.code().to_owned(),
-                        ));
+                let decoded = decode(event)?;
+                if let Some(entry) = decoded.entry() {
+                    for leg in entry.legs() {
+                        if let Some((owner, _)) = monitor::leg_owner(&leg.account) {
+                            needed.keys.insert((
+                                entry.tenant().as_str().to_owned(),
+                                owner.as_str().to_owned(),
+                                leg.currency.code().to_owned(),
+                            ));
+                        }
                     }
                 }
+                needed.decoded.insert(event.position, decoded);
             }
             "AccountDeclared" => {
                 if let Some(StreamKind::Guard {
@@ -111,7 +114,8 @@ pub(crate) fn needed(events: &[RecordedEvent]) -> Result<Needed, ProjectionError
             }
             "MonitorCreated" | "MonitorDeleted" => {
                 if let Some(StreamKind::BalanceMonitor(id)) = StreamKind::parse(&event.stream_id) {
-                    if let Event::BalanceMonitor(MonitorEvent::MonitorCreated(c)) = decode(event)? {
+                    let decoded = decode(event)?;
+                    if let Event::BalanceMonitor(MonitorEvent::MonitorCreated(c)) = &decoded {
                         needed.keys.insert((
                             c.tenant.as_str().to_owned(),
                             c.account.as_str().to_owned(),
@@ -119,6 +123,7 @@ pub(crate) fn needed(events: &[RecordedEvent]) -> Result<Needed, ProjectionError
                         ));
                     }
                     needed.monitors.insert(id);
+                    needed.decoded.insert(event.position, decoded);
                 }
             }
             _ => {}
@@ -145,10 +150,16 @@ fn malformed(position: i64, reason: impl Into<String>) -> ProjectionError {
 }
 
 impl Watch {
-    /// Loaded rows: the accounts and monitors as stored.
-    pub fn of(accounts: HashMap<Key, Tracked>, monitors: Vec<Watched>) -> Watch {
+    /// Loaded rows: the accounts and monitors as stored, and the batch's events `needed`
+    /// decoded.
+    pub fn of(
+        accounts: HashMap<Key, Tracked>,
+        monitors: Vec<Watched>,
+        decoded: HashMap<i64, Event>,
+    ) -> Watch {
         let mut watch = Watch {
             accounts,
+            decoded,
             ..Watch::default()
         };
         for watched in monitors {
@@ -182,7 +193,11 @@ impl Watch {
         }
         let at = event.position;
         let overflow = |_| malformed(at, "a balance overflows i128");
-        match decode(event)? {
+        let decoded = match self.decoded.remove(&event.position) {
+            Some(decoded) => decoded,
+            None => decode(event)?,
+        };
+        match decoded {
             Event::Guard(GuardEvent::AccountDeclared(declared)) => {
                 let Some(StreamKind::Guard {
                     tenant,

@@ -93,9 +93,9 @@ fn time_of(text: &str) -> Result<DateTime<Utc>, ProjectionError> {
 }
 
 /// The rows a batch touches: its accounts, the monitors on them and the monitors it names.
-pub(crate) async fn load(tx: &mut Tx, g: i64, needed: &Needed) -> Result<Watch, ProjectionError> {
+pub(crate) async fn load(tx: &mut Tx, g: i64, needed: Needed) -> Result<Watch, ProjectionError> {
     if needed.keys.is_empty() && needed.monitors.is_empty() {
-        return Ok(Watch::default());
+        return Ok(Watch::of(HashMap::new(), Vec::new(), needed.decoded));
     }
     let select_account = format!(
         "SELECT tenant, account, currency, balances, declared_normal FROM {ACCOUNTS_TABLE}{g} \
@@ -200,7 +200,7 @@ pub(crate) async fn load(tx: &mut Tx, g: i64, needed: &Needed) -> Result<Watch, 
             matching,
         });
     }
-    Ok(Watch::of(tracked, watched))
+    Ok(Watch::of(tracked, watched, needed.decoded))
 }
 
 /// Writes the accounts and monitors the batch changed.
