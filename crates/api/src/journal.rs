@@ -5,18 +5,18 @@
 use asiento_balances::{JournalCursor, JournalPage, JournalQuery, JOURNAL_LIMIT_MAX};
 use asiento_eventstore::EventStore;
 use axum::{
-    body::{Body, Bytes},
     extract::State,
-    http::{header, HeaderMap, HeaderValue},
+    http::HeaderMap,
     response::{IntoResponse, Response},
     Json,
 };
 use serde_json::json;
 
 use crate::auth::AuthenticatedTenant;
+use crate::csv::{field, wants_csv};
 use crate::ledger::{balance_problem, params, position, Params};
 use crate::problem::Problem;
-use crate::statement::{field, time, wants_csv};
+use crate::statement::time;
 use crate::AppState;
 
 /// Entries per JSON page when the client names no limit.
@@ -93,7 +93,7 @@ pub async fn list(
     .into_response())
 }
 
-fn rows(page: &JournalPage) -> Bytes {
+fn rows(page: &JournalPage) -> String {
     let mut out = String::new();
     for entry in &page.entries {
         let (position, recorded_at) = (
@@ -112,51 +112,26 @@ fn rows(page: &JournalPage) -> Bytes {
             ));
         }
     }
-    Bytes::from(out)
+    out
 }
 
-/// The period as CSV: the header, then a row per leg, page after page. An error after the
-/// first byte ends the body without its last chunk, which HTTP clients report as an error.
+/// The period as CSV: the header, then a row per leg, page after page.
 fn csv_response(
     state: AppState,
     store: std::sync::Arc<dyn EventStore>,
     query: JournalQuery,
     first: JournalPage,
 ) -> Response {
-    let mut head = format!("{CSV_COLUMNS}\r\n").into_bytes();
-    head.extend_from_slice(&rows(&first));
-    let chunks = futures::stream::unfold(
-        (Some(Bytes::from(head)), first.next),
-        move |(pending, next)| {
-            let (state, store, query) = (state.clone(), store.clone(), query.clone());
-            async move {
-                if let Some(bytes) = pending {
-                    return Some((Ok(bytes), (None, next)));
-                }
-                let after = next?;
-                let query = JournalQuery {
-                    after: Some(after),
-                    ..query
-                };
-                match asiento_balances::journal(&state.database, store.as_ref(), &query).await {
-                    Ok(page) => Some((Ok(rows(&page)), (None, page.next))),
-                    Err(error) => {
-                        tracing::error!(%error, "a journal CSV was cut short");
-                        Some((Err(std::io::Error::other(error.to_string())), (None, None)))
-                    }
-                }
-            }
-        },
-    );
-    let mut response = Body::from_stream(chunks).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/csv; charset=utf-8"),
-    );
-    headers.insert(
-        header::CONTENT_DISPOSITION,
-        HeaderValue::from_static("attachment; filename=\"journal.csv\""),
-    );
-    response
+    let head = format!("{CSV_COLUMNS}\r\n{}", rows(&first));
+    crate::csv::streamed("journal.csv", head, first.next, None, move |after| {
+        let (state, store) = (state.clone(), store.clone());
+        let query = JournalQuery {
+            after: Some(after),
+            ..query.clone()
+        };
+        async move {
+            let page = asiento_balances::journal(&state.database, store.as_ref(), &query).await?;
+            Ok((rows(&page), page.next))
+        }
+    })
 }

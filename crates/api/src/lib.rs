@@ -9,6 +9,7 @@ pub mod auth;
 pub mod balance_monitors;
 pub mod body;
 pub mod commands;
+mod csv;
 pub mod events;
 pub mod exceptions;
 pub mod http_metrics;

@@ -8,9 +8,8 @@ use std::collections::HashMap;
 use asiento_balances::{Point, Statement, StatementQuery, ENTRIES_LIMIT_MAX};
 use asiento_eventstore::EventStore;
 use axum::{
-    body::{Body, Bytes},
     extract::{Path, State},
-    http::{header, HeaderMap, HeaderValue},
+    http::HeaderMap,
     response::{IntoResponse, Response},
     Json,
 };
@@ -18,6 +17,7 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 
 use crate::auth::AuthenticatedTenant;
+use crate::csv::{field, wants_csv};
 use crate::ledger::{account, balance_problem, currency, known_position, params, position, Params};
 use crate::problem::Problem;
 use crate::AppState;
@@ -45,17 +45,6 @@ pub(crate) fn time(
                 })
         })
         .transpose()
-}
-
-pub(crate) fn wants_csv(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::ACCEPT)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|accept| {
-            accept
-                .split(',')
-                .any(|item| item.trim().split(';').next() == Some("text/csv"))
-        })
 }
 
 /// `GET /v1/accounts/{account}/statement?currency=USD&from=&to=&to_position=&after=&limit=`
@@ -129,15 +118,6 @@ pub async fn statement(
     .into_response())
 }
 
-/// One CSV field: quoted when it holds a comma, a quote or a line break.
-pub(crate) fn field(text: &str) -> String {
-    if text.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", text.replace('"', "\"\""))
-    } else {
-        text.to_owned()
-    }
-}
-
 fn csv_row(query: &StatementQuery, cells: [&str; 6]) -> String {
     let [kind, entry_id, position, recorded_at, amount, balance] = cells;
     format!(
@@ -192,7 +172,7 @@ fn csv_response(
     first: Statement,
 ) -> Response {
     let filename = format!(
-        "attachment; filename=\"statement-{}-{}.csv\"",
+        "statement-{}-{}.csv",
         query.account.replace(':', "_"),
         query.currency
     );
@@ -227,51 +207,22 @@ fn csv_response(
             &first.closing_balance_minor.to_string(),
         ],
     );
-    // (next page's `after`, the closing row still to send)
-    let start = (first.next_after, Some(closing));
-    let chunks = futures::stream::unfold(
-        (Some(Bytes::from(head)), start),
-        move |(pending, (after, closing))| {
-            let (state, store, pinned) = (state.clone(), store.clone(), pinned.clone());
+    crate::csv::streamed(
+        &filename,
+        head,
+        first.next_after,
+        Some(closing),
+        move |after| {
+            let (state, store) = (state.clone(), store.clone());
+            let query = StatementQuery {
+                after: Some(after),
+                ..pinned.clone()
+            };
             async move {
-                if let Some(bytes) = pending {
-                    return Some((Ok(bytes), (None, (after, closing))));
-                }
-                match after {
-                    Some(after) => {
-                        let query = StatementQuery {
-                            after: Some(after),
-                            ..pinned.clone()
-                        };
-                        match asiento_balances::statement(&state.database, store.as_ref(), &query)
-                            .await
-                        {
-                            Ok(page) => {
-                                let bytes = Bytes::from(lines_csv(&pinned, &page));
-                                Some((Ok(bytes), (None, (page.next_after, closing))))
-                            }
-                            Err(error) => {
-                                tracing::error!(%error, "a statement's CSV was cut short");
-                                Some((
-                                    Err(std::io::Error::other(error.to_string())),
-                                    (None, (None, None)),
-                                ))
-                            }
-                        }
-                    }
-                    None => closing.map(|row| (Ok(Bytes::from(row)), (None, (None, None)))),
-                }
+                let page =
+                    asiento_balances::statement(&state.database, store.as_ref(), &query).await?;
+                Ok((lines_csv(&query, &page), page.next_after))
             }
         },
-    );
-    let mut response = Body::from_stream(chunks).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/csv; charset=utf-8"),
-    );
-    if let Ok(value) = HeaderValue::from_str(&filename) {
-        headers.insert(header::CONTENT_DISPOSITION, value);
-    }
-    response
+    )
 }
