@@ -100,13 +100,12 @@ pub async fn whole_log(
             .read_all(reached, PAGE)
             .await
             .unwrap_or_else(|error| panic!("reading the log: {error}"));
-        let full = page.len() == PAGE;
-        if let Some(last) = page.last() {
-            reached = last.cursor;
-        }
-        events.extend(page);
-        if !full {
+        // A page may be short while more follows (a process's tail cache answers from the
+        // events it holds): only an empty one is the end.
+        let Some(last) = page.last() else {
             return events;
-        }
+        };
+        reached = last.cursor;
+        events.extend(page);
     }
 }

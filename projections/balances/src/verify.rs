@@ -58,7 +58,7 @@ pub async fn recompute_all(
                     })?;
             }
         }
-        if page.len() < RECOMPUTE_PAGE_EVENTS {
+        if page.is_empty() {
             break;
         }
     }

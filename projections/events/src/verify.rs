@@ -85,7 +85,7 @@ async fn derive_all(store: &dyn EventStore, upto: Cursor) -> Result<Vec<Row>, Fe
             reached = event.cursor;
             deriver.push(event)?;
         }
-        if page.len() < DERIVE_PAGE_EVENTS {
+        if page.is_empty() {
             break;
         }
     }

@@ -92,7 +92,7 @@ async fn recompute_all(
                 folder.push(&next)?;
             }
         }
-        if page.len() < RECOMPUTE_PAGE_EVENTS {
+        if page.is_empty() {
             break;
         }
     }

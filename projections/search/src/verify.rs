@@ -91,7 +91,7 @@ async fn derive_all(
             reached = event.cursor;
             derived.push(event)?;
         }
-        if page.len() < DERIVE_PAGE_EVENTS {
+        if page.is_empty() {
             break;
         }
     }
