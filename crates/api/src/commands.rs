@@ -241,6 +241,37 @@ pub async fn capture_payment(
     ))
 }
 
+/// `POST /v1/payments/{id}/cancel`
+#[utoipa::path(
+    post, path = "/v1/payments/{id}/cancel", tag = "payments", operation_id = "cancel_payment",
+    params(("id" = String, Path, description = "pay_…"), ("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; scoped by tenant, method and route")),
+    request_body = crate::openapi::CancelRequest,
+    responses(
+        (status = 200, description = "Canceled: the authorization is released", body = crate::openapi::Payment),
+        (status = 202, description = "The provider's answer is unknown or pending (or a capture sent before the cancel may still win): the reconciler drives it to an end", body = crate::openapi::Payment),
+        (status = 404, description = "No such payment for this tenant", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "invalid_transition (only an authorized payment can be canceled), or the key is in flight", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "cancel_refused (the provider refused it; nothing changed), or the key was reused", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
+pub async fn cancel_payment(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    Path(raw_id): Path<String>,
+    method: Method,
+    headers: HeaderMap,
+    JsonObject(body): JsonObject,
+) -> Result<Response, Problem> {
+    let tenant = tenant_id(&tenant)?;
+    let id = payment_id(&raw_id)?;
+    let route = format!("/v1/payments/{id}/cancel");
+    let request = idempotent(&headers, &tenant, &method, route, &body)?;
+    Fields(&body).only(&[])?;
+    Ok(answer_response(
+        state.payments.cancel(&request, &tenant, id).await,
+    ))
+}
+
 /// `POST /v1/payments/{id}/refunds`
 #[utoipa::path(
     post, path = "/v1/payments/{id}/refunds", tag = "payments", operation_id = "refund_payment",

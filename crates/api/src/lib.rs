@@ -100,6 +100,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/payments/{id}", get(queries::get_payment))
         .route("/v1/payments/{id}/events", get(queries::payment_events))
         .route("/v1/payments/{id}/capture", post(commands::capture_payment))
+        .route("/v1/payments/{id}/cancel", post(commands::cancel_payment))
         .route("/v1/payments/{id}/refunds", post(commands::refund_payment))
         .route("/v1/transfers", post(commands::create_transfer))
         .route("/v1/transfers/{id}", get(queries::get_transfer))

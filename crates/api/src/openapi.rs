@@ -57,10 +57,10 @@ pub struct NextAction {
     pub redirect_url: String,
 }
 
-/// A capture or refund asked of the provider.
+/// A capture, refund or cancel asked of the provider.
 #[derive(Serialize, ToSchema)]
 pub struct ProviderOperation {
-    /// `capture` or `refund`.
+    /// `capture`, `refund` or `cancel`.
     pub kind: String,
     /// 1-based within its kind; a refund's sequence names it (`/refunds/{sequence}`).
     pub sequence: u32,
@@ -103,7 +103,7 @@ pub struct ProviderFeeView {
 pub struct Payment {
     pub id: String,
     /// `pending`, `requires_action`, `authorized`, `captured`, `partially_refunded`, `refunded`,
-    /// `failed`, `expired`, `disputed`.
+    /// `failed`, `expired`, `disputed`, `canceled`.
     pub status: String,
     pub amount_minor: i64,
     pub currency: String,
@@ -128,7 +128,8 @@ pub struct Payment {
     pub created_at: String,
     pub updated_at: String,
     pub next_action: Option<NextAction>,
-    /// Every capture and refund asked of the provider, in the order asked, with its state.
+    /// Every capture, refund and cancel asked of the provider, in the order asked, with its
+    /// state.
     pub operations: Vec<ProviderOperation>,
     /// The global log position of the last event the command wrote: pass it as `min_position`.
     pub position: i64,
@@ -160,6 +161,10 @@ pub struct CaptureRequest {
     /// absent.
     pub amount_minor: Option<i64>,
 }
+
+/// `POST /v1/payments/{id}/cancel`: no fields (an empty body or `{}`).
+#[derive(Serialize, ToSchema)]
+pub struct CancelRequest {}
 
 /// `POST /v1/payments/{id}/refunds`.
 #[derive(Serialize, ToSchema)]
@@ -541,6 +546,7 @@ impl Modify for BearerAuth {
         crate::queries::get_payment,
         crate::queries::payment_events,
         crate::commands::capture_payment,
+        crate::commands::cancel_payment,
         crate::commands::refund_payment,
         crate::commands::create_transfer,
         crate::queries::get_transfer,
@@ -668,6 +674,7 @@ mod tests {
                 "/v1/journal/{entry_id}",
                 "/v1/payments",
                 "/v1/payments/{id}",
+                "/v1/payments/{id}/cancel",
                 "/v1/payments/{id}/capture",
                 "/v1/payments/{id}/events",
                 "/v1/payments/{id}/refunds",
@@ -795,7 +802,7 @@ mod tests {
             .filter(|parameter| parameter["name"] == "Idempotency-Key")
             .inspect(|parameter| assert!(parameter["schema"]["pattern"].is_string()))
             .count();
-        assert_eq!(keys, 10);
+        assert_eq!(keys, 11);
     }
 
     /// The account patterns are anchored, and flat: one alternation, not a group per character of

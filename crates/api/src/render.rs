@@ -119,8 +119,9 @@ fn to_bytes(value: &Value) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec())
 }
 
-/// A capture or refund the provider refused answers as a problem: nothing moved, and what the
-/// request reserved is free again (the amount is refundable, another capture may be asked for).
+/// A capture, refund or cancel the provider refused answers as a problem: nothing moved, and
+/// what the request reserved is free again (the amount is refundable, another capture or cancel
+/// may be asked for).
 fn refused_operation(kind: PaymentCommandKind, payment: &PaymentRecord) -> Option<Problem> {
     let (op_kind, sequence, code) = match kind {
         PaymentCommandKind::Capture { sequence } => {
@@ -128,6 +129,9 @@ fn refused_operation(kind: PaymentCommandKind, payment: &PaymentRecord) -> Optio
         }
         PaymentCommandKind::Refund { sequence } => {
             (OperationKind::Refund, sequence, "refund_refused")
+        }
+        PaymentCommandKind::Cancel { sequence } => {
+            (OperationKind::Cancel, sequence, "cancel_refused")
         }
         PaymentCommandKind::Create | PaymentCommandKind::Read => return None,
     };
@@ -146,8 +150,8 @@ fn refused_operation(kind: PaymentCommandKind, payment: &PaymentRecord) -> Optio
 }
 
 /// What a command did, as its status: 202 while the provider's answer to this request's own
-/// operation is still unknown or pending; otherwise 201 for a created payment or refund, 200 for
-/// a capture.
+/// operation is still unknown or pending (for a cancel, also while a capture sent before it may
+/// still win); otherwise 201 for a created payment or refund, 200 for a capture or cancel.
 fn payment_status_code(kind: PaymentCommandKind, payment: &PaymentRecord) -> StatusCode {
     let open = |kind: OperationKind, sequence: u32| {
         payment
@@ -158,6 +162,10 @@ fn payment_status_code(kind: PaymentCommandKind, payment: &PaymentRecord) -> Sta
         PaymentCommandKind::Create => payment.status == PaymentStatus::Pending,
         PaymentCommandKind::Capture { sequence } => open(OperationKind::Capture, sequence),
         PaymentCommandKind::Refund { sequence } => open(OperationKind::Refund, sequence),
+        PaymentCommandKind::Cancel { sequence } => {
+            open(OperationKind::Cancel, sequence)
+                || payment.authorization_ended.is_some() && payment.cancel_asked()
+        }
         PaymentCommandKind::Read => false,
     };
     if waiting_on_provider {
@@ -165,7 +173,9 @@ fn payment_status_code(kind: PaymentCommandKind, payment: &PaymentRecord) -> Sta
     }
     match kind {
         PaymentCommandKind::Create | PaymentCommandKind::Refund { .. } => StatusCode::CREATED,
-        PaymentCommandKind::Capture { .. } | PaymentCommandKind::Read => StatusCode::OK,
+        PaymentCommandKind::Capture { .. }
+        | PaymentCommandKind::Cancel { .. }
+        | PaymentCommandKind::Read => StatusCode::OK,
     }
 }
 

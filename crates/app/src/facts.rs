@@ -83,7 +83,10 @@ pub fn operation_misfit(record: &PaymentRecord, psp_key: &str, op: &Operation) -
             format!("operation_key:{}", op.idempotency_key),
         ));
     }
-    if !op.currency.eq_ignore_ascii_case(record.currency.code()) {
+    // A cancel moves what is left of the authorization, which a provider may not spell out (an
+    // Adyen cancel's answer carries no amount).
+    let names_currency = !(op.kind == ProviderOperationKind::Cancel && op.currency.is_empty());
+    if names_currency && !op.currency.eq_ignore_ascii_case(record.currency.code()) {
         return Some(Misfit::new(
             ExceptionKind::CurrencyMismatch,
             op.currency.clone(),
@@ -262,16 +265,15 @@ pub fn authorization_end_fact(end: &AuthorizationEnd) -> ProviderFact {
 }
 
 /// What the provider says of one of our operations, as a fact, with the provider's request
-/// when this is its answer to ours; `None` for a cancel (its effect is the charge's, which
-/// [`charge_facts`] reads).
+/// when this is its answer to ours.
 pub fn operation_fact(
     op: &Operation,
     request: Option<&asiento_psp::ProviderRequest>,
-) -> Option<ProviderFact> {
+) -> ProviderFact {
     let kind = match op.kind {
         ProviderOperationKind::Capture => asiento_domain::OperationKind::Capture,
         ProviderOperationKind::Refund => asiento_domain::OperationKind::Refund,
-        ProviderOperationKind::Cancel => return None,
+        ProviderOperationKind::Cancel => asiento_domain::OperationKind::Cancel,
     };
     let outcome = match op.status {
         OperationStatus::Pending => OperationOutcome::Pending,
@@ -289,7 +291,7 @@ pub fn operation_fact(
                 .unwrap_or_else(|| "reversed".to_owned()),
         },
     };
-    Some(ProviderFact::Operation {
+    ProviderFact::Operation {
         kind,
         charge_id: op.charge.clone(),
         psp_key: op.idempotency_key.clone(),
@@ -300,7 +302,7 @@ pub fn operation_fact(
             id: request.id.clone(),
             replayed: request.replayed,
         }),
-    })
+    }
 }
 
 /// What we asked the provider for, to read its answer against.
@@ -332,10 +334,11 @@ pub fn answer_facts(
                 .iter()
                 .filter(|charge| charge.id == asked.charge_id)
                 .flat_map(|charge| provider_fee_facts(&charge.id, &charge.provider_fees));
-            Ok(operation_fact(&answer.operation, answer.request.as_ref())
-                .into_iter()
-                .chain(fees)
-                .collect())
+            Ok(
+                std::iter::once(operation_fact(&answer.operation, answer.request.as_ref()))
+                    .chain(fees)
+                    .collect(),
+            )
         }
         Err(ProviderError::Rejected(rejection)) => Ok(vec![ProviderFact::Operation {
             kind: asked.kind,

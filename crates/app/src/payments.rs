@@ -18,6 +18,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use asiento_domain::payment::Input;
 use asiento_domain::{
     Amount, CaptureMode, CreatePayment, Currency, CustomerId, Operation, OperationKind, Payment,
     PaymentCommand, PaymentEvent, PaymentId, PaymentRecord, PaymentRejection, PaymentStatus,
@@ -845,6 +846,27 @@ impl PaymentFlow {
         .await
     }
 
+    /// `POST /v1/payments/{id}/cancel`: the merchant releases an authorization it will not
+    /// capture. The provider decides, as with a capture: a capture sent first may still win.
+    #[tracing::instrument(skip_all, fields(tenant = %tenant, payment = %id, key = request.key.as_str()))]
+    pub async fn cancel(
+        &self,
+        request: &Idempotent,
+        tenant: &TenantId,
+        id: PaymentId,
+    ) -> Result<Answer, FlowError> {
+        self.merchant_request(
+            request,
+            tenant,
+            id,
+            |at| PaymentCommand::RequestCancel { at },
+            |lease, resource| {
+                self.finish_operation(request, id, lease, resource, OperationKind::Cancel)
+            },
+        )
+        .await
+    }
+
     /// After the request is recorded: ask the provider, then finalize with its answer.
     async fn finish_refund(
         &self,
@@ -871,9 +893,14 @@ impl PaymentFlow {
     ) -> Result<Answer, FlowError> {
         let loaded = log::load_payment(self.store.as_ref(), resource.payment).await?;
         let record = found(&loaded.aggregate, id)?;
+        // A capture recorded by an earlier version names the payment alone: the open capture.
+        let legacy_capture = || match (resource.operation, kind) {
+            (None, OperationKind::Capture) => record.open_capture().map(|op| op.sequence),
+            _ => None,
+        };
         let sequence = resource
             .operation_sequence(kind)
-            .or_else(|| record.open_capture().map(|op| op.sequence))
+            .or_else(legacy_capture)
             .ok_or_else(|| {
                 FlowError::Inconsistent(format!("request on {id} names no {}", kind.as_str()))
             })?;
@@ -885,6 +912,7 @@ impl PaymentFlow {
         let kind = match kind {
             OperationKind::Capture => PaymentCommandKind::Capture { sequence },
             OperationKind::Refund => PaymentCommandKind::Refund { sequence },
+            OperationKind::Cancel => PaymentCommandKind::Cancel { sequence },
         };
         self.settle(request, id, lease, kind, facts, current).await
     }
@@ -921,6 +949,7 @@ impl PaymentFlow {
                     .refund(charge_id, amount, record.currency.code(), &op.psp_key)
                     .await
             }
+            OperationKind::Cancel => provider.adapter.cancel(charge_id, &op.psp_key).await,
         };
         let asked = facts::Asked {
             kind: op.kind,
@@ -1016,10 +1045,11 @@ impl PaymentFlow {
                 }
                 _ => Err(PaymentRejection::NotFound),
             };
+            let input = command(now).input();
             let operation = decided
                 .as_ref()
                 .ok()
-                .and_then(|events| requested_operation(payment, events));
+                .and_then(|events| requested_operation(payment, events, input));
             let resource = Resource {
                 payment: id,
                 operation,
@@ -1187,6 +1217,9 @@ impl std::fmt::Display for Resource {
             Some((OperationKind::Capture, sequence)) => {
                 write!(f, "{}/captures/{sequence}", self.payment)
             }
+            Some((OperationKind::Cancel, sequence)) => {
+                write!(f, "{}/cancels/{sequence}", self.payment)
+            }
         }
     }
 }
@@ -1202,6 +1235,7 @@ impl std::str::FromStr for Resource {
                 let kind = match kind {
                     "refunds" => OperationKind::Refund,
                     "captures" => OperationKind::Capture,
+                    "cancels" => OperationKind::Cancel,
                     _ => return Err(()),
                 };
                 (payment, Some((kind, sequence.parse().map_err(|_| ())?)))
@@ -1214,25 +1248,32 @@ impl std::str::FromStr for Resource {
     }
 }
 
-/// The operation a merchant request's decision names: the capture or refund it records, or,
-/// when it records nothing because the same capture already awaits the provider, that open
-/// capture. It is named as the decision saw it: it may settle before the request reaches the
-/// provider (another request's answer, a webhook), and the request then answers its outcome
-/// instead of looking for an open capture that is gone.
-fn requested_operation(payment: &Payment, events: &[PaymentEvent]) -> Option<(OperationKind, u32)> {
+/// The operation a merchant request's decision names: the capture, refund or cancel it records,
+/// or, when it records nothing because the same capture (or a cancel) already awaits the
+/// provider, that open operation. It is named as the decision saw it: it may settle before the
+/// request reaches the provider (another request's answer, a webhook), and the request then
+/// answers its outcome instead of looking for an open operation that is gone.
+fn requested_operation(
+    payment: &Payment,
+    events: &[PaymentEvent],
+    input: Input,
+) -> Option<(OperationKind, u32)> {
     let recorded = events.iter().find_map(|event| match event {
         PaymentEvent::RefundRequested(e) => Some((OperationKind::Refund, e.sequence)),
         PaymentEvent::CaptureRequested(e) => Some((OperationKind::Capture, e.sequence)),
+        PaymentEvent::CancelRequested(e) => Some((OperationKind::Cancel, e.sequence)),
         _ => None,
     });
-    match (recorded, events.is_empty()) {
-        (Some(operation), _) => Some(operation),
-        (None, true) => payment
-            .record
-            .as_ref()?
+    let record = payment.record.as_ref()?;
+    match (recorded, events.is_empty(), input) {
+        (Some(operation), _, _) => Some(operation),
+        (None, true, Input::RequestCapture) => record
             .open_capture()
             .map(|op| (OperationKind::Capture, op.sequence)),
-        (None, false) => None,
+        (None, true, Input::RequestCancel) => record
+            .open_cancel()
+            .map(|op| (OperationKind::Cancel, op.sequence)),
+        _ => None,
     }
 }
 

@@ -33,6 +33,10 @@ pub enum PaymentCommandKind {
     Refund {
         sequence: u32,
     },
+    /// A cancel answers the state of its own operation, the one with this sequence.
+    Cancel {
+        sequence: u32,
+    },
     /// A read, or a fact applied by a worker.
     Read,
 }

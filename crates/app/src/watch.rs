@@ -77,6 +77,7 @@ fn parse_kind(text: &str) -> Option<OperationKind> {
     match text {
         "capture" => Some(OperationKind::Capture),
         "refund" => Some(OperationKind::Refund),
+        "cancel" => Some(OperationKind::Cancel),
         _ => None,
     }
 }
@@ -111,7 +112,8 @@ fn changes_of(event: &RecordedEvent) -> Result<Vec<Change>, LogError> {
                 },
             ]);
         }
-        "RefundSettled" | "CaptureRequested" | "RefundRequested" | "OperationRefused" => {
+        "RefundSettled" | "CaptureRequested" | "RefundRequested" | "CancelRequested"
+        | "CancelSucceeded" | "OperationRefused" => {
             match decode(event)? {
                 PaymentEvent::CaptureRequested(e) => Some(Change::WatchOperation {
                     id,
@@ -124,6 +126,17 @@ fn changes_of(event: &RecordedEvent) -> Result<Vec<Change>, LogError> {
                     kind: OperationKind::Refund,
                     sequence: e.sequence,
                     requested_ms: e.at.timestamp_millis(),
+                }),
+                PaymentEvent::CancelRequested(e) => Some(Change::WatchOperation {
+                    id,
+                    kind: OperationKind::Cancel,
+                    sequence: e.sequence,
+                    requested_ms: e.at.timestamp_millis(),
+                }),
+                PaymentEvent::CancelSucceeded(e) => Some(Change::UnwatchOperation {
+                    id,
+                    kind: OperationKind::Cancel,
+                    sequence: Some(e.sequence),
                 }),
                 PaymentEvent::OperationRefused(e) => Some(Change::UnwatchOperation {
                     id,

@@ -99,8 +99,9 @@ async fn page_until(browser: &Browser, what: &str, done: impl Fn(&str) -> bool) 
 }
 
 /// A support person's walk through the console: a customer's order `order-7731` (100.00 USD,
-/// captured) is refunded 25.00 from its page, the open manual exception is resolved with a
-/// note, and the audit trail names who did both.
+/// captured) is refunded 25.00 from its page, a lost order's authorization is canceled from its
+/// page, the open manual exception is resolved with a note, and the audit trail names who did
+/// each.
 async fn support_person_refunds_and_resolves_in_the_console(backend: Backend) {
     let database = TestDatabase::new(backend).await;
     let rig = Rig::start(&database, Psp::Sim, &[]).await;
@@ -131,6 +132,16 @@ async fn support_person_refunds_and_resolves_in_the_console(backend: Backend) {
     let payment = created.json();
     assert_eq!(payment["status"], "captured", "{payment}");
     let payment_id = payment["id"].as_str().unwrap().to_owned();
+
+    // A lost order's payment, authorized only: its hold is released from the console.
+    let mut held = payment_body(6_000, "pm_card_ok");
+    held["capture"] = json!("manual");
+    let held = client
+        .post("/v1/payments", "order-7740", &held)
+        .await
+        .json();
+    assert_eq!(held["status"], "authorized", "{held}");
+    let held_id = held["id"].as_str().unwrap().to_owned();
 
     // One open manual exception for this tenant, the way reconcile.rs makes one: another
     // payment whose amount the provider then changes, found by a sweep. Webhooks are dropped
@@ -266,6 +277,52 @@ async fn support_person_refunds_and_resolves_in_the_console(backend: Backend) {
     )
     .await;
 
+    // The lost order's authorization, canceled: a confirmation that names the hold, then the
+    // cancel, told on the payment's page.
+    let held_path = format!("/console/payments/{held_id}");
+    browser.goto(&format!("{base}{held_path}")).await;
+    browser
+        .wait_for_path("the authorized payment's page", |path| path == held_path)
+        .await;
+    browser.click("#cancel-submit").await;
+    browser
+        .wait_for_path("the cancel's confirmation", |path| {
+            path.ends_with("/cancel")
+        })
+        .await;
+    let confirm = browser.body_text().await;
+    assert!(
+        confirm.contains("60.00") && confirm.to_lowercase().contains("cancel"),
+        "the confirmation names the hold:\n{confirm}"
+    );
+    browser.click("#confirm-submit").await;
+    browser
+        .wait_for_path("the payment's page after the cancel", |path| {
+            path == held_path
+        })
+        .await;
+    let notice = browser.text("#notice").await.to_lowercase();
+    assert!(
+        notice.contains("cancel") && notice.contains("accepted"),
+        "the notice: {notice}"
+    );
+    api_until(
+        "the cancel reaches the payment",
+        || common::payment(&client, &held_id),
+        |payment| payment["status"] == "canceled",
+    )
+    .await;
+    browser.goto(&format!("{base}{held_path}")).await;
+    page_until(&browser, "the page shows the payment canceled", |text| {
+        text.contains("canceled")
+    })
+    .await;
+    assert!(
+        browser.find_all("#cancel-submit").await.is_empty(),
+        "a canceled payment offers no cancel"
+    );
+    screens.save_signed_in(&browser, "payment-canceled").await;
+
     // The open manual exception, resolved with a note.
     browser.click("#nav-exceptions").await;
     browser
@@ -333,8 +390,8 @@ async fn support_person_refunds_and_resolves_in_the_console(backend: Backend) {
             .any(|line| line.contains(OPERATOR) && line.to_lowercase().contains(action))
     };
     assert!(
-        by_operator("refund") && by_operator("resolve"),
-        "the audit names {OPERATOR} with the refund and the resolution:\n{audit}"
+        by_operator("refund") && by_operator("cancel") && by_operator("resolve"),
+        "the audit names {OPERATOR} with the refund, the cancel and the resolution:\n{audit}"
     );
     screens.save_signed_in(&browser, "audit").await;
 

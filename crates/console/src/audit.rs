@@ -14,6 +14,7 @@ pub enum Action {
     SignOut,
     Capture,
     Refund,
+    Cancel,
     ResolveException,
 }
 
@@ -24,6 +25,7 @@ impl Action {
             Action::SignOut => "sign_out",
             Action::Capture => "capture",
             Action::Refund => "refund",
+            Action::Cancel => "cancel",
             Action::ResolveException => "resolve_exception",
         }
     }

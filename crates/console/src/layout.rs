@@ -157,6 +157,9 @@ pub fn notice(code: Option<&str>) -> Markup {
             "Refund accepted: the provider decides it; its state is under Provider operations."
         }
         Some("capture_accepted") => "Capture accepted: its state is under Provider operations.",
+        Some("cancel_accepted") => {
+            "Cancel accepted: the provider releases the authorization; its state is under Provider operations."
+        }
         Some("resolved") => "Exception resolved; your note is recorded.",
         Some("signed_in") => "Signed in.",
         _ => return html! {},

@@ -214,6 +214,14 @@ pub fn psp_cancel_key(payment: PaymentId) -> String {
     format!("psp_{}_cancel", payment.as_uuid().simple())
 }
 
+/// The provider idempotency key of the merchant's `sequence`-th cancel of an authorization
+/// (1-based): a refused cancel may be asked again under a new key. Apart from the key of the
+/// stale sweep's cancel of an abandoned charge, which asks something else of the provider.
+#[must_use]
+pub fn psp_authorization_cancel_key(payment: PaymentId, sequence: u32) -> String {
+    format!("psp_{}_cancel_{sequence}", payment.as_uuid().simple())
+}
+
 /// The provider idempotency key of the `sequence`-th refund request (1-based).
 #[must_use]
 pub fn psp_refund_key(payment: PaymentId, sequence: u32) -> String {
@@ -230,7 +238,7 @@ pub fn payment_of_psp_key(key: &str) -> Option<PaymentId> {
     let known_suffix = suffix.is_empty()
         || suffix == "_cancel"
         || suffix == "_capture"
-        || ["_capture_", "_refund_"].iter().any(|prefix| {
+        || ["_capture_", "_refund_", "_cancel_"].iter().any(|prefix| {
             suffix
                 .strip_prefix(prefix)
                 .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
@@ -255,6 +263,7 @@ mod tests {
             psp_capture_key(payment, 7),
             psp_refund_key(payment, 12),
             psp_cancel_key(payment),
+            psp_authorization_cancel_key(payment, 3),
         ] {
             assert_eq!(payment_of_psp_key(&key), Some(payment), "{key}");
         }

@@ -49,8 +49,9 @@ pub use fee::{fee, FeeError, FeeSchedule};
 pub use guard::{DebitGuard, GuardAppend, GuardEvent, GuardKey, GuardRejection, Origin};
 pub use hold::{HoldAction, HoldRejection, SettleHold};
 pub use ids::{
-    payment_of_psp_key, psp_cancel_key, psp_capture_key, psp_charge_key, psp_refund_key,
-    CustomerId, EntryId, IdError, PaymentId, ProviderName, TenantId, TransferId,
+    payment_of_psp_key, psp_authorization_cancel_key, psp_cancel_key, psp_capture_key,
+    psp_charge_key, psp_refund_key, CustomerId, EntryId, IdError, PaymentId, ProviderName,
+    TenantId, TransferId,
 };
 pub use major_units::{format_major, parse_major, MajorUnitsError};
 pub use money::{

@@ -127,6 +127,32 @@ fn payment_fixtures() -> Vec<(PaymentEvent, Value)> {
             json!({"at": AT}),
         ),
         (
+            PaymentEvent::CancelRequested(CancelRequested {
+                sequence: 1,
+                amount_minor: amt(10_000),
+                psp_key: "psp_01900000000070008000000000000042_cancel_1".into(),
+                at: at(10),
+            }),
+            json!({
+                "sequence": 1,
+                "amount_minor": 10000,
+                "psp_key": "psp_01900000000070008000000000000042_cancel_1",
+                "at": AT
+            }),
+        ),
+        (
+            PaymentEvent::CancelSucceeded(CancelSucceeded {
+                sequence: 1,
+                provider_id: Some("pi_1/cancel".into()),
+                at: at(10),
+            }),
+            json!({"sequence": 1, "provider_id": "pi_1/cancel", "at": AT}),
+        ),
+        (
+            PaymentEvent::PaymentCanceled(PaymentCanceled { at: at(10) }),
+            json!({"at": AT}),
+        ),
+        (
             PaymentEvent::RefundRequested(RefundRequested {
                 sequence: 2,
                 amount_minor: amt(2_500),
@@ -634,6 +660,9 @@ fn type_names_and_schemas_are_stable() {
             ("ChargeFailed", 1),
             ("AuthorizationEnded", 1),
             ("PaymentExpired", 1),
+            ("CancelRequested", 1),
+            ("CancelSucceeded", 1),
+            ("PaymentCanceled", 1),
             ("RefundRequested", 1),
             ("RefundSettled", 1),
             ("OperationReceived", 1),

@@ -53,20 +53,21 @@ fn check(
 /// A = apply, I = ignore (no events), F = flag, R = InvalidTransition,
 /// N = not found. Columns follow `Input::ALL`.
 #[rustfmt::skip]
-const GRID: [(Option<PaymentStatus>, &str); 10] = {
+const GRID: [(Option<PaymentStatus>, &str); 11] = {
     use PaymentStatus::*;
     [
-        //                          cre cap ref exp flg act aut cpt fai end rfd dop dcl cop rop   fee
-        (None,                     "A   N   N   N   N   N   N   N   N   N   N   N   N   N   N   N"),
-        (Some(Pending),            "R   R   R   A   F   A   A   A   A   A   A   A   A   F   F   F"),
-        (Some(RequiresAction),     "R   R   R   A   F   A   A   A   A   A   A   A   A   F   F   F"),
-        (Some(Authorized),         "R   A   R   R   F   I   I   A   A   A   A   A   A   A   F   F"),
-        (Some(Captured),           "R   R   A   R   F   I   I   F   F   I   A   A   A   A   A   A"),
-        (Some(PartiallyRefunded),  "R   R   A   R   F   I   I   F   F   I   A   A   A   A   A   A"),
-        (Some(Refunded),           "R   R   R   R   F   I   I   F   F   I   F   F   F   A   A   A"),
-        (Some(Failed),             "R   R   R   R   F   I   F   F   I   I   F   F   F   F   F   F"),
-        (Some(Expired),            "R   R   R   I   F   I   F   F   I   I   F   F   F   F   F   F"),
-        (Some(Disputed),           "R   R   R   R   F   I   I   F   F   I   F   F   A   A   A   A"),
+        //                          cre cap ref can exp flg act aut cpt fai end rfd dop dcl cop rop cno fee
+        (None,                     "A   N   N   N   N   N   N   N   N   N   N   N   N   N   N   N   N   N"),
+        (Some(Pending),            "R   R   R   R   A   F   A   A   A   A   A   A   A   A   F   F   I   F"),
+        (Some(RequiresAction),     "R   R   R   R   A   F   A   A   A   A   A   A   A   A   F   F   I   F"),
+        (Some(Authorized),         "R   A   R   A   R   F   I   I   A   A   A   A   A   A   A   F   A   F"),
+        (Some(Captured),           "R   R   A   R   R   F   I   I   F   F   I   A   A   A   A   A   A   A"),
+        (Some(PartiallyRefunded),  "R   R   A   R   R   F   I   I   F   F   I   A   A   A   A   A   A   A"),
+        (Some(Refunded),           "R   R   R   R   R   F   I   I   F   F   I   F   F   F   A   A   A   A"),
+        (Some(Failed),             "R   R   R   R   R   F   I   F   F   I   I   F   F   F   F   F   A   F"),
+        (Some(Expired),            "R   R   R   R   I   F   I   F   F   I   I   F   F   F   F   F   A   F"),
+        (Some(Disputed),           "R   R   R   R   R   F   I   I   F   F   I   F   F   A   A   A   A   A"),
+        (Some(Canceled),           "R   R   R   R   R   F   I   I   F   I   I   F   F   F   A   F   A   F"),
     ]
 };
 
@@ -84,6 +85,7 @@ fn when(input: Input) -> PaymentCommand {
             amount: amt(2_500),
             at: at(10),
         },
+        Input::RequestCancel => PaymentCommand::RequestCancel { at: at(10) },
         Input::Expire => PaymentCommand::Expire { at: at(10) },
         Input::FlagForReview => PaymentCommand::FlagForReview {
             note: "looks odd".into(),
@@ -107,6 +109,12 @@ fn when(input: Input) -> PaymentCommand {
             OperationKind::Refund,
             &psp_refund_key(pid(), 1),
             2_500,
+            OperationOutcome::Succeeded,
+        ),
+        Input::FactCancelOutcome => f_operation(
+            OperationKind::Cancel,
+            &psp_authorization_cancel_key(pid(), 1),
+            10_000,
             OperationOutcome::Succeeded,
         ),
         Input::FactProviderFee => f_provider_fee("txn_1", 320),
@@ -176,6 +184,21 @@ fn expected(from: PaymentStatus, input: Input) -> Vec<PaymentEvent> {
             psp_key: psp_capture_key(pid(), 1),
             at: at(10),
         })],
+        (Authorized, RequestCancel) => vec![PaymentEvent::CancelRequested(CancelRequested {
+            sequence: 1,
+            amount_minor: amt(10_000),
+            psp_key: psp_authorization_cancel_key(pid(), 1),
+            at: at(10),
+        })],
+        // The canceled history asked for this cancel and heard it succeed: a repeat.
+        (Canceled, FactCancelOutcome) => vec![],
+        (
+            Authorized | Captured | PartiallyRefunded | Refunded | Failed | Expired | Disputed,
+            FactCancelOutcome,
+        ) => contradiction(&format!(
+            "cancel {} succeeded that we never asked for",
+            psp_authorization_cancel_key(pid(), 1)
+        )),
         (Captured | PartiallyRefunded, RequestRefund) => {
             let total = if from == Captured { 2_500 } else { 5_000 };
             vec![PaymentEvent::RefundRequested(RefundRequested {
@@ -226,29 +249,30 @@ fn expected(from: PaymentStatus, input: Input) -> Vec<PaymentEvent> {
         (Disputed, FactRefunded) => {
             contradiction("refunded total 10000 while disputed (refunded 0 of 10000)")
         }
-        (Refunded | Failed | Expired | Disputed, FactDisputeOpened) => {
+        (Refunded | Failed | Expired | Disputed | Canceled, FactDisputeOpened) => {
             contradiction(&format!("dispute dp_2 opened while {s}"))
         }
-        (Refunded | Failed | Expired, FactDisputeClosed) => {
+        (Refunded | Failed | Expired | Canceled, FactDisputeClosed) => {
             contradiction(&format!("dispute dp_1 closed Lost while {s}"))
         }
         (Disputed, FactDisputeClosed) => {
             vec![e_dispute_closed("dp_1", Lost), e_lost_entry("dp_1", 10_000)]
         }
         (Failed | Expired, FactAuthorized) => contradiction(&format!("authorized 10000 while {s}")),
-        (Failed | Expired, FactCaptured) => {
+        (Failed | Expired | Canceled, FactCaptured) => {
             contradiction(&format!("captured 10000 while {s} (captured 0)"))
         }
-        (Failed | Expired, FactRefunded) => {
+        (Failed | Expired | Canceled, FactRefunded) => {
             contradiction(&format!("refunded total 10000 while {s} (refunded 0 of 0)"))
         }
         // None of the histories asked for an operation: an outcome of one is for a reviewer.
-        (Authorized | Captured | PartiallyRefunded | Refunded | Disputed, FactCaptureOutcome) => {
-            contradiction(&format!(
-                "capture {} succeeded that we never asked for",
-                psp_capture_key(pid(), 1)
-            ))
-        }
+        (
+            Authorized | Captured | PartiallyRefunded | Refunded | Disputed | Canceled,
+            FactCaptureOutcome,
+        ) => contradiction(&format!(
+            "capture {} succeeded that we never asked for",
+            psp_capture_key(pid(), 1)
+        )),
         (Captured | PartiallyRefunded | Refunded | Disputed, FactRefundOutcome) => {
             contradiction(&format!(
                 "refund {} succeeded that we never asked for",
@@ -258,16 +282,17 @@ fn expected(from: PaymentStatus, input: Input) -> Vec<PaymentEvent> {
         (Pending | RequiresAction | Failed | Expired, FactCaptureOutcome) => contradiction(
             &format!("capture {} succeeded while {s}", psp_capture_key(pid(), 1)),
         ),
-        (Pending | RequiresAction | Authorized | Failed | Expired, FactRefundOutcome) => {
-            contradiction(&format!(
-                "refund {} succeeded while {s}",
-                psp_refund_key(pid(), 1)
-            ))
-        }
+        (
+            Pending | RequiresAction | Authorized | Failed | Expired | Canceled,
+            FactRefundOutcome,
+        ) => contradiction(&format!(
+            "refund {} succeeded while {s}",
+            psp_refund_key(pid(), 1)
+        )),
         (Captured | PartiallyRefunded | Refunded | Disputed, FactProviderFee) => {
             e_provider_fee("txn_1", 320)
         }
-        (Pending | RequiresAction | Authorized | Failed | Expired, FactProviderFee) => {
+        (Pending | RequiresAction | Authorized | Failed | Expired | Canceled, FactProviderFee) => {
             contradiction(&format!("provider fee 320 for txn_1 while {s}"))
         }
         other => panic!("no expectation written for {other:?}"),
@@ -332,7 +357,7 @@ fn every_cell_of_the_table() {
             check(given(from), when(input), then);
         }
     }
-    assert_eq!(cells, 160);
+    assert_eq!(cells, 198);
 }
 
 // ------------------------------------------------------- rules within cells

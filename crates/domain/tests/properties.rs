@@ -33,6 +33,8 @@ enum Part {
 enum Step {
     Capture(Option<Part>),
     Refund(Part),
+    /// The merchant cancels the authorization.
+    Cancel,
     Expire,
     Flag(u8),
     Action(u8),
@@ -49,11 +51,11 @@ enum Step {
     /// The provider's fee on balance transaction `txn_{0}` (a second report of one transaction
     /// with another fee contradicts the first).
     ProviderFee(u8, i64),
-    /// The outcome of our capture (false) or refund (true) numbered 1..=3: pending (0),
+    /// The outcome of our capture (0), refund (1) or cancel (2) numbered 1..=3: pending (0),
     /// succeeded (1), failed (2) or reversed (3), for the amount asked (or another one when not
     /// `exact`).
     Outcome {
-        refund: bool,
+        kind: u8,
         sequence: u32,
         outcome: u8,
         exact: bool,
@@ -68,6 +70,7 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         1 => proptest::option::of(part()).prop_map(Step::Capture),
         1 => part().prop_map(Step::Refund),
+        1 => Just(Step::Cancel),
         1 => Just(Step::Expire),
         1 => (0u8..2).prop_map(Step::Flag),
         1 => (0u8..2).prop_map(Step::Action),
@@ -81,8 +84,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..2).prop_map(Step::AuthorizationEnded),
         1 => Just(Step::OtherCharge),
         2 => (0u8..3, -50i64..=500).prop_map(|(n, fee)| Step::ProviderFee(n, fee)),
-        4 => (any::<bool>(), 1u32..=3, 0u8..4, prop_oneof![6 => Just(true), 1 => Just(false)])
-            .prop_map(|(refund, sequence, outcome, exact)| Step::Outcome { refund, sequence, outcome, exact }),
+        4 => (0u8..3, 1u32..=3, 0u8..4, prop_oneof![6 => Just(true), 1 => Just(false)])
+            .prop_map(|(kind, sequence, outcome, exact)| Step::Outcome { kind, sequence, outcome, exact }),
     ]
 }
 
@@ -108,6 +111,7 @@ fn command(step: &Step, record: &PaymentRecord, fees: FeeSchedule, t: i64) -> Pa
             amount: resolve(*p, amount),
             at,
         },
+        Step::Cancel => PaymentCommand::RequestCancel { at },
         Step::Expire => PaymentCommand::Expire { at },
         Step::Flag(n) => PaymentCommand::FlagForReview {
             note: format!("note {n}"),
@@ -164,18 +168,21 @@ fn command(step: &Step, record: &PaymentRecord, fees: FeeSchedule, t: i64) -> Pa
             fee: amt(*fee),
         }),
         Step::Outcome {
-            refund,
+            kind,
             sequence,
             outcome,
             exact,
         } => {
-            let (kind, psp_key) = if *refund {
-                (OperationKind::Refund, psp_refund_key(record.id, *sequence))
-            } else {
-                (
+            let (kind, psp_key) = match kind {
+                0 => (
                     OperationKind::Capture,
                     psp_capture_key(record.id, *sequence),
-                )
+                ),
+                1 => (OperationKind::Refund, psp_refund_key(record.id, *sequence)),
+                _ => (
+                    OperationKind::Cancel,
+                    psp_authorization_cancel_key(record.id, *sequence),
+                ),
             };
             let asked = record
                 .operation(kind, *sequence)
@@ -304,7 +311,14 @@ proptest! {
             prop_assert_eq!(record.next_action.is_some(), record.status == PaymentStatus::RequiresAction);
             // At most one capture waits for the provider; an open refund is never already
             // counted in what our succeeded refunds account for.
-            prop_assert!(record.operations.iter().filter(|op| op.kind == OperationKind::Capture && op.state.is_open()).count() <= 1);
+            for kind in [OperationKind::Capture, OperationKind::Cancel] {
+                prop_assert!(record.operations.iter().filter(|op| op.kind == kind && op.state.is_open()).count() <= 1);
+            }
+            // Only the merchant's cancel cancels, and a canceled payment captured nothing.
+            if record.status == PaymentStatus::Canceled {
+                prop_assert!(record.operations.iter().any(|op| op.kind == OperationKind::Cancel));
+                prop_assert!(record.captured.is_zero());
+            }
             // Each of the provider's requests is recorded once on the operation it answered.
             for op in &record.operations {
                 let ids: std::collections::BTreeSet<&str> = op.requests.iter().map(|r| r.id.as_str()).collect();

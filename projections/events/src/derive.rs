@@ -154,6 +154,13 @@ fn payment_event(
         PaymentEvent::PaymentExpired(_) if became(PaymentStatus::Expired) => {
             (EventKind::PaymentExpired, None)
         }
+        PaymentEvent::PaymentCanceled(_) if became(PaymentStatus::Canceled) => {
+            let cancel = record.operations_of(OperationKind::Cancel);
+            (
+                EventKind::PaymentCanceled,
+                Some((OperationKind::Cancel, cancel)),
+            )
+        }
         PaymentEvent::RefundSettled(e) => (
             EventKind::PaymentRefunded,
             e.sequence
@@ -168,6 +175,10 @@ fn payment_event(
             OperationKind::Refund => (
                 EventKind::PaymentRefundFailed,
                 Some((OperationKind::Refund, e.sequence)),
+            ),
+            OperationKind::Cancel => (
+                EventKind::PaymentCancelFailed,
+                Some((OperationKind::Cancel, e.sequence)),
             ),
         },
         PaymentEvent::RefundReversed(e) => (

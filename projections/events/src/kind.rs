@@ -13,6 +13,8 @@ pub enum EventKind {
     PaymentCaptureFailed,
     PaymentFailed,
     PaymentExpired,
+    PaymentCanceled,
+    PaymentCancelFailed,
     PaymentRefunded,
     PaymentRefundFailed,
     PaymentDisputed,
@@ -28,7 +30,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 19] = [
+    pub const ALL: [EventKind; 21] = [
         EventKind::PaymentCreated,
         EventKind::PaymentRequiresAction,
         EventKind::PaymentAuthorized,
@@ -36,6 +38,8 @@ impl EventKind {
         EventKind::PaymentCaptureFailed,
         EventKind::PaymentFailed,
         EventKind::PaymentExpired,
+        EventKind::PaymentCanceled,
+        EventKind::PaymentCancelFailed,
         EventKind::PaymentRefunded,
         EventKind::PaymentRefundFailed,
         EventKind::PaymentDisputed,
@@ -60,6 +64,8 @@ impl EventKind {
             EventKind::PaymentCaptureFailed => "payment.capture_failed",
             EventKind::PaymentFailed => "payment.failed",
             EventKind::PaymentExpired => "payment.expired",
+            EventKind::PaymentCanceled => "payment.canceled",
+            EventKind::PaymentCancelFailed => "payment.cancel_failed",
             EventKind::PaymentRefunded => "payment.refunded",
             EventKind::PaymentRefundFailed => "payment.refund_failed",
             EventKind::PaymentDisputed => "payment.disputed",

@@ -138,6 +138,12 @@ pub(crate) fn terms(event: &PaymentEvent, metadata: &Metadata) -> BTreeSet<Term>
         }
         PaymentEvent::AuthorizationEnded(e) => add(Kind::ChargeId, &e.charge_id),
         PaymentEvent::RefundRequested(e) => add(Kind::PspKey, &e.psp_key),
+        PaymentEvent::CancelRequested(e) => add(Kind::PspKey, &e.psp_key),
+        PaymentEvent::CancelSucceeded(e) => {
+            if let Some(provider_id) = &e.provider_id {
+                add(Kind::OperationId, provider_id);
+            }
+        }
         PaymentEvent::RefundSettled(e) => {
             add(Kind::ChargeId, &e.charge_id);
             if let Some(refund_id) = &e.refund_id {
@@ -156,6 +162,7 @@ pub(crate) fn terms(event: &PaymentEvent, metadata: &Metadata) -> BTreeSet<Term>
         PaymentEvent::ProviderFeeCharged(e) => add(Kind::TransactionId, &e.transaction_id),
         PaymentEvent::EntryPosted(e) => add(Kind::EntryId, &e.entry.id().to_string()),
         PaymentEvent::PaymentExpired(_)
+        | PaymentEvent::PaymentCanceled(_)
         | PaymentEvent::OperationRefused(_)
         | PaymentEvent::RefundReversed(_)
         | PaymentEvent::CaptureReversed(_)

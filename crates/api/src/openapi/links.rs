@@ -23,6 +23,7 @@ fn links() -> Vec<Link> {
     let payment_answers: &[&str] = &["201", "202"];
     let payment = ("/v1/payments", "post");
     let capture = ("/v1/payments/{id}/capture", "post");
+    let cancel = ("/v1/payments/{id}/cancel", "post");
     let refund = ("/v1/payments/{id}/refunds", "post");
     let transfer = ("/v1/transfers", "post");
     let post = ("/v1/transfers/{id}/post", "post");
@@ -31,10 +32,11 @@ fn links() -> Vec<Link> {
     let endpoint = ("/v1/webhook_endpoints", "post");
     let mut links = Vec::new();
 
-    // A payment, and what a capture or refund answers with: the payment again.
+    // A payment, and what a capture, cancel or refund answers with: the payment again.
     for (from, statuses) in [
         (payment, payment_answers),
         (capture, &["200", "202"][..]),
+        (cancel, &["200", "202"][..]),
         (refund, payment_answers),
     ] {
         links.push(Link {
@@ -73,6 +75,15 @@ fn links() -> Vec<Link> {
         parameters: json!({"id": ID}),
         request_body: Some(json!({"amount_minor": "$response.body#/amount_minor"})),
         description: "Captures a manual payment's whole authorization.",
+    });
+    links.push(Link {
+        from: payment,
+        statuses: payment_answers,
+        name: "CancelPayment",
+        operation_id: "cancel_payment",
+        parameters: json!({"id": ID}),
+        request_body: Some(json!({})),
+        description: "Cancels a manual payment's authorization instead of capturing it.",
     });
     for (from, statuses, amount) in [
         (payment, payment_answers, "$response.body#/amount_minor"),

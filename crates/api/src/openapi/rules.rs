@@ -27,9 +27,10 @@ use super::Deployment;
 use crate::commands::PAYMENT_METHOD_CHARS_MAX;
 
 /// The request bodies: each is read field by field and refuses a field it does not know.
-const REQUEST_BODIES: [&str; 10] = [
+const REQUEST_BODIES: [&str; 11] = [
     "CreatePaymentRequest",
     "CaptureRequest",
+    "CancelRequest",
     "RefundRequest",
     "TransferRequest",
     "PostHoldRequest",
@@ -260,6 +261,7 @@ impl Rules {
             (payment, "get"),
             ("/v1/payments/{id}/events", "get"),
             ("/v1/payments/{id}/capture", "post"),
+            ("/v1/payments/{id}/cancel", "post"),
             ("/v1/payments/{id}/refunds", "post"),
         ] {
             parameter(doc, path, method, "id", id("pay_"));

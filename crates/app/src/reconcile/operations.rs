@@ -227,7 +227,7 @@ impl Reconciler {
                         "charge": found.charge,
                     }),
                 },
-                None => Driven::Applied(facts::operation_fact(&found, None).into_iter().collect()),
+                None => Driven::Applied(vec![facts::operation_fact(&found, None)]),
             },
             Ok(None) => Driven::Wait,
             Err(error) => {

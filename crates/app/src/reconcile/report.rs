@@ -61,7 +61,16 @@ pub fn classify(record: &PaymentRecord, line: &ReportLine) -> Verdict {
                 }],
                 fingerprint: String::new(),
             },
-            S::Failed | S::Expired => Verdict::Agree,
+            // The merchant's cancel ended it: its answer was lost.
+            S::Authorized if record.cancel_asked() => Verdict::Auto {
+                kind: ExceptionKind::FailedAtProvider,
+                facts: vec![ProviderFact::Failed {
+                    charge_id: Some(charge_id),
+                    reason: "canceled at the provider (settlement report)".into(),
+                }],
+                fingerprint: String::new(),
+            },
+            S::Failed | S::Expired | S::Canceled => Verdict::Agree,
             S::Captured | S::PartiallyRefunded | S::Refunded | S::Disputed => {
                 manual(ExceptionKind::CapturedHereFailedAtProvider, String::new())
             }
@@ -115,7 +124,7 @@ pub fn classify(record: &PaymentRecord, line: &ReportLine) -> Verdict {
                         fingerprint: String::new(),
                     }
                 }
-                S::Failed | S::Expired => {
+                S::Failed | S::Expired | S::Canceled => {
                     manual(ExceptionKind::Ambiguous, format!("succeeded:{local}"))
                 }
                 S::Captured | S::PartiallyRefunded | S::Refunded | S::Disputed => {
@@ -580,7 +589,7 @@ impl Reconciler {
             if found.status == asiento_psp::OperationStatus::Failed
                 && facts::operation_misfit(record, &op.psp_key, &found).is_none()
             {
-                reversed.extend(facts::operation_fact(&found, None));
+                reversed.push(facts::operation_fact(&found, None));
             }
         }
         if reversed.is_empty() {

@@ -44,7 +44,7 @@ pub fn facts_from_event(
     // An operation's update is that operation's outcome, then what its charge now stands for.
     if event.kind == EventType::OperationUpdated {
         if let Some(op) = &event.data.operation {
-            facts.extend(facts::operation_fact(op, None));
+            facts.push(facts::operation_fact(op, None));
         }
     }
     // The charge as it stands after the change is the fact; the type only says which change.

@@ -421,7 +421,7 @@ impl Sim {
 pub fn webhook_facts(charge: &Charge, operation: Option<&Operation>) -> Vec<ProviderFact> {
     let mut out = Vec::new();
     if let Some(op) = operation {
-        out.extend(facts::operation_fact(op, None));
+        out.push(facts::operation_fact(op, None));
     }
     out.extend(facts::charge_facts(charge, facts::Read::Snapshot));
     out

@@ -1,9 +1,9 @@
 //! Payments: the list with its filters, the search box that finds a payment by any id a person
 //! may be given, one payment's whole story (its events with their log positions, journal
-//! entries, provider operations, webhooks received, exceptions), and capture and refund behind a
-//! confirm step.
+//! entries, provider operations, webhooks received, exceptions), and capture, cancel and refund
+//! behind a confirm step.
 //!
-//! A capture or refund is the API's command: the confirm page mints an Idempotency-Key, the form
+//! A capture, cancel or refund is the API's command: the confirm page mints an Idempotency-Key, the form
 //! carries it, and the POST runs `PaymentFlow` on the API's route under that key, so a second
 //! click (or a reload of the POST) replays the first answer instead of moving money twice.
 
@@ -266,7 +266,7 @@ pub async fn show(
         section #operations aria-labelledby="operations-h" {
             h2 #operations-h { "Provider operations" }
             @if record.operations.is_empty() {
-                (layout::empty("No capture or refund has been sent to the provider."))
+                (layout::empty("No capture, cancel or refund has been sent to the provider."))
             } @else {
                 table {
                     thead { tr {
@@ -377,8 +377,8 @@ fn summary(record: &PaymentRecord, position: i64) -> Markup {
     }
 }
 
-/// Capture (while authorized) and refund (while something captured is not refunded) forms; each
-/// leads to a confirm page.
+/// Capture and cancel (while authorized) and refund (while something captured is not refunded)
+/// forms; each leads to a confirm page.
 fn actions(record: &PaymentRecord) -> Markup {
     let currency = record.currency;
     let refundable = record.captured.minor() - record.refunded.minor();
@@ -390,6 +390,10 @@ fn actions(record: &PaymentRecord) -> Markup {
                 input #capture-amount name="amount" type="text" inputmode="decimal"
                     placeholder=(asiento_domain::format_major(i128::from(record.amount.minor()), currency));
                 button #capture-submit type="submit" { "Capture…" }
+            }
+            form #cancel .action method="get" action={ "/console/payments/" (id) "/cancel" } {
+                span { "Release the authorization instead of capturing it" }
+                button #cancel-submit type="submit" { "Cancel authorization…" }
             }
         }
         @if refundable > 0 && matches!(record.status, PaymentStatus::Captured | PaymentStatus::PartiallyRefunded) {
@@ -458,7 +462,8 @@ fn entries(events: &[(asiento_eventstore::RecordedEvent, PaymentEvent)]) -> Mark
     }
 }
 
-/// What a capture or refund page asks: the amount typed, in the payment's currency.
+/// What a capture or refund page asks: the amount typed, in the payment's currency (a cancel
+/// asks none).
 fn amount_of(
     state: &ConsoleState,
     record: &PaymentRecord,
@@ -487,6 +492,7 @@ fn amount_of(
 enum Command {
     Capture,
     Refund,
+    Cancel,
 }
 
 impl Command {
@@ -495,6 +501,7 @@ impl Command {
         match segment {
             "capture" => Ok(Command::Capture),
             "refund" => Ok(Command::Refund),
+            "cancel" => Ok(Command::Cancel),
             _ => Err(ConsoleError::NotFound("page")),
         }
     }
@@ -503,6 +510,7 @@ impl Command {
         match self {
             Command::Capture => "capture",
             Command::Refund => "refund",
+            Command::Cancel => "cancel",
         }
     }
 
@@ -510,6 +518,7 @@ impl Command {
         match self {
             Command::Capture => "Capture",
             Command::Refund => "Refund",
+            Command::Cancel => "Cancel the authorization of",
         }
     }
 
@@ -518,6 +527,7 @@ impl Command {
         match self {
             Command::Capture => format!("/v1/payments/{id}/capture"),
             Command::Refund => format!("/v1/payments/{id}/refunds"),
+            Command::Cancel => format!("/v1/payments/{id}/cancel"),
         }
     }
 
@@ -525,12 +535,13 @@ impl Command {
         match self {
             Command::Capture => Action::Capture,
             Command::Refund => Action::Refund,
+            Command::Cancel => Action::Cancel,
         }
     }
 }
 
-/// `GET /console/payments/{id}/{refund|capture}?amount=`: the confirm step says exactly what
-/// will happen, with a fresh Idempotency-Key in the form.
+/// `GET /console/payments/{id}/{refund|capture|cancel}?amount=`: the confirm step says exactly
+/// what will happen, with a fresh Idempotency-Key in the form.
 pub async fn confirm(
     State(state): State<ConsoleState>,
     session: Session,
@@ -546,11 +557,20 @@ pub async fn confirm(
             "amount: say how much to refund".into(),
         ));
     }
+    if command == Command::Cancel && amount.is_some() {
+        return Err(ConsoleError::BadInput(
+            "amount: a cancel releases the whole authorization".into(),
+        ));
+    }
     let currency = record.currency;
-    let shown = amount.map_or_else(
-        || "the whole authorized amount".to_owned(),
-        |amount| money(i128::from(amount.minor()), currency.code()),
-    );
+    let shown = match (command, amount) {
+        (_, Some(amount)) => money(i128::from(amount.minor()), currency.code()),
+        (Command::Cancel, None) => format!(
+            "{} held",
+            money(i128::from(record.authorized.minor()), currency.code())
+        ),
+        (_, None) => "the whole authorized amount".to_owned(),
+    };
     let key = format!("console-{}", uuid::Uuid::new_v4());
     let id = record.id.to_string();
     let content = html! {
@@ -575,8 +595,8 @@ pub async fn confirm(
     Ok(layout::page(&session, Nav::Payments, &title, content).into_response())
 }
 
-/// `POST /console/payments/{id}/{refund|capture}`: runs the confirmed command through the API's
-/// command path and records it in the audit trail.
+/// `POST /console/payments/{id}/{refund|capture|cancel}`: runs the confirmed command through the
+/// API's command path and records it in the audit trail.
 pub async fn run(
     State(state): State<ConsoleState>,
     session: Session,
@@ -634,6 +654,12 @@ pub async fn run(
             ))
         }
         (Command::Capture, amount) => flow.capture(&request, &tenant, record.id, amount).await,
+        (Command::Cancel, None) => flow.cancel(&request, &tenant, record.id).await,
+        (Command::Cancel, Some(_)) => {
+            return Err(ConsoleError::BadInput(
+                "amount: a cancel releases the whole authorization".into(),
+            ))
+        }
     };
     let response = answer_response(answer);
     let status = response.status();

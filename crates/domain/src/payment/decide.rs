@@ -10,7 +10,10 @@ use super::*;
 use crate::account::{AccountName, PendingSide};
 use crate::entry::JournalEntry;
 use crate::fee::{fee, FeeSchedule};
-use crate::ids::{psp_capture_key, psp_charge_key, psp_refund_key, EntryId};
+use crate::ids::{
+    psp_authorization_cancel_key, psp_cancel_key, psp_capture_key, psp_charge_key, psp_refund_key,
+    EntryId,
+};
 use crate::money::AmountLimit;
 
 /// Decides what a command means for a payment. `Ok(vec![])` means there is
@@ -47,6 +50,7 @@ pub fn decide(
         }
         PaymentCommand::RequestCapture { amount, at } => request_capture(&mut draft, amount, at)?,
         PaymentCommand::RequestRefund { amount, at } => request_refund(&mut draft, amount, at)?,
+        PaymentCommand::RequestCancel { at } => request_cancel(&mut draft, at),
         PaymentCommand::Expire { at } => {
             draft.push(PaymentEvent::PaymentExpired(PaymentExpired { at }))
         }
@@ -280,6 +284,24 @@ fn request_refund(
     Ok(())
 }
 
+/// Records the merchant's cancel of the authorization, unless one is already awaiting the
+/// provider (then the request is that one's).
+fn request_cancel(draft: &mut Draft, at: DateTime<Utc>) {
+    if draft.record.open_cancel().is_some() {
+        return;
+    }
+    let sequence = draft
+        .record
+        .operations_of(OperationKind::Cancel)
+        .saturating_add(1);
+    draft.push(PaymentEvent::CancelRequested(CancelRequested {
+        sequence,
+        amount_minor: draft.record.authorized,
+        psp_key: psp_authorization_cancel_key(draft.record.id, sequence),
+        at,
+    }));
+}
+
 fn check_text(field: &'static str, text: &str) -> Result<(), PaymentRejection> {
     if text.is_empty() || text.chars().count() > TEXT_CHARS_MAX {
         return Err(PaymentRejection::InvalidText { field });
@@ -347,13 +369,13 @@ fn check_fact(fact: &ProviderFact) -> Result<(), PaymentRejection> {
             positive(*amount)
         }
         ProviderFact::Operation {
+            kind,
             charge_id,
             psp_key,
             provider_id,
             amount,
             outcome,
             request,
-            ..
         } => {
             check_text("charge_id", charge_id)?;
             check_text("psp_key", psp_key)?;
@@ -367,6 +389,10 @@ fn check_fact(fact: &ProviderFact) -> Result<(), PaymentRejection> {
                 outcome
             {
                 check_text("reason", reason)?;
+            }
+            // A cancel moves what is left of the authorization, which a provider may not say.
+            if *kind == OperationKind::Cancel && !amount.is_negative() {
+                return Ok(());
             }
             positive(*amount)
         }
@@ -580,11 +606,15 @@ fn apply_fact(
             }
         }
         ProviderFact::Failed { charge_id, reason } => {
-            draft.push(PaymentEvent::ChargeFailed(ChargeFailed {
-                charge_id,
-                reason,
-                at,
-            }));
+            if draft.record.status == PaymentStatus::Authorized {
+                end_authorization(draft, charge_id, reason, at);
+            } else {
+                draft.push(PaymentEvent::ChargeFailed(ChargeFailed {
+                    charge_id,
+                    reason,
+                    at,
+                }));
+            }
         }
         ProviderFact::AuthorizationEnded { charge_id, reason } => {
             authorization_ended(draft, charge_id, reason, at);
@@ -689,6 +719,7 @@ fn apply_fact(
                 match kind {
                     OperationKind::Capture => capture_outcome(draft, reported, fees, at)?,
                     OperationKind::Refund => refund_outcome(draft, reported, at)?,
+                    OperationKind::Cancel => cancel_outcome(draft, reported, at),
                 }
             }
         }
@@ -702,13 +733,15 @@ fn apply_fact(
 }
 
 /// The provider ended what was left of the authorization. Before any capture was asked for, or
-/// once the one asked for was refused, the payment fails. While a capture is open, its outcome
-/// decides (the provider took it before the end, or refuses it): the end is recorded and the
-/// payment stays `authorized`, so that a success captures as if the end had come after it (then
-/// it ended only the uncaptured remainder, which changes nothing) and a refusal fails the payment.
+/// once the one asked for was refused, the payment fails (is canceled, when the merchant asked
+/// for that). While a capture is open, its outcome decides (the provider took it before the end,
+/// or refuses it): the end is recorded and the payment stays `authorized`, so that a success
+/// captures as if the end had come after it (then it ended only the uncaptured remainder, which
+/// changes nothing) and a refusal fails (or cancels) the payment.
 fn authorization_ended(draft: &mut Draft, charge_id: String, reason: String, at: DateTime<Utc>) {
     let status = draft.record.status;
     if status == PaymentStatus::Authorized && draft.record.open_capture().is_some() {
+        cancel_done(draft, at);
         if draft.record.authorization_ended.is_none() {
             draft.push(PaymentEvent::AuthorizationEnded(AuthorizationEnded {
                 charge_id,
@@ -718,11 +751,39 @@ fn authorization_ended(draft: &mut Draft, charge_id: String, reason: String, at:
         }
         return;
     }
-    draft.push(PaymentEvent::ChargeFailed(ChargeFailed {
-        charge_id: Some(charge_id),
-        reason,
-        at,
-    }));
+    end_authorization(draft, Some(charge_id), reason, at);
+}
+
+/// The authorization ended while the merchant's cancel awaited the provider: that is the
+/// cancel's outcome (Adyen tells it by the CANCELLATION alone), so the cancel is done.
+fn cancel_done(draft: &mut Draft, at: DateTime<Utc>) {
+    if let Some(op) = draft.record.open_cancel().cloned() {
+        draft.push(PaymentEvent::CancelSucceeded(CancelSucceeded {
+            sequence: op.sequence,
+            provider_id: None,
+            at,
+        }));
+    }
+}
+
+/// Nothing was or will be captured of the authorization: the payment is canceled when the
+/// merchant asked for that, otherwise it failed with `reason`.
+fn end_authorization(
+    draft: &mut Draft,
+    charge_id: Option<String>,
+    reason: String,
+    at: DateTime<Utc>,
+) {
+    cancel_done(draft, at);
+    if draft.record.cancel_asked() {
+        draft.push(PaymentEvent::PaymentCanceled(PaymentCanceled { at }));
+    } else {
+        draft.push(PaymentEvent::ChargeFailed(ChargeFailed {
+            charge_id,
+            reason,
+            at,
+        }));
+    }
 }
 
 /// The provider kept `fee` for one balance transaction: the clearing account comes up by it (the
@@ -797,7 +858,13 @@ fn reported_operation(
     at: DateTime<Utc>,
 ) -> Option<Operation> {
     let detail = match draft.record.operation_by_key(&reported.psp_key) {
-        Some(op) if op.kind == kind && op.amount == reported.amount => return Some(op.clone()),
+        // A cancel's amount is what the provider had left, which it may not say.
+        Some(op)
+            if op.kind == kind
+                && (op.amount == reported.amount || kind == OperationKind::Cancel) =>
+        {
+            return Some(op.clone())
+        }
         Some(op) => format!(
             "{} {} reported for {} {}, we asked {} {}",
             kind.as_str(),
@@ -844,12 +911,16 @@ fn capture_outcome(
             draft.refused(&op, reason, at);
             // The authorization ended while this capture was open: nothing is left to capture.
             if let Some(ended) = draft.record.authorization_ended.clone() {
-                draft.push(PaymentEvent::ChargeFailed(ChargeFailed {
-                    charge_id: draft.record.provider_charge_id.clone(),
-                    reason: ended,
-                    at,
-                }));
+                let charge_id = draft.record.provider_charge_id.clone();
+                end_authorization(draft, charge_id, ended, at);
             }
+        }
+        // A cancel won, and yet the provider says it captured.
+        (OperationState::Requested | OperationState::Pending, OperationOutcome::Succeeded)
+            if draft.record.status == PaymentStatus::Canceled =>
+        {
+            let detail = format!("capture {} succeeded after the cancel", op.psp_key);
+            draft.flag(ReviewReason::ContradictingFact, detail, at);
         }
         (OperationState::Succeeded, OperationOutcome::Failed { reason })
             if draft.record.status == PaymentStatus::Captured
@@ -871,6 +942,44 @@ fn capture_outcome(
         _ => {}
     }
     Ok(())
+}
+
+/// The outcome of a cancel we asked for. Its success ends the authorization: with nothing
+/// captured the payment is canceled; with a capture still open the end waits for that capture's
+/// outcome (as any end of the authorization does); once a capture won, only the cancel is marked.
+/// A refusal leaves the payment as it is, and the merchant may ask again.
+fn cancel_outcome(draft: &mut Draft, reported: ReportedOperation, at: DateTime<Utc>) {
+    // The stale sweep's cancel of an abandoned charge is no operation of the payment's: its
+    // effect is the charge's, which the charge's own facts tell.
+    if reported.psp_key == psp_cancel_key(draft.record.id) {
+        return;
+    }
+    let Some(op) = reported_operation(draft, OperationKind::Cancel, &reported, at) else {
+        return;
+    };
+    answered(draft, &op, reported.request.as_ref(), at);
+    match (op.state, reported.outcome) {
+        (OperationState::Requested, OperationOutcome::Pending) => {
+            draft.received(&op, reported.provider_id, at);
+        }
+        (OperationState::Requested | OperationState::Pending, OperationOutcome::Succeeded) => {
+            draft.push(PaymentEvent::CancelSucceeded(CancelSucceeded {
+                sequence: op.sequence,
+                provider_id: reported.provider_id,
+                at,
+            }));
+            if draft.record.status == PaymentStatus::Authorized {
+                authorization_ended(draft, reported.charge_id, "canceled".to_owned(), at);
+            }
+        }
+        (
+            OperationState::Requested | OperationState::Pending,
+            OperationOutcome::Failed { reason },
+        ) => draft.refused(&op, reason, at),
+        // Late or repeated; a cancel "reversed" after it succeeded ended the authorization all
+        // the same.
+        _ => {}
+    }
 }
 
 fn refund_outcome(

@@ -47,7 +47,7 @@ pub const TEXT_CHARS_MAX: usize = 2_048;
 /// so reaching it means an event no decision of ours made.
 const SATURATED: Amount = Amount::new(i64::MAX);
 
-/// The statuses of API.md. `Failed`, `Expired`, `Refunded` and a dispute lost
+/// The statuses of API.md. `Failed`, `Expired`, `Canceled`, `Refunded` and a dispute lost
 /// again after a win are terminal (a first loss may still be reversed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -61,10 +61,12 @@ pub enum PaymentStatus {
     Failed,
     Expired,
     Disputed,
+    /// The merchant canceled the authorization and the provider ended it: nothing was captured.
+    Canceled,
 }
 
 impl PaymentStatus {
-    pub const ALL: [PaymentStatus; 9] = [
+    pub const ALL: [PaymentStatus; 10] = [
         PaymentStatus::Pending,
         PaymentStatus::RequiresAction,
         PaymentStatus::Authorized,
@@ -74,6 +76,7 @@ impl PaymentStatus {
         PaymentStatus::Failed,
         PaymentStatus::Expired,
         PaymentStatus::Disputed,
+        PaymentStatus::Canceled,
     ];
 
     #[must_use]
@@ -88,6 +91,7 @@ impl PaymentStatus {
             PaymentStatus::Failed => "failed",
             PaymentStatus::Expired => "expired",
             PaymentStatus::Disputed => "disputed",
+            PaymentStatus::Canceled => "canceled",
         }
     }
 
@@ -343,9 +347,29 @@ impl PaymentRecord {
     /// The capture awaiting the provider's word, if any: at most one is open at a time.
     #[must_use]
     pub fn open_capture(&self) -> Option<&Operation> {
+        self.open(OperationKind::Capture)
+    }
+
+    /// The cancel awaiting the provider's word, if any: at most one is open at a time.
+    #[must_use]
+    pub fn open_cancel(&self) -> Option<&Operation> {
+        self.open(OperationKind::Cancel)
+    }
+
+    fn open(&self, kind: OperationKind) -> Option<&Operation> {
         self.operations
             .iter()
-            .find(|op| op.kind == OperationKind::Capture && op.state.is_open())
+            .find(|op| op.kind == kind && op.state.is_open())
+    }
+
+    /// The merchant asked to cancel and the provider has not refused it: an end of the
+    /// authorization is then the cancel's.
+    #[must_use]
+    pub fn cancel_asked(&self) -> bool {
+        self.operations.iter().any(|op| {
+            op.kind == OperationKind::Cancel
+                && (op.state.is_open() || op.state == OperationState::Succeeded)
+        })
     }
 
     /// What refunds hold of the capture: settled ones, and requested ones still at the provider
@@ -554,6 +578,11 @@ pub enum PaymentCommand {
         amount: Amount,
         at: DateTime<Utc>,
     },
+    /// The merchant no longer wants an authorized payment captured: the provider is asked to end
+    /// the authorization, which releases the customer's funds.
+    RequestCancel {
+        at: DateTime<Utc>,
+    },
     /// The provider has no trace of the charge past its expiry.
     Expire {
         at: DateTime<Utc>,
@@ -578,6 +607,7 @@ impl PaymentCommand {
             PaymentCommand::Create(create) => create.at,
             PaymentCommand::RequestCapture { at, .. }
             | PaymentCommand::RequestRefund { at, .. }
+            | PaymentCommand::RequestCancel { at }
             | PaymentCommand::Expire { at }
             | PaymentCommand::FlagForReview { at, .. }
             | PaymentCommand::Provider { at, .. } => *at,
@@ -591,6 +621,7 @@ impl PaymentCommand {
             PaymentCommand::Create(_) => Input::Create,
             PaymentCommand::RequestCapture { .. } => Input::RequestCapture,
             PaymentCommand::RequestRefund { .. } => Input::RequestRefund,
+            PaymentCommand::RequestCancel { .. } => Input::RequestCancel,
             PaymentCommand::Expire { .. } => Input::Expire,
             PaymentCommand::FlagForReview { .. } => Input::FlagForReview,
             PaymentCommand::Provider { fact, .. } => match fact {
@@ -610,6 +641,10 @@ impl PaymentCommand {
                     kind: OperationKind::Refund,
                     ..
                 } => Input::FactRefundOutcome,
+                ProviderFact::Operation {
+                    kind: OperationKind::Cancel,
+                    ..
+                } => Input::FactCancelOutcome,
                 ProviderFact::ProviderFeeCharged { .. } => Input::FactProviderFee,
             },
         }
@@ -784,6 +819,35 @@ pub struct PaymentExpired {
     pub at: DateTime<Utc>,
 }
 
+/// The merchant asked the provider to end the authorization (`psp_…_cancel_{sequence}`). The
+/// payment stays `authorized` until the provider's word: a capture sent before it may still win.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CancelRequested {
+    /// 1-based; a refused cancel may be asked again under the next.
+    pub sequence: u32,
+    /// What the authorization held when asked: what the cancel releases.
+    pub amount_minor: Amount,
+    pub psp_key: String,
+    pub at: DateTime<Utc>,
+}
+
+/// The provider says it did our cancel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CancelSucceeded {
+    pub sequence: u32,
+    /// The provider's id of the cancel, when it said one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
+/// The authorization ended after the merchant asked to cancel it, with nothing captured: the
+/// payment is `canceled`, and the entry posted beside this event releases its hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PaymentCanceled {
+    pub at: DateTime<Utc>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RefundRequested {
     /// 1-based; names the refund at the provider (`psp_…_refund_{sequence}`).
@@ -938,6 +1002,9 @@ crate::event::event_family! {
         ChargeFailed = 1,
         AuthorizationEnded = 1,
         PaymentExpired = 1,
+        CancelRequested = 1,
+        CancelSucceeded = 1,
+        PaymentCanceled = 1,
         RefundRequested = 1,
         RefundSettled = 1,
         OperationReceived = 1,
@@ -967,6 +1034,9 @@ impl PaymentEvent {
             PaymentEvent::ChargeFailed(e) => e.at,
             PaymentEvent::AuthorizationEnded(e) => e.at,
             PaymentEvent::PaymentExpired(e) => e.at,
+            PaymentEvent::CancelRequested(e) => e.at,
+            PaymentEvent::CancelSucceeded(e) => e.at,
+            PaymentEvent::PaymentCanceled(e) => e.at,
             PaymentEvent::RefundRequested(e) => e.at,
             PaymentEvent::RefundSettled(e) => e.at,
             PaymentEvent::OperationReceived(e) => e.at,
@@ -1106,6 +1176,23 @@ fn apply_fields(record: &mut PaymentRecord, event: &PaymentEvent) {
             record.authorization_ended = Some(e.reason.clone());
         }
         PaymentEvent::PaymentExpired(_) => record.status = PaymentStatus::Expired,
+        PaymentEvent::CancelRequested(e) => record.operations.push(Operation::requested(
+            OperationKind::Cancel,
+            e.sequence,
+            e.amount_minor,
+            &e.psp_key,
+            e.at,
+        )),
+        PaymentEvent::CancelSucceeded(e) => {
+            if let Some(op) = record.operation_mut(OperationKind::Cancel, e.sequence) {
+                op.state = OperationState::Succeeded;
+                op.updated_at = e.at;
+                if e.provider_id.is_some() {
+                    op.provider_id = e.provider_id.clone();
+                }
+            }
+        }
+        PaymentEvent::PaymentCanceled(_) => record.status = PaymentStatus::Canceled,
         PaymentEvent::RefundRequested(e) => record.operations.push(Operation::requested(
             OperationKind::Refund,
             e.sequence,

@@ -1,5 +1,5 @@
 //! Provider operations: every modification we send to the provider for a payment (a capture, a
-//! refund) is a record of its own, with its sequence, its PSP key and the state of its outcome.
+//! refund, a cancel) is a record of its own, with its sequence, its PSP key and the state of its outcome.
 //!
 //! A provider answers an operation late, asynchronously or not at all, and may turn a success
 //! into a failure days later (a refund that bounces). So an operation's state is folded from the
@@ -19,6 +19,8 @@ use crate::money::Amount;
 pub enum OperationKind {
     Capture,
     Refund,
+    /// Ends what is left of an authorization: the merchant no longer wants it captured.
+    Cancel,
 }
 
 impl OperationKind {
@@ -27,6 +29,7 @@ impl OperationKind {
         match self {
             OperationKind::Capture => "capture",
             OperationKind::Refund => "refund",
+            OperationKind::Cancel => "cancel",
         }
     }
 }

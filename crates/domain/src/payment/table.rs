@@ -18,6 +18,7 @@ pub enum Input {
     Create,
     RequestCapture,
     RequestRefund,
+    RequestCancel,
     Expire,
     FlagForReview,
     FactActionRequired,
@@ -30,14 +31,16 @@ pub enum Input {
     FactDisputeClosed,
     FactCaptureOutcome,
     FactRefundOutcome,
+    FactCancelOutcome,
     FactProviderFee,
 }
 
 impl Input {
-    pub const ALL: [Input; 16] = [
+    pub const ALL: [Input; 18] = [
         Input::Create,
         Input::RequestCapture,
         Input::RequestRefund,
+        Input::RequestCancel,
         Input::Expire,
         Input::FlagForReview,
         Input::FactActionRequired,
@@ -50,6 +53,7 @@ impl Input {
         Input::FactDisputeClosed,
         Input::FactCaptureOutcome,
         Input::FactRefundOutcome,
+        Input::FactCancelOutcome,
         Input::FactProviderFee,
     ];
 
@@ -59,6 +63,7 @@ impl Input {
             Input::Create => "create",
             Input::RequestCapture => "request_capture",
             Input::RequestRefund => "request_refund",
+            Input::RequestCancel => "request_cancel",
             Input::Expire => "expire",
             Input::FlagForReview => "flag_for_review",
             Input::FactActionRequired => "fact_action_required",
@@ -71,6 +76,7 @@ impl Input {
             Input::FactDisputeClosed => "fact_dispute_closed",
             Input::FactCaptureOutcome => "fact_capture_outcome",
             Input::FactRefundOutcome => "fact_refund_outcome",
+            Input::FactCancelOutcome => "fact_cancel_outcome",
             Input::FactProviderFee => "fact_provider_fee",
         }
     }
@@ -89,6 +95,7 @@ impl Input {
                 | Input::FactDisputeClosed
                 | Input::FactCaptureOutcome
                 | Input::FactRefundOutcome
+                | Input::FactCancelOutcome
                 | Input::FactProviderFee
         )
     }
@@ -164,6 +171,11 @@ pub const fn rule(from: Option<PaymentStatus>, input: Input) -> Rule {
         (Input::RequestRefund, Captured | PartiallyRefunded) => apply(one(from)),
         (Input::RequestRefund, _) => REJECT,
 
+        // The merchant's cancel of an authorization: recorded, and the provider decides (a
+        // capture sent before it may still win). Once canceled there is nothing left to cancel.
+        (Input::RequestCancel, Authorized) => apply(&[Authorized]),
+        (Input::RequestCancel, _) => REJECT,
+
         (Input::Expire, Pending | RequiresAction) => apply(&[Expired]),
         (Input::Expire, Expired) => IGNORE,
         (Input::Expire, _) => REJECT,
@@ -180,15 +192,17 @@ pub const fn rule(from: Option<PaymentStatus>, input: Input) -> Rule {
         (Input::FactCaptured, Pending | RequiresAction | Authorized) => apply(&[Captured]),
         (Input::FactCaptured, _) => FLAG,
 
-        (Input::FactFailed, Pending | RequiresAction | Authorized) => apply(&[Failed]),
-        (Input::FactFailed, Failed | Expired) => IGNORE,
+        // A failure of an authorization the merchant asked to cancel is the cancel's doing.
+        (Input::FactFailed, Pending | RequiresAction) => apply(&[Failed]),
+        (Input::FactFailed, Authorized) => apply(&[Failed, Canceled]),
+        (Input::FactFailed, Failed | Expired | Canceled) => IGNORE,
         (Input::FactFailed, _) => FLAG,
 
         // The provider ended what was left of the authorization: before a capture the payment
         // fails; with a capture still open it stays authorized until the capture's outcome; once
         // captured (in part or whole) it is the uncaptured remainder's end and changes nothing.
         (Input::FactAuthorizationEnded, Pending | RequiresAction) => apply(&[Failed]),
-        (Input::FactAuthorizationEnded, Authorized) => apply(&[Authorized, Failed]),
+        (Input::FactAuthorizationEnded, Authorized) => apply(&[Authorized, Failed, Canceled]),
         (Input::FactAuthorizationEnded, _) => IGNORE,
 
         (
@@ -216,7 +230,9 @@ pub const fn rule(from: Option<PaymentStatus>, input: Input) -> Rule {
         // authorization while the capture was open). A failure after the capture reverses it and the
         // payment fails (at once, from authorized, when the reversal arrives before the success);
         // once refunded or disputed, a late answer changes nothing (a failure is flagged).
-        (Input::FactCaptureOutcome, Authorized) => apply(&[Authorized, Captured, Failed]),
+        (Input::FactCaptureOutcome, Authorized) => apply(&[Authorized, Captured, Failed, Canceled]),
+        // The capture lost to a cancel: its refusal is recorded (a success is flagged).
+        (Input::FactCaptureOutcome, Canceled) => apply(&[Canceled]),
         (Input::FactCaptureOutcome, Captured) => apply(&[Captured, Failed]),
         (Input::FactCaptureOutcome, PartiallyRefunded | Refunded | Disputed) => apply(one(from)),
         (Input::FactCaptureOutcome, _) => FLAG,
@@ -228,6 +244,15 @@ pub const fn rule(from: Option<PaymentStatus>, input: Input) -> Rule {
         }
         (Input::FactRefundOutcome, Disputed) => apply(&[Disputed]),
         (Input::FactRefundOutcome, _) => FLAG,
+
+        // The outcome of a cancel we asked for: a success cancels an authorization with nothing
+        // captured (or, with a capture open, waits for that capture's outcome); a refusal leaves
+        // the payment as it is. Where a capture won the race, the outcome is only recorded.
+        // Before an authorization it can only be the stale sweep's cancel of an abandoned charge,
+        // whose effect the charge itself tells.
+        (Input::FactCancelOutcome, Authorized) => apply(&[Authorized, Canceled]),
+        (Input::FactCancelOutcome, Pending | RequiresAction) => IGNORE,
+        (Input::FactCancelOutcome, _) => apply(one(from)),
 
         // The provider's own fee on money it holds for us: only once money has moved.
         (Input::FactProviderFee, Captured | PartiallyRefunded | Refunded | Disputed) => {
@@ -249,6 +274,7 @@ const fn one(status: PaymentStatus) -> &'static [PaymentStatus] {
         Failed => &[Failed],
         Expired => &[Expired],
         Disputed => &[Disputed],
+        Canceled => &[Canceled],
     }
 }
 

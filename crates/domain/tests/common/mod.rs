@@ -190,6 +190,17 @@ pub fn given(status: Option<PaymentStatus>) -> Vec<PaymentEvent> {
             f_captured(10_000),
             f_dispute_opened("dp_1", 10_000),
         ],
+        Canceled => vec![
+            create_with(10_000, CaptureMode::Manual),
+            f_authorized(10_000),
+            PaymentCommand::RequestCancel { at: at(5) },
+            f_operation(
+                OperationKind::Cancel,
+                &psp_authorization_cancel_key(pid(), 1),
+                10_000,
+                OperationOutcome::Succeeded,
+            ),
+        ],
     };
     history(commands)
 }

@@ -197,6 +197,30 @@ pub fn item_event(item: &NotificationItem) -> Option<WebhookEvent> {
             };
             (EventType::ChargeFailed, data)
         }
+        // A cancel refused (the payment was captured or refused meanwhile): the outcome of the
+        // cancel sent under our key, which the item's merchantReference names.
+        "CANCELLATION" => {
+            let operation = Operation {
+                id: item.psp_reference.clone(),
+                kind: OperationKind::Cancel,
+                charge: item.original_reference.clone()?,
+                idempotency_key: item.merchant_reference.clone(),
+                amount_minor: item.amount.value,
+                currency: item.amount.currency.clone(),
+                status: OperationStatus::Failed,
+                failure_reason: Some(reason()),
+                created: at,
+                updated: at,
+            };
+            let data = EventData {
+                charge: None,
+                operation: Some(operation),
+                dispute: None,
+                authorization_end: None,
+                reference: Some(item.merchant_reference.clone()),
+            };
+            (EventType::OperationUpdated, data)
+        }
         code
         @ ("CAPTURE" | "CAPTURE_FAILED" | "REFUND" | "REFUND_FAILED" | "REFUNDED_REVERSED") => {
             let kind = if code.starts_with("CAPTURE") {
@@ -535,8 +559,26 @@ mod tests {
                     .map(|end| (end.charge, end.reason)),
                 Some(("PAYMENT000000001".to_owned(), "canceled".to_owned()))
             );
-            assert!(item_event(&item(code, false)).is_none(), "{code} refused");
         }
+        assert!(item_event(&item("TECHNICAL_CANCEL", false)).is_none());
         assert!(item_event(&item("EXPIRE", false)).is_none());
+        // A refused cancel is the outcome of the cancel sent under the item's merchantReference.
+        let mut refused = item("CANCELLATION", false);
+        refused.merchant_reference = "psp_x_cancel_1".into();
+        let operation = item_event(&refused).unwrap().data.operation.unwrap();
+        assert_eq!(
+            (
+                operation.kind,
+                operation.status,
+                operation.idempotency_key.as_str(),
+                operation.charge.as_str()
+            ),
+            (
+                OperationKind::Cancel,
+                OperationStatus::Failed,
+                "psp_x_cancel_1",
+                "PAYMENT000000001"
+            )
+        );
     }
 }
