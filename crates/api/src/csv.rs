@@ -1,11 +1,10 @@
-//! CSV answers (statements, the journal): fields quoted where RFC 4180 needs it, the `Accept`
+//! CSV answers (statements, the journal, payments): fields quoted where RFC 4180 needs it, the `Accept`
 //! that asks for CSV, and a body written page by page as the client reads it, so that the
 //! server's memory stays flat however long the period.
 
 use std::future::Future;
 use std::sync::Arc;
 
-use asiento_balances::BalanceError;
 use axum::{
     body::{Body, Bytes},
     http::{header, HeaderMap, HeaderValue},
@@ -37,7 +36,7 @@ pub(crate) fn wants_csv(headers: &HeaderMap) -> bool {
 /// `next_page` reads from the cursor the one before named, then `tail`. An error after the
 /// first byte is logged and ends the body without HTTP's last chunk, which clients report as an
 /// error.
-pub(crate) fn streamed<C, F, Fut>(
+pub(crate) fn streamed<C, F, Fut, E>(
     filename: &str,
     head: String,
     next: Option<C>,
@@ -47,7 +46,8 @@ pub(crate) fn streamed<C, F, Fut>(
 where
     C: Send + 'static,
     F: Fn(C) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(String, Option<C>), BalanceError>> + Send + 'static,
+    Fut: Future<Output = Result<(String, Option<C>), E>> + Send + 'static,
+    E: std::fmt::Display,
 {
     let next_page = Arc::new(next_page);
     let chunks = futures::stream::unfold((Some(head), next, tail), move |(pending, next, tail)| {

@@ -131,7 +131,7 @@ fn csv_response(
         };
         async move {
             let page = asiento_balances::journal(&state.database, store.as_ref(), &query).await?;
-            Ok((rows(&page), page.next))
+            Ok::<_, asiento_balances::BalanceError>((rows(&page), page.next))
         }
     })
 }

@@ -17,11 +17,13 @@ pub mod journal;
 pub mod ledger;
 pub mod metrics_catalog;
 pub mod openapi;
+mod payment_export;
 pub mod problem;
 pub mod queries;
 pub mod rate_limit;
 pub mod render;
 pub mod statement;
+pub mod transfer_list;
 pub mod webhook_endpoints;
 pub mod webhooks;
 
@@ -102,7 +104,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/payments/{id}/capture", post(commands::capture_payment))
         .route("/v1/payments/{id}/cancel", post(commands::cancel_payment))
         .route("/v1/payments/{id}/refunds", post(commands::refund_payment))
-        .route("/v1/transfers", post(commands::create_transfer))
+        .route(
+            "/v1/transfers",
+            post(commands::create_transfer).get(transfer_list::list),
+        )
         .route("/v1/transfers/{id}", get(queries::get_transfer))
         .route("/v1/transfers/{id}/post", post(commands::post_hold))
         .route("/v1/transfers/{id}/void", post(commands::void_hold))

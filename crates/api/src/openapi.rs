@@ -220,6 +220,13 @@ pub struct Transfer {
     pub position: i64,
 }
 
+/// A page of transfers, newest first.
+#[derive(Serialize, ToSchema)]
+pub struct TransferList {
+    pub data: Vec<Transfer>,
+    pub next_cursor: Option<String>,
+}
+
 /// An account's balance: the snapshot plus every entry after it.
 #[derive(Serialize, ToSchema)]
 pub struct Balance {
@@ -550,6 +557,7 @@ impl Modify for BearerAuth {
         crate::commands::refund_payment,
         crate::commands::create_transfer,
         crate::queries::get_transfer,
+        crate::transfer_list::list,
         crate::commands::post_hold,
         crate::commands::void_hold,
         crate::accounts::declare,

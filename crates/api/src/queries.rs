@@ -195,8 +195,9 @@ fn visible<'a>(
     }
 }
 
-/// `GET /v1/payments?status=&customer=&provider=&created_gte=&created_lt=&limit=50&cursor=[&min_position=N]`:
-/// the tenant's payments, newest first, from the payments read model.
+/// `GET /v1/payments?status=&customer=&provider=&created_gte=&created_lt=&updated_gte=&updated_lt=&amount_gte=&amount_lte=&metadata[key]=&limit=50&cursor=[&min_position=N]`:
+/// the tenant's payments, newest first, from the payments read model; with `Accept: text/csv`,
+/// every payment the filters match, streamed.
 #[utoipa::path(
     get, path = "/v1/payments", tag = "payments", operation_id = "list_payments",
     params(
@@ -205,12 +206,17 @@ fn visible<'a>(
         ("provider" = Option<String>, Query, description = "Only payments through this provider (its configured name)"),
         ("created_gte" = Option<String>, Query, description = "RFC 3339"),
         ("created_lt" = Option<String>, Query, description = "RFC 3339"),
-        ("limit" = Option<u32>, Query, description = "1 to 100, default 50"),
+        ("updated_gte" = Option<String>, Query, description = "Last changed at or after (RFC 3339)"),
+        ("updated_lt" = Option<String>, Query, description = "Last changed before (RFC 3339)"),
+        ("amount_gte" = Option<i64>, Query, description = "The amount asked for, at least (minor units)"),
+        ("amount_lte" = Option<i64>, Query, description = "The amount asked for, at most (minor units)"),
+        ("metadata" = Option<std::collections::HashMap<String, String>>, Query, style = DeepObject, explode, description = "metadata[key]=value: the payment's metadata holds key with exactly this string value (up to 10 keys, all must match)"),
+        ("limit" = Option<u32>, Query, description = "1 to 100, default 50 (JSON only)"),
         ("cursor" = Option<String>, Query, description = "next_cursor of the previous page"),
         ("min_position" = Option<i64>, Query, description = "Wait (up to 5 s) until the list includes this position"),
     ),
     responses(
-        (status = 200, description = "The tenant's payments, newest first", body = crate::openapi::PaymentList),
+        (status = 200, description = "The tenant's payments, newest first (JSON), or every payment the filters match as CSV with `Accept: text/csv`", body = crate::openapi::PaymentList),
         (status = 400, description = "Invalid query", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
         (status = 503, description = "projection_lagging", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
     )
@@ -218,15 +224,73 @@ fn visible<'a>(
 pub async fn list_payments(
     State(state): State<AppState>,
     tenant: AuthenticatedTenant,
+    headers: axum::http::HeaderMap,
     query: Result<
         axum::extract::Query<std::collections::HashMap<String, String>>,
         axum::extract::rejection::QueryRejection,
     >,
 ) -> Result<Response, Problem> {
-    use asiento_payments_view::{PaymentFilter, ViewError};
+    use asiento_payments_view::ViewError;
     let axum::extract::Query(params) =
         query.map_err(|rejection| Problem::bad_request("invalid_query", rejection.body_text()))?;
     let tenant = TenantId::parse(&tenant.0).map_err(|error| Problem::internal(&error))?;
+    let filter = payment_filter(&params)?;
+    let min_position = params
+        .get("min_position")
+        .map(|raw| {
+            raw.parse::<i64>()
+                .ok()
+                .filter(|position| *position >= 0)
+                .ok_or_else(|| {
+                    Problem::bad_request(
+                        "invalid_query",
+                        "min_position: must be a non-negative integer",
+                    )
+                })
+        })
+        .transpose()?;
+    let view_problem = |error: ViewError| match error {
+        ViewError::InvalidCursor
+        | ViewError::LimitOutOfRange { .. }
+        | ViewError::TooManyMetadataFilters { .. } => {
+            Problem::bad_request("invalid_query", error.to_string())
+        }
+        ViewError::ProjectionLagging { .. } => Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "projection_lagging",
+            error.to_string(),
+        )
+        .with_retry_after(1),
+        other => Problem::server(&other),
+    };
+    crate::ledger::known_position(&state, min_position).await?;
+    if let Some(position) = min_position {
+        asiento_payments_view::wait_for_position(
+            &state.database,
+            state.payments.store().as_ref(),
+            position,
+        )
+        .await
+        .map_err(view_problem)?;
+    }
+    if crate::csv::wants_csv(&headers) {
+        let first = asiento_payments_view::export_page(&state.database, &tenant, filter.clone())
+            .await
+            .map_err(view_problem)?;
+        return Ok(crate::payment_export::csv_response(
+            state, tenant, filter, first,
+        ));
+    }
+    let page = asiento_payments_view::list_payments(&state.database, &tenant, filter)
+        .await
+        .map_err(view_problem)?;
+    Ok(Json(json!({"data": page.data, "next_cursor": page.next_cursor})).into_response())
+}
+
+/// The list's filters from its query, each checked (400 `invalid_query` naming the parameter).
+fn payment_filter(
+    params: &std::collections::HashMap<String, String>,
+) -> Result<asiento_payments_view::PaymentFilter, Problem> {
     let invalid = |name: &str, detail: String| {
         Problem::bad_request("invalid_query", format!("{name}: {detail}"))
     };
@@ -237,6 +301,17 @@ pub async fn list_payments(
                 chrono::DateTime::parse_from_rfc3339(raw)
                     .map(|time| time.with_timezone(&chrono::Utc))
                     .map_err(|error| invalid(name, error.to_string()))
+            })
+            .transpose()
+    };
+    let amount = |name: &str| -> Result<Option<i64>, Problem> {
+        params
+            .get(name)
+            .map(|raw| {
+                raw.parse::<i64>()
+                    .ok()
+                    .filter(|amount| *amount >= 0)
+                    .ok_or_else(|| invalid(name, "must be a non-negative integer".to_owned()))
             })
             .transpose()
     };
@@ -272,51 +347,42 @@ pub async fn list_payments(
         })
         .transpose()?
         .unwrap_or(asiento_payments_view::LIST_LIMIT_DEFAULT);
-    let min_position = params
-        .get("min_position")
-        .map(|raw| {
-            raw.parse::<i64>()
-                .ok()
-                .filter(|position| *position >= 0)
-                .ok_or_else(|| invalid("min_position", "must be a non-negative integer".to_owned()))
-        })
-        .transpose()?;
-    let filter = PaymentFilter {
+    let mut metadata = Vec::new();
+    for (name, value) in params {
+        let Some(key) = name
+            .strip_prefix("metadata[")
+            .and_then(|rest| rest.strip_suffix(']'))
+        else {
+            continue;
+        };
+        if key.is_empty() || key.chars().count() > METADATA_FILTER_KEY_CHARS_MAX {
+            return Err(invalid(
+                name,
+                format!("a metadata key has 1 to {METADATA_FILTER_KEY_CHARS_MAX} characters"),
+            ));
+        }
+        metadata.push((key.to_owned(), value.clone()));
+    }
+    // One order whatever the query's: the same filters are the same statement.
+    metadata.sort();
+    Ok(asiento_payments_view::PaymentFilter {
         status,
         customer,
         provider,
         created_gte: time("created_gte")?,
         created_lt: time("created_lt")?,
+        updated_gte: time("updated_gte")?,
+        updated_lt: time("updated_lt")?,
+        amount_gte: amount("amount_gte")?,
+        amount_lte: amount("amount_lte")?,
+        metadata,
         limit,
         cursor: params.get("cursor").cloned(),
-    };
-    let view_problem = |error: ViewError| match error {
-        ViewError::InvalidCursor | ViewError::LimitOutOfRange { .. } => {
-            Problem::bad_request("invalid_query", error.to_string())
-        }
-        ViewError::ProjectionLagging { .. } => Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "projection_lagging",
-            error.to_string(),
-        )
-        .with_retry_after(1),
-        other => Problem::server(&other),
-    };
-    crate::ledger::known_position(&state, min_position).await?;
-    if let Some(position) = min_position {
-        asiento_payments_view::wait_for_position(
-            &state.database,
-            state.payments.store().as_ref(),
-            position,
-        )
-        .await
-        .map_err(view_problem)?;
-    }
-    let page = asiento_payments_view::list_payments(&state.database, &tenant, filter)
-        .await
-        .map_err(view_problem)?;
-    Ok(Json(json!({"data": page.data, "next_cursor": page.next_cursor})).into_response())
+    })
 }
+
+/// The longest metadata key a list filter names, in characters.
+const METADATA_FILTER_KEY_CHARS_MAX: usize = 255;
 
 #[cfg(test)]
 mod tests {

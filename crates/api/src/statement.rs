@@ -221,7 +221,7 @@ fn csv_response(
             async move {
                 let page =
                     asiento_balances::statement(&state.database, store.as_ref(), &query).await?;
-                Ok((lines_csv(&query, &page), page.next_after))
+                Ok::<_, asiento_balances::BalanceError>((lines_csv(&query, &page), page.next_after))
             }
         },
     )

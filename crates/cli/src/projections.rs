@@ -13,6 +13,7 @@ pub fn all() -> Vec<Arc<dyn Projection>> {
         asiento_balances::projection(),
         asiento_balances::entries_projection(),
         asiento_payments_view::projection(),
+        asiento_transfer_list::projection(),
         asiento_merchant_events::projection(),
         asiento_payment_search::projection(),
     ]

@@ -89,6 +89,35 @@ impl ExtraCheck for PaymentRows {
     }
 }
 
+/// Every transfer's read-model row equals the fold of its stream.
+struct TransferRows;
+
+impl ExtraCheck for TransferRows {
+    fn check(&self) -> Check {
+        Check::TransferReadModel
+    }
+
+    fn violations<'a>(&'a self, database: &'a Database) -> ExtraFuture<'a> {
+        Box::pin(async move {
+            let store = database.event_store();
+            let mismatches = asiento_transfer_list::verify(database, store.as_ref())
+                .await
+                .map_err(|error| error.to_string())?;
+            Ok(mismatches
+                .into_iter()
+                .map(|m| Violation {
+                    check: Check::TransferReadModel,
+                    subject: m.transfer_id.clone(),
+                    detail: format!(
+                        "read model {:?}, fold of the stream {:?}",
+                        m.stored, m.recomputed
+                    ),
+                })
+                .collect())
+        })
+    }
+}
+
 /// The merchant events feed equals its derivation from the log, row for row and byte for byte.
 struct MerchantEventRows;
 
@@ -161,6 +190,7 @@ pub fn checker(database: &Database) -> Checker {
     Checker::new(database.clone(), Arc::new(SystemClock))
         .with(Arc::new(Snapshots))
         .with(Arc::new(PaymentRows))
+        .with(Arc::new(TransferRows))
         .with(Arc::new(MerchantEventRows))
         .with(Arc::new(PaymentSearchRows))
 }

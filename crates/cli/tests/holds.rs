@@ -2,8 +2,10 @@
 //! a hold reserves the amount out of reach of every later command, is posted whole or in part
 //! (the rest released) or voided, each ending its own entry; the worker voids one whose
 //! `expires_at` passed; of concurrent posts and voids of one hold exactly one wins; an authorized
-//! card payment shows as a pending credit to its customer until captured or cancelled; and
-//! `asiento verify` finds every guard in agreement with the entries.
+//! card payment shows as a pending credit to its customer until captured or cancelled; a
+//! customer's open holds, a merchant's incoming transfers and a status's transfers are listed by
+//! `GET /v1/transfers`; and `asiento verify` finds every guard and the transfer list in
+//! agreement with the log.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -392,6 +394,12 @@ async fn the_worker_voids_an_expired_hold(backend: Backend) {
     let kinds: Vec<&str> = told.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["transfer.pending", "transfer.expired"]);
     assert_eq!(told[1]["data"]["object"]["status"], "expired");
+    // Listed as expired.
+    let expired_list = client
+        .get(&format!("/v1/transfers?status=expired&min_position={at}"))
+        .await
+        .json();
+    assert_eq!(expired_list["data"][0]["id"], id.as_str(), "{expired_list}");
     verify_clean(&database.url).await;
 }
 
@@ -615,7 +623,128 @@ async fn posts_racing_the_expiry_of_one_hold_end_it_once(backend: Backend) {
     verify_clean(&database.url).await;
 }
 
+/// The ids of every transfer `GET /v1/transfers?{query}` lists, page by page, newest first.
+async fn listed(client: &Client, query: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let page = client
+            .get(&format!("/v1/transfers?limit=2&{query}{cursor}"))
+            .await;
+        assert_eq!(page.status, 200, "{}", String::from_utf8_lossy(&page.body));
+        let page = page.json();
+        for transfer in page["data"].as_array().unwrap() {
+            ids.push(transfer["id"].as_str().unwrap().to_owned());
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = format!("&cursor={next}"),
+            None => return ids,
+        }
+    }
+}
+
+/// Holds and transfers between a customer, a shop and a wallet, listed by account (either
+/// side), status and time: each list holds exactly what was made, newest first, and the
+/// objects are those `GET /v1/transfers/{id}` answers.
+async fn transfers_are_listed_by_account_status_and_time(backend: Backend) {
+    let (database, _server, client, _) = funded(backend).await;
+    let shop = "merchant:shop";
+    let wallet = "merchant:wallet";
+    let mut made: Vec<(String, &str, &str)> = Vec::new();
+    let mut position = 0;
+    for (n, (from, to, pending)) in [
+        (CUSTOMER, shop, true),
+        (CUSTOMER, shop, true),
+        (CUSTOMER, shop, false),
+        (CUSTOMER, wallet, true),
+        (CUSTOMER, shop, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let body = json!({"from": from, "to": to, "amount_minor": 100 + n, "currency": "USD",
+                          "pending": pending});
+        let answer = client.post("/v1/transfers", &format!("t{n}"), &body).await;
+        assert_eq!(
+            answer.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        made.push((answer.json()["id"].as_str().unwrap().to_owned(), from, to));
+        position = answer.json()["position"].as_i64().unwrap();
+    }
+    let since = chrono::Utc::now();
+    for (path, key) in [
+        (format!("/v1/transfers/{}/post", made[0].0), "post-0"),
+        (format!("/v1/transfers/{}/void", made[1].0), "void-1"),
+    ] {
+        let answer = client.post(&path, key, &json!({})).await;
+        assert_eq!(
+            answer.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        position = position.max(answer.json()["position"].as_i64().unwrap());
+    }
+    let ids =
+        |keep: &[usize]| -> Vec<String> { keep.iter().rev().map(|&n| made[n].0.clone()).collect() };
+    let fresh = format!("min_position={position}");
+    assert_eq!(listed(&client, &fresh).await, ids(&[0, 1, 2, 3, 4]));
+    // The customer's open holds; the shop's incoming transfers; the wallet's.
+    let open = format!("{fresh}&account={CUSTOMER}&status=pending");
+    assert_eq!(listed(&client, &open).await, ids(&[3, 4]));
+    assert_eq!(
+        listed(&client, &format!("account={shop}")).await,
+        ids(&[0, 1, 2, 4])
+    );
+    assert_eq!(
+        listed(&client, &format!("account={wallet}")).await,
+        ids(&[3])
+    );
+    assert_eq!(listed(&client, "status=posted").await, ids(&[0, 2]));
+    assert_eq!(listed(&client, "status=voided").await, ids(&[1]));
+    let after = since
+        .to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)
+        .replace('+', "%2B");
+    assert!(listed(&client, &format!("created_gte={after}"))
+        .await
+        .is_empty());
+    assert_eq!(
+        listed(&client, &format!("created_lt={after}")).await,
+        ids(&[0, 1, 2, 3, 4])
+    );
+    // The listed object is the transfer's own.
+    let page = client.get(&format!("/v1/transfers?{open}")).await.json();
+    let single = client
+        .get(&format!("/v1/transfers/{}", made[4].0))
+        .await
+        .json();
+    assert_eq!(page["data"][0], single);
+    // Refused queries, and another tenant sees nothing.
+    for query in [
+        "status=open",
+        "account=Not An Account",
+        "limit=0",
+        "limit=101",
+        "cursor=nope",
+        "created_gte=yesterday",
+    ] {
+        let answer = client.get(&format!("/v1/transfers?{query}")).await;
+        assert_eq!(
+            (answer.status, answer.code()),
+            (400, "invalid_query".to_owned()),
+            "{query}"
+        );
+    }
+    let beta = client.with_key("sk_test_beta_0123456789abcdef");
+    assert!(listed(&beta, "").await.is_empty());
+    verify_clean(&database.url).await;
+}
+
 asiento_testkit::both_backends!(threads = 2;
+    transfers_are_listed_by_account_status_and_time,
     posts_racing_the_expiry_of_one_hold_end_it_once,
     an_authorized_payment_is_a_pending_credit_until_captured_or_cancelled,
     holds_reserve_then_post_or_void,

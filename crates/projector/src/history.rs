@@ -6,9 +6,12 @@
 //! took its id early can commit version n+1 of a stream after a younger one committed version n:
 //! a projection may see n+1 first. Such an event waits until the gap fills.
 
-use asiento_eventstore::RecordedEvent;
+use std::collections::HashMap;
+
+use asiento_eventstore::{RecordedEvent, Tx};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use sqlx::types::Json;
 
 use crate::ProjectionError;
 
@@ -75,6 +78,123 @@ pub fn merge(
     });
     let count = contiguous.count();
     history.extend(waiting.drain(..count));
+    Ok(())
+}
+
+/// Where a projection keeps its streams' histories: a table with one row per stream (its id in
+/// `id_column`, its history in `history`), and a table of the events waiting behind a gap
+/// (`id_column`, `version`, `event`), both of one generation.
+#[derive(Debug, Clone, Copy)]
+pub struct Tables<'a> {
+    pub rows: &'a str,
+    pub pending: &'a str,
+    pub id_column: &'a str,
+}
+
+/// What a batch found stored for the streams it touches: each one's history and waiting events.
+#[derive(Debug, Default)]
+pub struct Stored {
+    pub histories: HashMap<String, Vec<Kept>>,
+    pub pending: HashMap<String, Vec<Kept>>,
+}
+
+type HistoryRow = (String, Json<Vec<Kept>>);
+type PendingRow = (String, Json<Kept>);
+
+/// Reads the histories and waiting events of the streams `ids`.
+pub async fn load(
+    tx: &mut Tx,
+    tables: Tables<'_>,
+    ids: &[String],
+) -> Result<Stored, ProjectionError> {
+    let Tables {
+        rows: table,
+        pending: pending_table,
+        id_column: id,
+    } = tables;
+    let (rows, pending): (Vec<HistoryRow>, Vec<PendingRow>) = match tx {
+        // One round trip per table for the whole batch.
+        Tx::Postgres(t) => {
+            let rows = sqlx::query_as(&format!(
+                "SELECT {id}, history FROM {table} WHERE {id} = ANY($1)"
+            ))
+            .bind(ids)
+            .fetch_all(&mut **t)
+            .await?;
+            let pending = sqlx::query_as(&format!(
+                "SELECT {id}, event FROM {pending_table} WHERE {id} = ANY($1)"
+            ))
+            .bind(ids)
+            .fetch_all(&mut **t)
+            .await?;
+            (rows, pending)
+        }
+        // SQLite is in-process: a statement per stream costs no round trip.
+        Tx::Sqlite(t) => {
+            let (mut rows, mut pending) = (Vec::new(), Vec::new());
+            let select_row = format!("SELECT {id}, history FROM {table} WHERE {id} = $1");
+            let select_pending = format!("SELECT {id}, event FROM {pending_table} WHERE {id} = $1");
+            for stream in ids {
+                rows.extend(
+                    sqlx::query_as(&select_row)
+                        .bind(stream)
+                        .fetch_optional(&mut **t)
+                        .await?,
+                );
+                pending.extend(
+                    sqlx::query_as(&select_pending)
+                        .bind(stream)
+                        .fetch_all(&mut **t)
+                        .await?,
+                );
+            }
+            (rows, pending)
+        }
+    };
+    let mut stored = Stored::default();
+    for (stream, Json(history)) in rows {
+        stored.histories.insert(stream, history);
+    }
+    for (stream, Json(kept)) in pending {
+        stored.pending.entry(stream).or_default().push(kept);
+    }
+    Ok(stored)
+}
+
+/// Makes the stored waiting events of stream `id` exactly `waiting`. Rarely runs: only when a
+/// stream's versions arrived out of order.
+pub async fn replace_pending(
+    tx: &mut Tx,
+    tables: Tables<'_>,
+    id: &str,
+    waiting: &[Kept],
+) -> Result<(), ProjectionError> {
+    let Tables {
+        pending: table,
+        id_column: column,
+        ..
+    } = tables;
+    let delete = format!("DELETE FROM {table} WHERE {column} = $1");
+    crate::on_tx!(tx, conn => sqlx::query(&delete).bind(id).execute(conn).await?.rows_affected());
+    let insert = format!("INSERT INTO {table} ({column}, version, event) VALUES ($1, $2, $3)");
+    for kept in waiting {
+        let version = i64::try_from(kept.version)
+            .map_err(|_| malformed(kept.position, "stream version overflows i64"))?;
+        crate::on_tx!(tx, conn => {
+            sqlx::query(&insert)
+                .bind(id)
+                .bind(version)
+                .bind(Json(kept))
+                .execute(conn)
+                .await?
+                .rows_affected()
+        });
+    }
+    tracing::debug!(
+        stream = id,
+        waiting = waiting.len(),
+        "events wait for an earlier version of their stream"
+    );
     Ok(())
 }
 

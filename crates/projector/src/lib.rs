@@ -26,6 +26,7 @@
 //! together, in one transaction guarded by the registry row.
 
 pub mod history;
+pub mod keyset;
 
 use asiento_eventstore::{RecordedEvent, StoreError, Tx};
 

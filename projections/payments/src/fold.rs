@@ -87,6 +87,8 @@ impl Folder {
             captured_minor: record.captured.minor(),
             refunded_minor: record.refunded.minor(),
             fee_minor: fee.minor(),
+            description: record.description.clone(),
+            metadata: record.metadata.clone(),
             created_at: record.created_at,
             updated_at: record.updated_at,
             next_action: record.next_action.clone(),

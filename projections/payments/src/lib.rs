@@ -23,6 +23,10 @@
 //! - **Keyset pages.** A page cursor names the last row's (created_at, id); the next page starts
 //!   strictly after it, so payments created meanwhile never shift a page (no duplicates, no
 //!   gaps), unlike an offset.
+//! - **Metadata as JSON, filtered by string value.** A row keeps the payment's metadata object;
+//!   `metadata[key]=value` matches a string value exactly (on PostgreSQL by containment, which a
+//!   GIN index answers). Other JSON values are shown, not filtered by: a filter's text cannot
+//!   say whether it meant the number 7 or the string "7".
 //!
 //! The lead process calls [`install`] once at startup (after migrations), runs an
 //! [`asiento_projector::Runner`] with [`projection`], and on reads with a `min_position` calls
@@ -36,6 +40,7 @@ use asiento_eventstore::{Database, StoreError};
 use asiento_projector::{Projection, ProjectionError, ProjectorError};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use serde_json::{Map, Value};
 
 mod fold;
 mod projection;
@@ -45,8 +50,8 @@ mod verify;
 pub use asiento_projector::READ_WAIT_MS_MAX;
 pub use projection::{Payments, FINGERPRINT, NAME};
 pub use read::{
-    get_payment, list_payments, wait_for_position, PaymentFilter, LIST_LIMIT_DEFAULT,
-    LIST_LIMIT_MAX,
+    export_page, get_payment, list_payments, wait_for_position, PaymentFilter, EXPORT_PAGE_ROWS,
+    LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, METADATA_FILTERS_MAX,
 };
 pub use verify::{verify, Mismatch};
 
@@ -76,6 +81,8 @@ pub struct PaymentRow {
     pub refunded_minor: i64,
     /// The fee kept after refunds (`PaymentRecord::fee_net`).
     pub fee_minor: i64,
+    pub description: Option<String>,
+    pub metadata: Map<String, Value>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     /// Present only while `requires_action` (the domain clears it on every other status).
@@ -104,6 +111,9 @@ pub enum ViewError {
     /// `limit` outside 1..=[`LIST_LIMIT_MAX`] (HTTP 400).
     #[error("limit must be between 1 and {LIST_LIMIT_MAX}, got {limit}")]
     LimitOutOfRange { limit: u32 },
+    /// More than [`METADATA_FILTERS_MAX`] `metadata[…]` filters (HTTP 400).
+    #[error("at most {METADATA_FILTERS_MAX} metadata filters, got {count}")]
+    TooManyMetadataFilters { count: usize },
     /// The projection did not reach `min_position` in time (HTTP 503 `projection_lagging`).
     #[error("the payments projection is lagging (waited {waited_ms} ms)")]
     ProjectionLagging { waited_ms: u64 },

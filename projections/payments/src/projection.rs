@@ -1,20 +1,20 @@
 //! The projection: payment streams from the log into two tables per generation.
 //!
 //! - `payments_g{n}`: one row per payment whose `PaymentIntended` has been applied: the
-//!   columns the list filters and shows, and `history`, the stream's events 1..=version that
+//!   columns the list filters and shows (its metadata as JSON), and `history`, the stream's events 1..=version that
 //!   the next batch re-folds from (see the crate docs for why the row carries them);
 //! - `payment_pending_g{n}`: events seen ahead of a gap in their stream's versions, waiting for
 //!   the missing one (PostgreSQL's gap-free order is by transaction id, not by stream version).
 //!
 //! Readers use the view `payments`, which points at the active generation.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use asiento_eventstore::{RecordedEvent, Tx};
 use asiento_projector::{on_tx, Projection, ProjectionError};
 use sqlx::types::Json;
 
-use asiento_projector::history::{merge, Kept};
+use asiento_projector::history::{load, merge, replace_pending, Kept, Tables};
 
 use crate::fold::{fold, payment_stream, to_ns};
 use crate::PaymentRow;
@@ -23,7 +23,7 @@ use crate::PaymentRow;
 pub const NAME: &str = "payments";
 /// Bump when the tables or the way they are filled change: runners then refuse the old data
 /// until `asiento projections rebuild payments`.
-pub const FINGERPRINT: &str = "payments-v1";
+pub const FINGERPRINT: &str = "payments-v2";
 
 /// The payments read model. Stateless: everything lives in the database.
 #[derive(Debug, Clone, Copy, Default)]
@@ -35,8 +35,14 @@ const TABLE: &str = "payments_g";
 const PENDING_TABLE: &str = "payment_pending_g";
 
 /// The list's three access paths (API.md filters), newest first within a tenant. Each ends with
-/// the payment id so that the keyset (created, id) is read straight from the index.
-fn indexes(g: i64) -> Vec<String> {
+/// the payment id so that the keyset (created, id) is read straight from the index. On
+/// PostgreSQL a GIN index answers the metadata filters (containment of `{key: value}`).
+fn indexes(g: i64, postgres: bool) -> Vec<String> {
+    let metadata = postgres.then(|| {
+        format!(
+            "CREATE INDEX {TABLE}{g}_by_metadata ON {TABLE}{g} USING GIN (metadata jsonb_path_ops)"
+        )
+    });
     [
         ("by_created", ""),
         ("by_status", "status, "),
@@ -49,6 +55,7 @@ fn indexes(g: i64) -> Vec<String> {
              (tenant, {column}created_ns DESC, payment_id DESC)"
         )
     })
+    .chain(metadata)
     .collect()
 }
 
@@ -66,6 +73,8 @@ fn ddl_postgres(g: i64) -> Vec<String> {
                 captured_minor BIGINT NOT NULL,
                 refunded_minor BIGINT NOT NULL,
                 fee_minor      BIGINT NOT NULL,
+                description    TEXT,
+                metadata       JSONB  NOT NULL,
                 created_ns     BIGINT NOT NULL,
                 updated_ns     BIGINT NOT NULL,
                 next_action    JSONB,
@@ -81,7 +90,7 @@ fn ddl_postgres(g: i64) -> Vec<String> {
                 PRIMARY KEY (payment_id, version))"
         ),
     ];
-    statements.extend(indexes(g));
+    statements.extend(indexes(g, true));
     statements
 }
 
@@ -99,6 +108,8 @@ fn ddl_sqlite(g: i64) -> Vec<String> {
                 captured_minor INTEGER NOT NULL,
                 refunded_minor INTEGER NOT NULL,
                 fee_minor      INTEGER NOT NULL,
+                description    TEXT,
+                metadata       TEXT    NOT NULL,
                 created_ns     INTEGER NOT NULL,
                 updated_ns     INTEGER NOT NULL,
                 next_action    TEXT,
@@ -114,15 +125,8 @@ fn ddl_sqlite(g: i64) -> Vec<String> {
                 PRIMARY KEY (payment_id, version)) WITHOUT ROWID"
         ),
     ];
-    statements.extend(indexes(g));
+    statements.extend(indexes(g, false));
     statements
-}
-
-/// What a batch found stored for the payments it touches.
-#[derive(Default)]
-struct Stored {
-    histories: HashMap<String, Vec<Kept>>,
-    pending: HashMap<String, Vec<Kept>>,
 }
 
 #[async_trait::async_trait]
@@ -178,7 +182,13 @@ impl Projection for Payments {
             return Ok(());
         }
         let ids: Vec<String> = incoming.keys().cloned().collect();
-        let mut stored = load(tx, g, &ids).await?;
+        let (rows, pending) = (format!("{TABLE}{g}"), format!("{PENDING_TABLE}{g}"));
+        let tables = Tables {
+            rows: &rows,
+            pending: &pending,
+            id_column: "payment_id",
+        };
+        let mut stored = load(tx, tables, &ids).await?;
         let mut changed = Vec::with_capacity(ids.len());
         for (id, events) in incoming {
             let mut history = stored.histories.remove(&id).unwrap_or_default();
@@ -192,67 +202,11 @@ impl Projection for Payments {
                 }
             }
             if had_pending || !waiting.is_empty() {
-                replace_pending(tx, g, &id, &waiting).await?;
+                replace_pending(tx, tables, &id, &waiting).await?;
             }
         }
         upsert(tx, g, changed).await
     }
-}
-
-/// A stored row's history, and one waiting event, each with its payment id.
-type HistoryRow = (String, Json<Vec<Kept>>);
-type PendingRow = (String, Json<Kept>);
-
-async fn load(tx: &mut Tx, g: i64, ids: &[String]) -> Result<Stored, ProjectionError> {
-    let mut stored = Stored::default();
-    let (rows, pending): (Vec<HistoryRow>, Vec<PendingRow>) = match tx {
-        // One round trip per table for the whole batch.
-        Tx::Postgres(t) => {
-            let rows = sqlx::query_as(&format!(
-                "SELECT payment_id, history FROM {TABLE}{g} WHERE payment_id = ANY($1)"
-            ))
-            .bind(ids)
-            .fetch_all(&mut **t)
-            .await?;
-            let pending = sqlx::query_as(&format!(
-                "SELECT payment_id, event FROM {PENDING_TABLE}{g} WHERE payment_id = ANY($1)"
-            ))
-            .bind(ids)
-            .fetch_all(&mut **t)
-            .await?;
-            (rows, pending)
-        }
-        // SQLite is in-process: a statement per payment costs no round trip.
-        Tx::Sqlite(t) => {
-            let (mut rows, mut pending) = (Vec::new(), Vec::new());
-            let select_row =
-                format!("SELECT payment_id, history FROM {TABLE}{g} WHERE payment_id = $1");
-            let select_pending =
-                format!("SELECT payment_id, event FROM {PENDING_TABLE}{g} WHERE payment_id = $1");
-            for id in ids {
-                rows.extend(
-                    sqlx::query_as(&select_row)
-                        .bind(id)
-                        .fetch_optional(&mut **t)
-                        .await?,
-                );
-                pending.extend(
-                    sqlx::query_as(&select_pending)
-                        .bind(id)
-                        .fetch_all(&mut **t)
-                        .await?,
-                );
-            }
-            (rows, pending)
-        }
-    };
-    for (id, Json(history)) in rows {
-        stored.histories.insert(id, history);
-    }
-    for (id, Json(kept)) in pending {
-        stored.pending.entry(id).or_default().push(kept);
-    }
-    Ok(stored)
 }
 
 /// A row as its columns are stored.
@@ -285,7 +239,7 @@ impl Columns {
 
 const UPSERT_COLUMNS: &str = "(payment_id, tenant, status, amount_minor, currency, customer,
              provider, captured_minor, refunded_minor, fee_minor, created_ns, updated_ns,
-             next_action, version, position, history)";
+             next_action, version, position, history, description, metadata)";
 
 const UPSERT_ON_CONFLICT: &str = "ON CONFLICT (payment_id) DO UPDATE SET
              tenant = excluded.tenant, status = excluded.status,
@@ -295,7 +249,8 @@ const UPSERT_ON_CONFLICT: &str = "ON CONFLICT (payment_id) DO UPDATE SET
              fee_minor = excluded.fee_minor, created_ns = excluded.created_ns,
              updated_ns = excluded.updated_ns, next_action = excluded.next_action,
              version = excluded.version, position = excluded.position,
-             history = excluded.history";
+             history = excluded.history, description = excluded.description,
+             metadata = excluded.metadata";
 
 /// Writes the batch's changed rows: one UNNEST statement on PostgreSQL (each payment appears once:
 /// `apply` grouped the batch by payment), a statement per row on SQLite (in process).
@@ -309,7 +264,8 @@ async fn upsert(tx: &mut Tx, g: i64, rows: Vec<Columns>) -> Result<(), Projectio
                 "INSERT INTO {TABLE}{g} {UPSERT_COLUMNS}
                  SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::text[],
                      $6::text[], $7::text[], $8::int8[], $9::int8[], $10::int8[], $11::int8[],
-                     $12::int8[], $13::jsonb[], $14::int8[], $15::int8[], $16::jsonb[])
+                     $12::int8[], $13::jsonb[], $14::int8[], $15::int8[], $16::jsonb[],
+                     $17::text[], $18::jsonb[])
                  {UPSERT_ON_CONFLICT}"
             );
             let column = |f: &dyn Fn(&Columns) -> i64| rows.iter().map(f).collect::<Vec<i64>>();
@@ -336,13 +292,24 @@ async fn upsert(tx: &mut Tx, g: i64, rows: Vec<Columns>) -> Result<(), Projectio
                 .bind(column(&|c| c.version))
                 .bind(column(&|c| c.row.position))
                 .bind(rows.iter().map(|c| Json(&c.history)).collect::<Vec<_>>())
+                .bind(
+                    rows.iter()
+                        .map(|c| c.row.description.as_deref())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    rows.iter()
+                        .map(|c| Json(&c.row.metadata))
+                        .collect::<Vec<_>>(),
+                )
                 .execute(&mut **t)
                 .await?;
         }
         Tx::Sqlite(t) => {
             let statement = format!(
                 "INSERT INTO {TABLE}{g} {UPSERT_COLUMNS}
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                     $17, $18)
                  {UPSERT_ON_CONFLICT}"
             );
             for c in &rows {
@@ -363,45 +330,12 @@ async fn upsert(tx: &mut Tx, g: i64, rows: Vec<Columns>) -> Result<(), Projectio
                     .bind(c.version)
                     .bind(c.row.position)
                     .bind(Json(&c.history))
+                    .bind(c.row.description.as_deref())
+                    .bind(Json(&c.row.metadata))
                     .execute(&mut **t)
                     .await?;
             }
         }
     }
-    Ok(())
-}
-
-/// Makes the stored waiting events of one payment exactly `waiting`. Rarely runs: only when a
-/// stream's versions arrived out of order.
-async fn replace_pending(
-    tx: &mut Tx,
-    g: i64,
-    id: &str,
-    waiting: &[Kept],
-) -> Result<(), ProjectionError> {
-    let delete = format!("DELETE FROM {PENDING_TABLE}{g} WHERE payment_id = $1");
-    on_tx!(tx, conn => sqlx::query(&delete).bind(id).execute(conn).await?.rows_affected());
-    let insert =
-        format!("INSERT INTO {PENDING_TABLE}{g} (payment_id, version, event) VALUES ($1, $2, $3)");
-    for kept in waiting {
-        let version = i64::try_from(kept.version).map_err(|_| ProjectionError::Malformed {
-            position: kept.position,
-            reason: "stream version overflows i64".to_owned(),
-        })?;
-        on_tx!(tx, conn => {
-            sqlx::query(&insert)
-                .bind(id)
-                .bind(version)
-                .bind(Json(kept))
-                .execute(conn)
-                .await?
-                .rows_affected()
-        });
-    }
-    tracing::debug!(
-        payment_id = id,
-        waiting = waiting.len(),
-        "payment events wait for an earlier version"
-    );
     Ok(())
 }

@@ -3,11 +3,12 @@
 
 use asiento_domain::payment::NextAction;
 use asiento_domain::{CustomerId, PaymentId, PaymentStatus, TenantId};
-use asiento_eventstore::{Database, EventStore};
+use asiento_eventstore::{Backend, Database, EventStore};
+use asiento_projector::keyset::Keyset;
 use asiento_projector::{on_db, WaitError, READ_WAIT_MS_MAX};
 use chrono::{DateTime, Utc};
+use serde_json::{Map, Value};
 use sqlx::types::Json;
-use uuid::Uuid;
 
 use crate::fold::{bound_ns, from_ns};
 use crate::{Page, PaymentRow, ViewError, NAME};
@@ -16,15 +17,18 @@ use crate::{Page, PaymentRow, ViewError, NAME};
 pub const LIST_LIMIT_MAX: u32 = 100;
 /// The page size when the client names none.
 pub const LIST_LIMIT_DEFAULT: u32 = 50;
+/// The most `metadata[key]=value` filters one list may combine.
+pub const METADATA_FILTERS_MAX: usize = 10;
+/// The rows of one page of an export ([`export_page`]): large enough that a million payments
+/// are a thousand statements, small enough that a page's rows are a fixed, small buffer.
+pub const EXPORT_PAGE_ROWS: u32 = 1_000;
 
 /// The view every read goes through (the active generation's table).
 const VIEW: &str = "payments";
 /// Every column a [`PaymentRow`] needs; never `history`, which only the projector reads.
 const COLUMNS: &str = "payment_id, tenant, status, amount_minor, currency, customer, provider, \
      captured_minor, refunded_minor, fee_minor, created_ns, updated_ns, next_action, version, \
-     position";
-/// Hex digits of a cursor: 16 for the creation time, 32 for the payment id's uuid.
-const CURSOR_HEX_CHARS: usize = 48;
+     position, description, metadata";
 
 /// `GET /v1/payments` query parameters, validated except for `limit` and `cursor`, which
 /// [`list_payments`] checks (both are 400s).
@@ -38,6 +42,17 @@ pub struct PaymentFilter {
     pub created_gte: Option<DateTime<Utc>>,
     /// Created strictly before.
     pub created_lt: Option<DateTime<Utc>>,
+    /// Last changed at or after.
+    pub updated_gte: Option<DateTime<Utc>>,
+    /// Last changed strictly before.
+    pub updated_lt: Option<DateTime<Utc>>,
+    /// The amount asked for, at least.
+    pub amount_gte: Option<i64>,
+    /// The amount asked for, at most.
+    pub amount_lte: Option<i64>,
+    /// Each `(key, value)`: the payment's metadata holds `key` with exactly the string `value`
+    /// (all of them; at most [`METADATA_FILTERS_MAX`]).
+    pub metadata: Vec<(String, String)>,
     /// 1..=[`LIST_LIMIT_MAX`].
     pub limit: u32,
     /// The `next_cursor` of the previous page; None for the first (newest) page.
@@ -52,42 +67,14 @@ impl Default for PaymentFilter {
             provider: None,
             created_gte: None,
             created_lt: None,
+            updated_gte: None,
+            updated_lt: None,
+            amount_gte: None,
+            amount_lte: None,
+            metadata: Vec::new(),
             limit: LIST_LIMIT_DEFAULT,
             cursor: None,
         }
-    }
-}
-
-/// Where a page ends: the last row's (created, id), the keyset the next page starts after.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Keyset {
-    created_ns: i64,
-    id: PaymentId,
-}
-
-impl Keyset {
-    /// Opaque to clients: fixed-width hex, so any edit is either rejected or names another
-    /// point in the same order (never another tenant's data: every query is tenant-scoped).
-    fn encode(self) -> String {
-        // The bits of the i64, so that times before 1970 survive the round trip.
-        format!(
-            "{:016x}{}",
-            u64::from_ne_bytes(self.created_ns.to_ne_bytes()),
-            self.id.as_uuid().simple()
-        )
-    }
-
-    fn decode(cursor: &str) -> Result<Keyset, ViewError> {
-        if cursor.len() != CURSOR_HEX_CHARS || !cursor.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(ViewError::InvalidCursor);
-        }
-        let (created, id) = cursor.split_at(16);
-        let created = u64::from_str_radix(created, 16).map_err(|_| ViewError::InvalidCursor)?;
-        let id = Uuid::try_parse(id).map_err(|_| ViewError::InvalidCursor)?;
-        Ok(Keyset {
-            created_ns: i64::from_ne_bytes(created.to_ne_bytes()),
-            id: PaymentId::from_uuid(id),
-        })
     }
 }
 
@@ -108,6 +95,8 @@ pub(crate) struct Row {
     next_action: Option<Json<NextAction>>,
     version: i64,
     position: i64,
+    description: Option<String>,
+    metadata: Json<Map<String, Value>>,
 }
 
 impl Row {
@@ -133,6 +122,8 @@ impl Row {
             captured_minor: self.captured_minor,
             refunded_minor: self.refunded_minor,
             fee_minor: self.fee_minor,
+            description: self.description,
+            metadata: self.metadata.0,
             created_at: from_ns(self.created_ns),
             updated_at: from_ns(self.updated_ns),
             next_action: self.next_action.map(|Json(a)| a),
@@ -162,7 +153,34 @@ pub async fn list_payments(
             limit: filter.limit,
         });
     }
-    let after = filter.cursor.as_deref().map(Keyset::decode).transpose()?;
+    page(db, tenant, filter).await
+}
+
+/// One page of an export of the tenant's payments (`GET /v1/payments` as CSV): the list's order,
+/// filters and cursor, [`EXPORT_PAGE_ROWS`] at a time whatever `filter.limit` says.
+#[tracing::instrument(skip(db))]
+pub async fn export_page(
+    db: &Database,
+    tenant: &TenantId,
+    filter: PaymentFilter,
+) -> Result<Page, ViewError> {
+    page(
+        db,
+        tenant,
+        PaymentFilter {
+            limit: EXPORT_PAGE_ROWS,
+            ..filter
+        },
+    )
+    .await
+}
+
+async fn page(db: &Database, tenant: &TenantId, filter: PaymentFilter) -> Result<Page, ViewError> {
+    let after = filter
+        .cursor
+        .as_deref()
+        .map(|cursor| Keyset::decode(cursor).ok_or(ViewError::InvalidCursor))
+        .transpose()?;
 
     let mut sql = format!("SELECT {COLUMNS} FROM {VIEW} WHERE tenant = $1");
     let mut params = vec![Param::Text(tenant.as_str().to_owned())];
@@ -186,9 +204,44 @@ pub async fn list_payments(
         params.push(Param::Int(bound_ns(lt)));
         sql.push_str(&format!(" AND created_ns < ${}", params.len()));
     }
+    if let Some(gte) = filter.updated_gte {
+        params.push(Param::Int(bound_ns(gte)));
+        sql.push_str(&format!(" AND updated_ns >= ${}", params.len()));
+    }
+    if let Some(lt) = filter.updated_lt {
+        params.push(Param::Int(bound_ns(lt)));
+        sql.push_str(&format!(" AND updated_ns < ${}", params.len()));
+    }
+    if let Some(gte) = filter.amount_gte {
+        params.push(Param::Int(gte));
+        sql.push_str(&format!(" AND amount_minor >= ${}", params.len()));
+    }
+    if let Some(lte) = filter.amount_lte {
+        params.push(Param::Int(lte));
+        sql.push_str(&format!(" AND amount_minor <= ${}", params.len()));
+    }
+    if filter.metadata.len() > METADATA_FILTERS_MAX {
+        return Err(ViewError::TooManyMetadataFilters {
+            count: filter.metadata.len(),
+        });
+    }
+    for (key, value) in &filter.metadata {
+        params.push(Param::Text(key.clone()));
+        params.push(Param::Text(value.clone()));
+        let (k, v) = (params.len() - 1, params.len());
+        sql.push_str(&match db.backend() {
+            Backend::Postgres => {
+                format!(" AND metadata @> jsonb_build_object(${k}::text, ${v}::text)")
+            }
+            Backend::Sqlite => format!(
+                " AND EXISTS (SELECT 1 FROM json_each({VIEW}.metadata) m \
+                 WHERE m.key = ${k} AND m.type = 'text' AND m.value = ${v})"
+            ),
+        });
+    }
     if let Some(after) = after {
         params.push(Param::Int(after.created_ns));
-        params.push(Param::Text(after.id.to_string()));
+        params.push(Param::Text(PaymentId::from_uuid(after.id).to_string()));
         sql.push_str(&format!(
             " AND (created_ns, payment_id) < (${}, ${})",
             params.len() - 1,
@@ -224,7 +277,7 @@ pub async fn list_payments(
         Some(last) if more => Some(
             Keyset {
                 created_ns: last.created_at.timestamp_nanos_opt().unwrap_or(i64::MAX),
-                id: last.id,
+                id: last.id.as_uuid(),
             }
             .encode(),
         ),
@@ -270,36 +323,5 @@ pub async fn wait_for_position(
         Err(WaitError::NotInstalled { .. }) => Err(ViewError::NotInstalled),
         Err(WaitError::Store(e)) => Err(e.into()),
         Err(WaitError::Database(e)) => Err(e.into()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cursors_round_trip_and_anything_else_is_invalid() {
-        let id = PaymentId::from_uuid(Uuid::from_u128(0xabc));
-        for created_ns in [0, 1, -1, i64::MIN, i64::MAX, 1_764_000_000_123_456_789] {
-            let keyset = Keyset { created_ns, id };
-            let encoded = keyset.encode();
-            assert_eq!(encoded.len(), CURSOR_HEX_CHARS);
-            assert_eq!(Keyset::decode(&encoded).ok(), Some(keyset), "{created_ns}");
-        }
-        let good = Keyset { created_ns: 5, id }.encode();
-        let bad = [
-            String::new(),
-            "zz".repeat(24),
-            good[1..].to_owned(),
-            format!("{good}0"),
-            format!("{}é", &good[..46]),
-            "pay_".repeat(12),
-        ];
-        for cursor in bad {
-            assert!(
-                matches!(Keyset::decode(&cursor), Err(ViewError::InvalidCursor)),
-                "{cursor:?}"
-            );
-        }
     }
 }

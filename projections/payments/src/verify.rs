@@ -32,7 +32,7 @@ pub struct Mismatch {
 async fn snapshot_all(db: &Database) -> Result<(Cursor, BTreeMap<String, PaymentRow>), ViewError> {
     const COLUMNS: &str = "v.payment_id, v.tenant, v.status, v.amount_minor, v.currency, \
          v.customer, v.provider, v.captured_minor, v.refunded_minor, v.fee_minor, v.created_ns, \
-         v.updated_ns, v.next_action, v.version, v.position";
+         v.updated_ns, v.next_action, v.version, v.position, v.description, v.metadata";
     let statement = format!(
         "SELECT p.checkpoint_xact, p.checkpoint_position, {COLUMNS} \
          FROM projections p LEFT JOIN payments v ON 1 = 1 WHERE p.name = $1"

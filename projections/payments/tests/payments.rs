@@ -68,6 +68,8 @@ impl Made {
             captured_minor: r.captured.minor(),
             refunded_minor: r.refunded.minor(),
             fee_minor: r.fee_net().unwrap().minor(),
+            description: r.description.clone(),
+            metadata: r.metadata.clone(),
             created_at: r.created_at,
             updated_at: r.updated_at,
             next_action: r.next_action.clone(),
@@ -181,8 +183,8 @@ impl Harness {
                 customer: CustomerId::parse(customer).unwrap(),
                 provider: ProviderName::parse("sim").unwrap(),
                 capture_mode: CaptureMode::Automatic,
-                description: None,
-                metadata: serde_json::Map::new(),
+                description: Some(format!("order of {amount}")),
+                metadata: metadata(amount),
                 payment_method: None,
                 at: created,
             }),
@@ -382,6 +384,22 @@ impl Harness {
     }
 }
 
+/// A payment's metadata: an order number, a channel (two payments in three `web`), a key
+/// with characters JSON paths would quote, and the amount as a number (shown, never matched by a
+/// filter's text).
+fn metadata(amount: i64) -> serde_json::Map<String, serde_json::Value> {
+    let channel = if amount % 3_000 == 0 { "app" } else { "web" };
+    serde_json::json!({
+        "order_id": format!("ord-{amount}"),
+        "channel": channel,
+        "shop.\"region\"": "eu",
+        "amount": amount,
+    })
+    .as_object()
+    .unwrap()
+    .clone()
+}
+
 /// The reference listing: the tenant's payments that `keep` accepts, newest first, ties by id.
 fn expected(made: &[Made], tenant: &str, keep: impl Fn(&PaymentRow) -> bool) -> Vec<PaymentRow> {
     let mut rows: Vec<PaymentRow> = made
@@ -563,6 +581,101 @@ async fn every_filter_selects_exactly_the_matching_payments(h: Harness) {
     });
     assert!(!want.is_empty());
     assert_eq!(got, want);
+
+    // By amount, by last change, by metadata.
+    let got = h
+        .all_pages(
+            ACME,
+            PaymentFilter {
+                amount_gte: Some(5_000),
+                amount_lte: Some(20_000),
+                ..filter(3)
+            },
+        )
+        .await;
+    let want = expected(&made, ACME, |r| (5_000..=20_000).contains(&r.amount_minor));
+    assert!(want.len() >= 3, "{}", want.len());
+    assert_eq!(got, want);
+    let changed = at(base_time(), 4 * 60 + 2);
+    for (gte, lt) in [(Some(changed), None), (None, Some(changed))] {
+        let got = h
+            .all_pages(
+                ACME,
+                PaymentFilter {
+                    updated_gte: gte,
+                    updated_lt: lt,
+                    ..filter(5)
+                },
+            )
+            .await;
+        let want = expected(&made, ACME, |r| {
+            gte.is_none_or(|gte| r.updated_at >= gte) && lt.is_none_or(|lt| r.updated_at < lt)
+        });
+        assert!(!want.is_empty());
+        assert_eq!(got, want);
+    }
+    let text = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    let matching = |r: &PaymentRow, pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .all(|(k, v)| r.metadata.get(*k).and_then(|x| x.as_str()) == Some(*v))
+    };
+    for pairs in [
+        &[("order_id", "ord-5000")][..],
+        &[("channel", "web")],
+        &[("channel", "app"), ("shop.\"region\"", "eu")],
+        &[("channel", "app"), ("order_id", "ord-5000")],
+        // A number is shown, never matched by text.
+        &[("amount", "5000")],
+        &[("missing", "web")],
+    ] {
+        let got = h
+            .all_pages(
+                ACME,
+                PaymentFilter {
+                    metadata: text(pairs),
+                    ..filter(4)
+                },
+            )
+            .await;
+        assert_eq!(
+            got,
+            expected(&made, ACME, |r| matching(r, pairs)),
+            "{pairs:?}"
+        );
+    }
+    assert_eq!(
+        h.all_pages(
+            ACME,
+            PaymentFilter {
+                metadata: text(&[("channel", "web")]),
+                ..filter(50)
+            }
+        )
+        .await
+        .len(),
+        expected(&made, ACME, |r| r.metadata["channel"] == "web").len()
+    );
+    let too_many: Vec<(String, String)> = (0..=asiento_payments_view::METADATA_FILTERS_MAX)
+        .map(|n| (format!("k{n}"), "v".to_owned()))
+        .collect();
+    assert!(matches!(
+        list_payments(
+            &h.db,
+            &TenantId::parse(ACME).unwrap(),
+            PaymentFilter {
+                metadata: too_many,
+                ..filter(5)
+            }
+        )
+        .await,
+        Err(ViewError::TooManyMetadataFilters { count: 11 })
+    ));
     stop.send(()).unwrap();
     handle.await.unwrap();
 }

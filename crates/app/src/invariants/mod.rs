@@ -96,6 +96,8 @@ pub enum Check {
     CapturePosting,
     GuardBalance,
     PaymentReadModel,
+    /// A transfers read-model row differs from the fold of its stream.
+    TransferReadModel,
     /// The merchant events feed differs from its derivation from the log.
     MerchantEvents,
     /// The payment search index differs from its derivation from the log.
@@ -111,12 +113,13 @@ pub enum Check {
 }
 
 impl Check {
-    pub const ALL: [Check; 14] = [
+    pub const ALL: [Check; 15] = [
         Check::EntryZeroSum,
         Check::Snapshot,
         Check::CapturePosting,
         Check::GuardBalance,
         Check::PaymentReadModel,
+        Check::TransferReadModel,
         Check::MerchantEvents,
         Check::PaymentSearch,
         Check::StreamVersions,
@@ -135,6 +138,7 @@ impl Check {
             Check::CapturePosting => "capture_posting",
             Check::GuardBalance => "guard_balance",
             Check::PaymentReadModel => "payment_read_model",
+            Check::TransferReadModel => "transfer_read_model",
             Check::MerchantEvents => "merchant_events",
             Check::PaymentSearch => "payment_search",
             Check::StreamVersions => "stream_versions",

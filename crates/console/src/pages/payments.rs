@@ -85,6 +85,7 @@ pub async fn list(
         created_lt: to,
         limit: PAGE_SIZE,
         cursor: param(&query, "cursor").map(str::to_owned),
+        ..PaymentFilter::default()
     };
     let page = asiento_payments_view::list_payments(&state.api.database, &tenant, filter)
         .await

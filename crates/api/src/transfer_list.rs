@@ -1,0 +1,125 @@
+//! `GET /v1/transfers`: the tenant's transfers and holds, newest first, from the transfers read
+//! model: a customer's open holds (`account=…&status=pending`), a merchant's incoming transfers,
+//! a period's transfers.
+
+use asiento_domain::{AccountName, TenantId};
+use asiento_transfer_list::{ListError, TransferFilter};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::auth::AuthenticatedTenant;
+use crate::problem::Problem;
+use crate::AppState;
+
+/// `GET /v1/transfers?account=&status=&created_gte=&created_lt=&limit=50&cursor=[&min_position=N]`
+#[utoipa::path(
+    get, path = "/v1/transfers", tag = "ledger", operation_id = "list_transfers",
+    params(
+        ("account" = Option<String>, Query, description = "Only transfers that leave or reach this account"),
+        ("status" = Option<String>, Query, description = "pending, posted, voided or expired"),
+        ("created_gte" = Option<String>, Query, description = "Requested at or after (RFC 3339)"),
+        ("created_lt" = Option<String>, Query, description = "Requested before (RFC 3339)"),
+        ("limit" = Option<u32>, Query, description = "1 to 100, default 50"),
+        ("cursor" = Option<String>, Query, description = "next_cursor of the previous page"),
+        ("min_position" = Option<i64>, Query, description = "Wait (up to 5 s) until the list includes this position"),
+    ),
+    responses(
+        (status = 200, description = "The tenant's transfers, newest first", body = crate::openapi::TransferList),
+        (status = 400, description = "Invalid query", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "projection_lagging", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
+pub async fn list(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    query: Result<
+        axum::extract::Query<std::collections::HashMap<String, String>>,
+        axum::extract::rejection::QueryRejection,
+    >,
+) -> Result<Response, Problem> {
+    let axum::extract::Query(params) =
+        query.map_err(|rejection| Problem::bad_request("invalid_query", rejection.body_text()))?;
+    let tenant = TenantId::parse(&tenant.0).map_err(|error| Problem::internal(&error))?;
+    let invalid = |name: &str, detail: String| {
+        Problem::bad_request("invalid_query", format!("{name}: {detail}"))
+    };
+    let time = |name: &str| -> Result<Option<chrono::DateTime<chrono::Utc>>, Problem> {
+        params
+            .get(name)
+            .map(|raw| {
+                chrono::DateTime::parse_from_rfc3339(raw)
+                    .map(|time| time.with_timezone(&chrono::Utc))
+                    .map_err(|error| invalid(name, error.to_string()))
+            })
+            .transpose()
+    };
+    let account = params
+        .get("account")
+        .map(|raw| AccountName::parse(raw).map_err(|error| invalid("account", error.to_string())))
+        .transpose()?;
+    let status = params
+        .get("status")
+        .map(|raw| {
+            asiento_transfer_list::parse_status(raw)
+                .ok_or_else(|| invalid("status", format!("unknown status {raw:?}")))
+        })
+        .transpose()?;
+    let limit = params
+        .get("limit")
+        .map(|raw| {
+            raw.parse::<u32>()
+                .map_err(|error| invalid("limit", error.to_string()))
+        })
+        .transpose()?
+        .unwrap_or(asiento_transfer_list::LIST_LIMIT_DEFAULT);
+    let min_position = params
+        .get("min_position")
+        .map(|raw| {
+            raw.parse::<i64>()
+                .ok()
+                .filter(|position| *position >= 0)
+                .ok_or_else(|| invalid("min_position", "must be a non-negative integer".to_owned()))
+        })
+        .transpose()?;
+    let filter = TransferFilter {
+        account,
+        status,
+        created_gte: time("created_gte")?,
+        created_lt: time("created_lt")?,
+        limit,
+        cursor: params.get("cursor").cloned(),
+    };
+    crate::ledger::known_position(&state, min_position).await?;
+    if let Some(position) = min_position {
+        asiento_transfer_list::wait_for_position(
+            &state.database,
+            state.payments.store().as_ref(),
+            position,
+        )
+        .await
+        .map_err(problem)?;
+    }
+    let page = asiento_transfer_list::list_transfers(&state.database, &tenant, filter)
+        .await
+        .map_err(problem)?;
+    let data: Vec<&serde_json::Value> = page.data.iter().map(|row| &row.object).collect();
+    Ok(Json(json!({"data": data, "next_cursor": page.next_cursor})).into_response())
+}
+
+fn problem(error: ListError) -> Problem {
+    match error {
+        ListError::InvalidCursor | ListError::LimitOutOfRange { .. } => {
+            Problem::bad_request("invalid_query", error.to_string())
+        }
+        ListError::ProjectionLagging { .. } => Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "projection_lagging",
+            error.to_string(),
+        )
+        .with_retry_after(1),
+        other => Problem::server(&other),
+    }
+}

@@ -1,0 +1,123 @@
+//! The checker: every transfer row compared with its stream folded again from the log.
+//!
+//! A row that disagrees with the fold of its stream at the same checkpoint is corrupt (a bug,
+//! or a hand edit); `asiento projections rebuild transfers` replaces it with a fresh copy.
+
+use std::collections::BTreeMap;
+
+use asiento_eventstore::{Cursor, Database, EventStore};
+use asiento_projector::history::Kept;
+use asiento_projector::on_db;
+use sqlx::{FromRow, Row as _};
+
+use crate::fold::{transfer_stream, Folder};
+use crate::projection::VIEW;
+use crate::read::{Row, COLUMNS};
+use crate::{ListError, TransferRow, NAME};
+
+/// Events per log read while recomputing.
+const RECOMPUTE_PAGE_EVENTS: usize = 5_000;
+
+/// A transfer whose row disagrees with its stream. `stored` None: the row is missing;
+/// `recomputed` None: the row has no transfer in the log (up to the checkpoint).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mismatch {
+    pub transfer_id: String,
+    pub stored: Option<TransferRow>,
+    pub recomputed: Option<TransferRow>,
+}
+
+/// Every row, with the checkpoint they are exact at, read in ONE statement so that they agree
+/// even while a batch or a rebuild swap commits.
+async fn snapshot_all(db: &Database) -> Result<(Cursor, BTreeMap<String, TransferRow>), ListError> {
+    let columns: Vec<String> = COLUMNS.split(", ").map(|c| format!("v.{c}")).collect();
+    let statement = format!(
+        "SELECT p.checkpoint_xact, p.checkpoint_position, {} \
+         FROM projections p LEFT JOIN {VIEW} v ON 1 = 1 WHERE p.name = $1",
+        columns.join(", ")
+    );
+    let (cursor, rows) = on_db!(db, pool => {
+        let raw = sqlx::query(&statement).bind(NAME).fetch_all(pool).await?;
+        let mut cursor = None;
+        let mut rows = Vec::with_capacity(raw.len());
+        for r in &raw {
+            cursor = Some(Cursor::new(
+                r.try_get("checkpoint_xact")?,
+                r.try_get("checkpoint_position")?,
+            ));
+            // NULL: the LEFT JOIN found no rows at all.
+            if r.try_get::<Option<String>, _>("transfer_id")?.is_some() {
+                rows.push(Row::from_row(r)?);
+            }
+        }
+        (cursor, rows)
+    });
+    let cursor = cursor.ok_or(ListError::NotInstalled)?;
+    let mut stored = BTreeMap::new();
+    for row in rows {
+        let row = row.into_transfer()?;
+        stored.insert(row.id.clone(), row);
+    }
+    Ok((cursor, stored))
+}
+
+/// Every transfer folded from the log alone, up to and including `upto`.
+async fn recompute_all(
+    store: &dyn EventStore,
+    upto: Cursor,
+) -> Result<BTreeMap<String, TransferRow>, ListError> {
+    // Per transfer: the fold so far, and events seen ahead of a gap in the stream's versions.
+    let mut streams: BTreeMap<String, (Folder, Vec<Kept>)> = BTreeMap::new();
+    let mut reached = Cursor::START;
+    'pages: loop {
+        let page = store.read_all(reached, RECOMPUTE_PAGE_EVENTS).await?;
+        for event in &page {
+            if event.cursor > upto {
+                break 'pages;
+            }
+            reached = event.cursor;
+            let Some(id) = transfer_stream(event) else {
+                continue;
+            };
+            let (folder, waiting) = streams.entry(id).or_default();
+            waiting.push(Kept::from_recorded(event));
+            waiting.sort_by_key(|k| k.version);
+            while waiting
+                .first()
+                .is_some_and(|k| k.version == folder.version() + 1)
+            {
+                let next = waiting.remove(0);
+                folder.push(&next)?;
+            }
+        }
+        if page.is_empty() {
+            break;
+        }
+    }
+    Ok(streams
+        .into_iter()
+        .filter_map(|(id, (folder, _))| folder.row().map(|row| (id, row)))
+        .collect())
+}
+
+/// Compares every row with its stream folded from the log up to the read model's checkpoint.
+/// Empty: the read model is right.
+pub async fn verify(db: &Database, store: &dyn EventStore) -> Result<Vec<Mismatch>, ListError> {
+    let (checkpoint, mut stored) = snapshot_all(db).await?;
+    let mut recomputed = recompute_all(store, checkpoint).await?;
+    let mut ids: Vec<String> = stored.keys().chain(recomputed.keys()).cloned().collect();
+    ids.sort();
+    ids.dedup();
+    Ok(ids
+        .into_iter()
+        .filter_map(|id| {
+            let stored = stored.remove(&id);
+            let recomputed = recomputed.remove(&id);
+            (stored != recomputed).then_some(Mismatch {
+                transfer_id: id,
+                stored,
+                recomputed,
+            })
+        })
+        .collect())
+}
