@@ -332,7 +332,19 @@ pub async fn create_transfer(
         "/v1/transfers".to_owned(),
         &body,
     )?;
-    let fields = Fields(&body);
+    let transfer = new_transfer(&state, &tenant, &body)?;
+    Ok(answer_response(
+        state.ledger.transfer(&request, transfer).await,
+    ))
+}
+
+/// A transfer's fields, as `POST /v1/transfers` takes them (and each of a batch's).
+fn new_transfer(
+    state: &AppState,
+    tenant: &TenantId,
+    body: &serde_json::Map<String, serde_json::Value>,
+) -> Result<NewTransfer, Problem> {
+    let fields = Fields(body);
     fields.only(&[
         "from",
         "to",
@@ -342,8 +354,8 @@ pub async fn create_transfer(
         "pending",
         "expires_at",
     ])?;
-    let transfer = NewTransfer {
-        tenant,
+    Ok(NewTransfer {
+        tenant: tenant.clone(),
         from: fields.account("from")?,
         to: fields.account("to")?,
         amount: fields.positive_amount("amount_minor", state.amount_limit)?,
@@ -351,9 +363,68 @@ pub async fn create_transfer(
         description: fields.optional_string("description")?.map(str::to_owned),
         pending: fields.flag("pending")?,
         expires_at: fields.optional_time("expires_at")?,
+    })
+}
+
+/// `POST /v1/transfers/batch`
+#[utoipa::path(
+    post, path = "/v1/transfers/batch", tag = "ledger", operation_id = "create_transfer_batch",
+    params(("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; scoped by tenant, method and route")),
+    request_body = crate::openapi::TransferBatchRequest,
+    responses(
+        (status = 201, description = "Every transfer written, in the batch's order", body = crate::openapi::TransferBatch),
+        (status = 400, description = "Invalid body (a field of one transfer names its index: `transfers[3].amount_minor`), account or key", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "The key's first request is still in flight, or account_busy (nothing done; retry with the same key after Retry-After)", body = crate::openapi::ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "A transfer refused (insufficient_funds, account_frozen …; `index` names the first): nothing written; or the key was reused", body = crate::openapi::ProblemDetails, content_type = "application/problem+json")
+    )
+)]
+pub async fn create_transfer_batch(
+    State(state): State<AppState>,
+    tenant: AuthenticatedTenant,
+    method: Method,
+    headers: HeaderMap,
+    JsonObject(body): JsonObject,
+) -> Result<Response, Problem> {
+    let tenant = tenant_id(&tenant)?;
+    let request = idempotent(
+        &headers,
+        &tenant,
+        &method,
+        "/v1/transfers/batch".to_owned(),
+        &body,
+    )?;
+    let fields = Fields(&body);
+    fields.only(&["transfers"])?;
+    let Some(serde_json::Value::Array(items)) = body.get("transfers") else {
+        return Err(Problem::bad_request(
+            "invalid_field",
+            "transfers must be an array of transfers",
+        ));
     };
+    let max = asiento_domain::transfer_batch::BATCH_TRANSFERS_MAX;
+    if items.is_empty() || items.len() > max {
+        return Err(Problem::bad_request(
+            "invalid_field",
+            format!("transfers holds 1 to {max} transfers, not {}", items.len()),
+        ));
+    }
+    let mut transfers = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let serde_json::Value::Object(item) = item else {
+            return Err(Problem::bad_request(
+                "invalid_field",
+                format!("transfers[{index}] must be a JSON object"),
+            ));
+        };
+        let transfer = new_transfer(&state, &tenant, item).map_err(|problem| Problem {
+            detail: format!("transfers[{index}]: {}", problem.detail),
+            index: u32::try_from(index).ok(),
+            ..problem
+        })?;
+        transfers.push(transfer);
+    }
     Ok(answer_response(
-        state.ledger.transfer(&request, transfer).await,
+        state.ledger.transfer_batch(&request, transfers).await,
     ))
 }
 

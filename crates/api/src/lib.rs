@@ -108,6 +108,7 @@ pub fn router(state: AppState) -> Router {
             "/v1/transfers",
             post(commands::create_transfer).get(transfer_list::list),
         )
+        .route("/v1/transfers/batch", post(commands::create_transfer_batch))
         .route("/v1/transfers/{id}", get(queries::get_transfer))
         .route("/v1/transfers/{id}/post", post(commands::post_hold))
         .route("/v1/transfers/{id}/void", post(commands::void_hold))

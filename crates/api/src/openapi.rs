@@ -26,6 +26,8 @@ pub struct ProblemDetails {
     pub detail: String,
     /// A stable snake_case code: `idempotency_key_reused`, `insufficient_funds` …
     pub code: String,
+    /// The 0-based index of the transfer of a batch that is refused or malformed.
+    pub index: Option<u32>,
 }
 
 /// `POST /v1/payments`.
@@ -185,6 +187,23 @@ pub struct TransferRequest {
     pub pending: Option<bool>,
     /// For a hold: when the worker voids it if nobody posted or voided it (RFC 3339, future).
     pub expires_at: Option<String>,
+}
+
+/// `POST /v1/transfers/batch`: transfers written all or none.
+#[derive(Serialize, ToSchema)]
+pub struct TransferBatchRequest {
+    /// 1 to 100 transfers (holds included), each as `POST /v1/transfers` takes it, decided in
+    /// this order: a later one sees what the earlier ones moved.
+    pub transfers: Vec<TransferRequest>,
+}
+
+/// A batch's answer: every transfer written.
+#[derive(Serialize, ToSchema)]
+pub struct TransferBatch {
+    /// `transfer_batch`.
+    pub object: String,
+    pub data: Vec<Transfer>,
+    pub position: i64,
 }
 
 /// `POST /v1/transfers/{id}/post`: posts a hold, whole or in part.
@@ -556,6 +575,7 @@ impl Modify for BearerAuth {
         crate::commands::cancel_payment,
         crate::commands::refund_payment,
         crate::commands::create_transfer,
+        crate::commands::create_transfer_batch,
         crate::queries::get_transfer,
         crate::transfer_list::list,
         crate::commands::post_hold,
@@ -689,6 +709,7 @@ mod tests {
                 "/v1/reconciliation/exceptions",
                 "/v1/reconciliation/exceptions/{id}/resolve",
                 "/v1/transfers",
+                "/v1/transfers/batch",
                 "/v1/transfers/{id}",
                 "/v1/transfers/{id}/post",
                 "/v1/transfers/{id}/void",
@@ -810,7 +831,7 @@ mod tests {
             .filter(|parameter| parameter["name"] == "Idempotency-Key")
             .inspect(|parameter| assert!(parameter["schema"]["pattern"].is_string()))
             .count();
-        assert_eq!(keys, 11);
+        assert_eq!(keys, 12);
     }
 
     /// The account patterns are anchored, and flat: one alternation, not a group per character of

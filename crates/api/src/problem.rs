@@ -17,6 +17,9 @@ pub struct Problem {
     pub status: u16,
     pub detail: String,
     pub code: &'static str,
+    /// The 0-based index of the transfer of a batch that is refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
     #[serde(skip)]
     pub retry_after_s: Option<u64>,
 }
@@ -29,6 +32,7 @@ impl Problem {
             status: status.as_u16(),
             detail: detail.into(),
             code,
+            index: None,
             retry_after_s: None,
         }
     }

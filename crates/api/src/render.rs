@@ -49,6 +49,20 @@ impl Render for JsonRender {
                 .as_u16(),
                 body: to_bytes(&transfer_json(transfer, *position)),
             },
+            Reply::TransferBatch {
+                transfers,
+                position,
+            } => StoredResponse {
+                status: StatusCode::CREATED.as_u16(),
+                body: to_bytes(&serde_json::json!({
+                    "object": "transfer_batch",
+                    "data": transfers
+                        .iter()
+                        .map(|transfer| transfer_json(transfer, *position))
+                        .collect::<Vec<_>>(),
+                    "position": position,
+                })),
+            },
             Reply::Account {
                 key,
                 declared,
@@ -218,6 +232,15 @@ fn account_bytes(key: &GuardKey, declared: &AccountDeclared, position: i64) -> V
 /// the state machine forbids, 422 for a rule about amounts, 400 for a malformed request.
 pub fn rejection_problem(rejected: &Rejected) -> Problem {
     match rejected {
+        Rejected::Batch { index, rejection } => {
+            let problem = rejection_problem(rejection);
+            let detail = format!("transfer {index} of the batch: {}", problem.detail);
+            Problem {
+                detail,
+                index: u32::try_from(*index).ok(),
+                ..problem
+            }
+        }
         Rejected::Payment(rejection) => {
             let status = match rejection {
                 PaymentRejection::NotFound => StatusCode::NOT_FOUND,

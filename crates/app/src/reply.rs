@@ -18,6 +18,11 @@ pub enum Rejected {
     Transfer(TransferRejection),
     Hold(HoldRejection),
     Guard(GuardRejection),
+    /// The first transfer of a batch that is refused (0-based), and why: nothing was written.
+    Batch {
+        index: usize,
+        rejection: Box<Rejected>,
+    },
 }
 
 /// The state a command leaves behind, to be rendered.
@@ -54,6 +59,11 @@ pub enum Reply<'a> {
     Transfer {
         transfer: &'a TransferRecord,
         created: bool,
+        position: i64,
+    },
+    /// A batch of transfers, all written (201), in the batch's order.
+    TransferBatch {
+        transfers: &'a [TransferRecord],
         position: i64,
     },
     /// An account declaration; `created`: the first one for this account and currency.

@@ -54,7 +54,10 @@ impl Render for IdRender {
                 "status": transfer.status().as_str(),
             }),
             Reply::Rejected(rejected) => json!({"rejected": format!("{rejected:?}")}),
-            Reply::Payment { .. } | Reply::Account { .. } | Reply::Monitor { .. } => json!({}),
+            Reply::Payment { .. }
+            | Reply::TransferBatch { .. }
+            | Reply::Account { .. }
+            | Reply::Monitor { .. } => json!({}),
         };
         StoredResponse {
             status: 200,

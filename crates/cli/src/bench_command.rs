@@ -13,6 +13,11 @@
 //! limit=<transfers/s> ratio=<x>` over all rounds, and on stderr each round's figures and the CPU
 //! per transfer of each side (this process and, when it runs on this machine, the PostgreSQL
 //! server), which tells a side that waits from a side that works.
+//!
+//! With `--batch N` each request is an atomic batch of N transfers (`LedgerFlow::transfer_batch`,
+//! `POST /v1/transfers/batch`), and the limit writes the same N transfers in one SQL transaction
+//! (on PostgreSQL locking every account of the batch in id order first, as a plain ledger must
+//! to avoid deadlocks); the line is `COMMAND-BATCH<N>-<backend>`, still in transfers per second.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,14 +62,18 @@ pub struct CommandArgs {
     /// Turns the two sides take, each making an equal share of the transfers per turn.
     #[arg(long, default_value_t = 4)]
     pub rounds: u64,
+    /// Transfers per request: 1 for single transfers, up to 100 for atomic batches
+    /// (`--commands` must be a multiple of it).
+    #[arg(long, default_value_t = 1)]
+    pub batch: u64,
 }
 
-fn idempotent(key: &str, body: &serde_json::Value) -> anyhow::Result<Idempotent> {
+fn idempotent(key: &str, route: &str, body: &serde_json::Value) -> anyhow::Result<Idempotent> {
     Ok(Idempotent {
         scope: Scope {
             tenant: BENCH_TENANT.to_owned(),
             method: "POST".to_owned(),
-            route: "/v1/transfers".to_owned(),
+            route: route.to_owned(),
         },
         key: IdempotencyKey::parse(key).map_err(|e| anyhow::anyhow!("{e:?}"))?,
         body: canonical_body_hash(body),
@@ -87,7 +96,7 @@ async fn transfer(
     let body = serde_json::json!({
         "from": from.as_str(), "to": to.as_str(), "amount_minor": amount_minor, "currency": "USD"
     });
-    let request = idempotent(key, &body)?;
+    let request = idempotent(key, "/v1/transfers", &body)?;
     let answer = flow
         .transfer(
             &request,
@@ -111,6 +120,43 @@ async fn transfer(
     })
 }
 
+/// One atomic batch through the flow; the answer's status (201 all posted).
+async fn transfer_batch(
+    flow: &LedgerFlow,
+    key: &str,
+    draws: &[(u64, u64, i64)],
+) -> anyhow::Result<u16> {
+    let mut items = Vec::with_capacity(draws.len());
+    let mut transfers = Vec::with_capacity(draws.len());
+    for &(from, to, amount_minor) in draws {
+        let (from, to) = (customer(from)?, customer(to)?);
+        items.push(serde_json::json!({
+            "from": from.as_str(), "to": to.as_str(), "amount_minor": amount_minor, "currency": "USD"
+        }));
+        transfers.push(NewTransfer {
+            tenant: TenantId::parse(BENCH_TENANT)?,
+            from,
+            to,
+            amount: Amount::new(amount_minor),
+            currency: Currency::parse("USD")?,
+            description: None,
+            pending: false,
+            expires_at: None,
+        });
+    }
+    let body = serde_json::json!({ "transfers": items });
+    let request = idempotent(key, "/v1/transfers/batch", &body)?;
+    let answer = flow
+        .transfer_batch(&request, transfers)
+        .await
+        .map_err(|e| anyhow::anyhow!("transfer batch failed: {e:?}"))?;
+    Ok(match answer {
+        Answer::Done(response) | Answer::Replayed(response) => response.status,
+        Answer::InProgress { .. } => 409,
+        Answer::KeyReused => 422,
+    })
+}
+
 /// A small xorshift, so that each task picks its own pairs reproducibly.
 fn xorshift(state: &mut u64) -> u64 {
     *state ^= *state << 13;
@@ -122,6 +168,10 @@ fn xorshift(state: &mut u64) -> u64 {
 pub async fn command(args: CommandArgs) -> anyhow::Result<()> {
     if args.tasks == 0 || args.accounts < 2 {
         bail!("need at least one task and two accounts");
+    }
+    let batch_max = asiento_domain::transfer_batch::BATCH_TRANSFERS_MAX as u64;
+    if !(1..=batch_max).contains(&args.batch) || args.commands % args.batch != 0 {
+        bail!("--batch is 1 to {batch_max} and divides --commands");
     }
     let pool_size = u32::try_from(args.tasks)?.saturating_add(COMMAND_POOL_EXTRA);
     let target = Target::open(args.database_url.clone(), pool_size).await?;
@@ -163,32 +213,48 @@ async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
     create_plain_ledger(db, args.accounts).await?;
     let mut asiento = Side::new(args.tasks, args.accounts)?;
     let mut plain = Side::new(args.tasks, args.accounts)?;
-    let rounds = args.rounds.clamp(1, args.commands.max(1));
+    // The work is counted in requests: a transfer, or a batch of `--batch` transfers.
+    let requests = args.commands / args.batch;
+    let rounds = args.rounds.clamp(1, requests.max(1));
     for round in 0..rounds {
-        let range = args.commands * round / rounds..args.commands * (round + 1) / rounds;
+        let range = requests * round / rounds..requests * (round + 1) / rounds;
         let asiento_s = {
             let (flow, run_id) = (flow.clone(), run_id.clone());
-            let one = move |i: u64, (from, to, amount): (u64, u64, i64)| {
+            let one = move |i: u64, draws: Vec<(u64, u64, i64)>| {
                 let (flow, key) = (flow.clone(), format!("{run_id}-t-{i}"));
-                async move { transfer(&flow, &key, customer(from)?, customer(to)?, amount).await }
+                async move {
+                    match draws[..] {
+                        [(from, to, amount)] => {
+                            transfer(&flow, &key, customer(from)?, customer(to)?, amount).await
+                        }
+                        _ => transfer_batch(&flow, &key, &draws).await,
+                    }
+                }
             };
             asiento
-                .run(postmaster.as_deref(), range.clone(), one)
+                .run(postmaster.as_deref(), range.clone(), args.batch, one)
                 .await?
         };
         let plain_s = {
             let db = db.clone();
-            let one = move |_: u64, (from, to, amount): (u64, u64, i64)| {
+            let one = move |_: u64, draws: Vec<(u64, u64, i64)>| {
                 let db = db.clone();
                 async move {
-                    let (from, to) = (i64::try_from(from)?, i64::try_from(to)?);
-                    let posted = plain_transfer(&db, from, to, amount).await?;
+                    let posted = match draws[..] {
+                        [(from, to, amount)] => {
+                            let (from, to) = (i64::try_from(from)?, i64::try_from(to)?);
+                            plain_transfer(&db, from, to, amount).await?
+                        }
+                        _ => plain_batch(&db, &draws).await?,
+                    };
                     Ok(if posted { 201 } else { 422 })
                 }
             };
-            plain.run(postmaster.as_deref(), range.clone(), one).await?
+            plain
+                .run(postmaster.as_deref(), range.clone(), args.batch, one)
+                .await?
         };
-        let transfers = (range.end - range.start) as f64;
+        let transfers = ((range.end - range.start) * args.batch) as f64;
         eprintln!(
             "command round {}: asiento={:.0} limit={:.0} ratio={:.2}",
             round + 1,
@@ -199,12 +265,15 @@ async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
     }
     let rate = args.commands as f64 / asiento.elapsed_s.max(f64::EPSILON);
     let limit = args.commands as f64 / plain.elapsed_s.max(f64::EPSILON);
-    let name = format!("COMMAND-{}", backend_name(db));
+    let name = match args.batch {
+        1 => format!("COMMAND-{}", backend_name(db)),
+        batch => format!("COMMAND-BATCH{batch}-{}", backend_name(db)),
+    };
     println!(
         "{name} asiento={rate:.0} limit={limit:.0} ratio={:.2}",
         rate / limit.max(f64::EPSILON)
     );
-    let plain_posted = plain.statuses.get(&201).copied().unwrap_or(0);
+    let plain_posted = plain.statuses.get(&201).copied().unwrap_or(0) * args.batch;
     eprintln!(
         "{name} tasks={} accounts={} commands={} rounds={rounds} in {:.1}s; answers {:?}; \
          latency_us p50={} p99={} max={}; plain posted {plain_posted}",
@@ -240,7 +309,7 @@ async fn command_on(db: &Database, args: &CommandArgs) -> anyhow::Result<()> {
             args.commands
         );
     }
-    let posted = asiento.statuses.get(&201).copied().unwrap_or(0);
+    let posted = asiento.statuses.get(&201).copied().unwrap_or(0) * args.batch;
     if posted != args.commands {
         bail!(
             "{} of {} transfers were not posted",
@@ -274,16 +343,18 @@ impl Side {
         })
     }
 
-    /// Makes the transfers numbered `range`, a task per draw state, each by `one(number, (from,
-    /// to, amount))`, which answers its status (201: posted); the round's seconds.
+    /// Makes the requests numbered `range`, a task per draw state, each of `batch` transfers by
+    /// `one(number, [(from, to, amount)])`, which answers its status (201: posted); the round's
+    /// seconds.
     async fn run<F, Fut>(
         &mut self,
         postmaster: Option<&str>,
         range: std::ops::Range<u64>,
+        batch: u64,
         one: F,
     ) -> anyhow::Result<f64>
     where
-        F: Fn(u64, (u64, u64, i64)) -> Fut + Clone + Send + 'static,
+        F: Fn(u64, Vec<(u64, u64, i64)>) -> Fut + Clone + Send + 'static,
         Fut: std::future::Future<Output = anyhow::Result<u16>> + Send + 'static,
     {
         let next = Arc::new(AtomicU64::new(range.start));
@@ -302,7 +373,7 @@ impl Side {
                     if i >= end {
                         break;
                     }
-                    let drawn = draw(&mut rng, accounts);
+                    let drawn = (0..batch).map(|_| draw(&mut rng, accounts)).collect();
                     let t = Instant::now();
                     let status = one(i, drawn).await?;
                     record(&mut latency, t);
@@ -464,6 +535,90 @@ async fn plain_transfer(db: &Database, from: i64, to: i64, amount: i64) -> anyho
     }
 }
 
+/// A batch of transfers as a plain ledger writes it, in one transaction: every account of the
+/// batch locked in id order first (two batches locking pair by pair would deadlock), then each
+/// transfer's statement; all posted or none. Whether it posted.
+async fn plain_batch(db: &Database, draws: &[(u64, u64, i64)]) -> anyhow::Result<bool> {
+    let mut ids: Vec<i64> = Vec::with_capacity(draws.len() * 2);
+    for &(from, to, _) in draws {
+        ids.push(i64::try_from(from)?);
+        ids.push(i64::try_from(to)?);
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    match db {
+        Database::Postgres(pool) => {
+            let mut tx = pool.begin().await?;
+            sqlx::query(
+                "SELECT id FROM bench_ledger_accounts WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+            )
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await?;
+            for &(from, to, amount) in draws {
+                let rows = sqlx::query(PLAIN_TRANSFER_PG)
+                    .bind(i64::try_from(from)?)
+                    .bind(i64::try_from(to)?)
+                    .bind(amount)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                if rows != 2 {
+                    tx.rollback().await?;
+                    return Ok(false);
+                }
+            }
+            tx.commit().await?;
+            Ok(true)
+        }
+        Database::Sqlite(pool) => {
+            let mut tx = pool.begin().await?;
+            for &(from, to, amount) in draws {
+                let (from, to) = (i64::try_from(from)?, i64::try_from(to)?);
+                let debited = sqlx::query(
+                    "UPDATE bench_ledger_accounts SET balance = balance - $2 WHERE id = $1 AND balance >= $2",
+                )
+                .bind(from)
+                .bind(amount)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                if debited != 1 {
+                    tx.rollback().await?;
+                    return Ok(false);
+                }
+                sqlx::query(
+                    "UPDATE bench_ledger_accounts SET balance = balance + $2 WHERE id = $1",
+                )
+                .bind(to)
+                .bind(amount)
+                .execute(&mut *tx)
+                .await?;
+                let transfer: i64 = sqlx::query_scalar(
+                    "INSERT INTO bench_ledger_transfers (from_id, to_id, amount) VALUES ($1, $2, $3) RETURNING id",
+                )
+                .bind(from)
+                .bind(to)
+                .bind(amount)
+                .fetch_one(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "INSERT INTO bench_ledger_entries (transfer_id, account_id, amount) VALUES ($1, $2, $3), ($1, $4, $5)",
+                )
+                .bind(transfer)
+                .bind(from)
+                .bind(-amount)
+                .bind(to)
+                .bind(amount)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
+            Ok(true)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -478,6 +633,36 @@ mod tests {
             tasks: 3,
             commands: 150,
             rounds: 2,
+            batch: 1,
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn command_runs_batches_on_sqlite() {
+        let (_dir, url) = scratch::temp_sqlite_url();
+        command(CommandArgs {
+            database_url: Some(url),
+            accounts: 20,
+            tasks: 3,
+            commands: 150,
+            rounds: 2,
+            batch: 10,
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn command_runs_batches_on_postgres() {
+        command(CommandArgs {
+            database_url: None,
+            accounts: 20,
+            tasks: 4,
+            commands: 150,
+            rounds: 3,
+            batch: 10,
         })
         .await
         .unwrap();
@@ -491,6 +676,7 @@ mod tests {
             tasks: 4,
             commands: 150,
             rounds: 3,
+            batch: 1,
         })
         .await
         .unwrap();

@@ -40,6 +40,7 @@ pub mod payout;
 pub mod policy;
 pub mod stream;
 pub mod transfer;
+pub mod transfer_batch;
 
 pub use account::{AccountError, AccountName};
 pub use entry::{EntryError, JournalEntry, Leg};

@@ -541,6 +541,99 @@ proptest! {
     }
 }
 
+// ------------------------------------------------------- batches of transfers
+
+/// The keys of every client account of [`ACCOUNTS`], with the states `store` holds.
+fn all_guards(store: &Store) -> BTreeMap<GuardKey, DebitGuard> {
+    let keys: Vec<GuardKey> = (0..ACCOUNTS.len())
+        .map(account)
+        .filter(AccountName::is_guarded)
+        .map(|account| GuardKey {
+            tenant: tenant(),
+            account,
+            currency: usd(),
+        })
+        .collect();
+    store.guards_for(&keys)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(TRANSFER_CASES))]
+
+    /// A batch is its transfers decided one at a time, each on what the ones before leave: the
+    /// same events and the same guard states when all pass, and otherwise refused at the first
+    /// that one-at-a-time refuses, with the same reason.
+    #[test]
+    fn a_batch_equals_its_transfers_one_at_a_time(
+        funds in proptest::collection::vec(0i64..=400, 3),
+        batch in proptest::collection::vec((0usize..4, 0usize..4, 1i64..=300, any::<bool>()), 1..8),
+    ) {
+        let mut store = Store::default();
+        for (customer, amount) in funds.iter().enumerate() {
+            if *amount > 0 {
+                fact_entry(&mut store, customer as u64, customer, *amount);
+            }
+        }
+        let requests: Vec<RequestTransfer> = batch
+            .iter()
+            .enumerate()
+            .map(|(i, (from, to, amount, pending))| RequestTransfer {
+                id: TransferId::from_uuid(uuid::Uuid::from_u128(1_000 + i as u128)),
+                tenant: tenant(),
+                from: account(*from),
+                to: account(*to),
+                amount: amt(*amount),
+                currency: usd(),
+                description: None,
+                pending: *pending,
+                expires_at: None,
+                at: at(0),
+            })
+            .collect();
+        let read = all_guards(&store);
+        let batched = asiento_domain::transfer_batch::decide_batch(requests.clone(), &read);
+        let mut states = read.clone();
+        let mut events = Vec::new();
+        let mut refused = None;
+        for (index, request) in requests.into_iter().enumerate() {
+            match decide_with_guards(&Transfer::default(), request, &states) {
+                Ok(decision) => {
+                    for append in &decision.guards {
+                        prop_assert_eq!(states[&append.key].version, append.expected_version);
+                        let after = append.events.iter().fold(states[&append.key], guard::evolve);
+                        states.insert(append.key.clone(), after);
+                    }
+                    events.push(decision.events);
+                }
+                Err(rejection) => {
+                    refused = Some((index, rejection));
+                    break;
+                }
+            }
+        }
+        match (batched, refused) {
+            (Ok(batch), None) => {
+                prop_assert_eq!(batch.transfers, events);
+                let mut keys = std::collections::BTreeSet::new();
+                for append in &batch.guards {
+                    prop_assert!(keys.insert(append.key.clone()), "two appends to one guard");
+                    prop_assert_eq!(append.expected_version, read[&append.key].version);
+                    let after = append.events.iter().fold(read[&append.key], guard::evolve);
+                    prop_assert_eq!(after, states[&append.key]);
+                }
+                for (key, state) in &states {
+                    prop_assert!(keys.contains(key) || *state == read[key]);
+                }
+            }
+            (Err(rejection), Some((index, reason))) => {
+                prop_assert_eq!(rejection.index, index);
+                prop_assert_eq!(rejection.rejection, reason);
+            }
+            (batched, refused) => prop_assert!(false, "batch {batched:?}, one at a time {refused:?}"),
+        }
+    }
+}
+
 // ------------------------------------------------------- bounded amounts
 
 /// Amounts a client might send: ordinary ones, ones at and around the default and the largest

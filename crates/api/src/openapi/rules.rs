@@ -27,12 +27,13 @@ use super::Deployment;
 use crate::commands::PAYMENT_METHOD_CHARS_MAX;
 
 /// The request bodies: each is read field by field and refuses a field it does not know.
-const REQUEST_BODIES: [&str; 11] = [
+const REQUEST_BODIES: [&str; 12] = [
     "CreatePaymentRequest",
     "CaptureRequest",
     "CancelRequest",
     "RefundRequest",
     "TransferRequest",
+    "TransferBatchRequest",
     "PostHoldRequest",
     "DeclareAccountRequest",
     "CreateBalanceMonitor",

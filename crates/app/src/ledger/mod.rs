@@ -1,5 +1,5 @@
-//! Ledger commands: transfers between client accounts ([`transfers`]), the endings of holds
-//! ([`holds`]), declarations of an account's policy ([`accounts`]) and balance monitors
+//! Ledger commands: transfers between client accounts ([`transfers`]) and their atomic batches
+//! ([`batches`]), the endings of holds ([`holds`]), declarations of an account's policy ([`accounts`]) and balance monitors
 //! ([`monitors`]).
 //!
 //! Each is decided against the debit guards it touches and then committed by [`LedgerFlow::commit`]
@@ -13,6 +13,7 @@
 //! reused key apart.
 
 pub mod accounts;
+pub mod batches;
 pub mod holds;
 pub mod monitors;
 pub mod transfers;

@@ -33,6 +33,24 @@ pub struct NewTransfer {
     pub expires_at: Option<DateTime<Utc>>,
 }
 
+impl NewTransfer {
+    /// The domain's request for this transfer, as transfer `id`, asked `at`.
+    pub(crate) fn request(&self, id: TransferId, at: DateTime<Utc>) -> RequestTransfer {
+        RequestTransfer {
+            id,
+            tenant: self.tenant.clone(),
+            from: self.from.clone(),
+            to: self.to.clone(),
+            amount: self.amount,
+            currency: self.currency,
+            description: self.description.clone(),
+            pending: self.pending,
+            expires_at: self.expires_at,
+            at,
+        }
+    }
+}
+
 impl LedgerFlow {
     #[tracing::instrument(skip_all, fields(tenant = %transfer.tenant, key = request.key.as_str()))]
     pub async fn transfer(
@@ -51,18 +69,7 @@ impl LedgerFlow {
         // Kept through the retries: a transfer that loses a race stays first in line.
         let mut turn = Turn::default();
         for attempt in 0..LEDGER_CONFLICT_RETRIES_MAX {
-            let command = RequestTransfer {
-                id,
-                tenant: transfer.tenant.clone(),
-                from: transfer.from.clone(),
-                to: transfer.to.clone(),
-                amount: transfer.amount,
-                currency: transfer.currency,
-                description: transfer.description.clone(),
-                pending: transfer.pending,
-                expires_at: transfer.expires_at,
-                at: self.clock.now(),
-            };
+            let command = transfer.request(id, self.clock.now());
             // Rejections of the request itself (same accounts, a system account, a long
             // description) are answered before the key is claimed, so they are not stored; the
             // guards to load are those of the entry the transfer would post.

@@ -199,7 +199,10 @@ impl Render for TestRender {
                 "status": payment.status.as_str(),
                 "next_action": payment.next_action.is_some(),
             }),
-            Reply::Transfer { .. } | Reply::Account { .. } | Reply::Monitor { .. } => json!({}),
+            Reply::Transfer { .. }
+            | Reply::TransferBatch { .. }
+            | Reply::Account { .. }
+            | Reply::Monitor { .. } => json!({}),
             Reply::Rejected(rejected) => json!({"rejected": format!("{rejected:?}")}),
         };
         StoredResponse {

@@ -40,9 +40,9 @@ impl Render for SimRender {
                 201,
                 json!({"entry": transfer.entry_id.map(|id| id.to_string()), "position": position}),
             ),
-            Reply::Account { position, .. } | Reply::Monitor { position, .. } => {
-                (201, json!({"position": position}))
-            }
+            Reply::TransferBatch { position, .. }
+            | Reply::Account { position, .. }
+            | Reply::Monitor { position, .. } => (201, json!({"position": position})),
             Reply::Rejected(rejected) => (422, json!({"rejected": format!("{rejected:?}")})),
         };
         StoredResponse {

@@ -1,5 +1,6 @@
 //! Batches of steps as concurrent requests make them: a few payments' streams and customers'
-//! guards shared between steps; provider facts and ledger commands decided against the log as it
+//! guards shared between steps; provider facts and ledger commands (single transfers and atomic
+//! batches of them, one append per guard) decided against the log as it
 //! stands, against the state the batch's earlier steps would leave (a process's memory of its own
 //! steps in flight), or against an older state (a read that another write overtook); claims of
 //! new keys and of keys that exist; completions under the key's lease or a lost one; webhook
@@ -8,8 +9,10 @@
 use std::collections::{BTreeMap, HashSet};
 
 use asiento_domain::guard::{decide_entry, declare, GuardKey, Origin};
+use asiento_domain::transfer_batch::decide_batch;
 use asiento_domain::{
-    AccountName, AccountPolicy, Amount, Currency, EntryId, JournalEntry, Leg, TenantId,
+    AccountName, AccountPolicy, Amount, Currency, EntryId, JournalEntry, Leg, RequestTransfer,
+    TenantId, TransferId,
 };
 use asiento_eventstore::{ExpectedVersion, Metadata, NewEvent, StreamAppend};
 use chrono::{DateTime, Utc};
@@ -105,9 +108,10 @@ impl Generator {
     }
 
     fn step(&mut self, pool: &Pool, log: &Model, ahead: &Model) -> Option<Step> {
-        match self.rng.weighted(&[30, 20, 15, 8, 10, 5, 7, 5]) {
+        match self.rng.weighted(&[30, 20, 15, 8, 10, 5, 7, 5, 8]) {
             0 => self.fact(pool, log, ahead),
             1 => self.command(pool, log, ahead),
+            8 => self.transfer_batch(pool, log, ahead),
             2 => {
                 let stream = self.rng.pick(&pool.payments).clone();
                 let expected = self.expectation(log, ahead, &stream);
@@ -209,6 +213,71 @@ impl Generator {
         let stream = self.fresh_stream(pool);
         step.appends
             .insert(0, self.append(stream, ExpectedVersion::NoStream));
+        if self.rng.chance(60) {
+            let claim = self.claim(pool, log, ahead);
+            step.completion = Some(claim.clone());
+            step.claim = Some(claim);
+        }
+        Some(step)
+    }
+
+    /// An atomic batch of two to five transfers (holds among them) between customers, decided in
+    /// order on one read of each guard (`decide_batch`): a fresh stream per transfer and one
+    /// append per guard moved, its key claimed and completed at once (or not); None when a
+    /// guard refuses one of them.
+    fn transfer_batch(&mut self, pool: &Pool, log: &Model, ahead: &Model) -> Option<Step> {
+        let tenant = TenantId::parse(TENANT).expect("tenant");
+        let count = self.rng.between(2, 5);
+        let mut requests = Vec::new();
+        for _ in 0..count {
+            let from = self.rng.pick(&pool.guards).clone();
+            let to = self.rng.pick(&pool.guards).clone();
+            if from == to {
+                continue;
+            }
+            self.next += 1;
+            requests.push(RequestTransfer {
+                id: TransferId::from_uuid(Uuid::from_u128(self.next.into())),
+                tenant: tenant.clone(),
+                from: from.account,
+                to: to.account,
+                amount: Amount::new(self.rng.between(1, 200)),
+                currency: from.currency,
+                description: None,
+                pending: self.rng.chance(30),
+                expires_at: None,
+                at: self.at,
+            });
+        }
+        if requests.is_empty() {
+            return None;
+        }
+        let read: BTreeMap<GuardKey, _> = pool
+            .guards
+            .iter()
+            .map(|key| (key.clone(), self.guard_read(log, &key.stream())))
+            .collect();
+        let decision = decide_batch(requests, &read).ok()?;
+        let moved: HashSet<&GuardKey> = decision.guards.iter().map(|g| &g.key).collect();
+        let read = read
+            .into_iter()
+            .filter(|(key, _)| moved.contains(key))
+            .collect();
+        let mut appends = Vec::new();
+        for _ in &decision.transfers {
+            let stream = self.fresh_stream(pool);
+            appends.push(self.append(stream, ExpectedVersion::NoStream));
+        }
+        appends.extend(
+            asiento_app::log::guard_appends(&decision.guards, &Metadata::default())
+                .expect("encoded"),
+        );
+        let mut step = Step {
+            appends,
+            read,
+            guard_appends: decision.guards,
+            ..Step::default()
+        };
         if self.rng.chance(60) {
             let claim = self.claim(pool, log, ahead);
             step.completion = Some(claim.clone());
