@@ -202,8 +202,29 @@ pub struct TransferBatchRequest {
 pub struct TransferBatch {
     /// `transfer_batch`.
     pub object: String,
-    pub data: Vec<Transfer>,
+    /// Each transfer as `GET /v1/transfers/{id}` answers it, without `position`.
+    pub data: Vec<TransferInBatch>,
+    /// The position of the batch's last event: a read-your-writes token for every transfer.
     pub position: i64,
+}
+
+/// A transfer of a batch's answer.
+#[derive(Serialize, ToSchema)]
+pub struct TransferInBatch {
+    pub id: String,
+    pub from: String,
+    pub to: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub description: Option<String>,
+    pub pending: bool,
+    pub status: String,
+    pub posted_amount_minor: i64,
+    pub expires_at: Option<String>,
+    pub entry_id: Option<String>,
+    pub settled_entry_id: Option<String>,
+    pub settled_at: Option<String>,
+    pub created_at: String,
 }
 
 /// `POST /v1/transfers/{id}/post`: posts a hold, whole or in part.
