@@ -74,7 +74,7 @@ pub async fn list(
     if wants_csv(&headers) {
         let query = JournalQuery {
             after: None,
-            limit: JOURNAL_LIMIT_MAX,
+            limit: crate::csv::CSV_PAGE_ROWS,
             ..query
         };
         let first = asiento_balances::journal(&state.database, store.as_ref(), &query)

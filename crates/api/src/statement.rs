@@ -158,7 +158,7 @@ pub async fn csv(
     let store = state.payments.store().clone();
     let query = StatementQuery {
         after: None,
-        limit: ENTRIES_LIMIT_MAX,
+        limit: crate::csv::CSV_PAGE_ROWS,
         ..query
     };
     let first = asiento_balances::statement(&state.database, store.as_ref(), &query).await?;

@@ -19,9 +19,9 @@ pub const LIST_LIMIT_MAX: u32 = 100;
 pub const LIST_LIMIT_DEFAULT: u32 = 50;
 /// The most `metadata[key]=value` filters one list may combine.
 pub const METADATA_FILTERS_MAX: usize = 10;
-/// The rows of one page of an export ([`export_page`]): large enough that a million payments
-/// are a thousand statements, small enough that a page's rows are a fixed, small buffer.
-pub const EXPORT_PAGE_ROWS: u32 = 1_000;
+/// The rows of one page of an export ([`export_page`]): a fixed, small buffer whose
+/// allocations stay under the allocator's mmap threshold, so that pages reuse the same heap.
+pub const EXPORT_PAGE_ROWS: u32 = 250;
 
 /// The view every read goes through (the active generation's table).
 const VIEW: &str = "payments";
