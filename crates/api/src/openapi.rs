@@ -307,6 +307,10 @@ pub struct StatementLine {
     pub amount_minor: i64,
     #[schema(value_type = i128)]
     pub balance_minor: i128,
+    /// The stream whose event posted the entry: `payment-pay_…`, `transfer-tr_…`, `payout-…`.
+    pub source: Option<String>,
+    /// What the merchant wrote of the transfer the entry posts (`description`), if anything.
+    pub description: Option<String>,
 }
 
 /// A page of an account's statement (`Accept: text/csv`: the whole period as CSV).
@@ -427,6 +431,10 @@ pub struct JournalEntry {
     pub reverses: Option<String>,
     pub legs: Vec<Leg>,
     pub recorded_at: String,
+    /// The stream whose event posted it: `payment-pay_…`, `transfer-tr_…`, `payout-…`.
+    pub source: String,
+    /// What the merchant wrote of the transfer it posts, if anything.
+    pub description: Option<String>,
 }
 
 /// A difference between our ledger and a provider's, found by reconciliation.

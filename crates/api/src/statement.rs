@@ -26,7 +26,7 @@ use crate::AppState;
 pub const STATEMENT_LIMIT_DEFAULT: usize = 100;
 /// The CSV's columns, in order (docs/API.md).
 pub const CSV_COLUMNS: &str =
-    "kind,account,currency,entry_id,position,recorded_at,amount_minor,balance_minor";
+    "kind,account,currency,entry_id,position,recorded_at,amount_minor,balance_minor,source,description";
 
 pub(crate) fn time(
     params: &HashMap<String, String>,
@@ -118,13 +118,15 @@ pub async fn statement(
     .into_response())
 }
 
-fn csv_row(query: &StatementQuery, cells: [&str; 6]) -> String {
-    let [kind, entry_id, position, recorded_at, amount, balance] = cells;
+fn csv_row(query: &StatementQuery, cells: [&str; 8]) -> String {
+    let [kind, entry_id, position, recorded_at, amount, balance, source, description] = cells;
     format!(
-        "{kind},{},{},{},{position},{recorded_at},{amount},{balance}\r\n",
+        "{kind},{},{},{},{position},{recorded_at},{amount},{balance},{},{}\r\n",
         field(&query.account),
         field(&query.currency),
         field(entry_id),
+        field(source),
+        field(description),
     )
 }
 
@@ -140,6 +142,8 @@ fn lines_csv(query: &StatementQuery, page: &Statement) -> String {
                 &asiento_objects::time(&line.recorded_at),
                 &line.amount_minor.to_string(),
                 &line.balance_minor.to_string(),
+                line.source.as_deref().unwrap_or_default(),
+                line.description.as_deref().unwrap_or_default(),
             ],
         ));
     }
@@ -193,6 +197,8 @@ fn csv_response(
             "",
             "",
             &first.opening_balance_minor.to_string(),
+            "",
+            "",
         ],
     ));
     head.push_str(&lines_csv(&pinned, &first));
@@ -205,6 +211,8 @@ fn csv_response(
             "",
             "",
             &first.closing_balance_minor.to_string(),
+            "",
+            "",
         ],
     );
     crate::csv::streamed(

@@ -339,7 +339,7 @@ async fn every_screen_answers_a_support_person(backend: Backend) {
     assert_eq!(csv.status, 200, "{}", csv.html);
     assert!(
         csv.html
-            .starts_with("kind,account,currency,entry_id,position,recorded_at,amount_minor,balance_minor\r\nopening,customer:42:available,USD,"),
+            .starts_with("kind,account,currency,entry_id,position,recorded_at,amount_minor,balance_minor,source,description\r\nopening,customer:42:available,USD,"),
         "{}",
         csv.html
     );

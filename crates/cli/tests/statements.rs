@@ -231,8 +231,21 @@ async fn balances_in_the_past_equal_the_log_at_ten_random_moments(backend: Backe
 async fn a_statement_adds_up_as_json_pages_and_as_csv(backend: Backend) {
     let (database, server, moments) = history(backend).await;
     let client = server.client();
+    // A transfer the merchant describes: its line says so.
+    let gift = ok(
+        &client,
+        "/v1/transfers",
+        "gift",
+        &json!({"from": CUSTOMER, "to": "merchant:shop", "amount_minor": 100, "currency": "USD",
+                "description": "gift for order 7"}),
+    )
+    .await;
+    let gift_entry = gift["entry_id"].as_str().unwrap().to_owned();
+    let gift_position = gift["position"].as_i64().unwrap();
     let from = rfc3339(moments[moments.len() / 4].2).replace('+', "%2B");
-    let base = format!("/v1/accounts/{CUSTOMER}/statement?currency=USD&from={from}");
+    let base = format!(
+        "/v1/accounts/{CUSTOMER}/statement?currency=USD&from={from}&min_position={gift_position}"
+    );
     let first = client.get(&format!("{base}&limit=7")).await;
     assert_eq!(
         first.status,
@@ -254,6 +267,7 @@ async fn a_statement_adds_up_as_json_pages_and_as_csv(backend: Backend) {
         .json();
     assert_eq!(figures(&at_closing)[0], closing);
     let mut lines: Vec<(String, i64, i128)> = Vec::new();
+    let mut sources: Vec<(String, String)> = Vec::new();
     let mut running = opening;
     let mut page = first;
     loop {
@@ -269,6 +283,21 @@ async fn a_statement_adds_up_as_json_pages_and_as_csv(backend: Backend) {
                 line["entry_id"].as_str().unwrap().to_owned(),
                 line["position"].as_i64().unwrap(),
                 amount,
+            ));
+            let source = line["source"].as_str().unwrap_or_default().to_owned();
+            assert!(
+                source.starts_with("payment-pay_") || source.starts_with("transfer-tr_"),
+                "{line}"
+            );
+            let described = line["entry_id"] == gift_entry.as_str();
+            assert_eq!(
+                line["description"].as_str(),
+                described.then_some("gift for order 7"),
+                "{line}"
+            );
+            sources.push((
+                source,
+                line["description"].as_str().unwrap_or_default().to_owned(),
             ));
         }
         let Some(after) = page["next_after"].as_i64() else {
@@ -305,7 +334,10 @@ async fn a_statement_adds_up_as_json_pages_and_as_csv(backend: Backend) {
     let mut rows = text.lines();
     assert_eq!(
         rows.next(),
-        Some("kind,account,currency,entry_id,position,recorded_at,amount_minor,balance_minor")
+        Some(
+            "kind,account,currency,entry_id,position,recorded_at,amount_minor,balance_minor,\
+             source,description"
+        )
     );
     let rows: Vec<Vec<&str>> = rows.map(|row| row.split(',').collect()).collect();
     assert_eq!(rows.first().unwrap()[0], "opening");
@@ -324,6 +356,27 @@ async fn a_statement_adds_up_as_json_pages_and_as_csv(backend: Backend) {
         })
         .collect();
     assert_eq!(csv_lines, lines);
+    let csv_sources: Vec<(String, String)> = rows[1..rows.len() - 1]
+        .iter()
+        .map(|row| (row[8].to_owned(), row[9].to_owned()))
+        .collect();
+    assert_eq!(csv_sources, sources);
+    assert!(sources
+        .iter()
+        .any(|(_, description)| description == "gift for order 7"));
+    // The journal names the entry's source and description too.
+    let entry = client
+        .get(&format!("/v1/journal/{gift_entry}"))
+        .await
+        .json();
+    assert_eq!(entry["description"], "gift for order 7", "{entry}");
+    assert!(
+        entry["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("transfer-tr_"),
+        "{entry}"
+    );
     drop(server);
     database.finish().await;
 }

@@ -202,6 +202,10 @@ pub struct StatementLine {
     pub amount_minor: i64,
     /// The posted balance after this leg.
     pub balance_minor: Balance,
+    /// The stream whose event posted the entry: `payment-pay_…`, `transfer-tr_…`, `payout-…`.
+    pub source: Option<String>,
+    /// What the merchant wrote of the transfer the entry posts, if anything.
+    pub description: Option<String>,
 }
 
 /// A page of a statement: the period's opening and closing posted balances (the same on every
@@ -219,7 +223,21 @@ pub struct Statement {
     pub next_after: Option<i64>,
 }
 
-type LineRow = (String, i64, i64, i32, i64, DateTime<Utc>);
+type LineRow = (
+    String,
+    i64,
+    i64,
+    i32,
+    i64,
+    DateTime<Utc>,
+    Option<String>,
+    Option<String>,
+);
+
+/// A statement line's columns: the leg, and its entry's source and description.
+const LINE_COLUMNS: &str = "l.entry_id, l.xact, l.position, l.leg, l.amount_minor, l.recorded_at, \
+     j.source, j.description FROM balance_legs l \
+     LEFT JOIN journal_entries j ON j.tenant = l.tenant AND j.entry_id = l.entry_id";
 
 /// A page of the account's statement: opening plus its lines equals closing, by construction
 /// (the lines are exactly the account's legs between the two points, in log order).
@@ -254,12 +272,12 @@ pub async fn statement(
     let opening = sum_at(db, store, key, opening_cursor).await?;
     let limit = i64::try_from(query.limit.clamp(1, ENTRIES_LIMIT_MAX)).unwrap_or(1);
     let rows: Vec<LineRow> = on_db!(db, pool => {
-        sqlx::query_as(
-            "SELECT entry_id, xact, position, leg, amount_minor, recorded_at FROM balance_legs \
-             WHERE tenant = $1 AND account = $2 AND currency = $3 \
-               AND (xact, position) > ($4, $5) AND (xact, position) <= ($6, $7) \
-             ORDER BY xact, position, leg LIMIT $8",
-        )
+        sqlx::query_as(&format!(
+            "SELECT {LINE_COLUMNS} \
+             WHERE l.tenant = $1 AND l.account = $2 AND l.currency = $3 \
+               AND (l.xact, l.position) > ($4, $5) AND (l.xact, l.position) <= ($6, $7) \
+             ORDER BY l.xact, l.position, l.leg LIMIT $8"
+        ))
         .bind(key.0)
         .bind(key.1)
         .bind(key.2)
@@ -276,13 +294,13 @@ pub async fn statement(
     // belong on it (the next page starts after its position).
     let full = rows.len() as i64 == limit;
     if full {
-        if let Some(&(_, xact, position, leg, _, _)) = rows.last() {
+        if let Some(&(_, xact, position, leg, ..)) = rows.last() {
             let rest: Vec<LineRow> = on_db!(db, pool => {
-                sqlx::query_as(
-                    "SELECT entry_id, xact, position, leg, amount_minor, recorded_at \
-                     FROM balance_legs WHERE tenant = $1 AND account = $2 AND currency = $3 \
-                       AND xact = $4 AND position = $5 AND leg > $6 ORDER BY leg",
-                )
+                sqlx::query_as(&format!(
+                    "SELECT {LINE_COLUMNS} \
+                     WHERE l.tenant = $1 AND l.account = $2 AND l.currency = $3 \
+                       AND l.xact = $4 AND l.position = $5 AND l.leg > $6 ORDER BY l.leg"
+                ))
                 .bind(key.0)
                 .bind(key.1)
                 .bind(key.2)
@@ -301,7 +319,7 @@ pub async fn statement(
         sum_at(db, store, key, page_start).await?
     };
     let mut lines = Vec::with_capacity(rows.len());
-    for (entry_id, _, position, _, amount_minor, recorded_at) in rows {
+    for (entry_id, _, position, _, amount_minor, recorded_at, source, description) in rows {
         running = running
             .checked_add(Amount::new(amount_minor))
             .map_err(|_| asiento_projector::ProjectionError::Malformed {
@@ -314,6 +332,8 @@ pub async fn statement(
             recorded_at,
             amount_minor,
             balance_minor: running,
+            source,
+            description,
         });
     }
     let next_after = if full {

@@ -69,7 +69,7 @@ pub(crate) struct Posted {
 /// The journal entry an event posts; None for every other event. An `EntryPosted` that does not
 /// decode is an error, never skipped: a skipped entry is a wrong balance.
 pub(crate) fn entry_posted(event: &RecordedEvent) -> Result<Option<Posted>, ProjectionError> {
-    let Some(entry) = journal_entry(event)? else {
+    let Some((entry, _)) = journal_entry(event)? else {
         return Ok(None);
     };
     Ok(Some(Posted {
@@ -86,10 +86,11 @@ pub(crate) fn entry_posted(event: &RecordedEvent) -> Result<Option<Posted>, Proj
     }))
 }
 
-/// [`entry_posted`] as the domain's entry, for callers that copy out only what they keep.
+/// [`entry_posted`] as the domain's entry, for callers that copy out only what they keep, with
+/// the merchant's description of the transfer it posts (a transfer's or hold's first entry).
 pub(crate) fn journal_entry(
     event: &RecordedEvent,
-) -> Result<Option<JournalEntry>, ProjectionError> {
+) -> Result<Option<(JournalEntry, Option<String>)>, ProjectionError> {
     if event.event_type != ENTRY_POSTED {
         return Ok(None);
     }
@@ -106,7 +107,10 @@ pub(crate) fn journal_entry(
     match decoded {
         Event::Payment(PaymentEvent::EntryPosted(posted))
         | Event::Transfer(TransferEvent::EntryPosted(posted))
-        | Event::Payout(PayoutEvent::EntryPosted(posted)) => Ok(Some(posted.entry)),
+        | Event::Payout(PayoutEvent::EntryPosted(posted)) => {
+            let description = posted.transfer.and_then(|requested| requested.description);
+            Ok(Some((posted.entry, description)))
+        }
         _ => Err(ProjectionError::Malformed {
             position: event.position,
             reason: "an EntryPosted without a journal entry".to_owned(),

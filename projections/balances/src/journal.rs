@@ -92,6 +92,8 @@ struct Row {
     reverses: Option<String>,
     legs: sqlx::types::Json<Vec<LegView>>,
     recorded_at: DateTime<Utc>,
+    source: String,
+    description: Option<String>,
 }
 
 /// A page of the tenant's journal for the query's period, once the legs projection includes
@@ -115,7 +117,8 @@ pub async fn journal(
     let limit = query.limit.clamp(1, JOURNAL_LIMIT_MAX);
     let rows: Vec<Row> = on_db!(db, pool => {
         sqlx::query_as(
-            "SELECT entry_id, tenant, xact, position, reverses, legs, recorded_at \
+            "SELECT entry_id, tenant, xact, position, reverses, legs, recorded_at, source, \
+                    description \
              FROM journal_entries \
              WHERE tenant = $1 AND recorded_at >= $2 AND recorded_at < $3 \
                AND (recorded_at, xact, position) > ($4, $5, $6) \
@@ -149,6 +152,8 @@ pub async fn journal(
                 reverses: r.reverses,
                 legs: r.legs.0,
                 recorded_at: r.recorded_at,
+                source: r.source,
+                description: r.description,
             })
             .collect(),
         next,

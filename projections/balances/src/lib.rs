@@ -141,6 +141,10 @@ pub struct JournalEntryView {
     pub reverses: Option<String>,
     pub legs: Vec<LegView>,
     pub recorded_at: DateTime<Utc>,
+    /// The stream whose event posted it: `payment-pay_…`, `transfer-tr_…`, `payout-…`.
+    pub source: String,
+    /// What the merchant wrote of the transfer it posts, if anything.
+    pub description: Option<String>,
 }
 
 /// Why a read of the balances read model failed.

@@ -32,7 +32,7 @@ pub const NAME: &str = "balances";
 pub const FINGERPRINT: &str = "balances-v3";
 /// The registry name of the legs and journal entries (`asiento projections rebuild ledger_entries`).
 pub const ENTRIES_NAME: &str = "ledger_entries";
-pub const ENTRIES_FINGERPRINT: &str = "ledger-entries-v2";
+pub const ENTRIES_FINGERPRINT: &str = "ledger-entries-v3";
 
 /// The balances read model. Stateless: everything lives in the database.
 #[derive(Debug, Clone, Copy, Default)]
@@ -117,6 +117,8 @@ fn ddl_postgres(g: i64) -> Vec<(Part, String)> {
                 reverses    TEXT,
                 legs        JSONB       NOT NULL,
                 recorded_at TIMESTAMPTZ NOT NULL,
+                source      TEXT        NOT NULL,
+                description TEXT,
                 PRIMARY KEY (tenant, entry_id))"
             ),
         ),
@@ -170,6 +172,8 @@ fn ddl_sqlite(g: i64) -> Vec<(Part, String)> {
                 reverses    TEXT,
                 legs        TEXT    NOT NULL,
                 recorded_at TEXT    NOT NULL,
+                source      TEXT    NOT NULL,
+                description TEXT,
                 PRIMARY KEY (tenant, entry_id)) WITHOUT ROWID"
             ),
         ),
@@ -211,6 +215,10 @@ struct EntryRow {
     reverses: Option<String>,
     legs: sqlx::types::Json<Vec<crate::LegView>>,
     recorded_at: DateTime<Utc>,
+    /// The stream whose event posted it (`payment-pay_…`, `transfer-tr_…`, `payout-…`).
+    source: String,
+    /// What the merchant wrote of the transfer it posts, if anything.
+    description: Option<String>,
 }
 
 /// Per (tenant, account, currency), nested so that a lookup borrows the names and only a
@@ -284,6 +292,7 @@ impl BatchWrites {
         part: Part,
         event: &RecordedEvent,
         entry: JournalEntry,
+        description: Option<String>,
     ) -> Result<(), ProjectionError> {
         let overflow = || ProjectionError::Malformed {
             position: event.position,
@@ -332,6 +341,8 @@ impl BatchWrites {
             reverses: entry.reverses().map(|id| id.to_string()),
             legs: sqlx::types::Json(views),
             recorded_at: event.recorded_at,
+            source: event.stream_id.clone(),
+            description,
         });
         Ok(())
     }
@@ -387,8 +398,8 @@ async fn apply_part(
     let mut writes = BatchWrites::default();
     let mut any = false;
     for event in events {
-        if let Some(entry) = decode::journal_entry(event)? {
-            writes.add(part, event, entry)?;
+        if let Some((entry, description)) = decode::journal_entry(event)? {
+            writes.add(part, event, entry, description)?;
             any = true;
         } else if part == Part::Balances {
             if let Some(declared) = decode::account_declared(event)? {
@@ -586,9 +597,9 @@ async fn write_pg_entries(
     }
     sqlx::query(&format!(
         "INSERT INTO journal_entries_g{g}
-             (tenant, entry_id, xact, position, reverses, legs, recorded_at)
+             (tenant, entry_id, xact, position, reverses, legs, recorded_at, source, description)
          SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[],
-                              $6::jsonb[], $7::timestamptz[])
+                              $6::jsonb[], $7::timestamptz[], $8::text[], $9::text[])
          ON CONFLICT (tenant, entry_id) DO NOTHING"
     ))
     .bind(entries.tenant)
@@ -598,6 +609,8 @@ async fn write_pg_entries(
     .bind(entries.reverses)
     .bind(entries.legs)
     .bind(entries.recorded_at)
+    .bind(entries.source)
+    .bind(entries.description)
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -613,6 +626,8 @@ struct PgEntryColumns {
     reverses: Vec<Option<String>>,
     legs: Vec<serde_json::Value>,
     recorded_at: Vec<DateTime<Utc>>,
+    source: Vec<String>,
+    description: Vec<Option<String>>,
 }
 
 impl PgEntryColumns {
@@ -627,6 +642,8 @@ impl PgEntryColumns {
                 .map_err(|error| sqlx::Error::Encode(Box::new(error)))?,
         );
         self.recorded_at.push(e.recorded_at);
+        self.source.push(e.source);
+        self.description.push(e.description);
         Ok(())
     }
 }
@@ -734,8 +751,8 @@ async fn write_sqlite(
     }
     let insert_entry = format!(
         "INSERT INTO journal_entries_g{g}
-             (tenant, entry_id, xact, position, reverses, legs, recorded_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (tenant, entry_id) DO NOTHING"
+             (tenant, entry_id, xact, position, reverses, legs, recorded_at, source, description)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (tenant, entry_id) DO NOTHING"
     );
     for e in w.entries {
         sqlx::query(&insert_entry)
@@ -746,6 +763,8 @@ async fn write_sqlite(
             .bind(e.reverses)
             .bind(e.legs)
             .bind(e.recorded_at)
+            .bind(e.source)
+            .bind(e.description)
             .execute(&mut *conn)
             .await?;
     }

@@ -235,6 +235,8 @@ struct EntryRow {
     reverses: Option<String>,
     legs: sqlx::types::Json<Vec<LegView>>,
     recorded_at: DateTime<Utc>,
+    source: String,
+    description: Option<String>,
 }
 
 /// One journal entry of `tenant` with all its legs; None if the tenant has no such entry (or
@@ -252,7 +254,7 @@ pub async fn journal_entry(
     }
     let row: Option<EntryRow> = on_db!(db, pool => {
         sqlx::query_as(
-            "SELECT entry_id, tenant, position, reverses, legs, recorded_at \
+            "SELECT entry_id, tenant, position, reverses, legs, recorded_at, source, description \
              FROM journal_entries WHERE tenant = $1 AND entry_id = $2",
         )
         .bind(tenant)
@@ -267,6 +269,8 @@ pub async fn journal_entry(
         reverses: r.reverses,
         legs: r.legs.0,
         recorded_at: r.recorded_at,
+        source: r.source,
+        description: r.description,
     }))
 }
 

@@ -5,7 +5,7 @@
 use asiento_balances::{AccountQuery, BalanceError, Point, StatementQuery};
 use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
-use maud::html;
+use maud::{html, Markup};
 
 use super::{param, query};
 use crate::error::ConsoleError;
@@ -237,6 +237,7 @@ pub async fn entries(
                     th scope="col" { "Journal entry" } th scope="col" { "Position" }
                     th scope="col" { "Recorded (UTC)" } th scope="col" .num { "Amount" }
                     th scope="col" .num { "Balance after" }
+                    th scope="col" { "Source" } th scope="col" { "Description" }
                 } }
                 tbody {
                     @for line in &page.lines {
@@ -246,6 +247,8 @@ pub async fn entries(
                             td { (layout::time(&line.recorded_at)) }
                             td .num { (money(i128::from(line.amount_minor), &currency)) }
                             td .num { (money(line.balance_minor.minor(), &currency)) }
+                            td { (source_link(line.source.as_deref())) }
+                            td { (line.description.as_deref().unwrap_or("")) }
                         }
                     }
                 }
@@ -255,6 +258,16 @@ pub async fn entries(
     };
     let title = format!("{} ({currency})", name.as_str());
     Ok(layout::page(&session, Nav::Accounts, &title, content).into_response())
+}
+
+/// The stream that posted an entry, linked to its page where the console has one (a payment's).
+fn source_link(source: Option<&str>) -> Markup {
+    match source.and_then(|stream| stream.strip_prefix("payment-")) {
+        Some(payment) => {
+            html! { a href={ "/console/payments/" (payment) } { (layout::id(payment)) } }
+        }
+        None => html! { (source.unwrap_or("")) },
+    }
 }
 
 /// `GET /console/accounts/{account}/statement.csv?currency=&from=&to=`: the period's statement
