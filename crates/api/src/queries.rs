@@ -235,20 +235,7 @@ pub async fn list_payments(
         query.map_err(|rejection| Problem::bad_request("invalid_query", rejection.body_text()))?;
     let tenant = TenantId::parse(&tenant.0).map_err(|error| Problem::internal(&error))?;
     let filter = payment_filter(&params)?;
-    let min_position = params
-        .get("min_position")
-        .map(|raw| {
-            raw.parse::<i64>()
-                .ok()
-                .filter(|position| *position >= 0)
-                .ok_or_else(|| {
-                    Problem::bad_request(
-                        "invalid_query",
-                        "min_position: must be a non-negative integer",
-                    )
-                })
-        })
-        .transpose()?;
+    let min_position = crate::ledger::position(&params, "min_position")?;
     let view_problem = |error: ViewError| match error {
         ViewError::InvalidCursor
         | ViewError::LimitOutOfRange { .. }
@@ -294,27 +281,8 @@ fn payment_filter(
     let invalid = |name: &str, detail: String| {
         Problem::bad_request("invalid_query", format!("{name}: {detail}"))
     };
-    let time = |name: &str| -> Result<Option<chrono::DateTime<chrono::Utc>>, Problem> {
-        params
-            .get(name)
-            .map(|raw| {
-                chrono::DateTime::parse_from_rfc3339(raw)
-                    .map(|time| time.with_timezone(&chrono::Utc))
-                    .map_err(|error| invalid(name, error.to_string()))
-            })
-            .transpose()
-    };
-    let amount = |name: &str| -> Result<Option<i64>, Problem> {
-        params
-            .get(name)
-            .map(|raw| {
-                raw.parse::<i64>()
-                    .ok()
-                    .filter(|amount| *amount >= 0)
-                    .ok_or_else(|| invalid(name, "must be a non-negative integer".to_owned()))
-            })
-            .transpose()
-    };
+    let time = |name: &str| crate::statement::time(params, name);
+    let amount = |name: &str| crate::ledger::position(params, name);
     let status = params
         .get("status")
         .map(|raw| {
@@ -360,6 +328,11 @@ fn payment_filter(
                 name,
                 format!("a metadata key has 1 to {METADATA_FILTER_KEY_CHARS_MAX} characters"),
             ));
+        }
+        // No stored text holds U+0000 (PostgreSQL's cannot), so such a filter matches nothing;
+        // it is refused rather than sent to a database that would fail on it.
+        if key.contains('\0') || value.contains('\0') {
+            return Err(invalid(name, "holds U+0000 (NUL)".to_owned()));
         }
         metadata.push((key.to_owned(), value.clone()));
     }

@@ -11,7 +11,9 @@ use axum::Json;
 use serde_json::json;
 
 use crate::auth::AuthenticatedTenant;
+use crate::ledger::{params, position, Params};
 use crate::problem::Problem;
+use crate::statement::time;
 use crate::AppState;
 
 /// `GET /v1/transfers?account=&status=&created_gte=&created_lt=&limit=50&cursor=[&min_position=N]`
@@ -35,26 +37,12 @@ use crate::AppState;
 pub async fn list(
     State(state): State<AppState>,
     tenant: AuthenticatedTenant,
-    query: Result<
-        axum::extract::Query<std::collections::HashMap<String, String>>,
-        axum::extract::rejection::QueryRejection,
-    >,
+    query: Params,
 ) -> Result<Response, Problem> {
-    let axum::extract::Query(params) =
-        query.map_err(|rejection| Problem::bad_request("invalid_query", rejection.body_text()))?;
+    let params = params(query)?;
     let tenant = TenantId::parse(&tenant.0).map_err(|error| Problem::internal(&error))?;
     let invalid = |name: &str, detail: String| {
         Problem::bad_request("invalid_query", format!("{name}: {detail}"))
-    };
-    let time = |name: &str| -> Result<Option<chrono::DateTime<chrono::Utc>>, Problem> {
-        params
-            .get(name)
-            .map(|raw| {
-                chrono::DateTime::parse_from_rfc3339(raw)
-                    .map(|time| time.with_timezone(&chrono::Utc))
-                    .map_err(|error| invalid(name, error.to_string()))
-            })
-            .transpose()
     };
     let account = params
         .get("account")
@@ -75,20 +63,12 @@ pub async fn list(
         })
         .transpose()?
         .unwrap_or(asiento_transfer_list::LIST_LIMIT_DEFAULT);
-    let min_position = params
-        .get("min_position")
-        .map(|raw| {
-            raw.parse::<i64>()
-                .ok()
-                .filter(|position| *position >= 0)
-                .ok_or_else(|| invalid("min_position", "must be a non-negative integer".to_owned()))
-        })
-        .transpose()?;
+    let min_position = position(&params, "min_position")?;
     let filter = TransferFilter {
         account,
         status,
-        created_gte: time("created_gte")?,
-        created_lt: time("created_lt")?,
+        created_gte: time(&params, "created_gte")?,
+        created_lt: time(&params, "created_lt")?,
         limit,
         cursor: params.get("cursor").cloned(),
     };

@@ -483,71 +483,34 @@ const PLAIN_TRANSFER_PG: &str = "WITH locked AS (
 async fn plain_transfer(db: &Database, from: i64, to: i64, amount: i64) -> anyhow::Result<bool> {
     match db {
         Database::Postgres(pool) => {
-            let rows = sqlx::query(PLAIN_TRANSFER_PG)
-                .bind(from)
-                .bind(to)
-                .bind(amount)
-                .execute(pool)
-                .await?
-                .rows_affected();
-            Ok(rows == 2)
+            let mut conn = pool.acquire().await?;
+            pg_transfer(&mut conn, from, to, amount).await
         }
         Database::Sqlite(pool) => {
             let mut tx = pool.begin().await?;
-            let debited = sqlx::query(
-                "UPDATE bench_ledger_accounts SET balance = balance - $2 WHERE id = $1 AND balance >= $2",
-            )
-            .bind(from)
-            .bind(amount)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if debited != 1 {
+            if !sqlite_transfer(&mut tx, from, to, amount).await? {
                 tx.rollback().await?;
                 return Ok(false);
             }
-            sqlx::query("UPDATE bench_ledger_accounts SET balance = balance + $2 WHERE id = $1")
-                .bind(to)
-                .bind(amount)
-                .execute(&mut *tx)
-                .await?;
-            let transfer: i64 = sqlx::query_scalar(
-                "INSERT INTO bench_ledger_transfers (from_id, to_id, amount) VALUES ($1, $2, $3) RETURNING id",
-            )
-            .bind(from)
-            .bind(to)
-            .bind(amount)
-            .fetch_one(&mut *tx)
-            .await?;
-            sqlx::query(
-                "INSERT INTO bench_ledger_entries (transfer_id, account_id, amount) VALUES ($1, $2, $3), ($1, $4, $5)",
-            )
-            .bind(transfer)
-            .bind(from)
-            .bind(-amount)
-            .bind(to)
-            .bind(amount)
-            .execute(&mut *tx)
-            .await?;
             tx.commit().await?;
             Ok(true)
         }
     }
 }
 
-/// A batch of transfers as a plain ledger writes it, in one transaction: every account of the
-/// batch locked in id order first (two batches locking pair by pair would deadlock), then each
-/// transfer's statement; all posted or none. Whether it posted.
+/// A batch of transfers as a plain ledger writes it, in one transaction: on PostgreSQL every
+/// account of the batch locked in id order first (two batches locking pair by pair would
+/// deadlock), then each transfer's statement; all posted or none. Whether it posted.
 async fn plain_batch(db: &Database, draws: &[(u64, u64, i64)]) -> anyhow::Result<bool> {
-    let mut ids: Vec<i64> = Vec::with_capacity(draws.len() * 2);
-    for &(from, to, _) in draws {
-        ids.push(i64::try_from(from)?);
-        ids.push(i64::try_from(to)?);
+    let mut transfers = Vec::with_capacity(draws.len());
+    for &(from, to, amount) in draws {
+        transfers.push((i64::try_from(from)?, i64::try_from(to)?, amount));
     }
-    ids.sort_unstable();
-    ids.dedup();
     match db {
         Database::Postgres(pool) => {
+            let mut ids: Vec<i64> = transfers.iter().flat_map(|&(f, t, _)| [f, t]).collect();
+            ids.sort_unstable();
+            ids.dedup();
             let mut tx = pool.begin().await?;
             sqlx::query(
                 "SELECT id FROM bench_ledger_accounts WHERE id = ANY($1) ORDER BY id FOR UPDATE",
@@ -555,15 +518,8 @@ async fn plain_batch(db: &Database, draws: &[(u64, u64, i64)]) -> anyhow::Result
             .bind(&ids)
             .fetch_all(&mut *tx)
             .await?;
-            for &(from, to, amount) in draws {
-                let rows = sqlx::query(PLAIN_TRANSFER_PG)
-                    .bind(i64::try_from(from)?)
-                    .bind(i64::try_from(to)?)
-                    .bind(amount)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-                if rows != 2 {
+            for &(from, to, amount) in &transfers {
+                if !pg_transfer(&mut tx, from, to, amount).await? {
                     tx.rollback().await?;
                     return Ok(false);
                 }
@@ -573,50 +529,78 @@ async fn plain_batch(db: &Database, draws: &[(u64, u64, i64)]) -> anyhow::Result
         }
         Database::Sqlite(pool) => {
             let mut tx = pool.begin().await?;
-            for &(from, to, amount) in draws {
-                let (from, to) = (i64::try_from(from)?, i64::try_from(to)?);
-                let debited = sqlx::query(
-                    "UPDATE bench_ledger_accounts SET balance = balance - $2 WHERE id = $1 AND balance >= $2",
-                )
-                .bind(from)
-                .bind(amount)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-                if debited != 1 {
+            for &(from, to, amount) in &transfers {
+                if !sqlite_transfer(&mut tx, from, to, amount).await? {
                     tx.rollback().await?;
                     return Ok(false);
                 }
-                sqlx::query(
-                    "UPDATE bench_ledger_accounts SET balance = balance + $2 WHERE id = $1",
-                )
-                .bind(to)
-                .bind(amount)
-                .execute(&mut *tx)
-                .await?;
-                let transfer: i64 = sqlx::query_scalar(
-                    "INSERT INTO bench_ledger_transfers (from_id, to_id, amount) VALUES ($1, $2, $3) RETURNING id",
-                )
-                .bind(from)
-                .bind(to)
-                .bind(amount)
-                .fetch_one(&mut *tx)
-                .await?;
-                sqlx::query(
-                    "INSERT INTO bench_ledger_entries (transfer_id, account_id, amount) VALUES ($1, $2, $3), ($1, $4, $5)",
-                )
-                .bind(transfer)
-                .bind(from)
-                .bind(-amount)
-                .bind(to)
-                .bind(amount)
-                .execute(&mut *tx)
-                .await?;
             }
             tx.commit().await?;
             Ok(true)
         }
     }
+}
+
+/// [`PLAIN_TRANSFER_PG`] on `conn`; whether it posted.
+async fn pg_transfer(
+    conn: &mut sqlx::PgConnection,
+    from: i64,
+    to: i64,
+    amount: i64,
+) -> anyhow::Result<bool> {
+    let rows = sqlx::query(PLAIN_TRANSFER_PG)
+        .bind(from)
+        .bind(to)
+        .bind(amount)
+        .execute(conn)
+        .await?
+        .rows_affected();
+    Ok(rows == 2)
+}
+
+/// One transfer's plain statements on SQLite, in the caller's transaction; whether it posted
+/// (false: the debit found too little, and the caller rolls back).
+async fn sqlite_transfer(
+    conn: &mut sqlx::SqliteConnection,
+    from: i64,
+    to: i64,
+    amount: i64,
+) -> anyhow::Result<bool> {
+    let debited = sqlx::query(
+        "UPDATE bench_ledger_accounts SET balance = balance - $2 WHERE id = $1 AND balance >= $2",
+    )
+    .bind(from)
+    .bind(amount)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if debited != 1 {
+        return Ok(false);
+    }
+    sqlx::query("UPDATE bench_ledger_accounts SET balance = balance + $2 WHERE id = $1")
+        .bind(to)
+        .bind(amount)
+        .execute(&mut *conn)
+        .await?;
+    let transfer: i64 = sqlx::query_scalar(
+        "INSERT INTO bench_ledger_transfers (from_id, to_id, amount) VALUES ($1, $2, $3) RETURNING id",
+    )
+    .bind(from)
+    .bind(to)
+    .bind(amount)
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO bench_ledger_entries (transfer_id, account_id, amount) VALUES ($1, $2, $3), ($1, $4, $5)",
+    )
+    .bind(transfer)
+    .bind(from)
+    .bind(-amount)
+    .bind(to)
+    .bind(amount)
+    .execute(&mut *conn)
+    .await?;
+    Ok(true)
 }
 
 #[cfg(test)]

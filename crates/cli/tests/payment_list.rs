@@ -226,6 +226,8 @@ print(json.dumps(rows))
         "amount_gte=-1",
         "amount_lte=ten",
         "updated_gte=yesterday",
+        "metadata[order_id]=ord%00",
+        "metadata[ord%00]=1",
         "metadata[a]=1&metadata[b]=1&metadata[c]=1&metadata[d]=1&metadata[e]=1&metadata[f]=1\
          &metadata[g]=1&metadata[h]=1&metadata[i]=1&metadata[j]=1&metadata[k]=1",
     ] {

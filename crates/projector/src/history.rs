@@ -6,9 +6,9 @@
 //! took its id early can commit version n+1 of a stream after a younger one committed version n:
 //! a projection may see n+1 first. Such an event waits until the gap fills.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use asiento_eventstore::{RecordedEvent, Tx};
+use asiento_eventstore::{Cursor, EventStore, RecordedEvent, StoreError, Tx};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sqlx::types::Json;
@@ -159,6 +159,99 @@ pub async fn load(
         stored.pending.entry(stream).or_default().push(kept);
     }
     Ok(stored)
+}
+
+/// Merges a batch's events into the stored histories of the streams `stream_of` names (events of
+/// other streams are skipped): each stream is read once, its events seen ahead of a gap are kept
+/// waiting, and the streams that gained contiguous versions come back with their whole history,
+/// for the caller to fold and store.
+pub async fn merge_batch(
+    tx: &mut Tx,
+    tables: Tables<'_>,
+    events: &[RecordedEvent],
+    stream_of: impl Fn(&RecordedEvent) -> Option<String>,
+) -> Result<Vec<(String, Vec<Kept>)>, ProjectionError> {
+    // Grouped per stream so that each touched row is read, folded and written once.
+    let mut incoming: BTreeMap<String, Vec<Kept>> = BTreeMap::new();
+    for event in events {
+        if let Some(id) = stream_of(event) {
+            incoming
+                .entry(id)
+                .or_default()
+                .push(Kept::from_recorded(event));
+        }
+    }
+    if incoming.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<String> = incoming.keys().cloned().collect();
+    let mut stored = load(tx, tables, &ids).await?;
+    let mut grown = Vec::with_capacity(ids.len());
+    for (id, events) in incoming {
+        let mut history = stored.histories.remove(&id).unwrap_or_default();
+        let had_pending = stored.pending.get(&id).is_some_and(|p| !p.is_empty());
+        let mut waiting = stored.pending.remove(&id).unwrap_or_default();
+        let applied = history.len();
+        merge(&mut history, &mut waiting, events)?;
+        if had_pending || !waiting.is_empty() {
+            replace_pending(tx, tables, &id, &waiting).await?;
+        }
+        if history.len() > applied {
+            grown.push((id, history));
+        }
+    }
+    Ok(grown)
+}
+
+/// A stream folded event by event, as a projection's checker folds it again from the log.
+pub trait StreamFold: Default {
+    /// The stream version folded so far.
+    fn version(&self) -> u64;
+    /// Folds the next event of the stream (its version must be the next one).
+    fn push(&mut self, kept: &Kept) -> Result<(), ProjectionError>;
+}
+
+/// Every stream `stream_of` names, folded from the log alone up to and including `upto`, read
+/// `page_events` at a time; events seen ahead of a gap in their stream's versions wait for it.
+/// Memory grows with the number of streams (one fold each), not with the log.
+pub async fn fold_log<F: StreamFold, E: From<StoreError> + From<ProjectionError>>(
+    store: &dyn EventStore,
+    upto: Cursor,
+    page_events: usize,
+    stream_of: impl Fn(&RecordedEvent) -> Option<String>,
+) -> Result<BTreeMap<String, F>, E> {
+    let mut streams: BTreeMap<String, (F, Vec<Kept>)> = BTreeMap::new();
+    let mut reached = Cursor::START;
+    'pages: loop {
+        let page = store.read_all(reached, page_events).await?;
+        for event in &page {
+            if event.cursor > upto {
+                break 'pages;
+            }
+            reached = event.cursor;
+            let Some(id) = stream_of(event) else {
+                continue;
+            };
+            let (fold, waiting) = streams.entry(id).or_default();
+            waiting.push(Kept::from_recorded(event));
+            waiting.sort_by_key(|k| k.version);
+            while waiting
+                .first()
+                .is_some_and(|k| k.version == fold.version() + 1)
+            {
+                let next = waiting.remove(0);
+                fold.push(&next)?;
+            }
+        }
+        // Only an empty page is the end: a page may be short while more follows.
+        if page.is_empty() {
+            break;
+        }
+    }
+    Ok(streams
+        .into_iter()
+        .map(|(id, (fold, _))| (id, fold))
+        .collect())
 }
 
 /// Makes the stored waiting events of stream `id` exactly `waiting`. Rarely runs: only when a

@@ -8,7 +8,7 @@ use asiento_eventstore::RecordedEvent;
 use asiento_projector::ProjectionError;
 use chrono::{DateTime, Utc};
 
-use asiento_projector::history::Kept;
+use asiento_projector::history::{Kept, StreamFold};
 
 use crate::PaymentRow;
 
@@ -35,14 +35,12 @@ pub(crate) struct Folder {
     position: i64,
 }
 
-impl Folder {
-    /// The stream version folded so far.
-    pub fn version(&self) -> u64 {
+impl StreamFold for Folder {
+    fn version(&self) -> u64 {
         self.payment.version
     }
 
-    /// Folds the next event of the stream (its version must be the next one).
-    pub fn push(&mut self, kept: &Kept) -> Result<(), ProjectionError> {
+    fn push(&mut self, kept: &Kept) -> Result<(), ProjectionError> {
         let event = PaymentEvent::decode_raw(&kept.event_type, kept.schema, kept.data.get())
             .map_err(|e| malformed(kept.position, e.to_string()))?;
         // `evolve` asserts these in debug builds; here they are a stored stream that is wrong,
@@ -67,7 +65,9 @@ impl Folder {
         self.position = kept.position;
         Ok(())
     }
+}
 
+impl Folder {
     /// The row the events so far fold to; None before `PaymentIntended`.
     pub fn row(&self) -> Result<Option<PaymentRow>, ProjectionError> {
         let Some(record) = self.payment.record.as_ref() else {

@@ -9,7 +9,7 @@ use asiento_eventstore::{Cursor, Database, EventStore};
 use asiento_projector::on_db;
 use sqlx::{FromRow, Row as _};
 
-use asiento_projector::history::Kept;
+use asiento_projector::history::fold_log;
 
 use crate::fold::{payment_stream, Folder};
 use crate::read::Row;
@@ -62,42 +62,15 @@ async fn snapshot_all(db: &Database) -> Result<(Cursor, BTreeMap<String, Payment
     Ok((cursor, stored))
 }
 
-/// Every payment folded from the log alone, up to and including `upto`. Memory grows with the
-/// number of payments (one folded state each), not with the log.
+/// Every payment folded from the log alone, up to and including `upto`.
 async fn recompute_all(
     store: &dyn EventStore,
     upto: Cursor,
 ) -> Result<BTreeMap<String, PaymentRow>, ViewError> {
-    // Per payment: the fold so far, and events seen ahead of a gap in the stream's versions.
-    let mut streams: BTreeMap<String, (Folder, Vec<Kept>)> = BTreeMap::new();
-    let mut reached = Cursor::START;
-    'pages: loop {
-        let page = store.read_all(reached, RECOMPUTE_PAGE_EVENTS).await?;
-        for event in &page {
-            if event.cursor > upto {
-                break 'pages;
-            }
-            reached = event.cursor;
-            let Some(id) = payment_stream(event) else {
-                continue;
-            };
-            let (folder, waiting) = streams.entry(id).or_default();
-            waiting.push(Kept::from_recorded(event));
-            waiting.sort_by_key(|k| k.version);
-            while waiting
-                .first()
-                .is_some_and(|k| k.version == folder.version() + 1)
-            {
-                let next = waiting.remove(0);
-                folder.push(&next)?;
-            }
-        }
-        if page.is_empty() {
-            break;
-        }
-    }
+    let folds: BTreeMap<String, Folder> =
+        fold_log::<_, ViewError>(store, upto, RECOMPUTE_PAGE_EVENTS, payment_stream).await?;
     let mut rows = BTreeMap::new();
-    for (id, (folder, _)) in streams {
+    for (id, folder) in folds {
         if let Some(row) = folder.row()? {
             rows.insert(id, row);
         }

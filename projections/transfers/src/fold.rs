@@ -6,7 +6,7 @@
 use asiento_domain::transfer::evolve;
 use asiento_domain::{StreamKind, Transfer, TransferEvent};
 use asiento_eventstore::RecordedEvent;
-use asiento_projector::history::Kept;
+use asiento_projector::history::{Kept, StreamFold};
 use asiento_projector::ProjectionError;
 
 use crate::TransferRow;
@@ -34,14 +34,12 @@ pub(crate) struct Folder {
     position: i64,
 }
 
-impl Folder {
-    /// The stream version folded so far.
-    pub fn version(&self) -> u64 {
+impl StreamFold for Folder {
+    fn version(&self) -> u64 {
         self.transfer.version
     }
 
-    /// Folds the next event of the stream (its version must be the next one).
-    pub fn push(&mut self, kept: &Kept) -> Result<(), ProjectionError> {
+    fn push(&mut self, kept: &Kept) -> Result<(), ProjectionError> {
         let event = TransferEvent::decode_raw(&kept.event_type, kept.schema, kept.data.get())
             .map_err(|e| malformed(kept.position, e.to_string()))?;
         if kept.version != self.transfer.version + 1 {
@@ -57,7 +55,9 @@ impl Folder {
         self.position = kept.position;
         Ok(())
     }
+}
 
+impl Folder {
     /// The row the events so far fold to; None before the transfer's request.
     pub fn row(&self) -> Option<TransferRow> {
         let record = self.transfer.record.as_ref()?;

@@ -7,10 +7,8 @@
 //!
 //! Readers use the view `transfers`, which points at the active generation.
 
-use std::collections::BTreeMap;
-
 use asiento_eventstore::{RecordedEvent, Tx};
-use asiento_projector::history::{load, merge, replace_pending, Kept, Tables};
+use asiento_projector::history::{merge_batch, Kept, Tables};
 use asiento_projector::{on_tx, Projection, ProjectionError};
 use sqlx::types::Json;
 
@@ -117,41 +115,16 @@ impl Projection for Transfers {
         g: i64,
         events: &[RecordedEvent],
     ) -> Result<(), ProjectionError> {
-        // Grouped per transfer so that each touched row is read, folded and written once.
-        let mut incoming: BTreeMap<String, Vec<Kept>> = BTreeMap::new();
-        for event in events {
-            if let Some(id) = transfer_stream(event) {
-                incoming
-                    .entry(id)
-                    .or_default()
-                    .push(Kept::from_recorded(event));
-            }
-        }
-        if incoming.is_empty() {
-            return Ok(());
-        }
-        let ids: Vec<String> = incoming.keys().cloned().collect();
         let (rows, pending) = (format!("{TABLE}{g}"), format!("{PENDING_TABLE}{g}"));
         let tables = Tables {
             rows: &rows,
             pending: &pending,
             id_column: "transfer_id",
         };
-        let mut stored = load(tx, tables, &ids).await?;
-        let mut changed = Vec::with_capacity(ids.len());
-        for (id, events) in incoming {
-            let mut history = stored.histories.remove(&id).unwrap_or_default();
-            let had_pending = stored.pending.get(&id).is_some_and(|p| !p.is_empty());
-            let mut waiting = stored.pending.remove(&id).unwrap_or_default();
-            let applied = history.len();
-            merge(&mut history, &mut waiting, events)?;
-            if history.len() > applied {
-                if let Some(row) = fold(&history)? {
-                    changed.push(Columns::of(row, history)?);
-                }
-            }
-            if had_pending || !waiting.is_empty() {
-                replace_pending(tx, tables, &id, &waiting).await?;
+        let mut changed = Vec::new();
+        for (_, history) in merge_batch(tx, tables, events, transfer_stream).await? {
+            if let Some(row) = fold(&history)? {
+                changed.push(Columns::of(row, history)?);
             }
         }
         upsert(tx, g, &changed).await

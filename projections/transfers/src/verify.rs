@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use asiento_eventstore::{Cursor, Database, EventStore};
-use asiento_projector::history::Kept;
+use asiento_projector::history::fold_log;
 use asiento_projector::on_db;
 use sqlx::{FromRow, Row as _};
 
@@ -66,37 +66,11 @@ async fn recompute_all(
     store: &dyn EventStore,
     upto: Cursor,
 ) -> Result<BTreeMap<String, TransferRow>, ListError> {
-    // Per transfer: the fold so far, and events seen ahead of a gap in the stream's versions.
-    let mut streams: BTreeMap<String, (Folder, Vec<Kept>)> = BTreeMap::new();
-    let mut reached = Cursor::START;
-    'pages: loop {
-        let page = store.read_all(reached, RECOMPUTE_PAGE_EVENTS).await?;
-        for event in &page {
-            if event.cursor > upto {
-                break 'pages;
-            }
-            reached = event.cursor;
-            let Some(id) = transfer_stream(event) else {
-                continue;
-            };
-            let (folder, waiting) = streams.entry(id).or_default();
-            waiting.push(Kept::from_recorded(event));
-            waiting.sort_by_key(|k| k.version);
-            while waiting
-                .first()
-                .is_some_and(|k| k.version == folder.version() + 1)
-            {
-                let next = waiting.remove(0);
-                folder.push(&next)?;
-            }
-        }
-        if page.is_empty() {
-            break;
-        }
-    }
-    Ok(streams
+    let folds: BTreeMap<String, Folder> =
+        fold_log::<_, ListError>(store, upto, RECOMPUTE_PAGE_EVENTS, transfer_stream).await?;
+    Ok(folds
         .into_iter()
-        .filter_map(|(id, (folder, _))| folder.row().map(|row| (id, row)))
+        .filter_map(|(id, folder)| folder.row().map(|row| (id, row)))
         .collect())
 }
 
