@@ -125,8 +125,8 @@ pub fn webhook_url() -> String {
 /// i64; the document stops at 18 digits).
 pub const FEED_CURSOR: &str = "^[0-9]{1,18}$";
 
-/// A payments page cursor: 48 hex digits (`Keyset::decode`).
-pub const PAYMENTS_CURSOR: &str = "^[0-9a-f]{48}$";
+/// A list page cursor (payments, transfers): 48 hex digits (`asiento_projector::keyset::Keyset`).
+pub const KEYSET_CURSOR: &str = "^[0-9a-f]{48}$";
 
 fn literal(text: &str) -> String {
     text.chars()

@@ -290,15 +290,24 @@ impl Rules {
             "provider",
             json!({"type": "string", "pattern": patterns::name()}),
         );
-        for name in ["created_gte", "created_lt"] {
-            parameter(
-                doc,
-                list.0,
-                list.1,
-                name,
-                json!({"type": "string", "format": "date-time"}),
-            );
+        for name in ["created_gte", "created_lt", "updated_gte", "updated_lt"] {
+            parameter(doc, list.0, list.1, name, date_time());
         }
+        for name in ["amount_gte", "amount_lte"] {
+            parameter(doc, list.0, list.1, name, position());
+        }
+        parameter(
+            doc,
+            list.0,
+            list.1,
+            "metadata",
+            json!({
+                "type": "object",
+                "maxProperties": asiento_payments_view::METADATA_FILTERS_MAX,
+                "propertyNames": {"minLength": 1, "maxLength": 255, "pattern": patterns::NO_NUL},
+                "additionalProperties": {"type": "string", "pattern": patterns::NO_NUL},
+            }),
+        );
         parameter(
             doc,
             list.0,
@@ -311,7 +320,7 @@ impl Rules {
             list.0,
             list.1,
             "cursor",
-            json!({"type": "string", "pattern": patterns::PAYMENTS_CURSOR}),
+            json!({"type": "string", "pattern": patterns::KEYSET_CURSOR}),
         );
         parameter(doc, list.0, list.1, "min_position", position());
         note_position(doc, list.0, list.1, "min_position");
@@ -358,6 +367,51 @@ impl Rules {
         ] {
             parameter(doc, path, method, "id", id("tr_"));
         }
+        property(
+            doc,
+            "TransferBatchRequest",
+            "transfers",
+            json!({
+                "type": "array",
+                "minItems": 1,
+                "maxItems": asiento_domain::transfer_batch::BATCH_TRANSFERS_MAX,
+                "items": {"$ref": "#/components/schemas/TransferRequest"},
+            }),
+        );
+        let transfers = ("/v1/transfers", "get");
+        parameter(
+            doc,
+            transfers.0,
+            transfers.1,
+            "account",
+            json!({"type": "string", "pattern": patterns::any_account()}),
+        );
+        parameter(
+            doc,
+            transfers.0,
+            transfers.1,
+            "status",
+            json!({"type": "string", "enum": ["pending", "posted", "voided", "expired"]}),
+        );
+        for name in ["created_gte", "created_lt"] {
+            parameter(doc, transfers.0, transfers.1, name, date_time());
+        }
+        parameter(
+            doc,
+            transfers.0,
+            transfers.1,
+            "limit",
+            limit(asiento_transfer_list::LIST_LIMIT_MAX.into()),
+        );
+        parameter(
+            doc,
+            transfers.0,
+            transfers.1,
+            "cursor",
+            json!({"type": "string", "pattern": patterns::KEYSET_CURSOR}),
+        );
+        parameter(doc, transfers.0, transfers.1, "min_position", position());
+        note_position(doc, transfers.0, transfers.1, "min_position");
 
         let body = "DeclareAccountRequest";
         property(doc, body, "account", client);
