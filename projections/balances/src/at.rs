@@ -69,6 +69,11 @@ async fn resolve(
     inclusive: bool,
 ) -> Result<Cursor, BalanceError> {
     let upto = match point.position {
+        // A time too is read from the journal's index by time: it must hold the position first.
+        Some(position) if point.time.is_some() => {
+            wait(db, store, position).await?;
+            cursor_at(store, position).await?
+        }
         Some(position) => cursor_at(store, position).await?,
         None => {
             wait_for_head(db, store).await?;
@@ -252,6 +257,9 @@ pub async fn statement(
         query.currency.as_str(),
     );
     let closing_cursor = resolve(db, store, &query.tenant, query.to, false).await?;
+    // The closing sum first: it waits for the legs projection to include the closing point, so
+    // that the opening point (read from the journal's index by time) and the lines are there.
+    let closing = sum_at(db, store, key, closing_cursor).await?;
     let opening_cursor = match query.from {
         None => Cursor::START,
         Some(from) => last_entry_before(db, &query.tenant, from, false, closing_cursor)
@@ -266,9 +274,6 @@ pub async fn statement(
             .ok_or(BalanceError::UnknownPosition { position })?
             .max(opening_cursor),
     };
-    // The sums first: they wait for the legs projection to include the closing point, so the
-    // lines read next are all there.
-    let closing = sum_at(db, store, key, closing_cursor).await?;
     let opening = sum_at(db, store, key, opening_cursor).await?;
     let limit = i64::try_from(query.limit.clamp(1, ENTRIES_LIMIT_MAX)).unwrap_or(1);
     let rows: Vec<LineRow> = on_db!(db, pool => {
