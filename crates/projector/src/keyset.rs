@@ -2,7 +2,20 @@
 //! first. The next page starts strictly after it, so rows created meanwhile never shift a page
 //! (no duplicates, no gaps), unlike an offset.
 
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
+
+/// A time as a filter bound in Unix nanoseconds (the lists' stored form): a time outside the
+/// representable range (1677..2262) lies before or after every stored row, which is what
+/// clamping to the extremes says.
+#[must_use]
+pub fn bound_ns(at: DateTime<Utc>) -> i64 {
+    at.timestamp_nanos_opt().unwrap_or(if at.timestamp() < 0 {
+        i64::MIN
+    } else {
+        i64::MAX
+    })
+}
 
 /// Hex digits of a cursor: 16 for the creation time, 32 for the id's uuid.
 const CURSOR_HEX_CHARS: usize = 48;

@@ -112,16 +112,6 @@ pub(crate) fn to_ns(at: DateTime<Utc>) -> Option<i64> {
     at.timestamp_nanos_opt()
 }
 
-/// A filter bound as nanoseconds: a time outside the representable range lies before or after
-/// every stored row, which is what clamping to the extremes says.
-pub(crate) fn bound_ns(at: DateTime<Utc>) -> i64 {
-    to_ns(at).unwrap_or(if at.timestamp() < 0 {
-        i64::MIN
-    } else {
-        i64::MAX
-    })
-}
-
 pub(crate) fn from_ns(ns: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_nanos(ns)
 }
@@ -153,8 +143,8 @@ mod tests {
     fn nanosecond_bounds_clamp_outside_the_representable_range() {
         let far_past = DateTime::<Utc>::MIN_UTC;
         let far_future = DateTime::<Utc>::MAX_UTC;
-        assert_eq!(bound_ns(far_past), i64::MIN);
-        assert_eq!(bound_ns(far_future), i64::MAX);
+        assert_eq!(asiento_projector::keyset::bound_ns(far_past), i64::MIN);
+        assert_eq!(asiento_projector::keyset::bound_ns(far_future), i64::MAX);
         let now = from_ns(1_764_000_000_123_456_789);
         assert_eq!(to_ns(now), Some(1_764_000_000_123_456_789));
     }

@@ -4,13 +4,13 @@
 use asiento_domain::payment::NextAction;
 use asiento_domain::{CustomerId, PaymentId, PaymentStatus, TenantId};
 use asiento_eventstore::{Backend, Database, EventStore};
-use asiento_projector::keyset::Keyset;
+use asiento_projector::keyset::{bound_ns, Keyset};
 use asiento_projector::{on_db, WaitError, READ_WAIT_MS_MAX};
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 use sqlx::types::Json;
 
-use crate::fold::{bound_ns, from_ns};
+use crate::fold::from_ns;
 use crate::{Page, PaymentRow, ViewError, NAME};
 
 /// The most payments one page may hold (API.md `limit`).

@@ -2,7 +2,7 @@
 
 use asiento_domain::{AccountName, TenantId, TransferId, TransferStatus};
 use asiento_eventstore::{Database, EventStore};
-use asiento_projector::keyset::Keyset;
+use asiento_projector::keyset::{bound_ns, Keyset};
 use asiento_projector::{on_db, WaitError, READ_WAIT_MS_MAX};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -88,16 +88,6 @@ impl Row {
 enum Param {
     Text(String),
     Int(i64),
-}
-
-/// A filter bound as nanoseconds: a time outside the representable range lies before or after
-/// every stored row.
-fn bound_ns(at: DateTime<Utc>) -> i64 {
-    at.timestamp_nanos_opt().unwrap_or(if at.timestamp() < 0 {
-        i64::MIN
-    } else {
-        i64::MAX
-    })
 }
 
 /// The tenant's transfers, newest first (requested at, then id, descending), filtered; at most
