@@ -22,8 +22,9 @@ pub struct VerifyArgs {
     pub database: DatabaseArgs,
 }
 
-/// Balance snapshots equal the recomputation from the entries up to their checkpoint, and the
-/// legs' marks (the running sums of balances in the past) equal the legs.
+/// Balance snapshots equal the recomputation from the entries up to their checkpoint, the legs'
+/// marks (the running sums of balances in the past) equal the legs, and the spans that place a
+/// position in log order equal the log.
 struct Snapshots;
 
 impl ExtraCheck for Snapshots {
@@ -40,6 +41,9 @@ impl ExtraCheck for Snapshots {
             let marks = asiento_balances::verify_marks(database)
                 .await
                 .map_err(|error| error.to_string())?;
+            let spans = asiento_balances::verify_spans(database, store.as_ref())
+                .await
+                .map_err(|error| error.to_string())?;
             Ok(mismatches
                 .into_iter()
                 .map(|m| Violation {
@@ -53,6 +57,11 @@ impl ExtraCheck for Snapshots {
                 .chain(marks.into_iter().map(|m| Violation {
                     check: Check::Snapshot,
                     subject: format!("{}:{}:{}", m.tenant, m.account, m.currency),
+                    detail: m.detail,
+                }))
+                .chain(spans.into_iter().map(|m| Violation {
+                    check: Check::Snapshot,
+                    subject: format!("position {}", m.position),
                     detail: m.detail,
                 }))
                 .collect())

@@ -1,6 +1,7 @@
 //! Balances at a point of the past, and account statements, from the legs and their marks
-//! (`crate::marks`): exact, never from a snapshot, at the cost of one statement per account
-//! (its nearest mark and at most `MARK_LEGS` legs after it).
+//! (`crate::marks`): exact, never from a snapshot, at the cost of one statement for an account
+//! and its pending accounts (for each, its nearest mark and at most `MARK_LEGS` legs after it;
+//! a position's place in log order comes from the spans, `crate::spans`, in the same statement).
 //!
 //! A point is a log position (the balance after every event up to and including it), a time
 //! (the balance right after the tenant's last journal entry recorded at or before that time,
@@ -15,7 +16,7 @@ use asiento_eventstore::{Cursor, Database, EventStore};
 use asiento_projector::on_db;
 use chrono::{DateTime, Utc};
 
-use crate::marks::sums_through;
+use crate::marks::{sums_through, Through};
 use crate::read::wait;
 use crate::{AccountBalance, BalanceError, ENTRIES_LIMIT_MAX, ENTRIES_NAME};
 
@@ -58,23 +59,23 @@ async fn last_entry_before(
     Ok(row.map(|(xact, position)| Cursor::new(xact, position)))
 }
 
-/// The cursor a point names for `tenant`: the position's, or its last entry recorded by the
-/// time up to it; the legs projection's checkpoint (once it includes the log's head) for
-/// neither.
+/// Where a point names for `tenant` is: the position (its place in log order found with the
+/// sums), or its last entry recorded by the time up to it; the legs projection's checkpoint
+/// (once it includes the log's head) for neither.
 async fn resolve(
     db: &Database,
     store: &dyn EventStore,
     tenant: &str,
     point: Point,
     inclusive: bool,
-) -> Result<Cursor, BalanceError> {
+) -> Result<Through, BalanceError> {
     let upto = match point.position {
-        // A time too is read from the journal's index by time: it must hold the position first.
+        // A time is read from the journal's index by time: it must hold the position first.
         Some(position) if point.time.is_some() => {
             wait(db, store, position).await?;
             cursor_at(store, position).await?
         }
-        Some(position) => cursor_at(store, position).await?,
+        Some(position) => return Ok(Through::Position(position)),
         None => {
             wait_for_head(db, store).await?;
             asiento_projector::checkpoint(db, ENTRIES_NAME)
@@ -84,11 +85,13 @@ async fn resolve(
         }
     };
     let Some(time) = point.time else {
-        return Ok(upto);
+        return Ok(Through::Cursor(upto));
     };
-    Ok(last_entry_before(db, tenant, time, inclusive, upto)
-        .await?
-        .unwrap_or(Cursor::START))
+    Ok(Through::Cursor(
+        last_entry_before(db, tenant, time, inclusive, upto)
+            .await?
+            .unwrap_or(Cursor::START),
+    ))
 }
 
 /// Waits until the legs projection includes every event the log had when the read began.
@@ -111,48 +114,55 @@ async fn cursor_at(store: &dyn EventStore, position: i64) -> Result<Cursor, Bala
         .ok_or(BalanceError::UnknownPosition { position })
 }
 
-/// The sums of `accounts` up to `cursor`, in their order, once the legs projection includes
-/// it: read with its checkpoint, and read again after waiting when it does not yet.
+/// The sums of `accounts` up to `through`, in their order, once the legs projection includes
+/// it, and the place in log order they are read up to: read with the projection's checkpoint,
+/// and read again after waiting when it does not include it yet. A position no span holds yet is
+/// looked up in the log (which says whether it ever had it) before the sums are read again.
 async fn sums_at(
     db: &Database,
     store: &dyn EventStore,
     key: (&str, &[&str], &str),
-    cursor: Cursor,
-) -> Result<Vec<Balance>, BalanceError> {
+    mut through: Through,
+) -> Result<(Vec<Balance>, Cursor), BalanceError> {
     let (tenant, accounts, currency) = key;
-    if cursor == Cursor::START {
-        return Ok(vec![Balance::ZERO; accounts.len()]);
+    if matches!(
+        through,
+        Through::Cursor(Cursor::START) | Through::Position(0)
+    ) {
+        return Ok((vec![Balance::ZERO; accounts.len()], Cursor::START));
     }
-    for _ in 0..2 {
-        let (sums, reached) = sums_through(
-            db,
-            tenant,
-            accounts,
-            currency,
-            cursor.xact(),
-            cursor.position(),
-        )
-        .await?;
-        match reached {
-            None => return Err(BalanceError::NotInstalled),
-            Some(reached) if reached >= cursor => return Ok(sums),
-            Some(_) => wait(db, store, cursor.position()).await?,
-        }
+    // At most: the spans without the position, then the checkpoint short of it, then the sums.
+    for _ in 0..3 {
+        let read = sums_through(db, tenant, accounts, currency, through).await?;
+        let checkpoint = read.checkpoint.ok_or(BalanceError::NotInstalled)?;
+        through = match (read.through, through) {
+            (Some(point), _) if checkpoint >= point => return Ok((read.sums, point)),
+            (Some(point), _) => {
+                wait(db, store, point.position()).await?;
+                Through::Cursor(point)
+            }
+            (None, Through::Position(position)) => {
+                Through::Cursor(cursor_at(store, position).await?)
+            }
+            (None, Through::Cursor(cursor)) => {
+                unreachable!("the sums through a known place ({cursor:?}) always name it")
+            }
+        };
     }
     Err(BalanceError::ProjectionLagging {
         waited_ms: asiento_projector::READ_WAIT_MS_MAX,
     })
 }
 
-/// The sum of one account up to `cursor`.
+/// The sum of one account up to `through`, and the place in log order it is read up to.
 async fn sum_at(
     db: &Database,
     store: &dyn EventStore,
     key: Key<'_>,
-    cursor: Cursor,
-) -> Result<Balance, BalanceError> {
-    let sums = sums_at(db, store, (key.0, &[key.1], key.2), cursor).await?;
-    Ok(sums.first().copied().unwrap_or(Balance::ZERO))
+    through: Through,
+) -> Result<(Balance, Cursor), BalanceError> {
+    let (sums, point) = sums_at(db, store, (key.0, &[key.1], key.2), through).await?;
+    Ok((sums.first().copied().unwrap_or(Balance::ZERO), point))
 }
 
 /// The balance of (tenant, account, currency) and what holds reserved on it at `point`.
@@ -171,9 +181,9 @@ pub async fn balance_at(
         account.pending(PendingSide::Credits),
     ]
     .map(String::from);
-    let cursor = resolve(db, store, tenant, point, true).await?;
+    let through = resolve(db, store, tenant, point, true).await?;
     let accounts: Vec<&str> = names.iter().map(String::as_str).collect();
-    let sums = sums_at(db, store, (tenant, &accounts, currency), cursor).await?;
+    let (sums, cursor) = sums_at(db, store, (tenant, &accounts, currency), through).await?;
     let sums: [Balance; 3] = sums
         .try_into()
         .unwrap_or_else(|_| unreachable!("one sum per account asked for"));
@@ -256,10 +266,10 @@ pub async fn statement(
         query.account.as_str(),
         query.currency.as_str(),
     );
-    let closing_cursor = resolve(db, store, &query.tenant, query.to, false).await?;
     // The closing sum first: it waits for the legs projection to include the closing point, so
     // that the opening point (read from the journal's index by time) and the lines are there.
-    let closing = sum_at(db, store, key, closing_cursor).await?;
+    let closing_point = resolve(db, store, &query.tenant, query.to, false).await?;
+    let (closing, closing_cursor) = sum_at(db, store, key, closing_point).await?;
     let opening_cursor = match query.from {
         None => Cursor::START,
         Some(from) => last_entry_before(db, &query.tenant, from, false, closing_cursor)
@@ -274,7 +284,7 @@ pub async fn statement(
             .ok_or(BalanceError::UnknownPosition { position })?
             .max(opening_cursor),
     };
-    let opening = sum_at(db, store, key, opening_cursor).await?;
+    let (opening, _) = sum_at(db, store, key, Through::Cursor(opening_cursor)).await?;
     let limit = i64::try_from(query.limit.clamp(1, ENTRIES_LIMIT_MAX)).unwrap_or(1);
     let rows: Vec<LineRow> = on_db!(db, pool => {
         sqlx::query_as(&format!(
@@ -321,7 +331,7 @@ pub async fn statement(
     let mut running = if page_start == opening_cursor {
         opening
     } else {
-        sum_at(db, store, key, page_start).await?
+        sum_at(db, store, key, Through::Cursor(page_start)).await?.0
     };
     let mut lines = Vec::with_capacity(rows.len());
     for (entry_id, _, position, _, amount_minor, recorded_at, source, description) in rows {

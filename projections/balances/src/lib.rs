@@ -15,7 +15,8 @@
 //! - **Legs and entries** (`/v1/accounts/{a}/entries`, `/v1/journal/{id}`) come from the
 //!   projected tables only; with `min_position` they wait for the projector's checkpoint.
 //! - **The past** (`?at=`, `?at_position=`, `/statement`): from the legs and their marks, a
-//!   running sum every `MARK_LEGS` legs (`at`, `marks`).
+//!   running sum every `MARK_LEGS` legs, and the log's positions in spans of one transaction
+//!   (`at`, `marks`, `spans`).
 //!
 //! The lead process must call [`install`] once at startup (after migrations) so that the views
 //! exist before the first read, and run a [`asiento_projector::Runner`] with [`projection`].
@@ -35,6 +36,7 @@ mod journal;
 mod marks;
 mod projection;
 mod read;
+mod spans;
 mod verify;
 
 pub use accounts::{list_accounts, AccountPage, AccountQuery, AccountView, ACCOUNTS_LIMIT_MAX};
@@ -46,6 +48,7 @@ pub use projection::{
     Balances, LedgerEntries, ENTRIES_FINGERPRINT, ENTRIES_NAME, FINGERPRINT, NAME,
 };
 pub use read::{entries, journal_entry, read_balance, ENTRIES_LIMIT_MAX, TAIL_EVENTS_MAX};
+pub use spans::{verify_spans, SpanMismatch};
 pub use verify::{recompute_all, snapshot_all, verify, BalanceMismatch};
 
 /// The balances projection, for a [`asiento_projector::Runner`] or a rebuild.

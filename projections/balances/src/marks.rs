@@ -276,34 +276,59 @@ async fn store(
     Ok(())
 }
 
-/// The sums of `accounts`' legs (of one tenant and currency) up to and including the event at
-/// (`xact`, `position`) of the log: for each, its nearest mark at or before it plus the legs
-/// after the mark (at most [`MARK_LEGS`]), all in one statement with the projection's
-/// checkpoint, which says whether the sums include the point (None: not installed). Reads
-/// through the views, which a rebuild swaps in one transaction.
+/// Where sums are read up to: a known place in log order, or a position whose place the
+/// statement reads from the spans (`crate::spans`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Through {
+    Cursor(Cursor),
+    Position(i64),
+}
+
+/// What [`sums_through`] read.
+#[derive(Debug)]
+pub(crate) struct Sums {
+    /// One per account asked for, in their order.
+    pub sums: Vec<Balance>,
+    /// The projection's checkpoint (None: not installed): the sums are exact if it includes
+    /// `through`.
+    pub checkpoint: Option<Cursor>,
+    /// The place the sums are read up to; None when no span holds the position asked for (the
+    /// projection has not applied it, or the log never had it): then the sums mean nothing.
+    pub through: Option<Cursor>,
+}
+
+/// The sums of `accounts`' legs (of one tenant and currency) up to and including the event
+/// `through` names: for each, its nearest mark at or before it plus the legs after the mark (at
+/// most [`MARK_LEGS`]), all in one statement with the projection's checkpoint, which says whether
+/// the sums include the point, and the point's place in log order. Reads through the views,
+/// which a rebuild swaps in one transaction.
 pub(crate) async fn sums_through(
     db: &Database,
     tenant: &str,
     accounts: &[&str],
     currency: &str,
-    xact: i64,
-    position: i64,
-) -> Result<(Vec<Balance>, Option<Cursor>), sqlx::Error> {
+    through: Through,
+) -> Result<Sums, sqlx::Error> {
     let n = accounts.len();
     assert!(n > 0, "the sums of no account were asked for");
+    let (known_xact, position) = match through {
+        Through::Cursor(cursor) => (Some(cursor.xact()), cursor.position()),
+        Through::Position(position) => (None, position),
+    };
     // Placeholders are numbered in the order they first appear (SQLite numbers them so): the
-    // tenant, the first account, the currency, the point, the other accounts, then the bounds.
-    let account_param = |k: usize| if k == 0 { 2 } else { 5 + k };
+    // point's xact (NULL: from the spans) and position, the tenant, the first account, the
+    // currency, the other accounts, then the bounds.
+    let account_param = |k: usize| if k == 0 { 4 } else { 5 + k };
     let (min_xact, min_leg, limit, name) = (n + 5, n + 6, n + 7, n + 8);
-    let mut sql = String::from("WITH ");
+    let mut sql = format!(
+        "WITH pt AS (SELECT COALESCE($1, {}) AS xact)",
+        crate::spans::xact_of("$2")
+    );
     for k in 0..n {
-        if k > 0 {
-            sql.push_str(", ");
-        }
         sql.push_str(&format!(
-            "m{k} AS (SELECT xact, position, leg, balance_minor FROM balance_marks \
-             WHERE tenant = $1 AND account = ${a} AND currency = $3 \
-               AND (xact, position) <= ($4, $5) \
+            ", m{k} AS (SELECT xact, position, leg, balance_minor FROM balance_marks \
+             WHERE tenant = $3 AND account = ${a} AND currency = $5 \
+               AND (xact, position) <= ((SELECT xact FROM pt), $2) \
              ORDER BY xact DESC, position DESC, leg DESC LIMIT 1)",
             a = account_param(k)
         ));
@@ -319,7 +344,7 @@ pub(crate) async fn sums_through(
              UNION ALL \
              SELECT {k}, 1, xact, position, CAST(amount_minor AS TEXT) FROM ( \
                SELECT xact, position, leg, amount_minor FROM balance_legs \
-               WHERE tenant = $1 AND account = ${a} AND currency = $3 \
+               WHERE tenant = $3 AND account = ${a} AND currency = $5 \
                  AND (xact, position, leg) > ( \
                    COALESCE((SELECT xact FROM m{k}), ${min_xact}), \
                    COALESCE((SELECT position FROM m{k}), ${min_xact}), \
@@ -328,18 +353,20 @@ pub(crate) async fn sums_through(
             a = account_param(k)
         ));
     }
-    // The checkpoint (part 2) comes with the sums, so that they are known to include the point.
+    // The checkpoint (part 2) and the point's xact (part 3) come with the sums, so that they are
+    // known to include the point.
     sql.push_str(&format!(
         " UNION ALL SELECT 0, 2, checkpoint_xact, checkpoint_position, '' FROM projections \
-         WHERE name = ${name}"
+         WHERE name = ${name} \
+         UNION ALL SELECT 0, 3, xact, 0, '' FROM pt WHERE xact IS NOT NULL"
     ));
     let rows: Vec<(i32, i32, i64, i64, String)> = on_db!(db, pool => {
         let mut query = sqlx::query_as(&sql)
+            .bind(known_xact)
+            .bind(position)
             .bind(tenant)
             .bind(accounts[0])
-            .bind(currency)
-            .bind(xact)
-            .bind(position);
+            .bind(currency);
         for account in &accounts[1..] {
             query = query.bind(*account);
         }
@@ -352,31 +379,41 @@ pub(crate) async fn sums_through(
             .await?
     });
     let mut sums = vec![Balance::ZERO; n];
-    let mut checkpoint = None;
+    let (mut checkpoint, mut point) = (None, None);
     let mut legs: Vec<(usize, i64, i64, i64)> = Vec::with_capacity(rows.len());
     for (k, part, x, p, value) in rows {
         let k = usize::try_from(k).map_err(|_| overflow(position))?;
-        if part == 2 {
-            checkpoint = Some(Cursor::new(x, p));
-        } else if part == 0 {
-            sums[k] = balance_of(&value)?;
-        } else {
-            let amount = value.parse::<i64>().map_err(|e| {
-                sqlx::Error::Decode(format!("a leg's amount {value:?}: {e}").into())
-            })?;
-            legs.push((k, x, p, amount));
+        match part {
+            0 => sums[k] = balance_of(&value)?,
+            1 => {
+                let amount = value.parse::<i64>().map_err(|e| {
+                    sqlx::Error::Decode(format!("a leg's amount {value:?}: {e}").into())
+                })?;
+                legs.push((k, x, p, amount));
+            }
+            2 => checkpoint = Some(Cursor::new(x, p)),
+            _ => point = Some(Cursor::new(x, position)),
         }
     }
-    // UNION ALL keeps no order: each account's legs are put back in log order before the cut.
-    legs.sort_unstable();
+    let Some(point) = point else {
+        return Ok(Sums {
+            sums,
+            checkpoint,
+            through: None,
+        });
+    };
     for (k, x, p, amount) in legs {
-        if (x, p) <= (xact, position) {
+        if (x, p) <= (point.xact(), point.position()) {
             sums[k] = sums[k]
                 .checked_add(Amount::new(amount))
                 .map_err(|_| overflow(position))?;
         }
     }
-    Ok((sums, checkpoint))
+    Ok(Sums {
+        sums,
+        checkpoint,
+        through: Some(point),
+    })
 }
 
 /// A mark or run that disagrees with the legs: a bug or a hand edit.

@@ -32,7 +32,7 @@ pub const NAME: &str = "balances";
 pub const FINGERPRINT: &str = "balances-v3";
 /// The registry name of the legs and journal entries (`asiento projections rebuild ledger_entries`).
 pub const ENTRIES_NAME: &str = "ledger_entries";
-pub const ENTRIES_FINGERPRINT: &str = "ledger-entries-v3";
+pub const ENTRIES_FINGERPRINT: &str = "ledger-entries-v4";
 
 /// The balances read model. Stateless: everything lives in the database.
 #[derive(Debug, Clone, Copy, Default)]
@@ -49,13 +49,14 @@ enum Part {
     Entries,
 }
 
-const VIEWS: [(Part, &str, &str); 6] = [
+const VIEWS: [(Part, &str, &str); 7] = [
     (Part::Balances, "balances", "balances_g"),
     (Part::Balances, "account_policies", "account_policies_g"),
     (Part::Entries, "balance_legs", "balance_legs_g"),
     (Part::Entries, "journal_entries", "journal_entries_g"),
     (Part::Entries, "balance_runs", "balance_runs_g"),
     (Part::Entries, "balance_marks", "balance_marks_g"),
+    (Part::Entries, "log_spans", "log_spans_g"),
 ];
 
 /// The declared accounts (`POST /v1/accounts`): the policy and metadata as JSON text, the same on
@@ -359,7 +360,7 @@ async fn create_tables(tx: &mut Tx, part: Part, g: i64) -> Result<(), Projection
     statements.extend(
         crate::marks::ddl(g, postgres)
             .into_iter()
-            .chain([crate::journal::ddl(g)])
+            .chain([crate::journal::ddl(g), crate::spans::ddl(g, postgres)])
             .map(|statement| (Part::Entries, statement)),
     );
     for (of, statement) in statements {
@@ -395,6 +396,9 @@ async fn apply_part(
     g: i64,
     events: &[RecordedEvent],
 ) -> Result<(), ProjectionError> {
+    if part == Part::Entries {
+        crate::spans::write(tx, g, events).await?;
+    }
     let mut writes = BatchWrites::default();
     let mut any = false;
     for event in events {

@@ -1,20 +1,22 @@
 //! Balances at a point of the past and statements, on both backends, against a model that reads
 //! the log in its own order: an account with thousands of legs (so several marks), reads at
-//! random positions and times, statements paged through, and `verify_marks` naming a mark edited
-//! by hand.
+//! random positions and times, statements paged through, `verify_marks` naming a mark edited
+//! by hand, and the spans that place a position in log order (`verify_spans`).
 
 #![allow(clippy::unwrap_used)] // test code: a failed setup step should panic loudly
 
 mod common;
 
 use asiento_balances::{
-    balance_at, entries_projection, statement, verify_marks, Point, StatementQuery, MARK_LEGS,
+    balance_at, entries_projection, statement, verify_marks, verify_spans, Point, StatementQuery,
+    MARK_LEGS,
 };
 use asiento_domain::{AccountName, Event};
 use asiento_eventstore::Cursor;
+use asiento_eventstore::StreamAppend;
 use asiento_testkit::Rng;
 use chrono::{DateTime, Utc};
-use common::{harness, start, Harness};
+use common::{entry_event, harness, start, Harness};
 
 const TENANT: &str = "acme";
 const ACCOUNT: &str = "customer:1:available";
@@ -283,9 +285,107 @@ async fn verify_names_an_edited_mark(h: Harness) {
     );
 }
 
+/// Entries posted by four writers at once, some several to a transaction, among other tenants'
+/// entries: on PostgreSQL transactions take positions in any order, so a position's place in
+/// log order is its transaction's. A read at any event's position (an entry of the account's
+/// tenant or not) equals the model after the last of the tenant's entries up to that place;
+/// with a span deleted by hand the read still answers right (the log places the position), and
+/// `verify_spans` names the deleted span and a span edited by hand.
+async fn balances_at_any_position_follow_the_log_order(h: Harness) {
+    let mut writers = Vec::new();
+    for writer in 0..4u64 {
+        let store = h.store.clone();
+        writers.push(tokio::spawn(async move {
+            let mut rng = Rng::new(80 + writer);
+            for _ in 0..150 {
+                let amount = rng.between(1, 5_000);
+                let tenant = if rng.below(3) == 0 { "globex" } else { TENANT };
+                let appends: Vec<StreamAppend> = (0..rng.between(1, 3))
+                    .map(|_| {
+                        let (stream_id, event) = entry_event(
+                            tenant,
+                            &[
+                                (ACCOUNT, "USD", amount),
+                                ("psp:sim:clearing", "USD", -amount),
+                            ],
+                        );
+                        StreamAppend {
+                            stream_id,
+                            expected: asiento_eventstore::ExpectedVersion::NoStream,
+                            events: vec![event],
+                        }
+                    })
+                    .collect();
+                store.append(&appends).await.unwrap();
+            }
+        }));
+    }
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let stop = project(&h).await;
+    stop.send(()).unwrap();
+    let model = model(&h).await;
+    let log = asiento_testkit::whole_log(h.store.as_ref()).await;
+    let figures_at = |cursor: Cursor| {
+        model
+            .after
+            .iter()
+            .rfind(|(at, ..)| *at <= cursor)
+            .map_or(([0; 3], 0), |(_, position, _, figures)| {
+                (*figures, *position)
+            })
+    };
+    let mut rng = Rng::new(90);
+    for _ in 0..40 {
+        let event = rng.pick(&log);
+        let (figures, _) = figures_at(event.cursor);
+        let read = read_at(&h, Some(event.position), None).await.unwrap();
+        assert_eq!(read, (figures, event.position), "at {}", event.position);
+    }
+    assert_eq!(verify_spans(&h.db, h.store.as_ref()).await.unwrap(), vec![]);
+    let g = asiento_projector::checkpoint(&h.db, asiento_balances::ENTRIES_NAME)
+        .await
+        .unwrap()
+        .unwrap()
+        .generation;
+    let gone = rng.pick(&log).position;
+    h.execute(&format!(
+        "DELETE FROM log_spans_g{g} WHERE first_position = \
+         (SELECT MAX(first_position) FROM log_spans_g{g} WHERE first_position <= {gone})"
+    ))
+    .await;
+    let read = read_at(&h, Some(gone), None).await.unwrap();
+    let event = log.iter().find(|e| e.position == gone).unwrap();
+    assert_eq!(
+        read,
+        (figures_at(event.cursor).0, gone),
+        "at {gone}, its span deleted"
+    );
+    h.execute(&format!(
+        "UPDATE log_spans_g{g} SET xact = xact + 1 \
+         WHERE first_position = (SELECT MAX(first_position) FROM log_spans_g{g})"
+    ))
+    .await;
+    let found: Vec<String> = verify_spans(&h.db, h.store.as_ref())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.detail)
+        .collect();
+    assert!(
+        found
+            .iter()
+            .any(|d| d.contains(&format!("the event at {gone} "))),
+        "{found:?}"
+    );
+    assert!(found.iter().any(|d| d.contains("says xact")), "{found:?}");
+}
+
 asiento_testkit::both_backends!(
     fixture = harness;
     balances_at_random_points_equal_the_log_read_in_order,
     a_statement_adds_up_on_every_page,
     verify_names_an_edited_mark,
+    balances_at_any_position_follow_the_log_order,
 );

@@ -1,0 +1,291 @@
+//! Spans: the log's positions as the legs projection (`ledger_entries`) applied them, in runs of
+//! consecutive positions of one transaction (`log_spans_g{n}`: first and last position, xact).
+//! They let a balance at a position name that position's place in log order, (xact, position),
+//! from the read model alone, in the statement that reads the sums (`crate::marks::sums_through`):
+//! a position's transaction is not a function of the position on PostgreSQL, where concurrent
+//! transactions take positions in any order.
+//!
+//! The runs of different transactions never overlap, so the run that holds a position is the one
+//! starting nearest at or before it, if it reaches that far. A position no span holds is one the
+//! projection has not applied yet (or the log never had): the reader asks the log
+//! (`EventStore::cursor_of_position`). Written with the legs, in the projection's transaction;
+//! a rebuild makes them again; `verify_spans` checks them against the log.
+
+use asiento_eventstore::{Cursor, Database, EventStore, RecordedEvent, Tx};
+use asiento_projector::on_db;
+
+use crate::ENTRIES_NAME;
+
+/// Events per log read while checking the spans.
+const VERIFY_PAGE_EVENTS: usize = 5_000;
+
+/// The table of spans (`WITHOUT ROWID` on SQLite: its key is the only index).
+pub(crate) fn ddl(g: i64, postgres: bool) -> String {
+    let (int, rowid) = if postgres {
+        ("BIGINT", "")
+    } else {
+        ("INTEGER", " WITHOUT ROWID")
+    };
+    format!(
+        "CREATE TABLE log_spans_g{g} (
+            first_position {int} NOT NULL PRIMARY KEY,
+            last_position  {int} NOT NULL,
+            xact           {int} NOT NULL){rowid}"
+    )
+}
+
+/// One run of consecutive positions of one transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub first: i64,
+    pub last: i64,
+    pub xact: i64,
+}
+
+/// The runs of `events` (in log order): a new one wherever the transaction changes or a position
+/// is skipped.
+fn spans_of(events: &[RecordedEvent]) -> Vec<Span> {
+    let mut spans: Vec<Span> = Vec::new();
+    for event in events {
+        let (xact, position) = (event.cursor.xact(), event.cursor.position());
+        match spans.last_mut() {
+            Some(span) if span.xact == xact && span.last + 1 == position => span.last = position,
+            _ => spans.push(Span {
+                first: position,
+                last: position,
+                xact,
+            }),
+        }
+    }
+    spans
+}
+
+/// Inserts the spans of a batch of events.
+pub(crate) async fn write(
+    tx: &mut Tx,
+    g: i64,
+    events: &[RecordedEvent],
+) -> Result<(), sqlx::Error> {
+    let spans = spans_of(events);
+    if spans.is_empty() {
+        return Ok(());
+    }
+    match tx {
+        Tx::Postgres(t) => {
+            sqlx::query(&format!(
+                "INSERT INTO log_spans_g{g} (first_position, last_position, xact)
+                 SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[])"
+            ))
+            .bind(spans.iter().map(|s| s.first).collect::<Vec<_>>())
+            .bind(spans.iter().map(|s| s.last).collect::<Vec<_>>())
+            .bind(spans.iter().map(|s| s.xact).collect::<Vec<_>>())
+            .execute(&mut **t)
+            .await?;
+        }
+        Tx::Sqlite(t) => {
+            let insert = format!(
+                "INSERT INTO log_spans_g{g} (first_position, last_position, xact) VALUES ($1, $2, $3)"
+            );
+            for span in &spans {
+                sqlx::query(&insert)
+                    .bind(span.first)
+                    .bind(span.last)
+                    .bind(span.xact)
+                    .execute(&mut **t)
+                    .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The SQL expression of the transaction of the position bound as `$position` (NULL when no span
+/// holds it), for the statement that reads sums at a position.
+pub(crate) fn xact_of(position: &str) -> String {
+    format!(
+        "(SELECT xact FROM (SELECT xact, last_position FROM log_spans \
+           WHERE first_position <= {position} ORDER BY first_position DESC LIMIT 1) AS nearest \
+         WHERE last_position >= {position})"
+    )
+}
+
+/// Attempts at a check that the projection does not move across.
+const VERIFY_ATTEMPTS: usize = 20;
+
+/// A span that disagrees with the log: a bug or a hand edit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpanMismatch {
+    /// The position the disagreement is first seen at.
+    pub position: i64,
+    pub detail: String,
+}
+
+/// Checks the spans against the log up to the projection's checkpoint: every event's position
+/// is held by a span of its transaction, and every span's positions are events of the log.
+/// Reads the spans and the log in pages, between two reads of the checkpoint: a check that a
+/// batch cut across is done again.
+pub async fn verify_spans(
+    db: &Database,
+    store: &dyn EventStore,
+) -> Result<Vec<SpanMismatch>, crate::BalanceError> {
+    for _ in 0..VERIFY_ATTEMPTS {
+        let Some(before) = asiento_projector::checkpoint(db, ENTRIES_NAME).await? else {
+            return Err(crate::BalanceError::NotInstalled);
+        };
+        let found = check_once(db, store, before.cursor).await?;
+        if asiento_projector::checkpoint(db, ENTRIES_NAME)
+            .await?
+            .is_some_and(|after| after.cursor == before.cursor)
+        {
+            return Ok(found);
+        }
+    }
+    Err(crate::BalanceError::ProjectionLagging {
+        waited_ms: asiento_projector::READ_WAIT_MS_MAX,
+    })
+}
+
+async fn check_once(
+    db: &Database,
+    store: &dyn EventStore,
+    checkpoint: Cursor,
+) -> Result<Vec<SpanMismatch>, crate::BalanceError> {
+    let stored: Vec<(i64, i64, i64)> = on_db!(db, pool => {
+        sqlx::query_as(
+            "SELECT first_position, last_position, xact FROM log_spans ORDER BY first_position",
+        )
+        .fetch_all(pool)
+        .await?
+    });
+    let mut check =
+        Check::new(
+            stored
+                .into_iter()
+                .map(|(first, last, xact)| Span { first, last, xact }),
+        );
+    let mut reached = Cursor::START;
+    'pages: loop {
+        let page = store.read_all(reached, VERIFY_PAGE_EVENTS).await?;
+        for event in &page {
+            if event.cursor > checkpoint {
+                break 'pages;
+            }
+            reached = event.cursor;
+            check.event(event.cursor);
+        }
+        if page.len() < VERIFY_PAGE_EVENTS {
+            break;
+        }
+    }
+    Ok(check.finish())
+}
+
+/// The spans (in position order) against the log's events, taken one at a time in any order:
+/// memory for the spans, not for the log.
+struct Check {
+    spans: Vec<Span>,
+    /// Per span, the events of the log it holds.
+    held: Vec<i64>,
+    found: Vec<SpanMismatch>,
+}
+
+impl Check {
+    fn new(spans: impl Iterator<Item = Span>) -> Self {
+        let spans: Vec<Span> = spans.collect();
+        let mut found = Vec::new();
+        for pair in spans.windows(2) {
+            if pair[1].first <= pair[0].last {
+                found.push(SpanMismatch {
+                    position: pair[1].first,
+                    detail: format!(
+                        "span {}..={} overlaps span {}..={}",
+                        pair[1].first, pair[1].last, pair[0].first, pair[0].last
+                    ),
+                });
+            }
+        }
+        Check {
+            held: vec![0; spans.len()],
+            spans,
+            found,
+        }
+    }
+
+    fn event(&mut self, cursor: Cursor) {
+        let (position, xact) = (cursor.position(), cursor.xact());
+        let nearest = self.spans.partition_point(|s| s.first <= position);
+        match nearest.checked_sub(1).map(|i| (i, self.spans[i])) {
+            Some((i, span)) if span.last >= position => {
+                self.held[i] += 1;
+                if span.xact != xact {
+                    self.found.push(SpanMismatch {
+                        position,
+                        detail: format!(
+                            "span {}..={} says xact {}, the log {xact}",
+                            span.first, span.last, span.xact
+                        ),
+                    });
+                }
+            }
+            _ => self.found.push(SpanMismatch {
+                position,
+                detail: format!("the event at {position} (xact {xact}) is in no span"),
+            }),
+        }
+    }
+
+    /// What was found, with every span that holds a position the log does not have.
+    fn finish(mut self) -> Vec<SpanMismatch> {
+        for (span, held) in self.spans.iter().zip(&self.held) {
+            if *held != span.last - span.first + 1 {
+                self.found.push(SpanMismatch {
+                    position: span.first,
+                    detail: format!(
+                        "span {}..={} holds {} positions, the log {held} of them",
+                        span.first,
+                        span.last,
+                        span.last - span.first + 1
+                    ),
+                });
+            }
+        }
+        self.found
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(stored: &[(i64, i64, i64)], log: &[(i64, i64)]) -> Vec<i64> {
+        let mut check =
+            Check::new(
+                stored
+                    .iter()
+                    .map(|&(first, last, xact)| Span { first, last, xact }),
+            );
+        for &(position, xact) in log {
+            check.event(Cursor::new(xact, position));
+        }
+        check.finish().iter().map(|m| m.position).collect()
+    }
+
+    #[test]
+    fn spans_that_hold_the_log_exactly_agree_with_it() {
+        let log = [(1, 10), (2, 10), (4, 10), (5, 10), (3, 11)];
+        assert_eq!(
+            check(&[(1, 2, 10), (3, 3, 11), (4, 5, 10)], &log),
+            Vec::<i64>::new()
+        );
+    }
+
+    #[test]
+    fn a_wrong_xact_a_missing_event_an_overlap_and_a_position_too_many_are_named() {
+        let log = [(1, 10), (2, 12), (3, 11), (6, 13)];
+        // 2: its xact; 6: in no span; 4: overlaps 3..=4; 3..=4 holds 4, which the log never had.
+        assert_eq!(
+            check(&[(1, 2, 10), (3, 4, 11), (4, 4, 11)], &log),
+            vec![4, 2, 6, 3, 4]
+        );
+    }
+}
