@@ -23,6 +23,9 @@ use crate::ENTRIES_NAME;
 /// Legs between two marks of one account: a read in the past adds at most this many.
 pub const MARK_LEGS: i64 = 128;
 
+/// The divisor a sum of legs is read in two halves by (`sums_through`).
+const SPLIT: i64 = 1 << 32;
+
 /// The tables of marks and runs, created with the legs' (per backend: the sums are `NUMERIC` on
 /// PostgreSQL and decimal `TEXT` on SQLite, as the balances are).
 pub(crate) fn ddl(g: i64, postgres: bool) -> Vec<String> {
@@ -337,19 +340,24 @@ pub(crate) async fn sums_through(
         if k > 0 {
             sql.push_str(" UNION ALL");
         }
-        // The mark (part 0), then the legs after it in index order, at most a mark's worth
-        // (part 1): a range scan that its limit ends, whatever the planner knows of the table.
+        // The mark (part 0), then the sum of the legs after it up to the point (part 1), of at
+        // most a mark's worth of legs in index order: a range scan that its limit ends,
+        // whatever the planner knows of the table. The sum comes in two halves, the amounts'
+        // multiples of 2^32 and their remainders, each far inside i64 for `MARK_LEGS` legs
+        // (SQLite's integer SUM refuses to overflow; it is exact in i128 once put together).
         sql.push_str(&format!(
-            " SELECT {k}, 0, xact, position, CAST(balance_minor AS TEXT) FROM m{k} \
+            " SELECT {k}, 0, 0, 0, CAST(balance_minor AS TEXT) FROM m{k} \
              UNION ALL \
-             SELECT {k}, 1, xact, position, CAST(amount_minor AS TEXT) FROM ( \
+             SELECT {k}, 1, CAST(COALESCE(SUM(amount_minor / {SPLIT}), 0) AS BIGINT), \
+                    CAST(COALESCE(SUM(amount_minor % {SPLIT}), 0) AS BIGINT), '' FROM ( \
                SELECT xact, position, leg, amount_minor FROM balance_legs \
                WHERE tenant = $3 AND account = ${a} AND currency = $5 \
                  AND (xact, position, leg) > ( \
                    COALESCE((SELECT xact FROM m{k}), ${min_xact}), \
                    COALESCE((SELECT position FROM m{k}), ${min_xact}), \
                    COALESCE((SELECT leg FROM m{k}), ${min_leg})) \
-               ORDER BY xact, position, leg LIMIT ${limit}) AS after_m{k}",
+               ORDER BY xact, position, leg LIMIT ${limit}) AS after_m{k} \
+             WHERE (xact, position) <= ((SELECT xact FROM pt), $2)",
             a = account_param(k)
         ));
     }
@@ -378,41 +386,29 @@ pub(crate) async fn sums_through(
             .fetch_all(pool)
             .await?
     });
-    let mut sums = vec![Balance::ZERO; n];
+    let (mut marks, mut legs) = (vec![Balance::ZERO; n], vec![0i128; n]);
     let (mut checkpoint, mut point) = (None, None);
-    let mut legs: Vec<(usize, i64, i64, i64)> = Vec::with_capacity(rows.len());
     for (k, part, x, p, value) in rows {
         let k = usize::try_from(k).map_err(|_| overflow(position))?;
         match part {
-            0 => sums[k] = balance_of(&value)?,
-            1 => {
-                let amount = value.parse::<i64>().map_err(|e| {
-                    sqlx::Error::Decode(format!("a leg's amount {value:?}: {e}").into())
-                })?;
-                legs.push((k, x, p, amount));
-            }
+            0 => marks[k] = balance_of(&value)?,
+            1 => legs[k] = i128::from(x) * i128::from(SPLIT) + i128::from(p),
             2 => checkpoint = Some(Cursor::new(x, p)),
             _ => point = Some(Cursor::new(x, position)),
         }
     }
-    let Some(point) = point else {
-        return Ok(Sums {
-            sums,
-            checkpoint,
-            through: None,
-        });
-    };
-    for (k, x, p, amount) in legs {
-        if (x, p) <= (point.xact(), point.position()) {
-            sums[k] = sums[k]
-                .checked_add(Amount::new(amount))
-                .map_err(|_| overflow(position))?;
-        }
-    }
+    let sums = marks
+        .into_iter()
+        .zip(legs)
+        .map(|(mark, legs)| {
+            mark.checked_sum(Balance::new(legs))
+                .map_err(|_| overflow(position))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Sums {
         sums,
         checkpoint,
-        through: Some(point),
+        through: point,
     })
 }
 

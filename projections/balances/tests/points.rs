@@ -285,6 +285,38 @@ async fn verify_names_an_edited_mark(h: Harness) {
     );
 }
 
+/// Legs near the largest amount a deployment may allow: the legs between two marks add up far
+/// beyond i64 (SQLite's integer sum would refuse them), and every read stays exact.
+async fn balances_of_the_largest_amounts_are_exact(h: Harness) {
+    let mut rng = Rng::new(70);
+    for _ in 0..(2 * MARK_LEGS + 40) {
+        let amount = 900_000_000_000_000_000 - rng.between(0, 1 << 40);
+        let amount = if rng.below(4) == 0 { -amount } else { amount };
+        h.post(
+            TENANT,
+            &[
+                (ACCOUNT, "USD", amount),
+                ("psp:sim:clearing", "USD", -amount),
+            ],
+        )
+        .await;
+    }
+    let _stop = project(&h).await;
+    let model = model(&h).await;
+    assert!(
+        model
+            .after
+            .iter()
+            .any(|(.., figures)| figures[0] > i128::from(i64::MAX)),
+        "the account's balance passes i64"
+    );
+    for _ in 0..20 {
+        let (_, position, _, figures) = *rng.pick(&model.after);
+        let read = read_at(&h, Some(position), None).await.unwrap();
+        assert_eq!(read, (figures, position), "at position {position}");
+    }
+}
+
 /// Entries posted by four writers at once, some several to a transaction, among other tenants'
 /// entries: on PostgreSQL transactions take positions in any order, so a position's place in
 /// log order is its transaction's. A read at any event's position (an entry of the account's
@@ -388,4 +420,5 @@ asiento_testkit::both_backends!(
     a_statement_adds_up_on_every_page,
     verify_names_an_edited_mark,
     balances_at_any_position_follow_the_log_order,
+    balances_of_the_largest_amounts_are_exact,
 );
