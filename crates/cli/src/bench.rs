@@ -19,6 +19,8 @@
 //! zero, timed whole, then checked against a recomputation from the log);
 //! then W3-past (`bench_past.rs`), balances in the past next to current ones.
 
+#[path = "bench_baseline.rs"]
+mod bench_baseline;
 #[path = "bench_command.rs"]
 mod bench_command;
 #[path = "bench_cpu.rs"]
@@ -94,6 +96,10 @@ pub enum BenchCommand {
     E2e(bench_e2e::E2eArgs),
     /// The transfer command path without HTTP, among funded customer accounts.
     Command(bench_command::CommandArgs),
+    /// The plain-SQL payments service `e2e` measures asiento against, as a server of its own
+    /// (`e2e` starts it).
+    #[command(hide = true)]
+    BaselineServe(bench_baseline::BaselineArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -159,6 +165,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Replay(args) => replay(args).await,
         BenchCommand::E2e(args) => bench_e2e::e2e(args).await,
         BenchCommand::Command(args) => bench_command::command(args).await,
+        BenchCommand::BaselineServe(args) => bench_baseline::serve(args).await,
     }
 }
 

@@ -4,13 +4,17 @@
 //! in-process simulator, `pm_card_ok`), drives it with `--clients` concurrent
 //! HTTP clients creating payments (every `--refund-every`-th one also
 //! refunded) with unique Idempotency-Keys, and reports accepted payments/s,
-//! latency percentiles, answers by status and the server's peak RSS. In the
-//! same run it measures two floors: the HTTP floor (`GET /healthz` requests/s
-//! with the same clients) and the database floor (plain single-row INSERT
-//! transactions/s on the same database, with the same clients, divided by the
-//! transactions one payment takes, counted in this run; half of them before the
-//! server starts and half after it stops). It prints
-//! `E2E-<backend> asiento=<payments/s> limit=<database floor> ratio=<x>`.
+//! latency percentiles, answers by status and the server's peak RSS. On
+//! PostgreSQL the same clients drive, in the same run, the plain-SQL baseline
+//! (`bench_baseline.rs`, a server process of its own, half its payments before
+//! asiento's load and half after), and it prints
+//! `E2E-postgres asiento=<payments/s> baseline=<payments/s> ratio=<x>` with each
+//! side's CPU per payment. It also measures two floors: the HTTP floor (`GET
+//! /healthz` requests/s with the same clients) and the database floor (plain
+//! single-row INSERT transactions/s on the same database, with the same clients,
+//! divided by the transactions one payment takes, counted in this run; half of
+//! them before the server starts and half after it stops), which is the figure
+//! of `E2E-sqlite asiento=<payments/s> limit=<database floor> ratio=<x>`.
 //! With `--events-relay nats://…` the server also publishes its merchant events to
 //! JetStream: the same figures with the relay running, to compare with a run without.
 
@@ -74,7 +78,7 @@ pub struct E2eArgs {
     /// Plain INSERT transactions of the database floor.
     #[arg(long, default_value_t = 20_000)]
     pub floor_transactions: u64,
-    /// The server binary (default: this executable).
+    /// The server binary (default: this executable; the baseline is always this executable's).
     #[arg(long)]
     pub server_bin: Option<std::path::PathBuf>,
     /// Also run the same load with every payment to one customer (a marketplace seller who
@@ -104,14 +108,38 @@ impl Server {
         database_url: &str,
         extra: &[&str],
     ) -> anyhow::Result<Server> {
+        let key = format!("{BENCH_TENANT}:{BENCH_API_KEY}");
+        let args = [
+            &["serve", "--database-url", database_url, "--api-keys", &key],
+            extra,
+        ]
+        .concat();
+        Server::spawn(bin, &args).await
+    }
+
+    /// The plain-SQL baseline (`bench baseline-serve`) on `database_url`, with the same key.
+    async fn start_baseline(bin: &std::path::Path, database_url: &str) -> anyhow::Result<Server> {
+        let key = format!("{BENCH_TENANT}:{BENCH_API_KEY}");
+        let args = [
+            "bench",
+            "baseline-serve",
+            "--database-url",
+            database_url,
+            "--api-key",
+            &key,
+        ];
+        Server::spawn(bin, &args).await
+    }
+
+    /// `bin args… --listen <a free port>`, once it prints its listening line.
+    async fn spawn(bin: &std::path::Path, args: &[&str]) -> anyhow::Result<Server> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
         let listen = format!("127.0.0.1:{port}");
         let mut child = tokio::process::Command::new(bin)
-            .args(["serve", "--listen", &listen, "--database-url", database_url])
-            .args(["--api-keys", &format!("{BENCH_TENANT}:{BENCH_API_KEY}")])
-            .args(extra)
+            .args(args)
+            .args(["--listen", &listen])
             .env("ASIENTO_LOG", "warn,sqlx=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -281,11 +309,30 @@ fn merge(into: &mut Option<Histogram<u64>>, h: Histogram<u64>) -> anyhow::Result
     Ok(())
 }
 
-/// `args.payments` payments spread over `customers` customers.
+impl LoadResult {
+    /// Adds what another part of the same load did.
+    fn add(&mut self, other: LoadResult) -> anyhow::Result<()> {
+        self.accepted += other.accepted;
+        self.refunds += other.refunds;
+        for (status, n) in other.statuses {
+            *self.statuses.entry(status).or_default() += n;
+        }
+        if let Some(h) = other.create_latency {
+            merge(&mut self.create_latency, h)?;
+        }
+        if let Some(h) = other.refund_latency {
+            merge(&mut self.refund_latency, h)?;
+        }
+        Ok(())
+    }
+}
+
+/// `payments` payments spread over `customers` customers.
 async fn run_load(
     client: &reqwest::Client,
     base: &str,
     args: &E2eArgs,
+    payments: u64,
     run_id: &str,
     customers: u64,
 ) -> anyhow::Result<(Duration, LoadResult)> {
@@ -294,8 +341,7 @@ async fn run_load(
     let mut tasks = Vec::with_capacity(args.clients);
     for _ in 0..args.clients {
         let (client, base, next) = (client.clone(), base.to_owned(), Arc::clone(&next));
-        let (payments, refund_every, run_id) =
-            (args.payments, args.refund_every, run_id.to_owned());
+        let (refund_every, run_id) = (args.refund_every, run_id.to_owned());
         tasks.push(tokio::spawn(async move {
             let mut out = LoadResult::default();
             let (mut create, mut refund) = (new_histogram()?, new_histogram()?);
@@ -367,18 +413,7 @@ async fn run_load(
     }
     let mut total = LoadResult::default();
     for task in tasks {
-        let r = task.await??;
-        total.accepted += r.accepted;
-        total.refunds += r.refunds;
-        for (status, n) in r.statuses {
-            *total.statuses.entry(status).or_default() += n;
-        }
-        if let Some(h) = r.create_latency {
-            merge(&mut total.create_latency, h)?;
-        }
-        if let Some(h) = r.refund_latency {
-            merge(&mut total.refund_latency, h)?;
-        }
+        total.add(task.await??)?;
     }
     Ok((started.elapsed(), total))
 }
@@ -508,6 +543,93 @@ impl std::ops::Add for FloorPart {
     }
 }
 
+/// What the baseline's load did and took (both its halves).
+#[derive(Debug, Default)]
+struct BaselineRun {
+    elapsed: Duration,
+    load: LoadResult,
+    cpu_server_s: f64,
+    cpu_postgres_s: f64,
+}
+
+impl BaselineRun {
+    fn rate(&self) -> f64 {
+        self.load.accepted as f64 / self.elapsed.as_secs_f64().max(f64::EPSILON)
+    }
+}
+
+/// `payments` payments against the plain-SQL baseline (`bench_baseline.rs`), a server process of
+/// its own on the same database, added to `run`.
+async fn run_baseline(
+    run: &mut BaselineRun,
+    (bin, url): (&std::path::Path, &str),
+    client: &reqwest::Client,
+    args: &E2eArgs,
+    payments: u64,
+    postgres: Option<&str>,
+) -> anyhow::Result<()> {
+    let server = Server::start_baseline(bin, url).await?;
+    let outcome = async {
+        let pid = server.pid.to_string();
+        let before = (cpu_s(&pid), postgres.map(postgres_cpu_s));
+        let run_id = format!("baseline-{}", Uuid::new_v4().simple());
+        let (elapsed, load) =
+            run_load(client, &server.base, args, payments, &run_id, E2E_CUSTOMERS).await?;
+        run.elapsed += elapsed;
+        run.load.add(load)?;
+        run.cpu_server_s += cpu_s(&pid) - before.0;
+        if let (Some(after), Some(before)) = (postgres.map(postgres_cpu_s), before.1) {
+            run.cpu_postgres_s += after - before;
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    server.stop().await?;
+    outcome
+}
+
+/// The baseline's books after its load: its entries sum to zero, its clearing account holds what
+/// its succeeded payments took less what its succeeded refunds gave back, two legs each, and
+/// every payment and refund it answered as accepted succeeded. A baseline that did less than its
+/// answers say would flatter nothing but itself.
+async fn check_baseline(db: &Database, run: &BaselineRun) -> anyhow::Result<String> {
+    let Database::Postgres(pool) = db else {
+        bail!("the baseline runs on PostgreSQL only");
+    };
+    type Books = (i64, i64, i64, i64, i64, i64);
+    let (sum, legs, clearing, owed, payments, refunds): Books = sqlx::query_as(
+        "SELECT (SELECT COALESCE(SUM(amount_minor), 0)::bigint FROM baseline_entries), \
+                (SELECT COUNT(*) FROM baseline_entries), \
+                (SELECT COALESCE(SUM(amount_minor), 0)::bigint FROM baseline_entries \
+                 WHERE account = 'psp:sim:clearing'), \
+                (SELECT COALESCE(SUM(amount_minor), 0)::bigint FROM baseline_payments \
+                 WHERE status = 'succeeded') \
+                - (SELECT COALESCE(SUM(amount_minor), 0)::bigint FROM baseline_refunds \
+                   WHERE status = 'succeeded'), \
+                (SELECT COUNT(*) FROM baseline_payments WHERE status = 'succeeded'), \
+                (SELECT COUNT(*) FROM baseline_refunds WHERE status = 'succeeded')",
+    )
+    .fetch_one(pool)
+    .await?;
+    let (payments, refunds) = (u64::try_from(payments)?, u64::try_from(refunds)?);
+    let books = format!(
+        "entries sum to {sum}, {legs} legs, clearing {clearing} of {owed} owed, {payments} payments \
+         and {refunds} refunds succeeded"
+    );
+    let legs_right = u64::try_from(legs)? == 2 * (payments + refunds);
+    if sum != 0 || !legs_right || clearing != owed {
+        bail!("the baseline's books do not add up: {books}");
+    }
+    if payments < run.load.accepted || refunds < run.load.refunds {
+        bail!(
+            "the baseline answered {} payments and {} refunds as accepted: {books}",
+            run.load.accepted,
+            run.load.refunds
+        );
+    }
+    Ok(books)
+}
+
 /// Waits until the webhook worker and the projectors have finished what the
 /// load left them (their counters still for a while).
 async fn settle(client: &reqwest::Client, base: &str) -> anyhow::Result<Counters> {
@@ -574,23 +696,50 @@ async fn e2e_on(
     let floor_half = args.floor_transactions / 2;
     let floor_before =
         run_plain_transactions(db, args.clients, 0..floor_half, postgres.as_deref()).await?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.clients)
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    // The baseline, on PostgreSQL: half its payments before asiento's load and half after, as
+    // the floor, so that drift moves both sides alike.
+    let with_baseline = db.backend() == Backend::Postgres;
+    let baseline_half = args.payments / 2;
+    // Always this binary's baseline, whatever `--server-bin` names: it must not move.
+    let baseline_bin = std::env::current_exe()?;
+    let mut baseline = BaselineRun::default();
+    if with_baseline {
+        let target = (baseline_bin.as_path(), url);
+        run_baseline(
+            &mut baseline,
+            target,
+            &client,
+            args,
+            baseline_half,
+            postgres.as_deref(),
+        )
+        .await?;
+    }
     let relay: Vec<&str> = args
         .events_relay
         .as_deref()
         .map(|url| vec!["--events-relay", url])
         .unwrap_or_default();
     let server = Server::start(bin, url, &relay).await?;
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.clients)
-        .timeout(Duration::from_secs(60))
-        .build()?;
     let outcome = async {
         let rss_idle_kb = proc_kb(server.pid, "VmRSS");
         let before = scrape(&client, &server.base).await?;
         let run_id = Uuid::new_v4().simple().to_string();
         let server_pid = server.pid.to_string();
         let cpu_before = (cpu_s(&server_pid), cpu_s("self"), postgres_cpu());
-        let (elapsed, load) = run_load(&client, &server.base, args, &run_id, E2E_CUSTOMERS).await?;
+        let (elapsed, load) = run_load(
+            &client,
+            &server.base,
+            args,
+            args.payments,
+            &run_id,
+            E2E_CUSTOMERS,
+        )
+        .await?;
         let cpu = (
             cpu_s(&server_pid) - cpu_before.0,
             cpu_s("self") - cpu_before.1,
@@ -606,7 +755,8 @@ async fn e2e_on(
         let hot = if args.hot_account {
             let before = settle(&client, &server.base).await?;
             let hot_run = format!("{run_id}-hot");
-            let (elapsed, load) = run_load(&client, &server.base, args, &hot_run, 1).await?;
+            let (elapsed, load) =
+                run_load(&client, &server.base, args, args.payments, &hot_run, 1).await?;
             let after = settle(&client, &server.base).await?;
             Some((elapsed, load, after.minus(before)))
         } else {
@@ -640,6 +790,19 @@ async fn e2e_on(
         hot,
     ) = outcome?;
 
+    if with_baseline {
+        let rest = args.payments - baseline_half;
+        let target = (baseline_bin.as_path(), url);
+        run_baseline(
+            &mut baseline,
+            target,
+            &client,
+            args,
+            rest,
+            postgres.as_deref(),
+        )
+        .await?;
+    }
     // The floor's second half, with the server stopped.
     let plain = floor_before
         + run_plain_transactions(
@@ -658,43 +821,31 @@ async fn e2e_on(
     let floor = plain_rate / tx.per_payment();
     let rate = load.accepted as f64 / elapsed.as_secs_f64().max(f64::EPSILON);
     let name = format!("E2E-{backend}");
-    println!(
-        "{name} asiento={rate:.0} limit={floor:.0} ratio={:.2}",
-        rate / floor
-    );
-    let statuses: Vec<String> = load
-        .statuses
-        .iter()
-        .map(|(status, n)| {
-            if *status == 0 {
-                format!("io_error={n}")
-            } else {
-                format!("{status}={n}")
-            }
-        })
-        .collect();
-    eprintln!(
-        "{name} clients={} payments={} accepted={} refunds={} in {:.1}s; answers {}",
-        args.clients,
-        args.payments,
-        load.accepted,
-        load.refunds,
-        elapsed.as_secs_f64(),
-        statuses.join(" ")
-    );
-    for (side, h) in [
-        ("create", &load.create_latency),
-        ("refund", &load.refund_latency),
-    ] {
-        if let Some(h) = h.as_ref().filter(|h| !h.is_empty()) {
-            eprintln!(
-                "{name} {side} latency_us p50={} p99={} p99.9={} max={}",
-                h.value_at_quantile(0.5),
-                h.value_at_quantile(0.99),
-                h.value_at_quantile(0.999),
-                h.max()
-            );
-        }
+    if with_baseline {
+        println!(
+            "{name} asiento={rate:.0} baseline={:.0} ratio={:.2}",
+            baseline.rate(),
+            rate / baseline.rate().max(f64::EPSILON)
+        );
+    } else {
+        println!(
+            "{name} asiento={rate:.0} limit={floor:.0} ratio={:.2}",
+            rate / floor
+        );
+    }
+    print_load(&name, "", args.clients, elapsed, &load);
+    if with_baseline {
+        print_load(
+            &name,
+            "baseline ",
+            args.clients,
+            baseline.elapsed,
+            &baseline.load,
+        );
+        eprintln!(
+            "{name} baseline books: {}",
+            check_baseline(db, &baseline).await?
+        );
     }
     eprintln!(
         "{name} http_floor healthz/s={healthz_rate:.0} (failed {healthz_failed}) \
@@ -736,6 +887,20 @@ async fn e2e_on(
                 floor_ms * tx.per_payment(),
                 floor_ms * tx.per_payment() / payment_ms.max(f64::EPSILON),
             );
+            if with_baseline {
+                // Server and PostgreSQL on each side: what a payment costs the machine that
+                // serves it (the load generator is the same for both).
+                let ours = per_payment_ms(cpu_server_s + postgres_s);
+                let accepted = baseline.load.accepted.max(1) as f64;
+                let theirs = (baseline.cpu_server_s + baseline.cpu_postgres_s) * 1e3 / accepted;
+                eprintln!(
+                    "{name} baseline cpu per payment: server {:.3} ms, postgresql {:.3} ms, both \
+                     {theirs:.3} ms; asiento both {ours:.3} ms; cpu_ratio={:.2} (asiento/baseline)",
+                    baseline.cpu_server_s * 1e3 / accepted,
+                    baseline.cpu_postgres_s * 1e3 / accepted,
+                    ours / theirs.max(f64::EPSILON)
+                );
+            }
         }
         None => eprintln!(
             "{name} cpu per payment: server {:.3} ms (no PostgreSQL server process on this machine)",
@@ -751,7 +916,7 @@ async fn e2e_on(
         counters.retried_alone,
         counters.retried_alone * 100.0 / (load.accepted.max(1) as f64)
     );
-    let mut server_errors = server_errors_of(&load);
+    let mut server_errors = server_errors_of(&load) + server_errors_of(&baseline.load);
     if let Some((hot_elapsed, hot, hot_counters)) = hot {
         let hot_rate = hot.accepted as f64 / hot_elapsed.as_secs_f64().max(f64::EPSILON);
         let hot_errors = server_errors_of(&hot);
@@ -774,6 +939,42 @@ async fn e2e_on(
         bail!("{server_errors} requests failed with 5xx or a transport error");
     }
     Ok(())
+}
+
+/// A load's answers by status and its latency percentiles, on stderr.
+fn print_load(name: &str, side: &str, clients: usize, elapsed: Duration, load: &LoadResult) {
+    let statuses: Vec<String> = load
+        .statuses
+        .iter()
+        .map(|(status, n)| {
+            if *status == 0 {
+                format!("io_error={n}")
+            } else {
+                format!("{status}={n}")
+            }
+        })
+        .collect();
+    eprintln!(
+        "{name} {side}clients={clients} accepted={} refunds={} in {:.1}s; answers {}",
+        load.accepted,
+        load.refunds,
+        elapsed.as_secs_f64(),
+        statuses.join(" ")
+    );
+    for (kind, h) in [
+        ("create", &load.create_latency),
+        ("refund", &load.refund_latency),
+    ] {
+        if let Some(h) = h.as_ref().filter(|h| !h.is_empty()) {
+            eprintln!(
+                "{name} {side}{kind} latency_us p50={} p99={} p99.9={} max={}",
+                h.value_at_quantile(0.5),
+                h.value_at_quantile(0.99),
+                h.value_at_quantile(0.999),
+                h.max()
+            );
+        }
+    }
 }
 
 /// Answers that were 5xx or no answer at all.

@@ -1,6 +1,7 @@
 //! `asiento bench e2e --hot-account`, tiny, on both backends: the real binary starts itself
 //! as the server, drives it (spread, then every payment to one customer), measures both floors
-//! and prints its lines.
+//! and, on PostgreSQL, the plain-SQL baseline (whose books must hold what it answered), and
+//! prints its lines.
 
 use std::process::Command;
 
@@ -32,19 +33,40 @@ fn bench_e2e(database_url: Option<&str>, backend: &str) {
         output.status.success(),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
-    for prefix in [
-        format!("E2E-{backend} asiento="),
-        format!("E2E-HOT-{backend} asiento="),
+    // The spread load's figure is against the baseline on PostgreSQL, the database floor on
+    // SQLite; the hot load's against the spread load.
+    let against = if backend == "postgres" {
+        "baseline="
+    } else {
+        "limit="
+    };
+    for (prefix, against) in [
+        (format!("E2E-{backend} asiento="), against),
+        (format!("E2E-HOT-{backend} asiento="), "limit="),
     ] {
         let line = stdout
             .lines()
             .find(|l| l.starts_with(&prefix))
             .unwrap_or_else(|| panic!("no {prefix} line in:\n{stdout}\n{stderr}"));
-        for field in ["asiento=", "limit=", "ratio="] {
+        for field in ["asiento=", against, "ratio="] {
             assert!(line.contains(field), "{line}");
         }
     }
-    assert!(stderr.contains("accepted=30 refunds=6"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("E2E-{backend} clients=3 accepted=30 refunds=6")),
+        "{stderr}"
+    );
+    if backend == "postgres" {
+        assert!(
+            stderr.contains("E2E-postgres baseline clients=3 accepted=30 refunds=6"),
+            "{stderr}"
+        );
+        // 30 payments of 100.00 taken, 6 refunds of 25.00 given back, two legs each.
+        let books = "baseline books: entries sum to 0, 72 legs, clearing 285000 of 285000 owed, \
+                     30 payments and 6 refunds succeeded";
+        assert!(stderr.contains(books), "{stderr}");
+        assert!(stderr.contains("cpu_ratio="), "{stderr}");
+    }
     assert!(
         stderr.contains("every payment to one customer: accepted=30 "),
         "{stderr}"
