@@ -29,6 +29,8 @@ mod bench_cpu;
 mod bench_e2e;
 #[path = "bench_past.rs"]
 mod bench_past;
+#[path = "bench_streams.rs"]
+mod bench_streams;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -96,6 +98,9 @@ pub enum BenchCommand {
     E2e(bench_e2e::E2eArgs),
     /// The transfer command path without HTTP, among funded customer accounts.
     Command(bench_command::CommandArgs),
+    /// The read models' time per event as payments' streams grow (200 refunds each), first
+    /// rounds against last.
+    Projections(bench_streams::StreamsArgs),
     /// The plain-SQL payments service `e2e` measures asiento against, as a server of its own
     /// (`e2e` starts it).
     #[command(hide = true)]
@@ -165,6 +170,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Replay(args) => replay(args).await,
         BenchCommand::E2e(args) => bench_e2e::e2e(args).await,
         BenchCommand::Command(args) => bench_command::command(args).await,
+        BenchCommand::Projections(args) => bench_streams::long_streams(args).await,
         BenchCommand::BaselineServe(args) => bench_baseline::serve(args).await,
     }
 }
