@@ -69,7 +69,7 @@ impl ExtraCheck for Snapshots {
     }
 }
 
-/// Every payment's read-model row equals the fold of its stream.
+/// Every payment's read-model row, and the folded state it keeps, equal the fold of its stream.
 struct PaymentRows;
 
 impl ExtraCheck for PaymentRows {
@@ -89,8 +89,10 @@ impl ExtraCheck for PaymentRows {
                     check: Check::PaymentReadModel,
                     subject: m.payment_id.clone(),
                     detail: format!(
-                        "read model {:?}, fold of the stream {:?}",
-                        m.stored, m.recomputed
+                        "read model {:?}, fold of the stream {:?}{}",
+                        m.stored,
+                        m.recomputed,
+                        state_note(m.state_differs)
                     ),
                 })
                 .collect())
@@ -98,7 +100,16 @@ impl ExtraCheck for PaymentRows {
     }
 }
 
-/// Every transfer's read-model row equals the fold of its stream.
+/// What a list read model's mismatch adds when the folded state it keeps differs from the log's.
+fn state_note(differs: bool) -> &'static str {
+    if differs {
+        "; its stored folded state differs from the stream's"
+    } else {
+        ""
+    }
+}
+
+/// Every transfer's read-model row, and the folded state it keeps, equal the fold of its stream.
 struct TransferRows;
 
 impl ExtraCheck for TransferRows {
@@ -118,8 +129,10 @@ impl ExtraCheck for TransferRows {
                     check: Check::TransferReadModel,
                     subject: m.transfer_id.clone(),
                     detail: format!(
-                        "read model {:?}, fold of the stream {:?}",
-                        m.stored, m.recomputed
+                        "read model {:?}, fold of the stream {:?}{}",
+                        m.stored,
+                        m.recomputed,
+                        state_note(m.state_differs)
                     ),
                 })
                 .collect())
@@ -141,6 +154,9 @@ impl ExtraCheck for MerchantEventRows {
             let mismatches = asiento_merchant_events::verify(database, store.as_ref())
                 .await
                 .map_err(|error| error.to_string())?;
+            let states = asiento_merchant_events::verify_states(database, store.as_ref())
+                .await
+                .map_err(|error| error.to_string())?;
             Ok(mismatches
                 .into_iter()
                 .map(|m| Violation {
@@ -148,6 +164,11 @@ impl ExtraCheck for MerchantEventRows {
                     subject: format!("seq {}", m.seq),
                     detail: format!("feed {:?}, derived from the log {:?}", m.stored, m.derived),
                 })
+                .chain(states.into_iter().map(|m| Violation {
+                    check: Check::MerchantEvents,
+                    subject: m.stream_id,
+                    detail: m.detail,
+                }))
                 .collect())
         })
     }

@@ -371,27 +371,42 @@ async fn the_feed_yields_every_event_once_in_log_order_across_a_crash(backend: B
         .unwrap();
     let edit = "UPDATE merchant_events_g2 SET body = replace(body, '\"object\":\"event\"', \
                 '\"object\":\"edited\"') WHERE seq = 3";
-    let edited = match &db {
-        asiento_eventstore::Database::Postgres(pool) => sqlx::query(edit)
-            .execute(pool)
-            .await
-            .unwrap()
-            .rows_affected(),
-        asiento_eventstore::Database::Sqlite(pool) => sqlx::query(edit)
-            .execute(pool)
-            .await
-            .unwrap()
-            .rows_affected(),
-    };
-    assert_eq!(edited, 1);
+    // ... and so is a stream's stored fold (what the next batch folds onto), given another's.
+    let refold = "UPDATE merchant_event_streams_g2 SET state = (SELECT state FROM \
+                  merchant_event_streams_g2 WHERE stream_id = (SELECT MAX(stream_id) FROM \
+                  merchant_event_streams_g2 WHERE stream_id LIKE 'payment-%')) \
+                  WHERE stream_id = (SELECT MIN(stream_id) FROM merchant_event_streams_g2 \
+                  WHERE stream_id LIKE 'payment-%')";
+    let mut edited = 0;
+    for statement in [edit, refold] {
+        edited += match &db {
+            asiento_eventstore::Database::Postgres(pool) => sqlx::query(statement)
+                .execute(pool)
+                .await
+                .unwrap()
+                .rows_affected(),
+            asiento_eventstore::Database::Sqlite(pool) => sqlx::query(statement)
+                .execute(pool)
+                .await
+                .unwrap()
+                .rows_affected(),
+        };
+    }
+    assert_eq!(edited, 2);
     let (clean, output) = asiento(&["verify", "--database-url", &database.url]);
     assert!(!clean, "{output}");
     let named: Vec<&str> = output
         .lines()
         .filter(|line| line.contains("merchant_events"))
         .collect();
-    assert_eq!(named.len(), 1, "{output}");
-    assert!(named[0].contains("seq 3"), "{output}");
+    assert_eq!(named.len(), 2, "{output}");
+    assert!(named.iter().any(|line| line.contains("seq 3")), "{output}");
+    assert!(
+        named
+            .iter()
+            .any(|line| line.contains("payment-") && line.contains("stored fold")),
+        "{output}"
+    );
 }
 
 /// The cursor after `seen[index - 1]`, found by paging one at a time (cursors are opaque).

@@ -307,13 +307,14 @@ crate::event::event_family! {
 // ------------------------------------------------------------------ aggregate
 
 /// An exception as its stream leaves it. `record` is `None` until `ExceptionRecorded`.
-#[derive(Debug, Clone, PartialEq, Default)]
+/// Serialisable so that a read model can keep it folded between batches.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Exception {
     pub version: u64,
     pub record: Option<ExceptionRecord>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExceptionRecord {
     pub recorded: ExceptionRecorded,
     pub status: ExceptionStatus,

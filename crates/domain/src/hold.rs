@@ -45,7 +45,7 @@ pub struct HoldVoided {
 }
 
 /// How a hold ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum HoldOutcome {
     Posted { amount: Amount },
     Released(VoidReason),
@@ -73,7 +73,7 @@ impl HoldOutcome {
 }
 
 /// A hold's ending, as the transfer record keeps it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HoldSettled {
     pub outcome: HoldOutcome,
     /// The ending's entry, once folded in.

@@ -77,7 +77,7 @@ crate::event::event_family! {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TransferRecord {
     pub requested: TransferRequested,
     /// The transfer's entry, or the hold's.
@@ -133,7 +133,8 @@ impl TransferRecord {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Default)]
+/// The aggregate; serialisable so that a read model can keep it folded between batches.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Transfer {
     pub version: u64,
     pub record: Option<TransferRecord>,

@@ -1,5 +1,7 @@
-//! A stream's history as a read model keeps it, for projections that fold each touched stream
-//! through the domain's `evolve`: the stream's contiguous versions, and the events seen ahead of a
+//! A stream as a read model keeps it, for projections that fold each touched stream through the
+//! domain's `evolve`: its fold over the contiguous versions applied so far (`fold_batch`: a batch
+//! pushes only its new events onto the stored fold, never the history before them), or the
+//! versions themselves for a projection that keeps them (`merge`), and the events seen ahead of a
 //! gap.
 //!
 //! On PostgreSQL the log's gap-free order is by writing transaction id, and a transaction that
@@ -9,6 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use asiento_eventstore::{Cursor, EventStore, RecordedEvent, StoreError, Tx};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sqlx::types::Json;
@@ -50,17 +53,28 @@ impl Kept {
 
 /// Merges newly seen events into a stream's history. `history` holds versions 1..=n in order;
 /// `waiting` holds events seen ahead of a gap. Afterwards `history` has grown by every event
-/// that became contiguous and `waiting` keeps the rest, sorted by version. A version seen twice
-/// is a bug (the runtime applies each event once), and stops the projection rather than
-/// guessing which copy is right.
+/// that became contiguous and `waiting` keeps the rest, sorted by version.
 pub fn merge(
     history: &mut Vec<Kept>,
     waiting: &mut Vec<Kept>,
     incoming: Vec<Kept>,
 ) -> Result<(), ProjectionError> {
+    let applied = u64::try_from(history.len()).unwrap_or(u64::MAX);
+    history.extend(take_contiguous(applied, waiting, incoming)?);
+    Ok(())
+}
+
+/// The events that continue a stream whose versions 1..=`applied` are applied, in order, taken
+/// from `waiting` (events seen ahead of a gap) and `incoming`; `waiting` keeps the rest, sorted
+/// by version. A version seen twice is a bug (the runtime applies each event once), and stops
+/// the projection rather than guessing which copy is right.
+pub fn take_contiguous(
+    applied: u64,
+    waiting: &mut Vec<Kept>,
+    incoming: Vec<Kept>,
+) -> Result<Vec<Kept>, ProjectionError> {
     waiting.extend(incoming);
     waiting.sort_by_key(|k| k.version);
-    let applied = u64::try_from(history.len()).unwrap_or(u64::MAX);
     for (index, kept) in waiting.iter().enumerate() {
         let repeated = index > 0 && waiting[index - 1].version == kept.version;
         if kept.version <= applied || repeated || kept.version == 0 {
@@ -77,12 +91,11 @@ pub fn merge(
         fits
     });
     let count = contiguous.count();
-    history.extend(waiting.drain(..count));
-    Ok(())
+    Ok(waiting.drain(..count).collect())
 }
 
-/// Where a projection keeps its streams' histories: a table with one row per stream (its id in
-/// `id_column`, its history in `history`), and a table of the events waiting behind a gap
+/// Where a projection keeps its streams' folds: a table with one row per stream (its id in
+/// `id_column`, its fold as JSON in `state`), and a table of the events waiting behind a gap
 /// (`id_column`, `version`, `event`), both of one generation.
 #[derive(Debug, Clone, Copy)]
 pub struct Tables<'a> {
@@ -91,32 +104,31 @@ pub struct Tables<'a> {
     pub id_column: &'a str,
 }
 
-/// What a batch found stored for the streams it touches: each one's history and waiting events.
-#[derive(Debug, Default)]
-pub struct Stored {
-    pub histories: HashMap<String, Vec<Kept>>,
-    pub pending: HashMap<String, Vec<Kept>>,
+/// What a batch found stored for the streams it touches: each one's fold and waiting events.
+#[derive(Debug)]
+struct Stored<F> {
+    folds: HashMap<String, F>,
+    pending: HashMap<String, Vec<Kept>>,
 }
 
-type HistoryRow = (String, Json<Vec<Kept>>);
 type PendingRow = (String, Json<Kept>);
 
-/// Reads the histories and waiting events of the streams `ids`.
-pub async fn load(
+/// Reads the folds and waiting events of the streams `ids`.
+async fn load<F: DeserializeOwned + Send + Unpin + 'static>(
     tx: &mut Tx,
     tables: Tables<'_>,
     ids: &[String],
-) -> Result<Stored, ProjectionError> {
+) -> Result<Stored<F>, ProjectionError> {
     let Tables {
         rows: table,
         pending: pending_table,
         id_column: id,
     } = tables;
-    let (rows, pending): (Vec<HistoryRow>, Vec<PendingRow>) = match tx {
+    let (rows, pending): (Vec<(String, Json<F>)>, Vec<PendingRow>) = match tx {
         // One round trip per table for the whole batch.
         Tx::Postgres(t) => {
             let rows = sqlx::query_as(&format!(
-                "SELECT {id}, history FROM {table} WHERE {id} = ANY($1)"
+                "SELECT {id}, state FROM {table} WHERE {id} = ANY($1)"
             ))
             .bind(ids)
             .fetch_all(&mut **t)
@@ -132,7 +144,7 @@ pub async fn load(
         // SQLite is in-process: a statement per stream costs no round trip.
         Tx::Sqlite(t) => {
             let (mut rows, mut pending) = (Vec::new(), Vec::new());
-            let select_row = format!("SELECT {id}, history FROM {table} WHERE {id} = $1");
+            let select_row = format!("SELECT {id}, state FROM {table} WHERE {id} = $1");
             let select_pending = format!("SELECT {id}, event FROM {pending_table} WHERE {id} = $1");
             for stream in ids {
                 rows.extend(
@@ -151,9 +163,12 @@ pub async fn load(
             (rows, pending)
         }
     };
-    let mut stored = Stored::default();
-    for (stream, Json(history)) in rows {
-        stored.histories.insert(stream, history);
+    let mut stored = Stored {
+        folds: HashMap::with_capacity(rows.len()),
+        pending: HashMap::new(),
+    };
+    for (stream, Json(fold)) in rows {
+        stored.folds.insert(stream, fold);
     }
     for (stream, Json(kept)) in pending {
         stored.pending.entry(stream).or_default().push(kept);
@@ -161,16 +176,19 @@ pub async fn load(
     Ok(stored)
 }
 
-/// Merges a batch's events into the stored histories of the streams `stream_of` names (events of
-/// other streams are skipped): each stream is read once, its events seen ahead of a gap are kept
-/// waiting, and the streams that gained contiguous versions come back with their whole history,
-/// for the caller to fold and store.
-pub async fn merge_batch(
+/// Pushes a batch's events onto the stored folds of the streams `stream_of` names (events of
+/// other streams are skipped): each stream's fold is read once, only the events that continue
+/// its versions are folded in (its history before them is never read again), and events seen
+/// ahead of a gap wait. The streams whose fold moved come back, for the caller to store.
+pub async fn fold_batch<F>(
     tx: &mut Tx,
     tables: Tables<'_>,
     events: &[RecordedEvent],
     stream_of: impl Fn(&RecordedEvent) -> Option<String>,
-) -> Result<Vec<(String, Vec<Kept>)>, ProjectionError> {
+) -> Result<Vec<(String, F)>, ProjectionError>
+where
+    F: StreamFold + DeserializeOwned + Send + Unpin + 'static,
+{
     // Grouped per stream so that each touched row is read, folded and written once.
     let mut incoming: BTreeMap<String, Vec<Kept>> = BTreeMap::new();
     for event in events {
@@ -185,22 +203,24 @@ pub async fn merge_batch(
         return Ok(Vec::new());
     }
     let ids: Vec<String> = incoming.keys().cloned().collect();
-    let mut stored = load(tx, tables, &ids).await?;
-    let mut grown = Vec::with_capacity(ids.len());
+    let mut stored: Stored<F> = load(tx, tables, &ids).await?;
+    let mut moved = Vec::with_capacity(ids.len());
     for (id, events) in incoming {
-        let mut history = stored.histories.remove(&id).unwrap_or_default();
+        let mut fold = stored.folds.remove(&id).unwrap_or_default();
         let had_pending = stored.pending.get(&id).is_some_and(|p| !p.is_empty());
         let mut waiting = stored.pending.remove(&id).unwrap_or_default();
-        let applied = history.len();
-        merge(&mut history, &mut waiting, events)?;
+        let next = take_contiguous(fold.version(), &mut waiting, events)?;
         if had_pending || !waiting.is_empty() {
             replace_pending(tx, tables, &id, &waiting).await?;
         }
-        if history.len() > applied {
-            grown.push((id, history));
+        if !next.is_empty() {
+            for kept in &next {
+                fold.push(kept)?;
+            }
+            moved.push((id, fold));
         }
     }
-    Ok(grown)
+    Ok(moved)
 }
 
 /// A stream folded event by event, as a projection's checker folds it again from the log.

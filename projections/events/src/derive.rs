@@ -13,6 +13,7 @@ use asiento_domain::{
     StreamKind,
 };
 use asiento_objects::{exception_json, payment_json, transfer_json};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::EventKind;
@@ -22,7 +23,7 @@ pub const REDACTED: &str = "[redacted]";
 
 /// A stream that can tell merchants something, folded so far. One lives per touched stream of
 /// a batch, so the size difference between the variants costs nothing worth a box.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Folded {
     Payment(Payment),

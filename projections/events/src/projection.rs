@@ -2,8 +2,9 @@
 //!
 //! - `merchant_events_g{n}`: the feed, one row per merchant event, numbered by `seq` in the
 //!   order this projection derives them (which is the log's gap-free order);
-//! - `merchant_event_streams_g{n}`: per payment, transfer and exception stream, its events
-//!   1..=version, which the next batch folds again to know the object before its new events;
+//! - `merchant_event_streams_g{n}`: per payment, transfer, exception and endpoint stream, its
+//!   fold over its events 1..=version (`state`): the object before the next batch's events,
+//!   onto which that batch folds only them;
 //! - `merchant_event_pending_g{n}`: events seen ahead of a gap in their stream's versions
 //!   (`asiento_projector::history`), with the time the log recorded them;
 //! - the balance monitors' tables (`crate::monitors`): client accounts' running balances and
@@ -15,7 +16,7 @@ use std::collections::HashMap;
 
 use asiento_domain::Event;
 use asiento_eventstore::{RecordedEvent, Tx};
-use asiento_projector::history::{merge, Kept};
+use asiento_projector::history::{take_contiguous, Kept};
 use asiento_projector::{on_tx, Projection, ProjectionError};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -28,13 +29,15 @@ use crate::monitors::{self, Watch};
 /// The registry name, and the argument of `asiento projections rebuild merchant_events`.
 pub const NAME: &str = "merchant_events";
 /// Bump when the tables or the way they are filled change.
-pub const FINGERPRINT: &str = "merchant-events-v2";
+pub const FINGERPRINT: &str = "merchant-events-v3";
 
 /// The merchant events read model. Stateless: everything lives in the database.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MerchantEvents;
 
 pub(crate) const VIEW: &str = "merchant_events";
+/// The view of the streams' folds, which `verify_states` reads.
+pub(crate) const STREAMS_VIEW: &str = "merchant_event_streams";
 const TABLE: &str = "merchant_events_g";
 const STREAMS_TABLE: &str = "merchant_event_streams_g";
 const PENDING_TABLE: &str = "merchant_event_pending_g";
@@ -60,7 +63,7 @@ fn ddl(g: i64, postgres: bool) -> Vec<String> {
         format!(
             "CREATE TABLE {STREAMS_TABLE}{g} (
                 stream_id TEXT PRIMARY KEY,
-                history   {json} NOT NULL){rowid}"
+                state     {json} NOT NULL){rowid}"
         ),
         format!(
             "CREATE TABLE {PENDING_TABLE}{g} (
@@ -82,11 +85,11 @@ struct Waiting {
 /// One touched stream during a batch.
 struct Stream {
     folded: Folded,
-    history: Vec<Kept>,
     waiting: Vec<Kept>,
     /// When each waiting or incoming event was recorded, by version.
     recorded_at: HashMap<u64, DateTime<Utc>>,
-    history_grew: bool,
+    /// Whether the batch folded events onto it (its state is stored again).
+    moved: bool,
     had_pending: bool,
 }
 
@@ -114,6 +117,14 @@ pub(crate) struct Deriver {
 }
 
 impl Deriver {
+    /// The fold of every stream that has folded an event so far.
+    pub fn folds(&self) -> impl Iterator<Item = (&String, &Folded)> {
+        self.streams
+            .iter()
+            .filter(|(_, stream)| stream.folded.version() > 0)
+            .map(|(id, stream)| (id, &stream.folded))
+    }
+
     /// Before every event: no stream folded, no row.
     pub fn empty() -> Deriver {
         Deriver {
@@ -144,13 +155,12 @@ impl Deriver {
             unreachable!("the stream was inserted above");
         };
         stream.recorded_at.insert(event.version, event.recorded_at);
-        let applied = stream.history.len();
-        merge(
-            &mut stream.history,
+        let next = take_contiguous(
+            stream.folded.version(),
             &mut stream.waiting,
             vec![Kept::from_recorded(event)],
         )?;
-        for kept in &stream.history[applied..] {
+        for kept in &next {
             let decoded = Event::decode_raw(
                 &event.stream_id,
                 &kept.event_type,
@@ -175,7 +185,7 @@ impl Deriver {
             }
             stream.folded = after;
         }
-        stream.history_grew |= stream.history.len() > applied;
+        stream.moved |= !next.is_empty();
         Ok(())
     }
 }
@@ -184,10 +194,9 @@ impl Stream {
     fn new(folded: Folded) -> Stream {
         Stream {
             folded,
-            history: Vec::new(),
             waiting: Vec::new(),
             recorded_at: HashMap::new(),
-            history_grew: false,
+            moved: false,
             had_pending: false,
         }
     }
@@ -223,6 +232,7 @@ impl Projection for MerchantEvents {
 
     async fn point_views(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
         asiento_projector::point_view(tx, VIEW, &format!("{TABLE}{g}")).await?;
+        asiento_projector::point_view(tx, STREAMS_VIEW, &format!("{STREAMS_TABLE}{g}")).await?;
         asiento_projector::point_view(
             tx,
             monitors::MONITORS_VIEW,
@@ -317,23 +327,23 @@ fn row(
     })
 }
 
-type HistoryRow = (String, Json<Vec<Kept>>);
+type StateRow = (String, Json<Folded>);
 type PendingRow = (String, Json<Waiting>);
 
-/// The touched streams as stored, each folded up to its contiguous history.
+/// The touched streams as stored: each one's fold, and its events waiting behind a gap.
 async fn load(
     tx: &mut Tx,
     g: i64,
     ids: &[String],
 ) -> Result<HashMap<String, Stream>, ProjectionError> {
-    let select_history =
-        format!("SELECT stream_id, history FROM {STREAMS_TABLE}{g} WHERE stream_id = $1");
+    let select_state =
+        format!("SELECT stream_id, state FROM {STREAMS_TABLE}{g} WHERE stream_id = $1");
     let select_pending =
         format!("SELECT stream_id, event FROM {PENDING_TABLE}{g} WHERE stream_id = $1");
-    let (histories, pending): (Vec<HistoryRow>, Vec<PendingRow>) = match tx {
+    let (states, pending): (Vec<StateRow>, Vec<PendingRow>) = match tx {
         Tx::Postgres(t) => {
             let any = |s: &str| s.replace("= $1", "= ANY($1)");
-            let histories = sqlx::query_as(&any(&select_history))
+            let states = sqlx::query_as(&any(&select_state))
                 .bind(ids)
                 .fetch_all(&mut **t)
                 .await?;
@@ -341,13 +351,13 @@ async fn load(
                 .bind(ids)
                 .fetch_all(&mut **t)
                 .await?;
-            (histories, pending)
+            (states, pending)
         }
         Tx::Sqlite(t) => {
-            let (mut histories, mut pending) = (Vec::new(), Vec::new());
+            let (mut states, mut pending) = (Vec::new(), Vec::new());
             for id in ids {
-                histories.extend(
-                    sqlx::query_as(&select_history)
+                states.extend(
+                    sqlx::query_as(&select_state)
                         .bind(id)
                         .fetch_optional(&mut **t)
                         .await?,
@@ -359,12 +369,12 @@ async fn load(
                         .await?,
                 );
             }
-            (histories, pending)
+            (states, pending)
         }
     };
-    let mut stored: HashMap<String, Vec<Kept>> = histories
+    let mut stored: HashMap<String, Folded> = states
         .into_iter()
-        .map(|(id, Json(history))| (id, history))
+        .map(|(id, Json(folded))| (id, folded))
         .collect();
     let mut waiting: HashMap<String, Vec<Waiting>> = HashMap::new();
     for (id, Json(w)) in pending {
@@ -372,35 +382,23 @@ async fn load(
     }
     let mut streams = HashMap::with_capacity(ids.len());
     for id in ids {
-        let mut folded = Folded::of_stream(id)
-            .unwrap_or_else(|| unreachable!("only streams with merchant events are loaded"));
-        let history = stored.remove(id).unwrap_or_default();
-        for kept in &history {
-            let decoded = Event::decode_raw(id, &kept.event_type, kept.schema, kept.data.get())
-                .map_err(|e| malformed(kept.position, e.to_string()))?;
-            folded = folded
-                .evolve(&decoded)
-                .map_err(|reason| malformed(kept.position, reason))?;
-        }
-        if folded.version() != u64::try_from(history.len()).unwrap_or(u64::MAX) {
-            return Err(malformed(
-                0,
-                format!("stored history of {id} is not contiguous"),
-            ));
-        }
+        let folded = match stored.remove(id) {
+            Some(folded) => folded,
+            None => Folded::of_stream(id)
+                .unwrap_or_else(|| unreachable!("only streams with merchant events are loaded")),
+        };
         let waits = waiting.remove(id).unwrap_or_default();
         streams.insert(
             id.clone(),
             Stream {
                 folded,
-                history,
                 had_pending: !waits.is_empty(),
                 recorded_at: waits
                     .iter()
                     .map(|w| (w.kept.version, w.recorded_at))
                     .collect(),
                 waiting: waits.into_iter().map(|w| w.kept).collect(),
-                history_grew: false,
+                moved: false,
             },
         );
     }
@@ -447,34 +445,34 @@ async fn insert_rows(tx: &mut Tx, g: i64, rows: &[Row]) -> Result<(), Projection
     Ok(())
 }
 
-/// Writes each touched stream's grown history, and its waiting events where they changed.
+/// Writes the fold of each stream the batch moved, and its waiting events where they changed.
 async fn store_streams(
     tx: &mut Tx,
     g: i64,
     streams: &HashMap<String, Stream>,
 ) -> Result<(), ProjectionError> {
     let upsert = format!(
-        "INSERT INTO {STREAMS_TABLE}{g} (stream_id, history) VALUES ($1, $2) \
-         ON CONFLICT (stream_id) DO UPDATE SET history = excluded.history"
+        "INSERT INTO {STREAMS_TABLE}{g} (stream_id, state) VALUES ($1, $2) \
+         ON CONFLICT (stream_id) DO UPDATE SET state = excluded.state"
     );
     let delete = format!("DELETE FROM {PENDING_TABLE}{g} WHERE stream_id = $1");
     let insert =
         format!("INSERT INTO {PENDING_TABLE}{g} (stream_id, version, event) VALUES ($1, $2, $3)");
-    let grown: Vec<(&String, &Stream)> = streams.iter().filter(|(_, s)| s.history_grew).collect();
+    let moved: Vec<(&String, &Stream)> = streams.iter().filter(|(_, s)| s.moved).collect();
     match tx {
         // One round trip for the batch's streams.
-        Tx::Postgres(t) if !grown.is_empty() => {
+        Tx::Postgres(t) if !moved.is_empty() => {
             let statement = format!(
-                "INSERT INTO {STREAMS_TABLE}{g} (stream_id, history) \
+                "INSERT INTO {STREAMS_TABLE}{g} (stream_id, state) \
                  SELECT * FROM UNNEST($1::text[], $2::jsonb[]) \
-                 ON CONFLICT (stream_id) DO UPDATE SET history = excluded.history"
+                 ON CONFLICT (stream_id) DO UPDATE SET state = excluded.state"
             );
             sqlx::query(&statement)
-                .bind(grown.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>())
+                .bind(moved.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>())
                 .bind(
-                    grown
+                    moved
                         .iter()
-                        .map(|(_, s)| Json(&s.history))
+                        .map(|(_, s)| Json(&s.folded))
                         .collect::<Vec<_>>(),
                 )
                 .execute(&mut **t)
@@ -482,10 +480,10 @@ async fn store_streams(
         }
         Tx::Postgres(_) => {}
         Tx::Sqlite(t) => {
-            for (id, stream) in &grown {
+            for (id, stream) in &moved {
                 sqlx::query(&upsert)
                     .bind(id.as_str())
-                    .bind(Json(&stream.history))
+                    .bind(Json(&stream.folded))
                     .execute(&mut **t)
                     .await?;
             }

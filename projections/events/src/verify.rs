@@ -1,4 +1,5 @@
-//! The checker: the stored feed compared with the feed derived again from the log alone.
+//! The checker: the stored feed, and the streams' folds the next batch folds onto, compared with
+//! the feed and the folds derived again from the log alone.
 //!
 //! A row that differs from the derivation at the same checkpoint (its number, id, type, tenant,
 //! position or bytes), a missing row or an extra one is a bug or a hand edit; `asiento
@@ -8,7 +9,12 @@ use asiento_eventstore::{Cursor, Database, EventStore};
 use asiento_projector::on_db;
 use sqlx::Row as _;
 
-use crate::projection::{Deriver, Row, VIEW};
+use std::collections::BTreeMap;
+
+use sqlx::types::Json;
+
+use crate::derive::Folded;
+use crate::projection::{Deriver, Row, STREAMS_VIEW, VIEW};
 use crate::{FeedError, NAME};
 
 /// Events per log read while deriving again.
@@ -74,6 +80,11 @@ async fn snapshot_all(db: &Database) -> Result<(Cursor, Vec<Shown>), FeedError> 
 
 /// The feed derived from the log alone, up to and including `upto`.
 async fn derive_all(store: &dyn EventStore, upto: Cursor) -> Result<Vec<Row>, FeedError> {
+    Ok(derive_log(store, upto).await?.rows)
+}
+
+/// The derivation of the log alone, up to and including `upto`.
+async fn derive_log(store: &dyn EventStore, upto: Cursor) -> Result<Deriver, FeedError> {
     let mut deriver = Deriver::empty();
     let mut reached = Cursor::START;
     'pages: loop {
@@ -89,7 +100,7 @@ async fn derive_all(store: &dyn EventStore, upto: Cursor) -> Result<Vec<Row>, Fe
             break;
         }
     }
-    Ok(deriver.rows)
+    Ok(deriver)
 }
 
 /// Compares the stored feed with the feed derived from the log up to its checkpoint. Empty: the
@@ -130,5 +141,66 @@ pub async fn verify(db: &Database, store: &dyn EventStore) -> Result<Vec<Mismatc
             });
         }
     }
+    Ok(mismatches)
+}
+
+/// A stream whose stored fold differs from its fold derived from the log (or is missing, or has
+/// no stream in the log).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateMismatch {
+    pub stream_id: String,
+    pub detail: String,
+}
+
+/// Compares every stored fold with its stream folded again from the log up to the checkpoint they
+/// were read at (in one statement with them). Empty: the folds are right.
+pub async fn verify_states(
+    db: &Database,
+    store: &dyn EventStore,
+) -> Result<Vec<StateMismatch>, FeedError> {
+    let statement = format!(
+        "SELECT p.checkpoint_xact, p.checkpoint_position, s.stream_id, s.state \
+         FROM projections p LEFT JOIN {STREAMS_VIEW} s ON 1 = 1 WHERE p.name = $1"
+    );
+    type StateRow = (i64, i64, Option<String>, Option<Json<Folded>>);
+    let rows: Vec<StateRow> = on_db!(db, pool => {
+        sqlx::query_as(&statement).bind(NAME).fetch_all(pool).await?
+    });
+    let Some(&(x, p, ..)) = rows.first() else {
+        return Err(FeedError::NotInstalled);
+    };
+    let mut stored: BTreeMap<String, Folded> = rows
+        .into_iter()
+        .filter_map(|(_, _, id, state)| Some((id?, state?.0)))
+        .collect();
+    let deriver = derive_log(store, Cursor::new(x, p)).await?;
+    let mut mismatches = Vec::new();
+    for (id, derived) in deriver.folds() {
+        match stored.remove(id) {
+            Some(ours) if ours == *derived => {}
+            Some(ours) => mismatches.push(StateMismatch {
+                stream_id: id.clone(),
+                detail: format!(
+                    "stored fold at version {}, the log's at version {}{}",
+                    ours.version(),
+                    derived.version(),
+                    if ours.version() == derived.version() {
+                        " (their contents differ)"
+                    } else {
+                        ""
+                    }
+                ),
+            }),
+            None => mismatches.push(StateMismatch {
+                stream_id: id.clone(),
+                detail: "no stored fold".to_owned(),
+            }),
+        }
+    }
+    mismatches.extend(stored.into_keys().map(|id| StateMismatch {
+        stream_id: id,
+        detail: "a stored fold of a stream the log does not have".to_owned(),
+    }));
+    mismatches.sort_by(|a, b| a.stream_id.cmp(&b.stream_id));
     Ok(mismatches)
 }

@@ -7,6 +7,7 @@ use asiento_domain::{evolve_payment, Payment, PaymentEvent, StreamKind};
 use asiento_eventstore::RecordedEvent;
 use asiento_projector::ProjectionError;
 use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 
 use asiento_projector::history::{Kept, StreamFold};
 
@@ -27,8 +28,9 @@ fn malformed(position: i64, reason: impl Into<String>) -> ProjectionError {
     }
 }
 
-/// A payment folded event by event, in version order, through the domain's `evolve`.
-#[derive(Debug, Default)]
+/// A payment folded event by event, in version order, through the domain's `evolve`: what a row
+/// stores (`state`) and the next batch folds its new events onto.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Folder {
     payment: Payment,
     /// The position of the last event folded in.
@@ -98,15 +100,6 @@ impl Folder {
     }
 }
 
-/// The row a payment's history (versions 1..=n, in order) folds to; None for an empty history.
-pub(crate) fn fold(history: &[Kept]) -> Result<Option<PaymentRow>, ProjectionError> {
-    let mut folder = Folder::default();
-    for kept in history {
-        folder.push(kept)?;
-    }
-    folder.row()
-}
-
 /// Unix nanoseconds, the stored form of a row's timestamps. Exact from 1677 to 2262.
 pub(crate) fn to_ns(at: DateTime<Utc>) -> Option<i64> {
     at.timestamp_nanos_opt()
@@ -122,7 +115,7 @@ mod tests {
 
     #[test]
     fn a_stream_that_does_not_start_with_payment_intended_is_malformed() {
-        let result = fold(&[Kept {
+        let result = Folder::default().push(&Kept {
             version: 1,
             position: 7,
             event_type: "ChargeRequested".into(),
@@ -131,12 +124,12 @@ mod tests {
                 &serde_json::json!({"psp_key": "psp_x", "at": "2025-01-01T00:00:00Z"}),
             )
             .unwrap(),
-        }]);
+        });
         assert!(matches!(
             result,
             Err(ProjectionError::Malformed { position: 7, .. })
         ));
-        assert_eq!(fold(&[]).ok(), Some(None));
+        assert_eq!(Folder::default().row().ok(), Some(None));
     }
 
     #[test]

@@ -3,14 +3,15 @@
 //!
 //! Why it is shaped this way:
 //!
-//! - **The domain folds, not this crate.** A row's columns are `evolve_payment` folded over the
-//!   payment's stream, so the read model can never disagree with the write side about what an
-//!   event means. `PaymentRecord` is not serialisable, so a row cannot carry the folded state
-//!   itself; it carries the stream's events instead (`history`), and each batch re-folds the
-//!   touched payments from them. The alternative, re-reading the stream from the event store
-//!   inside `apply`, would need a second connection while the batch's transaction holds
-//!   SQLite's only write lock (a deadlock risk), or SQL against the store's private tables.
-//!   Payment streams are short (a few to a few dozen events), so re-folding is cheap.
+//! - **The domain folds, not this crate, and once.** A row's columns are `evolve_payment` folded
+//!   over the payment's stream, so the read model can never disagree with the write side about
+//!   what an event means. The row keeps the folded aggregate itself (`state`, the domain's
+//!   serialisable `Payment`), and a batch folds only its new events onto it: a payment's k-th
+//!   event costs what its first did. Re-reading the stream from the event store inside `apply`
+//!   would need a second connection while the batch's transaction holds SQLite's only write lock
+//!   (a deadlock risk), or SQL against the store's private tables. A stored state that could
+//!   drift from the log is what `verify` checks: every row's state against its stream folded
+//!   again from the log.
 //! - **Versions out of global order are expected.** On PostgreSQL the log's gap-free order is by
 //!   writing transaction id, and a transaction that took its id early (it wrote an idempotency
 //!   row first) can commit version n+1 of a stream after a younger one committed version n: the

@@ -1,8 +1,8 @@
 //! The projection: payment streams from the log into two tables per generation.
 //!
 //! - `payments_g{n}`: one row per payment whose `PaymentIntended` has been applied: the
-//!   columns the list filters and shows (its metadata as JSON), and `history`, the stream's events 1..=version that
-//!   the next batch re-folds from (see the crate docs for why the row carries them);
+//!   columns the list filters and shows (its metadata as JSON), and `state`, the payment folded
+//!   over its events 1..=version, onto which the next batch folds only its new events;
 //! - `payment_pending_g{n}`: events seen ahead of a gap in their stream's versions, waiting for
 //!   the missing one (PostgreSQL's gap-free order is by transaction id, not by stream version).
 //!
@@ -12,16 +12,16 @@ use asiento_eventstore::{RecordedEvent, Tx};
 use asiento_projector::{on_tx, Projection, ProjectionError};
 use sqlx::types::Json;
 
-use asiento_projector::history::{merge_batch, Kept, Tables};
+use asiento_projector::history::{fold_batch, Tables};
 
-use crate::fold::{fold, payment_stream, to_ns};
+use crate::fold::{payment_stream, to_ns, Folder};
 use crate::PaymentRow;
 
 /// The registry name, and the argument of `asiento projections rebuild payments`.
 pub const NAME: &str = "payments";
 /// Bump when the tables or the way they are filled change: runners then refuse the old data
 /// until `asiento projections rebuild payments`.
-pub const FINGERPRINT: &str = "payments-v2";
+pub const FINGERPRINT: &str = "payments-v3";
 
 /// The payments read model. Stateless: everything lives in the database.
 #[derive(Debug, Clone, Copy, Default)]
@@ -78,7 +78,7 @@ fn ddl_postgres(g: i64) -> Vec<String> {
                 next_action    JSONB,
                 version        BIGINT NOT NULL CHECK (version >= 1),
                 position       BIGINT NOT NULL,
-                history        JSONB  NOT NULL)"
+                state          JSONB  NOT NULL)"
         ),
         format!(
             "CREATE TABLE {PENDING_TABLE}{g} (
@@ -113,7 +113,7 @@ fn ddl_sqlite(g: i64) -> Vec<String> {
                 next_action    TEXT,
                 version        INTEGER NOT NULL CHECK (version >= 1),
                 position       INTEGER NOT NULL,
-                history        TEXT    NOT NULL) WITHOUT ROWID"
+                state          TEXT    NOT NULL) WITHOUT ROWID"
         ),
         format!(
             "CREATE TABLE {PENDING_TABLE}{g} (
@@ -173,9 +173,9 @@ impl Projection for Payments {
             id_column: "payment_id",
         };
         let mut changed = Vec::new();
-        for (_, history) in merge_batch(tx, tables, events, payment_stream).await? {
-            if let Some(row) = fold(&history)? {
-                changed.push(Columns::of(row, history)?);
+        for (_, state) in fold_batch::<Folder>(tx, tables, events, payment_stream).await? {
+            if let Some(row) = state.row()? {
+                changed.push(Columns::of(row, state)?);
             }
         }
         upsert(tx, g, changed).await
@@ -188,11 +188,11 @@ struct Columns {
     created_ns: i64,
     updated_ns: i64,
     version: i64,
-    history: Vec<Kept>,
+    state: Folder,
 }
 
 impl Columns {
-    fn of(row: PaymentRow, history: Vec<Kept>) -> Result<Columns, ProjectionError> {
+    fn of(row: PaymentRow, state: Folder) -> Result<Columns, ProjectionError> {
         let at_position = |reason: &str| ProjectionError::Malformed {
             position: row.position,
             reason: reason.to_owned(),
@@ -205,14 +205,14 @@ impl Columns {
             version: i64::try_from(row.version)
                 .map_err(|_| at_position("stream version overflows i64"))?,
             row,
-            history,
+            state,
         })
     }
 }
 
 const UPSERT_COLUMNS: &str = "(payment_id, tenant, status, amount_minor, currency, customer,
              provider, captured_minor, refunded_minor, fee_minor, created_ns, updated_ns,
-             next_action, version, position, history, description, metadata)";
+             next_action, version, position, state, description, metadata)";
 
 const UPSERT_ON_CONFLICT: &str = "ON CONFLICT (payment_id) DO UPDATE SET
              tenant = excluded.tenant, status = excluded.status,
@@ -222,7 +222,7 @@ const UPSERT_ON_CONFLICT: &str = "ON CONFLICT (payment_id) DO UPDATE SET
              fee_minor = excluded.fee_minor, created_ns = excluded.created_ns,
              updated_ns = excluded.updated_ns, next_action = excluded.next_action,
              version = excluded.version, position = excluded.position,
-             history = excluded.history, description = excluded.description,
+             state = excluded.state, description = excluded.description,
              metadata = excluded.metadata";
 
 /// Writes the batch's changed rows: one UNNEST statement on PostgreSQL (each payment appears once:
@@ -264,7 +264,7 @@ async fn upsert(tx: &mut Tx, g: i64, rows: Vec<Columns>) -> Result<(), Projectio
                 )
                 .bind(column(&|c| c.version))
                 .bind(column(&|c| c.row.position))
-                .bind(rows.iter().map(|c| Json(&c.history)).collect::<Vec<_>>())
+                .bind(rows.iter().map(|c| Json(&c.state)).collect::<Vec<_>>())
                 .bind(
                     rows.iter()
                         .map(|c| c.row.description.as_deref())
@@ -302,7 +302,7 @@ async fn upsert(tx: &mut Tx, g: i64, rows: Vec<Columns>) -> Result<(), Projectio
                     .bind(c.row.next_action.as_ref().map(Json))
                     .bind(c.version)
                     .bind(c.row.position)
-                    .bind(Json(&c.history))
+                    .bind(Json(&c.state))
                     .bind(c.row.description.as_deref())
                     .bind(Json(&c.row.metadata))
                     .execute(&mut **t)

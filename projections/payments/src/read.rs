@@ -25,7 +25,7 @@ pub const EXPORT_PAGE_ROWS: u32 = 250;
 
 /// The view every read goes through (the active generation's table).
 const VIEW: &str = "payments";
-/// Every column a [`PaymentRow`] needs; never `history`, which only the projector reads.
+/// Every column a [`PaymentRow`] needs; never `state`, which only the projector and `verify` read.
 const COLUMNS: &str = "payment_id, tenant, status, amount_minor, currency, customer, provider, \
      captured_minor, refunded_minor, fee_minor, created_ns, updated_ns, next_action, version, \
      position, description, metadata";

@@ -1,12 +1,14 @@
-//! The checker: every payment row compared with its stream folded again from the log.
+//! The checker: every payment row, and the folded state it keeps for the next batch, compared
+//! with its stream folded again from the log.
 //!
-//! A row that disagrees with the fold of its stream at the same checkpoint is corrupt (a bug,
-//! or a hand edit); `asiento projections rebuild payments` replaces it with a fresh copy.
+//! A row or a state that disagrees with the fold of its stream at the same checkpoint is corrupt
+//! (a bug, or a hand edit); `asiento projections rebuild payments` replaces it with a fresh copy.
 
 use std::collections::BTreeMap;
 
 use asiento_eventstore::{Cursor, Database, EventStore};
 use asiento_projector::on_db;
+use sqlx::types::Json;
 use sqlx::{FromRow, Row as _};
 
 use asiento_projector::history::fold_log;
@@ -25,14 +27,20 @@ pub struct Mismatch {
     pub payment_id: String,
     pub stored: Option<PaymentRow>,
     pub recomputed: Option<PaymentRow>,
+    /// The folded state the row keeps (what the next batch folds onto) differs from the
+    /// stream's fold, whether or not the columns do.
+    pub state_differs: bool,
 }
+
+/// A row as stored: its columns, and its folded state.
+type Stored = (PaymentRow, Folder);
 
 /// Every row of the read model, with the checkpoint they are exact at, read in ONE statement
 /// so that they agree even while a batch or a rebuild swap commits.
-async fn snapshot_all(db: &Database) -> Result<(Cursor, BTreeMap<String, PaymentRow>), ViewError> {
+async fn snapshot_all(db: &Database) -> Result<(Cursor, BTreeMap<String, Stored>), ViewError> {
     const COLUMNS: &str = "v.payment_id, v.tenant, v.status, v.amount_minor, v.currency, \
          v.customer, v.provider, v.captured_minor, v.refunded_minor, v.fee_minor, v.created_ns, \
-         v.updated_ns, v.next_action, v.version, v.position, v.description, v.metadata";
+         v.updated_ns, v.next_action, v.version, v.position, v.description, v.metadata, v.state";
     let statement = format!(
         "SELECT p.checkpoint_xact, p.checkpoint_position, {COLUMNS} \
          FROM projections p LEFT JOIN payments v ON 1 = 1 WHERE p.name = $1"
@@ -48,38 +56,39 @@ async fn snapshot_all(db: &Database) -> Result<(Cursor, BTreeMap<String, Payment
             ));
             // NULL: the LEFT JOIN found no rows at all.
             if r.try_get::<Option<String>, _>("payment_id")?.is_some() {
-                rows.push(Row::from_row(r)?);
+                let Json(state) = r.try_get::<Json<Folder>, _>("state")?;
+                rows.push((Row::from_row(r)?, state));
             }
         }
         (cursor, rows)
     });
     let cursor = cursor.ok_or(ViewError::NotInstalled)?;
     let mut stored = BTreeMap::new();
-    for row in rows {
+    for (row, state) in rows {
         let row = row.into_payment()?;
-        stored.insert(row.id.to_string(), row);
+        stored.insert(row.id.to_string(), (row, state));
     }
     Ok((cursor, stored))
 }
 
-/// Every payment folded from the log alone, up to and including `upto`.
+/// Every payment folded from the log alone, up to and including `upto`, with its row.
 async fn recompute_all(
     store: &dyn EventStore,
     upto: Cursor,
-) -> Result<BTreeMap<String, PaymentRow>, ViewError> {
+) -> Result<BTreeMap<String, Stored>, ViewError> {
     let folds: BTreeMap<String, Folder> =
         fold_log::<_, ViewError>(store, upto, RECOMPUTE_PAGE_EVENTS, payment_stream).await?;
     let mut rows = BTreeMap::new();
     for (id, folder) in folds {
         if let Some(row) = folder.row()? {
-            rows.insert(id, row);
+            rows.insert(id, (row, folder));
         }
     }
     Ok(rows)
 }
 
-/// Compares every row with its stream folded from the log up to the read model's checkpoint.
-/// Empty: the read model is right.
+/// Compares every row and its folded state with its stream folded from the log up to the read
+/// model's checkpoint. Empty: the read model is right.
 pub async fn verify(db: &Database, store: &dyn EventStore) -> Result<Vec<Mismatch>, ViewError> {
     let (checkpoint, mut stored) = snapshot_all(db).await?;
     let mut recomputed = recompute_all(store, checkpoint).await?;
@@ -91,10 +100,16 @@ pub async fn verify(db: &Database, store: &dyn EventStore) -> Result<Vec<Mismatc
         .filter_map(|id| {
             let stored = stored.remove(&id);
             let recomputed = recomputed.remove(&id);
-            (stored != recomputed).then_some(Mismatch {
+            let state_differs = match (&stored, &recomputed) {
+                (Some((_, ours)), Some((_, theirs))) => ours != theirs,
+                _ => false,
+            };
+            let (stored, recomputed) = (stored.map(|s| s.0), recomputed.map(|r| r.0));
+            (stored != recomputed || state_differs).then_some(Mismatch {
                 payment_id: id,
                 stored,
                 recomputed,
+                state_differs,
             })
         })
         .collect())

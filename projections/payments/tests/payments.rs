@@ -862,6 +862,31 @@ async fn a_corrupted_row_is_detected_and_a_rebuild_restores_the_same_rows(h: Har
         .iter()
         .any(|m| m.payment_id == made[0].id().to_string() && m.stored.is_none()));
 
+    // A folded state edited by hand, its columns left alone: the next batch would fold onto it.
+    let folded = made
+        .iter()
+        .rev()
+        .find(|m| m.id() != victim.id() && m.id() != made[0].id())
+        .unwrap();
+    let set_position = match h.db {
+        Database::Postgres(_) => "jsonb_set(state, '{position}', '0')",
+        Database::Sqlite(_) => "json_set(state, '$.position', 0)",
+    };
+    let edited = h
+        .execute(&format!(
+            "UPDATE payments_g1 SET state = {set_position} WHERE payment_id = '{}'",
+            folded.id()
+        ))
+        .await;
+    assert_eq!(edited, 1);
+    let mismatches = verify(&h.db, h.store.as_ref()).await.unwrap();
+    assert_eq!(mismatches.len(), 3, "{mismatches:?}");
+    assert!(mismatches
+        .iter()
+        .any(|m| m.payment_id == folded.id().to_string()
+            && m.state_differs
+            && m.stored == m.recomputed));
+
     let report = rebuild(
         &h.db,
         &h.store,

@@ -8,6 +8,7 @@ use asiento_domain::{StreamKind, Transfer, TransferEvent};
 use asiento_eventstore::RecordedEvent;
 use asiento_projector::history::{Kept, StreamFold};
 use asiento_projector::ProjectionError;
+use serde::{Deserialize, Serialize};
 
 use crate::TransferRow;
 
@@ -26,8 +27,9 @@ fn malformed(position: i64, reason: impl Into<String>) -> ProjectionError {
     }
 }
 
-/// A transfer folded event by event, in version order.
-#[derive(Debug, Default)]
+/// A transfer folded event by event, in version order: what a row stores (`state`) and the next
+/// batch folds its new events onto.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Folder {
     transfer: Transfer,
     /// The position of the last event folded in.
@@ -74,13 +76,4 @@ impl Folder {
             position: self.position,
         })
     }
-}
-
-/// The row a transfer's history (versions 1..=n, in order) folds to.
-pub(crate) fn fold(history: &[Kept]) -> Result<Option<TransferRow>, ProjectionError> {
-    let mut folder = Folder::default();
-    for kept in history {
-        folder.push(kept)?;
-    }
-    Ok(folder.row())
 }

@@ -6,10 +6,10 @@
 //!
 //! - **The domain folds, not this crate.** A row is the domain's `evolve` folded over the
 //!   transfer's stream, rendered as the API's transfer object (`asiento_objects::transfer_json`)
-//!   when the projector writes it: a list read returns stored objects and folds nothing. A
-//!   transfer's stream is short and bounded (its request, a hold's post or void, their entries),
-//!   so the row keeps those few events (`history`) and a batch folds a touched transfer from
-//!   them, as the payments view does.
+//!   when the projector writes it: a list read returns stored objects and folds nothing. The row
+//!   keeps the folded aggregate (`state`, the domain's serialisable `Transfer`) and a batch folds
+//!   only its new events onto it, as the payments view does; `verify` checks every stored state
+//!   against its stream folded again from the log.
 //! - **Versions out of global order are expected.** On PostgreSQL a hold's post can reach the
 //!   projector before the hold itself (the log's gap-free order is by transaction id): it waits in
 //!   `transfer_pending_g{n}` until the gap fills, and a row always shows the fold of its stream's

@@ -1,25 +1,25 @@
 //! The projection: transfer streams from the log into two tables per generation.
 //!
 //! - `transfers_g{n}`: one row per transfer whose request has been applied: the columns the list
-//!   filters by, the rendered transfer object, and `history`, the stream's events 1..=version
-//!   that the next batch folds from;
+//!   filters by, the rendered transfer object, and `state`, the transfer folded over its events
+//!   1..=version, onto which the next batch folds only its new events;
 //! - `transfer_pending_g{n}`: events seen ahead of a gap in their stream's versions.
 //!
 //! Readers use the view `transfers`, which points at the active generation.
 
 use asiento_eventstore::{RecordedEvent, Tx};
-use asiento_projector::history::{merge_batch, Kept, Tables};
+use asiento_projector::history::{fold_batch, Tables};
 use asiento_projector::{on_tx, Projection, ProjectionError};
 use sqlx::types::Json;
 
-use crate::fold::{fold, transfer_stream};
+use crate::fold::{transfer_stream, Folder};
 use crate::TransferRow;
 
 /// The registry name, and the argument of `asiento projections rebuild transfers`.
 pub const NAME: &str = "transfers";
 /// Bump when the tables or the way they are filled change: runners then refuse the old data
 /// until `asiento projections rebuild transfers`.
-pub const FINGERPRINT: &str = "transfers-v1";
+pub const FINGERPRINT: &str = "transfers-v2";
 
 /// The transfers read model. Stateless: everything lives in the database.
 #[derive(Debug, Clone, Copy, Default)]
@@ -65,7 +65,7 @@ fn ddl(g: i64, postgres: bool) -> Vec<String> {
                 version      {int} NOT NULL CHECK (version >= 1),
                 position     {int} NOT NULL,
                 object       {json} NOT NULL,
-                history      {json} NOT NULL){rowid}"
+                state        {json} NOT NULL){rowid}"
         ),
         format!(
             "CREATE TABLE {PENDING_TABLE}{g} (
@@ -122,9 +122,9 @@ impl Projection for Transfers {
             id_column: "transfer_id",
         };
         let mut changed = Vec::new();
-        for (_, history) in merge_batch(tx, tables, events, transfer_stream).await? {
-            if let Some(row) = fold(&history)? {
-                changed.push(Columns::of(row, history)?);
+        for (_, state) in fold_batch::<Folder>(tx, tables, events, transfer_stream).await? {
+            if let Some(row) = state.row() {
+                changed.push(Columns::of(row, state)?);
             }
         }
         upsert(tx, g, &changed).await
@@ -136,11 +136,11 @@ struct Columns {
     row: TransferRow,
     created_ns: i64,
     version: i64,
-    history: Vec<Kept>,
+    state: Folder,
 }
 
 impl Columns {
-    fn of(row: TransferRow, history: Vec<Kept>) -> Result<Columns, ProjectionError> {
+    fn of(row: TransferRow, state: Folder) -> Result<Columns, ProjectionError> {
         let at_position = |reason: &str| ProjectionError::Malformed {
             position: row.position,
             reason: reason.to_owned(),
@@ -153,19 +153,19 @@ impl Columns {
             version: i64::try_from(row.version)
                 .map_err(|_| at_position("stream version overflows i64"))?,
             row,
-            history,
+            state,
         })
     }
 }
 
 const UPSERT_COLUMNS: &str = "(transfer_id, tenant, from_account, to_account, status, created_ns,
-             version, position, object, history)";
+             version, position, object, state)";
 
 const UPSERT_ON_CONFLICT: &str = "ON CONFLICT (transfer_id) DO UPDATE SET
              tenant = excluded.tenant, from_account = excluded.from_account,
              to_account = excluded.to_account, status = excluded.status,
              created_ns = excluded.created_ns, version = excluded.version,
-             position = excluded.position, object = excluded.object, history = excluded.history";
+             position = excluded.position, object = excluded.object, state = excluded.state";
 
 /// Writes the batch's changed rows: one UNNEST statement on PostgreSQL (each transfer appears
 /// once: `apply` grouped the batch by transfer), a statement per row on SQLite (in process).
@@ -193,7 +193,7 @@ async fn upsert(tx: &mut Tx, g: i64, rows: &[Columns]) -> Result<(), ProjectionE
                 .bind(int(&|c| c.version))
                 .bind(int(&|c| c.row.position))
                 .bind(rows.iter().map(|c| Json(&c.row.object)).collect::<Vec<_>>())
-                .bind(rows.iter().map(|c| Json(&c.history)).collect::<Vec<_>>())
+                .bind(rows.iter().map(|c| Json(&c.state)).collect::<Vec<_>>())
                 .execute(&mut **t)
                 .await?;
         }
@@ -214,7 +214,7 @@ async fn upsert(tx: &mut Tx, g: i64, rows: &[Columns]) -> Result<(), ProjectionE
                     .bind(c.version)
                     .bind(c.row.position)
                     .bind(Json(&c.row.object))
-                    .bind(Json(&c.history))
+                    .bind(Json(&c.state))
                     .execute(&mut **t)
                     .await?;
             }

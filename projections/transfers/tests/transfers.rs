@@ -417,11 +417,27 @@ async fn a_corrupted_row_is_detected_and_a_rebuild_restores_it(backend: Backend)
         made[2].expected().id
     ))
     .await;
+    // A folded state edited by hand, its columns left alone: the next batch would fold onto it.
+    let folded = made[3].expected();
+    let set_position = match h.db {
+        Database::Postgres(_) => "jsonb_set(state, '{position}', '0')",
+        Database::Sqlite(_) => "json_set(state, '$.position', 0)",
+    };
+    let edited = h
+        .execute(&format!(
+            "UPDATE transfers_g1 SET state = {set_position} WHERE transfer_id = '{}'",
+            folded.id
+        ))
+        .await;
+    assert_eq!(edited, 1);
     let mismatches = verify(&h.db, h.store.as_ref()).await.unwrap();
-    assert_eq!(mismatches.len(), 2, "{mismatches:?}");
+    assert_eq!(mismatches.len(), 3, "{mismatches:?}");
     assert!(mismatches
         .iter()
         .any(|m| m.transfer_id == victim.id && m.recomputed.as_ref() == Some(&victim)));
+    assert!(mismatches
+        .iter()
+        .any(|m| m.transfer_id == folded.id && m.state_differs && m.stored == m.recomputed));
     assert!(mismatches
         .iter()
         .any(|m| m.transfer_id == made[2].expected().id && m.stored.is_none()));

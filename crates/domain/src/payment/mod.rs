@@ -134,7 +134,7 @@ pub enum DisputeOutcome {
 }
 
 /// The payment's current or last dispute.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Dispute {
     pub id: String,
     pub amount: Amount,
@@ -218,7 +218,7 @@ pub enum ReviewReason {
     Manual,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReviewFlag {
     pub reason: ReviewReason,
     pub detail: String,
@@ -226,7 +226,7 @@ pub struct ReviewFlag {
 }
 
 /// Everything known about a payment that exists.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PaymentRecord {
     pub id: PaymentId,
     pub tenant: TenantId,
@@ -277,7 +277,7 @@ pub struct PaymentRecord {
 }
 
 /// A fee the provider kept, named by the balance transaction that carries it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProviderFee {
     pub transaction_id: String,
     pub fee: Amount,
@@ -443,8 +443,10 @@ impl PaymentRecord {
 }
 
 /// The aggregate: `record` is `None` until `PaymentIntended`. `version` counts
-/// the events applied, which is the stream version to expect when appending.
-#[derive(Debug, Clone, PartialEq, Default)]
+/// the events applied, which is the stream version to expect when appending. Serialisable so
+/// that a read model can keep it folded between batches (a stored shape: a change to it is a
+/// rebuild of the read models that store it).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Payment {
     pub version: u64,
     pub record: Option<PaymentRecord>,

@@ -71,7 +71,7 @@ impl OperationState {
 }
 
 /// One operation of a payment, as its events leave it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Operation {
     pub kind: OperationKind,
     /// 1-based within its kind; names the operation at the provider (its PSP key).
