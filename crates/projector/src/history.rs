@@ -1,8 +1,7 @@
 //! A stream as a read model keeps it, for projections that fold each touched stream through the
 //! domain's `evolve`: its fold over the contiguous versions applied so far (`fold_batch`: a batch
-//! pushes only its new events onto the stored fold, never the history before them), or the
-//! versions themselves for a projection that keeps them (`merge`), and the events seen ahead of a
-//! gap.
+//! pushes only its new events onto the stored fold, never the history before them), and the
+//! events seen ahead of a gap (`take_contiguous`).
 //!
 //! On PostgreSQL the log's gap-free order is by writing transaction id, and a transaction that
 //! took its id early can commit version n+1 of a stream after a younger one committed version n:
@@ -49,19 +48,6 @@ impl Kept {
             data: event.data.raw_value().to_owned(),
         }
     }
-}
-
-/// Merges newly seen events into a stream's history. `history` holds versions 1..=n in order;
-/// `waiting` holds events seen ahead of a gap. Afterwards `history` has grown by every event
-/// that became contiguous and `waiting` keeps the rest, sorted by version.
-pub fn merge(
-    history: &mut Vec<Kept>,
-    waiting: &mut Vec<Kept>,
-    incoming: Vec<Kept>,
-) -> Result<(), ProjectionError> {
-    let applied = u64::try_from(history.len()).unwrap_or(u64::MAX);
-    history.extend(take_contiguous(applied, waiting, incoming)?);
-    Ok(())
 }
 
 /// The events that continue a stream whose versions 1..=`applied` are applied, in order, taken
@@ -332,7 +318,7 @@ mod tests {
 
     /// (already applied, waiting before, incoming) -> (history after, waiting after).
     #[test]
-    fn merge_takes_the_contiguous_prefix_and_keeps_the_rest_waiting() {
+    fn the_contiguous_events_are_taken_and_the_rest_kept_waiting() {
         type Case = (u64, &'static [u64], &'static [u64], u64, &'static [u64]);
         let cases: &[Case] = &[
             (0, &[], &[1, 2, 3], 3, &[]),
@@ -344,17 +330,16 @@ mod tests {
             (1, &[], &[], 1, &[]),
         ];
         for &(applied, before, incoming, after, left) in cases {
-            let mut history: Vec<Kept> = (1..=applied).map(kept).collect();
             let mut waiting: Vec<Kept> = before.iter().copied().map(kept).collect();
-            merge(
-                &mut history,
+            let taken = take_contiguous(
+                applied,
                 &mut waiting,
                 incoming.iter().copied().map(kept).collect(),
             )
             .unwrap_or_else(|e| panic!("{applied} {before:?} {incoming:?}: {e}"));
             assert_eq!(
-                versions(&history),
-                (1..=after).collect::<Vec<_>>(),
+                versions(&taken),
+                (applied + 1..=after).collect::<Vec<_>>(),
                 "{applied} {before:?} {incoming:?}"
             );
             assert_eq!(
@@ -366,7 +351,7 @@ mod tests {
     }
 
     #[test]
-    fn merge_refuses_a_version_seen_twice() {
+    fn a_version_seen_twice_is_refused() {
         let cases: &[(u64, &[u64], &[u64])] = &[
             (2, &[], &[2]),
             (0, &[3], &[3]),
@@ -374,10 +359,9 @@ mod tests {
             (0, &[], &[0]),
         ];
         for &(applied, before, incoming) in cases {
-            let mut history: Vec<Kept> = (1..=applied).map(kept).collect();
             let mut waiting: Vec<Kept> = before.iter().copied().map(kept).collect();
-            let result = merge(
-                &mut history,
+            let result = take_contiguous(
+                applied,
                 &mut waiting,
                 incoming.iter().copied().map(kept).collect(),
             );
