@@ -90,6 +90,15 @@ pub struct E2eArgs {
     /// --events-relay`): the same load with the relay running, to compare with a run without.
     #[arg(long)]
     pub events_relay: Option<String>,
+    /// Reads the server's peak RSS once this many payments are accepted, and reports the peak
+    /// after the whole load against it (`E2E-MEMORY-…`): whether what the server keeps is
+    /// bounded (`--payments 200000 --rss-after 20000`).
+    #[arg(long)]
+    pub rss_after: Option<u64>,
+    /// Runs no baseline (on PostgreSQL): for a run that measures something else, such as
+    /// `--rss-after`, at half the time.
+    #[arg(long)]
+    pub skip_baseline: bool,
 }
 
 // ------------------------------------------------------------------ the server
@@ -702,7 +711,7 @@ async fn e2e_on(
         .build()?;
     // The baseline, on PostgreSQL: half its payments before asiento's load and half after, as
     // the floor, so that drift moves both sides alike.
-    let with_baseline = db.backend() == Backend::Postgres;
+    let with_baseline = db.backend() == Backend::Postgres && !args.skip_baseline;
     let baseline_half = args.payments / 2;
     // Always this binary's baseline, whatever `--server-bin` names: it must not move.
     let baseline_bin = std::env::current_exe()?;
@@ -731,15 +740,21 @@ async fn e2e_on(
         let run_id = Uuid::new_v4().simple().to_string();
         let server_pid = server.pid.to_string();
         let cpu_before = (cpu_s(&server_pid), cpu_s("self"), postgres_cpu());
-        let (elapsed, load) = run_load(
-            &client,
-            &server.base,
-            args,
-            args.payments,
-            &run_id,
-            E2E_CUSTOMERS,
-        )
-        .await?;
+        // With `--rss-after`, the load in two parts, the server's peak read between them.
+        let (first, rest) = match args.rss_after.filter(|n| *n < args.payments) {
+            Some(n) => (n, args.payments - n),
+            None => (args.payments, 0),
+        };
+        let (mut elapsed, mut load) =
+            run_load(&client, &server.base, args, first, &run_id, E2E_CUSTOMERS).await?;
+        let rss_after_first_kb = (rest > 0).then(|| (first, proc_kb(server.pid, "VmHWM")));
+        if rest > 0 {
+            let rest_id = format!("{run_id}-rest");
+            let (more, more_load) =
+                run_load(&client, &server.base, args, rest, &rest_id, E2E_CUSTOMERS).await?;
+            elapsed += more;
+            load.add(more_load)?;
+        }
         let cpu = (
             cpu_s(&server_pid) - cpu_before.0,
             cpu_s("self") - cpu_before.1,
@@ -764,6 +779,7 @@ async fn e2e_on(
         };
         anyhow::Ok((
             cpu,
+            rss_after_first_kb,
             rss_idle_kb,
             rss_peak_load_kb,
             rss_peak_kb,
@@ -779,6 +795,7 @@ async fn e2e_on(
     server.stop().await?;
     let (
         (cpu_server_s, cpu_client_s, cpu_postgres_s),
+        rss_after_first_kb,
         rss_idle_kb,
         rss_peak_load_kb,
         rss_peak_kb,
@@ -911,6 +928,14 @@ async fn e2e_on(
         "{name} server rss_kb idle={rss_idle_kb} peak_after_load={rss_peak_load_kb} \
          peak={rss_peak_kb}"
     );
+    if let Some((first, peak_kb)) = rss_after_first_kb {
+        println!(
+            "E2E-MEMORY-{backend} rss_peak_kb_after_{first}={peak_kb} \
+             rss_peak_kb_after_{}={rss_peak_load_kb} ratio={:.2}",
+            args.payments,
+            rss_peak_load_kb as f64 / peak_kb.max(1) as f64
+        );
+    }
     eprintln!(
         "{name} group commit steps written alone after a refused batch: {} ({:.2} % of payments)",
         counters.retried_alone,

@@ -1,11 +1,12 @@
-//! `asiento bench e2e --hot-account`, tiny, on both backends: the real binary starts itself
-//! as the server, drives it (spread, then every payment to one customer), measures both floors
+//! `asiento bench e2e --hot-account`, tiny, on both backends (SQLite with `--rss-after`): the
+//! real binary starts itself as the server, drives it (spread, then every payment to one
+//! customer), measures both floors
 //! and, on PostgreSQL, the plain-SQL baseline (whose books must hold what it answered), and
 //! prints its lines.
 
 use std::process::Command;
 
-fn bench_e2e(database_url: Option<&str>, backend: &str) {
+fn bench_e2e(database_url: Option<&str>, backend: &str, extra: &[&str]) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_asiento"));
     command.args([
         "bench",
@@ -22,6 +23,7 @@ fn bench_e2e(database_url: Option<&str>, backend: &str) {
         "200",
         "--hot-account",
     ]);
+    command.args(extra);
     command.env_remove("ASIENTO_BENCH_DATABASE_URL");
     if let Some(url) = database_url {
         command.args(["--database-url", url]);
@@ -56,6 +58,17 @@ fn bench_e2e(database_url: Option<&str>, backend: &str) {
         stderr.contains(&format!("E2E-{backend} clients=3 accepted=30 refunds=6")),
         "{stderr}"
     );
+    if extra.contains(&"--rss-after") {
+        let prefix = format!("E2E-MEMORY-{backend} rss_peak_kb_after_10=");
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line in:\n{stdout}"));
+        assert!(
+            line.contains(" rss_peak_kb_after_30=") && line.contains(" ratio="),
+            "{line}"
+        );
+    }
     if backend == "postgres" {
         assert!(
             stderr.contains("E2E-postgres baseline clients=3 accepted=30 refunds=6"),
@@ -77,10 +90,11 @@ fn bench_e2e(database_url: Option<&str>, backend: &str) {
 fn bench_e2e_runs_small_on_sqlite() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let url = format!("sqlite://{}", dir.path().join("e2e.db").display());
-    bench_e2e(Some(&url), "sqlite");
+    // The spread load in two parts, the server's peak read after the first.
+    bench_e2e(Some(&url), "sqlite", &["--rss-after", "10"]);
 }
 
 #[test]
 fn bench_e2e_runs_small_on_postgres() {
-    bench_e2e(None, "postgres");
+    bench_e2e(None, "postgres", &[]);
 }
