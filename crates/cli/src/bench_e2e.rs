@@ -99,6 +99,10 @@ pub struct E2eArgs {
     /// `--rss-after`, at half the time.
     #[arg(long)]
     pub skip_baseline: bool,
+    /// Runs the provider simulator as a process of its own (`asiento psp-sim`) instead of in the
+    /// server, so that the server's memory and CPU are asiento's alone (with `--rss-after`).
+    #[arg(long)]
+    pub standalone_sim: bool,
 }
 
 // ------------------------------------------------------------------ the server
@@ -117,13 +121,36 @@ impl Server {
         database_url: &str,
         extra: &[&str],
     ) -> anyhow::Result<Server> {
+        Server::start_at(bin, database_url, extra, &free_address()?).await
+    }
+
+    /// [`Server::start`] listening on `listen`.
+    async fn start_at(
+        bin: &std::path::Path,
+        database_url: &str,
+        extra: &[&str],
+        listen: &str,
+    ) -> anyhow::Result<Server> {
         let key = format!("{BENCH_TENANT}:{BENCH_API_KEY}");
+        let args = ["serve", "--database-url", database_url, "--api-keys", &key];
+        Server::spawn(bin, &[&args[..], extra].concat(), listen).await
+    }
+
+    /// The provider simulator as a process of its own (`asiento psp-sim`), delivering its
+    /// webhooks to `webhook_url` signed with `secret`.
+    async fn start_simulator(
+        bin: &std::path::Path,
+        webhook_url: &str,
+        secret: &str,
+    ) -> anyhow::Result<Server> {
         let args = [
-            &["serve", "--database-url", database_url, "--api-keys", &key],
-            extra,
-        ]
-        .concat();
-        Server::spawn(bin, &args).await
+            "psp-sim",
+            "--webhook-url",
+            webhook_url,
+            "--webhook-secret",
+            secret,
+        ];
+        Server::spawn(bin, &args, &free_address()?).await
     }
 
     /// The plain-SQL baseline (`bench baseline-serve`) on `database_url`, with the same key.
@@ -137,18 +164,14 @@ impl Server {
             "--api-key",
             &key,
         ];
-        Server::spawn(bin, &args).await
+        Server::spawn(bin, &args, &free_address()?).await
     }
 
-    /// `bin args… --listen <a free port>`, once it prints its listening line.
-    async fn spawn(bin: &std::path::Path, args: &[&str]) -> anyhow::Result<Server> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let listen = format!("127.0.0.1:{port}");
+    /// `bin args… --listen <listen>`, once it prints its listening line.
+    async fn spawn(bin: &std::path::Path, args: &[&str], listen: &str) -> anyhow::Result<Server> {
         let mut child = tokio::process::Command::new(bin)
             .args(args)
-            .args(["--listen", &listen])
+            .args(["--listen", listen])
             .env("ASIENTO_LOG", "warn,sqlx=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -161,7 +184,7 @@ impl Server {
         let mut lines = BufReader::new(stdout).lines();
         let listening = tokio::time::timeout(Duration::from_secs(SERVER_START_MAX_S), async {
             while let Some(line) = lines.next_line().await? {
-                if line.contains("asiento listening on") {
+                if line.contains("listening on http://") {
                     return anyhow::Ok(());
                 }
             }
@@ -201,6 +224,14 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// A loopback address with a port free right now.
+fn free_address() -> anyhow::Result<String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    Ok(format!("127.0.0.1:{port}"))
 }
 
 /// A line of /proc/<pid>/status in kB (0 where there is no procfs).
@@ -728,12 +759,26 @@ async fn e2e_on(
         )
         .await?;
     }
-    let relay: Vec<&str> = args
+    let mut extra: Vec<String> = args
         .events_relay
-        .as_deref()
-        .map(|url| vec!["--events-relay", url])
-        .unwrap_or_default();
-    let server = Server::start(bin, url, &relay).await?;
+        .iter()
+        .flat_map(|url| ["--events-relay".to_owned(), url.clone()])
+        .collect();
+    // With `--standalone-sim` the simulator, whose records of charges grow with the load as a
+    // provider's do, runs as a process of its own: the server's memory is asiento's alone.
+    let listen = free_address()?;
+    let simulator = if args.standalone_sim {
+        let secret = asiento_psp_sim::random_webhook_secret();
+        let webhooks = format!("http://{listen}/webhooks/sim");
+        let simulator = Server::start_simulator(&baseline_bin, &webhooks, &secret).await?;
+        extra.extend(["--psp-url".to_owned(), simulator.base.clone()]);
+        extra.extend(["--webhook-secret".to_owned(), secret]);
+        Some(simulator)
+    } else {
+        None
+    };
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let server = Server::start_at(bin, url, &extra, &listen).await?;
     let outcome = async {
         let rss_idle_kb = proc_kb(server.pid, "VmRSS");
         let before = scrape(&client, &server.base).await?;
@@ -793,6 +838,9 @@ async fn e2e_on(
     }
     .await;
     server.stop().await?;
+    if let Some(simulator) = simulator {
+        simulator.stop().await?;
+    }
     let (
         (cpu_server_s, cpu_client_s, cpu_postgres_s),
         rss_after_first_kb,

@@ -173,7 +173,9 @@ async fn check_once(
             reached = event.cursor;
             check.event(event.cursor);
         }
-        if page.len() < VERIFY_PAGE_EVENTS {
+        // Only an empty page is the end: a page the tail cache answers may be short while more
+        // follows.
+        if page.is_empty() {
             break;
         }
     }
