@@ -285,6 +285,27 @@ async fn verify_names_an_edited_mark(h: Harness) {
     );
 }
 
+/// `entries` journal entries of `amount` from clearing to the account, each a stream of its own,
+/// to append in one transaction.
+fn entries_to_clearing(tenant: &str, amount: i64, entries: usize) -> Vec<StreamAppend> {
+    (0..entries)
+        .map(|_| {
+            let (stream_id, event) = entry_event(
+                tenant,
+                &[
+                    (ACCOUNT, "USD", amount),
+                    ("psp:sim:clearing", "USD", -amount),
+                ],
+            );
+            StreamAppend {
+                stream_id,
+                expected: asiento_eventstore::ExpectedVersion::NoStream,
+                events: vec![event],
+            }
+        })
+        .collect()
+}
+
 /// Legs near the largest amount a deployment may allow: the legs between two marks add up far
 /// beyond i64 (SQLite's integer sum would refuse them), and every read stays exact.
 async fn balances_of_the_largest_amounts_are_exact(h: Harness) {
@@ -332,23 +353,11 @@ async fn balances_at_any_position_follow_the_log_order(h: Harness) {
             for _ in 0..150 {
                 let amount = rng.between(1, 5_000);
                 let tenant = if rng.below(3) == 0 { "globex" } else { TENANT };
-                let appends: Vec<StreamAppend> = (0..rng.between(1, 3))
-                    .map(|_| {
-                        let (stream_id, event) = entry_event(
-                            tenant,
-                            &[
-                                (ACCOUNT, "USD", amount),
-                                ("psp:sim:clearing", "USD", -amount),
-                            ],
-                        );
-                        StreamAppend {
-                            stream_id,
-                            expected: asiento_eventstore::ExpectedVersion::NoStream,
-                            events: vec![event],
-                        }
-                    })
-                    .collect();
-                store.append(&appends).await.unwrap();
+                let entries = usize::try_from(rng.between(1, 3)).unwrap();
+                store
+                    .append(&entries_to_clearing(tenant, amount, entries))
+                    .await
+                    .unwrap();
             }
         }));
     }
@@ -427,20 +436,11 @@ async fn spans_are_right_while_the_projection_runs(h: Harness) {
             let mut n = 0u64;
             while std::time::Instant::now() < until {
                 n += 1;
-                let appends: Vec<StreamAppend> = (0..1 + (n + writer) % 13)
-                    .map(|_| {
-                        let (stream_id, event) = entry_event(
-                            TENANT,
-                            &[(ACCOUNT, "USD", 5), ("psp:sim:clearing", "USD", -5)],
-                        );
-                        StreamAppend {
-                            stream_id,
-                            expected: asiento_eventstore::ExpectedVersion::NoStream,
-                            events: vec![event],
-                        }
-                    })
-                    .collect();
-                store.append(&appends).await.unwrap();
+                let entries = usize::try_from(1 + (n + writer) % 13).unwrap();
+                store
+                    .append(&entries_to_clearing(TENANT, 5, entries))
+                    .await
+                    .unwrap();
             }
         }));
     }
