@@ -42,7 +42,7 @@ fn or_500(outcome: Outcome) -> Response {
     })
 }
 
-/// The request's tenant when its bearer key is the baseline's.
+/// Whether the request's bearer key is the baseline's (its one tenant's).
 fn authorized(baseline: &Baseline, headers: &HeaderMap) -> bool {
     headers
         .get(AUTHORIZATION)
