@@ -71,8 +71,13 @@ pub struct Process {
 
 impl Process {
     pub fn spawn(args: &[&str], envs: &[(&str, &str)]) -> Self {
+        Self::spawn_bin(BIN, args, envs)
+    }
+
+    /// [`Process::spawn`] of another build's binary.
+    pub fn spawn_bin(bin: &str, args: &[&str], envs: &[(&str, &str)]) -> Self {
         let log = tempfile::NamedTempFile::new().expect("a log file");
-        let mut command = Command::new(BIN);
+        let mut command = Command::new(bin);
         command
             .args(args)
             .env("ASIENTO_LOG", "warn")
