@@ -43,6 +43,7 @@ use std::future::{Future, IntoFuture};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -321,6 +322,12 @@ impl Simulator {
     /// The most recent events ([`EVENTS_RECORDED_MAX`]), oldest first.
     pub fn events(&self) -> Vec<asiento_psp::event::WebhookEvent> {
         self.state().events()
+    }
+
+    /// The windows settlement reports were asked for, oldest first (the latest
+    /// [`EVENTS_RECORDED_MAX`]).
+    pub fn report_windows(&self) -> Vec<(DateTime<Utc>, DateTime<Utc>)> {
+        self.state().report_windows()
     }
 
     /// Standalone routes: `/v1/…` and `/sim/…`.

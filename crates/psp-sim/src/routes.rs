@@ -332,6 +332,7 @@ async fn settlement_report(State(sim): State<Simulator>, query: Query<WindowQuer
     provider_call(&sim, None, |state| -> Result<Reply, SimError> {
         let from = parse_time("from", query.from.as_deref())?;
         let to = parse_time("to", query.to.as_deref())?;
+        state.record_report_window(from, to);
         let data = state.report(from, to)?;
         let report = SettlementReport { from, to, data };
         Ok(Reply {

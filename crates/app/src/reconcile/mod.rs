@@ -96,6 +96,8 @@ pub const REPORT_LOOKBACK_MS_DEFAULT: i64 = 24 * 3_600_000;
 /// A window ends this long before now, so a charge whose synchronous answer or webhook is still on
 /// its way is not reported as a difference (the overlap brings it into the next window).
 pub const REPORT_SETTLE_MS_DEFAULT: i64 = 60_000;
+/// [`ReconcilerConfig::report_slice_lines`]: a few megabytes of lines at once.
+pub const REPORT_SLICE_LINES_DEFAULT: usize = 2_000;
 /// How long a sweep holds the job lease: above the longest sweep we expect, so a live sweep is not
 /// overtaken; a crashed one delays the next by at most this.
 pub const SWEEP_LEASE_MS_DEFAULT: i64 = 10 * 60_000;
@@ -114,6 +116,9 @@ pub struct ReconcilerConfig {
     pub report_overlap_ms: i64,
     pub report_lookback_ms: i64,
     pub report_settle_ms: i64,
+    /// About how many lines one request of a report window brings (its slices grow and shrink
+    /// toward it, where the provider's reports are sliced: `Capabilities::report_slice`).
+    pub report_slice_lines: usize,
     pub sweep_lease_ms: i64,
     pub payment_lease_ms: i64,
     /// How long after its request a capture or refund is first driven by the sweep.
@@ -133,6 +138,7 @@ impl Default for ReconcilerConfig {
             report_overlap_ms: REPORT_OVERLAP_MS_DEFAULT,
             report_lookback_ms: REPORT_LOOKBACK_MS_DEFAULT,
             report_settle_ms: REPORT_SETTLE_MS_DEFAULT,
+            report_slice_lines: REPORT_SLICE_LINES_DEFAULT,
             sweep_lease_ms: SWEEP_LEASE_MS_DEFAULT,
             payment_lease_ms: PAYMENT_LEASE_MS_DEFAULT,
             operation_timeout_ms: OPERATION_TIMEOUT_MS_DEFAULT,

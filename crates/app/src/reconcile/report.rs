@@ -295,6 +295,13 @@ impl InTransaction for RecordWithFix {
 }
 
 impl Reconciler {
+    /// Compares the provider's report of the window since the last one compared (reaching back
+    /// by the overlap) with our payments, a slice of it at a time where the provider's
+    /// capabilities say so (`report_slice`: one slice's lines in memory at once), and moves the
+    /// provider's cursor past the slices compared whole. From the first slice that is not (a
+    /// line to look at again, a payout not posted) the cursor stays, and the next sweep asks for
+    /// that slice again; a report the provider made only part of the way ends the comparison
+    /// where it ends.
     pub(super) async fn compare_report(
         &self,
         provider: &ProviderName,
@@ -304,30 +311,75 @@ impl Reconciler {
         let cursor = report_cursor(provider);
         let now_ms = self.flow.clock.now_ms();
         let to_ms = now_ms.saturating_sub(self.config.report_settle_ms);
-        let mark = self.cursor_mark(&cursor).await?;
-        let from_ms = match mark {
+        let mut mark = self.cursor_mark(&cursor).await?;
+        let mut from_ms = match mark {
             Some(end) => end.saturating_sub(self.config.report_overlap_ms),
             None => to_ms.saturating_sub(self.config.report_lookback_ms),
         };
-        if from_ms >= to_ms {
-            return Ok(());
+        let first_slice_ms = configured
+            .adapter
+            .capabilities()
+            .report_slice
+            .map(|slice| i64::try_from(slice.as_millis()).unwrap_or(i64::MAX).max(1));
+        let mut slice_ms = first_slice_ms.unwrap_or(i64::MAX);
+        let mut advancing = true;
+        while from_ms < to_ms {
+            let until_ms = to_ms.min(from_ms.saturating_add(slice_ms));
+            let Some(compared) = self
+                .compare_slice(&configured, provider, from_ms, until_ms, summary)
+                .await?
+            else {
+                return Ok(());
+            };
+            let (covered_ms, whole) = (compared.covered_ms, compared.whole);
+            if let Some(first) = first_slice_ms {
+                slice_ms = next_slice_ms(
+                    until_ms - from_ms,
+                    compared.lines,
+                    self.config.report_slice_lines,
+                    first,
+                );
+            }
+            advancing &= whole;
+            // Never back: a report covering less than compared before moves nothing.
+            if advancing && mark.is_none_or(|mark| covered_ms > mark) {
+                self.set_cursor_mark(&cursor, covered_ms).await?;
+                mark = Some(covered_ms);
+            }
+            if covered_ms < until_ms {
+                return Ok(());
+            }
+            from_ms = until_ms;
         }
+        Ok(())
+    }
+
+    /// Compares the report of `[from_ms, until_ms)` as far as the provider made it; `None` when
+    /// the provider gave no report.
+    async fn compare_slice(
+        &self,
+        configured: &crate::providers::ConfiguredProvider,
+        provider: &ProviderName,
+        from_ms: i64,
+        until_ms: i64,
+        summary: &mut SweepSummary,
+    ) -> Result<Option<Compared>, ReconcileError> {
         let report = match configured
             .adapter
-            .settlement_report(millis(from_ms), millis(to_ms))
+            .settlement_report(millis(from_ms), millis(until_ms))
             .await
         {
             Ok(report) => report,
             Err(error) => {
                 summary.provider_errors += 1;
                 tracing::warn!(%provider, %error, "settlement report unavailable; next sweep asks again");
-                return Ok(());
+                return Ok(None);
             }
         };
         // The provider may have made the report only part of the way (a daily file not there
         // yet): the window is compared as far as it covers.
-        let to_ms = report.to.timestamp_millis().clamp(from_ms, to_ms);
-        // The window is done only when every line was handled; otherwise the next sweep asks for
+        let covered_ms = report.to.timestamp_millis().clamp(from_ms, until_ms);
+        // The slice is done only when every line was handled; otherwise the next sweep asks for
         // it again (comparing a line twice is harmless).
         let mut complete = true;
         for line in &report.data {
@@ -342,14 +394,16 @@ impl Reconciler {
                 }
             }
         }
+        let lines = report.data.len();
+        drop(report);
         let payouts = self
-            .post_payouts(provider, millis(from_ms), millis(to_ms), summary)
+            .post_payouts(provider, millis(from_ms), millis(covered_ms), summary)
             .await;
-        // Never back: a report covering less than compared before moves nothing.
-        if complete && payouts && mark.is_none_or(|mark| to_ms > mark) {
-            self.set_cursor_mark(&cursor, to_ms).await?;
-        }
-        Ok(())
+        Ok(Some(Compared {
+            covered_ms,
+            whole: complete && payouts,
+            lines,
+        }))
     }
 
     /// `Ok(false)` when the line must be looked at again (payment lease busy).
@@ -411,16 +465,39 @@ impl Reconciler {
         result.map(|()| true)
     }
 
+    /// Brings the payment to what the line says. A line can differ from it in several ways at
+    /// once (a refund made in the provider's dashboard and a dispute, say), and a verdict
+    /// applies one of them: the payment is compared with the line again after each, until it
+    /// agrees or is left to a person, at most [`LINE_VERDICTS_MAX`] times, never applying the
+    /// same verdict twice.
     async fn apply_line(
         &self,
         stale: &PaymentRecord,
         line: &ReportLine,
         summary: &mut SweepSummary,
     ) -> Result<(), ReconcileError> {
+        let mut applied = Vec::new();
+        for _ in 0..LINE_VERDICTS_MAX {
+            match self.apply_verdict(stale.id, line, summary).await? {
+                Some(verdict) if !applied.contains(&verdict) => applied.push(verdict),
+                _ => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies the verdict on the payment as it is now: `Some((kind, fingerprint))` when it
+    /// applied facts, `None` when the payment agrees with the line or is flagged for a person.
+    async fn apply_verdict(
+        &self,
+        id: PaymentId,
+        line: &ReportLine,
+        summary: &mut SweepSummary,
+    ) -> Result<Option<(ExceptionKind, String)>, ReconcileError> {
         // Under the lease now: decide on the payment as it is, not as it was before the lease.
-        let loaded = log::load_payment(self.flow.store.as_ref(), stale.id).await?;
+        let loaded = log::load_payment(self.flow.store.as_ref(), id).await?;
         let Some(record) = loaded.aggregate.record else {
-            return Ok(());
+            return Ok(None);
         };
         let finding = |kind, fingerprint| Finding {
             kind,
@@ -443,16 +520,17 @@ impl Reconciler {
             decided_refunds(decided)
         };
         match verdict {
-            Verdict::Agree => Ok(()),
-            Verdict::Manual { kind, fingerprint } => {
-                self.flag(&record, finding(kind, fingerprint), summary)
-                    .await
-            }
+            Verdict::Agree => Ok(None),
+            Verdict::Manual { kind, fingerprint } => self
+                .flag(&record, finding(kind, fingerprint), summary)
+                .await
+                .map(|()| None),
             Verdict::Auto {
                 kind,
                 facts,
                 fingerprint,
             } => {
+                let applied = (kind, fingerprint.clone());
                 let recorded = finding(kind, fingerprint).recorded(
                     &record,
                     Resolution::Auto,
@@ -460,7 +538,7 @@ impl Reconciler {
                 );
                 let mut facts = facts.into_iter();
                 let Some(first) = facts.next() else {
-                    return Ok(());
+                    return Ok(None);
                 };
                 if exceptions::exists(self.flow.store.as_ref(), recorded.exception_id).await? {
                     // Recorded by an earlier sweep together with its fix; apply what is left
@@ -493,11 +571,40 @@ impl Reconciler {
                         .finalize(Finalize::facts(record.id, Some(fact)))
                         .await?;
                 }
-                Ok(())
+                Ok(Some(applied))
             }
         }
     }
 }
+
+/// A slice of a report window, compared.
+struct Compared {
+    /// Where the provider's report of it ended (before the slice's end where it made the report
+    /// only that far).
+    covered_ms: i64,
+    /// Every line and payout of it was handled.
+    whole: bool,
+    lines: usize,
+}
+
+/// The next slice of a report window after one of `slice_ms` that held `lines` lines: half as
+/// long past `target` lines, twice as long under half of them (a quiet window, or a first one a
+/// day long, takes few requests), else the same; never shorter than a second nor than `first`
+/// divided by 1,024.
+fn next_slice_ms(slice_ms: i64, lines: usize, target: usize, first: i64) -> i64 {
+    let shortest = (first / 1_024).max(1_000).min(first);
+    if lines > target {
+        (slice_ms / 2).max(shortest)
+    } else if lines.saturating_mul(2) < target {
+        slice_ms.saturating_mul(2)
+    } else {
+        slice_ms
+    }
+}
+
+/// How many verdicts one report line may apply to its payment in a sweep: each brings one kind
+/// of difference (refunds, a dispute, fees, movements) in line.
+const LINE_VERDICTS_MAX: usize = 4;
 
 /// The refunds a report decided, as one auto exception: a reversal among them is
 /// `refund_reversed_at_provider`; else they are refunds of ours whose notification was lost,
@@ -613,6 +720,30 @@ impl Reconciler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_slice_shrinks_past_its_target_and_grows_under_half_of_it() {
+        let first = 10_000;
+        // (slice, lines) -> next slice, for a target of 2,000 lines.
+        let cases = [
+            (10_000, 0, 20_000),
+            (10_000, 999, 20_000),
+            (10_000, 1_000, 10_000),
+            (10_000, 2_000, 10_000),
+            (10_000, 2_001, 5_000),
+            (1_000, 50_000, 1_000),
+            (i64::MAX, 0, i64::MAX),
+        ];
+        for (slice, lines, next) in cases {
+            assert_eq!(
+                next_slice_ms(slice, lines, 2_000, first),
+                next,
+                "{slice} ms, {lines} lines"
+            );
+        }
+        // A first slice under a second is the shortest.
+        assert_eq!(next_slice_ms(500, 9_999, 2_000, 500), 500);
+    }
     use asiento_domain::{CaptureMode, Currency, CustomerId, TenantId};
     use uuid::Uuid;
 

@@ -61,6 +61,8 @@ pub struct Profile {
     /// How far past a payment's expiry the report must have been compared before a charge never
     /// answered is concluded absent.
     absence_confirmed_after_ms: i64,
+    /// How much of a report window is asked at once (0: the whole window).
+    report_slice_ms: i64,
 }
 
 impl Profile {
@@ -77,6 +79,7 @@ impl Profile {
             dispute_dark_percent: *rng.pick(&[0, 50, 100]),
             cancel_by_reference: rng.chance(50),
             absence_confirmed_after_ms: *rng.pick(&[0, 0, ABSENCE_CONFIRMED_AFTER_MS_LONG]),
+            report_slice_ms: *rng.pick(&[0, 60_000, 10 * 60_000]),
         }
     }
 
@@ -89,6 +92,8 @@ impl Profile {
             absence_confirmed_after: std::time::Duration::from_millis(
                 self.absence_confirmed_after_ms as u64,
             ),
+            report_slice: (self.report_slice_ms > 0)
+                .then(|| std::time::Duration::from_millis(self.report_slice_ms as u64)),
         }
     }
 

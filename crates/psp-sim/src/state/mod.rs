@@ -116,6 +116,9 @@ pub(crate) struct SimState {
     /// Captures and refunds are always decided this long after they are asked, whatever the
     /// faults say (the Adyen dialect: every modification is asynchronous there).
     modification_delay_ms: Option<u64>,
+    /// The windows settlement reports were asked for, the latest [`EVENTS_RECORDED_MAX`]: what
+    /// a reconciler asked at once.
+    report_windows: VecDeque<(DateTime<Utc>, DateTime<Utc>)>,
 }
 
 pub(crate) fn new_id(prefix: &str) -> String {
@@ -139,6 +142,7 @@ impl SimState {
             faults: Faults::default(),
             fault_rng: StdRng::seed_from_u64(seed),
             events: VecDeque::new(),
+            report_windows: VecDeque::new(),
             outbox,
             fee_bps,
             operations: HashMap::new(),
@@ -1116,6 +1120,18 @@ impl SimState {
 
     pub fn events(&self) -> Vec<WebhookEvent> {
         self.events.iter().cloned().collect()
+    }
+
+    /// Notes that the settlement report of `[from, to)` was asked for.
+    pub fn record_report_window(&mut self, from: DateTime<Utc>, to: DateTime<Utc>) {
+        if self.report_windows.len() >= EVENTS_RECORDED_MAX {
+            self.report_windows.pop_front();
+        }
+        self.report_windows.push_back((from, to));
+    }
+
+    pub fn report_windows(&self) -> Vec<(DateTime<Utc>, DateTime<Utc>)> {
+        self.report_windows.iter().copied().collect()
     }
 }
 

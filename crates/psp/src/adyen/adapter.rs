@@ -57,6 +57,8 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     key_lifetime: Duration::from_secs(7 * 24 * 60 * 60),
     // docs/adyen-wire.md §3: the AUTHORISATION window, then two daily Payment accounting reports.
     absence_confirmed_after: Duration::from_secs(2 * 24 * 60 * 60),
+    // A report reads the accounting files of whole days, whatever part of them it is asked for.
+    report_slice: None,
 };
 
 /// Where the shopper returns after a redirect when none is configured; Adyen requires one on

@@ -56,6 +56,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     async_modifications: true,
     key_lifetime: Duration::from_secs(23 * 60 * 60),
     absence_confirmed_after: Duration::ZERO,
+    report_slice: Some(crate::provider::REPORT_SLICE),
 };
 
 /// The most PaymentIntents, and the most balance transactions, one settlement report reads
