@@ -825,3 +825,73 @@ async fn a_line_with_two_differences_has_both_applied_in_one_sweep_sqlite() {
 async fn a_line_with_two_differences_has_both_applied_in_one_sweep_postgres() {
     two_differences_on_one_line(Backend::Postgres).await;
 }
+
+/// A provider that tells so many lines of a report at most (the simulator's `limit`) ends the
+/// report early, where the first line left out was touched: the sweep asks for the rest from
+/// there, so however many lines a window holds, one request's are all it holds at once, and
+/// every line is compared once.
+async fn report_lines_at_most(backend: Backend) {
+    let client = ClientConfig {
+        capabilities: asiento_psp::Capabilities {
+            report_slice: None,
+            ..asiento_psp::Capabilities::SIM
+        },
+        report_lines_max: 2,
+        attempts_max: 1,
+        ..ClientConfig::default()
+    };
+    let h = PaymentRig::start(
+        backend,
+        SimConfig {
+            seed: 11,
+            ..SimConfig::default()
+        },
+        client,
+        Arc::new(SystemClock),
+    )
+    .await;
+    let mut paid = Vec::new();
+    for _ in 0..5 {
+        paid.push(h.create("pm_card_ok", 10_000).await);
+    }
+    let last = h.charge_of(paid[4]);
+    let (status, _) = h
+        .sim_post(
+            &format!("/sim/charges/{}/amount", last.id),
+            json!({"amount_minor": 9_999}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    h.log_readable().await;
+    let config = ReconcilerConfig {
+        report_lookback_ms: 60_000,
+        ..config()
+    };
+    let summary = Reconciler::new(h.flow.clone(), config)
+        .sweep_once()
+        .await
+        .unwrap();
+    assert_eq!(summary.report_lines, 5, "{summary}");
+    assert_eq!(summary.flagged, 1, "{summary}");
+    let windows = h.served.sim.report_windows();
+    assert!(windows.len() >= 3, "5 lines, 2 a request: {windows:?}");
+    // Each request asks for the rest of the window from where the one before ended.
+    for pair in windows.windows(2) {
+        assert!(
+            pair[0].0 < pair[1].0 && pair[1].0 < pair[0].1,
+            "{windows:?}"
+        );
+        assert_eq!(pair[0].1, pair[1].1, "{windows:?}");
+    }
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn a_report_longer_than_a_request_brings_is_asked_for_in_parts_sqlite() {
+    report_lines_at_most(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn a_report_longer_than_a_request_brings_is_asked_for_in_parts_postgres() {
+    report_lines_at_most(Backend::Postgres).await;
+}

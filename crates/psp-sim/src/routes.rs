@@ -319,6 +319,8 @@ async fn refund(State(sim): State<Simulator>, headers: HeaderMap, body: Bytes) -
 struct WindowQuery {
     from: Option<String>,
     to: Option<String>,
+    /// The most lines a settlement report tells (its window then ends earlier).
+    limit: Option<usize>,
 }
 
 fn parse_time(name: &str, value: Option<&str>) -> Result<DateTime<Utc>, SimError> {
@@ -332,8 +334,11 @@ async fn settlement_report(State(sim): State<Simulator>, query: Query<WindowQuer
     provider_call(&sim, None, |state| -> Result<Reply, SimError> {
         let from = parse_time("from", query.from.as_deref())?;
         let to = parse_time("to", query.to.as_deref())?;
+        if query.limit == Some(0) {
+            return Err(SimError::InvalidRequest("limit must be at least 1".into()));
+        }
         state.record_report_window(from, to);
-        let data = state.report(from, to)?;
+        let (data, to) = state.report_at_most(from, to, query.limit)?;
         let report = SettlementReport { from, to, data };
         Ok(Reply {
             status: StatusCode::OK,

@@ -248,7 +248,11 @@ impl Provider for HttpProvider {
         let mut url = self.url(&["v1", "settlement_report"]);
         url.query_pairs_mut()
             .append_pair("from", &from.to_rfc3339_opts(SecondsFormat::Nanos, true))
-            .append_pair("to", &to.to_rfc3339_opts(SecondsFormat::Nanos, true));
+            .append_pair("to", &to.to_rfc3339_opts(SecondsFormat::Nanos, true))
+            .append_pair(
+                "limit",
+                &self.transport.config().report_lines_max.max(1).to_string(),
+            );
         self.transport.object(Call::read(url)).await
     }
 }

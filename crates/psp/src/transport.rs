@@ -95,7 +95,13 @@ pub struct ClientConfig {
     /// What the provider behind the URL can do; [`Capabilities::SIM`] for
     /// the simulator's protocol. A test says "no lookup" here.
     pub capabilities: Capabilities,
+    /// The most lines one settlement report request asks for (the simulator's `limit`): a
+    /// longer report ends early, and the reconciler asks for the rest of its window next.
+    pub report_lines_max: usize,
 }
+
+/// [`ClientConfig::report_lines_max`]: a few megabytes of lines at once.
+pub const REPORT_LINES_MAX_DEFAULT: usize = 2_000;
 
 impl Default for ClientConfig {
     fn default() -> Self {
@@ -106,6 +112,7 @@ impl Default for ClientConfig {
             backoff_base_ms: 100,
             backoff_max_ms: 2_000,
             capabilities: Capabilities::SIM,
+            report_lines_max: REPORT_LINES_MAX_DEFAULT,
         }
     }
 }

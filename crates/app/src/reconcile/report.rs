@@ -300,8 +300,9 @@ impl Reconciler {
     /// capabilities say so (`report_slice`: one slice's lines in memory at once), and moves the
     /// provider's cursor past the slices compared whole. From the first slice that is not (a
     /// line to look at again, a payout not posted) the cursor stays, and the next sweep asks for
-    /// that slice again; a report the provider made only part of the way ends the comparison
-    /// where it ends.
+    /// that slice again. A report that ends before its slice (a provider that tells so many lines
+    /// at most, or has made its report only that far) is asked for again from its end, until one
+    /// moves nothing.
     pub(super) async fn compare_report(
         &self,
         provider: &ProviderName,
@@ -323,10 +324,17 @@ impl Reconciler {
             .map(|slice| i64::try_from(slice.as_millis()).unwrap_or(i64::MAX).max(1));
         let mut slice_ms = first_slice_ms.unwrap_or(i64::MAX);
         let mut advancing = true;
+        let mut ended_early = false;
         while from_ms < to_ms {
             let until_ms = to_ms.min(from_ms.saturating_add(slice_ms));
             let Some(compared) = self
-                .compare_slice(&configured, provider, from_ms, until_ms, summary)
+                .compare_slice(
+                    &configured,
+                    provider,
+                    (from_ms, until_ms),
+                    ended_early,
+                    summary,
+                )
                 .await?
             else {
                 return Ok(());
@@ -346,22 +354,27 @@ impl Reconciler {
                 self.set_cursor_mark(&cursor, covered_ms).await?;
                 mark = Some(covered_ms);
             }
-            if covered_ms < until_ms {
+            // A report that ended early (more lines than one request brings, or a day not made
+            // yet) is asked for again from where it ended; one that moved nothing ends the sweep's
+            // comparison.
+            if covered_ms <= from_ms {
                 return Ok(());
             }
-            from_ms = until_ms;
+            ended_early = covered_ms < until_ms;
+            from_ms = covered_ms;
         }
         Ok(())
     }
 
     /// Compares the report of `[from_ms, until_ms)` as far as the provider made it; `None` when
-    /// the provider gave no report.
+    /// the provider gave no report. Asked `after_early_end` (the rest of a report that ended
+    /// early), a provider that has none is not an error: it has made its report only that far.
     async fn compare_slice(
         &self,
         configured: &crate::providers::ConfiguredProvider,
         provider: &ProviderName,
-        from_ms: i64,
-        until_ms: i64,
+        (from_ms, until_ms): (i64, i64),
+        after_early_end: bool,
         summary: &mut SweepSummary,
     ) -> Result<Option<Compared>, ReconcileError> {
         let report = match configured
@@ -370,6 +383,10 @@ impl Reconciler {
             .await
         {
             Ok(report) => report,
+            Err(error) if after_early_end => {
+                tracing::debug!(%provider, %error, "no more of the settlement report yet");
+                return Ok(None);
+            }
             Err(error) => {
                 summary.provider_errors += 1;
                 tracing::warn!(%provider, %error, "settlement report unavailable; next sweep asks again");

@@ -926,6 +926,30 @@ impl SimState {
         Ok(lines)
     }
 
+    /// The report of `[from, to)` with at most `limit` lines, and where it ends: past `limit`,
+    /// the lines touched last before the first line left out, the report ending there (what is
+    /// left is the next window's). More than `limit` lines touched at the window's very start
+    /// are all told, the report then ending at `to`: a report always moves its reader on.
+    pub fn report_at_most(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        limit: Option<usize>,
+    ) -> Result<(Vec<ReportLine>, DateTime<Utc>), SimError> {
+        let mut lines = self.report(from, to)?;
+        let Some(limit) = limit.filter(|limit| lines.len() > *limit) else {
+            return Ok((lines, to));
+        };
+        let mut touched: Vec<DateTime<Utc>> = lines.iter().map(|line| line.last_touched).collect();
+        touched.sort_unstable();
+        let end = touched[limit];
+        if end <= from {
+            return Ok((lines, to));
+        }
+        lines.retain(|line| line.last_touched < end);
+        Ok((lines, end))
+    }
+
     // --- control routes: what the customer, the card network or the
     // provider's own staff do to a charge ---
 
