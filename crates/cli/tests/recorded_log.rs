@@ -52,26 +52,23 @@ fn created(answer: Answer, what: &str) -> Value {
     answer.json()
 }
 
+/// A POST that must succeed: the scenario's commands all do.
+async fn act(client: &Client, path: &str, key: &str, body: &Value) -> Value {
+    created(client.post(path, key, body).await, key)
+}
+
 async fn pay(client: &Client, key: &str, body: Value) -> String {
-    let payment = created(client.post("/v1/payments", key, &body).await, key);
+    let payment = act(client, "/v1/payments", key, &body).await;
     payment["id"].as_str().unwrap().to_owned()
 }
 
 async fn refund(client: &Client, id: &str, key: &str, amount_minor: i64) {
-    created(
-        client
-            .post(
-                &format!("/v1/payments/{id}/refunds"),
-                key,
-                &json!({ "amount_minor": amount_minor }),
-            )
-            .await,
-        key,
-    );
+    let path = format!("/v1/payments/{id}/refunds");
+    act(client, &path, key, &json!({ "amount_minor": amount_minor })).await;
 }
 
 async fn transfer(client: &Client, key: &str, body: Value) -> String {
-    let transfer = created(client.post("/v1/transfers", key, &body).await, key);
+    let transfer = act(client, "/v1/transfers", key, &body).await;
     transfer["id"].as_str().unwrap().to_owned()
 }
 
@@ -148,25 +145,21 @@ async fn record_the_log() {
     let mut manual = payment_body(8_000, "pm_card_ok");
     manual["capture"] = json!("manual");
     let captured = pay(&acme, "manual-captured", manual.clone()).await;
-    created(
-        acme.post(
-            &format!("/v1/payments/{captured}/capture"),
-            "manual-captured-capture",
-            &json!({"amount_minor": 5_000}),
-        )
-        .await,
-        "capture",
-    );
+    act(
+        &acme,
+        &format!("/v1/payments/{captured}/capture"),
+        "manual-captured-capture",
+        &json!({"amount_minor": 5_000}),
+    )
+    .await;
     let canceled = pay(&acme, "manual-canceled", manual.clone()).await;
-    created(
-        acme.post(
-            &format!("/v1/payments/{canceled}/cancel"),
-            "manual-canceled-cancel",
-            &json!({}),
-        )
-        .await,
-        "cancel",
-    );
+    act(
+        &acme,
+        &format!("/v1/payments/{canceled}/cancel"),
+        "manual-canceled-cancel",
+        &json!({}),
+    )
+    .await;
     // A capture the provider decides later, and refuses.
     rig.sim(
         "/faults",
@@ -174,15 +167,13 @@ async fn record_the_log() {
     )
     .await;
     let capture_refused = pay(&acme, "capture-refused", manual.clone()).await;
-    created(
-        acme.post(
-            &format!("/v1/payments/{capture_refused}/capture"),
-            "capture-refused-capture",
-            &json!({}),
-        )
-        .await,
-        "capture",
-    );
+    act(
+        &acme,
+        &format!("/v1/payments/{capture_refused}/capture"),
+        "capture-refused-capture",
+        &json!({}),
+    )
+    .await;
     let operation = rig.operations_of(&capture_refused, "capture").await;
     rig.sim(
         &format!("/operations/{}/fail", operation[0]["id"].as_str().unwrap()),
@@ -249,76 +240,60 @@ async fn record_the_log() {
     let open = acme.exceptions("open").await;
     for exception in &open {
         let id = exception["id"].as_str().unwrap();
-        created(
-            acme.post(
-                &format!("/v1/reconciliation/exceptions/{id}/resolve"),
-                &format!("resolve-{id}"),
-                &json!({"note": "checked with the provider"}),
-            )
-            .await,
-            "resolve",
-        );
+        let path = format!("/v1/reconciliation/exceptions/{id}/resolve");
+        let note = json!({"note": "checked with the provider"});
+        act(&acme, &path, &format!("resolve-{id}"), &note).await;
     }
 
-    created(
-        acme.post(
-            "/v1/accounts",
-            "declare-merchant",
-            &json!({"account": "merchant:acme", "currency": "USD",
+    act(
+        &acme,
+        "/v1/accounts",
+        "declare-merchant",
+        &json!({"account": "merchant:acme", "currency": "USD",
                     "metadata": {"owner": "finance"}}),
-        )
-        .await,
-        "declare",
-    );
-    created(
-        acme.post(
-            "/v1/balance_monitors",
-            "monitor",
-            &json!({"account": "customer:42:available", "currency": "USD",
+    )
+    .await;
+    act(
+        &acme,
+        "/v1/balance_monitors",
+        "monitor",
+        &json!({"account": "customer:42:available", "currency": "USD",
                     "field": "available", "condition": "lt", "amount_minor": 20_000,
                     "description": "top up"}),
-        )
-        .await,
-        "monitor",
-    );
+    )
+    .await;
     let plain = json!({"from": "customer:42:available", "to": "merchant:acme",
                        "amount_minor": 1_500, "currency": "USD", "description": "fees"});
     transfer(&acme, "transfer-1", plain.clone()).await;
     let mut hold = plain.clone();
     hold["pending"] = json!(true);
     let posted = transfer(&acme, "hold-posted", hold.clone()).await;
-    created(
-        acme.post(
-            &format!("/v1/transfers/{posted}/post"),
-            "hold-posted-post",
-            &json!({"amount_minor": 700}),
-        )
-        .await,
-        "post",
-    );
+    act(
+        &acme,
+        &format!("/v1/transfers/{posted}/post"),
+        "hold-posted-post",
+        &json!({"amount_minor": 700}),
+    )
+    .await;
     let voided = transfer(&acme, "hold-voided", hold.clone()).await;
-    created(
-        acme.post(
-            &format!("/v1/transfers/{voided}/void"),
-            "hold-voided-void",
-            &json!({}),
-        )
-        .await,
-        "void",
-    );
+    act(
+        &acme,
+        &format!("/v1/transfers/{voided}/void"),
+        "hold-voided-void",
+        &json!({}),
+    )
+    .await;
     let mut expiring = hold.clone();
     expiring["expires_at"] =
         json!((chrono::Utc::now() + chrono::Duration::seconds(2)).to_rfc3339());
     let expired = transfer(&acme, "hold-expiring", expiring).await;
-    created(
-        acme.post(
-            "/v1/transfers/batch",
-            "batch",
-            &json!({"transfers": [plain.clone(), hold.clone(), plain.clone()]}),
-        )
-        .await,
+    act(
+        &acme,
+        "/v1/transfers/batch",
         "batch",
-    );
+        &json!({"transfers": [plain.clone(), hold.clone(), plain.clone()]}),
+    )
+    .await;
     wait_until(&acme, &format!("/v1/transfers/{expired}"), |transfer| {
         transfer["status"] == "expired"
     })
@@ -404,16 +379,8 @@ async fn restore(url: &str) -> i64 {
 }
 
 fn run(bin: &str, args: &[&str]) {
-    let output = std::process::Command::new(bin)
-        .args(args)
-        .env("ASIENTO_LOG", "warn")
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{bin} {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let (ok, output) = common::run_bin(bin, args, &[]);
+    assert!(ok, "{bin} {args:?}: {output}");
 }
 
 /// Every page of a list route: `data` of each, following `cursor_field` into `param`.

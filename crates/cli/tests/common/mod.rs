@@ -617,7 +617,12 @@ pub fn asiento(args: &[&str]) -> (bool, String) {
 
 /// [`asiento`] with `envs` set (a provider's secrets).
 pub fn asiento_with_env(args: &[&str], envs: &[(&str, &str)]) -> (bool, String) {
-    let output = Command::new(BIN)
+    run_bin(BIN, args, envs)
+}
+
+/// [`asiento_with_env`] of another build's binary.
+pub fn run_bin(bin: &str, args: &[&str], envs: &[(&str, &str)]) -> (bool, String) {
+    let output = Command::new(bin)
         .args(args)
         .envs(envs.iter().copied())
         .env("ASIENTO_LOG", "warn")
