@@ -1,7 +1,8 @@
 //! Rebuilding every projection from a recorded log gives the read models recorded from it.
 //!
 //! `recorded_log/events.jsonl` is a log exactly as PostgreSQL's `events` table held it (positions,
-//! writing transactions and recording times included), made by [`record_the_log`] from a scenario
+//! writing transactions and recording times included), made by
+//! [`the_scenario_makes_the_recorded_log`] from a scenario
 //! through the real server: payments of every outcome (refunds partial and full, a long run of
 //! refunds, manual captures, a cancel, a decline, a redirect, a failed refund and capture, a
 //! dispute won, an amount changed at the provider and the exception it opens, resolved), two
@@ -18,8 +19,8 @@
 //! every answer the same.
 //!
 //! Re-recording (only when an answer is meant to change, and the diff reviewed):
-//! `ASIENTO_RECORD_LOG=1 cargo test --test recorded_log -- --ignored record_the_log` writes a new
-//! log; `ASIENTO_RECORD_READ_MODELS=1 cargo test --test recorded_log` writes the read models
+//! `ASIENTO_RECORD_LOG=1 cargo test --test recorded_log the_scenario` writes a new log;
+//! `ASIENTO_RECORD_READ_MODELS=1 cargo test --test recorded_log rebuilt` writes the read models
 //! (`ASIENTO_RECORDED_BIN=/path/to/asiento` runs another build's binary for it).
 #![allow(clippy::unwrap_used)]
 
@@ -97,14 +98,12 @@ async fn wait_for_status(client: &Client, id: &str, status: &str) {
 }
 
 /// The scenario of the module's doc, through a server on PostgreSQL with the in-process
-/// simulator; then the log, row by row, into `recorded_log/events.jsonl`.
+/// simulator, still makes the log the fixture holds: the same streams with the same events in
+/// the same order (ids and times aside), so the fixture can always be made again, and a change to
+/// what a command writes shows here first. With `ASIENTO_RECORD_LOG` set, the log it made
+/// becomes `recorded_log/events.jsonl` (then record the read models again too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "records the fixture; run with ASIENTO_RECORD_LOG=1 and --ignored"]
-async fn record_the_log() {
-    assert!(
-        std::env::var_os("ASIENTO_RECORD_LOG").is_some(),
-        "set ASIENTO_RECORD_LOG=1 to overwrite the recorded log"
-    );
+async fn the_scenario_makes_the_recorded_log() {
     let database = TestDatabase::new(Backend::Postgres).await;
     let rig = Rig::start(&database, Psp::Sim, &[]).await;
     let acme = rig.client();
@@ -318,9 +317,44 @@ async fn record_the_log() {
     .await
     .unwrap();
     let lines: Vec<String> = rows.into_iter().map(|(line,)| line).collect();
-    std::fs::write(fixture("events.jsonl"), lines.join("\n") + "\n").unwrap();
+    let text = lines.join("\n") + "\n";
     drop(rig);
     database.finish().await;
+    if std::env::var_os("ASIENTO_RECORD_LOG").is_some() {
+        std::fs::write(fixture("events.jsonl"), text).unwrap();
+        return;
+    }
+    let recorded = std::fs::read_to_string(fixture("events.jsonl")).unwrap();
+    assert_eq!(
+        stream_shapes(&text),
+        stream_shapes(&recorded),
+        "the scenario no longer makes the recorded log: record it (ASIENTO_RECORD_LOG=1) and \
+         its read models again, and review both diffs"
+    );
+}
+
+/// Each stream of a log as its kind and its events' types in version order, sorted: what a log
+/// holds, without the ids and times that differ from one run to the next.
+fn stream_shapes(log: &str) -> Vec<(String, Vec<String>)> {
+    let mut streams: std::collections::BTreeMap<String, Vec<(i64, String)>> =
+        std::collections::BTreeMap::new();
+    for line in log.lines() {
+        let row: Row = serde_json::from_str(line).unwrap();
+        streams
+            .entry(row.stream_id)
+            .or_default()
+            .push((row.version, row.event_type));
+    }
+    let mut shapes: Vec<(String, Vec<String>)> = streams
+        .into_iter()
+        .map(|(stream, mut events)| {
+            events.sort();
+            let kind = stream.split('-').next().unwrap_or_default().to_owned();
+            (kind, events.into_iter().map(|(_, kind)| kind).collect())
+        })
+        .collect();
+    shapes.sort();
+    shapes
 }
 
 /// One recorded event row.
