@@ -190,18 +190,22 @@ pub async fn list(
             .filter(|limit| (1..=ACCOUNTS_LIMIT_MAX).contains(limit))
             .ok_or_else(|| invalid(format!("limit must be 1 to {ACCOUNTS_LIMIT_MAX}")))?,
     };
-    let page = asiento_balances::list_accounts(
-        &state.database,
-        &AccountQuery {
-            tenant: tenant.0.clone(),
-            prefix,
-            currency: currency.map(|c| c.code().to_owned()),
-            after,
-            limit,
-        },
-    )
-    .await
-    .map_err(|error| Problem::server(&error))?;
+    let query = &AccountQuery {
+        tenant: tenant.0.clone(),
+        prefix,
+        currency: currency.map(|c| c.code().to_owned()),
+        after,
+        limit,
+    };
+    let page = state
+        .reads
+        .read(
+            crate::reads::Needs::Projection(asiento_balances::NAME),
+            None,
+            |side| async move { asiento_balances::list_accounts(&side.database, query).await },
+        )
+        .await
+        .map_err(|error| Problem::server(&error))?;
     let next_after = (page.accounts.len() == limit)
         .then(|| page.accounts.last())
         .flatten()

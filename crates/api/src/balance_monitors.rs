@@ -25,6 +25,7 @@ use crate::auth::AuthenticatedTenant;
 use crate::body::{Fields, JsonObject};
 use crate::commands::{answer_response, idempotent, tenant_id};
 use crate::problem::Problem;
+use crate::reads::Needs;
 use crate::render::monitor_object;
 use crate::AppState;
 
@@ -245,21 +246,27 @@ pub async fn list(
     };
     let min_position = crate::ledger::position(&params, "min_position")?;
     crate::ledger::known_position(&state, min_position).await?;
-    let page = asiento_merchant_events::list_monitors(
-        &state.database,
-        state.payments.store().as_ref(),
-        &MonitorQuery {
-            tenant: tenant.0.clone(),
-            account,
-            currency,
-            include_deleted,
-            after,
-            limit,
+    let query = &MonitorQuery {
+        tenant: tenant.0.clone(),
+        account,
+        currency,
+        include_deleted,
+        after,
+        limit,
+        min_position,
+    };
+    let page = state
+        .reads
+        .read(
+            Needs::Projection(asiento_merchant_events::NAME),
             min_position,
-        },
-    )
-    .await
-    .map_err(|error| match error {
+            |side| async move {
+                asiento_merchant_events::list_monitors(&side.database, side.store.as_ref(), query)
+                    .await
+            },
+        )
+        .await
+        .map_err(|error| match error {
         FeedError::Lagging { waited_ms } => Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "projection_lagging",

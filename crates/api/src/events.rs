@@ -20,6 +20,7 @@ use serde_json::value::RawValue;
 
 use crate::auth::AuthenticatedTenant;
 use crate::problem::Problem;
+use crate::reads::Needs;
 use crate::AppState;
 
 fn invalid(name: &str, detail: impl std::fmt::Display) -> Problem {
@@ -105,7 +106,14 @@ pub async fn list(
         // One more than the page, to know whether more follow.
         limit: limit + 1,
     };
-    let mut events = read_after(&state.database, &query)
+    let query = &query;
+    let mut events = state
+        .reads
+        .read(
+            Needs::Projection(asiento_merchant_events::NAME),
+            None,
+            |side| async move { read_after(&side.database, query).await },
+        )
         .await
         .map_err(feed_problem)?;
     let has_more = events.len() > limit as usize;
@@ -144,7 +152,10 @@ pub async fn get(
     if !crate::webhook_endpoints::well_formed(&id, "evt_") {
         return Err(not_found());
     }
-    let event = read_one(&state.database, &tenant.0, &id)
+    let (tenant, id) = (tenant.0.as_str(), id.as_str());
+    let event = state
+        .reads
+        .find(|side| async move { read_one(&side.database, tenant, id).await })
         .await
         .map_err(feed_problem)?
         .ok_or_else(not_found)?;

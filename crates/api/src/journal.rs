@@ -3,7 +3,6 @@
 //! the server's memory stays flat however long the period).
 
 use asiento_balances::{JournalCursor, JournalPage, JournalQuery, JOURNAL_LIMIT_MAX};
-use asiento_eventstore::EventStore;
 use axum::{
     extract::State,
     http::HeaderMap,
@@ -16,6 +15,7 @@ use crate::auth::AuthenticatedTenant;
 use crate::csv::{field, wants_csv};
 use crate::ledger::{balance_problem, params, position, Params};
 use crate::problem::Problem;
+use crate::reads::{Needs, ReadSide};
 use crate::statement::time;
 use crate::AppState;
 
@@ -70,21 +70,36 @@ pub async fn list(
             .map_err(balance_problem)?,
         limit,
     };
-    let store = state.payments.store().clone();
-    if wants_csv(&headers) {
-        let query = JournalQuery {
+    let csv = wants_csv(&headers);
+    let query = if csv {
+        JournalQuery {
             after: None,
             limit: crate::csv::CSV_PAGE_ROWS,
             ..query
-        };
-        let first = asiento_balances::journal(&state.database, store.as_ref(), &query)
-            .await
-            .map_err(balance_problem)?;
-        return Ok(csv_response(state, store, query, first));
-    }
-    let page = asiento_balances::journal(&state.database, store.as_ref(), &query)
+        }
+    } else {
+        query
+    };
+    let (side, page) = state
+        .reads
+        .read(
+            Needs::Projection(asiento_balances::ENTRIES_NAME),
+            None,
+            |side| {
+                let query = &query;
+                async move {
+                    let page =
+                        asiento_balances::journal(&side.database, side.store.as_ref(), query)
+                            .await?;
+                    Ok::<_, asiento_balances::BalanceError>((side, page))
+                }
+            },
+        )
         .await
         .map_err(balance_problem)?;
+    if csv {
+        return Ok(csv_response(side, query, page));
+    }
     Ok(Json(json!({
         "object": "list",
         "data": page.entries,
@@ -116,21 +131,17 @@ fn rows(page: &JournalPage) -> String {
 }
 
 /// The period as CSV: the header, then a row per leg, page after page.
-fn csv_response(
-    state: AppState,
-    store: std::sync::Arc<dyn EventStore>,
-    query: JournalQuery,
-    first: JournalPage,
-) -> Response {
+fn csv_response(side: ReadSide, query: JournalQuery, first: JournalPage) -> Response {
     let head = format!("{CSV_COLUMNS}\r\n{}", rows(&first));
     crate::csv::streamed("journal.csv", head, first.next, None, move |after| {
-        let (state, store) = (state.clone(), store.clone());
+        let side = side.clone();
         let query = JournalQuery {
             after: Some(after),
             ..query.clone()
         };
         async move {
-            let page = asiento_balances::journal(&state.database, store.as_ref(), &query).await?;
+            let page =
+                asiento_balances::journal(&side.database, side.store.as_ref(), &query).await?;
             Ok::<_, asiento_balances::BalanceError>((rows(&page), page.next))
         }
     })

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 use crate::auth::AuthenticatedTenant;
 use crate::problem::Problem;
+use crate::reads::Needs;
 use crate::AppState;
 
 /// Legs per page when the client names no limit.
@@ -132,31 +133,45 @@ pub async fn balance(
         time: crate::statement::time(&params, "at")?,
     };
     known_position(&state, point.position).await?;
-    let store = state.payments.store();
-    let balance = if point == asiento_balances::Point::default() {
-        asiento_balances::read_balance(
-            &state.database,
-            store.as_ref(),
-            &tenant.0,
-            &account,
-            currency.code(),
-            min_position,
-        )
-        .await
+    let (tenant_id, account_name) = (tenant.0.as_str(), &account);
+    // Now: the snapshot and the log after it. In the past: the legs and their marks, waiting for
+    // the point, which a known `min_position` precedes or needs no wait for.
+    let now = point == asiento_balances::Point::default();
+    let (needs, needs_position) = if now {
+        (Needs::Log, min_position)
     } else {
-        // A read of the past waits for its point, which a known `min_position` precedes or
-        // needs no wait for.
-        asiento_balances::balance_at(
-            &state.database,
-            store.as_ref(),
-            &tenant.0,
-            &account,
-            currency.code(),
-            point,
+        (
+            Needs::Projection(asiento_balances::ENTRIES_NAME),
+            point.position,
         )
+    };
+    let balance = state
+        .reads
+        .read(needs, needs_position, |side| async move {
+            if now {
+                asiento_balances::read_balance(
+                    &side.database,
+                    side.store.as_ref(),
+                    tenant_id,
+                    account_name,
+                    currency.code(),
+                    min_position,
+                )
+                .await
+            } else {
+                asiento_balances::balance_at(
+                    &side.database,
+                    side.store.as_ref(),
+                    tenant_id,
+                    account_name,
+                    currency.code(),
+                    point,
+                )
+                .await
+            }
+        })
         .await
-    }
-    .map_err(balance_problem)?;
+        .map_err(balance_problem)?;
     // The policy in force decides which reservations count against the balance: the declared
     // one, from the account's guard (the log, never stale), or the one its name implies. A
     // balance of the past is shown under the policy in force now.
@@ -245,18 +260,28 @@ pub async fn entries(
                 )
             })?,
     };
-    let legs = asiento_balances::entries(
-        &state.database,
-        state.payments.store().as_ref(),
-        &tenant.0,
-        account.as_str(),
-        currency.code(),
-        after,
-        limit,
-        min_position,
-    )
-    .await
-    .map_err(balance_problem)?;
+    let (tenant_id, account_name) = (tenant.0.as_str(), account.as_str());
+    let legs = state
+        .reads
+        .read(
+            Needs::Projection(asiento_balances::ENTRIES_NAME),
+            min_position,
+            |side| async move {
+                asiento_balances::entries(
+                    &side.database,
+                    side.store.as_ref(),
+                    tenant_id,
+                    account_name,
+                    currency.code(),
+                    after,
+                    limit,
+                    min_position,
+                )
+                .await
+            },
+        )
+        .await
+        .map_err(balance_problem)?;
     let next_after = if legs.len() == limit {
         legs.last().map(|leg| leg.position)
     } else {
@@ -297,16 +322,26 @@ pub async fn journal_entry(
         )
     };
     let entry_id = asiento_domain::EntryId::parse(&entry_id).map_err(|_| not_found())?;
-    let entry = asiento_balances::journal_entry(
-        &state.database,
-        state.payments.store().as_ref(),
-        &tenant.0,
-        &entry_id.to_string(),
-        min_position,
-    )
-    .await
-    .map_err(balance_problem)?
-    .ok_or_else(not_found)?;
+    let (tenant_id, entry_id) = (tenant.0.as_str(), &entry_id.to_string());
+    let entry = state
+        .reads
+        .read(
+            Needs::Projection(asiento_balances::ENTRIES_NAME),
+            min_position,
+            |side| async move {
+                asiento_balances::journal_entry(
+                    &side.database,
+                    side.store.as_ref(),
+                    tenant_id,
+                    entry_id,
+                    min_position,
+                )
+                .await
+            },
+        )
+        .await
+        .map_err(balance_problem)?
+        .ok_or_else(not_found)?;
     Ok(Json(
         serde_json::to_value(entry).map_err(|error| Problem::internal(&error))?,
     ))

@@ -21,6 +21,7 @@ mod payment_export;
 pub mod problem;
 pub mod queries;
 pub mod rate_limit;
+pub mod reads;
 pub mod render;
 pub mod statement;
 pub mod transfer_list;
@@ -61,7 +62,10 @@ pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
+    /// The primary: every write, and the reads that must see the newest state.
     pub database: Database,
+    /// Where the query routes read: a standby when one is configured and has what they need.
+    pub reads: std::sync::Arc<reads::Reads>,
     pub payments: PaymentFlow,
     pub ledger: LedgerFlow,
     pub webhooks: asiento_app::webhooks::WebhookReceiver,

@@ -176,6 +176,19 @@ pub fn describe() {
         "asiento_events_relay_errors_total",
         "Events relay rounds that failed and are retried from the stored cursor, by relay and kind (nats, stream, database, config)"
     );
+    describe_counter!(
+        "asiento_standby_reads_total",
+        "Query route reads meant for a standby, by standby and outcome: served, or asked of the primary because the standby was lagging (min_position not reached within --read-standby-wait), missing (a lookup by id it did not find) or failed"
+    );
+    describe_gauge!(
+        "asiento_standby_lag_positions",
+        "Log positions the primary is ahead of a standby, sampled each second by API processes with --read-database-url, by standby"
+    );
+    describe_gauge!(
+        "asiento_standby_lag_seconds",
+        Unit::Seconds,
+        "Age of the newest transaction a standby applied while it has WAL left to apply (0 when it applied all it received), by standby"
+    );
     describe_gauge!(
         "asiento_events_relay_lag_events",
         "Merchant events after the events relay's cursor, reported by the process holding its lease, by relay"

@@ -9,7 +9,7 @@ use asiento_payments_view::{Page, PaymentFilter};
 use axum::response::Response;
 
 use crate::csv::field;
-use crate::AppState;
+use crate::reads::ReadSide;
 
 /// The header row: API.md "Payments as CSV" documents each column.
 pub(crate) const CSV_COLUMNS: &str = "payment_id,status,amount_minor,currency,customer,provider,\
@@ -39,9 +39,10 @@ fn rows(page: &Page) -> String {
     out
 }
 
-/// The header and `first` page's rows, then every later page as the client reads.
+/// The header and `first` page's rows, then every later page as the client reads, from the
+/// database that gave the first.
 pub(crate) fn csv_response(
-    state: AppState,
+    side: ReadSide,
     tenant: TenantId,
     filter: PaymentFilter,
     first: Page,
@@ -53,14 +54,14 @@ pub(crate) fn csv_response(
         first.next_cursor,
         None,
         move |cursor| {
-            let (state, tenant) = (state.clone(), tenant.clone());
+            let (side, tenant) = (side.clone(), tenant.clone());
             let filter = PaymentFilter {
                 cursor: Some(cursor),
                 ..filter.clone()
             };
             async move {
                 let page =
-                    asiento_payments_view::export_page(&state.database, &tenant, filter).await?;
+                    asiento_payments_view::export_page(&side.database, &tenant, filter).await?;
                 let rows = rows(&page);
                 Ok::<_, asiento_payments_view::ViewError>((rows, page.next_cursor))
             }

@@ -16,6 +16,7 @@ use serde_json::json;
 use crate::auth::AuthenticatedTenant;
 use crate::commands::{payment_id, transfer_id, transfer_not_found};
 use crate::problem::Problem;
+use crate::reads::Needs;
 use crate::render::JsonRender;
 use crate::AppState;
 
@@ -251,26 +252,42 @@ pub async fn list_payments(
         other => Problem::server(&other),
     };
     crate::ledger::known_position(&state, min_position).await?;
-    if let Some(position) = min_position {
-        asiento_payments_view::wait_for_position(
-            &state.database,
-            state.payments.store().as_ref(),
-            position,
+    let csv = crate::csv::wants_csv(&headers);
+    let (tenant, filter) = (&tenant, &filter);
+    let (side, page) = state
+        .reads
+        .read(
+            Needs::Projection(asiento_payments_view::NAME),
+            min_position,
+            |side| async move {
+                if let Some(position) = min_position {
+                    asiento_payments_view::wait_for_position(
+                        &side.database,
+                        side.store.as_ref(),
+                        position,
+                    )
+                    .await?;
+                }
+                let page = if csv {
+                    asiento_payments_view::export_page(&side.database, tenant, filter.clone())
+                        .await?
+                } else {
+                    asiento_payments_view::list_payments(&side.database, tenant, filter.clone())
+                        .await?
+                };
+                Ok::<_, ViewError>((side, page))
+            },
         )
         .await
         .map_err(view_problem)?;
-    }
-    if crate::csv::wants_csv(&headers) {
-        let first = asiento_payments_view::export_page(&state.database, &tenant, filter.clone())
-            .await
-            .map_err(view_problem)?;
+    if csv {
         return Ok(crate::payment_export::csv_response(
-            state, tenant, filter, first,
+            side,
+            tenant.clone(),
+            filter.clone(),
+            page,
         ));
     }
-    let page = asiento_payments_view::list_payments(&state.database, &tenant, filter)
-        .await
-        .map_err(view_problem)?;
     Ok(Json(json!({"data": page.data, "next_cursor": page.next_cursor})).into_response())
 }
 

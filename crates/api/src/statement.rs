@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 
 use asiento_balances::{Point, Statement, StatementQuery, ENTRIES_LIMIT_MAX};
-use asiento_eventstore::EventStore;
 use axum::{
     extract::{Path, State},
     http::HeaderMap,
@@ -20,6 +19,7 @@ use crate::auth::AuthenticatedTenant;
 use crate::csv::{field, wants_csv};
 use crate::ledger::{account, balance_problem, currency, known_position, params, position, Params};
 use crate::problem::Problem;
+use crate::reads::{Needs, ReadSide, Reads};
 use crate::AppState;
 
 /// Lines per JSON page when the client names no limit, and per read while streaming CSV.
@@ -98,10 +98,9 @@ pub async fn statement(
         limit,
     };
     if wants_csv(&headers) {
-        return csv(state, query).await.map_err(balance_problem);
+        return csv(&state.reads, query).await.map_err(balance_problem);
     }
-    let store = state.payments.store().clone();
-    let first = asiento_balances::statement(&state.database, store.as_ref(), &query)
+    let (_, first) = read_statement(&state.reads, &query)
         .await
         .map_err(balance_problem)?;
     Ok(Json(json!({
@@ -156,25 +155,38 @@ fn lines_csv(query: &StatementQuery, page: &Statement) -> String {
 /// cut short by an error (logged) and must not be used. An error before the first byte is
 /// returned.
 pub async fn csv(
-    state: AppState,
+    reads: &Reads,
     query: StatementQuery,
 ) -> Result<Response, asiento_balances::BalanceError> {
-    let store = state.payments.store().clone();
     let query = StatementQuery {
         after: None,
         limit: crate::csv::CSV_PAGE_ROWS,
         ..query
     };
-    let first = asiento_balances::statement(&state.database, store.as_ref(), &query).await?;
-    Ok(csv_response(state, store, query, first))
+    let (side, first) = read_statement(reads, &query).await?;
+    Ok(csv_response(side, query, first))
 }
 
-fn csv_response(
-    state: AppState,
-    store: std::sync::Arc<dyn EventStore>,
-    query: StatementQuery,
-    first: Statement,
-) -> Response {
+/// A page of the statement, from a standby that has its end (`to_position`) or the primary, and
+/// the database it came from.
+async fn read_statement(
+    reads: &Reads,
+    query: &StatementQuery,
+) -> Result<(ReadSide, Statement), asiento_balances::BalanceError> {
+    reads
+        .read(
+            Needs::Projection(asiento_balances::ENTRIES_NAME),
+            query.to.position,
+            |side| async move {
+                let page =
+                    asiento_balances::statement(&side.database, side.store.as_ref(), query).await?;
+                Ok((side, page))
+            },
+        )
+        .await
+}
+
+fn csv_response(side: ReadSide, query: StatementQuery, first: Statement) -> Response {
     let filename = format!(
         "statement-{}-{}.csv",
         query.account.replace(':', "_"),
@@ -221,14 +233,14 @@ fn csv_response(
         first.next_after,
         Some(closing),
         move |after| {
-            let (state, store) = (state.clone(), store.clone());
+            let side = side.clone();
             let query = StatementQuery {
                 after: Some(after),
                 ..pinned.clone()
             };
             async move {
-                let page =
-                    asiento_balances::statement(&state.database, store.as_ref(), &query).await?;
+                let page = asiento_balances::statement(&side.database, side.store.as_ref(), &query)
+                    .await?;
                 Ok::<_, asiento_balances::BalanceError>((lines_csv(&query, &page), page.next_after))
             }
         },

@@ -13,6 +13,7 @@ use serde_json::json;
 use crate::auth::AuthenticatedTenant;
 use crate::ledger::{params, position, Params};
 use crate::problem::Problem;
+use crate::reads::Needs;
 use crate::statement::time;
 use crate::AppState;
 
@@ -73,16 +74,24 @@ pub async fn list(
         cursor: params.get("cursor").cloned(),
     };
     crate::ledger::known_position(&state, min_position).await?;
-    if let Some(position) = min_position {
-        asiento_transfer_list::wait_for_position(
-            &state.database,
-            state.payments.store().as_ref(),
-            position,
+    let (tenant, filter) = (&tenant, &filter);
+    let page = state
+        .reads
+        .read(
+            Needs::Projection(asiento_transfer_list::NAME),
+            min_position,
+            |side| async move {
+                if let Some(position) = min_position {
+                    asiento_transfer_list::wait_for_position(
+                        &side.database,
+                        side.store.as_ref(),
+                        position,
+                    )
+                    .await?;
+                }
+                asiento_transfer_list::list_transfers(&side.database, tenant, filter.clone()).await
+            },
         )
-        .await
-        .map_err(problem)?;
-    }
-    let page = asiento_transfer_list::list_transfers(&state.database, &tenant, filter)
         .await
         .map_err(problem)?;
     let data: Vec<&serde_json::Value> = page.data.iter().map(|row| &row.object).collect();

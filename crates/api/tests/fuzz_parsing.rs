@@ -432,9 +432,13 @@ async fn app() -> (tempdir::Guard, Router) {
         .unwrap();
     let clock = Arc::new(SystemClock);
     let render = Arc::new(asiento_api::render::JsonRender);
-    let writer = asiento_app::commit::Writer::new(database.event_store());
+    let store = database.event_store();
+    let writer = asiento_app::commit::Writer::new(store.clone());
     let state = AppState {
         database: database.clone(),
+        reads: Arc::new(asiento_api::reads::Reads::primary_only(
+            asiento_api::reads::ReadSide::primary(database.clone(), store),
+        )),
         payments: PaymentFlow::new(
             database.clone(),
             writer.clone(),

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use asiento_api::reads::{ReadSide, Reads};
 use asiento_app::clock::SystemClock;
 use asiento_app::invariants::Sealer;
 use asiento_app::ledger::LedgerFlow;
@@ -156,6 +157,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub events_relay: EventsRelayArgs,
+
+    #[command(flatten)]
+    pub standbys: StandbyArgs,
 
     /// The platform operator's key for the console (`/console`): signing in with it shows the
     /// reconciliation exceptions that name no tenant's payment. At least 16 characters.
@@ -325,7 +329,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None
     };
     let app = match &core {
-        Some(core) if args.role.serves_api() => core.router(&args, &database, address).await?,
+        Some(core) if args.role.serves_api() => {
+            let reads = args.standbys.reads(&database, &store)?;
+            tasks.spawn(
+                Arc::clone(&reads).watch_lag(STANDBY_LAG_INTERVAL, wait_for(stopped.clone())),
+            );
+            core.router(&args, &database, reads, address).await?
+        }
         _ => asiento_api::ops_router(database.clone()),
     };
     if args.role.runs_projectors() {
@@ -550,6 +560,7 @@ impl Core {
         &self,
         args: &ServeArgs,
         database: &Database,
+        reads: Arc<Reads>,
         address: SocketAddr,
     ) -> anyhow::Result<axum::Router> {
         let demo_key = bootstrap_api_keys(database, args.api_keys.as_ref()).await?;
@@ -564,6 +575,7 @@ impl Core {
                 tolerance_s: asiento_app::webhooks::TOLERANCE_S_DEFAULT,
             },
             database: database.clone(),
+            reads,
             key_cache: Default::default(),
             amount_limit: asiento_domain::AmountLimit::new(args.amount_max)?,
             webhook_urls: Arc::new(args.outbound.policy()?),
@@ -783,6 +795,64 @@ impl OutboundArgs {
             ..asiento_outbound::DeliveryConfig::default()
         })
     }
+}
+
+/// Standbys that serve the query routes (`asiento_api::reads`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct StandbyArgs {
+    /// PostgreSQL standbys of `--database-url` (streaming replication), comma-separated: the query
+    /// routes read from them in turn; writes, projectors and workers stay on the primary.
+    #[arg(
+        long = "read-database-url",
+        env = "ASIENTO_READ_DATABASE_URL",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub urls: Vec<String>,
+
+    /// How long a read with `min_position` waits for a standby to reach it before it reads from
+    /// the primary (which waits up to 5 s more).
+    #[arg(long = "read-standby-wait", env = "ASIENTO_READ_STANDBY_WAIT", value_parser = humantime::parse_duration, default_value = "1s")]
+    pub wait: Duration,
+}
+
+/// How often an API process with standbys measures their lag for `/metrics`.
+const STANDBY_LAG_INTERVAL: Duration = Duration::from_secs(1);
+
+impl StandbyArgs {
+    /// The process's one `Reads`: the primary and a pool per standby.
+    fn reads(
+        &self,
+        database: &Database,
+        store: &Arc<dyn EventStore>,
+    ) -> anyhow::Result<Arc<Reads>> {
+        if !self.urls.is_empty() && database.backend() != asiento_eventstore::Backend::Postgres {
+            anyhow::bail!("--read-database-url needs a PostgreSQL --database-url");
+        }
+        let mut standbys = Vec::new();
+        for url in &self.urls {
+            let standby =
+                Database::connect_standby(url, asiento_eventstore::PG_POOL_CONNECTIONS_MAX)
+                    .with_context(|| format!("--read-database-url {}", redact(url)))?;
+            standbys.push(ReadSide::standby(&host_of(url), standby));
+        }
+        Ok(Arc::new(Reads::new(
+            ReadSide::primary(database.clone(), Arc::clone(store)),
+            standbys,
+            self.wait,
+        )))
+    }
+}
+
+/// A database URL's host and port (`host:port`), which names a standby in `/metrics`.
+fn host_of(url: &str) -> String {
+    let start = url
+        .rfind('@')
+        .map(|at| at + 1)
+        .or_else(|| url.find("://").map(|scheme_end| scheme_end + 3))
+        .unwrap_or(0);
+    let rest = &url[start..];
+    rest[..rest.find(['/', '?']).unwrap_or(rest.len())].to_owned()
 }
 
 /// The events relay: the merchant events feed published to NATS JetStream (crates/relay), by the

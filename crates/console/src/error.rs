@@ -30,6 +30,14 @@ pub enum ConsoleError {
     Internal(String),
 }
 
+/// A page's read that failed on a standby for another reason than the person's input is read
+/// again from the primary.
+impl asiento_api::reads::ReadFailure for ConsoleError {
+    fn clients_fault(&self) -> bool {
+        matches!(self, ConsoleError::BadInput(_) | ConsoleError::NotFound(_))
+    }
+}
+
 impl ConsoleError {
     /// Any error of the layers below, as a server error (logged, never shown in detail).
     pub fn internal(error: impl std::fmt::Display) -> Self {

@@ -58,6 +58,9 @@ pub use sqlite::SqliteEventStore;
 /// Connections in a PostgreSQL pool. Subscriptions do not take from it (each
 /// LISTENs on its own connection).
 pub const PG_POOL_CONNECTIONS_MAX: u32 = 16;
+/// How long a read waits for a connection to a standby before it fails (and is asked of the
+/// primary): a standby that is down must not hold reads for sqlx's 30 s default.
+pub const STANDBY_ACQUIRE_MS: u64 = 2_000;
 /// Connections in a SQLite pool: WAL lets readers run beside the one writer.
 pub const SQLITE_POOL_CONNECTIONS_MAX: u32 = 8;
 /// How long a SQLite writer waits for the write lock before giving up.
@@ -555,6 +558,22 @@ impl Database {
         } else {
             Err(StoreError::UnsupportedUrl)
         }
+    }
+
+    /// A pool to a PostgreSQL standby that only serves reads: it connects on first use (a
+    /// standby down at start or later fails reads, which their caller then asks of the primary)
+    /// and gives up on a connection after [`STANDBY_ACQUIRE_MS`] instead of holding a read.
+    pub fn connect_standby(url: &str, connections_max: u32) -> Result<Database, StoreError> {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(StoreError::UnsupportedUrl);
+        }
+        let options = PgConnectOptions::from_str(url)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(connections_max)
+            .acquire_timeout(Duration::from_millis(STANDBY_ACQUIRE_MS))
+            .test_before_acquire(false)
+            .connect_lazy_with(options);
+        Ok(Database::Postgres(pool))
     }
 
     pub fn backend(&self) -> Backend {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 pub mod adyen;
+pub mod cluster;
 pub mod rig;
 pub mod stripe;
 pub mod webdriver;

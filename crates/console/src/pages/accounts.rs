@@ -2,6 +2,7 @@
 //! exact at, one account's statement for a period (with its CSV), and one journal entry with its
 //! legs and their zero sum. All read from the balances projections, as the API reads them.
 
+use asiento_api::reads::Needs;
 use asiento_balances::{AccountQuery, BalanceError, Point, StatementQuery};
 use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
@@ -39,18 +40,23 @@ pub async fn list(
     let after = param(&query, "after_account")
         .zip(param(&query, "after_currency"))
         .map(|(account, currency)| (account.to_owned(), currency.to_owned()));
-    let page = asiento_balances::list_accounts(
-        &state.api.database,
-        &AccountQuery {
-            tenant,
-            prefix: prefix.clone(),
-            currency: None,
-            after,
-            limit: ACCOUNTS_PAGE,
-        },
-    )
-    .await
-    .map_err(balance_error)?;
+    let query = &AccountQuery {
+        tenant,
+        prefix: prefix.clone(),
+        currency: None,
+        after,
+        limit: ACCOUNTS_PAGE,
+    };
+    let page = state
+        .api
+        .reads
+        .read(
+            Needs::Projection(asiento_balances::NAME),
+            None,
+            |side| async move { asiento_balances::list_accounts(&side.database, query).await },
+        )
+        .await
+        .map_err(balance_error)?;
     let next = (page.accounts.len() == ACCOUNTS_PAGE)
         .then(|| page.accounts.last())
         .flatten()
@@ -183,14 +189,33 @@ pub async fn entries(
     let query = query(raw);
     let (name, statement) = statement_query(tenant.clone(), &account, &query)?;
     let currency = statement.currency.clone();
-    let store = state.api.payments.store().as_ref();
-    let page = asiento_balances::statement(&state.api.database, store, &statement)
+    // The statement and the balance from one database, so that they agree.
+    let (statement_query, tenant_id, account_name, currency_code) =
+        (&statement, tenant.as_str(), &name, currency.as_str());
+    let (page, balance) = state
+        .api
+        .reads
+        .read(
+            Needs::Projection(asiento_balances::ENTRIES_NAME),
+            statement.to.position,
+            |side| async move {
+                let store = side.store.as_ref();
+                let page =
+                    asiento_balances::statement(&side.database, store, statement_query).await?;
+                let balance = asiento_balances::read_balance(
+                    &side.database,
+                    store,
+                    tenant_id,
+                    account_name,
+                    currency_code,
+                    None,
+                )
+                .await?;
+                Ok::<_, asiento_balances::BalanceError>((page, balance))
+            },
+        )
         .await
         .map_err(balance_error)?;
-    let balance =
-        asiento_balances::read_balance(&state.api.database, store, &tenant, &name, &currency, None)
-            .await
-            .map_err(balance_error)?;
     let (from, to) = (
         param(&query, "from").unwrap_or_default(),
         param(&query, "to").unwrap_or_default(),
@@ -280,7 +305,7 @@ pub async fn statement_csv(
 ) -> Result<Response, ConsoleError> {
     let tenant = session.tenant()?.to_string();
     let (_, statement) = statement_query(tenant, &account, &query(raw))?;
-    asiento_api::statement::csv(state.api.clone(), statement)
+    asiento_api::statement::csv(&state.api.reads, statement)
         .await
         .map_err(balance_error)
 }
@@ -292,16 +317,23 @@ pub async fn journal_entry(
     Path(entry_id): Path<String>,
 ) -> Result<Response, ConsoleError> {
     let tenant = session.tenant()?.to_string();
-    let entry = asiento_balances::journal_entry(
-        &state.api.database,
-        state.api.payments.store().as_ref(),
-        &tenant,
-        &entry_id,
-        None,
-    )
-    .await
-    .map_err(balance_error)?
-    .ok_or(ConsoleError::NotFound("journal entry"))?;
+    let (tenant, entry_id) = (tenant.as_str(), entry_id.as_str());
+    let entry = state
+        .api
+        .reads
+        .find(|side| async move {
+            asiento_balances::journal_entry(
+                &side.database,
+                side.store.as_ref(),
+                tenant,
+                entry_id,
+                None,
+            )
+            .await
+        })
+        .await
+        .map_err(balance_error)?
+        .ok_or(ConsoleError::NotFound("journal entry"))?;
     let mut sums: std::collections::BTreeMap<&str, i128> = Default::default();
     for leg in &entry.legs {
         *sums.entry(leg.currency.as_str()).or_default() += i128::from(leg.amount_minor);

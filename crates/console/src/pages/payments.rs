@@ -8,6 +8,7 @@
 //! click (or a reload of the POST) replays the first answer instead of moving money twice.
 
 use asiento_api::commands::answer_response;
+use asiento_api::reads::Needs;
 use asiento_app::idempotency::{canonical_body_hash, IdempotencyKey, Scope as KeyScope};
 use asiento_app::log;
 use asiento_app::payments::Idempotent;
@@ -87,7 +88,17 @@ pub async fn list(
         cursor: param(&query, "cursor").map(str::to_owned),
         ..PaymentFilter::default()
     };
-    let page = asiento_payments_view::list_payments(&state.api.database, &tenant, filter)
+    let (tenant, filter) = (&tenant, &filter);
+    let page = state
+        .api
+        .reads
+        .read(
+            Needs::Projection(asiento_payments_view::NAME),
+            None,
+            |side| async move {
+                asiento_payments_view::list_payments(&side.database, tenant, filter.clone()).await
+            },
+        )
         .await
         .map_err(|error| match error {
             asiento_payments_view::ViewError::InvalidCursor => {
@@ -169,9 +180,19 @@ pub async fn search(
     let Some(term) = param(&query, "q") else {
         return Ok(see_other("/console/payments"));
     };
-    let matches = asiento_payment_search::find(&state.api.database, &tenant, term, 50)
-        .await
-        .map_err(ConsoleError::internal)?;
+    // What a standby does not find (yet), the primary may.
+    let tenant = &tenant;
+    let matches = state
+        .api
+        .reads
+        .find(|side| async move {
+            let found = asiento_payment_search::find(&side.database, tenant, term, 50)
+                .await
+                .map_err(ConsoleError::internal)?;
+            Ok::<_, ConsoleError>((!found.is_empty()).then_some(found))
+        })
+        .await?
+        .unwrap_or_default();
     if let [only] = matches.as_slice() {
         return Ok(see_other(&format!("/console/payments/{}", only.payment_id)));
     }
