@@ -44,6 +44,7 @@ mod connections;
 mod data;
 mod each;
 mod postgres;
+pub mod primary;
 pub mod scratch;
 mod sqlite;
 mod subscription;
@@ -89,6 +90,8 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("unsupported database url: expected postgres://… or sqlite://…")]
     UnsupportedUrl,
+    #[error("none of the database url's hosts is a primary (accepts writes)")]
+    NoPrimary,
     #[error("could not create the directory for the SQLite file: {0}")]
     CreateDir(#[source] std::io::Error),
     #[error("a transaction of one backend was given to the store of the other")]
@@ -509,6 +512,10 @@ impl Tx {
 impl Database {
     /// Opens a pool for `postgres://…` or `sqlite://path` (also `sqlite:path`).
     ///
+    /// PostgreSQL: a URL may name several hosts (`postgres://u@db1,db2/asiento`); the pool then
+    /// connects to the one that is the primary and follows it to a promoted standby
+    /// ([`primary`]).
+    ///
     /// SQLite: the file and its parent directory are created if missing; WAL
     /// journal, `synchronous=FULL` (a committed payment event must survive a
     /// power cut, which NORMAL does not promise in WAL mode), a busy timeout
@@ -528,13 +535,19 @@ impl Database {
         connections_max: u32,
     ) -> Result<Database, StoreError> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let options = PgConnectOptions::from_str(url)?;
-            let pool = PgPoolOptions::new()
+            let pool_options = PgPoolOptions::new()
                 .max_connections(connections_max)
                 // A ping per acquire is a round trip per command; a broken
                 // connection surfaces as an error on first use instead.
-                .test_before_acquire(false)
-                .connect_with(options)
+                .test_before_acquire(false);
+            if let Some(hosts) = primary::hosts(url)? {
+                let current = primary::find(&hosts).await.ok_or(StoreError::NoPrimary)?;
+                let pool = pool_options.connect_with(hosts[current].clone()).await?;
+                primary::follow(pool.clone(), hosts, current);
+                return Ok(Database::Postgres(pool));
+            }
+            let pool = pool_options
+                .connect_with(PgConnectOptions::from_str(url)?)
                 .await?;
             Ok(Database::Postgres(pool))
         } else if url.starts_with("sqlite:") {

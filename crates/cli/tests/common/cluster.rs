@@ -78,6 +78,47 @@ impl Cluster {
         standby
     }
 
+    /// Makes the standby named `name` synchronous: from then on a commit on this primary returns
+    /// once that standby has its WAL (`synchronous_commit = on`, the default).
+    pub fn synchronous_standby(&self, name: &str) {
+        self.psql(
+            "postgres",
+            &format!("ALTER SYSTEM SET synchronous_standby_names = '{name}'"),
+        );
+        self.psql("postgres", "SELECT pg_reload_conf()");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.psql(
+            "postgres",
+            &format!(
+                "SELECT sync_state FROM pg_stat_replication WHERE application_name = '{name}'"
+            ),
+        ) != "sync"
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "standby {name} did not become synchronous"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILLs the postmaster (its backends end as they find it gone): a machine that died.
+    pub fn kill_postmaster(&self) {
+        let pid_file = Path::new(&self.data()).join("postmaster.pid");
+        let pid = std::fs::read_to_string(&pid_file).expect("postmaster.pid");
+        let pid = pid.lines().next().expect("a pid").trim().to_owned();
+        let status = Command::new("kill")
+            .args(["-9", &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -9 {pid} failed");
+    }
+
+    /// Promotes this standby to a primary and waits until it accepts writes.
+    pub fn promote(&self) {
+        self.run("pg_ctl", &["-D", &self.data(), "-w", "promote"]);
+    }
+
     /// `postgres://` URL of [`DATABASE`] on this cluster.
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{DATABASE}", self.port)
