@@ -3,7 +3,8 @@
 //! retrying its Idempotency-Key until it is answered 2xx; the primary's postmaster is SIGKILLed
 //! mid-load and the test promotes the standby. asiento finds the new primary by itself; while it
 //! switches clients get only retryable answers (503, or 409 for a key still in flight); every
-//! payment answered 2xx is in the new primary's log, once, and `asiento verify` is clean there.
+//! payment answered 2xx is in the new primary's log, once, charged once at the provider, and
+//! `asiento verify` is clean there.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -209,6 +210,20 @@ async fn a_payment_answered_2xx_survives_the_primary_s_death() {
         streams,
         seen.acknowledged.len(),
         "payments in the log against keys answered 2xx"
+    );
+    // The provider got one charge per payment: no key sent twice across the switch.
+    let mut charged = std::collections::HashSet::new();
+    for charge in common::sim_list(&client, "/sim/charges").await {
+        let reference = charge["reference"].as_str().unwrap().to_owned();
+        assert!(
+            charged.insert(reference.clone()),
+            "{reference} charged twice"
+        );
+    }
+    assert_eq!(
+        charged,
+        seen.acknowledged.values().cloned().collect(),
+        "charges at the provider against payments answered 2xx"
     );
     let (clean, report) = common::asiento(&["verify", "--database-url", &new_primary.url()]);
     assert!(clean, "verify on the new primary: {report}");
