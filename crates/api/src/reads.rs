@@ -182,14 +182,6 @@ impl Reads {
         }
     }
 
-    pub fn primary(&self) -> &ReadSide {
-        &self.primary
-    }
-
-    pub fn standbys(&self) -> &[ReadSide] {
-        &self.standbys
-    }
-
     /// Reads `read` from a standby when one has what it `needs` at `min_position`, if given.
     /// Otherwise, or when the standby's answer is an error the client did not cause, from the
     /// primary.

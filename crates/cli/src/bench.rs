@@ -29,6 +29,8 @@ mod bench_cpu;
 mod bench_e2e;
 #[path = "bench_past.rs"]
 mod bench_past;
+#[path = "bench_reads.rs"]
+mod bench_reads;
 #[path = "bench_streams.rs"]
 mod bench_streams;
 
@@ -101,6 +103,8 @@ pub enum BenchCommand {
     /// The read models' time per event as payments' streams grow (200 refunds each), first
     /// rounds against last.
     Projections(bench_streams::StreamsArgs),
+    /// The query routes with reads on a standby against the same reads on the primary.
+    Reads(bench_reads::ReadsArgs),
     /// The plain-SQL payments service `e2e` measures asiento against, as a server of its own
     /// (`e2e` starts it).
     #[command(hide = true)]
@@ -171,6 +175,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::E2e(args) => bench_e2e::e2e(args).await,
         BenchCommand::Command(args) => bench_command::command(args).await,
         BenchCommand::Projections(args) => bench_streams::long_streams(args).await,
+        BenchCommand::Reads(args) => bench_reads::reads(args).await,
         BenchCommand::BaselineServe(args) => bench_baseline::serve(args).await,
     }
 }

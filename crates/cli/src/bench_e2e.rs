@@ -103,6 +103,10 @@ pub struct E2eArgs {
     /// server, so that the server's memory and CPU are asiento's alone (with `--rss-after`).
     #[arg(long)]
     pub standalone_sim: bool,
+    /// A hot standby of the database's server that the server under test sends its query routes
+    /// to (`serve --read-database-url`; its database name is replaced with the bench's).
+    #[arg(long)]
+    pub read_database_url: Option<String>,
 }
 
 // ------------------------------------------------------------------ the server
@@ -764,6 +768,10 @@ async fn e2e_on(
         .iter()
         .flat_map(|url| ["--events-relay".to_owned(), url.clone()])
         .collect();
+    if let Some(standby) = &args.read_database_url {
+        let standby = super::bench_reads::with_database_of(standby, url)?;
+        extra.extend(["--read-database-url".to_owned(), standby]);
+    }
     // With `--standalone-sim` the simulator, whose records of charges grow with the load as a
     // provider's do, runs as a process of its own: the server's memory is asiento's alone.
     let listen = free_address()?;

@@ -211,3 +211,45 @@ async fn a_standby_answers_reads_that_it_has_and_the_primary_the_rest() {
     assert!(listed(&client, "").await.contains(&third));
     assert!(reads(&client, "failed").await >= 2.0);
 }
+
+/// `asiento bench reads`, tiny: it reads through both servers and the standby answers the
+/// standby server's reads.
+#[test]
+fn bench_reads_measures_the_standby_against_the_primary() {
+    let primary = Cluster::primary();
+    let standby = primary.standby("bench");
+    let output = std::process::Command::new(common::BIN)
+        .args([
+            "bench",
+            "reads",
+            "--database-url",
+            &primary.url(),
+            "--read-database-url",
+            &standby.url(),
+            "--clients",
+            "3",
+            "--payments",
+            "30",
+            "--phase",
+            "500ms",
+            "--rounds",
+            "2",
+        ])
+        .env_remove("ASIENTO_BENCH_DATABASE_URL")
+        .output()
+        .expect("running asiento bench reads");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for side in [
+        "READS-primary round 2",
+        "READS-standby round 2",
+        "READS ratio = ",
+    ] {
+        assert!(stdout.contains(side), "no {side:?} in\n{stdout}");
+    }
+    assert!(!stdout.contains("the standby answered 0 reads"), "{stdout}");
+}
