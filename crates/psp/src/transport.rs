@@ -95,8 +95,9 @@ pub struct ClientConfig {
     /// What the provider behind the URL can do; [`Capabilities::SIM`] for
     /// the simulator's protocol. A test says "no lookup" here.
     pub capabilities: Capabilities,
-    /// The most lines one settlement report request asks for (the simulator's `limit`): a
-    /// longer report ends early, and the reconciler asks for the rest of its window next.
+    /// The most lines one settlement report request asks for (the simulator's `limit`; at
+    /// Stripe, the most objects each of a report's listings may hold): a longer report ends
+    /// early, and the reconciler asks for the rest of its window next.
     pub report_lines_max: usize,
 }
 

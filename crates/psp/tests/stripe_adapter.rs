@@ -699,3 +699,52 @@ async fn a_payment_intent_made_under_our_key_is_found_in_stripe_s_events() {
     })
     .await;
 }
+
+/// A window whose listings hold more objects than `report_lines_max` is halved until its first
+/// part fits: the report ends early there, and asked again from its end, the rest comes the same
+/// way. Every PaymentIntent is in one report, and no report holds more than the cap.
+#[tokio::test]
+async fn a_window_with_more_objects_than_a_report_holds_ends_early_and_comes_in_parts() {
+    const CAP: usize = 3;
+    bounded(async {
+        let sim = stripe_sim(30_000).await;
+        let stripe = StripeProvider::new(
+            "stripe",
+            &sim.base,
+            "sk_test_adapter",
+            ClientConfig {
+                report_lines_max: CAP,
+                ..ClientConfig::default()
+            },
+        )
+        .unwrap();
+        let from = Utc::now() - Duration::seconds(2);
+        // Two PaymentIntents a second: a second never holds more than the cap.
+        for n in 0..8 {
+            let outcome = stripe
+                .create_charge(&charge(&format!("part{n}"), "pm_card_visa", true))
+                .await;
+            assert!(
+                matches!(outcome, ChargeOutcome::Succeeded(_)),
+                "{outcome:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+        let to = Utc::now() + Duration::seconds(2);
+        let (mut at, mut parts, mut seen) = (from, 0, Vec::new());
+        while at < to {
+            let report = stripe.settlement_report(at, to).await.unwrap();
+            assert!(report.data.len() <= CAP, "{} lines", report.data.len());
+            assert!(report.to > at && report.to <= to, "{} → {}", at, report.to);
+            seen.extend(report.data.into_iter().filter_map(|line| line.reference));
+            at = report.to;
+            parts += 1;
+        }
+        assert!(parts > 1, "the window came in one report");
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 8, "{seen:?}");
+        sim.shutdown().await;
+    })
+    .await;
+}

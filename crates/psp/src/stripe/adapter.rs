@@ -59,9 +59,38 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     report_slice: Some(crate::provider::REPORT_SLICE),
 };
 
-/// The most PaymentIntents, and the most balance transactions, one settlement report reads
-/// (100 pages of 100 each).
+/// The most objects a listing other than a settlement report's reads (100 pages of 100 each).
+/// A report's listings hold at most `ClientConfig::report_lines_max` each: a window with more is
+/// halved ([`StripeProvider::settlement_report`]).
 pub const REPORT_OBJECTS_MAX: usize = 10_000;
+
+/// Why a listing gave no objects.
+#[derive(Debug)]
+pub(super) enum Listing {
+    /// It holds more objects than its cap allowed.
+    TooMany {
+        path: String,
+        cap: usize,
+    },
+    Provider(ProviderError),
+}
+
+impl From<ProviderError> for Listing {
+    fn from(error: ProviderError) -> Self {
+        Listing::Provider(error)
+    }
+}
+
+impl From<Listing> for ProviderError {
+    fn from(listing: Listing) -> Self {
+        match listing {
+            Listing::TooMany { path, cap } => ProviderError::Unknown {
+                reason: format!("more than {cap} objects at {path} in one listing"),
+            },
+            Listing::Provider(error) => error,
+        }
+    }
+}
 
 /// A [`Provider`] speaking Stripe's API.
 #[derive(Debug)]
@@ -481,26 +510,60 @@ impl Provider for StripeProvider {
     /// transaction of its charge, a refund, a refund failure or a dispute, paged by `created`),
     /// each as it stands now, with Stripe's fees from its balance transactions. A refund or a
     /// dispute on a PaymentIntent created in an earlier window is in the window it happened in.
+    ///
+    /// A window where a listing holds more than `report_lines_max` objects is halved (in whole
+    /// seconds, Stripe's `created` filter) until its first part fits: the report then ends early,
+    /// at that part's end, and the reconciler asks for the rest. Stripe lists newest first, so a
+    /// listing cut short is not a report of the window's start.
     #[tracing::instrument(skip_all, fields(provider = %self.transport.name(), %from, %to))]
     async fn settlement_report(
         &self,
         from: DateTime<Utc>,
         to: DateTime<Utc>,
     ) -> Result<SettlementReport, ProviderError> {
+        let cap = self.transport.config().report_lines_max.max(1);
+        let mut until = to;
+        loop {
+            match self.report_until(from, until, cap).await {
+                Ok(report) => return Ok(report),
+                Err(Listing::TooMany { path, cap }) => {
+                    let seconds = until.timestamp() - from.timestamp();
+                    let half = DateTime::from_timestamp(from.timestamp() + seconds / 2, 0);
+                    match half.filter(|_| seconds > 1) {
+                        Some(half) => until = half,
+                        None => return Err(Listing::TooMany { path, cap }.into()),
+                    }
+                }
+                Err(Listing::Provider(error)) => return Err(error),
+            }
+        }
+    }
+}
+
+impl StripeProvider {
+    /// The settlement report of `[from, to)`, each listing holding at most `cap` objects.
+    async fn report_until(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        cap: usize,
+    ) -> Result<SettlementReport, Listing> {
         let mut lines = Vec::new();
         let mut listed = BTreeSet::new();
         let created: Vec<PaymentIntent> = self
-            .listed(
+            .listed_at_most(
                 &["v1", "payment_intents"],
                 &created_in(from, to),
                 Some(&format!("data.{EXPAND_CHARGE}")),
+                cap,
             )
             .await?;
         let moved: Vec<wire::BalanceTransaction> = self
-            .listed(
+            .listed_at_most(
                 &["v1", "balance_transactions"],
                 &created_in(from, to),
                 Some("data.source"),
+                cap,
             )
             .await?;
         let mut movements: BTreeMap<String, Vec<Movement>> = BTreeMap::new();
@@ -530,7 +593,7 @@ impl Provider for StripeProvider {
                 continue;
             }
             let Some(intent) = self.intent(&id).await? else {
-                return Err(gone("PaymentIntent", &id));
+                return Err(gone("PaymentIntent", &id).into());
             };
             if let Ok(charge) = charge_of(&intent) {
                 let mut line = report_line(self.with_dispute(&intent, charge).await?);
@@ -544,9 +607,7 @@ impl Provider for StripeProvider {
             data: lines,
         })
     }
-}
 
-impl StripeProvider {
     /// Every object of a listing with `filters`, page after page (`starting_after` the last
     /// one's id), at most [`REPORT_OBJECTS_MAX`].
     pub(super) async fn listed<T>(
@@ -555,6 +616,22 @@ impl StripeProvider {
         filters: &[(&str, String)],
         expand: Option<&str>,
     ) -> Result<Vec<T>, ProviderError>
+    where
+        T: serde::de::DeserializeOwned + wire::HasId,
+    {
+        Ok(self
+            .listed_at_most(path, filters, expand, REPORT_OBJECTS_MAX)
+            .await?)
+    }
+
+    /// [`StripeProvider::listed`], at most `cap` objects.
+    async fn listed_at_most<T>(
+        &self,
+        path: &[&str],
+        filters: &[(&str, String)],
+        expand: Option<&str>,
+        cap: usize,
+    ) -> Result<Vec<T>, Listing>
     where
         T: serde::de::DeserializeOwned + wire::HasId,
     {
@@ -577,16 +654,14 @@ impl StripeProvider {
             let page: List<T> = self.transport.object(Call::read(url)).await?;
             let more = page.has_more && !page.data.is_empty();
             all.extend(page.data);
+            if all.len() > cap || (more && all.len() == cap) {
+                return Err(Listing::TooMany {
+                    path: path.join("/"),
+                    cap,
+                });
+            }
             if !more {
                 return Ok(all);
-            }
-            if all.len() >= REPORT_OBJECTS_MAX {
-                return Err(ProviderError::Unknown {
-                    reason: format!(
-                        "more than {REPORT_OBJECTS_MAX} objects at {} in one listing",
-                        path.join("/")
-                    ),
-                });
             }
         }
     }
