@@ -111,9 +111,22 @@ async fn a_standby_answers_reads_that_it_has_and_the_primary_the_rest() {
     );
     let client = server.client();
 
-    // A write, then reads that name its position: the standby has it (or gets it within its
-    // wait) and answers.
+    // A write, then reads that name its position, once the standby has it (so that a loaded
+    // machine's projector or replay cannot make them wait past the standby's wait): the standby
+    // answers.
     let (first, position) = pay(&client, "standby-1").await;
+    let covered = format!(
+        "SELECT (p.checkpoint_xact, p.checkpoint_position) >= (e.xact, e.position) \
+         FROM projections p, events e WHERE p.name = 'payments' AND e.position = {position}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while standby.psql(common::cluster::DATABASE, &covered) != "t" {
+        assert!(
+            Instant::now() < deadline,
+            "the standby never had the payment"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(listed(&client, &format!("&min_position={position}"))
         .await
         .contains(&first));
