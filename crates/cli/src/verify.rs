@@ -23,8 +23,9 @@ pub struct VerifyArgs {
 }
 
 /// Balance snapshots equal the recomputation from the entries up to their checkpoint, the legs'
-/// marks (the running sums of balances in the past) equal the legs, and the spans that place a
-/// position in log order equal the log.
+/// marks (the running sums of balances in the past) equal the legs, each account's legs sum to
+/// what the log's entries give it, and the spans that place a position in log order equal the
+/// log.
 struct Snapshots;
 
 impl ExtraCheck for Snapshots {
@@ -38,7 +39,7 @@ impl ExtraCheck for Snapshots {
             let mismatches = asiento_balances::verify(database, store.as_ref())
                 .await
                 .map_err(|error| error.to_string())?;
-            let marks = asiento_balances::verify_marks(database)
+            let marks = asiento_balances::verify_marks(database, store.as_ref())
                 .await
                 .map_err(|error| error.to_string())?;
             let spans = asiento_balances::verify_spans(database, store.as_ref())

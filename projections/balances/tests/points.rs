@@ -248,12 +248,13 @@ async fn a_statement_adds_up_on_every_page(h: Harness) {
     assert_eq!(opening.minor(), before);
 }
 
-/// Every mark and run agrees with the legs; one edited by hand is named, and so is a run.
+/// Every mark and run agrees with the legs, and the legs with the log; a mark, a run and a leg
+/// edited by hand are named.
 async fn verify_names_an_edited_mark(h: Harness) {
     post_history(&h, 70, 2_000).await;
     let stop = project(&h).await;
     stop.send(()).unwrap();
-    assert_eq!(verify_marks(&h.db).await.unwrap(), vec![]);
+    assert_eq!(verify_marks(&h.db, h.store.as_ref()).await.unwrap(), vec![]);
     let marks: i64 = asiento_projector::on_db!(&h.db, pool => {
         sqlx::query_scalar("SELECT COUNT(*) FROM balance_marks").fetch_one(pool).await.unwrap()
     });
@@ -272,9 +273,24 @@ async fn verify_names_an_edited_mark(h: Harness) {
         "UPDATE balance_runs_g{g} SET legs = legs + 1 WHERE account = '{ACCOUNT}' AND currency = 'EUR'"
     ))
     .await;
-    let found = verify_marks(&h.db).await.unwrap();
+    // A leg edited by hand: its account's legs no longer sum to what the log gives it.
+    h.execute(&format!(
+        "UPDATE balance_legs_g{g} SET amount_minor = amount_minor + 1 \
+         WHERE account = 'psp:sim:clearing' AND currency = 'USD' \
+         AND position = (SELECT MAX(position) FROM balance_legs_g{g} \
+         WHERE account = 'psp:sim:clearing' AND currency = 'USD')"
+    ))
+    .await;
+    let found = verify_marks(&h.db, h.store.as_ref()).await.unwrap();
     assert!(
         found.iter().any(|m| m.detail.contains("stored mark")),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|m| m.account == "psp:sim:clearing"
+                && m.detail.contains("the log's entries give it")),
         "{found:?}"
     );
     assert!(
