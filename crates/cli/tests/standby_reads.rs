@@ -18,30 +18,13 @@ use serde_json::Value;
 /// The server's `--read-standby-wait` here.
 const STANDBY_WAIT: Duration = Duration::from_millis(500);
 
-/// The sum of `name`'s samples whose labels include `label`.
-async fn metric_with(client: &Client, name: &str, label: &str) -> f64 {
-    let text = client
-        .http
-        .get(format!("{}/metrics", client.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|line| line.starts_with(&format!("{name}{{")) && line.contains(label))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 async fn reads(client: &Client, outcome: &str) -> f64 {
-    metric_with(
-        client,
-        "asiento_standby_reads_total",
-        &format!("outcome=\"{outcome}\""),
-    )
-    .await
+    client
+        .metric_labelled(
+            "asiento_standby_reads_total",
+            &format!("outcome=\"{outcome}\""),
+        )
+        .await
 }
 
 /// A new successful payment's id and position.
@@ -189,8 +172,12 @@ async fn a_standby_answers_reads_that_it_has_and_the_primary_the_rest() {
     let lag_label = format!("standby=\"127.0.0.1:{}\"", standby.port);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let positions = metric_with(&client, "asiento_standby_lag_positions", &lag_label).await;
-        let seconds = metric_with(&client, "asiento_standby_lag_seconds", &lag_label).await;
+        let positions = client
+            .metric_labelled("asiento_standby_lag_positions", &lag_label)
+            .await;
+        let seconds = client
+            .metric_labelled("asiento_standby_lag_seconds", &lag_label)
+            .await;
         if positions > 0.0 && seconds > 0.0 {
             break;
         }
@@ -210,7 +197,11 @@ async fn a_standby_answers_reads_that_it_has_and_the_primary_the_rest() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let deadline = Instant::now() + Duration::from_secs(30);
-    while metric_with(&client, "asiento_standby_lag_positions", &lag_label).await > 0.0 {
+    while client
+        .metric_labelled("asiento_standby_lag_positions", &lag_label)
+        .await
+        > 0.0
+    {
         assert!(Instant::now() < deadline, "the lag stayed above 0");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

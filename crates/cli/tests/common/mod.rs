@@ -327,6 +327,17 @@ impl Client {
     /// The sum of the `/metrics` samples whose line starts with `line_start` (a name and the
     /// start of its labels).
     pub async fn metric(&self, line_start: &str) -> f64 {
+        self.metric_where(|line| line.starts_with(line_start)).await
+    }
+
+    /// The sum of metric `name`'s samples whose labels include `label` (`outcome="served"`).
+    pub async fn metric_labelled(&self, name: &str, label: &str) -> f64 {
+        let start = format!("{name}{{");
+        self.metric_where(|line| line.starts_with(&start) && line.contains(label))
+            .await
+    }
+
+    async fn metric_where(&self, matches: impl Fn(&str) -> bool) -> f64 {
         let text = self
             .http
             .get(format!("{}/metrics", self.base))
@@ -337,7 +348,7 @@ impl Client {
             .await
             .unwrap();
         text.lines()
-            .filter(|line| line.starts_with(line_start))
+            .filter(|line| matches(line))
             .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     }
