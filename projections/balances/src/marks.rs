@@ -429,9 +429,10 @@ const VERIFY_PAGE_LEGS: i64 = 10_000;
 /// How many times a check is tried for a read that no batch of the projection cut across.
 const VERIFY_ATTEMPTS: usize = 20;
 
-/// Checks every mark and run against the legs, and each account's legs against the log: their
-/// sum equals the sum of the account's legs in the journal entries the log holds up to the
-/// projection's checkpoint (a leg lost, doubled or edited is named). The legs are read in pages
+/// Checks every mark and run against the legs, the journal's entries against the legs (each
+/// account's count and sum of legs), and each account's legs against the log: their sum equals
+/// the sum of the account's legs in the journal entries the log holds up to the projection's
+/// checkpoint (a leg or an entry lost, doubled or edited is named). The legs are read in pages
 /// (memory: the marks and runs, not the legs), between two reads of the projection's checkpoint:
 /// a check that a batch cut across is done again.
 pub async fn verify_marks(
@@ -622,5 +623,63 @@ async fn check_once(db: &Database) -> Result<(Vec<MarkMismatch>, Totals), sqlx::
             format!("run {run:?} of an account without legs"),
         ));
     }
+    let mut journal = journal_totals(db).await?;
+    for (key, total) in &totals {
+        let listed = journal.remove(key).unwrap_or_default();
+        if listed != *total {
+            mismatches.push(mismatch(
+                key,
+                format!("the journal's entries give {listed:?}, the legs {total:?}"),
+            ));
+        }
+    }
+    for (key, listed) in journal {
+        mismatches.push(mismatch(
+            &key,
+            format!("the journal's entries give {listed:?} to an account without legs"),
+        ));
+    }
     Ok((mismatches, totals))
+}
+
+/// Each account's legs as the journal's entries (`journal_entries`, which the journal routes
+/// read) list them: how many, and their sum. Read in pages by key.
+async fn journal_totals(db: &Database) -> Result<Totals, sqlx::Error> {
+    type Row = (String, String, sqlx::types::Json<Vec<crate::LegView>>);
+    let mut totals = Totals::new();
+    let mut after = (String::new(), String::new());
+    loop {
+        let page: Vec<Row> = on_db!(db, pool => {
+            sqlx::query_as(
+                "SELECT tenant, entry_id, legs FROM journal_entries \
+                 WHERE (tenant, entry_id) > ($1, $2) ORDER BY tenant, entry_id LIMIT $3",
+            )
+            .bind(&after.0)
+            .bind(&after.1)
+            .bind(VERIFY_PAGE_LEGS)
+            .fetch_all(pool)
+            .await?
+        });
+        let full = page.len() as i64 == VERIFY_PAGE_LEGS;
+        for (tenant, entry_id, legs) in page {
+            for leg in legs.0 {
+                let run = totals
+                    .entry((tenant.clone(), leg.account, leg.currency))
+                    .or_default();
+                run.legs += 1;
+                run.balance = run
+                    .balance
+                    .checked_add(Amount::new(leg.amount_minor))
+                    .map_err(|_| {
+                        sqlx::Error::Decode(
+                            format!("the journal's legs overflow i128 at entry {entry_id}").into(),
+                        )
+                    })?;
+            }
+            after = (tenant, entry_id);
+        }
+        if !full {
+            return Ok(totals);
+        }
+    }
 }

@@ -248,8 +248,8 @@ async fn a_statement_adds_up_on_every_page(h: Harness) {
     assert_eq!(opening.minor(), before);
 }
 
-/// Every mark and run agrees with the legs, and the legs with the log; a mark, a run and a leg
-/// edited by hand are named.
+/// Every mark and run agrees with the legs, the journal with the legs and the legs with the log;
+/// a mark, a run, a leg and a journal entry edited by hand are named.
 async fn verify_names_an_edited_mark(h: Harness) {
     post_history(&h, 70, 2_000).await;
     let stop = project(&h).await;
@@ -281,7 +281,19 @@ async fn verify_names_an_edited_mark(h: Harness) {
          WHERE account = 'psp:sim:clearing' AND currency = 'USD')"
     ))
     .await;
+    // A journal entry deleted by hand: the journal no longer lists its accounts' legs.
+    h.execute(&format!(
+        "DELETE FROM journal_entries_g{g} WHERE entry_id = \
+         (SELECT MIN(entry_id) FROM journal_entries_g{g})"
+    ))
+    .await;
     let found = verify_marks(&h.db, h.store.as_ref()).await.unwrap();
+    assert!(
+        found
+            .iter()
+            .any(|m| m.detail.starts_with("the journal's entries give")),
+        "{found:?}"
+    );
     assert!(
         found.iter().any(|m| m.detail.contains("stored mark")),
         "{found:?}"
