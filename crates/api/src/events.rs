@@ -155,7 +155,11 @@ pub async fn get(
     let (tenant, id) = (tenant.0.as_str(), id.as_str());
     let event = state
         .reads
-        .find(|side| async move { read_one(&side.database, tenant, id).await })
+        .find(
+            Needs::Projection(asiento_merchant_events::NAME),
+            None,
+            |side| async move { read_one(&side.database, tenant, id).await },
+        )
         .await
         .map_err(feed_problem)?
         .ok_or_else(not_found)?;

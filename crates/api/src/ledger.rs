@@ -325,7 +325,7 @@ pub async fn journal_entry(
     let (tenant_id, entry_id) = (tenant.0.as_str(), &entry_id.to_string());
     let entry = state
         .reads
-        .read(
+        .find(
             Needs::Projection(asiento_balances::ENTRIES_NAME),
             min_position,
             |side| async move {

@@ -218,13 +218,18 @@ impl Reads {
 
     /// [`Reads::read`] of one object by id: an object the standby does not have (yet) is looked up
     /// on the primary.
-    pub async fn find<T, E, F, Fut>(&self, find: F) -> Result<Option<T>, E>
+    pub async fn find<T, E, F, Fut>(
+        &self,
+        needs: Needs,
+        min_position: Option<i64>,
+        find: F,
+    ) -> Result<Option<T>, E>
     where
         F: Fn(ReadSide) -> Fut,
         Fut: Future<Output = Result<Option<T>, E>>,
         E: ReadFailure,
     {
-        let Some(standby) = self.next_standby() else {
+        let Some(standby) = self.standby_for(needs, min_position).await else {
             return find(self.primary.clone()).await;
         };
         match find(standby.clone()).await {

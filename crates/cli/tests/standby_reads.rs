@@ -163,6 +163,23 @@ async fn a_standby_answers_reads_that_it_has_and_the_primary_the_rest() {
         "{stale:?}"
     );
     assert!(reads(&client, "served").await > served);
+    // A journal entry looked up by id that the paused standby does not have is looked up on the
+    // primary (once the primary's projector has it).
+    let entry = client.entries_of(&second).await[0].clone();
+    let entry_id = entry["id"]
+        .as_str()
+        .or(entry["entry_id"].as_str())
+        .unwrap_or_else(|| panic!("no id in {entry}"))
+        .to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while client.get(&format!("/v1/journal/{entry_id}")).await.status != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "journal entry {entry_id} not found"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(reads(&client, "missing").await >= 1.0);
     // A payment read by id comes from the primary's log: never stale.
     let by_id = client.get(&format!("/v1/payments/{second}")).await;
     assert_eq!(by_id.status, 200);

@@ -321,16 +321,20 @@ pub async fn journal_entry(
     let entry = state
         .api
         .reads
-        .find(|side| async move {
-            asiento_balances::journal_entry(
-                &side.database,
-                side.store.as_ref(),
-                tenant,
-                entry_id,
-                None,
-            )
-            .await
-        })
+        .find(
+            Needs::Projection(asiento_balances::ENTRIES_NAME),
+            None,
+            |side| async move {
+                asiento_balances::journal_entry(
+                    &side.database,
+                    side.store.as_ref(),
+                    tenant,
+                    entry_id,
+                    None,
+                )
+                .await
+            },
+        )
         .await
         .map_err(balance_error)?
         .ok_or(ConsoleError::NotFound("journal entry"))?;

@@ -185,12 +185,16 @@ pub async fn search(
     let matches = state
         .api
         .reads
-        .find(|side| async move {
-            let found = asiento_payment_search::find(&side.database, tenant, term, 50)
-                .await
-                .map_err(ConsoleError::internal)?;
-            Ok::<_, ConsoleError>((!found.is_empty()).then_some(found))
-        })
+        .find(
+            Needs::Projection(asiento_payment_search::NAME),
+            None,
+            |side| async move {
+                let found = asiento_payment_search::find(&side.database, tenant, term, 50)
+                    .await
+                    .map_err(ConsoleError::internal)?;
+                Ok::<_, ConsoleError>((!found.is_empty()).then_some(found))
+            },
+        )
         .await?
         .unwrap_or_default();
     if let [only] = matches.as_slice() {
