@@ -196,24 +196,7 @@ impl Reads {
         Fut: Future<Output = Result<T, E>>,
         E: ReadFailure,
     {
-        let Some(standby) = self.standby_for(needs, min_position).await else {
-            return read(self.primary.clone()).await;
-        };
-        match read(standby.clone()).await {
-            Ok(answer) => {
-                count(&standby, Outcome::Served);
-                Ok(answer)
-            }
-            Err(error) if error.clients_fault() => {
-                count(&standby, Outcome::Served);
-                Err(error)
-            }
-            Err(error) => {
-                tracing::warn!(standby = standby.standby_name(), %error, "a read failed on a standby: asking the primary");
-                count(&standby, Outcome::Failed);
-                read(self.primary.clone()).await
-            }
-        }
+        self.answer(needs, min_position, read, |_| true).await
     }
 
     /// [`Reads::read`] of one object by id: an object the standby does not have (yet) is looked up
@@ -229,28 +212,44 @@ impl Reads {
         Fut: Future<Output = Result<Option<T>, E>>,
         E: ReadFailure,
     {
+        self.answer(needs, min_position, find, Option::is_some)
+            .await
+    }
+
+    /// `read` on a standby that has what it `needs`, kept when the standby's answer is `found`
+    /// (or an error the client caused); else, or without such a standby, `read` on the primary.
+    async fn answer<T, E, F, Fut>(
+        &self,
+        needs: Needs,
+        min_position: Option<i64>,
+        read: F,
+        found: impl Fn(&T) -> bool,
+    ) -> Result<T, E>
+    where
+        F: Fn(ReadSide) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: ReadFailure,
+    {
         let Some(standby) = self.standby_for(needs, min_position).await else {
-            return find(self.primary.clone()).await;
+            return read(self.primary.clone()).await;
         };
-        match find(standby.clone()).await {
-            Ok(Some(found)) => {
+        let outcome = match read(standby.clone()).await {
+            Ok(answer) if found(&answer) => {
                 count(&standby, Outcome::Served);
-                Ok(Some(found))
-            }
-            Ok(None) => {
-                count(&standby, Outcome::Missing);
-                find(self.primary.clone()).await
+                return Ok(answer);
             }
             Err(error) if error.clients_fault() => {
                 count(&standby, Outcome::Served);
-                Err(error)
+                return Err(error);
             }
+            Ok(_) => Outcome::Missing,
             Err(error) => {
-                tracing::warn!(standby = standby.standby_name(), %error, "a lookup failed on a standby: asking the primary");
-                count(&standby, Outcome::Failed);
-                find(self.primary.clone()).await
+                tracing::warn!(standby = standby.standby_name(), %error, "a read failed on a standby: asking the primary");
+                Outcome::Failed
             }
-        }
+        };
+        count(&standby, outcome);
+        read(self.primary.clone()).await
     }
 
     /// The standby to read from, if one has what the read `needs` at `min_position` within the
