@@ -76,41 +76,62 @@ fn without_session_attrs(path_and_query: &str) -> Result<String, StoreError> {
     })
 }
 
-/// Whether `host` answers and is the primary (not in recovery).
-async fn is_primary(host: &PgConnectOptions) -> bool {
-    let probe = async {
-        let mut connection = PgConnection::connect_with(host).await?;
-        let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
-            .fetch_one(&mut connection)
-            .await?;
-        let _ = connection.close().await;
-        Ok::<bool, sqlx::Error>(!in_recovery)
-    };
-    matches!(
-        tokio::time::timeout(Duration::from_millis(PROBE_TIMEOUT_MS), probe).await,
-        Ok(Ok(true))
-    )
+/// A connection of its own to one host, kept open between probes (a probe every
+/// [`PROBE_MS`] must not start a server process each time), reopened after a failure.
+#[derive(Default)]
+struct Probe(Option<PgConnection>);
+
+impl Probe {
+    /// Whether `host` answers and is the primary (not in recovery).
+    async fn is_primary(&mut self, host: &PgConnectOptions) -> bool {
+        let asked = async {
+            let connection = match &mut self.0 {
+                Some(connection) => connection,
+                None => self.0.insert(PgConnection::connect_with(host).await?),
+            };
+            let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+                .fetch_one(connection)
+                .await?;
+            Ok::<bool, sqlx::Error>(!in_recovery)
+        };
+        match tokio::time::timeout(Duration::from_millis(PROBE_TIMEOUT_MS), asked).await {
+            Ok(Ok(primary)) => primary,
+            _ => {
+                self.0 = None;
+                false
+            }
+        }
+    }
+}
+
+/// The first of `hosts` that is the primary now, with the probe's connection left open to it.
+async fn find_with(probe: &mut Probe, hosts: &[PgConnectOptions]) -> Option<usize> {
+    for (index, host) in hosts.iter().enumerate() {
+        probe.0 = None;
+        if probe.is_primary(host).await {
+            return Some(index);
+        }
+    }
+    // Open to no host in particular: the next probe opens one to the host it asks.
+    probe.0 = None;
+    None
 }
 
 /// The first of `hosts` that is the primary now.
 pub(crate) async fn find(hosts: &[PgConnectOptions]) -> Option<usize> {
-    for (index, host) in hosts.iter().enumerate() {
-        if is_primary(host).await {
-            return Some(index);
-        }
-    }
-    None
+    find_with(&mut Probe::default(), hosts).await
 }
 
 /// Keeps `pool` pointed at the primary among `hosts` (it starts at `current`) until the pool is
 /// closed.
 pub(crate) fn follow(pool: PgPool, hosts: Vec<PgConnectOptions>, mut current: usize) {
     tokio::spawn(async move {
+        let mut probe = Probe::default();
         let mut ticks = tokio::time::interval(Duration::from_millis(PROBE_MS));
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while !pool.is_closed() {
             ticks.tick().await;
-            if is_primary(&hosts[current]).await {
+            if probe.is_primary(&hosts[current]).await {
                 continue;
             }
             tracing::warn!(
@@ -118,7 +139,7 @@ pub(crate) fn follow(pool: PgPool, hosts: Vec<PgConnectOptions>, mut current: us
                 port = hosts[current].get_port(),
                 "the database primary is gone or in recovery: looking for the new one"
             );
-            if let Some(found) = find(&hosts).await {
+            if let Some(found) = find_with(&mut probe, &hosts).await {
                 current = found;
                 pool.set_connect_options(hosts[current].clone());
                 tracing::warn!(
