@@ -100,8 +100,15 @@ impl ReadSide {
         }
     }
 
-    /// A standby of the primary, named for `/metrics` and the logs.
-    pub fn standby(name: &str, database: Database) -> ReadSide {
+    /// A standby of the primary, named by its host and port for `/metrics` and the logs.
+    pub fn standby(database: Database) -> ReadSide {
+        let name = match &database {
+            Database::Postgres(pool) => {
+                let options = pool.connect_options();
+                format!("{}:{}", options.get_host(), options.get_port())
+            }
+            Database::Sqlite(_) => "sqlite".to_owned(),
+        };
         ReadSide {
             store: database.event_store(),
             database,

@@ -700,6 +700,34 @@ async fn abandoned_redirects_are_cancelled_and_expire_postgres() {
     abandoned_redirects_are_cancelled_and_expire(Backend::Postgres).await;
 }
 
+/// A rig whose simulator reports in slices of `report_slice` (none: whole windows), at most
+/// `report_lines_max` lines a request.
+async fn rig_with_reports(
+    backend: Backend,
+    report_slice: Option<std::time::Duration>,
+    report_lines_max: usize,
+) -> PaymentRig {
+    let client = ClientConfig {
+        capabilities: asiento_psp::Capabilities {
+            report_slice,
+            ..asiento_psp::Capabilities::SIM
+        },
+        report_lines_max,
+        attempts_max: 1,
+        ..ClientConfig::default()
+    };
+    PaymentRig::start(
+        backend,
+        SimConfig {
+            seed: 11,
+            ..SimConfig::default()
+        },
+        client,
+        Arc::new(SystemClock),
+    )
+    .await
+}
+
 /// A report window is asked for a slice at a time (the provider's `report_slice`), so that one
 /// request's lines are all the sweep holds at once, and a quiet window takes few requests: the
 /// first slice is the provider's, each next one at most twice as long as the one before (here,
@@ -708,22 +736,10 @@ async fn abandoned_redirects_are_cancelled_and_expire_postgres() {
 /// starts from the cursor the slices moved.
 async fn report_in_slices(backend: Backend) {
     let slice = std::time::Duration::from_secs(2);
-    let client = ClientConfig {
-        capabilities: asiento_psp::Capabilities {
-            report_slice: Some(slice),
-            ..asiento_psp::Capabilities::SIM
-        },
-        attempts_max: 1,
-        ..ClientConfig::default()
-    };
-    let h = PaymentRig::start(
+    let h = rig_with_reports(
         backend,
-        SimConfig {
-            seed: 11,
-            ..SimConfig::default()
-        },
-        client,
-        Arc::new(SystemClock),
+        Some(slice),
+        ClientConfig::default().report_lines_max,
     )
     .await;
     let id = h.create("pm_card_ok", 10_000).await;
@@ -831,25 +847,7 @@ async fn a_line_with_two_differences_has_both_applied_in_one_sweep_postgres() {
 /// there, so however many lines a window holds, one request's are all it holds at once, and
 /// every line is compared once.
 async fn report_lines_at_most(backend: Backend) {
-    let client = ClientConfig {
-        capabilities: asiento_psp::Capabilities {
-            report_slice: None,
-            ..asiento_psp::Capabilities::SIM
-        },
-        report_lines_max: 2,
-        attempts_max: 1,
-        ..ClientConfig::default()
-    };
-    let h = PaymentRig::start(
-        backend,
-        SimConfig {
-            seed: 11,
-            ..SimConfig::default()
-        },
-        client,
-        Arc::new(SystemClock),
-    )
-    .await;
+    let h = rig_with_reports(backend, None, 2).await;
     let mut paid = Vec::new();
     for _ in 0..5 {
         paid.push(h.create("pm_card_ok", 10_000).await);

@@ -834,7 +834,7 @@ impl StandbyArgs {
             let standby =
                 Database::connect_standby(url, asiento_eventstore::PG_POOL_CONNECTIONS_MAX)
                     .with_context(|| format!("--read-database-url {}", redact(url)))?;
-            standbys.push(ReadSide::standby(&host_of(url), standby));
+            standbys.push(ReadSide::standby(standby));
         }
         Ok(Arc::new(Reads::new(
             ReadSide::primary(database.clone(), Arc::clone(store)),
@@ -842,17 +842,6 @@ impl StandbyArgs {
             self.wait,
         )))
     }
-}
-
-/// A database URL's host and port (`host:port`), which names a standby in `/metrics`.
-fn host_of(url: &str) -> String {
-    let start = url
-        .rfind('@')
-        .map(|at| at + 1)
-        .or_else(|| url.find("://").map(|scheme_end| scheme_end + 3))
-        .unwrap_or(0);
-    let rest = &url[start..];
-    rest[..rest.find(['/', '?']).unwrap_or(rest.len())].to_owned()
 }
 
 /// The events relay: the merchant events feed published to NATS JetStream (crates/relay), by the

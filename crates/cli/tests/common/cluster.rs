@@ -239,11 +239,14 @@ impl Drop for Cluster {
 }
 
 fn as_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|output| output.stdout.trim_ascii() == b"0")
-        .unwrap_or(false)
+    static ROOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ROOT.get_or_init(|| {
+        Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|output| output.stdout.trim_ascii() == b"0")
+            .unwrap_or(false)
+    })
 }
 
 /// The directory of `initdb`, `pg_ctl`, `pg_basebackup` and `psql`.
