@@ -20,9 +20,9 @@ use std::sync::Arc;
 
 use asiento_domain::payment::Input;
 use asiento_domain::{
-    Amount, CaptureMode, CreatePayment, Currency, CustomerId, Operation, OperationKind, Payment,
-    PaymentCommand, PaymentEvent, PaymentId, PaymentRecord, PaymentRejection, PaymentStatus,
-    ProviderFact, ProviderName, TenantId,
+    Amount, CaptureMode, CellNumber, CreatePayment, Currency, CustomerId, Operation, OperationKind,
+    Payment, PaymentCommand, PaymentEvent, PaymentId, PaymentRecord, PaymentRejection,
+    PaymentStatus, ProviderFact, ProviderName, TenantId,
 };
 use asiento_eventstore::{AppendError, Appended, Database, Metadata, StreamAppend, Tx};
 use asiento_psp::CreateCharge;
@@ -275,6 +275,18 @@ pub struct PaymentFlow {
     /// The process's one writer: it commits the request path's steps of concurrent requests
     /// together, and keeps the memories of the guard and payment states its commits left.
     pub(crate) writer: Arc<Writer>,
+    /// The tenant cell this flow's database is, stamped into every payment id it mints so that a
+    /// provider's webhook names it (`asiento_domain::cell`); `None` outside a deployment of cells.
+    pub(crate) cell: Option<CellPlace>,
+}
+
+/// Where a flow's database stands in a deployment of tenant cells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CellPlace {
+    pub number: CellNumber,
+    /// The directory's home cell: it holds the payments minted before the deployment had cells
+    /// and answers for what a provider sends that names no payment of ours.
+    pub home: bool,
 }
 
 impl PaymentFlow {
@@ -297,6 +309,38 @@ impl PaymentFlow {
             render,
             idempotency_lease_ms: IDEMPOTENCY_LEASE_MS_DEFAULT,
             payment_lease_ms: crate::leases::PAYMENT_LEASE_MS_DEFAULT,
+            cell: None,
+        }
+    }
+
+    /// The same flow in a tenant cell: the payments it creates carry the cell in their ids.
+    pub fn in_cell(self, place: CellPlace) -> PaymentFlow {
+        PaymentFlow {
+            cell: Some(place),
+            ..self
+        }
+    }
+
+    /// A fresh payment id, stamped with the flow's cell when it has one.
+    fn mint_payment_id(&self) -> PaymentId {
+        let minted = Uuid::now_v7();
+        PaymentId::from_uuid(match self.cell {
+            Some(place) => place.number.stamp(minted),
+            None => minted,
+        })
+    }
+
+    /// Whether this flow's database answers for what a provider reports of `payment` (a report
+    /// line, a payout's transaction): outside cells always; in a cell, for the payments minted
+    /// there, and at the home cell also for unstamped payments and for what names none. Another
+    /// cell's payments are that cell's to reconcile and to post.
+    pub fn answers_for(&self, payment: Option<PaymentId>) -> bool {
+        let Some(place) = self.cell else {
+            return true;
+        };
+        match payment.and_then(|payment| CellNumber::of(payment.as_uuid())) {
+            Some(number) => number == place.number,
+            None => place.home,
         }
     }
 
@@ -373,7 +417,7 @@ impl PaymentFlow {
         request: &Idempotent,
         payment: NewPayment,
     ) -> Result<Answer, FlowError> {
-        let id = PaymentId::from_uuid(Uuid::now_v7());
+        let id = self.mint_payment_id();
         tracing::Span::current().record("payment", tracing::field::display(id));
         let now = self.clock.now();
         let create = CreatePayment {

@@ -169,9 +169,15 @@ async fn paid_fact(
         .collect();
     let mut covered: BTreeMap<PaymentId, (i64, Vec<String>, &Charge)> = BTreeMap::new();
     let mut unattributed: i64 = 0;
+    // What other tenant cells' payments make of the payout: those cells post it.
+    let mut elsewhere: i64 = 0;
     for txn in &payout.transactions {
         let charge = txn.charge_id.as_deref().and_then(|id| charges.get(id));
         let payment = charge.and_then(|charge| PaymentId::parse(charge.reference.as_deref()?).ok());
+        if !flow.answers_for(payment) {
+            elsewhere = summed(elsewhere, txn.net_minor)?;
+            continue;
+        }
         match (charge, payment) {
             (Some(charge), Some(payment)) => {
                 let line = covered.entry(payment).or_insert((0, Vec::new(), charge));
@@ -229,6 +235,7 @@ async fn paid_fact(
         amount: Amount::new(payout.amount_minor),
         lines,
         unattributed: Amount::new(unattributed),
+        elsewhere: Amount::new(elsewhere),
         created: payout.created,
     })
 }

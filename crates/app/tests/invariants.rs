@@ -502,6 +502,7 @@ async fn paid_payout(database: &Database, id: &str, lines: &[(PaymentId, i64, i6
             })
             .collect(),
         unattributed: Amount::ZERO,
+        elsewhere: Amount::ZERO,
         created: chrono::Utc::now(),
     };
     let events =

@@ -3,6 +3,7 @@
 //! crates keep typed errors.
 
 mod bench;
+mod cells;
 mod projections;
 mod providers;
 mod psp_sim;

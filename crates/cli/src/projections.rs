@@ -22,7 +22,7 @@ pub fn all() -> Vec<Arc<dyn Projection>> {
 #[derive(clap::Subcommand, Debug)]
 pub enum ProjectionsCommand {
     /// Each projection's checkpoint, lag, owner and fingerprint.
-    Status(DatabaseArgs),
+    Status(StatusArgs),
     /// Rebuild a read model from position zero beside the live one, then swap (no downtime).
     Rebuild {
         /// The projection to rebuild (see `status`).
@@ -35,9 +35,29 @@ pub enum ProjectionsCommand {
     },
 }
 
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    database: DatabaseArgs,
+    /// Each cell of a directory (or those `--cell` names) instead of `--database-url`.
+    #[command(flatten)]
+    cells: crate::cells::CellsArgs,
+}
+
 pub async fn run(command: ProjectionsCommand) -> anyhow::Result<()> {
     match command {
-        ProjectionsCommand::Status(database) => status(&database).await,
+        ProjectionsCommand::Status(args) => match args.cells.selected()? {
+            None => status(&args.database.database_url).await,
+            Some(selected) => {
+                for cell in &selected.cells {
+                    println!("cell {} (number {})", cell.name, cell.number);
+                    status(&cell.database_url)
+                        .await
+                        .with_context(|| format!("cell {}", cell.name))?;
+                }
+                Ok(())
+            }
+        },
         ProjectionsCommand::Rebuild {
             name,
             batch_size,
@@ -46,8 +66,8 @@ pub async fn run(command: ProjectionsCommand) -> anyhow::Result<()> {
     }
 }
 
-async fn status(args: &DatabaseArgs) -> anyhow::Result<()> {
-    let database = crate::serve::connect(&args.database_url).await?;
+async fn status(database_url: &str) -> anyhow::Result<()> {
+    let database = crate::serve::connect(database_url).await?;
     let store = database.event_store();
     let projections = all();
     let refs: Vec<&dyn Projection> = projections.iter().map(AsRef::as_ref).collect();

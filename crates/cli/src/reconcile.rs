@@ -60,6 +60,11 @@ pub struct ReconcileArgs {
     /// After the sweep, print every open exception of every scope.
     #[arg(long)]
     pub list: bool,
+
+    /// A sweep in each cell of a directory (or those `--cell` names) instead of
+    /// `--database-url`: each compares its own payments and posts its own part of each payout.
+    #[command(flatten)]
+    pub cells: crate::cells::CellsArgs,
 }
 
 /// The settle delay of settlement-report windows, one definition for `serve` and `reconcile`
@@ -123,24 +128,49 @@ fn millis(duration: Duration) -> i64 {
 }
 
 pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
-    let database = crate::serve::connect(&args.database.database_url).await?;
-    let urls = match (args.providers, args.psp_url) {
-        (Some(urls), _) => urls,
+    let Some(selected) = args.cells.selected()? else {
+        let database = crate::serve::connect(&args.database.database_url).await?;
+        return sweep(&args, &database, None).await;
+    };
+    for cell in &selected.cells {
+        println!("cell {} (number {})", cell.name, cell.number);
+        let database = crate::serve::connect(&cell.database_url)
+            .await
+            .with_context(|| format!("cell {}", cell.name))?;
+        sweep(&args, &database, Some(selected.place(cell)))
+            .await
+            .with_context(|| format!("cell {}", cell.name))?;
+    }
+    Ok(())
+}
+
+/// One sweep on one database, its summary and open exceptions printed.
+async fn sweep(
+    args: &ReconcileArgs,
+    database: &asiento_eventstore::Database,
+    cell: Option<asiento_app::payments::CellPlace>,
+) -> anyhow::Result<()> {
+    let urls = match (&args.providers, &args.psp_url) {
+        (Some(urls), _) => urls.clone(),
         (None, url) => ProviderSpecs::sim(
             asiento_domain::ProviderName::parse(DEFAULT_PROVIDER)
                 .context("the default provider name")?,
-            url.unwrap_or_else(|| IN_PROCESS_SIM_URL_DEFAULT.to_owned()),
+            url.clone()
+                .unwrap_or_else(|| IN_PROCESS_SIM_URL_DEFAULT.to_owned()),
         ),
     };
     let env = |variable: &str| std::env::var(variable).ok();
     let providers = crate::providers::build(&urls, &args.fees, &ClientConfig::default(), &env)?;
-    let flow = PaymentFlow::new(
+    let mut flow = PaymentFlow::new(
         database.clone(),
         asiento_app::commit::Writer::new(database.event_store()),
         providers,
         Arc::new(SystemClock),
         Arc::new(asiento_api::render::JsonRender),
     );
+    if let Some(cell) = cell {
+        flow = flow.in_cell(cell);
+    }
     let reconciler = Reconciler::new(
         flow,
         args.operations.apply(ReconcilerConfig {
@@ -169,13 +199,13 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
     if summary.lease_busy {
         anyhow::bail!("another sweep kept the lease for {LEASE_WAIT_MS_MAX} ms; try again later");
     }
-    let open = exceptions::open_count(&database)
+    let open = exceptions::open_count(database)
         .await
         .context("counting open exceptions")?;
     println!("open exceptions: {open}");
     if args.list {
         let listed = exceptions::list(
-            &database,
+            database,
             &Scope::All,
             Some(ExceptionStatus::Open),
             EXCEPTIONS_PAGE_MAX,

@@ -161,6 +161,11 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub standbys: StandbyArgs,
 
+    /// Tenant cells (`crate::cells`): `--cells cells.json` serves the cells of the directory
+    /// instead of `--database-url`, `--cell` only some of them.
+    #[command(flatten)]
+    pub cells: crate::cells::CellsArgs,
+
     /// The platform operator's key for the console (`/console`): signing in with it shows the
     /// reconciliation exceptions that name no tenant's payment. At least 16 characters.
     #[arg(long, env = "ASIENTO_OPERATOR_KEY", hide_env_values = true, value_parser = parse_operator_key)]
@@ -312,7 +317,6 @@ fn redact(url: &str) -> String {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Installed before anything records a metric.
     asiento_api::metrics_handle();
-    let database = connect(&args.database.database_url).await?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
@@ -320,88 +324,75 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (stop, stopped) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
 
-    // One store for the whole process: its readers (projections, sealer, reconciler) share its
-    // cache of the newest events, its appenders its NOTIFY coalescing and own connections.
-    let store = database.event_store();
-    let core = if args.role.serves_api() || args.role.runs_workers() {
-        Some(Core::build(&args, &database, &store, address, &stopped)?)
+    let providers = if args.role.serves_api() || args.role.runs_workers() {
+        Some(Providers::build(&args, address, &stopped)?)
     } else {
         None
     };
-    let app = match &core {
-        Some(core) if args.role.serves_api() => {
-            let reads = args.standbys.reads(&database, &store)?;
-            tasks.spawn(
-                Arc::clone(&reads).watch_lag(STANDBY_LAG_INTERVAL, wait_for(stopped.clone())),
-            );
-            core.router(&args, &database, reads, address).await?
+    let (mut app, backend, demo_key) = match args.cells.selected()? {
+        None => {
+            let database = connect(&args.database.database_url).await?;
+            let backend = database.backend();
+            let demo_key = bootstrap_api_keys(&database, args.api_keys.as_ref()).await?;
+            let one = CellParts {
+                database,
+                read_urls: args.standbys.urls.clone(),
+                place: None,
+            };
+            let app = one.start(&args, providers.as_ref(), &stopped, &mut tasks)?;
+            (app, backend, demo_key)
         }
-        _ => asiento_api::ops_router(database.clone()),
+        Some(selected) => {
+            anyhow::ensure!(
+                args.standbys.urls.is_empty(),
+                "with --cells, each cell's standbys are in the directory (read_database_urls)"
+            );
+            let mut served = Vec::new();
+            for cell in selected.cells.clone() {
+                let database = connect(&cell.database_url)
+                    .await
+                    .with_context(|| format!("cell {}", cell.name))?;
+                register_cell_keys(
+                    &selected.directory,
+                    &cell,
+                    &database,
+                    args.api_keys.as_ref(),
+                )
+                .await?;
+                let parts = CellParts {
+                    database: database.clone(),
+                    read_urls: cell.read_database_urls.clone(),
+                    place: Some(selected.place(&cell)),
+                };
+                let router = parts.start(&args, providers.as_ref(), &stopped, &mut tasks)?;
+                println!("cell {} (number {}) served", cell.name, cell.number);
+                served.push(crate::cells::front::ServedCell {
+                    name: cell.name,
+                    router,
+                    database,
+                });
+            }
+            let backend = served[0].database.backend();
+            let formats = providers
+                .as_ref()
+                .map(|providers| providers.secrets.clone())
+                .unwrap_or_default();
+            let front = crate::cells::front::Front::new(selected.directory, served, formats);
+            (front.router(), backend, None)
+        }
     };
-    if args.role.runs_projectors() {
-        let owner = lease_owner("projector");
-        for projection in crate::projections::all() {
-            let runner = asiento_projector::Runner::new(
-                database.clone(),
-                Arc::clone(&store),
-                projection,
-                asiento_projector::RunnerConfig::new(owner.clone()),
-            );
-            tasks.spawn(runner.run(wait_for(stopped.clone())));
+    if let Some(providers) = &providers {
+        if args.role.serves_api() {
+            if let Some(simulator) = &providers.simulator {
+                app = app.merge(simulator.mounted_router());
+            }
+            providers.print_hints(address, demo_key);
         }
-        println!("projectors running as {owner}");
     }
-    if let (Some(core), true) = (&core, args.role.runs_workers()) {
-        let worker = Worker::new(
-            core.payments.clone(),
-            WorkerConfig {
-                payment_lease_ms: duration_ms(args.payment_lease),
-                ..WorkerConfig::default()
-            },
-        );
-        let shutdown = wait_for(stopped.clone());
-        tasks.spawn(async move { worker.run(shutdown).await });
-        let reconciler = Reconciler::new(core.payments.clone(), reconciler_config(&args));
-        let shutdown = wait_for(stopped.clone());
-        tasks.spawn(async move { reconciler.run(shutdown).await });
-        let sealer = Sealer::new(database.clone(), core.payments.clock().clone())
-            .with_store(Arc::clone(&store));
-        let shutdown = wait_for(stopped.clone());
-        tasks.spawn(async move { sealer.run(shutdown).await });
-        let checker = crate::verify::checker(&database);
-        let (interval, shutdown) = (args.verify_interval, wait_for(stopped.clone()));
-        tasks.spawn(async move { checker.run(interval, shutdown).await });
-        let purger = IdempotencyPurger {
-            database: database.clone(),
-            clock: core.payments.clock().clone(),
-            keep_ms: duration_ms(args.idempotency_retention),
-        };
-        tasks.spawn(purger.run(wait_for(stopped.clone())));
-        tasks.spawn(asiento_app::hold_expiry::run(
-            core.ledger.clone(),
-            asiento_app::hold_expiry::EXPIRY_INTERVAL_DEFAULT,
-            wait_for(stopped.clone()),
-        ));
-        let deliverer = asiento_outbound::Deliverer::new(database.clone(), args.outbound.config()?)
-            .context("building the webhook sender")?;
-        tasks.spawn(asiento_outbound::run(
-            database.clone(),
-            deliverer,
-            wait_for(stopped.clone()),
-        ));
-        tasks.spawn(asiento_app::gauges::run(
-            database.clone(),
-            core.payments.clock().clone(),
-            args.gauges_interval,
-            wait_for(stopped.clone()),
-        ));
-        if let Some(relay) = args
-            .events_relay
-            .relay(&database, core.payments.clock().clone())?
-        {
-            println!("events relay {} running", relay.name());
-            tasks.spawn(relay.run(wait_for(stopped.clone())));
-        }
+    if args.role.runs_projectors() {
+        println!("projectors running");
+    }
+    if args.role.runs_workers() {
         println!(
             "webhook worker, reconciler, sealer, invariant checker, hold expiry, key purger, \
              gauges and merchant webhooks running"
@@ -409,11 +400,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
 
     println!(
-        "asiento listening on http://{address} ({:?}, role {:?})",
-        database.backend(),
+        "asiento listening on http://{address} ({backend:?}, role {:?})",
         args.role
     );
-    tracing::info!(%address, role = ?args.role, backend = ?database.backend(), "serving");
+    tracing::info!(%address, role = ?args.role, ?backend, "serving");
     // With each connection's peer address, which the rate limits of requests without a known key
     // and of console sign-ins are kept by.
     let served = axum::serve(
@@ -426,6 +416,95 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     stop.send_replace(true);
     while tasks.join_next().await.is_some() {}
     served
+}
+
+/// Registers the `--api-keys` of the tenants the directory places in `cell`; a key of a tenant
+/// in no cell is refused at start.
+async fn register_cell_keys(
+    directory: &crate::cells::Directory,
+    cell: &crate::cells::Cell,
+    database: &Database,
+    keys: Option<&ApiKeys>,
+) -> anyhow::Result<()> {
+    let Some(ApiKeys(pairs)) = keys else {
+        return Ok(());
+    };
+    let mut here = Vec::new();
+    for (tenant, key) in pairs {
+        let placed = asiento_domain::TenantId::parse(tenant)
+            .ok()
+            .and_then(|tenant| directory.cell_of_tenant(&tenant))
+            .with_context(|| {
+                format!("--api-keys: tenant {tenant} is in no cell of the directory")
+            })?;
+        if placed.name == cell.name {
+            here.push((tenant.clone(), key.clone()));
+        }
+    }
+    if !here.is_empty() {
+        bootstrap_api_keys(database, Some(&ApiKeys(here))).await?;
+    }
+    Ok(())
+}
+
+/// What one database runs: its store, the process's one `Writer` on it and the flows that share
+/// it, its reads, and whatever the role asks (API router, projectors, workers). A process of one
+/// database has one; a process of several cells one per cell.
+struct CellParts {
+    database: Database,
+    read_urls: Vec<String>,
+    /// The cell stamped into payment ids; `None` outside a deployment of cells.
+    place: Option<asiento_app::payments::CellPlace>,
+}
+
+impl CellParts {
+    /// Starts the projectors and workers the role asks for on `tasks`; answers the cell's router.
+    fn start(
+        self,
+        args: &ServeArgs,
+        providers: Option<&Providers>,
+        stopped: &watch::Receiver<bool>,
+        tasks: &mut tokio::task::JoinSet<()>,
+    ) -> anyhow::Result<axum::Router> {
+        let database = self.database;
+        // One store per database: its readers (projections, sealer, reconciler) share its cache
+        // of the newest events, its appenders its NOTIFY coalescing and own connections.
+        let store = database.event_store();
+        let core = match providers {
+            Some(providers) => Some(Core::build(args, &database, &store, providers, self.place)?),
+            None => None,
+        };
+        let app = match &core {
+            Some(core) if args.role.serves_api() => {
+                let standbys = StandbyArgs {
+                    urls: self.read_urls,
+                    wait: args.standbys.wait,
+                };
+                let reads = standbys.reads(&database, &store)?;
+                tasks.spawn(
+                    Arc::clone(&reads).watch_lag(STANDBY_LAG_INTERVAL, wait_for(stopped.clone())),
+                );
+                core.router(args, &database, reads, providers)?
+            }
+            _ => asiento_api::ops_router(database.clone()),
+        };
+        if args.role.runs_projectors() {
+            let owner = lease_owner("projector");
+            for projection in crate::projections::all() {
+                let runner = asiento_projector::Runner::new(
+                    database.clone(),
+                    Arc::clone(&store),
+                    projection,
+                    asiento_projector::RunnerConfig::new(owner.clone()),
+                );
+                tasks.spawn(runner.run(wait_for(stopped.clone())));
+            }
+        }
+        if let (Some(core), true) = (&core, args.role.runs_workers()) {
+            core.start_workers(args, &database, &store, stopped, tasks)?;
+        }
+        Ok(app)
+    }
 }
 
 /// The reconciler's settings from serve's flags.
@@ -449,24 +528,21 @@ fn duration_ms(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// What the API and the workers share: the providers, the use cases and the webhook secrets.
-struct Core {
-    payments: PaymentFlow,
-    ledger: LedgerFlow,
+/// The providers as configured once per process: their URLs, the in-process simulator (when no
+/// provider URL was given) and the webhook secrets. Every cell's flows charge through them.
+struct Providers {
     urls: ProviderSpecs,
-    /// The in-process simulator, when no provider URL was given.
     simulator: Option<Simulator>,
     secrets: WebhookSecrets,
+    client: ClientConfig,
 }
 
-impl Core {
+impl Providers {
     fn build(
         args: &ServeArgs,
-        database: &Database,
-        store: &Arc<dyn EventStore>,
         address: SocketAddr,
         stopped: &watch::Receiver<bool>,
-    ) -> anyhow::Result<Core> {
+    ) -> anyhow::Result<Providers> {
         let client = ClientConfig {
             request_timeout_ms: u64::try_from(args.psp_timeout.as_millis()).unwrap_or(u64::MAX),
             ..ClientConfig::default()
@@ -530,47 +606,94 @@ impl Core {
                 tracing::warn!(provider = %spec.name, "no webhook secret: its webhooks will be refused");
             }
         }
-        let providers = crate::providers::build(&urls, &args.fees, &client, &env)?;
-        let clock = Arc::new(SystemClock);
-        let render = Arc::new(asiento_api::render::JsonRender);
-        let lease_ms = duration_ms(args.idempotency_lease);
-        // The process's one writer: one batching of every flow's steps, one memory of what they
-        // left.
-        let writer = asiento_app::commit::Writer::new(Arc::clone(store));
-        Ok(Core {
-            payments: PaymentFlow::new(
-                database.clone(),
-                Arc::clone(&writer),
-                providers,
-                clock.clone(),
-                render.clone(),
-            )
-            .with_leases(lease_ms, duration_ms(args.payment_lease)),
-            ledger: LedgerFlow::new(database.clone(), writer, clock, render)
-                .with_idempotency_lease(lease_ms),
+        Ok(Providers {
             urls,
             simulator,
             secrets,
+            client,
         })
     }
 
-    /// The API process's router: API keys, the use cases, the webhook endpoint, the in-process
-    /// simulator, and the printed hints for a first request.
-    async fn router(
+    /// The providers and the hints for a first request, printed once the API is up.
+    fn print_hints(&self, address: SocketAddr, demo_key: Option<String>) {
+        for spec in &self.urls.0 {
+            println!("provider {} ({:?}): {}", spec.name, spec.kind, spec.url);
+        }
+        let key = match demo_key {
+            Some(key) => {
+                println!("created tenant `demo`; its API key (shown once): {key}");
+                key
+            }
+            None => "$API_KEY".to_owned(),
+        };
+        println!("console: http://{address}/console (sign in with the API key)");
+        println!(
+            "try: curl -s -X POST http://{address}/v1/payments -H 'Authorization: Bearer {key}' \\\n  \
+             -H 'Idempotency-Key: order-1001' -H 'Content-Type: application/json' \\\n  \
+             -d '{{\"amount_minor\": 10000, \"currency\": \"USD\", \"customer\": \"42\", \"payment_method\": \"pm_card_ok\"}}'"
+        );
+    }
+}
+
+/// What the API and the workers of one database share: the use cases on its one `Writer`.
+struct Core {
+    payments: PaymentFlow,
+    ledger: LedgerFlow,
+}
+
+impl Core {
+    fn build(
+        args: &ServeArgs,
+        database: &Database,
+        store: &Arc<dyn EventStore>,
+        providers: &Providers,
+        cell: Option<asiento_app::payments::CellPlace>,
+    ) -> anyhow::Result<Core> {
+        let env = |variable: &str| std::env::var(variable).ok();
+        let adapters =
+            crate::providers::build(&providers.urls, &args.fees, &providers.client, &env)?;
+        let clock = Arc::new(SystemClock);
+        let render = Arc::new(asiento_api::render::JsonRender);
+        let lease_ms = duration_ms(args.idempotency_lease);
+        // The database's one writer: one batching of every flow's steps, one memory of what they
+        // left.
+        let writer = asiento_app::commit::Writer::new(Arc::clone(store));
+        let mut payments = PaymentFlow::new(
+            database.clone(),
+            Arc::clone(&writer),
+            adapters,
+            clock.clone(),
+            render.clone(),
+        )
+        .with_leases(lease_ms, duration_ms(args.payment_lease));
+        if let Some(cell) = cell {
+            payments = payments.in_cell(cell);
+        }
+        Ok(Core {
+            payments,
+            ledger: LedgerFlow::new(database.clone(), writer, clock, render)
+                .with_idempotency_lease(lease_ms),
+        })
+    }
+
+    /// The API process's router: the use cases, the webhook endpoint and the console.
+    fn router(
         &self,
         args: &ServeArgs,
         database: &Database,
         reads: Arc<Reads>,
-        address: SocketAddr,
+        providers: Option<&Providers>,
     ) -> anyhow::Result<axum::Router> {
-        let demo_key = bootstrap_api_keys(database, args.api_keys.as_ref()).await?;
+        let secrets = providers
+            .map(|providers| providers.secrets.clone())
+            .unwrap_or_default();
         let state = asiento_api::AppState {
             payments: self.payments.clone(),
             ledger: self.ledger.clone(),
             webhooks: WebhookReceiver {
                 database: database.clone(),
                 writer: self.payments.writer().clone(),
-                secrets: self.secrets.clone(),
+                secrets,
                 clock: self.payments.clock().clone(),
                 tolerance_s: asiento_app::webhooks::TOLERANCE_S_DEFAULT,
             },
@@ -588,27 +711,69 @@ impl Core {
             args.operator_key.as_deref(),
             crate::projections::all(),
         );
-        let mut app = asiento_api::router(state).merge(asiento_console::router(console));
-        if let Some(simulator) = &self.simulator {
-            app = app.merge(simulator.mounted_router());
-        }
-        for spec in &self.urls.0 {
-            println!("provider {} ({:?}): {}", spec.name, spec.kind, spec.url);
-        }
-        let key = match demo_key {
-            Some(key) => {
-                println!("created tenant `demo`; its API key (shown once): {key}");
-                key
-            }
-            None => "$API_KEY".to_owned(),
-        };
-        println!("console: http://{address}/console (sign in with the API key)");
-        println!(
-            "try: curl -s -X POST http://{address}/v1/payments -H 'Authorization: Bearer {key}' \\\n  \
-             -H 'Idempotency-Key: order-1001' -H 'Content-Type: application/json' \\\n  \
-             -d '{{\"amount_minor\": 10000, \"currency\": \"USD\", \"customer\": \"42\", \"payment_method\": \"pm_card_ok\"}}'"
+        Ok(asiento_api::router(state).merge(asiento_console::router(console)))
+    }
+
+    /// The background workers of one database, on `tasks`.
+    fn start_workers(
+        &self,
+        args: &ServeArgs,
+        database: &Database,
+        store: &Arc<dyn EventStore>,
+        stopped: &watch::Receiver<bool>,
+        tasks: &mut tokio::task::JoinSet<()>,
+    ) -> anyhow::Result<()> {
+        let worker = Worker::new(
+            self.payments.clone(),
+            WorkerConfig {
+                payment_lease_ms: duration_ms(args.payment_lease),
+                ..WorkerConfig::default()
+            },
         );
-        Ok(app)
+        let shutdown = wait_for(stopped.clone());
+        tasks.spawn(async move { worker.run(shutdown).await });
+        let reconciler = Reconciler::new(self.payments.clone(), reconciler_config(args));
+        let shutdown = wait_for(stopped.clone());
+        tasks.spawn(async move { reconciler.run(shutdown).await });
+        let sealer = Sealer::new(database.clone(), self.payments.clock().clone())
+            .with_store(Arc::clone(store));
+        let shutdown = wait_for(stopped.clone());
+        tasks.spawn(async move { sealer.run(shutdown).await });
+        let checker = crate::verify::checker(database);
+        let (interval, shutdown) = (args.verify_interval, wait_for(stopped.clone()));
+        tasks.spawn(async move { checker.run(interval, shutdown).await });
+        let purger = IdempotencyPurger {
+            database: database.clone(),
+            clock: self.payments.clock().clone(),
+            keep_ms: duration_ms(args.idempotency_retention),
+        };
+        tasks.spawn(purger.run(wait_for(stopped.clone())));
+        tasks.spawn(asiento_app::hold_expiry::run(
+            self.ledger.clone(),
+            asiento_app::hold_expiry::EXPIRY_INTERVAL_DEFAULT,
+            wait_for(stopped.clone()),
+        ));
+        let deliverer = asiento_outbound::Deliverer::new(database.clone(), args.outbound.config()?)
+            .context("building the webhook sender")?;
+        tasks.spawn(asiento_outbound::run(
+            database.clone(),
+            deliverer,
+            wait_for(stopped.clone()),
+        ));
+        tasks.spawn(asiento_app::gauges::run(
+            database.clone(),
+            self.payments.clock().clone(),
+            args.gauges_interval,
+            wait_for(stopped.clone()),
+        ));
+        if let Some(relay) = args
+            .events_relay
+            .relay(database, self.payments.clock().clone())?
+        {
+            println!("events relay {} running", relay.name());
+            tasks.spawn(relay.run(wait_for(stopped.clone())));
+        }
+        Ok(())
     }
 }
 

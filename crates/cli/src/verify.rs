@@ -20,6 +20,10 @@ use crate::DatabaseArgs;
 pub struct VerifyArgs {
     #[command(flatten)]
     pub database: DatabaseArgs,
+    /// Every cell of a directory (or those `--cell` names) instead of `--database-url`, and with
+    /// every cell the checks across them (`crate::cells::verify`).
+    #[command(flatten)]
+    pub cells: crate::cells::CellsArgs,
 }
 
 /// Balance snapshots equal the recomputation from the entries up to their checkpoint, the legs'
@@ -228,19 +232,54 @@ pub fn checker(database: &Database) -> Checker {
 
 /// Runs every check and stores the run (`verify_runs`); `Ok(true)` when all hold.
 pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
-    let database = crate::serve::connect(&args.database.database_url).await?;
-    let report = checker(&database)
+    let Some(selected) = args.cells.selected()? else {
+        let database = crate::serve::connect(&args.database.database_url).await?;
+        return verify_one(&database, "").await;
+    };
+    let mut ok = true;
+    let mut cells = Vec::with_capacity(selected.cells.len());
+    for cell in &selected.cells {
+        let database = crate::serve::connect(&cell.database_url)
+            .await
+            .with_context(|| format!("cell {}", cell.name))?;
+        ok &= verify_one(&database, &format!("cell {}: ", cell.name)).await?;
+        cells.push((cell.clone(), database));
+    }
+    if !selected.whole() {
+        println!("checks across cells skipped: not every cell is selected");
+        return Ok(ok);
+    }
+    let (violations, pending) = crate::cells::verify::across(&selected.directory, &cells)
+        .await
+        .context("checking across cells")?;
+    for violation in &violations {
+        println!("{violation}");
+    }
+    for payout in &pending {
+        println!("payout pending in some cells: {payout}");
+    }
+    println!(
+        "{} cells checked; {} violations across cells",
+        cells.len(),
+        violations.len()
+    );
+    Ok(ok && violations.is_empty())
+}
+
+/// One database's checks, each line after `prefix`.
+async fn verify_one(database: &Database, prefix: &str) -> anyhow::Result<bool> {
+    let report = checker(database)
         .check_and_record()
         .await
         .context("running the invariant checks")?;
     for violation in &report.violations {
-        println!("{violation}");
+        println!("{prefix}{violation}");
     }
     for (check, count) in &report.omitted {
-        println!("{check}: {count} more violations not listed");
+        println!("{prefix}{check}: {count} more violations not listed");
     }
     println!(
-        "{} events in {} streams checked; {} not sealed yet; {} violations",
+        "{prefix}{} events in {} streams checked; {} not sealed yet; {} violations",
         report.events_checked,
         report.streams_checked,
         report.unsealed,

@@ -24,6 +24,7 @@
 //! - [`endpoint`]: what the log knows of a merchant's webhook endpoint (its disabling).
 
 pub mod account;
+pub mod cell;
 pub mod endpoint;
 pub mod entry;
 pub mod event;
@@ -43,6 +44,7 @@ pub mod transfer;
 pub mod transfer_batch;
 
 pub use account::{AccountError, AccountName};
+pub use cell::{CellNumber, CellNumberError, CELL_NUMBER_MAX};
 pub use entry::{EntryError, JournalEntry, Leg};
 pub use event::{upcast, DecodeError, EncodeError, Event};
 pub use exception::{ExceptionEvent, ExceptionId, ExceptionKind};

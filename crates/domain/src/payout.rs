@@ -112,9 +112,25 @@ pub struct PayoutPaid {
     /// The part of the amount that stems from no payment of ours (money moved on the provider's
     /// account by something else); posted nowhere, and a manual exception.
     pub unattributed_minor: Amount,
+    /// In a deployment of tenant cells, the part of the amount that other cells' payments make:
+    /// each cell posts its own tenants' shares, and `asiento verify --cells` checks that the
+    /// cells' parts add up to the payout.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub elsewhere_minor: Amount,
     /// When the provider created the payout.
     pub created: DateTime<Utc>,
     pub at: DateTime<Utc>,
+}
+
+fn is_zero(amount: &Amount) -> bool {
+    amount.is_zero()
+}
+
+impl PayoutPaid {
+    /// What this log posts of the payout: its lines and its unattributed part.
+    pub fn posted_here(&self) -> Result<Amount, AmountError> {
+        self.amount_minor.checked_sub(self.elsewhere_minor)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -164,6 +180,8 @@ pub enum PayoutFact {
         amount: Amount,
         lines: Vec<PayoutLine>,
         unattributed: Amount,
+        /// What other tenant cells' payments make of the amount (zero outside cells).
+        elsewhere: Amount,
         created: DateTime<Utc>,
     },
     Failed {
@@ -174,12 +192,13 @@ pub enum PayoutFact {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PayoutRejection {
     #[error(
-        "payout of {amount} is not its lines ({lines}) plus its unattributed part ({unattributed})"
+        "payout of {amount} is not its lines ({lines}) plus its unattributed part ({unattributed}) plus other cells' part ({elsewhere})"
     )]
     Unbalanced {
         amount: Amount,
         lines: Amount,
         unattributed: Amount,
+        elsewhere: Amount,
     },
     #[error("a payout names at most {PAYOUT_LINES_MAX} payments, this one {0}")]
     TooManyLines(usize),
@@ -223,6 +242,7 @@ pub fn decide(
             amount,
             lines,
             unattributed,
+            elsewhere,
             created,
         } => {
             if lines.len() > PAYOUT_LINES_MAX {
@@ -239,11 +259,14 @@ pub fn decide(
                 *share = share.checked_add(line.net_minor)?;
                 total = total.checked_add(line.net_minor)?;
             }
-            if total.checked_add(unattributed)? != amount {
+            if elsewhere < Amount::ZERO
+                || total.checked_add(unattributed)?.checked_add(elsewhere)? != amount
+            {
                 return Err(PayoutRejection::Unbalanced {
                     amount,
                     lines: total,
                     unattributed,
+                    elsewhere,
                 });
             }
             let mut events = Vec::with_capacity(1 + shares.len());
@@ -272,6 +295,7 @@ pub fn decide(
                     amount_minor: amount,
                     lines,
                     unattributed_minor: unattributed,
+                    elsewhere_minor: elsewhere,
                     created,
                     at,
                 }),
@@ -328,6 +352,7 @@ mod tests {
             amount: Amount::new(total + unattributed),
             lines,
             unattributed: Amount::new(unattributed),
+            elsewhere: Amount::ZERO,
             created: at(),
         }
     }
@@ -449,12 +474,43 @@ mod tests {
             amount: Amount::new(9_711),
             lines: lines.clone(),
             unattributed,
+            elsewhere: Amount::ZERO,
             created,
         };
         assert!(matches!(
             decide(&Payout::default(), &provider, &id, fact, at()),
             Err(PayoutRejection::Unbalanced { .. })
         ));
+        // A cell's part: its lines and what other cells' payments make of the amount.
+        let part = |elsewhere: i64| PayoutFact::Paid {
+            currency,
+            amount: Amount::new(9_711),
+            lines: lines.clone(),
+            unattributed,
+            elsewhere: Amount::new(elsewhere),
+            created,
+        };
+        let events = decide(&Payout::default(), &provider, &id, part(1), at()).unwrap();
+        let PayoutEvent::PayoutPaid(fact) = &events[0] else {
+            unreachable!("a paid payout's first event is its fact")
+        };
+        assert_eq!(fact.posted_here().unwrap(), Amount::new(9_710));
+        assert_eq!(
+            legs(&events)
+                .iter()
+                .map(|(_, _, minor)| minor.abs())
+                .sum::<i64>(),
+            2 * 9_710
+        );
+        for wrong in [0, 2, -1] {
+            assert!(
+                matches!(
+                    decide(&Payout::default(), &provider, &id, part(wrong), at()),
+                    Err(PayoutRejection::Unbalanced { .. })
+                ),
+                "elsewhere {wrong}"
+            );
+        }
         let twice = paid([lines.clone(), lines].concat(), 0);
         assert!(matches!(
             decide(&Payout::default(), &provider, &id, twice, at()),

@@ -508,6 +508,7 @@ fn payout_fixtures() -> Vec<(PayoutEvent, Value)> {
                     transactions: vec!["txn_1".into()],
                 }],
                 unattributed_minor: Amount::ZERO,
+                elsewhere_minor: Amount::ZERO,
                 created: at(10),
                 at: at(10),
             }),

@@ -1,8 +1,8 @@
 //! The payout checks of `asiento verify`, tallied while the log is read in order:
 //!
 //! - `payout_share`: each payout's entries are its lines, per tenant (`psp:{provider}:clearing`
-//!   +share, `bank:{provider}:payouts` −share), its lines and unattributed part add up to its
-//!   amount, and a payout that failed after it was paid has every share reversed exactly once;
+//!   +share, `bank:{provider}:payouts` −share), its lines, unattributed part and other tenant
+//!   cells' part add up to its amount, and a payout that failed after it was paid has every share reversed exactly once;
 //! - `payout_clearing`: once a payment's payout lines add up to everything the provider held
 //!   for it (`provider_net_minor`, read when the payout was posted, where our books agreed at
 //!   `agreed_at_version`), its clearing legs up to that version and those lines net to zero:
@@ -76,12 +76,15 @@ impl PayoutTally {
                     .map(|line| i128::from(line.net_minor.minor()))
                     .sum();
                 let unattributed = i128::from(paid.unattributed_minor.minor());
-                if lines + unattributed != i128::from(paid.amount_minor.minor()) {
+                let elsewhere = i128::from(paid.elsewhere_minor.minor());
+                if elsewhere < 0
+                    || lines + unattributed + elsewhere != i128::from(paid.amount_minor.minor())
+                {
                     report.push(
                         Check::PayoutShare,
                         stream_id,
                         format!(
-                            "lines of {lines} and {unattributed} unattributed do not make its amount of {}",
+                            "lines of {lines}, {unattributed} unattributed and {elsewhere} of other cells do not make its amount of {}",
                             paid.amount_minor.minor()
                         ),
                     );

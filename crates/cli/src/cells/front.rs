@@ -1,0 +1,474 @@
+//! The front of a process that serves several cells: every request goes to its tenant's cell,
+//! whose router (the same API and console a process of one database serves) answers it.
+//!
+//! - An API request by its key: the cells' `api_keys` say whose key it is, the directory where
+//!   that tenant lives.
+//! - A console session by its cookie, which the front writes as `{cell}.{token}` when the cell
+//!   signs a browser in (the sign-in form by the key it posts).
+//! - A provider's webhook by the payment it names (`asiento_domain::cell`); an Adyen batch whose
+//!   items name payments of several cells is split into one batch per cell (each item carries
+//!   its own signature). A payment minted before the deployment had cells is the home cell's;
+//!   what names no payment (a payout) goes to every cell, each of which posts its own part.
+//! - Anything else (sign-in form, `/openapi.json`, `/metrics`) to the home cell; `/readyz` asks
+//!   every cell.
+//!
+//! The front reads no body it does not route by and verifies nothing: the cell refuses what does
+//! not authenticate, exactly as it would alone.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use asiento_api::problem::Problem;
+use asiento_app::api_keys::{KeyCache, KEY_CACHE_TTL};
+use asiento_app::webhooks::{EventFormat, WebhookSecrets};
+use asiento_domain::{CellNumber, TenantId};
+use asiento_eventstore::Database;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, COOKIE, SET_COOKIE};
+use axum::http::{HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use sha2::{Digest as _, Sha256};
+use tower::ServiceExt as _;
+
+use super::Directory;
+
+/// One cell this process serves.
+pub struct ServedCell {
+    pub name: String,
+    /// The cell's whole router: API, console, webhooks, health.
+    pub router: Router,
+    /// The cell's primary, where its API keys are.
+    pub database: Database,
+}
+
+/// What routes: the directory, the cells served here, the providers' webhook formats.
+pub struct Front {
+    directory: Directory,
+    served: Vec<ServedCell>,
+    keys: Vec<KeyCache>,
+    /// Keys routed lately (by SHA-256), to the served cell's index: believed for the cells' own
+    /// [`KEY_CACHE_TTL`], so that a moved tenant's key follows it as soon as its old cell's does.
+    recent: Mutex<HashMap<[u8; 32], (usize, Instant)>>,
+    formats: WebhookSecrets,
+}
+
+/// Keys the front remembers at most; when full, it starts over.
+const RECENT_KEYS_MAX: usize = 10_000;
+
+/// Where a request goes.
+enum Route {
+    Cell(usize),
+    /// A cell of the directory that this process does not serve.
+    Elsewhere(String),
+    Refused(Problem),
+}
+
+impl Front {
+    pub fn new(directory: Directory, served: Vec<ServedCell>, formats: WebhookSecrets) -> Front {
+        assert!(!served.is_empty(), "a front serves at least one cell");
+        let keys = served.iter().map(|_| KeyCache::default()).collect();
+        Front {
+            directory,
+            served,
+            keys,
+            recent: Mutex::default(),
+            formats,
+        }
+    }
+
+    /// The front's router: every request to the cell it belongs to.
+    pub fn router(self) -> Router {
+        Router::new()
+            .route("/readyz", axum::routing::get(ready))
+            .fallback(route)
+            .with_state(Arc::new(self))
+    }
+
+    fn served_named(&self, name: &str) -> Route {
+        match self.served.iter().position(|cell| cell.name == name) {
+            Some(index) => Route::Cell(index),
+            None => Route::Elsewhere(name.to_owned()),
+        }
+    }
+
+    /// The home cell when served here, else the first cell served.
+    fn home(&self) -> usize {
+        let home = &self.directory.home().name;
+        self.served
+            .iter()
+            .position(|cell| &cell.name == home)
+            .unwrap_or(0)
+    }
+
+    fn of_number(&self, number: CellNumber) -> Route {
+        match self.directory.cell_numbered(number) {
+            Some(cell) => self.served_named(&cell.name),
+            None => Route::Refused(Problem::bad_request(
+                "unknown_cell",
+                format!("the payment named was made in cell {number}, which the directory does not list"),
+            )),
+        }
+    }
+
+    /// The cell of the tenant whose key this is; the home cell (which refuses it) for a key no
+    /// served cell knows. A key seen lately goes straight to its cell; another is looked up in
+    /// each served cell, past a cell that cannot answer, so that one cell down never stops the
+    /// tenants of the others.
+    async fn of_key(&self, key: &str) -> Route {
+        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        if let Some(index) = self.recent_key(&digest) {
+            return Route::Cell(index);
+        }
+        let mut unreachable = false;
+        for (index, cell) in self.served.iter().enumerate() {
+            let tenant = match self.keys[index].tenant_for_key(&cell.database, key).await {
+                Ok(Some(tenant)) => tenant,
+                Ok(None) => continue,
+                Err(error) => {
+                    tracing::warn!(cell = %cell.name, %error, "reading API keys failed");
+                    unreachable = true;
+                    continue;
+                }
+            };
+            let placed = TenantId::parse(&tenant)
+                .ok()
+                .and_then(|tenant| self.directory.cell_of_tenant(&tenant));
+            let Some(placed) = placed else {
+                tracing::warn!(cell = %cell.name, %tenant, "a key's tenant is in no cell of the directory");
+                return Route::Refused(Problem::new(
+                    StatusCode::FORBIDDEN,
+                    "tenant_without_cell",
+                    "this key's tenant is not placed in any cell",
+                ));
+            };
+            let route = self.served_named(&placed.name);
+            if let Route::Cell(index) = route {
+                self.remember_key(digest, index);
+            }
+            return route;
+        }
+        if unreachable {
+            return Route::Refused(Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "cell_unavailable",
+                "a cell that may hold this key cannot be reached; retry later",
+            ));
+        }
+        Route::Cell(self.home())
+    }
+
+    fn recent_key(&self, digest: &[u8; 32]) -> Option<usize> {
+        let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        recent
+            .get(digest)
+            .filter(|(_, at)| at.elapsed() < KEY_CACHE_TTL)
+            .map(|(index, _)| *index)
+    }
+
+    fn remember_key(&self, digest: [u8; 32], index: usize) {
+        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        if recent.len() >= RECENT_KEYS_MAX {
+            recent.clear();
+        }
+        recent.insert(digest, (index, Instant::now()));
+    }
+
+    async fn send(&self, route: Route, request: Request) -> Response {
+        match route {
+            Route::Cell(index) => {
+                let Ok(response) = self.served[index].router.clone().oneshot(request).await;
+                response
+            }
+            Route::Elsewhere(name) => Problem::new(
+                StatusCode::MISDIRECTED_REQUEST,
+                "misdirected_cell",
+                format!("this belongs to cell {name}, which this process does not serve"),
+            )
+            .into_response(),
+            Route::Refused(problem) => problem.into_response(),
+        }
+    }
+}
+
+async fn route(State(front): State<Arc<Front>>, request: Request) -> Response {
+    let path = request.uri().path();
+    if let Some(provider) = path.strip_prefix("/webhooks/") {
+        let provider = provider.to_owned();
+        return webhook(&front, &provider, request).await;
+    }
+    if path == "/console" || path.starts_with("/console/") {
+        return console(&front, request).await;
+    }
+    let key = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|key| !key.is_empty())
+        .map(str::to_owned);
+    let route = match key {
+        Some(key) => front.of_key(&key).await,
+        None => Route::Cell(front.home()),
+    };
+    front.send(route, request).await
+}
+
+/// Ready when every cell served here is.
+async fn ready(State(front): State<Arc<Front>>) -> Response {
+    let mut cells = BTreeMap::new();
+    let mut ready = true;
+    for cell in &front.served {
+        let request = Request::get("/readyz")
+            .body(Body::empty())
+            .expect("a fixed request is valid");
+        let Ok(response) = cell.router.clone().oneshot(request).await;
+        ready &= response.status().is_success();
+        cells.insert(cell.name.clone(), response.status().as_u16());
+    }
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::json!({ "ready": ready, "cells": cells });
+    (status, axum::Json(body)).into_response()
+}
+
+/// What a provider's event names, for routing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Named {
+    /// A payment minted in a cell (or a provider key derived from one).
+    Cell(CellNumber),
+    /// A reference that carries no cell: a payment minted before the deployment had cells, or
+    /// something that is no payment of ours. The home cell answers for it.
+    Unstamped,
+    /// No payment at all (a payout, a report): every cell has its part in it.
+    Nothing,
+}
+
+impl Named {
+    fn of(reference: Option<&str>) -> Named {
+        match reference.map(str::trim).filter(|text| !text.is_empty()) {
+            None => Named::Nothing,
+            Some(text) => CellNumber::of_reference(text).map_or(Named::Unstamped, Named::Cell),
+        }
+    }
+}
+
+impl Front {
+    fn routes(&self, named: Named) -> Vec<Route> {
+        match named {
+            Named::Cell(number) => vec![self.of_number(number)],
+            Named::Unstamped => vec![Route::Cell(self.home())],
+            Named::Nothing => (0..self.served.len()).map(Route::Cell).collect(),
+        }
+    }
+}
+
+/// A provider's delivery, to the cell of the payment it names; one that names none to every
+/// cell served here (each stores it in its inbox and applies its own part).
+async fn webhook(front: &Front, provider: &str, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let body = match read_body(body).await {
+        Ok(body) => body,
+        Err(problem) => return problem.into_response(),
+    };
+    let deliveries: Vec<(Route, Bytes)> = match front.formats.format(provider) {
+        EventFormat::Adyen => match split_adyen(&body) {
+            Some(split) => split
+                .into_iter()
+                .flat_map(|(named, part)| {
+                    front
+                        .routes(named)
+                        .into_iter()
+                        .map(move |route| (route, part.clone()))
+                })
+                .collect(),
+            None => vec![(Route::Cell(front.home()), body)],
+        },
+        format => match format.envelope(&body) {
+            Ok(envelope) => front
+                .routes(Named::of(envelope.payment_ref.as_deref()))
+                .into_iter()
+                .map(|route| (route, body.clone()))
+                .collect(),
+            // Not an event: the home cell refuses it.
+            Err(_) => vec![(Route::Cell(front.home()), body)],
+        },
+    };
+    // Answered as one: the first refusal if any (the provider sends it all again, and each cell
+    // finds what it stored already), else the first acceptance.
+    let mut answer = None;
+    for (route, part) in deliveries {
+        let mut request = Request::from_parts(clone_parts(&parts), Body::from(part));
+        request.headers_mut().remove(CONTENT_LENGTH);
+        let response = front.send(route, request).await;
+        let failed = !response.status().is_success();
+        if failed || answer.is_none() {
+            answer = Some(response);
+        }
+        if failed {
+            break;
+        }
+    }
+    answer.expect("a delivery goes to at least one cell")
+}
+
+/// An Adyen batch as one batch per destination, in the order they first appear (the body itself
+/// when all its items go to one); `None` when the body is not a batch the front can read.
+fn split_adyen(body: &Bytes) -> Option<Vec<(Named, Bytes)>> {
+    let batch: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let items = batch.get("notificationItems")?.as_array()?;
+    let mut parts: Vec<(Named, Vec<serde_json::Value>)> = Vec::new();
+    for item in items {
+        let reference = item
+            .get("NotificationRequestItem")
+            .and_then(|item| item.get("merchantReference"))
+            .and_then(serde_json::Value::as_str);
+        let named = Named::of(reference);
+        match parts.iter_mut().find(|(seen, _)| *seen == named) {
+            Some((_, items)) => items.push(item.clone()),
+            None => parts.push((named, vec![item.clone()])),
+        }
+    }
+    if parts.len() <= 1 {
+        let named = parts.first().map_or(Named::Nothing, |(named, _)| *named);
+        return Some(vec![(named, body.clone())]);
+    }
+    let mut split = Vec::with_capacity(parts.len());
+    for (named, items) in parts {
+        let mut part = batch.clone();
+        part["notificationItems"] = serde_json::Value::Array(items);
+        split.push((named, Bytes::from(serde_json::to_vec(&part).ok()?)));
+    }
+    Some(split)
+}
+
+/// A console request: to the cell its session cookie names, a sign-in to the cell of the key it
+/// posts; the session cookie a cell sets is written with the cell's name in front.
+async fn console(front: &Front, request: Request) -> Response {
+    let cookie = session_cookie(&request);
+    let (route, request) = match cookie {
+        Some((cell, token)) => {
+            let route = front.served_named(&cell);
+            (route, with_session_token(request, &token))
+        }
+        None if request.method() == Method::POST && request.uri().path() == SIGN_IN_PATH => {
+            let (parts, body) = request.into_parts();
+            let body = match read_body(body).await {
+                Ok(body) => body,
+                Err(problem) => return problem.into_response(),
+            };
+            let key = form_urlencoded::parse(&body)
+                .find(|(name, _)| name == "api_key")
+                .map(|(_, value)| value.trim().to_owned())
+                .filter(|key| !key.is_empty());
+            let route = match key {
+                Some(key) => front.of_key(&key).await,
+                None => Route::Cell(front.home()),
+            };
+            (route, Request::from_parts(parts, Body::from(body)))
+        }
+        None => (Route::Cell(front.home()), request),
+    };
+    let name = match &route {
+        Route::Cell(index) => Some(front.served[*index].name.clone()),
+        _ => None,
+    };
+    let mut response = front.send(route, request).await;
+    if let Some(name) = name {
+        name_the_cell_in_session_cookies(&mut response, &name);
+    }
+    response
+}
+
+const SIGN_IN_PATH: &str = "/console/sign-in";
+
+/// The session cookie's cell and token, when the request carries one the front wrote.
+fn session_cookie(request: &Request) -> Option<(String, String)> {
+    let value = asiento_console::cookie(request.headers(), asiento_console::SESSION_COOKIE)?;
+    let (cell, token) = value.split_once('.')?;
+    Some((cell.to_owned(), token.to_owned()))
+}
+
+/// The request with its session cookie as the cell wrote it (the token alone).
+fn with_session_token(mut request: Request, token: &str) -> Request {
+    let name = asiento_console::SESSION_COOKIE;
+    let rewritten: Vec<String> = request
+        .headers()
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .map(|value| {
+            value
+                .split(';')
+                .map(|pair| match pair.trim().split_once('=') {
+                    Some((key, _)) if key == name => format!("{name}={token}"),
+                    _ => pair.trim().to_owned(),
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+        .collect();
+    let headers = request.headers_mut();
+    headers.remove(COOKIE);
+    for value in rewritten {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.append(COOKIE, value);
+        }
+    }
+    request
+}
+
+/// A session cookie the cell sets (`asiento_console=TOKEN; …`) as `asiento_console=CELL.TOKEN; …`;
+/// a cleared one (empty value) is left as it is.
+fn name_the_cell_in_session_cookies(response: &mut Response, cell: &str) {
+    let prefix = format!("{}=", asiento_console::SESSION_COOKIE);
+    let cookies: Vec<HeaderValue> = response
+        .headers()
+        .get_all(SET_COOKIE)
+        .iter()
+        .map(|value| match value.to_str() {
+            Ok(text) if text.starts_with(&prefix) && !text[prefix.len()..].starts_with(';') => {
+                let named = format!("{prefix}{cell}.{}", &text[prefix.len()..]);
+                HeaderValue::from_str(&named).unwrap_or_else(|_| value.clone())
+            }
+            _ => value.clone(),
+        })
+        .collect();
+    let headers = response.headers_mut();
+    headers.remove(SET_COOKIE);
+    for cookie in cookies {
+        headers.append(SET_COOKIE, cookie);
+    }
+}
+
+async fn read_body(body: Body) -> Result<Bytes, Problem> {
+    axum::body::to_bytes(body, asiento_api::REQUEST_BODY_BYTES_MAX)
+        .await
+        .map_err(|_| {
+            Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!(
+                    "the request body is larger than {} bytes",
+                    asiento_api::REQUEST_BODY_BYTES_MAX
+                ),
+            )
+        })
+}
+
+/// What a request is besides its body, for a second request made of one.
+fn clone_parts(parts: &axum::http::request::Parts) -> axum::http::request::Parts {
+    let (mut cloned, ()) = Request::new(()).into_parts();
+    cloned.method = parts.method.clone();
+    cloned.uri = parts.uri.clone();
+    cloned.version = parts.version;
+    cloned.headers = parts.headers.clone();
+    cloned.extensions = parts.extensions.clone();
+    cloned
+}

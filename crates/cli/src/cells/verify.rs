@@ -1,0 +1,150 @@
+//! What `asiento verify --cells` checks across cells, beyond each cell's own invariants:
+//!
+//! - `cell_placement`: a cell's log holds only streams of tenants the directory places in it
+//!   (or lists as moved out of it, whose copy stays behind, frozen);
+//! - `payout_cells`: a provider's payout posted by several cells has the same amount in each,
+//!   and the cells' parts (each cell's lines and unattributed part) add up to it once every cell
+//!   has posted it. A payout some cells have not posted yet is listed as pending, not a violation:
+//!   their worker or sweep posts it.
+
+use std::collections::BTreeMap;
+
+use asiento_domain::payout::PayoutEvent;
+use asiento_domain::TenantId;
+use asiento_eventstore::Database;
+
+use super::{Cell, Directory};
+
+/// One cell's view of one payout.
+struct PayoutPart {
+    amount: i64,
+    posted_here: i64,
+    failed: bool,
+}
+
+/// What one cell's log says: the tenants it holds events of and the payouts it posted.
+struct CellLog {
+    tenants: Vec<Option<String>>,
+    payouts: BTreeMap<String, PayoutPart>,
+}
+
+/// A payout stream's event as stored: stream id, type, schema, payload.
+type StoredEvent = (String, String, i32, String);
+
+async fn read_cell(database: &Database) -> Result<CellLog, sqlx::Error> {
+    let (tenants, payout_events): (Vec<Option<String>>, Vec<StoredEvent>) = match database {
+        Database::Postgres(pool) => (
+            sqlx::query_scalar("select distinct metadata->>'tenant' from events")
+                .fetch_all(pool)
+                .await?,
+            sqlx::query_as(
+                "select stream_id, event_type, schema, data::text from events \
+                     where stream_id like 'payout-%' order by position",
+            )
+            .fetch_all(pool)
+            .await?,
+        ),
+        Database::Sqlite(pool) => (
+            sqlx::query_scalar("select distinct json_extract(metadata, '$.tenant') from events")
+                .fetch_all(pool)
+                .await?,
+            sqlx::query_as(
+                "select stream_id, event_type, schema, data from events \
+                     where stream_id like 'payout-%' order by position",
+            )
+            .fetch_all(pool)
+            .await?,
+        ),
+    };
+    let mut payouts: BTreeMap<String, PayoutPart> = BTreeMap::new();
+    for (stream_id, event_type, schema, data) in payout_events {
+        let event = PayoutEvent::decode_raw(&event_type, schema, &data)
+            .map_err(|error| sqlx::Error::Decode(Box::new(error)))?;
+        match event {
+            PayoutEvent::PayoutPaid(paid) => {
+                let posted_here = paid
+                    .posted_here()
+                    .map_err(|error| sqlx::Error::Decode(Box::new(error)))?;
+                payouts.insert(
+                    stream_id,
+                    PayoutPart {
+                        amount: paid.amount_minor.minor(),
+                        posted_here: posted_here.minor(),
+                        failed: false,
+                    },
+                );
+            }
+            PayoutEvent::PayoutFailed(_) => {
+                if let Some(part) = payouts.get_mut(&stream_id) {
+                    part.failed = true;
+                }
+            }
+            PayoutEvent::EntryPosted(_) => {}
+        }
+    }
+    Ok(CellLog { tenants, payouts })
+}
+
+/// The violations across `cells` (every cell of `directory`), one line each, and the payouts
+/// still pending in some cells.
+pub async fn across(
+    directory: &Directory,
+    cells: &[(Cell, Database)],
+) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    let mut violations = Vec::new();
+    let mut payouts: BTreeMap<String, Vec<(&str, PayoutPart)>> = BTreeMap::new();
+    for (cell, database) in cells {
+        let log = read_cell(database).await?;
+        for tenant in log.tenants.into_iter().flatten() {
+            let placed = TenantId::parse(&tenant)
+                .ok()
+                .and_then(|id| directory.cell_of_tenant(&id));
+            let moved_out = cell.moved_out.iter().any(|moved| moved == &tenant);
+            if placed.is_none_or(|placed| placed.name != cell.name) && !moved_out {
+                violations.push(format!(
+                    "cell_placement: cell {} holds events of tenant {tenant}, which the directory places in {}",
+                    cell.name,
+                    placed.map_or("no cell", |placed| placed.name.as_str())
+                ));
+            }
+        }
+        for (stream_id, part) in log.payouts {
+            payouts
+                .entry(stream_id)
+                .or_default()
+                .push((cell.name.as_str(), part));
+        }
+    }
+    let mut pending = Vec::new();
+    for (stream_id, parts) in payouts {
+        let amount = parts[0].1.amount;
+        if let Some((name, part)) = parts.iter().find(|(_, part)| part.amount != amount) {
+            violations.push(format!(
+                "payout_cells: {stream_id}: cell {} says its amount is {amount}, cell {name} {}",
+                parts[0].0, part.amount
+            ));
+            continue;
+        }
+        // A failed payout reverses every cell's part; what stands is judged only while paid.
+        if parts.iter().any(|(_, part)| part.failed) {
+            continue;
+        }
+        let posted: i64 = parts.iter().map(|(_, part)| part.posted_here).sum();
+        if parts.len() == cells.len() && posted != amount || posted > amount {
+            violations.push(format!(
+                "payout_cells: {stream_id}: the cells' parts add up to {posted}, the payout is {amount}"
+            ));
+        } else if parts.len() < cells.len() {
+            let missing: Vec<&str> = cells
+                .iter()
+                .map(|(cell, _)| cell.name.as_str())
+                .filter(|name| !parts.iter().any(|(posted, _)| posted == name))
+                .collect();
+            pending.push(format!(
+                "{stream_id}: {posted} of {amount} posted; not yet posted in {}",
+                missing.join(", ")
+            ));
+        }
+    }
+    Ok((violations, pending))
+}

@@ -1,0 +1,419 @@
+//! Tenant cells, on two PostgreSQL primaries the test makes (`common::cluster`): one `asiento
+//! serve --cells` serves both, with tenant `acme` in cell eu1 and `beta`, `gamma` in eu2, against
+//! the Stripe dialect of the simulator in its own process (real HTTP both ways).
+//!
+//! - Every payment id carries its cell; each tenant's payments, transfers, refunds and the
+//!   provider's webhooks for them land in its cell's database and nowhere else: each database's
+//!   log holds only its own tenants' events, its webhook inbox only events of its payments.
+//! - A console session is routed by its cookie to the cell it was signed in to.
+//! - One provider payout covers the payments of both cells: each cell posts its own part, and
+//!   `asiento verify --cells` checks the parts add up to the payout (and each cell's invariants);
+//!   `reconcile --cells` finds nothing wrong in either cell (no cell takes another's charges for
+//!   unknown ones); `projections status --cells` shows both.
+//! - With eu1's PostgreSQL killed, eu2's tenants still pay and read: no request of theirs
+//!   touches the other cell's database.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::cluster::{Cluster, DATABASE};
+use common::stripe::{sim_control, start_stripe_sim, stripe_payment, API_KEY, WEBHOOK_SECRET};
+use common::{asiento_with_env, free_port, url_after, wait_for, Client, Process};
+use serde_json::{json, Value};
+
+const KEYS: [(&str, &str); 3] = [
+    ("acme", "sk_test_acme_0123456789abcdef"),
+    ("beta", "sk_test_beta_0123456789abcdef"),
+    ("gamma", "sk_test_gamma_0123456789abcde"),
+];
+
+fn key_of(tenant: &str) -> &'static str {
+    KEYS.iter().find(|(name, _)| *name == tenant).unwrap().1
+}
+
+const STRIPE_ENV: [(&str, &str); 2] = [
+    ("ASIENTO_PROVIDER_STRIPE_API_KEY", API_KEY),
+    ("ASIENTO_PROVIDER_STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET),
+];
+
+/// The cell number a payment id carries: the four hex digits after the time, `8` then the cell.
+fn cell_of(payment_id: &str) -> &str {
+    let hex = payment_id.strip_prefix("pay_").unwrap();
+    assert_eq!(&hex[12..13], "8", "{payment_id} is not minted in a cell");
+    &hex[13..16]
+}
+
+fn client(base: &str, tenant: &str) -> Client {
+    Client {
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap(),
+        base: base.to_owned(),
+        key: key_of(tenant).to_owned(),
+    }
+}
+
+/// A payment captured with Stripe's fee posted (its webhooks applied), and its id.
+async fn captured(client: &Client, key: &str, amount_minor: i64) -> String {
+    let created = client
+        .post(
+            "/v1/payments",
+            key,
+            &stripe_payment(amount_minor, "pm_card_ok"),
+        )
+        .await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    wait_for(client, &id, "Stripe's fee was never posted", |p| {
+        p["status"] == "captured" && p["provider_fees"].as_array().is_some_and(|f| f.len() == 1)
+    })
+    .await;
+    id
+}
+
+async fn balance(client: &Client, account: &str) -> i64 {
+    client
+        .get(&format!("/v1/accounts/{account}/balance?currency=USD"))
+        .await
+        .json()["balance_minor"]
+        .as_i64()
+        .unwrap_or(0)
+}
+
+/// Waits until `client`'s tenant holds `minor` in `account`.
+async fn wait_balance(client: &Client, account: &str, minor: i64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = balance(client, account).await;
+        if now == minor {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {account} holds {now}, not {minor}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A `psql` answer as a set of lines.
+fn lines(text: &str) -> BTreeSet<String> {
+    text.lines().map(str::to_owned).collect()
+}
+
+/// The console of one browser: its cookies, no redirects followed.
+struct Browser {
+    http: reqwest::Client,
+    base: String,
+    cookies: BTreeMap<String, String>,
+}
+
+impl Browser {
+    async fn send(&mut self, request: reqwest::RequestBuilder) -> (u16, String) {
+        let cookie = self
+            .cookies
+            .iter()
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let response = request.header("cookie", cookie).send().await.unwrap();
+        for value in response.headers().get_all("set-cookie") {
+            let text = value.to_str().unwrap();
+            let pair = text.split(';').next().unwrap();
+            let (name, value) = pair.split_once('=').unwrap();
+            self.cookies.insert(name.to_owned(), value.to_owned());
+        }
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap())
+    }
+
+    async fn sign_in(&mut self, key: &str) {
+        let url = format!("{}/console/sign-in", self.base);
+        let (status, form) = self.send(self.http.get(&url)).await;
+        assert_eq!(status, 200, "{form}");
+        let csrf = form
+            .split("name=\"csrf\" value=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap()
+            .to_owned();
+        let fields = [
+            ("csrf", csrf.as_str()),
+            ("operator", "ops"),
+            ("api_key", key),
+        ];
+        let (status, page) = self.send(self.http.post(&url).form(&fields)).await;
+        assert_eq!(status, 303, "{page}");
+    }
+
+    /// `path` once it contains `text`.
+    async fn get_when(&mut self, path: &str, text: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let url = format!("{}{path}", self.base);
+            let (status, page) = self.send(self.http.get(url)).await;
+            if status == 200 && page.contains(text) {
+                return page;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{text:?} never on {path} ({status}):\n{page}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
+    let eu1 = Cluster::primary();
+    let eu2 = Cluster::primary();
+    let directory = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        directory.path(),
+        json!({
+            "cells": {
+                "eu1": {"number": 1, "database_url": eu1.url()},
+                "eu2": {"number": 2, "database_url": eu2.url()},
+            },
+            "tenants": {"acme": "eu1", "beta": "eu2", "gamma": "eu2"},
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let cells = directory.path().to_string_lossy().into_owned();
+    let sim_listen = format!("127.0.0.1:{}", free_port());
+    let providers = format!("stripe=stripe:http://{sim_listen}");
+    let api_keys = KEYS
+        .iter()
+        .map(|(tenant, key)| format!("{tenant}:{key}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut server = Process::spawn(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--cells",
+            &cells,
+            "--api-keys",
+            &api_keys,
+            "--providers",
+            &providers,
+            "--psp-timeout",
+            "500ms",
+            "--reconcile-interval",
+            "300ms",
+        ],
+        &STRIPE_ENV,
+    );
+    let base = url_after(
+        &server.wait_for_line("asiento listening on "),
+        "listening on ",
+    );
+    let _sim = start_stripe_sim(&sim_listen, &base);
+    let (acme, beta, gamma) = (
+        client(&base, "acme"),
+        client(&base, "beta"),
+        client(&base, "gamma"),
+    );
+
+    // Payments (one refunded in part) and a transfer for each tenant.
+    let mut paid: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let mut owed: BTreeMap<&str, i64> = BTreeMap::new();
+    for (tenant, client) in [("acme", &acme), ("beta", &beta), ("gamma", &gamma)] {
+        let first = captured(client, &format!("{tenant}-1"), 10_000).await;
+        let second = captured(client, &format!("{tenant}-2"), 4_000).await;
+        let refund = client
+            .post(
+                &format!("/v1/payments/{second}/refunds"),
+                &format!("{tenant}-2-refund"),
+                &json!({"amount_minor": 1_500}),
+            )
+            .await;
+        assert_eq!(
+            refund.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&refund.body)
+        );
+        let transfer = client
+            .post(
+                "/v1/transfers",
+                &format!("{tenant}-t1"),
+                &json!({"from": "merchant:a", "to": "merchant:b", "amount_minor": 700, "currency": "USD"}),
+            )
+            .await;
+        assert_eq!(
+            transfer.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&transfer.body)
+        );
+        // 10000 less Stripe's 2.9 % (290), and 4000 less 116 with 1500 refunded.
+        owed.insert(tenant, (10_000 - 290) + (4_000 - 116 - 1_500));
+        paid.insert(tenant, vec![first, second]);
+    }
+    for id in &paid["acme"] {
+        assert_eq!(cell_of(id), "001", "{id}");
+    }
+    for id in paid["beta"].iter().chain(&paid["gamma"]) {
+        assert_eq!(cell_of(id), "002", "{id}");
+    }
+    // A tenant never sees another's payment, in its cell or the other.
+    for (client, other) in [
+        (&beta, &paid["acme"][0]),
+        (&acme, &paid["beta"][0]),
+        (&gamma, &paid["beta"][0]),
+    ] {
+        assert_eq!(
+            client.get(&format!("/v1/payments/{other}")).await.status,
+            404
+        );
+    }
+
+    // Each database holds only its own tenants' events, and provider events of its payments.
+    let tenants_sql = "select distinct metadata->>'tenant' from events \
+                       where metadata->>'tenant' is not null order by 1";
+    assert_eq!(lines(&eu1.psql(DATABASE, tenants_sql)), lines("acme"));
+    assert_eq!(
+        lines(&eu2.psql(DATABASE, tenants_sql)),
+        lines("beta\ngamma")
+    );
+    let refs_sql = "select distinct substr(payment_ref, 17, 4) from webhook_inbox \
+                    where payment_ref like 'pay_%'";
+    assert_eq!(lines(&eu1.psql(DATABASE, refs_sql)), lines("8001"));
+    assert_eq!(lines(&eu2.psql(DATABASE, refs_sql)), lines("8002"));
+
+    // The console: beta's session lives in eu2, and shows beta's payments.
+    let mut browser = Browser {
+        http: reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap(),
+        base: base.clone(),
+        cookies: BTreeMap::new(),
+    };
+    browser.sign_in(key_of("beta")).await;
+    assert!(
+        browser.cookies["asiento_console"].starts_with("eu2."),
+        "{:?}",
+        browser.cookies
+    );
+    let page = browser
+        .get_when("/console/payments", &paid["beta"][0])
+        .await;
+    assert!(
+        !page.contains(&paid["acme"][0]),
+        "acme's payment on beta's console"
+    );
+    assert_eq!(
+        eu2.psql(
+            DATABASE,
+            "select count(*) from console_sessions where tenant = 'beta'"
+        ),
+        "1"
+    );
+    assert_eq!(
+        eu1.psql(DATABASE, "select count(*) from console_sessions"),
+        "0"
+    );
+
+    // One payout of everything: each cell posts its tenants' shares.
+    let made = sim_control(&acme, &sim_listen, "/sim/payouts", json!({})).await;
+    let payouts = made["data"].as_array().unwrap();
+    assert_eq!(payouts.len(), 1, "one currency, one payout: {made}");
+    let total: i64 = owed.values().sum();
+    assert_eq!(payouts[0]["amount"], total, "{made}");
+    for (tenant, client) in [("acme", &acme), ("beta", &beta), ("gamma", &gamma)] {
+        wait_balance(client, "bank:stripe:payouts", -owed[tenant], tenant).await;
+        wait_balance(client, "psp:stripe:clearing", 0, tenant).await;
+    }
+
+    let env: Vec<(&str, &str)> = STRIPE_ENV.to_vec();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, output) = asiento_with_env(&["verify", "--cells", &cells], &env);
+        let settled = ok
+            && output.contains("2 cells checked; 0 violations across cells")
+            && !output.contains("pending");
+        if settled {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "verify --cells never clean:\n{output}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (ok, output) = asiento_with_env(
+        &[
+            "reconcile",
+            "--cells",
+            &cells,
+            "--providers",
+            &providers,
+            "--report-settle",
+            "0s",
+        ],
+        &env,
+    );
+    assert!(ok, "{output}");
+    assert_eq!(
+        output.matches("open exceptions: 0").count(),
+        2,
+        "each cell compares only its own charges:\n{output}"
+    );
+    let (ok, output) = asiento_with_env(&["projections", "status", "--cells", &cells], &env);
+    assert!(
+        ok && output.contains("cell eu1") && output.contains("cell eu2"),
+        "{output}"
+    );
+
+    // A directory that places beta in eu1, while beta's events are in eu2: verify names it.
+    let misplaced = tempfile::NamedTempFile::new().unwrap();
+    let mut wrong: Value = serde_json::from_str(&std::fs::read_to_string(&cells).unwrap()).unwrap();
+    wrong["tenants"]["beta"] = json!("eu1");
+    std::fs::write(misplaced.path(), wrong.to_string()).unwrap();
+    let (ok, output) = asiento_with_env(
+        &["verify", "--cells", &misplaced.path().to_string_lossy()],
+        &env,
+    );
+    assert!(!ok, "{output}");
+    assert!(
+        output.contains(
+            "cell_placement: cell eu2 holds events of tenant beta, which the directory places in eu1"
+        ),
+        "{output}"
+    );
+
+    // eu1's PostgreSQL gone: eu2's tenants go on paying and reading.
+    eu1.kill_postmaster();
+    for (tenant, client) in [("beta", &beta), ("gamma", &gamma)] {
+        let after = client
+            .post(
+                "/v1/payments",
+                &format!("{tenant}-after"),
+                &stripe_payment(2_500, "pm_card_ok"),
+            )
+            .await;
+        assert_eq!(
+            after.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&after.body)
+        );
+        let list = client.get("/v1/payments?limit=10").await;
+        assert_eq!(list.status, 200, "{}", String::from_utf8_lossy(&list.body));
+    }
+    server.kill();
+}
