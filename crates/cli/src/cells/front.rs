@@ -472,3 +472,115 @@ fn clone_parts(parts: &axum::http::request::Parts) -> axum::http::request::Parts
     cloned.extensions = parts.extensions.clone();
     cloned
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use asiento_domain::PaymentId;
+
+    fn stamped(cell: u64) -> String {
+        let number = CellNumber::new(cell).unwrap();
+        PaymentId::from_uuid(number.stamp(uuid::Uuid::now_v7())).to_string()
+    }
+
+    fn item(reference: &str) -> serde_json::Value {
+        serde_json::json!({"NotificationRequestItem": {
+            "merchantReference": reference, "pspReference": "ABC", "eventCode": "CAPTURE",
+            "additionalData": {"hmacSignature": "sig"}
+        }})
+    }
+
+    #[test]
+    fn an_event_names_a_cell_the_home_cell_or_every_cell() {
+        let one = CellNumber::new(1).unwrap();
+        let id = stamped(1);
+        assert_eq!(Named::of(Some(&id)), Named::Cell(one));
+        let key = format!("psp_{}_refund_2", id.trim_start_matches("pay_"));
+        assert_eq!(Named::of(Some(&key)), Named::Cell(one));
+        let unstamped = PaymentId::from_uuid(uuid::Uuid::now_v7()).to_string();
+        assert_eq!(Named::of(Some(&unstamped)), Named::Unstamped);
+        assert_eq!(Named::of(Some("order-17")), Named::Unstamped);
+        assert_eq!(Named::of(Some("  ")), Named::Nothing);
+        assert_eq!(Named::of(None), Named::Nothing);
+    }
+
+    #[test]
+    fn an_adyen_batch_is_split_by_cell_keeping_every_item_as_it_came() {
+        let (a, b) = (stamped(1), stamped(2));
+        let items = vec![item(&a), item(&b), item(""), item(&a)];
+        let body = Bytes::from(
+            serde_json::to_vec(&serde_json::json!({"live": "false", "notificationItems": items}))
+                .unwrap(),
+        );
+        let split = split_adyen(&body).unwrap();
+        let named: Vec<Named> = split.iter().map(|(named, _)| *named).collect();
+        let (one, two) = (CellNumber::new(1).unwrap(), CellNumber::new(2).unwrap());
+        assert_eq!(named, [Named::Cell(one), Named::Cell(two), Named::Nothing]);
+        let parts: Vec<serde_json::Value> = split
+            .iter()
+            .map(|(_, part)| serde_json::from_slice(part).unwrap())
+            .collect();
+        assert_eq!(parts[0]["live"], "false");
+        assert_eq!(
+            parts[0]["notificationItems"],
+            serde_json::json!([item(&a), item(&a)])
+        );
+        assert_eq!(parts[1]["notificationItems"], serde_json::json!([item(&b)]));
+        // A batch for one cell goes on byte for byte.
+        let single = Bytes::from(
+            serde_json::to_vec(
+                &serde_json::json!({"live": "false", "notificationItems": [item(&b)]}),
+            )
+            .unwrap(),
+        );
+        let split = split_adyen(&single).unwrap();
+        assert_eq!(split.len(), 1);
+        assert_eq!(split[0].1, single);
+        assert!(split_adyen(&Bytes::from_static(b"not json")).is_none());
+    }
+
+    #[test]
+    fn session_cookies_carry_the_cell_both_ways() {
+        let request = Request::get("/console/payments")
+            .header(COOKIE, "theme=dark; asiento_console=eu2.abc123")
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(
+            session_cookie(&request),
+            Some(("eu2".to_owned(), "abc123".to_owned()))
+        );
+        let forwarded = with_session_token(request, "abc123");
+        assert_eq!(
+            forwarded.headers()[COOKIE],
+            "theme=dark; asiento_console=abc123"
+        );
+
+        let mut response = Response::new(Body::empty());
+        for cookie in [
+            "asiento_console=tok; Path=/console; HttpOnly",
+            "asiento_console=; Path=/console; Max-Age=0",
+            "asiento_console_sign_in=x; Path=/console",
+        ] {
+            response
+                .headers_mut()
+                .append(SET_COOKIE, HeaderValue::from_static(cookie));
+        }
+        name_the_cell_in_session_cookies(&mut response, "eu2");
+        let set: Vec<&str> = response
+            .headers()
+            .get_all(SET_COOKIE)
+            .iter()
+            .map(|value| value.to_str().unwrap())
+            .collect();
+        assert_eq!(
+            set,
+            [
+                "asiento_console=eu2.tok; Path=/console; HttpOnly",
+                "asiento_console=; Path=/console; Max-Age=0",
+                "asiento_console_sign_in=x; Path=/console",
+            ]
+        );
+    }
+}
