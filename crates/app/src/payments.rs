@@ -281,12 +281,15 @@ pub struct PaymentFlow {
 }
 
 /// Where a flow's database stands in a deployment of tenant cells.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CellPlace {
     pub number: CellNumber,
     /// The directory's home cell: it holds the payments minted before the deployment had cells
     /// and answers for what a provider sends that names no payment of ours.
     pub home: bool,
+    /// Tenants moved to another cell: their copy in this log is frozen, their new cell answers
+    /// for their payments.
+    pub moved_out: Vec<TenantId>,
 }
 
 impl PaymentFlow {
@@ -324,20 +327,25 @@ impl PaymentFlow {
     /// A fresh payment id, stamped with the flow's cell when it has one.
     fn mint_payment_id(&self) -> PaymentId {
         let minted = Uuid::now_v7();
-        PaymentId::from_uuid(match self.cell {
+        PaymentId::from_uuid(match &self.cell {
             Some(place) => place.number.stamp(minted),
             None => minted,
         })
     }
 
     /// Whether this flow's database answers for what a provider reports of `payment` (a report
-    /// line, a payout's transaction): outside cells always; in a cell, for the payments minted
-    /// there, and at the home cell also for unstamped payments and for what names none. Another
-    /// cell's payments are that cell's to reconcile and to post.
-    pub fn answers_for(&self, payment: Option<PaymentId>) -> bool {
-        let Some(place) = self.cell else {
+    /// line, a payout's transaction), given the tenant its log holds it for (`None`: not in this
+    /// log). Outside cells always. In a cell: a payment in its log unless its tenant moved out
+    /// (a tenant moved in brings payments minted elsewhere); one not in its log, or no payment,
+    /// only where it would be (the cell its id names, the home cell for an unstamped id or none),
+    /// so that exactly one cell records it as unknown.
+    pub fn answers_for(&self, payment: Option<PaymentId>, tenant: Option<&TenantId>) -> bool {
+        let Some(place) = &self.cell else {
             return true;
         };
+        if let Some(tenant) = tenant {
+            return !place.moved_out.contains(tenant);
+        }
         match payment.and_then(|payment| CellNumber::of(payment.as_uuid())) {
             Some(number) => number == place.number,
             None => place.home,

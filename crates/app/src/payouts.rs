@@ -174,17 +174,16 @@ async fn paid_fact(
     for txn in &payout.transactions {
         let charge = txn.charge_id.as_deref().and_then(|id| charges.get(id));
         let payment = charge.and_then(|charge| PaymentId::parse(charge.reference.as_deref()?).ok());
-        if !flow.answers_for(payment) {
-            elsewhere = summed(elsewhere, txn.net_minor)?;
-            continue;
-        }
         match (charge, payment) {
             (Some(charge), Some(payment)) => {
                 let line = covered.entry(payment).or_insert((0, Vec::new(), charge));
                 line.0 = summed(line.0, txn.net_minor)?;
                 line.1.push(txn.id.clone());
             }
-            _ => unattributed = summed(unattributed, txn.net_minor)?,
+            _ if flow.answers_for(None, None) => {
+                unattributed = summed(unattributed, txn.net_minor)?;
+            }
+            _ => elsewhere = summed(elsewhere, txn.net_minor)?,
         }
     }
     let ids: Vec<PaymentId> = covered.keys().copied().collect();
@@ -193,9 +192,12 @@ async fn paid_fact(
     for (payment, line) in covered {
         let record = loaded
             .get(&payment)
-            .and_then(|loaded| loaded.aggregate.record.as_ref())
-            .filter(|record| &record.provider == provider);
-        let Some(record) = record else {
+            .and_then(|loaded| loaded.aggregate.record.as_ref());
+        if !flow.answers_for(Some(payment), record.map(|record| &record.tenant)) {
+            elsewhere = summed(elsewhere, line.0)?;
+            continue;
+        }
+        let Some(record) = record.filter(|record| &record.provider == provider) else {
             unattributed = summed(unattributed, line.0)?;
             continue;
         };

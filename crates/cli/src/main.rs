@@ -62,6 +62,9 @@ enum Command {
     Reconcile(reconcile::ReconcileArgs),
     /// Check every ledger invariant: exit 0 when all hold, 1 with one line per violation.
     Verify(verify::VerifyArgs),
+    /// Tenant cells: move a tenant between cells.
+    #[command(subcommand)]
+    Cells(cells::CellsCommand),
     /// Benchmark workloads.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -103,6 +106,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Projections(command) => projections::run(command).await,
         Command::Bench(command) => bench::run(command).await,
         Command::Reconcile(args) => reconcile::run(args).await,
+        Command::Cells(command) => cells::run(command).await,
         Command::Verify(args) => {
             if verify::run(args).await? {
                 Ok(())

@@ -6,8 +6,13 @@
 //!   provider's webhooks for them land in its cell's database and nowhere else: each database's
 //!   log holds only its own tenants' events, its webhook inbox only events of its payments.
 //! - A console session is routed by its cookie to the cell it was signed in to.
-//! - One provider payout covers the payments of both cells: each cell posts its own part, and
-//!   `asiento verify --cells` checks the parts add up to the payout (and each cell's invariants);
+//! - Tenant `gamma` moves from eu2 to eu1: paused (its requests and its payments' webhooks are
+//!   answered 503, retried), copied by `asiento cells move`, then placed in eu1 and listed as
+//!   moved out of eu2: its old payments answer from eu1, and a refund of one (minted in eu2)
+//!   has its provider webhook routed to eu1.
+//! - One provider payout covers the payments of both cells: each cell posts its own part (gamma's
+//!   in eu1), and `asiento verify --cells` checks the parts add up to the payout, gamma's copy is
+//!   whole (and each cell's invariants);
 //!   `reconcile --cells` finds nothing wrong in either cell (no cell takes another's charges for
 //!   unknown ones); `projections status --cells` shows both.
 //! - With eu1's PostgreSQL killed, eu2's tenants still pay and read: no request of theirs
@@ -21,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, DATABASE};
 use common::stripe::{sim_control, start_stripe_sim, stripe_payment, API_KEY, WEBHOOK_SECRET};
-use common::{asiento_with_env, free_port, url_after, wait_for, Client, Process};
+use common::{asiento_with_env, free_port, wait_for, Client, Process};
 use serde_json::{json, Value};
 
 const KEYS: [(&str, &str); 3] = [
@@ -105,6 +110,65 @@ async fn wait_balance(client: &Client, account: &str, minor: i64, what: &str) {
     }
 }
 
+/// `asiento serve --cells` on `listen` (kept across restarts: the simulator delivers there).
+fn serve(listen: &str, cells: &str, providers: &str) -> Process {
+    let api_keys = KEYS
+        .iter()
+        .map(|(tenant, key)| format!("{tenant}:{key}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut server = Process::spawn(
+        &[
+            "serve",
+            "--listen",
+            listen,
+            "--cells",
+            cells,
+            "--api-keys",
+            &api_keys,
+            "--providers",
+            providers,
+            "--psp-timeout",
+            "500ms",
+            "--reconcile-interval",
+            "300ms",
+        ],
+        &STRIPE_ENV,
+    );
+    server.wait_for_line("asiento listening on ");
+    server
+}
+
+/// A directory file of `cells`, `tenants` and the rest of `extra`.
+fn directory(
+    eu1: &Cluster,
+    eu2: &Cluster,
+    tenants: Value,
+    extra: Value,
+) -> tempfile::NamedTempFile {
+    let mut file = json!({
+        "cells": {
+            "eu1": {"number": 1, "database_url": eu1.url()},
+            "eu2": {"number": 2, "database_url": eu2.url()},
+        },
+        "tenants": tenants,
+    });
+    for (key, value) in extra.as_object().unwrap() {
+        if key == "eu2_moved_out" {
+            file["cells"]["eu2"]["moved_out"] = value.clone();
+        } else {
+            file[key] = value.clone();
+        }
+    }
+    let written = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(written.path(), file.to_string()).unwrap();
+    written
+}
+
+fn path(file: &tempfile::NamedTempFile) -> String {
+    file.path().to_string_lossy().into_owned()
+}
+
 /// A `psql` answer as a set of lines.
 fn lines(text: &str) -> BTreeSet<String> {
     text.lines().map(str::to_owned).collect()
@@ -177,49 +241,14 @@ impl Browser {
 async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
     let eu1 = Cluster::primary();
     let eu2 = Cluster::primary();
-    let directory = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(
-        directory.path(),
-        json!({
-            "cells": {
-                "eu1": {"number": 1, "database_url": eu1.url()},
-                "eu2": {"number": 2, "database_url": eu2.url()},
-            },
-            "tenants": {"acme": "eu1", "beta": "eu2", "gamma": "eu2"},
-        })
-        .to_string(),
-    )
-    .unwrap();
-    let cells = directory.path().to_string_lossy().into_owned();
+    let placed = json!({"acme": "eu1", "beta": "eu2", "gamma": "eu2"});
+    let initial = directory(&eu1, &eu2, placed.clone(), json!({}));
+    let cells = path(&initial);
     let sim_listen = format!("127.0.0.1:{}", free_port());
     let providers = format!("stripe=stripe:http://{sim_listen}");
-    let api_keys = KEYS
-        .iter()
-        .map(|(tenant, key)| format!("{tenant}:{key}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut server = Process::spawn(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--cells",
-            &cells,
-            "--api-keys",
-            &api_keys,
-            "--providers",
-            &providers,
-            "--psp-timeout",
-            "500ms",
-            "--reconcile-interval",
-            "300ms",
-        ],
-        &STRIPE_ENV,
-    );
-    let base = url_after(
-        &server.wait_for_line("asiento listening on "),
-        "listening on ",
-    );
+    let listen = format!("127.0.0.1:{}", free_port());
+    let base = format!("http://{listen}");
+    let mut server = serve(&listen, &cells, &providers);
     let _sim = start_stripe_sim(&sim_listen, &base);
     let (acme, beta, gamma) = (
         client(&base, "acme"),
@@ -328,6 +357,103 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
         "0"
     );
 
+    // gamma moves to eu1. Paused first: its requests, and provider events of its payments, are
+    // answered 503 with Retry-After; beta's are not.
+    let env: Vec<(&str, &str)> = STRIPE_ENV.to_vec();
+    let move_gamma = [
+        "cells", "move", "--cells", &cells, "--tenant", "gamma", "--to", "eu1",
+    ];
+    let (ok, output) = asiento_with_env(&move_gamma, &env);
+    assert!(!ok && output.contains("is not paused"), "{output}");
+    let pausing = directory(&eu1, &eu2, placed, json!({"paused": ["gamma"]}));
+    drop(server);
+    server = serve(&listen, &path(&pausing), &providers);
+    let paused = gamma.get("/v1/payments?limit=10").await;
+    assert_eq!(
+        (paused.status, paused.code().as_str()),
+        (503, "tenant_paused")
+    );
+    assert!(paused.headers.contains_key("retry-after"));
+    assert_eq!(beta.get("/v1/payments?limit=10").await.status, 200);
+    let event = json!({
+        "id": "evt_while_paused", "object": "event", "type": "charge.refunded", "created": 1,
+        "data": {"object": {"object": "charge", "metadata": {"asiento_payment_id": paid["gamma"][1]}}},
+    });
+    let delivered = gamma
+        .http
+        .post(format!("{base}/webhooks/stripe"))
+        .header("stripe-signature", "t=1,v1=00")
+        .body(event.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(delivered.status(), 503);
+    let move_paused = [
+        "cells",
+        "move",
+        "--cells",
+        &path(&pausing),
+        "--tenant",
+        "gamma",
+        "--to",
+        "eu1",
+    ];
+    let (ok, output) = asiento_with_env(&move_paused, &env);
+    assert!(ok, "{output}");
+    let moved = directory(
+        &eu1,
+        &eu2,
+        json!({"acme": "eu1", "beta": "eu2", "gamma": "eu1"}),
+        json!({"eu2_moved_out": ["gamma"]}),
+    );
+    let cells = path(&moved);
+    drop(server);
+    server = serve(&listen, &cells, &providers);
+    for id in &paid["gamma"] {
+        let answer = gamma.get(&format!("/v1/payments/{id}")).await;
+        assert_eq!(
+            answer.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+    }
+    assert_eq!(
+        eu2.psql(
+            DATABASE,
+            "select count(*) from api_keys where tenant = 'gamma'"
+        ),
+        "0"
+    );
+    // A refund of a payment minted in eu2: its provider webhook reaches eu1 (a fee refund
+    // included, its share of the payout below is 500 less).
+    let inbox_sql = "select count(*) from webhook_inbox where payment_ref like 'pay_%'";
+    let (eu1_before, eu2_before) = (eu1.psql(DATABASE, inbox_sql), eu2.psql(DATABASE, inbox_sql));
+    let second = &paid["gamma"][1];
+    let refund = gamma
+        .post(
+            &format!("/v1/payments/{second}/refunds"),
+            "gamma-2-refund-after-move",
+            &json!({"amount_minor": 500}),
+        )
+        .await;
+    assert_eq!(
+        refund.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&refund.body)
+    );
+    *owed.get_mut("gamma").unwrap() -= 500;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while eu1.psql(DATABASE, inbox_sql) == eu1_before {
+        assert!(
+            Instant::now() < deadline,
+            "the refund's webhook never reached eu1"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(eu2.psql(DATABASE, inbox_sql), eu2_before);
+
     // One payout of everything: each cell posts its tenants' shares.
     let made = sim_control(&acme, &sim_listen, "/sim/payouts", json!({})).await;
     let payouts = made["data"].as_array().unwrap();
@@ -339,7 +465,6 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
         wait_balance(client, "psp:stripe:clearing", 0, tenant).await;
     }
 
-    let env: Vec<(&str, &str)> = STRIPE_ENV.to_vec();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (ok, output) = asiento_with_env(&["verify", "--cells", &cells], &env);
@@ -379,15 +504,19 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
         "{output}"
     );
 
-    // A directory that places beta in eu1, while beta's events are in eu2: verify names it.
-    let misplaced = tempfile::NamedTempFile::new().unwrap();
-    let mut wrong: Value = serde_json::from_str(&std::fs::read_to_string(&cells).unwrap()).unwrap();
-    wrong["tenants"]["beta"] = json!("eu1");
-    std::fs::write(misplaced.path(), wrong.to_string()).unwrap();
-    let (ok, output) = asiento_with_env(
-        &["verify", "--cells", &misplaced.path().to_string_lossy()],
-        &env,
+    // A directory that places beta in eu1, while beta's events are in eu2, and says acme moved
+    // out of eu1 to eu2, where nothing of acme's was copied: verify names both.
+    let wrong = directory(
+        &eu1,
+        &eu2,
+        json!({"acme": "eu2", "beta": "eu1", "gamma": "eu1"}),
+        json!({"eu2_moved_out": ["gamma"]}),
     );
+    let mut file: Value =
+        serde_json::from_str(&std::fs::read_to_string(wrong.path()).unwrap()).unwrap();
+    file["cells"]["eu1"]["moved_out"] = json!(["acme"]);
+    std::fs::write(wrong.path(), file.to_string()).unwrap();
+    let (ok, output) = asiento_with_env(&["verify", "--cells", &path(&wrong)], &env);
     assert!(!ok, "{output}");
     assert!(
         output.contains(
@@ -395,25 +524,27 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
         ),
         "{output}"
     );
+    assert!(
+        output.contains("moved_tenant: tenant acme from eu1 to eu2: event "),
+        "{output}"
+    );
 
-    // eu1's PostgreSQL gone: eu2's tenants go on paying and reading.
+    // eu1's PostgreSQL gone: eu2's tenant goes on paying and reading.
     eu1.kill_postmaster();
-    for (tenant, client) in [("beta", &beta), ("gamma", &gamma)] {
-        let after = client
-            .post(
-                "/v1/payments",
-                &format!("{tenant}-after"),
-                &stripe_payment(2_500, "pm_card_ok"),
-            )
-            .await;
-        assert_eq!(
-            after.status,
-            201,
-            "{}",
-            String::from_utf8_lossy(&after.body)
-        );
-        let list = client.get("/v1/payments?limit=10").await;
-        assert_eq!(list.status, 200, "{}", String::from_utf8_lossy(&list.body));
-    }
+    let after = beta
+        .post(
+            "/v1/payments",
+            "beta-after",
+            &stripe_payment(2_500, "pm_card_ok"),
+        )
+        .await;
+    assert_eq!(
+        after.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&after.body)
+    );
+    let list = beta.get("/v1/payments?limit=10").await;
+    assert_eq!(list.status, 200, "{}", String::from_utf8_lossy(&list.body));
     server.kill();
 }

@@ -68,11 +68,17 @@ impl CellNumber {
     /// an id minted outside a cell.
     #[must_use]
     pub fn of_reference(reference: &str) -> Option<CellNumber> {
-        PaymentId::parse(reference.trim())
-            .ok()
-            .or_else(|| payment_of_psp_key(reference.trim()))
-            .and_then(|payment| CellNumber::of(payment.as_uuid()))
+        payment_of_reference(reference).and_then(|payment| CellNumber::of(payment.as_uuid()))
     }
+}
+
+/// The payment a provider's reference names: our payment id, or a provider key derived from one.
+#[must_use]
+pub fn payment_of_reference(reference: &str) -> Option<PaymentId> {
+    let reference = reference.trim();
+    PaymentId::parse(reference)
+        .ok()
+        .or_else(|| payment_of_psp_key(reference))
 }
 
 impl fmt::Display for CellNumber {

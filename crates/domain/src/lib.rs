@@ -44,7 +44,7 @@ pub mod transfer;
 pub mod transfer_batch;
 
 pub use account::{AccountError, AccountName};
-pub use cell::{CellNumber, CellNumberError, CELL_NUMBER_MAX};
+pub use cell::{payment_of_reference, CellNumber, CellNumberError, CELL_NUMBER_MAX};
 pub use entry::{EntryError, JournalEntry, Leg};
 pub use event::{upcast, DecodeError, EncodeError, Event};
 pub use exception::{ExceptionEvent, ExceptionId, ExceptionKind};

@@ -435,17 +435,19 @@ impl Reconciler {
             .as_deref()
             .and_then(|reference| PaymentId::parse(reference).ok())
             .or_else(|| payment_of_key(&line.idempotency_key));
-        if !self.flow.answers_for(payment) {
-            // Another tenant cell's payment: that cell's reconciler compares the line.
-            return Ok(true);
-        }
         let loaded = match payment {
             Some(id) => Some(log::load_payment(self.flow.store.as_ref(), id).await?),
             None => None,
         };
-        let record = loaded
-            .and_then(|loaded| loaded.aggregate.record)
-            .filter(|record| &record.provider == provider);
+        let record = loaded.and_then(|loaded| loaded.aggregate.record);
+        if !self
+            .flow
+            .answers_for(payment, record.as_ref().map(|record| &record.tenant))
+        {
+            // Another tenant cell's payment: that cell's reconciler compares the line.
+            return Ok(true);
+        }
+        let record = record.filter(|record| &record.provider == provider);
         let Some(record) = record else {
             let recorded = ExceptionRecorded {
                 exception_id: ExceptionId::derived(

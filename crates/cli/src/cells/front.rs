@@ -59,12 +59,25 @@ pub struct Front {
 const RECENT_KEYS_MAX: usize = 10_000;
 
 /// Where a request goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Route {
     Cell(usize),
     /// A cell of the directory that this process does not serve.
     Elsewhere(String),
-    Refused(Problem),
+    /// The tenant is paused (being moved): the client or provider retries later.
+    Paused,
+    /// Refused by the front: a status and the problem's code and detail.
+    Refused(StatusCode, &'static str, &'static str),
 }
+
+const UNKNOWN_CELL: Route = Route::Refused(
+    StatusCode::BAD_REQUEST,
+    "unknown_cell",
+    "the payment named was made in a cell the directory does not list",
+);
+
+/// How soon a paused tenant's client is told to retry.
+const PAUSED_RETRY_AFTER_S: u64 = 5;
 
 impl Front {
     pub fn new(directory: Directory, served: Vec<ServedCell>, formats: WebhookSecrets) -> Front {
@@ -103,16 +116,6 @@ impl Front {
             .unwrap_or(0)
     }
 
-    fn of_number(&self, number: CellNumber) -> Route {
-        match self.directory.cell_numbered(number) {
-            Some(cell) => self.served_named(&cell.name),
-            None => Route::Refused(Problem::bad_request(
-                "unknown_cell",
-                format!("the payment named was made in cell {number}, which the directory does not list"),
-            )),
-        }
-    }
-
     /// The cell of the tenant whose key this is; the home cell (which refuses it) for a key no
     /// served cell knows. A key seen lately goes straight to its cell; another is looked up in
     /// each served cell, past a cell that cannot answer, so that one cell down never stops the
@@ -136,13 +139,16 @@ impl Front {
             let placed = TenantId::parse(&tenant)
                 .ok()
                 .and_then(|tenant| self.directory.cell_of_tenant(&tenant));
+            if TenantId::parse(&tenant).is_ok_and(|tenant| self.directory.is_paused(&tenant)) {
+                return Route::Paused;
+            }
             let Some(placed) = placed else {
                 tracing::warn!(cell = %cell.name, %tenant, "a key's tenant is in no cell of the directory");
-                return Route::Refused(Problem::new(
+                return Route::Refused(
                     StatusCode::FORBIDDEN,
                     "tenant_without_cell",
                     "this key's tenant is not placed in any cell",
-                ));
+                );
             };
             let route = self.served_named(&placed.name);
             if let Route::Cell(index) = route {
@@ -151,11 +157,11 @@ impl Front {
             return route;
         }
         if unreachable {
-            return Route::Refused(Problem::new(
+            return Route::Refused(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "cell_unavailable",
                 "a cell that may hold this key cannot be reached; retry later",
-            ));
+            );
         }
         Route::Cell(self.home())
     }
@@ -188,7 +194,22 @@ impl Front {
                 format!("this belongs to cell {name}, which this process does not serve"),
             )
             .into_response(),
-            Route::Refused(problem) => problem.into_response(),
+            Route::Paused => {
+                let mut response = Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "tenant_paused",
+                    "this tenant is paused while it moves between cells; retry later",
+                )
+                .into_response();
+                response.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    HeaderValue::from(PAUSED_RETRY_AFTER_S),
+                );
+                response
+            }
+            Route::Refused(status, code, detail) => {
+                Problem::new(status, code, detail).into_response()
+            }
         }
     }
 }
@@ -260,13 +281,81 @@ impl Named {
 }
 
 impl Front {
-    fn routes(&self, named: Named) -> Vec<Route> {
-        match named {
-            Named::Cell(number) => vec![self.of_number(number)],
-            Named::Unstamped => vec![Route::Cell(self.home())],
-            Named::Nothing => (0..self.served.len()).map(Route::Cell).collect(),
+    /// Where a provider's event that names `reference` goes. A payment found in a cell that has
+    /// moved tenants out, or holds a paused one, is looked up there to find its tenant: a moved
+    /// tenant's payment goes to its new cell, a paused tenant's event is refused for now (the
+    /// provider delivers it again).
+    async fn routes(&self, reference: Option<&str>) -> Vec<Route> {
+        let cell = match Named::of(reference) {
+            Named::Nothing => return (0..self.served.len()).map(Route::Cell).collect(),
+            Named::Unstamped => Some(self.directory.home()),
+            Named::Cell(number) => self.directory.cell_numbered(number),
+        };
+        let Some(cell) = cell else {
+            return vec![UNKNOWN_CELL];
+        };
+        let route = self.served_named(&cell.name);
+        let (Route::Cell(index), true) = (&route, self.directory.has_exceptions(cell)) else {
+            return vec![route];
+        };
+        let Some(payment) = reference.and_then(asiento_domain::payment_of_reference) else {
+            return vec![route];
+        };
+        let database = &self.served[*index].database;
+        match payment_tenant(database, payment).await {
+            Ok(Some(tenant)) => {
+                let Ok(tenant) = TenantId::parse(&tenant) else {
+                    return vec![route];
+                };
+                if self.directory.is_paused(&tenant) {
+                    return vec![Route::Paused];
+                }
+                match self.directory.cell_of_tenant(&tenant) {
+                    Some(placed) if placed.name != cell.name => {
+                        vec![self.served_named(&placed.name)]
+                    }
+                    _ => vec![route],
+                }
+            }
+            Ok(None) => vec![route],
+            Err(error) => {
+                tracing::warn!(cell = %cell.name, %error, "looking up a payment's tenant failed");
+                vec![Route::Refused(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "cell_unavailable",
+                    "the payment's cell cannot be reached; retry later",
+                )]
+            }
         }
     }
+}
+
+/// The tenant of a payment's stream in one cell's log.
+async fn payment_tenant(
+    database: &Database,
+    payment: asiento_domain::PaymentId,
+) -> Result<Option<String>, sqlx::Error> {
+    let stream = asiento_domain::payment_stream(payment);
+    let tenant: Option<Option<String>> = match database {
+        Database::Postgres(pool) => {
+            sqlx::query_scalar(
+                "select metadata->>'tenant' from events where stream_id = $1 and version = 1",
+            )
+            .bind(stream)
+            .fetch_optional(pool)
+            .await?
+        }
+        Database::Sqlite(pool) => {
+            sqlx::query_scalar(
+                "select json_extract(metadata, '$.tenant') from events \
+                 where stream_id = ?1 and version = 1",
+            )
+            .bind(stream)
+            .fetch_optional(pool)
+            .await?
+        }
+    };
+    Ok(tenant.flatten())
 }
 
 /// A provider's delivery, to the cell of the payment it names; one that names none to every
@@ -278,21 +367,26 @@ async fn webhook(front: &Front, provider: &str, request: Request) -> Response {
         Err(problem) => return problem.into_response(),
     };
     let deliveries: Vec<(Route, Bytes)> = match front.formats.format(provider) {
-        EventFormat::Adyen => match split_adyen(&body) {
-            Some(split) => split
-                .into_iter()
-                .flat_map(|(named, part)| {
-                    front
-                        .routes(named)
-                        .into_iter()
-                        .map(move |route| (route, part.clone()))
-                })
-                .collect(),
-            None => vec![(Route::Cell(front.home()), body)],
+        EventFormat::Adyen => match adyen_items(&body) {
+            Some(items) if !items.is_empty() => {
+                let mut routed = Vec::with_capacity(items.len());
+                for (reference, item) in items {
+                    routed.push((front.routes(reference.as_deref()).await, item));
+                }
+                let mut deliveries = Vec::new();
+                for (routes, part) in split_adyen(&body, routed) {
+                    for route in routes {
+                        deliveries.push((route, part.clone()));
+                    }
+                }
+                deliveries
+            }
+            _ => vec![(Route::Cell(front.home()), body)],
         },
         format => match format.envelope(&body) {
             Ok(envelope) => front
-                .routes(Named::of(envelope.payment_ref.as_deref()))
+                .routes(envelope.payment_ref.as_deref())
+                .await
                 .into_iter()
                 .map(|route| (route, body.clone()))
                 .collect(),
@@ -318,34 +412,53 @@ async fn webhook(front: &Front, provider: &str, request: Request) -> Response {
     answer.expect("a delivery goes to at least one cell")
 }
 
-/// An Adyen batch as one batch per destination, in the order they first appear (the body itself
-/// when all its items go to one); `None` when the body is not a batch the front can read.
-fn split_adyen(body: &Bytes) -> Option<Vec<(Named, Bytes)>> {
+/// An Adyen batch's items, each with the reference it names (`merchantReference`); `None` when
+/// the body is not a batch the front can read (the home cell refuses it).
+fn adyen_items(body: &[u8]) -> Option<Vec<(Option<String>, serde_json::Value)>> {
     let batch: serde_json::Value = serde_json::from_slice(body).ok()?;
     let items = batch.get("notificationItems")?.as_array()?;
-    let mut parts: Vec<(Named, Vec<serde_json::Value>)> = Vec::new();
-    for item in items {
-        let reference = item
-            .get("NotificationRequestItem")
-            .and_then(|item| item.get("merchantReference"))
-            .and_then(serde_json::Value::as_str);
-        let named = Named::of(reference);
-        match parts.iter_mut().find(|(seen, _)| *seen == named) {
-            Some((_, items)) => items.push(item.clone()),
-            None => parts.push((named, vec![item.clone()])),
+    Some(
+        items
+            .iter()
+            .map(|item| {
+                let reference = item
+                    .get("NotificationRequestItem")
+                    .and_then(|item| item.get("merchantReference"))
+                    .and_then(serde_json::Value::as_str)
+                    .map(str::to_owned);
+                (reference, item.clone())
+            })
+            .collect(),
+    )
+}
+
+/// An Adyen batch as one batch per destination, in the order they first appear, each item kept
+/// as it came (it carries its own signature); the body itself when every item goes to one.
+fn split_adyen<K: PartialEq>(body: &Bytes, items: Vec<(K, serde_json::Value)>) -> Vec<(K, Bytes)> {
+    let mut parts: Vec<(K, Vec<serde_json::Value>)> = Vec::new();
+    for (destination, item) in items {
+        match parts.iter_mut().find(|(seen, _)| *seen == destination) {
+            Some((_, items)) => items.push(item),
+            None => parts.push((destination, vec![item])),
         }
     }
     if parts.len() <= 1 {
-        let named = parts.first().map_or(Named::Nothing, |(named, _)| *named);
-        return Some(vec![(named, body.clone())]);
+        return parts
+            .into_iter()
+            .map(|(destination, _)| (destination, body.clone()))
+            .collect();
     }
-    let mut split = Vec::with_capacity(parts.len());
-    for (named, items) in parts {
-        let mut part = batch.clone();
-        part["notificationItems"] = serde_json::Value::Array(items);
-        split.push((named, Bytes::from(serde_json::to_vec(&part).ok()?)));
-    }
-    Some(split)
+    let Ok(mut batch) = serde_json::from_slice::<serde_json::Value>(body) else {
+        unreachable!("the items were read from this body");
+    };
+    parts
+        .into_iter()
+        .map(|(destination, items)| {
+            batch["notificationItems"] = serde_json::Value::Array(items);
+            let part = serde_json::to_vec(&batch).expect("a JSON value serialises");
+            (destination, Bytes::from(part))
+        })
+        .collect()
 }
 
 /// A console request: to the cell its session cookie names, a sign-in to the cell of the key it
@@ -514,10 +627,20 @@ mod tests {
             serde_json::to_vec(&serde_json::json!({"live": "false", "notificationItems": items}))
                 .unwrap(),
         );
-        let split = split_adyen(&body).unwrap();
-        let named: Vec<Named> = split.iter().map(|(named, _)| *named).collect();
+        let named = |body: &Bytes| -> Vec<(Named, serde_json::Value)> {
+            adyen_items(body)
+                .unwrap()
+                .into_iter()
+                .map(|(reference, item)| (Named::of(reference.as_deref()), item))
+                .collect()
+        };
+        let split = split_adyen(&body, named(&body));
+        let destinations: Vec<Named> = split.iter().map(|(named, _)| *named).collect();
         let (one, two) = (CellNumber::new(1).unwrap(), CellNumber::new(2).unwrap());
-        assert_eq!(named, [Named::Cell(one), Named::Cell(two), Named::Nothing]);
+        assert_eq!(
+            destinations,
+            [Named::Cell(one), Named::Cell(two), Named::Nothing]
+        );
         let parts: Vec<serde_json::Value> = split
             .iter()
             .map(|(_, part)| serde_json::from_slice(part).unwrap())
@@ -528,6 +651,7 @@ mod tests {
             serde_json::json!([item(&a), item(&a)])
         );
         assert_eq!(parts[1]["notificationItems"], serde_json::json!([item(&b)]));
+        assert_eq!(parts[2]["notificationItems"], serde_json::json!([item("")]));
         // A batch for one cell goes on byte for byte.
         let single = Bytes::from(
             serde_json::to_vec(
@@ -535,10 +659,10 @@ mod tests {
             )
             .unwrap(),
         );
-        let split = split_adyen(&single).unwrap();
+        let split = split_adyen(&single, named(&single));
         assert_eq!(split.len(), 1);
         assert_eq!(split[0].1, single);
-        assert!(split_adyen(&Bytes::from_static(b"not json")).is_none());
+        assert!(adyen_items(b"not json").is_none());
     }
 
     #[test]

@@ -24,6 +24,7 @@
 //! requests.
 
 pub mod front;
+pub mod move_tenant;
 pub mod verify;
 
 use std::collections::BTreeMap;
@@ -57,6 +58,8 @@ struct DirectoryFile {
     #[serde(default)]
     home: Option<String>,
     tenants: BTreeMap<String, String>,
+    #[serde(default)]
+    paused: Vec<String>,
 }
 
 /// A cell of the directory, checked.
@@ -75,6 +78,9 @@ pub struct Directory {
     cells: Vec<Cell>,
     home: usize,
     tenants: BTreeMap<TenantId, usize>,
+    /// Tenants whose requests and provider events are refused for now (503, retried): a tenant
+    /// being moved.
+    paused: Vec<TenantId>,
 }
 
 impl Directory {
@@ -118,10 +124,32 @@ impl Directory {
                 .with_context(|| format!("tenant {tenant} is in {cell:?}, which is no cell"))?;
             tenants.insert(tenant, index);
         }
+        let mut paused = Vec::with_capacity(file.paused.len());
+        for tenant in &file.paused {
+            let tenant = TenantId::parse(tenant)?;
+            anyhow::ensure!(
+                tenants.contains_key(&tenant),
+                "paused tenant {tenant} is in no cell"
+            );
+            paused.push(tenant);
+        }
+        for cell in &cells {
+            for tenant in &cell.moved_out {
+                let tenant = TenantId::parse(tenant)?;
+                anyhow::ensure!(
+                    tenants
+                        .get(&tenant)
+                        .is_some_and(|&index| cells[index].name != cell.name),
+                    "tenant {tenant} moved out of cell {} is not placed in another cell",
+                    cell.name
+                );
+            }
+        }
         Ok(Directory {
             cells,
             home,
             tenants,
+            paused,
         })
     }
 
@@ -133,6 +161,20 @@ impl Directory {
     /// The cell of a tenant the directory places.
     pub fn cell_of_tenant(&self, tenant: &TenantId) -> Option<&Cell> {
         self.tenants.get(tenant).map(|&index| &self.cells[index])
+    }
+
+    pub fn is_paused(&self, tenant: &TenantId) -> bool {
+        self.paused.contains(tenant)
+    }
+
+    /// Whether a payment found in `cell` by its id may belong to a tenant that is not served
+    /// there as usual (moved out of it, or paused): then its tenant must be looked up.
+    pub fn has_exceptions(&self, cell: &Cell) -> bool {
+        !cell.moved_out.is_empty()
+            || self.paused.iter().any(|tenant| {
+                self.cell_of_tenant(tenant)
+                    .is_some_and(|c| c.name == cell.name)
+            })
     }
 
     /// The cell with this number.
@@ -162,6 +204,19 @@ impl Directory {
             .filter(|cell| names.contains(&cell.name))
             .cloned()
             .collect())
+    }
+}
+
+/// `asiento cells …`: operations on the cells of a directory.
+#[derive(clap::Subcommand, Debug)]
+pub enum CellsCommand {
+    /// Copy a paused tenant to another cell (PostgreSQL), then clear its state in the old one.
+    Move(move_tenant::MoveArgs),
+}
+
+pub async fn run(command: CellsCommand) -> anyhow::Result<()> {
+    match command {
+        CellsCommand::Move(args) => move_tenant::run(args).await,
     }
 }
 
@@ -211,6 +266,11 @@ impl Selected {
         asiento_app::payments::CellPlace {
             number: cell.number,
             home: cell.name == self.directory.home().name,
+            moved_out: cell
+                .moved_out
+                .iter()
+                .filter_map(|tenant| TenantId::parse(tenant).ok())
+                .collect(),
         }
     }
 }
@@ -270,6 +330,14 @@ mod tests {
             (
                 r#"{"cells": {"a": {"number": 1, "database_url": "x", "url": "y"}}, "tenants": {}}"#,
                 "unknown field",
+            ),
+            (
+                r#"{"cells": {"a": {"number": 1, "database_url": "x"}}, "tenants": {}, "paused": ["acme"]}"#,
+                "in no cell",
+            ),
+            (
+                r#"{"cells": {"a": {"number": 1, "database_url": "x", "moved_out": ["acme"]}}, "tenants": {"acme": "a"}}"#,
+                "not placed in another cell",
             ),
         ] {
             let error = format!("{:#}", Directory::parse(bad).unwrap_err());

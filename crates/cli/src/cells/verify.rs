@@ -2,6 +2,8 @@
 //!
 //! - `cell_placement`: a cell's log holds only streams of tenants the directory places in it
 //!   (or lists as moved out of it, whose copy stays behind, frozen);
+//! - `moved_tenant`: a tenant moved out of a cell has every event the old cell holds of it in
+//!   its new cell, the same stream, version, type and payload: the copy is whole and unchanged;
 //! - `payout_cells`: a provider's payout posted by several cells has the same amount in each,
 //!   and the cells' parts (each cell's lines and unattributed part) add up to it once every cell
 //!   has posted it. A payout some cells have not posted yet is listed as pending, not a violation:
@@ -85,6 +87,95 @@ async fn read_cell(database: &Database) -> Result<CellLog, sqlx::Error> {
     Ok(CellLog { tenants, payouts })
 }
 
+/// One event as the copy of a moved tenant must keep it: stream, version, type, schema, payload.
+type CopiedEvent = (String, i64, String, i32, String);
+
+/// A tenant's events in one cell's log, by event id.
+async fn tenant_events(
+    database: &Database,
+    tenant: &str,
+) -> Result<BTreeMap<String, CopiedEvent>, sqlx::Error> {
+    let rows: Vec<(String, String, i64, String, i32, String)> = match database {
+        Database::Postgres(pool) => {
+            sqlx::query_as(
+                "select event_id::text, stream_id, version, event_type, schema, data::text \
+                 from events where metadata->>'tenant' = $1",
+            )
+            .bind(tenant)
+            .fetch_all(pool)
+            .await?
+        }
+        Database::Sqlite(pool) => {
+            sqlx::query_as(
+                "select lower(hex(event_id)), stream_id, version, event_type, schema, data \
+                 from events where json_extract(metadata, '$.tenant') = ?1",
+            )
+            .bind(tenant)
+            .fetch_all(pool)
+            .await?
+        }
+    };
+    Ok(rows
+        .into_iter()
+        .map(|(id, stream, version, kind, schema, data)| {
+            (id.replace('-', ""), (stream, version, kind, schema, data))
+        })
+        .collect())
+}
+
+/// Violations listed per moved tenant at most; the rest are counted.
+const MOVED_VIOLATIONS_LISTED_MAX: usize = 10;
+
+/// The moved tenants' copies: every event the old cell holds is in the new cell, unchanged.
+async fn moved_tenants(
+    directory: &Directory,
+    cells: &[(Cell, Database)],
+    violations: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    for (cell, database) in cells {
+        for tenant in &cell.moved_out {
+            let now = TenantId::parse(tenant)
+                .ok()
+                .and_then(|id| directory.cell_of_tenant(&id))
+                .and_then(|placed| cells.iter().find(|(c, _)| c.name == placed.name));
+            let Some((target, target_database)) = now else {
+                violations.push(format!(
+                    "moved_tenant: tenant {tenant}, moved out of {}, is in no cell checked",
+                    cell.name
+                ));
+                continue;
+            };
+            let old = tenant_events(database, tenant).await?;
+            let new = tenant_events(target_database, tenant).await?;
+            let mut wrong = old.iter().filter_map(|(id, event)| match new.get(id) {
+                None => Some(format!(
+                    "event {id} ({} v{}) is not there",
+                    event.0, event.1
+                )),
+                Some(copy) if copy != event => Some(format!(
+                    "event {id} ({} v{}) differs in the copy",
+                    event.0, event.1
+                )),
+                Some(_) => None,
+            });
+            for detail in wrong.by_ref().take(MOVED_VIOLATIONS_LISTED_MAX) {
+                violations.push(format!(
+                    "moved_tenant: tenant {tenant} from {} to {}: {detail}",
+                    cell.name, target.name
+                ));
+            }
+            let more = wrong.count();
+            if more > 0 {
+                violations.push(format!(
+                    "moved_tenant: tenant {tenant} from {} to {}: {more} more events missing or different",
+                    cell.name, target.name
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The violations across `cells` (every cell of `directory`), one line each, and the payouts
 /// still pending in some cells.
 pub async fn across(
@@ -115,6 +206,7 @@ pub async fn across(
                 .push((cell.name.as_str(), part));
         }
     }
+    moved_tenants(directory, cells, &mut violations).await?;
     let mut pending = Vec::new();
     for (stream_id, parts) in payouts {
         let amount = parts[0].1.amount;
