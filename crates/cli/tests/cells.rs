@@ -25,8 +25,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, DATABASE};
-use common::stripe::{sim_control, start_stripe_sim, stripe_payment, API_KEY, WEBHOOK_SECRET};
-use common::{asiento_with_env, free_port, wait_for, Client, Process};
+use common::stripe::{
+    balance, captured, sim_control, start_stripe_sim, stripe_payment, API_KEY, WEBHOOK_SECRET,
+};
+use common::{asiento_with_env, free_port, Client, Process};
 use serde_json::{json, Value};
 
 const KEYS: [(&str, &str); 3] = [
@@ -60,38 +62,6 @@ fn client(base: &str, tenant: &str) -> Client {
         base: base.to_owned(),
         key: key_of(tenant).to_owned(),
     }
-}
-
-/// A payment captured with Stripe's fee posted (its webhooks applied), and its id.
-async fn captured(client: &Client, key: &str, amount_minor: i64) -> String {
-    let created = client
-        .post(
-            "/v1/payments",
-            key,
-            &stripe_payment(amount_minor, "pm_card_ok"),
-        )
-        .await;
-    assert_eq!(
-        created.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&created.body)
-    );
-    let id = created.json()["id"].as_str().unwrap().to_owned();
-    wait_for(client, &id, "Stripe's fee was never posted", |p| {
-        p["status"] == "captured" && p["provider_fees"].as_array().is_some_and(|f| f.len() == 1)
-    })
-    .await;
-    id
-}
-
-async fn balance(client: &Client, account: &str) -> i64 {
-    client
-        .get(&format!("/v1/accounts/{account}/balance?currency=USD"))
-        .await
-        .json()["balance_minor"]
-        .as_i64()
-        .unwrap_or(0)
 }
 
 /// Waits until `client`'s tenant holds `minor` in `account`.

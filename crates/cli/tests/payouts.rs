@@ -14,18 +14,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::stripe::{sim_charges, sim_control, sim_faults, start_rig, stripe_payment};
+use common::stripe::{balance, captured, sim_charges, sim_control, sim_faults, start_rig};
 use common::{verify, wait_for, Backend, Client, TestDatabase};
 use serde_json::{json, Value};
-
-async fn balance(client: &Client, account: &str) -> i64 {
-    client
-        .get(&format!("/v1/accounts/{account}/balance?currency=USD"))
-        .await
-        .json()["balance_minor"]
-        .as_i64()
-        .unwrap_or(0)
-}
 
 /// Waits until clearing and the bank account hold `clearing` and `bank`.
 async fn wait_balances(client: &Client, clearing: i64, bank: i64, what: &str) {
@@ -45,29 +36,6 @@ async fn wait_balances(client: &Client, clearing: i64, bank: i64, what: &str) {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// A payment captured at Stripe, with Stripe's fee posted; its id.
-async fn captured(client: &Client, key: &str, amount_minor: i64) -> String {
-    let created = client
-        .post(
-            "/v1/payments",
-            key,
-            &stripe_payment(amount_minor, "pm_card_visa"),
-        )
-        .await;
-    assert_eq!(
-        created.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&created.body)
-    );
-    let id = created.json()["id"].as_str().unwrap().to_owned();
-    wait_for(client, &id, "Stripe's fee was never posted", |p| {
-        p["status"] == "captured" && p["provider_fees"].as_array().is_some_and(|f| f.len() == 1)
-    })
-    .await;
-    id
 }
 
 async fn pay_out(client: &Client, sim_listen: &str) -> Value {

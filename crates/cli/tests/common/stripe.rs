@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::{free_port, list_at, payment_body, Client, Process, Server, TestDatabase};
+use super::{free_port, list_at, payment_body, wait_for, Client, Process, Server, TestDatabase};
 
 pub const WEBHOOK_SECRET: &str = "whsec_stripe_test_0123456789";
 pub const API_KEY: &str = "sk_test_asiento_stripe";
@@ -111,4 +111,37 @@ pub async fn payment_intents(client: &Client, sim_listen: &str) -> Vec<Value> {
 
 pub async fn sim_charges(client: &Client, sim_listen: &str) -> Vec<Value> {
     sim_truth(client, sim_listen, "/sim/charges").await
+}
+
+/// A payment captured at Stripe, with Stripe's fee posted (its webhooks applied); its id.
+pub async fn captured(client: &Client, key: &str, amount_minor: i64) -> String {
+    let created = client
+        .post(
+            "/v1/payments",
+            key,
+            &stripe_payment(amount_minor, "pm_card_visa"),
+        )
+        .await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    wait_for(client, &id, "Stripe's fee was never posted", |p| {
+        p["status"] == "captured" && p["provider_fees"].as_array().is_some_and(|f| f.len() == 1)
+    })
+    .await;
+    id
+}
+
+/// The client's tenant's current USD balance of `account` (0 for an account it never used).
+pub async fn balance(client: &Client, account: &str) -> i64 {
+    client
+        .get(&format!("/v1/accounts/{account}/balance?currency=USD"))
+        .await
+        .json()["balance_minor"]
+        .as_i64()
+        .unwrap_or(0)
 }
