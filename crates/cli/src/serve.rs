@@ -389,9 +389,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             providers.print_hints(address, demo_key);
         }
     }
-    if args.role.runs_projectors() {
-        println!("projectors running");
-    }
     if args.role.runs_workers() {
         println!(
             "webhook worker, reconciler, sealer, invariant checker, hold expiry, key purger, \
@@ -499,6 +496,7 @@ impl CellParts {
                 );
                 tasks.spawn(runner.run(wait_for(stopped.clone())));
             }
+            println!("projectors running as {owner}");
         }
         if let (Some(core), true) = (&core, args.role.runs_workers()) {
             core.start_workers(args, &database, &store, stopped, tasks)?;

@@ -118,15 +118,21 @@ impl Front {
 
     /// The cell of the tenant whose key this is; the home cell (which refuses it) for a key no
     /// served cell knows. A key seen lately goes straight to its cell; another is looked up in
-    /// each served cell, past a cell that cannot answer, so that one cell down never stops the
-    /// tenants of the others.
+    /// the cell it was last found in first, then in each served cell, past a cell that cannot
+    /// answer, so that one cell down does not stop the tenants of the others.
     async fn of_key(&self, key: &str) -> Route {
         let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        if let Some(index) = self.recent_key(&digest) {
-            return Route::Cell(index);
-        }
+        let last = match self.recent_key(&digest) {
+            Some((index, true)) => return Route::Cell(index),
+            Some((index, false)) => Some(index),
+            None => None,
+        };
+        let order = last
+            .into_iter()
+            .chain((0..self.served.len()).filter(|index| Some(*index) != last));
         let mut unreachable = false;
-        for (index, cell) in self.served.iter().enumerate() {
+        for index in order {
+            let cell = &self.served[index];
             let tenant = match self.keys[index].tenant_for_key(&cell.database, key).await {
                 Ok(Some(tenant)) => tenant,
                 Ok(None) => continue,
@@ -166,12 +172,12 @@ impl Front {
         Route::Cell(self.home())
     }
 
-    fn recent_key(&self, digest: &[u8; 32]) -> Option<usize> {
+    /// The cell a key was last routed to, and whether that is recent enough to believe.
+    fn recent_key(&self, digest: &[u8; 32]) -> Option<(usize, bool)> {
         let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         recent
             .get(digest)
-            .filter(|(_, at)| at.elapsed() < KEY_CACHE_TTL)
-            .map(|(index, _)| *index)
+            .map(|(index, at)| (*index, at.elapsed() < KEY_CACHE_TTL))
     }
 
     fn remember_key(&self, digest: [u8; 32], index: usize) {
