@@ -333,7 +333,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => {
             let database = connect(&args.database.database_url).await?;
             let backend = database.backend();
-            let demo_key = bootstrap_api_keys(&database, args.api_keys.as_ref()).await?;
+            // Keys are the API's: a projector or worker process never creates the demo tenant,
+            // whose key only an API process prints.
+            let demo_key = if args.role.serves_api() {
+                bootstrap_api_keys(&database, args.api_keys.as_ref()).await?
+            } else {
+                None
+            };
             let one = CellParts {
                 database,
                 read_urls: args.standbys.urls.clone(),
@@ -352,13 +358,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 let database = connect(&cell.database_url)
                     .await
                     .with_context(|| format!("cell {}", cell.name))?;
-                register_cell_keys(
-                    &selected.directory,
-                    &cell,
-                    &database,
-                    args.api_keys.as_ref(),
-                )
-                .await?;
+                if args.role.serves_api() {
+                    register_cell_keys(
+                        &selected.directory,
+                        &cell,
+                        &database,
+                        args.api_keys.as_ref(),
+                    )
+                    .await?;
+                }
                 let parts = CellParts {
                     database: database.clone(),
                     read_urls: cell.read_database_urls.clone(),

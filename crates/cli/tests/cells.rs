@@ -80,31 +80,31 @@ async fn wait_balance(client: &Client, account: &str, minor: i64, what: &str) {
     }
 }
 
-/// `asiento serve --cells` on `listen` (kept across restarts: the simulator delivers there).
-fn serve(listen: &str, cells: &str, providers: &str) -> Process {
+/// `asiento serve --cells` on `listen` (kept across restarts: the simulator delivers there), with
+/// `extra` flags.
+fn serve(listen: &str, cells: &str, providers: &str, extra: &[&str]) -> Process {
     let api_keys = KEYS
         .iter()
         .map(|(tenant, key)| format!("{tenant}:{key}"))
         .collect::<Vec<_>>()
         .join(",");
-    let mut server = Process::spawn(
-        &[
-            "serve",
-            "--listen",
-            listen,
-            "--cells",
-            cells,
-            "--api-keys",
-            &api_keys,
-            "--providers",
-            providers,
-            "--psp-timeout",
-            "500ms",
-            "--reconcile-interval",
-            "300ms",
-        ],
-        &STRIPE_ENV,
-    );
+    let mut args = vec![
+        "serve",
+        "--listen",
+        listen,
+        "--cells",
+        cells,
+        "--api-keys",
+        &api_keys,
+        "--providers",
+        providers,
+        "--psp-timeout",
+        "500ms",
+        "--reconcile-interval",
+        "300ms",
+    ];
+    args.extend_from_slice(extra);
+    let mut server = Process::spawn(&args, &STRIPE_ENV);
     server.wait_for_line("asiento listening on ");
     server
 }
@@ -218,7 +218,7 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
     let providers = format!("stripe=stripe:http://{sim_listen}");
     let listen = format!("127.0.0.1:{}", free_port());
     let base = format!("http://{listen}");
-    let mut server = serve(&listen, &cells, &providers);
+    let mut server = serve(&listen, &cells, &providers, &[]);
     let _sim = start_stripe_sim(&sim_listen, &base);
     let (acme, beta, gamma) = (
         client(&base, "acme"),
@@ -337,7 +337,7 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
     assert!(!ok && output.contains("is not paused"), "{output}");
     let pausing = directory(&eu1, &eu2, placed, json!({"paused": ["gamma"]}));
     drop(server);
-    server = serve(&listen, &path(&pausing), &providers);
+    server = serve(&listen, &path(&pausing), &providers, &[]);
     let paused = gamma.get("/v1/payments?limit=10").await;
     assert_eq!(
         (paused.status, paused.code().as_str()),
@@ -378,7 +378,7 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
     );
     let cells = path(&moved);
     drop(server);
-    server = serve(&listen, &cells, &providers);
+    server = serve(&listen, &cells, &providers, &[]);
     for id in &paid["gamma"] {
         let answer = gamma.get(&format!("/v1/payments/{id}")).await;
         assert_eq!(
@@ -498,6 +498,35 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
         output.contains("moved_tenant: tenant acme from eu1 to eu2: event "),
         "{output}"
     );
+
+    // A process of eu1 alone (`--cell`): it serves eu1's tenants and sends a provider event of
+    // an eu2 payment back as misdirected (421), never into eu1.
+    let eu1_listen = format!("127.0.0.1:{}", free_port());
+    let _eu1_only = serve(
+        &eu1_listen,
+        &cells,
+        &providers,
+        &["--cell", "eu1", "--role", "api"],
+    );
+    let eu1_base = format!("http://{eu1_listen}");
+    let acme_there = client(&eu1_base, "acme");
+    let own = acme_there
+        .get(&format!("/v1/payments/{}", paid["acme"][0]))
+        .await;
+    assert_eq!(own.status, 200, "{}", String::from_utf8_lossy(&own.body));
+    let event = json!({
+        "id": "evt_elsewhere", "object": "event", "type": "charge.refunded", "created": 1,
+        "data": {"object": {"object": "charge", "metadata": {"asiento_payment_id": paid["beta"][0]}}},
+    });
+    let misdirected = acme_there
+        .http
+        .post(format!("{eu1_base}/webhooks/stripe"))
+        .header("stripe-signature", "t=1,v1=00")
+        .body(event.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(misdirected.status(), 421);
 
     // eu1's PostgreSQL gone: eu2's tenant goes on paying and reading.
     eu1.kill_postmaster();
