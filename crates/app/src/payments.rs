@@ -272,7 +272,7 @@ pub struct PaymentFlow {
     /// How long a request that resumes after a crash holds its payment's lease (serve's
     /// `--payment-lease`), so that the webhook worker and the reconciler keep off meanwhile.
     pub(crate) payment_lease_ms: i64,
-    /// The process's one writer: it commits the request path's steps of concurrent requests
+    /// The database's one writer: it commits the request path's steps of concurrent requests
     /// together, and keeps the memories of the guard and payment states its commits left.
     pub(crate) writer: Arc<Writer>,
     /// The tenant cell this flow's database is, stamped into every payment id it mints so that a

@@ -3,8 +3,9 @@
 //! It connects, migrates, registers API keys, configures the providers (by default a simulator
 //! mounted in process under `/sim`) and serves the API until Ctrl-C or SIGTERM.
 //!
-//! It builds one store, the process's one `Writer` and the flows that share it
-//! (`PaymentFlow::new`, `LedgerFlow::new`), and runs what its role asks. Every role answers
+//! For each database it serves (one, or with `--cells` one per tenant cell, behind the front of
+//! `crate::cells::front`) it builds one store, the database's one `Writer` and the flows that share
+//! it (`PaymentFlow::new`, `LedgerFlow::new`), and runs what its role asks. Every role answers
 //! `/healthz`, `/readyz` and `/metrics`; `api` adds `/v1`, `/webhooks`, `/openapi.json` and
 //! `/console` (and the simulator under `/sim` when no provider URL is given); `projector` runs the
 //! projection runners; `worker` runs the webhook worker, the reconciler, the sealer, the invariant
@@ -452,7 +453,7 @@ async fn register_cell_keys(
     Ok(())
 }
 
-/// What one database runs: its store, the process's one `Writer` on it and the flows that share
+/// What one database runs: its store, its one `Writer` and the flows that share
 /// it, its reads, and whatever the role asks (API router, projectors, workers). A process of one
 /// database has one; a process of several cells one per cell.
 struct CellParts {
@@ -991,7 +992,7 @@ pub struct StandbyArgs {
 const STANDBY_LAG_INTERVAL: Duration = Duration::from_secs(1);
 
 impl StandbyArgs {
-    /// The process's one `Reads`: the primary and a pool per standby.
+    /// The database's one `Reads`: the primary and a pool per standby.
     fn reads(
         &self,
         database: &Database,

@@ -39,7 +39,7 @@ pub use transfers::NewTransfer;
 pub struct LedgerFlow {
     pub(crate) database: Database,
     pub(crate) store: Store,
-    /// The process's one writer, shared with the payment flow; its guard memory lets a transfer
+    /// The database's one writer, shared with the payment flow; its guard memory lets a transfer
     /// read from the log only the guards it holds no state of.
     pub(crate) writer: Arc<Writer>,
     pub(crate) clock: Arc<dyn Clock>,
