@@ -16,6 +16,7 @@ pub mod http_metrics;
 pub mod journal;
 pub mod ledger;
 pub mod metrics_catalog;
+pub mod metrics_cell;
 pub mod openapi;
 mod payment_export;
 pub mod problem;
@@ -237,12 +238,16 @@ static METRICS: std::sync::OnceLock<Option<metrics_exporter_prometheus::Promethe
 pub fn metrics_handle() -> Option<&'static metrics_exporter_prometheus::PrometheusHandle> {
     METRICS
         .get_or_init(|| {
-            let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+            let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     metrics_exporter_prometheus::Matcher::Suffix("_seconds".to_owned()),
                     &metrics_catalog::SECONDS_BUCKETS,
                 )
-                .and_then(|builder| builder.install_recorder())
+                .map_err(|error| tracing::warn!(%error, "metrics recorder not built"))
+                .ok()?
+                .build_recorder();
+            let handle = recorder.handle();
+            metrics::set_global_recorder(metrics_cell::CellLabelled(recorder))
                 .map_err(|error| tracing::warn!(%error, "metrics recorder not installed"))
                 .ok()?;
             metrics_catalog::describe();

@@ -344,6 +344,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let one = CellParts {
                 database,
                 read_urls: args.standbys.urls.clone(),
+                name: None,
                 place: None,
             };
             let app = one.start(&args, providers.as_ref(), &stopped, &mut tasks)?;
@@ -371,11 +372,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 let parts = CellParts {
                     database: database.clone(),
                     read_urls: cell.read_database_urls.clone(),
+                    name: Some(Arc::from(cell.name.as_str())),
                     place: Some(selected.place(&cell)),
                 };
                 let router = parts.start(&args, providers.as_ref(), &stopped, &mut tasks)?;
                 println!("cell {} (number {}) served", cell.name, cell.number);
                 served.push(crate::cells::front::ServedCell {
+                    label: Arc::from(cell.name.as_str()),
                     name: cell.name,
                     router,
                     database,
@@ -459,6 +462,8 @@ async fn register_cell_keys(
 struct CellParts {
     database: Database,
     read_urls: Vec<String>,
+    /// The cell's name, the `cell` label of what it records (`asiento_api::metrics_cell`).
+    name: Option<Arc<str>>,
     /// The cell stamped into payment ids; `None` outside a deployment of cells.
     place: Option<asiento_app::payments::CellPlace>,
 }
@@ -472,6 +477,10 @@ impl CellParts {
         stopped: &watch::Receiver<bool>,
         tasks: &mut tokio::task::JoinSet<()>,
     ) -> anyhow::Result<axum::Router> {
+        let tasks = &mut CellTasks {
+            tasks,
+            cell: self.name,
+        };
         let database = self.database;
         // One store per database: its readers (projections, sealer, reconciler) share its cache
         // of the newest events, its appenders its NOTIFY coalescing and own connections.
@@ -511,6 +520,27 @@ impl CellParts {
             core.start_workers(args, &database, &store, stopped, tasks)?;
         }
         Ok(app)
+    }
+}
+
+/// Where one database's long-running parts are spawned: the process's tasks, each inside its
+/// cell's metrics label when the process serves cells.
+struct CellTasks<'a> {
+    tasks: &'a mut tokio::task::JoinSet<()>,
+    cell: Option<Arc<str>>,
+}
+
+impl CellTasks<'_> {
+    fn spawn(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        match &self.cell {
+            Some(cell) => {
+                let labelled = asiento_api::metrics_cell::in_cell(Arc::clone(cell), task);
+                self.tasks.spawn(labelled);
+            }
+            None => {
+                self.tasks.spawn(task);
+            }
+        }
     }
 }
 
@@ -728,7 +758,7 @@ impl Core {
         database: &Database,
         store: &Arc<dyn EventStore>,
         stopped: &watch::Receiver<bool>,
-        tasks: &mut tokio::task::JoinSet<()>,
+        tasks: &mut CellTasks<'_>,
     ) -> anyhow::Result<()> {
         let worker = Worker::new(
             self.payments.clone(),

@@ -336,7 +336,7 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
     let (ok, output) = asiento_with_env(&move_gamma, &env);
     assert!(!ok && output.contains("is not paused"), "{output}");
     let pausing = directory(&eu1, &eu2, placed, json!({"paused": ["gamma"]}));
-    drop(server);
+    server.terminate();
     server = serve(&listen, &path(&pausing), &providers, &[]);
     let paused = gamma.get("/v1/payments?limit=10").await;
     assert_eq!(
@@ -377,7 +377,7 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
         json!({"eu2_moved_out": ["gamma"]}),
     );
     let cells = path(&moved);
-    drop(server);
+    server.terminate();
     server = serve(&listen, &cells, &providers, &[]);
     for id in &paid["gamma"] {
         let answer = gamma.get(&format!("/v1/payments/{id}")).await;
@@ -439,6 +439,28 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
     for (tenant, client) in [("acme", &acme), ("beta", &beta), ("gamma", &gamma)] {
         wait_balance(client, "bank:stripe:payouts", -owed[tenant], tenant).await;
         wait_balance(client, "psp:stripe:clearing", 0, tenant).await;
+    }
+
+    // Each cell's projectors and workers record under their cell's label.
+    let metrics = acme
+        .http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for cell in ["eu1", "eu2"] {
+        let label = format!("cell=\"{cell}\"");
+        for metric in ["asiento_projection_owner{", "asiento_events_unsealed{"] {
+            assert!(
+                metrics
+                    .lines()
+                    .any(|line| line.starts_with(metric) && line.contains(&label)),
+                "no {metric}{label} in:\n{metrics}"
+            );
+        }
     }
 
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
+use asiento_api::metrics_cell::in_cell;
 use asiento_api::problem::Problem;
 use asiento_app::api_keys::{KeyCache, KEY_CACHE_TTL};
 use asiento_app::webhooks::{EventFormat, WebhookSecrets};
@@ -38,6 +39,8 @@ use super::Directory;
 /// One cell this process serves.
 pub struct ServedCell {
     pub name: String,
+    /// The `cell` label of what its requests record.
+    pub label: Arc<str>,
     /// The cell's whole router: API, console, webhooks, health.
     pub router: Router,
     /// The cell's primary, where its API keys are.
@@ -191,7 +194,9 @@ impl Front {
     async fn send(&self, route: Route, request: Request) -> Response {
         match route {
             Route::Cell(index) => {
-                let Ok(response) = self.served[index].router.clone().oneshot(request).await;
+                let cell = &self.served[index];
+                let answer = cell.router.clone().oneshot(request);
+                let Ok(response) = in_cell(Arc::clone(&cell.label), answer).await;
                 response
             }
             Route::Elsewhere(name) => Problem::new(

@@ -133,6 +133,21 @@ impl Process {
         String::from_utf8_lossy(&std::fs::read(self.log.path()).unwrap_or_default()).into_owned()
     }
 
+    /// SIGTERM, then its exit awaited (SIGKILL after 20 s): a graceful stop, which finishes its
+    /// work in hand and releases its leases, where a kill leaves them to run out.
+    pub fn terminate(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill();
+    }
+
     /// SIGKILL: the process gets no chance to clean up.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
