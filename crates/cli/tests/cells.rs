@@ -41,6 +41,8 @@ fn key_of(tenant: &str) -> &'static str {
     KEYS.iter().find(|(name, _)| *name == tenant).unwrap().1
 }
 
+const OPERATOR_KEY: &str = "op_test_0123456789abcdef";
+
 const STRIPE_ENV: [(&str, &str); 2] = [
     ("ASIENTO_PROVIDER_STRIPE_API_KEY", API_KEY),
     ("ASIENTO_PROVIDER_STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET),
@@ -102,6 +104,8 @@ fn serve(listen: &str, cells: &str, providers: &str, extra: &[&str]) -> Process 
         "500ms",
         "--reconcile-interval",
         "300ms",
+        "--operator-key",
+        OPERATOR_KEY,
     ];
     args.extend_from_slice(extra);
     let mut server = Process::spawn(&args, &STRIPE_ENV);
@@ -170,9 +174,11 @@ impl Browser {
         (status, response.text().await.unwrap())
     }
 
-    async fn sign_in(&mut self, key: &str) {
+    /// Signs in with `key` on the sign-in form at `form_path`.
+    async fn sign_in(&mut self, form_path: &str, key: &str) {
         let url = format!("{}/console/sign-in", self.base);
-        let (status, form) = self.send(self.http.get(&url)).await;
+        let form_url = format!("{}{form_path}", self.base);
+        let (status, form) = self.send(self.http.get(&form_url)).await;
         assert_eq!(status, 200, "{form}");
         let csrf = form
             .split("name=\"csrf\" value=\"")
@@ -302,7 +308,7 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
         base: base.clone(),
         cookies: BTreeMap::new(),
     };
-    browser.sign_in(key_of("beta")).await;
+    browser.sign_in("/console/sign-in", key_of("beta")).await;
     assert!(
         browser.cookies["asiento_console"].starts_with("eu2."),
         "{:?}",
@@ -325,6 +331,28 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
     assert_eq!(
         eu1.psql(DATABASE, "select count(*) from console_sessions"),
         "0"
+    );
+    // The platform operator's key is no tenant's: it signs in to the cell the form was asked for.
+    let mut operator = Browser {
+        http: browser.http.clone(),
+        base: base.clone(),
+        cookies: BTreeMap::new(),
+    };
+    operator
+        .sign_in("/console/sign-in?cell=eu2", OPERATOR_KEY)
+        .await;
+    assert!(
+        operator.cookies["asiento_console"].starts_with("eu2."),
+        "{:?}",
+        operator.cookies
+    );
+    operator.get_when("/console/exceptions", "xceptions").await;
+    assert_eq!(
+        eu2.psql(
+            DATABASE,
+            "select count(*) from console_sessions where tenant is null"
+        ),
+        "1"
     );
 
     // gamma moves to eu1. Paused first: its requests, and provider events of its payments, are

@@ -29,7 +29,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 pub use error::ConsoleError;
-pub use session::{cookie, SESSION_COOKIE};
+pub use session::{cookie, set_cookie, SESSION_COOKIE};
 
 /// The console's largest form body: a note of a few KiB is the largest thing anyone types.
 pub const FORM_BYTES_MAX: usize = 16 * 1024;

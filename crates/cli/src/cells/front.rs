@@ -4,7 +4,8 @@
 //! - An API request by its key: the cells' `api_keys` say whose key it is, the directory where
 //!   that tenant lives.
 //! - A console session by its cookie, which the front writes as `{cell}.{token}` when the cell
-//!   signs a browser in (the sign-in form by the key it posts).
+//!   signs a browser in (the sign-in form by the key it posts; the platform operator's key, which
+//!   is no tenant's, to the cell the form was asked for: `/console/sign-in?cell=eu2`).
 //! - A provider's webhook by the payment it names (`asiento_domain::cell`); an Adyen batch whose
 //!   items name payments of several cells is split into one batch per cell (each item carries
 //!   its own signature). A payment minted before the deployment had cells is the home cell's;
@@ -124,9 +125,16 @@ impl Front {
     /// the cell it was last found in first, then in each served cell, past a cell that cannot
     /// answer, so that one cell down does not stop the tenants of the others.
     async fn of_key(&self, key: &str) -> Route {
+        self.key_route(key)
+            .await
+            .unwrap_or_else(|| Route::Cell(self.home()))
+    }
+
+    /// [`Front::of_key`], `None` for a key no served cell knows.
+    async fn key_route(&self, key: &str) -> Option<Route> {
         let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
         let last = match self.recent_key(&digest) {
-            Some((index, true)) => return Route::Cell(index),
+            Some((index, true)) => return Some(Route::Cell(index)),
             Some((index, false)) => Some(index),
             None => None,
         };
@@ -149,30 +157,27 @@ impl Front {
                 .ok()
                 .and_then(|tenant| self.directory.cell_of_tenant(&tenant));
             if TenantId::parse(&tenant).is_ok_and(|tenant| self.directory.is_paused(&tenant)) {
-                return Route::Paused;
+                return Some(Route::Paused);
             }
             let Some(placed) = placed else {
                 tracing::warn!(cell = %cell.name, %tenant, "a key's tenant is in no cell of the directory");
-                return Route::Refused(
+                return Some(Route::Refused(
                     StatusCode::FORBIDDEN,
                     "tenant_without_cell",
                     "this key's tenant is not placed in any cell",
-                );
+                ));
             };
             let route = self.served_named(&placed.name);
             if let Route::Cell(index) = route {
                 self.remember_key(digest, index);
             }
-            return route;
+            return Some(route);
         }
-        if unreachable {
-            return Route::Refused(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "cell_unavailable",
-                "a cell that may hold this key cannot be reached; retry later",
-            );
-        }
-        Route::Cell(self.home())
+        unreachable.then_some(Route::Refused(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "cell_unavailable",
+            "a cell that may hold this key cannot be reached; retry later",
+        ))
     }
 
     /// The cell a key was last routed to, and whether that is recent enough to believe.
@@ -491,14 +496,21 @@ async fn console(front: &Front, request: Request) -> Response {
                 .find(|(name, _)| name == "api_key")
                 .map(|(_, value)| value.trim().to_owned())
                 .filter(|key| !key.is_empty());
+            // A tenant's key signs in to its cell; the operator's key (no tenant's) to the cell
+            // the sign-in form was asked for (`?cell=`), else the home cell.
+            let chosen = asiento_console::cookie(&parts.headers, CHOSEN_CELL_COOKIE)
+                .map(|cell| front.served_named(cell))
+                .unwrap_or(Route::Cell(front.home()));
             let route = match key {
-                Some(key) => front.of_key(&key).await,
-                None => Route::Cell(front.home()),
+                Some(key) => front.key_route(&key).await.unwrap_or(chosen),
+                None => chosen,
             };
             (route, Request::from_parts(parts, Body::from(body)))
         }
         None => (Route::Cell(front.home()), request),
     };
+    let chosen = chosen_cell(front, &request);
+    let headers = request.headers().clone();
     let name = match &route {
         Route::Cell(index) => Some(front.served[*index].name.clone()),
         _ => None,
@@ -507,10 +519,34 @@ async fn console(front: &Front, request: Request) -> Response {
     if let Some(name) = name {
         name_the_cell_in_session_cookies(&mut response, &name);
     }
+    if let Some(cell) = chosen {
+        let cookie =
+            asiento_console::set_cookie(CHOSEN_CELL_COOKIE, &cell, CHOSEN_CELL_MAX_AGE_S, &headers);
+        if let Ok(value) = HeaderValue::from_str(&cookie) {
+            response.headers_mut().append(SET_COOKIE, value);
+        }
+    }
     response
 }
 
 const SIGN_IN_PATH: &str = "/console/sign-in";
+
+/// The cell the sign-in form was asked for (`/console/sign-in?cell=eu2`), for the operator's key.
+const CHOSEN_CELL_COOKIE: &str = "asiento_console_cell";
+const CHOSEN_CELL_MAX_AGE_S: i64 = 3600;
+
+/// A cell served here that the sign-in form's query names.
+fn chosen_cell(front: &Front, request: &Request) -> Option<String> {
+    if request.method() != Method::GET || request.uri().path() != SIGN_IN_PATH {
+        return None;
+    }
+    let query = request.uri().query()?;
+    let (_, cell) = form_urlencoded::parse(query.as_bytes()).find(|(name, _)| name == "cell")?;
+    match front.served_named(&cell) {
+        Route::Cell(_) => Some(cell.into_owned()),
+        _ => None,
+    }
+}
 
 /// The session cookie's cell and token, when the request carries one the front wrote.
 fn session_cookie(request: &Request) -> Option<(String, String)> {
