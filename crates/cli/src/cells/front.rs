@@ -32,6 +32,7 @@ use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, COOKIE, SET_COOKIE};
 use axum::http::{HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use futures::stream::{FuturesUnordered, StreamExt as _};
 use sha2::{Digest as _, Sha256};
 use tower::ServiceExt as _;
 
@@ -122,8 +123,8 @@ impl Front {
 
     /// The cell of the tenant whose key this is; the home cell (which refuses it) for a key no
     /// served cell knows. A key seen lately goes straight to its cell; another is looked up in
-    /// the cell it was last found in first, then in each served cell, past a cell that cannot
-    /// answer, so that one cell down does not stop the tenants of the others.
+    /// every served cell at once, the first that knows it answering, so that a cell that is down
+    /// or slow does not hold up the tenants of the others.
     async fn of_key(&self, key: &str) -> Route {
         self.key_route(key)
             .await
@@ -133,18 +134,20 @@ impl Front {
     /// [`Front::of_key`], `None` for a key no served cell knows.
     async fn key_route(&self, key: &str) -> Option<Route> {
         let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        let last = match self.recent_key(&digest) {
-            Some((index, true)) => return Some(Route::Cell(index)),
-            Some((index, false)) => Some(index),
-            None => None,
-        };
-        let order = last
-            .into_iter()
-            .chain((0..self.served.len()).filter(|index| Some(*index) != last));
+        if let Some(index) = self.recent_key(&digest) {
+            return Some(Route::Cell(index));
+        }
+        let mut lookups: FuturesUnordered<_> =
+            self.served
+                .iter()
+                .zip(&self.keys)
+                .map(|(cell, keys)| async move {
+                    (cell, keys.tenant_for_key(&cell.database, key).await)
+                })
+                .collect();
         let mut unreachable = false;
-        for index in order {
-            let cell = &self.served[index];
-            let tenant = match self.keys[index].tenant_for_key(&cell.database, key).await {
+        while let Some((cell, found)) = lookups.next().await {
+            let tenant = match found {
                 Ok(Some(tenant)) => tenant,
                 Ok(None) => continue,
                 Err(error) => {
@@ -180,12 +183,13 @@ impl Front {
         ))
     }
 
-    /// The cell a key was last routed to, and whether that is recent enough to believe.
-    fn recent_key(&self, digest: &[u8; 32]) -> Option<(usize, bool)> {
+    /// The cell a key was routed to lately.
+    fn recent_key(&self, digest: &[u8; 32]) -> Option<usize> {
         let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         recent
             .get(digest)
-            .map(|(index, at)| (*index, at.elapsed() < KEY_CACHE_TTL))
+            .filter(|(_, at)| at.elapsed() < KEY_CACHE_TTL)
+            .map(|(index, _)| *index)
     }
 
     fn remember_key(&self, digest: [u8; 32], index: usize) {
