@@ -378,8 +378,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 let router = parts.start(&args, providers.as_ref(), &stopped, &mut tasks)?;
                 println!("cell {} (number {}) served", cell.name, cell.number);
                 served.push(crate::cells::front::ServedCell {
-                    label: Arc::from(cell.name.as_str()),
-                    name: cell.name,
+                    name: Arc::from(cell.name.as_str()),
                     router,
                     database,
                 });

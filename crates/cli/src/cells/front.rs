@@ -40,9 +40,8 @@ use super::Directory;
 
 /// One cell this process serves.
 pub struct ServedCell {
-    pub name: String,
-    /// The `cell` label of what its requests record.
-    pub label: Arc<str>,
+    /// Its name in the directory, also the `cell` label of what its requests record.
+    pub name: Arc<str>,
     /// The cell's whole router: API, console, webhooks, health.
     pub router: Router,
     /// The cell's primary, where its API keys are.
@@ -106,7 +105,7 @@ impl Front {
     }
 
     fn served_named(&self, name: &str) -> Route {
-        match self.served.iter().position(|cell| cell.name == name) {
+        match self.served.iter().position(|cell| &*cell.name == name) {
             Some(index) => Route::Cell(index),
             None => Route::Elsewhere(name.to_owned()),
         }
@@ -117,7 +116,7 @@ impl Front {
         let home = &self.directory.home().name;
         self.served
             .iter()
-            .position(|cell| &cell.name == home)
+            .position(|cell| *cell.name == **home)
             .unwrap_or(0)
     }
 
@@ -205,7 +204,7 @@ impl Front {
             Route::Cell(index) => {
                 let cell = &self.served[index];
                 let answer = cell.router.clone().oneshot(request);
-                let Ok(response) = in_cell(Arc::clone(&cell.label), answer).await;
+                let Ok(response) = in_cell(Arc::clone(&cell.name), answer).await;
                 response
             }
             Route::Elsewhere(name) => Problem::new(
@@ -268,7 +267,7 @@ async fn ready(State(front): State<Arc<Front>>) -> Response {
             .expect("a fixed request is valid");
         let Ok(response) = cell.router.clone().oneshot(request).await;
         ready &= response.status().is_success();
-        cells.insert(cell.name.clone(), response.status().as_u16());
+        cells.insert(cell.name.to_string(), response.status().as_u16());
     }
     let status = if ready {
         StatusCode::OK
@@ -516,7 +515,7 @@ async fn console(front: &Front, request: Request) -> Response {
     let chosen = chosen_cell(front, &request);
     let headers = request.headers().clone();
     let name = match &route {
-        Route::Cell(index) => Some(front.served[*index].name.clone()),
+        Route::Cell(index) => Some(Arc::clone(&front.served[*index].name)),
         _ => None,
     };
     let mut response = front.send(route, request).await;
