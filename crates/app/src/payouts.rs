@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, HashMap};
 use asiento_domain::exception::{ExceptionRecorded, Resolution};
 use asiento_domain::payout::{self, PayoutEvent, PayoutFact, PayoutId, PayoutLine};
 use asiento_domain::{
-    payout_stream, Amount, Currency, ExceptionId, ExceptionKind, PaymentId, ProviderName,
+    payout_stream, Amount, Currency, ExceptionId, ExceptionKind, PaymentId, ProviderName, TenantId,
 };
-use asiento_eventstore::{Metadata, StreamAppend};
+use asiento_eventstore::{EventStore, Metadata, StreamAppend};
 use asiento_psp::{Charge, DisputeStatus, Payout, PayoutStatus};
 use serde_json::json;
 
@@ -151,6 +151,92 @@ pub async fn post(
         tracing::warn!(%provider, payout = %payout.id, "payout failed; its postings are reversed");
     }
     Ok(Posted::Recorded)
+}
+
+/// One log of a tenant move: its event store and its cell's name.
+pub struct CellLog<'a> {
+    pub store: &'a dyn EventStore,
+    pub cell: &'a str,
+}
+
+/// Carries `tenant`'s share of one posted payout from the log of the cell it moves out of to
+/// the log of the cell it moves to (`asiento cells move`): the share's lines and entries into
+/// the new cell's payout stream, then its moving out into the old cell's. Run again after a cut,
+/// it finishes what is missing; `false` when the old log holds no share of the tenant's there.
+pub async fn move_share(
+    from: &CellLog<'_>,
+    to: &CellLog<'_>,
+    provider: &ProviderName,
+    id: &PayoutId,
+    tenant: &TenantId,
+    at: chrono::DateTime<chrono::Utc>,
+) -> Result<bool, PayoutError> {
+    let rejected = |rejection| PayoutError::Rejected {
+        payout: id.to_string(),
+        rejection,
+    };
+    let source = log::load_payout(from.store, provider, id).await?;
+    let Some(share) = source.aggregate.share_of(tenant) else {
+        return Ok(source.aggregate.moved_out.contains_key(tenant));
+    };
+    // The new cell's workers may post the payout meanwhile: decided again on what they wrote.
+    for attempt in 1..=APPEND_ATTEMPTS_MAX {
+        let target = log::load_payout(to.store, provider, id).await?;
+        let events = payout::move_in(
+            &target.aggregate,
+            provider,
+            id,
+            tenant,
+            from.cell,
+            share.clone(),
+            at,
+        )
+        .map_err(rejected)?;
+        if appended(to.store, provider, id, target.aggregate.version, &events).await? {
+            break;
+        }
+        if attempt == APPEND_ATTEMPTS_MAX {
+            return Err(FlowError::Inconsistent(format!(
+                "payout {id} kept changing in cell {} while {tenant}'s share moved in",
+                to.cell
+            ))
+            .into());
+        }
+    }
+    let events =
+        payout::move_out(&source.aggregate, provider, id, tenant, to.cell, at).map_err(rejected)?;
+    if !appended(from.store, provider, id, source.aggregate.version, &events).await? {
+        return Err(FlowError::Inconsistent(format!(
+            "payout {id} changed in cell {} while {tenant}'s share moved out: run the move again",
+            from.cell
+        ))
+        .into());
+    }
+    Ok(true)
+}
+
+/// Appends `events` to a payout's stream at `version`: `false` when another writer appended
+/// there first.
+async fn appended(
+    store: &dyn EventStore,
+    provider: &ProviderName,
+    id: &PayoutId,
+    version: u64,
+    events: &[PayoutEvent],
+) -> Result<bool, PayoutError> {
+    if events.is_empty() {
+        return Ok(true);
+    }
+    let append = StreamAppend {
+        stream_id: payout_stream(provider, id),
+        expected: log::expected(version),
+        events: log::encode(events, &Metadata::default(), log::payout_codec)?,
+    };
+    match store.append(&[append]).await {
+        Ok(_) => Ok(true),
+        Err(error) if log::is_conflict(&error) => Ok(false),
+        Err(error) => Err(FlowError::Append(error).into()),
+    }
 }
 
 /// A paid payout's lines: its transactions grouped by our payment, each payment brought up to

@@ -6,13 +6,16 @@
 //!   provider's webhooks for them land in its cell's database and nowhere else: each database's
 //!   log holds only its own tenants' events, its webhook inbox only events of its payments.
 //! - A console session is routed by its cookie to the cell it was signed in to.
+//! - A first provider payout covers the payments of both cells: each cell posts its own part.
 //! - Tenant `gamma` moves from eu2 to eu1: paused (its requests and its payments' webhooks are
-//!   answered 503, retried), copied by `asiento cells move`, then placed in eu1 and listed as
-//!   moved out of eu2: its old payments answer from eu1, and a refund of one (minted in eu2)
+//!   answered 503, retried), copied by `asiento cells move` with its share of the first payout,
+//!   then placed in eu1 and listed as moved out of eu2: its old payments and its books answer
+//!   from eu1 (what was paid out of its money included), and a refund of one (minted in eu2)
 //!   has its provider webhook routed to eu1.
-//! - One provider payout covers the payments of both cells: each cell posts its own part (gamma's
-//!   in eu1), and `asiento verify --cells` checks the parts add up to the payout, gamma's copy is
-//!   whole (and each cell's invariants);
+//! - A second payout covers what came after (gamma's part in eu1); then the first one fails:
+//!   each cell reverses the shares of the tenants it holds, gamma's in eu1 and not in eu2.
+//!   `asiento verify --cells` checks the parts add up to each payout, the moved share is in
+//!   gamma's cell, gamma's copy is whole (and each cell's invariants);
 //!   `reconcile --cells` finds nothing wrong in either cell (no cell takes another's charges for
 //!   unknown ones); `projections status --cells` shows both.
 //! - With eu1's PostgreSQL killed, eu2's tenants still pay and read: no request of theirs
@@ -137,6 +140,26 @@ fn directory(
     let written = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(written.path(), file.to_string()).unwrap();
     written
+}
+
+/// `asiento verify --cells` clean, and no payout pending in a cell, once the cells' workers and
+/// projectors caught up.
+async fn verified_clean(cells: &str, env: &[(&str, &str)]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, output) = asiento_with_env(&["verify", "--cells", cells], env);
+        let settled = ok
+            && output.contains("2 cells checked; 0 violations across cells")
+            && !output.contains("pending");
+        if settled {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "verify --cells never clean:\n{output}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 fn path(file: &tempfile::NamedTempFile) -> String {
@@ -374,6 +397,20 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
         "1"
     );
 
+    // A first payout of everything so far: each cell posts its tenants' shares.
+    let made = sim_control(&acme, &sim_listen, "/sim/payouts", json!({})).await;
+    let first_payout = made["data"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        made["data"][0]["amount"],
+        owed.values().sum::<i64>(),
+        "{made}"
+    );
+    for (tenant, client) in [("acme", &acme), ("beta", &beta), ("gamma", &gamma)] {
+        wait_balance(client, "bank:stripe:payouts", -owed[tenant], tenant).await;
+        wait_balance(client, "psp:stripe:clearing", 0, tenant).await;
+    }
+    let paid_first = owed.clone();
+
     // gamma moves to eu1. Paused first: its requests, and provider events of its payments, are
     // answered 503 with Retry-After; beta's are not.
     let env: Vec<(&str, &str)> = STRIPE_ENV.to_vec();
@@ -431,6 +468,11 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
         ),
         "0"
     );
+    // gamma's books in eu1 hold its share of the first payout, moved with it, and verify finds
+    // the copy whole and each payout's share in one cell.
+    verified_clean(&cells, &env).await;
+    wait_balance(&gamma, "bank:stripe:payouts", -owed["gamma"], "gamma moved").await;
+    wait_balance(&gamma, "psp:stripe:clearing", 0, "gamma moved").await;
     // A refund of a payment minted in eu2: its provider webhook reaches eu1 (a fee refund
     // included, its share of the payout below is 500 less).
     let second = &paid["gamma"][1];
@@ -466,16 +508,44 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
     }
     assert_eq!(eu2.psql(DATABASE, &events_sql), eu2_before);
 
-    // One payout of everything: each cell posts its tenants' shares.
+    // A second payout of what came since (beta's new payment, gamma's refund in eu1): each cell
+    // posts its tenants' shares.
+    captured(&beta, "beta-3", 10_000).await;
+    *owed.get_mut("beta").unwrap() += 10_000 - 290;
     let made = sim_control(&acme, &sim_listen, "/sim/payouts", json!({})).await;
     let payouts = made["data"].as_array().unwrap();
     assert_eq!(payouts.len(), 1, "one currency, one payout: {made}");
-    let total: i64 = owed.values().sum();
+    let total: i64 = owed.values().sum::<i64>() - paid_first.values().sum::<i64>();
     assert_eq!(payouts[0]["amount"], total, "{made}");
     for (tenant, client) in [("acme", &acme), ("beta", &beta), ("gamma", &gamma)] {
         wait_balance(client, "bank:stripe:payouts", -owed[tenant], tenant).await;
         wait_balance(client, "psp:stripe:clearing", 0, tenant).await;
     }
+
+    // The first payout fails at the bank: every tenant's share of it is back in clearing, each
+    // reversed in the cell that holds the tenant now (gamma's in eu1, none of gamma's in eu2).
+    sim_control(
+        &acme,
+        &sim_listen,
+        &format!("/sim/payouts/{first_payout}/fail"),
+        json!({}),
+    )
+    .await;
+    for (tenant, client) in [("acme", &acme), ("beta", &beta), ("gamma", &gamma)] {
+        let since = owed[tenant] - paid_first[tenant];
+        wait_balance(client, "bank:stripe:payouts", -since, tenant).await;
+        wait_balance(client, "psp:stripe:clearing", -paid_first[tenant], tenant).await;
+    }
+    let reversals_of = |tenant: &str| {
+        format!(
+            "select count(*) from events where stream_id = 'payout-stripe:{first_payout}' \
+             and event_type = 'EntryPosted' and data->'entry'->>'tenant' = '{tenant}' \
+             and data->'entry'->>'reverses' is not null"
+        )
+    };
+    assert_eq!(eu1.psql(DATABASE, &reversals_of("gamma")), "1");
+    assert_eq!(eu2.psql(DATABASE, &reversals_of("gamma")), "0");
+    assert_eq!(eu2.psql(DATABASE, &reversals_of("beta")), "1");
 
     // Each cell's projectors and workers record under their cell's label.
     let metrics = acme
@@ -499,21 +569,7 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
         }
     }
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (ok, output) = asiento_with_env(&["verify", "--cells", &cells], &env);
-        let settled = ok
-            && output.contains("2 cells checked; 0 violations across cells")
-            && !output.contains("pending");
-        if settled {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "verify --cells never clean:\n{output}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    verified_clean(&cells, &env).await;
     let (ok, output) = asiento_with_env(
         &[
             "reconcile",

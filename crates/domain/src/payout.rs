@@ -11,8 +11,17 @@
 //!
 //! A payout's facts are read as they stand at the provider (events are hints), so a late
 //! `paid` after `failed` changes nothing, and a repeated one finds nothing to do.
+//!
+//! In a deployment of tenant cells each cell's log holds its own part of a payout: its own
+//! tenants' lines, and what other cells' payments make of the amount as `elsewhere_minor`. A
+//! tenant moved to another cell (`asiento cells move`) takes its share of each payout posted
+//! before the move with it: the old cell's stream records [`PayoutShareMovedOut`] (the lines and
+//! entries stay there, frozen, and a later failure of the payout reverses the share in the new
+//! cell, not there); the new cell's stream records [`PayoutShareMovedIn`] with the share's lines
+//! and the share's entries as they were posted, and a later `PayoutPaid` there leaves that
+//! tenant's lines to the share moved in.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 
 use chrono::{DateTime, Utc};
@@ -133,6 +142,37 @@ impl PayoutPaid {
     }
 }
 
+/// A tenant's share of this payout, brought from the tenant cell the tenant moved out of: its
+/// lines as that cell posted them. The share's entries follow as `EntryPosted` events, as they
+/// were posted there (the share, and its reversal when the payout had failed there already).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PayoutShareMovedIn {
+    pub provider: ProviderName,
+    pub payout_id: PayoutId,
+    pub tenant: TenantId,
+    /// The cell the tenant moved from.
+    pub from_cell: String,
+    pub currency: Currency,
+    pub lines: Vec<PayoutLine>,
+    /// The payout had failed in the old cell: the share comes with its reversal.
+    pub reversed: bool,
+    pub at: DateTime<Utc>,
+}
+
+/// A tenant's share of this payout moved to another tenant cell with the tenant. Its lines and
+/// entries stay in this log; a later failure of the payout reverses the share in the new cell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PayoutShareMovedOut {
+    pub provider: ProviderName,
+    pub payout_id: PayoutId,
+    pub tenant: TenantId,
+    /// The cell the tenant moved to.
+    pub to_cell: String,
+    /// The tenant's lines in this log, summed.
+    pub net_minor: Amount,
+    pub at: DateTime<Utc>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PayoutFailed {
     pub provider: ProviderName,
@@ -148,6 +188,8 @@ crate::event::event_family! {
         PayoutPaid = 1,
         PayoutFailed = 1,
         EntryPosted = 1,
+        PayoutShareMovedIn = 1,
+        PayoutShareMovedOut = 1,
     }
 }
 
@@ -157,8 +199,13 @@ pub struct Payout {
     pub version: u64,
     pub paid: Option<PayoutPaid>,
     pub failed: bool,
-    /// The entries the payout posted, in order (the shares, then their reversals).
-    pub entries: Vec<JournalEntry>,
+    /// The entries the payout posted, in order (the shares, then their reversals), and those of
+    /// shares moved in.
+    pub entries: Vec<EntryPosted>,
+    /// Shares moved in from other cells with their tenants.
+    pub moved_in: Vec<PayoutShareMovedIn>,
+    /// Shares moved out to other cells with their tenants: what each share's lines make.
+    pub moved_out: BTreeMap<TenantId, Amount>,
 }
 
 #[must_use]
@@ -167,9 +214,91 @@ pub fn evolve(mut payout: Payout, event: &PayoutEvent) -> Payout {
     match event {
         PayoutEvent::PayoutPaid(paid) => payout.paid = Some(paid.clone()),
         PayoutEvent::PayoutFailed(_) => payout.failed = true,
-        PayoutEvent::EntryPosted(posted) => payout.entries.push(posted.entry.clone()),
+        PayoutEvent::EntryPosted(posted) => payout.entries.push(posted.clone()),
+        PayoutEvent::PayoutShareMovedIn(moved) => payout.moved_in.push(moved.clone()),
+        PayoutEvent::PayoutShareMovedOut(moved) => {
+            payout
+                .moved_out
+                .insert(moved.tenant.clone(), moved.net_minor);
+        }
     }
     payout
+}
+
+/// A tenant's share of a payout as one log holds it: what moves with the tenant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Share {
+    pub currency: Currency,
+    pub lines: Vec<PayoutLine>,
+    /// The share's entries as posted: the share, and its reversal when the payout failed.
+    pub entries: Vec<EntryPosted>,
+    pub reversed: bool,
+}
+
+impl Payout {
+    /// `tenant`'s share as this log holds it (posted here or moved in), `None` when it has none
+    /// here or it moved out already.
+    #[must_use]
+    pub fn share_of(&self, tenant: &TenantId) -> Option<Share> {
+        if self.moved_out.contains_key(tenant) {
+            return None;
+        }
+        let posted = self
+            .paid
+            .iter()
+            .flat_map(|paid| &paid.lines)
+            .filter(|line| &line.tenant == tenant);
+        let moved_in = self
+            .moved_in
+            .iter()
+            .filter(|moved| &moved.tenant == tenant)
+            .flat_map(|moved| &moved.lines);
+        let lines: Vec<PayoutLine> = posted.chain(moved_in).cloned().collect();
+        let currency = self
+            .paid
+            .as_ref()
+            .map(|paid| paid.currency)
+            .or_else(|| self.moved_in.first().map(|moved| moved.currency))?;
+        if lines.is_empty() {
+            return None;
+        }
+        let entries: Vec<EntryPosted> = self
+            .entries
+            .iter()
+            .filter(|posted| posted.entry.tenant() == tenant)
+            .cloned()
+            .collect();
+        let reversed = entries
+            .iter()
+            .any(|posted| posted.entry.reverses().is_some());
+        Some(Share {
+            currency,
+            lines,
+            entries,
+            reversed,
+        })
+    }
+
+    /// Tenants whose shares moved in.
+    fn moved_in_tenants(&self) -> BTreeSet<&TenantId> {
+        self.moved_in.iter().map(|moved| &moved.tenant).collect()
+    }
+
+    /// What this log posts of the payout: its lines and unattributed part, with the shares moved
+    /// in and without those moved out (`asiento verify --cells` adds the cells' parts up).
+    pub fn posted_here(&self) -> Result<Amount, AmountError> {
+        let mut here = match &self.paid {
+            Some(paid) => paid.posted_here()?,
+            None => Amount::ZERO,
+        };
+        for line in self.moved_in.iter().flat_map(|moved| &moved.lines) {
+            here = here.checked_add(line.net_minor)?;
+        }
+        for share in self.moved_out.values() {
+            here = here.checked_sub(*share)?;
+        }
+        Ok(here)
+    }
 }
 
 /// What the provider says of a payout, read as it stands.
@@ -208,6 +337,12 @@ pub enum PayoutRejection {
     Amount(#[from] AmountError),
     #[error("posting rule produced an invalid entry: {0}")]
     InvalidEntry(String),
+    #[error("tenant {0} has a share of this payout in this log already")]
+    ShareHere(TenantId),
+    #[error("tenant {0} has no share of this payout in this log")]
+    NoShare(TenantId),
+    #[error("the share is in {share}, the payout here in {here}")]
+    ShareCurrency { share: Currency, here: Currency },
 }
 
 impl From<EntryError> for PayoutRejection {
@@ -248,6 +383,15 @@ pub fn decide(
             if lines.len() > PAYOUT_LINES_MAX {
                 return Err(PayoutRejection::TooManyLines(lines.len()));
             }
+            // A tenant whose share moved in with it has that share posted here already.
+            let moved_in = payout.moved_in_tenants();
+            let (lines, posted_already): (Vec<PayoutLine>, Vec<PayoutLine>) = lines
+                .into_iter()
+                .partition(|line| !moved_in.contains(&line.tenant));
+            let mut elsewhere = elsewhere;
+            for line in &posted_already {
+                elsewhere = elsewhere.checked_add(line.net_minor)?;
+            }
             let mut shares: BTreeMap<&TenantId, Amount> = BTreeMap::new();
             let mut seen = std::collections::HashSet::new();
             let mut total = Amount::ZERO;
@@ -259,9 +403,8 @@ pub fn decide(
                 *share = share.checked_add(line.net_minor)?;
                 total = total.checked_add(line.net_minor)?;
             }
-            if elsewhere < Amount::ZERO
-                || total.checked_add(unattributed)?.checked_add(elsewhere)? != amount
-            {
+            // Other cells' part is negative when their refunds outweigh what they brought in.
+            if total.checked_add(unattributed)?.checked_add(elsewhere)? != amount {
                 return Err(PayoutRejection::Unbalanced {
                     amount,
                     lines: total,
@@ -310,7 +453,23 @@ pub fn decide(
                 failure_code,
                 at,
             })];
-            for entry in payout.entries.iter().filter(|e| e.reverses().is_none()) {
+            // Every share once: not one reversed already (moved in reversed), nor one that moved
+            // out with its tenant (its new cell reverses it).
+            let reversed: HashSet<EntryId> = payout
+                .entries
+                .iter()
+                .filter_map(|posted| posted.entry.reverses())
+                .collect();
+            let standing = payout
+                .entries
+                .iter()
+                .map(|posted| &posted.entry)
+                .filter(|entry| {
+                    entry.reverses().is_none()
+                        && !reversed.contains(&entry.id())
+                        && !payout.moved_out.contains_key(entry.tenant())
+                });
+            for entry in standing {
                 let id = EntryId::derived(&format!("{}:failed", entry.id()));
                 events.push(PayoutEvent::EntryPosted(EntryPosted {
                     entry: entry.reversal(id)?,
@@ -321,6 +480,85 @@ pub fn decide(
             Ok(events)
         }
     }
+}
+
+/// The events that bring `tenant`'s `share`, moved from cell `from_cell`, into this log's
+/// `payout`: nothing when it is here already (a move run again).
+pub fn move_in(
+    payout: &Payout,
+    provider: &ProviderName,
+    payout_id: &PayoutId,
+    tenant: &TenantId,
+    from_cell: &str,
+    share: Share,
+    at: DateTime<Utc>,
+) -> Result<Vec<PayoutEvent>, PayoutRejection> {
+    if payout.moved_in.iter().any(|moved| &moved.tenant == tenant) {
+        return Ok(Vec::new());
+    }
+    let posted_here = payout
+        .paid
+        .iter()
+        .flat_map(|paid| &paid.lines)
+        .any(|line| &line.tenant == tenant);
+    if posted_here || payout.moved_out.contains_key(tenant) {
+        return Err(PayoutRejection::ShareHere(tenant.clone()));
+    }
+    if let Some(paid) = &payout.paid {
+        if paid.currency != share.currency {
+            return Err(PayoutRejection::ShareCurrency {
+                share: share.currency,
+                here: paid.currency,
+            });
+        }
+    }
+    if share.lines.is_empty() || share.lines.iter().any(|line| &line.tenant != tenant) {
+        return Err(PayoutRejection::NoShare(tenant.clone()));
+    }
+    let mut events = vec![PayoutEvent::PayoutShareMovedIn(PayoutShareMovedIn {
+        provider: provider.clone(),
+        payout_id: payout_id.clone(),
+        tenant: tenant.clone(),
+        from_cell: from_cell.to_owned(),
+        currency: share.currency,
+        lines: share.lines,
+        reversed: share.reversed,
+        at,
+    })];
+    events.extend(share.entries.into_iter().map(PayoutEvent::EntryPosted));
+    Ok(events)
+}
+
+/// The event that records `tenant`'s share of `payout` moved to cell `to_cell`: nothing when it
+/// moved already.
+pub fn move_out(
+    payout: &Payout,
+    provider: &ProviderName,
+    payout_id: &PayoutId,
+    tenant: &TenantId,
+    to_cell: &str,
+    at: DateTime<Utc>,
+) -> Result<Vec<PayoutEvent>, PayoutRejection> {
+    if payout.moved_out.contains_key(tenant) {
+        return Ok(Vec::new());
+    }
+    let share = payout
+        .share_of(tenant)
+        .ok_or_else(|| PayoutRejection::NoShare(tenant.clone()))?;
+    let mut net = Amount::ZERO;
+    for line in &share.lines {
+        net = net.checked_add(line.net_minor)?;
+    }
+    Ok(vec![PayoutEvent::PayoutShareMovedOut(
+        PayoutShareMovedOut {
+            provider: provider.clone(),
+            payout_id: payout_id.clone(),
+            tenant: tenant.clone(),
+            to_cell: to_cell.to_owned(),
+            net_minor: net,
+            at,
+        },
+    )])
 }
 
 #[cfg(test)]
@@ -511,11 +749,156 @@ mod tests {
                 "elsewhere {wrong}"
             );
         }
+        // Other cells' refunds outweigh what their payments brought in: their part is negative.
+        let outweighed = PayoutFact::Paid {
+            currency,
+            amount: Amount::new(9_709),
+            lines: lines.clone(),
+            unattributed,
+            elsewhere: Amount::new(-1),
+            created,
+        };
+        assert!(decide(&Payout::default(), &provider, &id, outweighed, at()).is_ok());
         let twice = paid([lines.clone(), lines].concat(), 0);
         assert!(matches!(
             decide(&Payout::default(), &provider, &id, twice, at()),
             Err(PayoutRejection::DuplicateLine(_))
         ));
+    }
+
+    /// One payout of acme (cell A), globex (cell A) and initech (cell B); globex moves to B.
+    #[test]
+    fn a_share_moves_with_its_tenant_and_the_cells_still_post_the_payout_once() {
+        let provider = ProviderName::parse("stripe").unwrap();
+        let id = PayoutId::parse("po_1Abc").unwrap();
+        let globex = TenantId::parse("globex").unwrap();
+        let all = [
+            line(1, "acme", 9_710),
+            line(2, "globex", 4_855),
+            line(3, "globex", -500),
+            line(4, "initech", 1_000),
+        ];
+        let amount = 9_710 + 4_855 - 500 + 1_000;
+        let part = |lines: &[PayoutLine], elsewhere: i64| PayoutFact::Paid {
+            currency: Currency::parse("USD").unwrap(),
+            amount: Amount::new(amount),
+            lines: lines.to_vec(),
+            unattributed: Amount::ZERO,
+            elsewhere: Amount::new(elsewhere),
+            created: at(),
+        };
+        let posted = |payout: Payout, fact| {
+            let events = decide(&payout, &provider, &id, fact, at()).unwrap();
+            apply(payout, &events)
+        };
+        let parts = |a: &Payout, b: &Payout| {
+            a.posted_here().unwrap().minor() + b.posted_here().unwrap().minor()
+        };
+        let a = posted(Payout::default(), part(&all[..3], 1_000));
+        let share = a.share_of(&globex).unwrap();
+        assert_eq!(share.lines.len(), 2);
+        assert_eq!(share.entries.len(), 1);
+        assert!(!share.reversed);
+
+        let moved_in = move_in(
+            &Payout::default(),
+            &provider,
+            &id,
+            &globex,
+            "a",
+            share.clone(),
+            at(),
+        )
+        .unwrap();
+        assert_eq!(moved_in.len(), 2, "the share and its entry");
+        let b = apply(Payout::default(), &moved_in);
+        let a = apply(
+            a.clone(),
+            &move_out(&a, &provider, &id, &globex, "b", at()).unwrap(),
+        );
+        assert!(move_out(&a, &provider, &id, &globex, "b", at())
+            .unwrap()
+            .is_empty());
+        assert!(
+            move_in(&b, &provider, &id, &globex, "a", share.clone(), at())
+                .unwrap()
+                .is_empty()
+        );
+        assert!(a.share_of(&globex).is_none());
+        assert_eq!(b.share_of(&globex).unwrap().lines, share.lines);
+        assert_eq!(
+            parts(&a, &b),
+            9_710 + 4_355,
+            "B has not posted its own part yet"
+        );
+
+        // B's own part, read after the move, names globex's payments too: posted once.
+        let b = posted(b, part(&all[1..], 9_710));
+        assert_eq!(b.paid.as_ref().unwrap().lines, [line(4, "initech", 1_000)]);
+        assert_eq!(parts(&a, &b), amount);
+        assert!(matches!(
+            move_in(
+                &b,
+                &provider,
+                &id,
+                &TenantId::parse("initech").unwrap(),
+                "a",
+                share,
+                at()
+            ),
+            Err(PayoutRejection::ShareHere(_))
+        ));
+
+        // The payout fails: each cell reverses the shares it holds, globex's in B.
+        let failed = PayoutFact::Failed { failure_code: None };
+        let tenants_reversed = |payout: &Payout| {
+            let events = decide(payout, &provider, &id, failed.clone(), at()).unwrap();
+            legs(&events)
+                .into_iter()
+                .filter(|(_, account, _)| account.ends_with("clearing"))
+                .map(|(tenant, _, minor)| (tenant, minor))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(tenants_reversed(&a), [("acme".to_owned(), -9_710)]);
+        assert_eq!(
+            tenants_reversed(&b),
+            [
+                ("globex".to_owned(), -4_355),
+                ("initech".to_owned(), -1_000)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_share_moved_after_its_payout_failed_comes_reversed_and_is_not_reversed_again() {
+        let provider = ProviderName::parse("stripe").unwrap();
+        let id = PayoutId::parse("po_1Abc").unwrap();
+        let acme = TenantId::parse("acme").unwrap();
+        let failed = PayoutFact::Failed { failure_code: None };
+        let a = apply(
+            Payout::default(),
+            &decide(
+                &Payout::default(),
+                &provider,
+                &id,
+                paid(vec![line(1, "acme", 9_710)], 0),
+                at(),
+            )
+            .unwrap(),
+        );
+        let a = apply(
+            a.clone(),
+            &decide(&a, &provider, &id, failed.clone(), at()).unwrap(),
+        );
+        let share = a.share_of(&acme).unwrap();
+        assert!(share.reversed);
+        let b = apply(
+            Payout::default(),
+            &move_in(&Payout::default(), &provider, &id, &acme, "a", share, at()).unwrap(),
+        );
+        assert_eq!(b.entries.len(), 2);
+        let events = decide(&b, &provider, &id, failed, at()).unwrap();
+        assert_eq!(events.len(), 1, "the failure only: {events:?}");
     }
 
     #[test]

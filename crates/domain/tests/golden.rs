@@ -471,7 +471,9 @@ fn exception_fixtures() -> Vec<(ExceptionEvent, Value)> {
 }
 
 fn payout_fixtures() -> Vec<(PayoutEvent, Value)> {
-    use asiento_domain::payout::{PayoutFailed, PayoutPaid};
+    use asiento_domain::payout::{
+        PayoutFailed, PayoutPaid, PayoutShareMovedIn, PayoutShareMovedOut,
+    };
     let stripe = ProviderName::parse("stripe").unwrap();
     let payout_id = PayoutId::parse("po_1").unwrap();
     let entry = JournalEntry::new(
@@ -492,6 +494,17 @@ fn payout_fixtures() -> Vec<(PayoutEvent, Value)> {
         None,
     )
     .unwrap();
+    let line = PayoutLine {
+        payment: pid(),
+        tenant: tenant(),
+        net_minor: Amount::new(9_710),
+        provider_net_minor: Amount::new(9_710),
+        agreed_at_version: Some(4),
+        transactions: vec!["txn_1".into()],
+    };
+    let line_json = json!({"payment": PAY, "tenant": "acme", "net_minor": 9710,
+                           "provider_net_minor": 9710, "agreed_at_version": 4,
+                           "transactions": ["txn_1"]});
     vec![
         (
             PayoutEvent::PayoutPaid(PayoutPaid {
@@ -499,14 +512,7 @@ fn payout_fixtures() -> Vec<(PayoutEvent, Value)> {
                 payout_id: payout_id.clone(),
                 currency: Currency::parse("USD").unwrap(),
                 amount_minor: Amount::new(9_710),
-                lines: vec![PayoutLine {
-                    payment: pid(),
-                    tenant: tenant(),
-                    net_minor: Amount::new(9_710),
-                    provider_net_minor: Amount::new(9_710),
-                    agreed_at_version: Some(4),
-                    transactions: vec!["txn_1".into()],
-                }],
+                lines: vec![line.clone()],
                 unattributed_minor: Amount::ZERO,
                 elsewhere_minor: Amount::ZERO,
                 created: at(10),
@@ -515,10 +521,38 @@ fn payout_fixtures() -> Vec<(PayoutEvent, Value)> {
             json!({
                 "provider": "stripe", "payout_id": "po_1", "currency": "USD",
                 "amount_minor": 9710,
-                "lines": [{"payment": PAY, "tenant": "acme", "net_minor": 9710,
-                           "provider_net_minor": 9710, "agreed_at_version": 4,
-                           "transactions": ["txn_1"]}],
+                "lines": [line_json],
                 "unattributed_minor": 0, "created": AT, "at": AT
+            }),
+        ),
+        (
+            PayoutEvent::PayoutShareMovedIn(PayoutShareMovedIn {
+                provider: stripe.clone(),
+                payout_id: payout_id.clone(),
+                tenant: tenant(),
+                from_cell: "eu2".into(),
+                currency: Currency::parse("USD").unwrap(),
+                lines: vec![line],
+                reversed: false,
+                at: at(10),
+            }),
+            json!({
+                "provider": "stripe", "payout_id": "po_1", "tenant": "acme", "from_cell": "eu2",
+                "currency": "USD", "lines": [line_json], "reversed": false, "at": AT
+            }),
+        ),
+        (
+            PayoutEvent::PayoutShareMovedOut(PayoutShareMovedOut {
+                provider: stripe.clone(),
+                payout_id: payout_id.clone(),
+                tenant: tenant(),
+                to_cell: "eu1".into(),
+                net_minor: Amount::new(9_710),
+                at: at(10),
+            }),
+            json!({
+                "provider": "stripe", "payout_id": "po_1", "tenant": "acme", "to_cell": "eu1",
+                "net_minor": 9710, "at": AT
             }),
         ),
         (
@@ -702,7 +736,13 @@ fn type_names_and_schemas_are_stable() {
     );
     assert_eq!(
         PayoutEvent::TYPES,
-        &[("PayoutPaid", 1), ("PayoutFailed", 1), ("EntryPosted", 1)]
+        &[
+            ("PayoutPaid", 1),
+            ("PayoutFailed", 1),
+            ("EntryPosted", 1),
+            ("PayoutShareMovedIn", 1),
+            ("PayoutShareMovedOut", 1)
+        ]
     );
     assert_eq!(
         MonitorEvent::TYPES,
@@ -792,7 +832,7 @@ fn any_event_decodes_by_its_stream() {
         "payout-stripe:po_1",
         "EntryPosted",
         1,
-        &payout_fixtures()[2].1,
+        &payout_fixtures()[4].1,
     )
     .unwrap();
     assert_eq!(payout.entry().unwrap().legs().len(), 2);

@@ -2,7 +2,9 @@
 //!
 //! - `payout_share`: each payout's entries are its lines, per tenant (`psp:{provider}:clearing`
 //!   +share, `bank:{provider}:payouts` −share), its lines, unattributed part and other tenant
-//!   cells' part add up to its amount, and a payout that failed after it was paid has every share reversed exactly once;
+//!   cells' part add up to its amount, and a payout that failed after it was paid has every
+//!   share reversed exactly once, in the cell its tenant is in when it failed; a share moved in
+//!   from another cell has its entries with it, and one moved out is what its lines make;
 //! - `payout_clearing`: once a payment's payout lines add up to everything the provider held
 //!   for it (`provider_net_minor`, read when the payout was posted, where our books agreed at
 //!   `agreed_at_version`), its clearing legs up to that version and those lines net to zero:
@@ -10,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use asiento_domain::payout::{PayoutEvent, PayoutPaid};
+use asiento_domain::payout::{PayoutEvent, PayoutLine, PayoutPaid};
 use asiento_domain::{JournalEntry, PaymentId, TenantId};
 
 use super::{Check, Report};
@@ -22,6 +24,17 @@ struct PayoutSeen {
     /// Clearing legs of the payout's entries per tenant: shares, and reversals of shares.
     posted: BTreeMap<TenantId, i128>,
     reversed: BTreeMap<TenantId, i128>,
+    /// Lines of shares moved in, per tenant, and whether each came reversed.
+    moved_in: BTreeMap<TenantId, (Vec<PayoutLine>, bool)>,
+    /// Shares moved out: what each says its lines make, and whether it left before the failure.
+    moved_out: BTreeMap<TenantId, (i128, bool)>,
+}
+
+fn net_of(lines: &[PayoutLine]) -> i128 {
+    lines
+        .iter()
+        .map(|line| i128::from(line.net_minor.minor()))
+        .sum()
 }
 
 #[derive(Default)]
@@ -70,16 +83,10 @@ impl PayoutTally {
     ) {
         match event {
             PayoutEvent::PayoutPaid(paid) => {
-                let lines: i128 = paid
-                    .lines
-                    .iter()
-                    .map(|line| i128::from(line.net_minor.minor()))
-                    .sum();
+                let lines = net_of(&paid.lines);
                 let unattributed = i128::from(paid.unattributed_minor.minor());
                 let elsewhere = i128::from(paid.elsewhere_minor.minor());
-                if elsewhere < 0
-                    || lines + unattributed + elsewhere != i128::from(paid.amount_minor.minor())
-                {
+                if lines + unattributed + elsewhere != i128::from(paid.amount_minor.minor()) {
                     report.push(
                         Check::PayoutShare,
                         stream_id,
@@ -90,33 +97,53 @@ impl PayoutTally {
                     );
                 }
                 for line in &paid.lines {
-                    let paid_out = self.paid_out.entry(line.payment).or_default();
-                    *paid_out += i128::from(line.net_minor.minor());
-                    let paid_out = *paid_out;
-                    let Some(version) = line.agreed_at_version else {
-                        continue;
-                    };
-                    if paid_out != i128::from(line.provider_net_minor.minor()) {
-                        continue;
-                    }
-                    let clearing = self.clearing_at(line.payment, version);
-                    if clearing + paid_out != 0 {
-                        report.push(
-                            Check::PayoutClearing,
-                            line.payment.to_string(),
-                            format!(
-                                "paid out in full ({paid_out}, last by {stream_id}) but its clearing legs up to version {version} sum to {clearing}, not {}",
-                                -paid_out
-                            ),
-                        );
-                    }
+                    self.line_paid_out(stream_id, line, report);
                 }
                 self.seen(stream_id).paid = Some(paid.clone());
+            }
+            PayoutEvent::PayoutShareMovedIn(moved) => {
+                if moved.lines.iter().any(|line| line.tenant != moved.tenant) {
+                    report.push(
+                        Check::PayoutShare,
+                        stream_id,
+                        format!(
+                            "the share of {} moved in has lines of other tenants",
+                            moved.tenant
+                        ),
+                    );
+                }
+                // Reversed in the old cell already: no longer paid out.
+                if !moved.reversed {
+                    for line in &moved.lines {
+                        self.line_paid_out(stream_id, line, report);
+                    }
+                }
+                self.seen(stream_id)
+                    .moved_in
+                    .insert(moved.tenant.clone(), (moved.lines.clone(), moved.reversed));
+            }
+            PayoutEvent::PayoutShareMovedOut(moved) => {
+                let seen = self.seen(stream_id);
+                let before_failure = !seen.failed;
+                seen.moved_out.insert(
+                    moved.tenant.clone(),
+                    (i128::from(moved.net_minor.minor()), before_failure),
+                );
             }
             PayoutEvent::PayoutFailed(_) => {
                 let seen = self.payouts.entry(stream_id.to_owned()).or_default();
                 seen.failed = true;
-                for line in seen.paid.iter().flat_map(|paid| &paid.lines) {
+                let standing = seen
+                    .moved_in
+                    .values()
+                    .filter(|(_, reversed)| !reversed)
+                    .flat_map(|(lines, _)| lines);
+                for line in seen
+                    .paid
+                    .iter()
+                    .flat_map(|paid| &paid.lines)
+                    .chain(standing)
+                {
                     *self.paid_out.entry(line.payment).or_default() -=
                         i128::from(line.net_minor.minor());
                 }
@@ -134,6 +161,31 @@ impl PayoutTally {
         }
     }
 
+    /// A payout line that stands: the payment's paid-out sum grows, and once it is everything
+    /// the provider held for the payment, its clearing legs up to the agreed version must be gone.
+    fn line_paid_out(&mut self, stream_id: &str, line: &PayoutLine, report: &mut Report) {
+        let paid_out = self.paid_out.entry(line.payment).or_default();
+        *paid_out += i128::from(line.net_minor.minor());
+        let paid_out = *paid_out;
+        let Some(version) = line.agreed_at_version else {
+            return;
+        };
+        if paid_out != i128::from(line.provider_net_minor.minor()) {
+            return;
+        }
+        let clearing = self.clearing_at(line.payment, version);
+        if clearing + paid_out != 0 {
+            report.push(
+                Check::PayoutClearing,
+                line.payment.to_string(),
+                format!(
+                    "paid out in full ({paid_out}, last by {stream_id}) but its clearing legs up to version {version} sum to {clearing}, not {}",
+                    -paid_out
+                ),
+            );
+        }
+    }
+
     fn seen(&mut self, stream_id: &str) -> &mut PayoutSeen {
         self.payouts.entry(stream_id.to_owned()).or_default()
     }
@@ -141,9 +193,25 @@ impl PayoutTally {
     pub(super) fn report(self, report: &mut Report) {
         for (stream_id, seen) in self.payouts {
             let mut shares: BTreeMap<TenantId, i128> = BTreeMap::new();
-            for line in seen.paid.iter().flat_map(|paid| &paid.lines) {
+            let moved_in = seen.moved_in.values().flat_map(|(lines, _)| lines);
+            for line in seen
+                .paid
+                .iter()
+                .flat_map(|paid| &paid.lines)
+                .chain(moved_in)
+            {
                 *shares.entry(line.tenant.clone()).or_default() +=
                     i128::from(line.net_minor.minor());
+            }
+            for (tenant, (net, _)) in &seen.moved_out {
+                let lines = shares.get(tenant).copied().unwrap_or(0);
+                if lines != *net {
+                    report.push(
+                        Check::PayoutShare,
+                        &stream_id,
+                        format!("the share of {tenant} moved out says {net}, its lines here make {lines}"),
+                    );
+                }
             }
             shares.retain(|_, share| *share != 0);
             if seen.posted != shares {
@@ -156,11 +224,24 @@ impl PayoutTally {
                     ),
                 );
             }
-            let reversed: BTreeMap<TenantId, i128> = if seen.failed {
-                seen.posted.iter().map(|(t, s)| (t.clone(), -s)).collect()
-            } else {
-                BTreeMap::new()
-            };
+            // A share is reversed when the payout failed while its tenant was here, or when it
+            // moved in reversed.
+            let reversed: BTreeMap<TenantId, i128> = seen
+                .posted
+                .iter()
+                .filter(|(tenant, _)| {
+                    let left_before = seen
+                        .moved_out
+                        .get(*tenant)
+                        .is_some_and(|(_, before)| *before);
+                    let came_reversed = seen
+                        .moved_in
+                        .get(*tenant)
+                        .is_some_and(|(_, reversed)| *reversed);
+                    seen.failed && !left_before || came_reversed
+                })
+                .map(|(tenant, share)| (tenant.clone(), -share))
+                .collect();
             if seen.reversed != reversed {
                 report.push(
                     Check::PayoutShare,

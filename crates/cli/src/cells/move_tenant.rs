@@ -15,15 +15,20 @@
 //! event; a merchant webhook already delivered is not delivered again (deliveries are kept per
 //! endpoint and event id, and moved with the endpoint).
 //!
-//! Refused: a tenant not paused, one with requests or provider events still in flight in its
-//! cell (run again once the workers there finished them), and one with shares in a posted payout
-//! (a payout's stream holds every tenant's share in one cell's log: it cannot be split between
-//! cells after the fact).
+//! The tenant's shares of payouts posted in the old cell move too (`asiento_domain::payout`):
+//! each such payout's stream in the new cell records the share moved in with its lines and
+//! entries, then the old cell's stream records it moved out, so that the tenant's books in the
+//! new cell hold what was paid out of its money, a later failure of the payout reverses the share
+//! there, and the cells' parts of the payout still add up once.
+//!
+//! Refused: a tenant not paused, and one with requests or provider events still in flight in
+//! its cell (run again once the workers there finished them).
 
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use asiento_domain::TenantId;
+use asiento_app::payouts::{self, CellLog};
+use asiento_domain::{PayoutId, ProviderName, StreamKind, TenantId};
 use asiento_eventstore::Database;
 use futures::StreamExt as _;
 use sqlx::{PgPool, Postgres, Transaction};
@@ -139,30 +144,17 @@ pub async fn run(args: MoveArgs) -> anyhow::Result<()> {
         "tenant {tenant} is not paused: list it under \"paused\" in the directory and restart the \
          processes that serve it first"
     );
-    let source = crate::serve::connect(&from.database_url)
+    let source_database = crate::serve::connect(&from.database_url)
         .await
         .with_context(|| format!("cell {}", from.name))?;
-    let target = crate::serve::connect(&to.database_url)
+    let target_database = crate::serve::connect(&to.database_url)
         .await
         .with_context(|| format!("cell {}", to.name))?;
-    let (Database::Postgres(source), Database::Postgres(target)) = (&source, &target) else {
+    let (Database::Postgres(source), Database::Postgres(target)) =
+        (&source_database, &target_database)
+    else {
         anyhow::bail!("moving a tenant needs PostgreSQL cells");
     };
-    let paid_out: i64 = sqlx::query_scalar(
-        "select count(*) from events where stream_id like 'payout-%' \
-         and event_type = 'PayoutPaid' \
-         and data->'lines' @> jsonb_build_array(jsonb_build_object('tenant', $1::text))",
-    )
-    .bind(tenant.as_str())
-    .fetch_one(source)
-    .await?;
-    anyhow::ensure!(
-        paid_out == 0,
-        "tenant {tenant} has shares in {paid_out} payouts posted in {}: a payout's stream holds \
-         every tenant's share of it in one cell's log, and moving a tenant with payouts posted is \
-         not supported",
-        from.name
-    );
     let in_flight = in_flight(source, &tenant).await?;
     anyhow::ensure!(
         in_flight == 0,
@@ -180,6 +172,29 @@ pub async fn run(args: MoveArgs) -> anyhow::Result<()> {
     }
     copy.commit().await.context("committing the copy")?;
 
+    let (source_log, target_log) = (source_database.event_store(), target_database.event_store());
+    let (from_log, to_log) = (
+        CellLog {
+            store: source_log.as_ref(),
+            cell: &from.name,
+        },
+        CellLog {
+            store: target_log.as_ref(),
+            cell: &to.name,
+        },
+    );
+    let at = chrono::Utc::now();
+    let mut shares = 0;
+    for (provider, payout) in payouts_shared(source, &tenant).await? {
+        if payouts::move_share(&from_log, &to_log, &provider, &payout, &tenant, at)
+            .await
+            .with_context(|| format!("moving the share of payout {provider}:{payout}"))?
+        {
+            shares += 1;
+        }
+    }
+    println!("payout shares: {shares} moved");
+
     let mut clear = source.begin().await?;
     for statement in DELETED {
         sqlx::query(statement)
@@ -196,6 +211,31 @@ pub async fn run(args: MoveArgs) -> anyhow::Result<()> {
         from.name, to.name, to.name, from.name
     );
     Ok(())
+}
+
+/// The payouts whose stream in the old cell holds a share of the tenant: lines posted there or a
+/// share moved in.
+async fn payouts_shared(
+    source: &PgPool,
+    tenant: &TenantId,
+) -> anyhow::Result<Vec<(ProviderName, PayoutId)>> {
+    let streams: Vec<String> = sqlx::query_scalar(
+        "select distinct stream_id from events where stream_id like 'payout-%' and ( \
+           (event_type = 'PayoutPaid' \
+            and data->'lines' @> jsonb_build_array(jsonb_build_object('tenant', $1::text))) \
+           or (event_type = 'PayoutShareMovedIn' and data->>'tenant' = $1)) \
+         order by stream_id",
+    )
+    .bind(tenant.as_str())
+    .fetch_all(source)
+    .await?;
+    streams
+        .iter()
+        .map(|stream_id| match StreamKind::parse(stream_id) {
+            Some(StreamKind::Payout { provider, payout }) => Ok((provider, payout)),
+            _ => anyhow::bail!("{stream_id:?} is not a payout stream's name"),
+        })
+        .collect()
 }
 
 /// Requests of the tenant holding an idempotency key, and provider events stored but not applied

@@ -5,13 +5,15 @@
 //! - `moved_tenant`: a tenant moved out of a cell has every event the old cell holds of it in
 //!   its new cell, the same stream, version, type and payload: the copy is whole and unchanged;
 //! - `payout_cells`: a provider's payout posted by several cells has the same amount in each,
-//!   and the cells' parts (each cell's lines and unattributed part) add up to it once every cell
-//!   has posted it. A payout some cells have not posted yet is listed as pending, not a violation:
-//!   their worker or sweep posts it.
+//!   and the cells' parts (each cell's lines and unattributed part, with the shares moved in and
+//!   without those moved out) add up to it once every cell has posted it; a share moved out of a
+//!   cell with its tenant is in the tenant's cell, the same amount, and no cell keeps a share of a
+//!   tenant that moved out of it. A payout some cells have not
+//!   posted yet is listed as pending, not a violation: their worker or sweep posts it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use asiento_domain::payout::PayoutEvent;
+use asiento_domain::payout::{self, Payout, PayoutEvent};
 use asiento_domain::TenantId;
 use asiento_eventstore::Database;
 
@@ -19,9 +21,51 @@ use super::{Cell, Directory};
 
 /// One cell's view of one payout.
 struct PayoutPart {
-    amount: i64,
+    /// The amount, once the cell posted the payout.
+    amount: Option<i64>,
     posted_here: i64,
     failed: bool,
+    /// Shares moved out with their tenants: tenant, amount.
+    moved_out: Vec<(TenantId, i64)>,
+    /// Shares moved in: tenant, amount.
+    moved_in: Vec<(TenantId, i64)>,
+    /// Tenants with a share here that did not move out.
+    held: BTreeSet<TenantId>,
+}
+
+impl PayoutPart {
+    fn of(payout: &Payout) -> Result<Self, asiento_domain::AmountError> {
+        let moved_out = payout
+            .moved_out
+            .iter()
+            .map(|(tenant, share)| (tenant.clone(), share.minor()))
+            .collect();
+        let moved_in = payout
+            .moved_in
+            .iter()
+            .map(|moved| {
+                let net = moved.lines.iter().map(|line| line.net_minor.minor()).sum();
+                (moved.tenant.clone(), net)
+            })
+            .collect();
+        let held = payout
+            .paid
+            .iter()
+            .flat_map(|paid| &paid.lines)
+            .map(|line| &line.tenant)
+            .chain(payout.moved_in.iter().map(|moved| &moved.tenant))
+            .filter(|tenant| !payout.moved_out.contains_key(*tenant))
+            .cloned()
+            .collect();
+        Ok(PayoutPart {
+            held,
+            amount: payout.paid.as_ref().map(|paid| paid.amount_minor.minor()),
+            posted_here: payout.posted_here()?.minor(),
+            failed: payout.failed,
+            moved_out,
+            moved_in,
+        })
+    }
 }
 
 /// What one cell's log says: the tenants it holds events of and the payouts it posted.
@@ -58,31 +102,18 @@ async fn read_cell(database: &Database) -> Result<CellLog, sqlx::Error> {
             .await?,
         ),
     };
-    let mut payouts: BTreeMap<String, PayoutPart> = BTreeMap::new();
+    let decode_error = |error: Box<dyn std::error::Error + Send + Sync>| sqlx::Error::Decode(error);
+    let mut folded: BTreeMap<String, Payout> = BTreeMap::new();
     for (stream_id, event_type, schema, data) in payout_events {
         let event = PayoutEvent::decode_raw(&event_type, schema, &data)
-            .map_err(|error| sqlx::Error::Decode(Box::new(error)))?;
-        match event {
-            PayoutEvent::PayoutPaid(paid) => {
-                let posted_here = paid
-                    .posted_here()
-                    .map_err(|error| sqlx::Error::Decode(Box::new(error)))?;
-                payouts.insert(
-                    stream_id,
-                    PayoutPart {
-                        amount: paid.amount_minor.minor(),
-                        posted_here: posted_here.minor(),
-                        failed: false,
-                    },
-                );
-            }
-            PayoutEvent::PayoutFailed(_) => {
-                if let Some(part) = payouts.get_mut(&stream_id) {
-                    part.failed = true;
-                }
-            }
-            PayoutEvent::EntryPosted(_) => {}
-        }
+            .map_err(|error| decode_error(Box::new(error)))?;
+        let payout = folded.entry(stream_id).or_default();
+        *payout = payout::evolve(std::mem::take(payout), &event);
+    }
+    let mut payouts = BTreeMap::new();
+    for (stream_id, payout) in folded {
+        let part = PayoutPart::of(&payout).map_err(|error| decode_error(Box::new(error)))?;
+        payouts.insert(stream_id, part);
     }
     Ok(CellLog { tenants, payouts })
 }
@@ -176,6 +207,41 @@ async fn moved_tenants(
     Ok(())
 }
 
+/// A share moved out of a cell is in the cell its tenant is placed in now, the same amount, and
+/// nowhere else.
+fn moved_shares(
+    directory: &Directory,
+    stream_id: &str,
+    parts: &[(&str, PayoutPart)],
+    violations: &mut Vec<String>,
+) {
+    for (from, part) in parts {
+        for (tenant, share) in &part.moved_out {
+            let placed = directory
+                .cell_of_tenant(tenant)
+                .map(|cell| cell.name.as_str());
+            let moved_in: Vec<(&str, i64)> = parts
+                .iter()
+                .flat_map(|(name, part)| {
+                    part.moved_in
+                        .iter()
+                        .filter(|(moved, _)| moved == tenant)
+                        .map(|(_, net)| (*name, *net))
+                })
+                .collect();
+            let held = moved_in
+                .iter()
+                .any(|(name, net)| Some(*name) == placed && net == share);
+            if !held {
+                violations.push(format!(
+                    "payout_cells: {stream_id}: the share of {tenant} ({share}) moved out of {from} is not in its cell {} (moved in: {moved_in:?})",
+                    placed.unwrap_or("(none)")
+                ));
+            }
+        }
+    }
+}
+
 /// The violations across `cells` (every cell of `directory`), one line each, and the payouts
 /// still pending in some cells.
 pub async fn across(
@@ -200,6 +266,16 @@ pub async fn across(
             }
         }
         for (stream_id, part) in log.payouts {
+            for tenant in part
+                .held
+                .iter()
+                .filter(|tenant| cell.moved_out.iter().any(|moved| moved == tenant.as_str()))
+            {
+                violations.push(format!(
+                    "payout_cells: {stream_id}: cell {} holds a share of {tenant}, which moved out of it (the move did not carry it)",
+                    cell.name
+                ));
+            }
             payouts
                 .entry(stream_id)
                 .or_default()
@@ -209,11 +285,18 @@ pub async fn across(
     moved_tenants(directory, cells, &mut violations).await?;
     let mut pending = Vec::new();
     for (stream_id, parts) in payouts {
-        let amount = parts[0].1.amount;
-        if let Some((name, part)) = parts.iter().find(|(_, part)| part.amount != amount) {
+        moved_shares(directory, &stream_id, &parts, &mut violations);
+        let posted_in: Vec<(&str, i64)> = parts
+            .iter()
+            .filter_map(|(name, part)| Some((*name, part.amount?)))
+            .collect();
+        let Some(&(first, amount)) = posted_in.first() else {
+            // Shares moved in where no cell posted the payout yet: judged once one has.
+            continue;
+        };
+        if let Some((name, other)) = posted_in.iter().find(|(_, other)| *other != amount) {
             violations.push(format!(
-                "payout_cells: {stream_id}: cell {} says its amount is {amount}, cell {name} {}",
-                parts[0].0, part.amount
+                "payout_cells: {stream_id}: cell {first} says its amount is {amount}, cell {name} {other}"
             ));
             continue;
         }
@@ -222,15 +305,15 @@ pub async fn across(
             continue;
         }
         let posted: i64 = parts.iter().map(|(_, part)| part.posted_here).sum();
-        if parts.len() == cells.len() && posted != amount || posted > amount {
+        if posted_in.len() == cells.len() && posted != amount || posted > amount {
             violations.push(format!(
                 "payout_cells: {stream_id}: the cells' parts add up to {posted}, the payout is {amount}"
             ));
-        } else if parts.len() < cells.len() {
+        } else if posted_in.len() < cells.len() {
             let missing: Vec<&str> = cells
                 .iter()
                 .map(|(cell, _)| cell.name.as_str())
-                .filter(|name| !parts.iter().any(|(posted, _)| posted == name))
+                .filter(|name| !posted_in.iter().any(|(posted, _)| posted == name))
                 .collect();
             pending.push(format!(
                 "{stream_id}: {posted} of {amount} posted; not yet posted in {}",
