@@ -134,24 +134,39 @@ async fn apply(tx: &mut Tx, change: &Change) -> Result<(), sqlx::Error> {
     }
 }
 
-/// Holds whose `expires_at` is at or before `now_ms`, most overdue first.
-async fn due(database: &Database, now_ms: i64) -> Result<Vec<(String, String)>, ExpiryError> {
-    let sql = "select transfer_id, tenant from hold_expiries where expires_ms <= $1 \
-               order by expires_ms limit $2";
+/// Holds whose `expires_at` is at or before `now_ms`, most overdue first, but those of `paused`
+/// tenants.
+async fn due(
+    database: &Database,
+    now_ms: i64,
+    paused: &[TenantId],
+) -> Result<Vec<(String, String)>, ExpiryError> {
+    // Placeholders numbered in the order they appear (SQLite numbers `$N` by first appearance).
+    let skipped: Vec<String> = (0..paused.len()).map(|i| format!("${}", i + 2)).collect();
+    let skipped = if skipped.is_empty() {
+        String::new()
+    } else {
+        format!(" and tenant not in ({})", skipped.join(", "))
+    };
+    let sql = format!(
+        "select transfer_id, tenant from hold_expiries where expires_ms <= $1{skipped} \
+         order by expires_ms limit ${}",
+        paused.len() + 2
+    );
     let rows = match database {
         Database::Postgres(pool) => {
-            sqlx::query_as(sql)
-                .bind(now_ms)
-                .bind(EXPIRIES_PER_ROUND_MAX)
-                .fetch_all(pool)
-                .await?
+            let mut query = sqlx::query_as(&sql).bind(now_ms);
+            for tenant in paused {
+                query = query.bind(tenant.as_str());
+            }
+            query.bind(EXPIRIES_PER_ROUND_MAX).fetch_all(pool).await?
         }
         Database::Sqlite(pool) => {
-            sqlx::query_as(sql)
-                .bind(now_ms)
-                .bind(EXPIRIES_PER_ROUND_MAX)
-                .fetch_all(pool)
-                .await?
+            let mut query = sqlx::query_as(&sql).bind(now_ms);
+            for tenant in paused {
+                query = query.bind(tenant.as_str());
+            }
+            query.bind(EXPIRIES_PER_ROUND_MAX).fetch_all(pool).await?
         }
     };
     Ok(rows)
@@ -165,12 +180,13 @@ async fn forget(database: &Database, transfer: &str) -> Result<(), ExpiryError> 
     Ok(())
 }
 
-/// One round: catch up with the log, then void every due hold. Returns how many it voided.
-pub async fn expire_due(ledger: &LedgerFlow) -> Result<u64, ExpiryError> {
+/// One round: catch up with the log, then void every due hold but those of `paused` tenants
+/// (moving to another cell: nothing writes for them). Returns how many it voided.
+pub async fn expire_due(ledger: &LedgerFlow, paused: &[TenantId]) -> Result<u64, ExpiryError> {
     catch_up(&ledger.database, ledger.store.as_ref()).await?;
     let now_ms = ledger.clock.now().timestamp_millis();
     let mut expired = 0;
-    for (transfer, tenant) in due(&ledger.database, now_ms).await? {
+    for (transfer, tenant) in due(&ledger.database, now_ms, paused).await? {
         let (Ok(id), Ok(tenant_id)) = (transfer.parse::<TransferId>(), TenantId::parse(&tenant))
         else {
             // Written from a decoded event: unparsable means the row was changed by hand.
@@ -196,6 +212,7 @@ pub async fn expire_due(ledger: &LedgerFlow) -> Result<u64, ExpiryError> {
 /// Runs [`expire_due`] every `interval` until `shutdown`.
 pub async fn run(
     ledger: LedgerFlow,
+    paused: Vec<TenantId>,
     interval: Duration,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
@@ -207,7 +224,7 @@ pub async fn run(
             () = &mut shutdown => return,
             _ = tick.tick() => {}
         }
-        match expire_due(&ledger).await {
+        match expire_due(&ledger, &paused).await {
             Ok(0) => {}
             Ok(count) => tracing::info!(count, "expired holds voided"),
             Err(error) => tracing::warn!(%error, "hold expiry round failed; retrying"),

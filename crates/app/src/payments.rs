@@ -290,6 +290,11 @@ pub struct CellPlace {
     /// Tenants moved to another cell: their copy in this log is frozen, their new cell answers
     /// for their payments.
     pub moved_out: Vec<TenantId>,
+    /// Tenants paused for a move (the directory's, in every cell): nothing in the process writes
+    /// for them. Their payments' report lines wait (compared once they are not paused, in the
+    /// cell that holds them then), their holds do not expire meanwhile, and no payout is posted
+    /// while any tenant is paused (`payouts`).
+    pub paused: Vec<TenantId>,
 }
 
 impl PaymentFlow {
@@ -350,6 +355,13 @@ impl PaymentFlow {
             Some(number) => number == place.number,
             None => place.home,
         }
+    }
+
+    /// The tenants paused for a move in this flow's cell (none outside cells).
+    pub fn paused(&self) -> &[TenantId] {
+        self.cell
+            .as_ref()
+            .map_or(&[], |place| place.paused.as_slice())
     }
 
     /// With these leases: how long a request holds its idempotency key, and how long one that

@@ -35,6 +35,8 @@ pub enum PayoutError {
     },
     #[error("payment {0} is held by another worker; the payout is posted later")]
     PaymentBusy(PaymentId),
+    #[error("tenant {0} is paused for a move; payouts are posted once no tenant is")]
+    TenantPaused(TenantId),
     #[error(transparent)]
     Log(#[from] LogError),
     #[error(transparent)]
@@ -246,6 +248,12 @@ async fn paid_fact(
     provider: &ProviderName,
     payout: &Payout,
 ) -> Result<PayoutFact, PayoutError> {
+    // While a tenant moves between cells, no cell posts a payout: which cell posts the tenant's
+    // share (and which counts it as another cell's) changes with the move, so every cell posts
+    // it on the same side of the move (`asiento cells move` carries the shares posted before).
+    if let Some(tenant) = flow.paused().first() {
+        return Err(PayoutError::TenantPaused(tenant.clone()));
+    }
     let currency =
         Currency::parse(&payout.currency).map_err(|e| PayoutError::Invalid(e.to_string()))?;
     let charges: HashMap<&str, &Charge> = payout

@@ -8,12 +8,16 @@
 //! (the race campaign's 500 `hold tr_… kept losing races`). Here six clients keep paying into one
 //! account and four keep transferring out of it while its holds are voided and posted one after
 //! another: each ending must end its hold.
+//!
+//! And a hold of a tenant paused for a move between cells does not expire until the tenant is not
+//! paused: nothing writes for a paused tenant.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use asiento_app::clock::SystemClock;
+use asiento_app::hold_expiry::expire_due;
 use asiento_app::idempotency::StoredResponse;
 use asiento_app::invariants::Checker;
 use asiento_app::ledger::{LedgerFlow, NewTransfer};
@@ -231,4 +235,61 @@ async fn a_hold_s_ending_on_a_busy_account_is_not_starved_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hold_s_ending_on_a_busy_account_is_not_starved_postgres() {
     endings_on_a_busy_account(Backend::Postgres).await;
+}
+
+async fn a_paused_tenant_s_hold_waits(backend: Backend) {
+    let db = TestDatabase::open(backend).await;
+    let mut sim = TestSim::start(SimConfig::default()).await;
+    let payments = sim.flow(
+        db.database(),
+        ClientConfig::default(),
+        Arc::new(SystemClock),
+    );
+    let flow = ledger(&db, &payments);
+    transfer(&flow, "treasury:main", BUSY, 10_000, false)
+        .await
+        .unwrap();
+    let mut request = create_request("a-hold-that-expires");
+    request.scope.route = "/v1/transfers".to_owned();
+    let held = flow
+        .transfer(
+            &request,
+            NewTransfer {
+                tenant: TenantId::parse("acme").unwrap(),
+                from: AccountName::parse(BUSY).unwrap(),
+                to: AccountName::parse("merchant:hold").unwrap(),
+                amount: Amount::new(1_000),
+                currency: Currency::parse("USD").unwrap(),
+                description: None,
+                pending: true,
+                expires_at: Some(chrono::Utc::now() + chrono::Duration::milliseconds(200)),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(body_of(held)["status"], "pending");
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+
+    let paused = [
+        TenantId::parse("beta").unwrap(),
+        TenantId::parse("acme").unwrap(),
+    ];
+    assert_eq!(expire_due(&flow, &paused).await.unwrap(), 0, "paused");
+    assert_eq!(
+        expire_due(&flow, &paused[..1]).await.unwrap(),
+        1,
+        "another paused"
+    );
+    sim.stop();
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_tenant_s_hold_does_not_expire_until_it_is_not_paused_sqlite() {
+    a_paused_tenant_s_hold_waits(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_tenant_s_hold_does_not_expire_until_it_is_not_paused_postgres() {
+    a_paused_tenant_s_hold_waits(Backend::Postgres).await;
 }

@@ -786,6 +786,7 @@ impl Core {
         tasks.spawn(purger.run(wait_for(stopped.clone())));
         tasks.spawn(asiento_app::hold_expiry::run(
             self.ledger.clone(),
+            self.payments.paused().to_vec(),
             asiento_app::hold_expiry::EXPIRY_INTERVAL_DEFAULT,
             wait_for(stopped.clone()),
         ));

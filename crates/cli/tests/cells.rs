@@ -12,7 +12,8 @@
 //!   then placed in eu1 and listed as moved out of eu2: its old payments and its books answer
 //!   from eu1 (what was paid out of its money included), and a refund of one (minted in eu2)
 //!   has its provider webhook routed to eu1.
-//! - A second payout covers what came after (gamma's part in eu1); then the first one fails:
+//! - A payout made while gamma is paused is posted by no cell until the move is done.
+//! - A third payout covers what came after (gamma's part in eu1); then the first one fails:
 //!   each cell reverses the shares of the tenants it holds, gamma's in eu1 and not in eu2.
 //!   `asiento verify --cells` checks the parts add up to each payout, the moved share is in
 //!   gamma's cell, gamma's copy is whole (and each cell's invariants);
@@ -431,6 +432,18 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
     assert_eq!(beta.get("/v1/payments?limit=10").await.status, 200);
     let delivered = stripe_event_naming(&gamma, &base, "evt_while_paused", &paid["gamma"][1]).await;
     assert_eq!(delivered, 503);
+    // While a tenant is paused no cell posts a payout (which cell posts gamma's share changes
+    // with the move): one made now, of a payment of beta's, is posted once the move is done.
+    captured(&beta, "beta-3", 10_000).await;
+    *owed.get_mut("beta").unwrap() += 10_000 - 290;
+    let made = sim_control(&acme, &sim_listen, "/sim/payouts", json!({})).await;
+    let while_paused = made["data"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(made["data"][0]["amount"], 10_000 - 290, "{made}");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let posted =
+        format!("select count(*) from events where stream_id = 'payout-stripe:{while_paused}'");
+    assert_eq!(eu1.psql(DATABASE, &posted), "0");
+    assert_eq!(eu2.psql(DATABASE, &posted), "0");
     let move_paused = [
         "cells",
         "move",
@@ -508,14 +521,14 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
     }
     assert_eq!(eu2.psql(DATABASE, &events_sql), eu2_before);
 
-    // A second payout of what came since (beta's new payment, gamma's refund in eu1): each cell
-    // posts its tenants' shares.
-    captured(&beta, "beta-3", 10_000).await;
+    // A third payout of what came since (beta's new payment, gamma's refund in eu1): each cell
+    // posts its tenants' shares (the second, made while gamma was paused, is posted by now).
+    captured(&beta, "beta-4", 10_000).await;
     *owed.get_mut("beta").unwrap() += 10_000 - 290;
     let made = sim_control(&acme, &sim_listen, "/sim/payouts", json!({})).await;
     let payouts = made["data"].as_array().unwrap();
     assert_eq!(payouts.len(), 1, "one currency, one payout: {made}");
-    let total: i64 = owed.values().sum::<i64>() - paid_first.values().sum::<i64>();
+    let total: i64 = owed.values().sum::<i64>() - paid_first.values().sum::<i64>() - (10_000 - 290);
     assert_eq!(payouts[0]["amount"], total, "{made}");
     for (tenant, client) in [("acme", &acme), ("beta", &beta), ("gamma", &gamma)] {
         wait_balance(client, "bank:stripe:payouts", -owed[tenant], tenant).await;

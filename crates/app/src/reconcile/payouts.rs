@@ -45,7 +45,7 @@ impl Reconciler {
                 Ok(Posted::Recorded) => summary.payouts_posted += 1,
                 // Not final yet: its `paid` or `failed` event posts it.
                 Ok(Posted::Already | Posted::NotFinal) => {}
-                Err(PayoutError::PaymentBusy(_)) => {
+                Err(PayoutError::PaymentBusy(_) | PayoutError::TenantPaused(_)) => {
                     summary.busy += 1;
                     complete = false;
                 }

@@ -447,6 +447,13 @@ impl Reconciler {
             // Another tenant cell's payment: that cell's reconciler compares the line.
             return Ok(true);
         }
+        if record
+            .as_ref()
+            .is_some_and(|record| self.flow.paused().contains(&record.tenant))
+        {
+            // Its tenant is moving to another cell: compared once it is not paused, there.
+            return Ok(false);
+        }
         let record = record.filter(|record| &record.provider == provider);
         let Some(record) = record else {
             let recorded = ExceptionRecorded {

@@ -271,6 +271,7 @@ impl Selected {
                 .iter()
                 .filter_map(|tenant| TenantId::parse(tenant).ok())
                 .collect(),
+            paused: self.directory.paused.clone(),
         }
     }
 }

@@ -21,8 +21,11 @@
 //! new cell hold what was paid out of its money, a later failure of the payout reverses the share
 //! there, and the cells' parts of the payout still add up once.
 //!
-//! Refused: a tenant not paused, and one with requests or provider events still in flight in
-//! its cell (run again once the workers there finished them).
+//! Refused: a tenant not paused, one with requests or provider events still in flight in its
+//! cell (run again once the workers there finished them), and a move while a payout is posted in
+//! the new cell but not in the old one. While a tenant is paused no cell posts a payout
+//! (`asiento_app::payouts`), so every payout is posted by every cell on the same side of the
+//! move: before it (the old cell's share carried) or after it (the new cell's own lines).
 
 use std::path::PathBuf;
 
@@ -163,6 +166,16 @@ pub async fn run(args: MoveArgs) -> anyhow::Result<()> {
         from.name
     );
 
+    let unposted = posted_only_in(target, source).await?;
+    anyhow::ensure!(
+        unposted.is_empty(),
+        "payouts {unposted:?} are posted in {} but not yet in {}: the tenant's share of them would \
+         be posted in neither. Take the tenant off \"paused\", wait until `asiento verify --cells` \
+         lists no payout pending, then pause it and run the move again",
+        to.name,
+        from.name
+    );
+
     let mut copy = target.begin().await?;
     for moved in MOVED {
         let rows = copy_rows(source, &mut copy, moved, &tenant)
@@ -211,6 +224,24 @@ pub async fn run(args: MoveArgs) -> anyhow::Result<()> {
         from.name, to.name, to.name, from.name
     );
     Ok(())
+}
+
+/// Payout streams `one` has posted (paid or failed) that `other` has not: each cell records the
+/// rest of a payout as other cells' part, so a payout the new cell posted before the tenant
+/// moved in and the old cell posts after it moved out would count the tenant's share in neither.
+async fn posted_only_in(one: &PgPool, other: &PgPool) -> anyhow::Result<Vec<String>> {
+    let posted = "select distinct stream_id from events where stream_id like 'payout-%' \
+                  and event_type in ('PayoutPaid', 'PayoutFailed')";
+    let one: Vec<String> = sqlx::query_scalar(posted).fetch_all(one).await?;
+    let other: std::collections::HashSet<String> = sqlx::query_scalar(posted)
+        .fetch_all(other)
+        .await?
+        .into_iter()
+        .collect();
+    Ok(one
+        .into_iter()
+        .filter(|stream_id| !other.contains(stream_id))
+        .collect())
 }
 
 /// The payouts whose stream in the old cell holds a share of the tenant: lines posted there or a
