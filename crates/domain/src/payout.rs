@@ -154,7 +154,8 @@ pub struct PayoutShareMovedIn {
     pub from_cell: String,
     pub currency: Currency,
     pub lines: Vec<PayoutLine>,
-    /// The payout had failed in the old cell: the share comes with its reversal.
+    /// The share comes reversed: the payout had failed in the old cell (its reversal follows as
+    /// it was posted there), or here (reversed as it arrives).
     pub reversed: bool,
     pub at: DateTime<Utc>,
 }
@@ -515,6 +516,24 @@ pub fn move_in(
     if share.lines.is_empty() || share.lines.iter().any(|line| &line.tenant != tenant) {
         return Err(PayoutRejection::NoShare(tenant.clone()));
     }
+    // The payout failed here while the old cell had not heard of it yet: the share arrives after
+    // this log reversed its shares, so it is reversed as it arrives.
+    let reverse_here = payout.failed && !share.reversed;
+    let mut reversals = Vec::new();
+    if reverse_here {
+        for posted in share
+            .entries
+            .iter()
+            .filter(|p| p.entry.reverses().is_none())
+        {
+            let id = EntryId::derived(&format!("{}:failed", posted.entry.id()));
+            reversals.push(PayoutEvent::EntryPosted(EntryPosted {
+                entry: posted.entry.reversal(id)?,
+                at,
+                transfer: None,
+            }));
+        }
+    }
     let mut events = vec![PayoutEvent::PayoutShareMovedIn(PayoutShareMovedIn {
         provider: provider.clone(),
         payout_id: payout_id.clone(),
@@ -522,10 +541,11 @@ pub fn move_in(
         from_cell: from_cell.to_owned(),
         currency: share.currency,
         lines: share.lines,
-        reversed: share.reversed,
+        reversed: share.reversed || reverse_here,
         at,
     })];
     events.extend(share.entries.into_iter().map(PayoutEvent::EntryPosted));
+    events.extend(reversals);
     Ok(events)
 }
 
@@ -897,8 +917,47 @@ mod tests {
             &move_in(&Payout::default(), &provider, &id, &acme, "a", share, at()).unwrap(),
         );
         assert_eq!(b.entries.len(), 2);
-        let events = decide(&b, &provider, &id, failed, at()).unwrap();
+        let events = decide(&b, &provider, &id, failed.clone(), at()).unwrap();
         assert_eq!(events.len(), 1, "the failure only: {events:?}");
+    }
+
+    #[test]
+    fn a_share_moved_into_a_log_that_saw_the_payout_fail_is_reversed_as_it_arrives() {
+        let provider = ProviderName::parse("stripe").unwrap();
+        let id = PayoutId::parse("po_1Abc").unwrap();
+        let acme = TenantId::parse("acme").unwrap();
+        let a = apply(
+            Payout::default(),
+            &decide(
+                &Payout::default(),
+                &provider,
+                &id,
+                paid(vec![line(1, "acme", 9_710)], 0),
+                at(),
+            )
+            .unwrap(),
+        );
+        let failed = PayoutFact::Failed { failure_code: None };
+        let b = apply(
+            Payout::default(),
+            &decide(&Payout::default(), &provider, &id, failed, at()).unwrap(),
+        );
+        let share = a.share_of(&acme).unwrap();
+        assert!(!share.reversed, "the old cell has not heard of the failure");
+        let events = move_in(&b, &provider, &id, &acme, "a", share, at()).unwrap();
+        let PayoutEvent::PayoutShareMovedIn(moved) = &events[0] else {
+            unreachable!("a move in starts with the share")
+        };
+        assert!(moved.reversed);
+        assert_eq!(
+            legs(&events),
+            [
+                ("acme".into(), "psp:stripe:clearing".into(), 9_710),
+                ("acme".into(), "bank:stripe:payouts".into(), -9_710),
+                ("acme".into(), "psp:stripe:clearing".into(), -9_710),
+                ("acme".into(), "bank:stripe:payouts".into(), 9_710),
+            ]
+        );
     }
 
     #[test]

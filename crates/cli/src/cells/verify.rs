@@ -8,13 +8,13 @@
 //!   and the cells' parts (each cell's lines and unattributed part, with the shares moved in and
 //!   without those moved out) add up to it once every cell has posted it; a share moved out of a
 //!   cell with its tenant is in the tenant's cell, the same amount, and no cell keeps a share of a
-//!   tenant that moved out of it. A payout some cells have not
-//!   posted yet is listed as pending, not a violation: their worker or sweep posts it.
+//!   tenant that moved out of it. A payout some cells have not posted yet is listed as pending,
+//!   not a violation: their worker or sweep posts it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use asiento_domain::payout::{self, Payout, PayoutEvent};
-use asiento_domain::TenantId;
+use asiento_domain::{Amount, AmountError, TenantId};
 use asiento_eventstore::Database;
 
 use super::{Cell, Directory};
@@ -34,7 +34,7 @@ struct PayoutPart {
 }
 
 impl PayoutPart {
-    fn of(payout: &Payout) -> Result<Self, asiento_domain::AmountError> {
+    fn of(payout: &Payout) -> Result<Self, AmountError> {
         let moved_out = payout
             .moved_out
             .iter()
@@ -44,10 +44,13 @@ impl PayoutPart {
             .moved_in
             .iter()
             .map(|moved| {
-                let net = moved.lines.iter().map(|line| line.net_minor.minor()).sum();
-                (moved.tenant.clone(), net)
+                let net = moved
+                    .lines
+                    .iter()
+                    .try_fold(Amount::ZERO, |net, line| net.checked_add(line.net_minor))?;
+                Ok((moved.tenant.clone(), net.minor()))
             })
-            .collect();
+            .collect::<Result<_, AmountError>>()?;
         let held = payout
             .paid
             .iter()
@@ -207,8 +210,7 @@ async fn moved_tenants(
     Ok(())
 }
 
-/// A share moved out of a cell is in the cell its tenant is placed in now, the same amount, and
-/// nowhere else.
+/// A share moved out of a cell is in the cell its tenant is placed in now, for the same amount.
 fn moved_shares(
     directory: &Directory,
     stream_id: &str,
