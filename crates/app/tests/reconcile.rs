@@ -1,8 +1,9 @@
 //! The reconciler against a real simulator over HTTP, on both backends, with no webhook ever
 //! delivered (the worker is not running here: everything converges through the sweep alone):
-//! a refund made in the provider's dashboard is found, posted once and listed as an auto-resolved
-//! exception, and a second sweep changes nothing; 100 mixed payments (ok, declined, timeout,
-//! redirect completed) converge to the provider's truth; an amount changed at the provider
+//! a refund made in the provider's dashboard is found (not while its tenant is paused for a move
+//! between cells), posted once and listed as an auto-resolved exception, and a second sweep
+//! changes nothing; 100 mixed payments (ok, declined, timeout, redirect completed) converge to
+//! the provider's truth (not while their tenant is paused); an amount changed at the provider
 //! becomes an open manual exception that moves no money and that a person resolves; a charge
 //! naming no payment of ours lands in the platform scope; a charge the provider never got expires;
 //! a request that died mid-flight has its key finished; one sweep at a time holds the lease.
@@ -13,13 +14,13 @@ use std::sync::Arc;
 use asiento_app::clock::SystemClock;
 use asiento_app::exceptions::{self, ExceptionError, Scope as ExceptionScope};
 use asiento_app::log;
-use asiento_app::payments::NewPayment;
+use asiento_app::payments::{CellPlace, NewPayment};
 use asiento_app::reconcile::{acquire_job, Reconciler, ReconcilerConfig, RECONCILER_JOB};
 use asiento_app::reply::Answer;
 use asiento_domain::exception::{ExceptionRejection, ExceptionStatus};
 use asiento_domain::{
-    Amount, CaptureMode, Currency, CustomerId, ExceptionId, PaymentEvent, PaymentId, PaymentStatus,
-    ProviderName, TenantId,
+    Amount, CaptureMode, CellNumber, Currency, CustomerId, ExceptionId, PaymentEvent, PaymentId,
+    PaymentStatus, ProviderName, TenantId,
 };
 use asiento_psp::{Charge, ChargeStatus, ClientConfig};
 use asiento_psp_sim::SimConfig;
@@ -61,6 +62,17 @@ impl PaymentRig {
 
     fn reconciler(&self) -> Reconciler {
         Reconciler::new(self.flow.clone(), config())
+    }
+
+    /// The reconciler of the home cell of a deployment of cells, with `tenant` paused for a move.
+    fn reconciler_with_paused(&self, tenant: &str) -> Reconciler {
+        let place = CellPlace {
+            number: CellNumber::new(1).unwrap(),
+            home: true,
+            moved_out: Vec::new(),
+            paused: vec![TenantId::parse(tenant).unwrap()],
+        };
+        Reconciler::new(self.flow.clone().in_cell(place), config())
     }
 
     fn new_payment(method: &str, amount: i64) -> NewPayment {
@@ -220,6 +232,15 @@ async fn out_of_band_refund(backend: Backend) {
         .await;
     assert_eq!(status, 200);
 
+    // While its tenant is paused for a move between cells, nothing is written for the payment:
+    // its report line waits for a sweep after the pause.
+    let before = h.events(id).await.len();
+    h.log_readable().await;
+    let paused = h.reconciler_with_paused("acme").sweep_once().await.unwrap();
+    assert_eq!(paused.exceptions_total(), 0, "{paused}");
+    assert_eq!(h.events(id).await.len(), before);
+    assert!(h.all_exceptions().await.is_empty());
+
     let reconciler = h.reconciler();
     h.log_readable().await;
     let summary = reconciler.sweep_once().await.unwrap();
@@ -304,6 +325,17 @@ async fn convergence(backend: Backend) {
                 .await;
             assert_eq!(status, 200);
         }
+    }
+    // Paused for a move between cells, the tenant's stale payments are left as they are.
+    let mut versions = Vec::new();
+    for (id, _) in &payments {
+        versions.push(h.events(*id).await.len());
+    }
+    h.log_readable().await;
+    let paused = h.reconciler_with_paused("acme").sweep_once().await.unwrap();
+    assert_eq!((paused.settled, paused.expired), (0, 0), "{paused}");
+    for ((id, method), version) in payments.iter().zip(versions) {
+        assert_eq!(h.events(*id).await.len(), version, "{id} ({method})");
     }
     h.log_readable().await;
     let summary = h.reconciler().sweep_once().await.unwrap();

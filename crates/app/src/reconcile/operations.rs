@@ -122,6 +122,10 @@ impl Reconciler {
         let Some((record, op)) = open else {
             return Ok(watch::unwatch_operation(self.database(), watched).await?);
         };
+        if self.flow.paused().contains(&record.tenant) {
+            // Its tenant is moving to another cell: driven after the pause, where it is then.
+            return Ok(());
+        }
         match self.learn(&record, &op).await? {
             Driven::Wait => {}
             Driven::Applied(facts) if facts.is_empty() => {}

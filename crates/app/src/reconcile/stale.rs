@@ -150,6 +150,10 @@ impl Reconciler {
             watch::unwatch_payment(self.database(), id).await?;
             return Ok(Revisit::NextSweep);
         }
+        if self.flow.paused().contains(&record.tenant) {
+            // Its tenant is moving to another cell: settled after the pause, where it is then.
+            return Ok(Revisit::NextSweep);
+        }
         let provider = self.provider(&record.provider)?;
         let lookup = match &record.provider_charge_id {
             Some(charge_id) => provider.adapter.get_charge(charge_id).await,
