@@ -444,6 +444,12 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
         format!("select count(*) from events where stream_id = 'payout-stripe:{while_paused}'");
     assert_eq!(eu1.psql(DATABASE, &posted), "0");
     assert_eq!(eu2.psql(DATABASE, &posted), "0");
+    // Its webhook waits in each cell's inbox, its retries not counted as failures.
+    let waiting = "select count(*) || ' ' || coalesce(sum(attempts), 0) from webhook_inbox \
+                   where event_type like 'payout.%' and status = 'pending' \
+                   and last_error like '%paused%'";
+    assert_eq!(eu1.psql(DATABASE, waiting), "1 0");
+    assert_eq!(eu2.psql(DATABASE, waiting), "1 0");
     let move_paused = [
         "cells",
         "move",

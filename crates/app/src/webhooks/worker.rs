@@ -107,6 +107,9 @@ pub struct WorkerConfig {
     pub idle_poll_ms: u64,
 }
 
+/// A payout event that waits for a tenant's move between cells is tried again after this long.
+const PAUSED_RETRY_MS: i64 = 5_000;
+
 impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
@@ -691,9 +694,26 @@ impl Worker {
             return self.failed(row, None, "provider not configured").await;
         };
         let posted = match configured.adapter.get_payout(payout).await {
-            Ok(Some(read)) => payouts::post(&self.flow, name, &read)
-                .await
-                .map_err(|error| error.to_string()),
+            Ok(Some(read)) => match payouts::post(&self.flow, name, &read).await {
+                // A tenant moves between cells: posted after the pause, not counted as a failure
+                // (a pause may outlast every counted retry).
+                Err(payouts::PayoutError::TenantPaused(_)) => {
+                    let now_ms = self.flow.clock.now_ms();
+                    let next_attempt_ms = now_ms.saturating_add(PAUSED_RETRY_MS);
+                    return self
+                        .finish_alone(
+                            row,
+                            Finish::Retry {
+                                next_attempt_ms,
+                                error: "a tenant is paused for a move; payouts wait",
+                                counted: false,
+                            },
+                        )
+                        .await
+                        .map(|kept| if kept { Done::Deferred } else { Done::Lost });
+                }
+                posted => posted.map_err(|error| error.to_string()),
+            },
             Ok(None) => Err(format!(
                 "the event names payout {payout}, which the provider does not have"
             )),
