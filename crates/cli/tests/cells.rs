@@ -613,6 +613,28 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
         "{output}"
     );
 
+    // gamma cannot move back to eu2, which holds its frozen copy.
+    let back = directory(
+        &eu1,
+        &eu2,
+        json!({"acme": "eu1", "beta": "eu2", "gamma": "eu1"}),
+        json!({"eu2_moved_out": ["gamma"], "paused": ["gamma"]}),
+    );
+    let (ok, output) = asiento_with_env(
+        &[
+            "cells",
+            "move",
+            "--cells",
+            &path(&back),
+            "--tenant",
+            "gamma",
+            "--to",
+            "eu2",
+        ],
+        &env,
+    );
+    assert!(!ok && output.contains("lived there before"), "{output}");
+
     // A directory that places beta in eu1, while beta's events are in eu2, and says acme moved
     // out of eu1 to eu2, where nothing of acme's was copied: verify names both.
     let wrong = directory(

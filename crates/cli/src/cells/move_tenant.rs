@@ -22,8 +22,9 @@
 //! there, and the cells' parts of the payout still add up once.
 //!
 //! Refused: a tenant not paused, one with requests or provider events still in flight in its
-//! cell (run again once the workers there finished them), and a move while a payout is posted in
-//! the new cell but not in the old one. While a tenant is paused no cell posts a payout
+//! cell (run again once the workers there finished them), one moving back to a cell it left (its
+//! frozen copy and payout shares are there), and a move while a payout is posted in the new cell
+//! but not in the old one. While a tenant is paused no cell posts a payout
 //! (`asiento_app::payouts`), so every payout is posted by every cell on the same side of the
 //! move: before it (the old cell's share carried) or after it (the new cell's own lines).
 
@@ -166,6 +167,18 @@ pub async fn run(args: MoveArgs) -> anyhow::Result<()> {
         from.name
     );
 
+    let lived_there: i64 = sqlx::query_scalar(
+        "select count(*) from (select 1 from events where metadata->>'tenant' = $1 limit 1) e",
+    )
+    .bind(tenant.as_str())
+    .fetch_one(target)
+    .await?;
+    anyhow::ensure!(
+        lived_there == 0,
+        "tenant {tenant} has events in {} already (it lived there before): moving a tenant back to \
+         a cell it left is not supported",
+        to.name
+    );
     let unposted = posted_only_in(target, source).await?;
     anyhow::ensure!(
         unposted.is_empty(),
