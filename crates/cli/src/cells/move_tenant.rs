@@ -22,9 +22,9 @@
 //! there, and the cells' parts of the payout still add up once.
 //!
 //! Refused: a tenant not paused, one with requests or provider events still in flight in its
-//! cell (run again once the workers there finished them), one moving back to a cell it left (its
-//! frozen copy and payout shares are there), and a move while a payout is posted in the new cell
-//! but not in the old one. While a tenant is paused no cell posts a payout
+//! cell (run again once the workers there finished them), one moving back to a cell its payout
+//! shares moved out of when it left, and a move while a payout is posted in the new cell but not
+//! in the old one. While a tenant is paused no cell posts a payout
 //! (`asiento_app::payouts`), so every payout is posted by every cell on the same side of the
 //! move: before it (the old cell's share carried) or after it (the new cell's own lines).
 
@@ -167,16 +167,19 @@ pub async fn run(args: MoveArgs) -> anyhow::Result<()> {
         from.name
     );
 
-    let lived_there: i64 = sqlx::query_scalar(
-        "select count(*) from (select 1 from events where metadata->>'tenant' = $1 limit 1) e",
+    // A move cut short is run again with the copy already in the new cell; a tenant moving back
+    // to a cell it left finds its shares there moved out, which cannot be undone.
+    let left_shares: i64 = sqlx::query_scalar(
+        "select count(*) from events where stream_id like 'payout-%' \
+         and event_type = 'PayoutShareMovedOut' and data->>'tenant' = $1",
     )
     .bind(tenant.as_str())
     .fetch_one(target)
     .await?;
     anyhow::ensure!(
-        lived_there == 0,
-        "tenant {tenant} has events in {} already (it lived there before): moving a tenant back to \
-         a cell it left is not supported",
+        left_shares == 0,
+        "tenant {tenant} left {} before, and its shares of {left_shares} payouts moved out of it \
+         then: moving a tenant back to a cell where its payout shares moved out is not supported",
         to.name
     );
     let unposted = posted_only_in(target, source).await?;
