@@ -29,7 +29,7 @@ impl<R> CellLabelled<R> {
         let labels: Vec<Label> = key
             .labels()
             .cloned()
-            .chain(std::iter::once(Label::new("cell", cell.to_string())))
+            .chain(std::iter::once(Label::new("cell", cell)))
             .collect();
         Some(Key::from_parts(key.name().to_owned(), labels))
     }

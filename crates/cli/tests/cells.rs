@@ -573,15 +573,7 @@ async fn tenants_live_in_their_cells_and_a_payout_is_posted_in_parts() {
     assert_eq!(eu2.psql(DATABASE, &reversals_of("beta")), "1");
 
     // Each cell's projectors and workers record under their cell's label.
-    let metrics = acme
-        .http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = acme.metrics_text().await;
     for cell in ["eu1", "eu2"] {
         let label = format!("cell=\"{cell}\"");
         for metric in ["asiento_projection_owner{", "asiento_events_unsealed{"] {

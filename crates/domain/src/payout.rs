@@ -619,6 +619,14 @@ mod tests {
         events.iter().fold(payout, evolve)
     }
 
+    /// `payout` of stripe's `po_1Abc` with `fact` decided and applied.
+    fn decided(payout: Payout, fact: PayoutFact) -> Payout {
+        let provider = ProviderName::parse("stripe").unwrap();
+        let id = PayoutId::parse("po_1Abc").unwrap();
+        let events = decide(&payout, &provider, &id, fact, at()).unwrap();
+        apply(payout, &events)
+    }
+
     fn legs(events: &[PayoutEvent]) -> Vec<(String, String, i64)> {
         events
             .iter()
@@ -807,14 +815,10 @@ mod tests {
             elsewhere: Amount::new(elsewhere),
             created: at(),
         };
-        let posted = |payout: Payout, fact| {
-            let events = decide(&payout, &provider, &id, fact, at()).unwrap();
-            apply(payout, &events)
-        };
         let parts = |a: &Payout, b: &Payout| {
             a.posted_here().unwrap().minor() + b.posted_here().unwrap().minor()
         };
-        let a = posted(Payout::default(), part(&all[..3], 1_000));
+        let a = decided(Payout::default(), part(&all[..3], 1_000));
         let share = a.share_of(&globex).unwrap();
         assert_eq!(share.lines.len(), 2);
         assert_eq!(share.entries.len(), 1);
@@ -853,7 +857,7 @@ mod tests {
         );
 
         // B's own part, read after the move, names globex's payments too: posted once.
-        let b = posted(b, part(&all[1..], 9_710));
+        let b = decided(b, part(&all[1..], 9_710));
         assert_eq!(b.paid.as_ref().unwrap().lines, [line(4, "initech", 1_000)]);
         assert_eq!(parts(&a, &b), amount);
         assert!(matches!(
@@ -895,21 +899,8 @@ mod tests {
         let id = PayoutId::parse("po_1Abc").unwrap();
         let acme = TenantId::parse("acme").unwrap();
         let failed = PayoutFact::Failed { failure_code: None };
-        let a = apply(
-            Payout::default(),
-            &decide(
-                &Payout::default(),
-                &provider,
-                &id,
-                paid(vec![line(1, "acme", 9_710)], 0),
-                at(),
-            )
-            .unwrap(),
-        );
-        let a = apply(
-            a.clone(),
-            &decide(&a, &provider, &id, failed.clone(), at()).unwrap(),
-        );
+        let a = decided(Payout::default(), paid(vec![line(1, "acme", 9_710)], 0));
+        let a = decided(a, failed.clone());
         let share = a.share_of(&acme).unwrap();
         assert!(share.reversed);
         let b = apply(
@@ -926,22 +917,8 @@ mod tests {
         let provider = ProviderName::parse("stripe").unwrap();
         let id = PayoutId::parse("po_1Abc").unwrap();
         let acme = TenantId::parse("acme").unwrap();
-        let a = apply(
-            Payout::default(),
-            &decide(
-                &Payout::default(),
-                &provider,
-                &id,
-                paid(vec![line(1, "acme", 9_710)], 0),
-                at(),
-            )
-            .unwrap(),
-        );
-        let failed = PayoutFact::Failed { failure_code: None };
-        let b = apply(
-            Payout::default(),
-            &decide(&Payout::default(), &provider, &id, failed, at()).unwrap(),
-        );
+        let a = decided(Payout::default(), paid(vec![line(1, "acme", 9_710)], 0));
+        let b = decided(Payout::default(), PayoutFact::Failed { failure_code: None });
         let share = a.share_of(&acme).unwrap();
         assert!(!share.reversed, "the old cell has not heard of the failure");
         let events = move_in(&b, &provider, &id, &acme, "a", share, at()).unwrap();

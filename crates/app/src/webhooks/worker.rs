@@ -635,18 +635,13 @@ impl Worker {
         {
             Ok(Some(lease)) => lease,
             Ok(None) => {
-                let next_attempt_ms = now_ms.saturating_add(self.config.lease_busy_retry_ms);
                 return self
-                    .finish_alone(
+                    .deferred(
                         row,
-                        Finish::Retry {
-                            next_attempt_ms,
-                            error: "payment lease held by another worker",
-                            counted: false,
-                        },
+                        self.config.lease_busy_retry_ms,
+                        "payment lease held by another worker",
                     )
-                    .await
-                    .map(|kept| if kept { Done::Deferred } else { Done::Lost });
+                    .await;
             }
             Err(error) => return self.failed(row, Some(payment), &error.to_string()).await,
         };
@@ -667,6 +662,28 @@ impl Worker {
             }
             Err(error) => self.failed(row, Some(payment), &error.to_string()).await,
         }
+    }
+
+    /// Tries the row again after `after_ms`, not counted as a failed attempt: it waits for
+    /// something else (another holder's lease, a tenant's move), not on a fault of its own.
+    async fn deferred(
+        &self,
+        row: &Row,
+        after_ms: i64,
+        error: &'static str,
+    ) -> Result<Done, WorkerError> {
+        let next_attempt_ms = self.flow.clock.now_ms().saturating_add(after_ms);
+        let kept = self
+            .finish_alone(
+                row,
+                Finish::Retry {
+                    next_attempt_ms,
+                    error,
+                    counted: false,
+                },
+            )
+            .await?;
+        Ok(if kept { Done::Deferred } else { Done::Lost })
     }
 
     /// The payout the row's event announces, by its provider's adapter, with that provider.
@@ -698,19 +715,13 @@ impl Worker {
                 // A tenant moves between cells: posted after the pause, not counted as a failure
                 // (a pause may outlast every counted retry).
                 Err(payouts::PayoutError::TenantPaused(_)) => {
-                    let now_ms = self.flow.clock.now_ms();
-                    let next_attempt_ms = now_ms.saturating_add(PAUSED_RETRY_MS);
                     return self
-                        .finish_alone(
+                        .deferred(
                             row,
-                            Finish::Retry {
-                                next_attempt_ms,
-                                error: "a tenant is paused for a move; payouts wait",
-                                counted: false,
-                            },
+                            PAUSED_RETRY_MS,
+                            "a tenant is paused for a move; payouts wait",
                         )
-                        .await
-                        .map(|kept| if kept { Done::Deferred } else { Done::Lost });
+                        .await;
                 }
                 posted => posted.map_err(|error| error.to_string()),
             },

@@ -72,7 +72,7 @@ impl PayoutPart {
 }
 
 /// What one cell's log says: the tenants it holds events of and the payouts it posted.
-struct CellLog {
+struct CellContents {
     tenants: Vec<Option<String>>,
     payouts: BTreeMap<String, PayoutPart>,
 }
@@ -80,7 +80,7 @@ struct CellLog {
 /// A payout stream's event as stored: stream id, type, schema, payload.
 type StoredEvent = (String, String, i32, String);
 
-async fn read_cell(database: &Database) -> Result<CellLog, sqlx::Error> {
+async fn read_cell(database: &Database) -> Result<CellContents, sqlx::Error> {
     let (tenants, payout_events): (Vec<Option<String>>, Vec<StoredEvent>) = match database {
         Database::Postgres(pool) => (
             sqlx::query_scalar("select distinct metadata->>'tenant' from events")
@@ -118,7 +118,7 @@ async fn read_cell(database: &Database) -> Result<CellLog, sqlx::Error> {
         let part = PayoutPart::of(&payout).map_err(|error| decode_error(Box::new(error)))?;
         payouts.insert(stream_id, part);
     }
-    Ok(CellLog { tenants, payouts })
+    Ok(CellContents { tenants, payouts })
 }
 
 /// One event as the copy of a moved tenant must keep it: stream, version, type, schema, payload.

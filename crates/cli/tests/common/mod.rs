@@ -352,17 +352,22 @@ impl Client {
             .await
     }
 
-    async fn metric_where(&self, matches: impl Fn(&str) -> bool) -> f64 {
-        let text = self
-            .http
+    /// The server's `/metrics` page.
+    pub async fn metrics_text(&self) -> String {
+        self.http
             .get(format!("{}/metrics", self.base))
             .send()
             .await
             .unwrap()
             .text()
             .await
-            .unwrap();
-        text.lines()
+            .unwrap()
+    }
+
+    async fn metric_where(&self, matches: impl Fn(&str) -> bool) -> f64 {
+        self.metrics_text()
+            .await
+            .lines()
             .filter(|line| matches(line))
             .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
