@@ -374,7 +374,101 @@ proptest! {
             .map(|e| PaymentEvent::decode(e.event_type(), e.schema_version(), &e.encode().unwrap()).unwrap())
             .collect();
         prop_assert_eq!(&Payment::replay(&stored), &payment);
+        for (batch, keep) in [(1, 0), (2, 1), (3, 2), (5, 0), (4, RECENT_OPERATIONS)] {
+            windows_and_folds_without_operations_equal_the_whole_fold(&all, batch, keep)?;
+        }
     }
+}
+
+/// Folds `all` as a read model does, in batches of `batch` events, through a [`PaymentWindow`]
+/// archiving all but its latest `keep` operations after each batch (the archive a map here) and
+/// through `evolve_without_operations`, against `evolve` of the whole stream: every field but the
+/// operations equal at every event, every operation an event reads equal, the latest ones equal,
+/// and after each batch the window with its archive is the whole payment.
+fn windows_and_folds_without_operations_equal_the_whole_fold(
+    all: &[PaymentEvent],
+    batch: usize,
+    keep: usize,
+) -> Result<(), TestCaseError> {
+    let without_operations = |payment: &Payment| {
+        let mut payment = payment.clone();
+        if let Some(record) = payment.record.as_mut() {
+            record.operations.clear();
+        }
+        payment
+    };
+    let named = |payment: &Payment, kind: OperationKind, sequence: u32| {
+        payment
+            .record
+            .as_ref()
+            .and_then(|r| r.operation(kind, sequence))
+            .cloned()
+    };
+    let mut archive: BTreeMap<u32, Operation> = BTreeMap::new();
+    let (mut window, mut whole, mut bare) = (
+        PaymentWindow::default(),
+        Payment::default(),
+        Payment::default(),
+    );
+    for events in all.chunks(batch) {
+        let loaded = match window.needs(events) {
+            ArchiveNeed::Nothing => Vec::new(),
+            ArchiveNeed::All => rows(&archive, |_| true),
+            ArchiveNeed::Some(named) => {
+                rows(&archive, |op| named.contains(&(op.kind, op.sequence)))
+            }
+        };
+        window.load(loaded);
+        for event in events {
+            window = window.evolve(event);
+            whole = evolve(whole, event);
+            bare = evolve_without_operations(bare, event);
+            prop_assert_eq!(&bare, &without_operations(&whole));
+            prop_assert_eq!(&without_operations(&window.payment), &bare);
+            let operations = whole.record.as_ref().map_or(&[][..], |r| &r.operations[..]);
+            prop_assert_eq!(window.total() as usize, operations.len());
+            match event.operations_read() {
+                OperationsRead::None => {}
+                OperationsRead::One(kind, sequence) => {
+                    prop_assert_eq!(
+                        named(&window.payment, kind, sequence),
+                        named(&whole, kind, sequence)
+                    );
+                }
+                OperationsRead::All => {
+                    let held = window
+                        .payment
+                        .record
+                        .as_ref()
+                        .map_or(&[][..], |r| &r.operations[..]);
+                    prop_assert_eq!(held, operations);
+                }
+            }
+            if keep >= RECENT_OPERATIONS {
+                let from = operations.len().saturating_sub(RECENT_OPERATIONS);
+                prop_assert_eq!(window.recent(), &operations[from..]);
+            }
+        }
+        for row in window.archive(keep) {
+            archive.insert(row.index, row.operation);
+        }
+        prop_assert_eq!(window.assemble(rows(&archive, |_| true)), Ok(whole.clone()));
+    }
+    Ok(())
+}
+
+fn rows(
+    archive: &BTreeMap<u32, Operation>,
+    keep: impl Fn(&Operation) -> bool,
+) -> Vec<ArchivedOperation> {
+    archive
+        .iter()
+        .filter(|(_, op)| keep(op))
+        .map(|(index, op)| ArchivedOperation {
+            index: *index,
+            operation: op.clone(),
+        })
+        .collect()
 }
 
 // ------------------------------------------------------------- transfers

@@ -10,6 +10,7 @@
 mod decide;
 pub mod operations;
 pub mod table;
+pub mod window;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -24,6 +25,10 @@ use crate::transfer::TransferRequested;
 pub use decide::decide;
 pub use operations::{Operation, OperationKind, OperationOutcome, OperationState, ProviderRequest};
 pub use table::{rule, Input, Outcome, Rule};
+pub use window::{
+    evolve_without_operations, ArchiveNeed, ArchivedOperation, OperationsRead, PaymentWindow,
+    RECENT_OPERATIONS,
+};
 
 /// The longest description a merchant may attach, in characters.
 pub const DESCRIPTION_CHARS_MAX: usize = 1_000;

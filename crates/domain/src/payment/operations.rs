@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::money::Amount;
 
 /// What an operation asks of the provider.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OperationKind {
     Capture,
