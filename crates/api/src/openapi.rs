@@ -471,8 +471,9 @@ pub struct MerchantEvent {
     pub created: String,
     /// The log position of the event it was derived from.
     pub position: i64,
-    /// `object`: the payment, transfer or exception as the API renders it at that position;
-    /// `operation`: the capture or refund the event is about, where there is one.
+    /// `object`: the payment, transfer or exception as the API renders it at that position (a
+    /// payment lists its latest 10 operations, `operations_total` says how many it has);
+    /// `operation`: the capture, refund or cancel the event is about, where there is one.
     #[schema(value_type = Object)]
     pub data: serde_json::Value,
 }

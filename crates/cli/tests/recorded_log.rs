@@ -16,7 +16,7 @@
 //! re-folded each stream's whole history in every batch (d1dc6c3) rebuilt every projection from
 //! that log. The test restores the log into a fresh database, rebuilds every projection with this
 //! build, and compares: a change to how a projection stores or applies what it folds must leave
-//! every answer the same.
+//! every answer the same (but for the one change meant since: `list_latest_operations`).
 //!
 //! Re-recording (only when an answer is meant to change, and the diff reviewed):
 //! `ASIENTO_RECORD_LOG=1 cargo test --test recorded_log the_scenario` writes a new log;
@@ -616,13 +616,29 @@ async fn rebuilt_read_models_equal_the_recorded_ones() {
         let text = serde_json::to_string_pretty(&read_models).unwrap();
         std::fs::write(&path, text + "\n").unwrap();
     } else {
-        let recorded: Value =
+        let mut recorded: Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for tenant in ["acme", "beta"] {
+            for event in recorded[tenant]["/v1/events"].as_array_mut().unwrap() {
+                list_latest_operations(&mut event["data"]["object"]);
+            }
+        }
         if let Some(difference) = first_difference(&recorded, &read_models) {
             panic!("the rebuilt read models answer differently: {difference}");
         }
     }
     database.finish().await;
+}
+
+/// The one answer meant to differ from the recorded build's: a merchant event's payment lists its
+/// latest `RECENT_OPERATIONS` operations, and how many it has (docs/API.md "Events").
+fn list_latest_operations(object: &mut Value) {
+    let Some(operations) = object.get_mut("operations").and_then(Value::as_array_mut) else {
+        return;
+    };
+    let total = operations.len();
+    operations.drain(..total.saturating_sub(asiento_domain::payment::RECENT_OPERATIONS));
+    object["operations_total"] = json!(total);
 }
 
 /// Where `actual` first differs from `expected`: the path of keys and indexes, and both values.

@@ -5,7 +5,7 @@
 //! projection renders the object as it stood at each event with the same functions.
 
 use asiento_domain::exception::ExceptionRecord;
-use asiento_domain::{transfer::TransferRecord, PaymentRecord, PaymentStatus};
+use asiento_domain::{transfer::TransferRecord, Operation, PaymentRecord, PaymentStatus};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Value};
 
@@ -15,28 +15,23 @@ pub fn time(at: &DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
-/// The operations of a payment as API.md shows them.
-fn operations_json(payment: &PaymentRecord) -> Value {
-    payment
-        .operations
-        .iter()
-        .map(|op| {
-            json!({
-                "kind": op.kind.as_str(),
-                "sequence": op.sequence,
-                "amount_minor": op.amount.minor(),
-                "state": op.state.as_str(),
-                "provider_id": op.provider_id,
-                "reason": op.reason,
-                "provider_requests": op.requests.iter().map(|request| json!({
-                    "id": request.id,
-                    "replayed": request.replayed,
-                })).collect::<Vec<_>>(),
-                "requested_at": time(&op.requested_at),
-                "updated_at": time(&op.updated_at),
-            })
-        })
-        .collect()
+/// One operation of a payment as API.md shows it in `operations`.
+#[must_use]
+pub fn operation_json(op: &Operation) -> Value {
+    json!({
+        "kind": op.kind.as_str(),
+        "sequence": op.sequence,
+        "amount_minor": op.amount.minor(),
+        "state": op.state.as_str(),
+        "provider_id": op.provider_id,
+        "reason": op.reason,
+        "provider_requests": op.requests.iter().map(|request| json!({
+            "id": request.id,
+            "replayed": request.replayed,
+        })).collect::<Vec<_>>(),
+        "requested_at": time(&op.requested_at),
+        "updated_at": time(&op.updated_at),
+    })
 }
 
 /// The payment object of API.md at `position`. `next_action` is present only while
@@ -44,6 +39,13 @@ fn operations_json(payment: &PaymentRecord) -> Value {
 /// it is read).
 #[must_use]
 pub fn payment_json(payment: &PaymentRecord, position: i64) -> Value {
+    payment_listing(payment, position, &payment.operations)
+}
+
+/// The payment object at `position` listing `operations` of it (a merchant event lists the
+/// latest ones only).
+#[must_use]
+pub fn payment_listing(payment: &PaymentRecord, position: i64, operations: &[Operation]) -> Value {
     let next_action = match (&payment.next_action, payment.status) {
         (Some(action), PaymentStatus::RequiresAction) => {
             serde_json::to_value(action).unwrap_or(Value::Null)
@@ -73,7 +75,7 @@ pub fn payment_json(payment: &PaymentRecord, position: i64) -> Value {
         "created_at": time(&payment.created_at),
         "updated_at": time(&payment.updated_at),
         "next_action": next_action,
-        "operations": operations_json(payment),
+        "operations": operations.iter().map(operation_json).collect::<Vec<_>>(),
         "position": position,
     })
 }

@@ -7,12 +7,12 @@
 use asiento_domain::endpoint::EndpointEvent;
 use asiento_domain::exception::{self, Exception, ExceptionEvent};
 use asiento_domain::payment::PaymentEvent;
+use asiento_domain::payment::PaymentWindow;
 use asiento_domain::transfer::{self, Transfer, TransferEvent, TransferStatus};
 use asiento_domain::{
-    evolve_payment, Event, OperationKind, OperationState, Payment, PaymentRecord, PaymentStatus,
-    StreamKind,
+    Event, OperationKind, OperationState, Payment, PaymentRecord, PaymentStatus, StreamKind,
 };
-use asiento_objects::{exception_json, payment_json, transfer_json};
+use asiento_objects::{exception_json, operation_json, payment_listing, transfer_json};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -22,11 +22,12 @@ use crate::EventKind;
 pub const REDACTED: &str = "[redacted]";
 
 /// A stream that can tell merchants something, folded so far. One lives per touched stream of
-/// a batch, so the size difference between the variants costs nothing worth a box.
+/// a batch, so the size difference between the variants costs nothing worth a box. A payment
+/// keeps its recent operations only (`crate::archive` the rest).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Folded {
-    Payment(Payment),
+    Payment(PaymentWindow),
     Transfer(Transfer),
     Exception(Exception),
     /// A webhook endpoint's stream: its version is all there is to fold.
@@ -38,7 +39,7 @@ impl Folded {
     /// payouts, monitors: `crate::monitors` reads those).
     pub fn of_stream(stream_id: &str) -> Option<Folded> {
         match StreamKind::parse(stream_id)? {
-            StreamKind::Payment(_) => Some(Folded::Payment(Payment::default())),
+            StreamKind::Payment(_) => Some(Folded::Payment(PaymentWindow::default())),
             StreamKind::Transfer(_) => Some(Folded::Transfer(Transfer::default())),
             StreamKind::Exception(_) => Some(Folded::Exception(Exception::default())),
             StreamKind::WebhookEndpoint(_) => Some(Folded::Endpoint(0)),
@@ -51,7 +52,7 @@ impl Folded {
     /// The stream version folded so far.
     pub fn version(&self) -> u64 {
         match self {
-            Folded::Payment(p) => p.version,
+            Folded::Payment(w) => w.payment.version,
             Folded::Transfer(t) => t.version,
             Folded::Exception(e) => e.version,
             Folded::Endpoint(version) => *version,
@@ -61,7 +62,7 @@ impl Folded {
     /// Folds the next event; an event of another family is a stored stream that is wrong.
     pub fn evolve(self, event: &Event) -> Result<Folded, &'static str> {
         match (self, event) {
-            (Folded::Payment(p), Event::Payment(e)) => Ok(Folded::Payment(evolve_payment(p, e))),
+            (Folded::Payment(w), Event::Payment(e)) => Ok(Folded::Payment(w.evolve(e))),
             (Folded::Transfer(t), Event::Transfer(e)) => {
                 Ok(Folded::Transfer(transfer::evolve(t, e)))
             }
@@ -83,7 +84,7 @@ pub(crate) struct Derived {
     pub tenant: String,
     /// The object as the API renders it at this event.
     pub object: Value,
-    /// The capture or refund the event is about, as the payment's `operations` lists it.
+    /// The capture, refund or cancel the event is about, as the payment's `operations` lists it.
     pub operation: Option<Value>,
 }
 
@@ -126,12 +127,13 @@ pub(crate) fn derive(
 }
 
 fn payment_event(
-    before: &Payment,
-    after: &Payment,
+    before: &PaymentWindow,
+    after: &PaymentWindow,
     event: &PaymentEvent,
     position: i64,
 ) -> Option<Derived> {
-    let record = after.record.as_ref()?;
+    let before = &before.payment;
+    let record = after.payment.record.as_ref()?;
     let was = before.record.as_ref().map(|r| r.status);
     let became = |status: PaymentStatus| record.status == status && was != Some(status);
     let (kind, operation) = match event {
@@ -190,7 +192,9 @@ fn payment_event(
         PaymentEvent::DisputeClosed(_) => (EventKind::PaymentDisputeClosed, None),
         _ => return None,
     };
-    let mut object = payment_json(record, position);
+    // The latest operations only (a payment may have thousands), and how many there are.
+    let mut object = payment_listing(record, position, after.recent());
+    object["operations_total"] = Value::from(after.total());
     // History never hands out what lets someone act on the payment (the events view withholds
     // it too): the redirect is the payment object's while it requires action, not the feed's.
     if let Some(url) = object
@@ -200,13 +204,9 @@ fn payment_event(
     {
         *url = Value::String(REDACTED.to_owned());
     }
-    let operation = operation.and_then(|(kind, sequence)| {
-        let index = record
-            .operations
-            .iter()
-            .position(|op| op.kind == kind && op.sequence == sequence)?;
-        object["operations"].get(index).cloned()
-    });
+    let operation = operation
+        .and_then(|(kind, sequence)| record.operation(kind, sequence))
+        .map(operation_json);
     Some(Derived {
         kind,
         tenant: record.tenant.as_str().to_owned(),

@@ -9,8 +9,9 @@
 //!   monitor's id), so a rebuild derives the same events with the same ids, and a consumer that
 //!   dedups by id never acts twice.
 //! - **The object as it stood.** The projection folds each touched stream through the domain's
-//!   `evolve` (keeping the stream's events, as the payments read model does) and renders the
-//!   object with the API's own renderer (`asiento_objects`) at that event's position.
+//!   `evolve` onto the fold it stored for it (a payment's with its latest operations only, the
+//!   rest archived: `archive`) and renders the object with the API's own renderer
+//!   (`asiento_objects`) at that event's position.
 //! - **A feed with its own numbering.** PostgreSQL's gap-free log order is by transaction id,
 //!   not by position, and a stream's versions can arrive out of order; the feed numbers events
 //!   (`seq`) in the order the projection derives them, so the cursor is a plain number that
@@ -26,6 +27,7 @@ use asiento_eventstore::{Database, StoreError};
 use asiento_projector::{Projection, ProjectorError};
 use uuid::Uuid;
 
+mod archive;
 mod derive;
 mod kind;
 mod monitors;

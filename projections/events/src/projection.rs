@@ -7,14 +7,18 @@
 //!   onto which that batch folds only them;
 //! - `merchant_event_pending_g{n}`: events seen ahead of a gap in their stream's versions
 //!   (`asiento_projector::history`), with the time the log recorded them;
+//! - `merchant_event_operations_g{n}`: the operations a payment's fold no longer holds
+//!   (`crate::archive`);
 //! - the balance monitors' tables (`crate::monitors`): client accounts' running balances and
 //!   the monitors with whether each matches.
 //!
-//! Readers use the views `merchant_events` and `balance_monitors`.
+//! Readers use the views `merchant_events` and `balance_monitors`; the checker also reads
+//! `merchant_event_streams` and `merchant_event_operations`.
 
 use std::collections::HashMap;
 
-use asiento_domain::Event;
+use asiento_domain::payment::RECENT_OPERATIONS;
+use asiento_domain::{Event, PaymentEvent};
 use asiento_eventstore::{RecordedEvent, Tx};
 use asiento_projector::history::{take_contiguous, Kept};
 use asiento_projector::{on_tx, Projection, ProjectionError};
@@ -22,6 +26,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::types::Json;
 
+use crate::archive;
 use crate::derive::{derive, Derived, Folded};
 use crate::event_id;
 use crate::monitors::{self, Watch};
@@ -29,7 +34,7 @@ use crate::monitors::{self, Watch};
 /// The registry name, and the argument of `asiento projections rebuild merchant_events`.
 pub const NAME: &str = "merchant_events";
 /// Bump when the tables or the way they are filled change.
-pub const FINGERPRINT: &str = "merchant-events-v3";
+pub const FINGERPRINT: &str = "merchant-events-v4";
 
 /// The merchant events read model. Stateless: everything lives in the database.
 #[derive(Debug, Clone, Copy, Default)]
@@ -223,6 +228,7 @@ impl Projection for MerchantEvents {
         let postgres = matches!(tx, Tx::Postgres(_));
         for statement in ddl(g, postgres)
             .into_iter()
+            .chain(archive::ddl(g, postgres))
             .chain(monitors::ddl(g, postgres))
         {
             on_tx!(tx, conn => sqlx::query(&statement).execute(conn).await?.rows_affected());
@@ -233,6 +239,7 @@ impl Projection for MerchantEvents {
     async fn point_views(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
         asiento_projector::point_view(tx, VIEW, &format!("{TABLE}{g}")).await?;
         asiento_projector::point_view(tx, STREAMS_VIEW, &format!("{STREAMS_TABLE}{g}")).await?;
+        asiento_projector::point_view(tx, archive::VIEW, &format!("{}{g}", archive::TABLE)).await?;
         asiento_projector::point_view(
             tx,
             monitors::MONITORS_VIEW,
@@ -242,7 +249,7 @@ impl Projection for MerchantEvents {
     }
 
     async fn drop_generation(&self, tx: &mut Tx, g: i64) -> Result<(), ProjectionError> {
-        for table in [TABLE, STREAMS_TABLE, PENDING_TABLE]
+        for table in [TABLE, STREAMS_TABLE, PENDING_TABLE, archive::TABLE]
             .into_iter()
             .chain(monitors::TABLES)
         {
@@ -269,7 +276,8 @@ impl Projection for MerchantEvents {
         if ids.is_empty() && needed.keys.is_empty() && needed.monitors.is_empty() {
             return Ok(());
         }
-        let streams = load(tx, g, &ids).await?;
+        let mut streams = load(tx, g, &ids).await?;
+        load_archived(tx, g, &mut streams, events).await?;
         let watch = monitors::load(tx, g, needed).await?;
         let seq: i64 = {
             let statement = format!("SELECT COALESCE(MAX(seq), 0) FROM {TABLE}{g}");
@@ -285,12 +293,13 @@ impl Projection for MerchantEvents {
             deriver.push(event)?;
         }
         let Deriver {
-            streams,
+            mut streams,
             watch,
             rows,
             ..
         } = deriver;
         insert_rows(tx, g, &rows).await?;
+        archive::store(tx, g, &archive_windows(&mut streams)).await?;
         store_streams(tx, g, &streams).await?;
         monitors::store(tx, g, &watch).await
     }
@@ -403,6 +412,58 @@ async fn load(
         );
     }
     Ok(streams)
+}
+
+/// Loads back, into each touched payment's window, the archived operations that the batch's
+/// events of it (and those waiting behind a gap, which the batch may release) read.
+async fn load_archived(
+    tx: &mut Tx,
+    g: i64,
+    streams: &mut HashMap<String, Stream>,
+    events: &[RecordedEvent],
+) -> Result<(), ProjectionError> {
+    for (id, stream) in streams.iter_mut() {
+        let Folded::Payment(window) = &mut stream.folded else {
+            continue;
+        };
+        if window.archived == 0 {
+            continue;
+        }
+        let incoming = events
+            .iter()
+            .filter(|event| event.stream_id == *id)
+            .map(Kept::from_recorded);
+        let mut decoded = Vec::new();
+        for kept in stream.waiting.iter().cloned().chain(incoming) {
+            decoded.push(
+                PaymentEvent::decode_raw(&kept.event_type, kept.schema, kept.data.get())
+                    .map_err(|e| malformed(kept.position, e.to_string()))?,
+            );
+        }
+        let need = window.needs(&decoded);
+        window.load(archive::load(tx, g, id, &need).await?);
+    }
+    Ok(())
+}
+
+/// Ends the batch's payment windows: the rows to archive (operations loaded back, and those
+/// leaving a window for its latest [`RECENT_OPERATIONS`]). Only moved streams are stored, so
+/// only theirs are archived.
+fn archive_windows(
+    streams: &mut HashMap<String, Stream>,
+) -> Vec<(String, asiento_domain::payment::ArchivedOperation)> {
+    let mut rows = Vec::new();
+    for (id, stream) in streams.iter_mut().filter(|(_, s)| s.moved) {
+        if let Folded::Payment(window) = &mut stream.folded {
+            rows.extend(
+                window
+                    .archive(RECENT_OPERATIONS)
+                    .into_iter()
+                    .map(|row| (id.clone(), row)),
+            );
+        }
+    }
+    rows
 }
 
 async fn insert_rows(tx: &mut Tx, g: i64, rows: &[Row]) -> Result<(), ProjectionError> {

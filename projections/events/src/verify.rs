@@ -13,6 +13,10 @@ use std::collections::BTreeMap;
 
 use sqlx::types::Json;
 
+use asiento_domain::payment::ArchivedOperation;
+use serde_json::Value;
+
+use crate::archive::{self, VIEW as ARCHIVE_VIEW};
 use crate::derive::Folded;
 use crate::projection::{Deriver, Row, STREAMS_VIEW, VIEW};
 use crate::{FeedError, NAME};
@@ -152,55 +156,107 @@ pub struct StateMismatch {
     pub detail: String,
 }
 
-/// Compares every stored fold with its stream folded again from the log up to the checkpoint they
-/// were read at (in one statement with them). Empty: the folds are right.
+/// Compares every stored fold (a payment's with its archived operations) with its stream folded
+/// again from the log up to the checkpoint they were read at (in one statement with them).
+/// Empty: the folds are right.
 pub async fn verify_states(
     db: &Database,
     store: &dyn EventStore,
 ) -> Result<Vec<StateMismatch>, FeedError> {
+    // One statement, so that folds, archive and checkpoint are one snapshot: the folds' rows
+    // carry the checkpoint, the archive's an index.
     let statement = format!(
-        "SELECT p.checkpoint_xact, p.checkpoint_position, s.stream_id, s.state \
-         FROM projections p LEFT JOIN {STREAMS_VIEW} s ON 1 = 1 WHERE p.name = $1"
+        "SELECT p.checkpoint_xact, p.checkpoint_position, s.stream_id, s.state, \
+                CAST(NULL AS BIGINT) AS idx \
+         FROM projections p LEFT JOIN {STREAMS_VIEW} s ON 1 = 1 WHERE p.name = $1 \
+         UNION ALL \
+         SELECT CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), a.stream_id, a.operation, a.idx \
+         FROM {ARCHIVE_VIEW} a"
     );
-    type StateRow = (i64, i64, Option<String>, Option<Json<Folded>>);
+    type StateRow = (
+        Option<i64>,
+        Option<i64>,
+        Option<String>,
+        Option<Json<Value>>,
+        Option<i64>,
+    );
     let rows: Vec<StateRow> = on_db!(db, pool => {
         sqlx::query_as(&statement).bind(NAME).fetch_all(pool).await?
     });
-    let Some(&(x, p, ..)) = rows.first() else {
+    let Some((x, p)) = rows.iter().find_map(|row| Some((row.0?, row.1?))) else {
         return Err(FeedError::NotInstalled);
     };
-    let mut stored: BTreeMap<String, Folded> = rows
-        .into_iter()
-        .filter_map(|(_, _, id, state)| Some((id?, state?.0)))
-        .collect();
+    let mut stored: BTreeMap<String, Folded> = BTreeMap::new();
+    let mut archived = Vec::new();
+    for (_, _, id, value, index) in rows {
+        let (Some(id), Some(Json(value))) = (id, value) else {
+            continue;
+        };
+        let unreadable = |e: serde_json::Error| FeedError::Projection(malformed(e));
+        match index {
+            None => {
+                stored.insert(id, serde_json::from_value(value).map_err(unreadable)?);
+            }
+            Some(index) => archived.push((
+                id,
+                index,
+                Json(serde_json::from_value(value).map_err(unreadable)?),
+            )),
+        }
+    }
+    let mut archive = archive::by_stream(archived)?;
     let deriver = derive_log(store, Cursor::new(x, p)).await?;
     let mut mismatches = Vec::new();
     for (id, derived) in deriver.folds() {
-        match stored.remove(id) {
-            Some(ours) if ours == *derived => {}
-            Some(ours) => mismatches.push(StateMismatch {
-                stream_id: id.clone(),
-                detail: format!(
-                    "stored fold at version {}, the log's at version {}{}",
-                    ours.version(),
-                    derived.version(),
-                    if ours.version() == derived.version() {
-                        " (their contents differ)"
-                    } else {
-                        ""
-                    }
-                ),
-            }),
-            None => mismatches.push(StateMismatch {
-                stream_id: id.clone(),
-                detail: "no stored fold".to_owned(),
-            }),
-        }
+        let detail = match stored.remove(id) {
+            Some(ours) => differs(ours, archive.remove(id).unwrap_or_default(), derived),
+            None => Some("no stored fold".to_owned()),
+        };
+        mismatches.extend(detail.map(|detail| StateMismatch {
+            stream_id: id.clone(),
+            detail,
+        }));
     }
     mismatches.extend(stored.into_keys().map(|id| StateMismatch {
         stream_id: id,
         detail: "a stored fold of a stream the log does not have".to_owned(),
     }));
+    mismatches.extend(archive.into_keys().map(|id| StateMismatch {
+        stream_id: id,
+        detail: "archived operations of a stream with no stored fold".to_owned(),
+    }));
     mismatches.sort_by(|a, b| a.stream_id.cmp(&b.stream_id));
     Ok(mismatches)
+}
+
+/// How a stored fold (with its archived operations) differs from the log's, if it does.
+fn differs(ours: Folded, archived: Vec<ArchivedOperation>, derived: &Folded) -> Option<String> {
+    let (version, theirs) = (ours.version(), derived.version());
+    let same = match (&ours, derived) {
+        (Folded::Payment(window), Folded::Payment(whole)) => {
+            match (window.assemble(archived), whole.assemble(Vec::new())) {
+                (Ok(ours), Ok(whole)) => ours == whole,
+                (Err(reason), _) | (_, Err(reason)) => return Some(reason),
+            }
+        }
+        _ if !archived.is_empty() => return Some("archived operations of no payment".to_owned()),
+        _ => ours == *derived,
+    };
+    (!same).then(|| {
+        format!(
+            "stored fold at version {version}, the log's at version {theirs}{}",
+            if version == theirs {
+                " (their contents differ)"
+            } else {
+                ""
+            }
+        )
+    })
+}
+
+fn malformed(e: serde_json::Error) -> asiento_projector::ProjectionError {
+    asiento_projector::ProjectionError::Malformed {
+        position: 0,
+        reason: format!("a stored fold or archived operation: {e}"),
+    }
 }

@@ -7,8 +7,8 @@
 
 use asiento_domain::{
     decide_payment, evolve_payment, payment_stream, Amount, CaptureMode, CreatePayment, Currency,
-    CustomerId, FeeSchedule, Payment, PaymentCommand, PaymentId, ProviderFact, ProviderName,
-    TenantId,
+    CustomerId, FeeSchedule, OperationKind, OperationOutcome, Payment, PaymentCommand, PaymentId,
+    ProviderFact, ProviderName, TenantId,
 };
 use asiento_eventstore::{
     Database, EventStore, ExpectedVersion, Metadata, NewEvent, RecordedEvent, StreamAppend,
@@ -34,38 +34,48 @@ async fn payment_stream_of(
     commands: Vec<PaymentCommand>,
 ) -> Vec<RecordedEvent> {
     let mut payment = Payment::default();
-    let mut stream = None;
     for command in commands {
-        let events = decide_payment(&payment, command).unwrap();
-        if let asiento_domain::PaymentEvent::PaymentIntended(e) = &events[0] {
-            stream = Some(payment_stream(e.payment_id));
-        }
-        let new_events = events
-            .iter()
-            .map(|e| NewEvent {
-                event_id: Uuid::new_v4(),
-                event_type: e.event_type().to_owned(),
-                schema: e.schema_version(),
-                data: e.encode().unwrap(),
-                metadata: Metadata {
-                    tenant: Some("acme".to_owned()),
-                    ..Metadata::default()
-                },
-            })
-            .collect();
-        store
-            .append(&[StreamAppend {
-                stream_id: stream.clone().unwrap(),
-                expected: ExpectedVersion::Exact(payment.version),
-                events: new_events,
-            }])
-            .await
-            .unwrap();
-        for event in &events {
-            payment = evolve_payment(std::mem::take(&mut payment), event);
-        }
+        decide_and_append(store, &mut payment, command).await;
     }
-    store.read_stream(&stream.unwrap(), 1, 100).await.unwrap()
+    let id = payment.record.unwrap().id;
+    store
+        .read_stream(&payment_stream(id), 1, 1_000)
+        .await
+        .unwrap()
+}
+
+/// Decides `command` on `payment`, appends what it decided and folds it in.
+async fn decide_and_append(store: &dyn EventStore, payment: &mut Payment, command: PaymentCommand) {
+    let events = decide_payment(payment, command).unwrap();
+    let id = match (&payment.record, &events[0]) {
+        (Some(record), _) => record.id,
+        (None, asiento_domain::PaymentEvent::PaymentIntended(e)) => e.payment_id,
+        (None, other) => panic!("a payment starts with its intent, not {other:?}"),
+    };
+    let new_events = events
+        .iter()
+        .map(|e| NewEvent {
+            event_id: Uuid::new_v4(),
+            event_type: e.event_type().to_owned(),
+            schema: e.schema_version(),
+            data: e.encode().unwrap(),
+            metadata: Metadata {
+                tenant: Some("acme".to_owned()),
+                ..Metadata::default()
+            },
+        })
+        .collect();
+    store
+        .append(&[StreamAppend {
+            stream_id: payment_stream(id),
+            expected: ExpectedVersion::Exact(payment.version),
+            events: new_events,
+        }])
+        .await
+        .unwrap();
+    for event in &events {
+        *payment = evolve_payment(std::mem::take(payment), event);
+    }
 }
 
 fn at(seconds: i64) -> DateTime<Utc> {
@@ -74,8 +84,8 @@ fn at(seconds: i64) -> DateTime<Utc> {
 
 /// Created, captured, refunded twice: four merchant events among its events.
 fn commands() -> Vec<PaymentCommand> {
-    let id = PaymentId::from_uuid(Uuid::new_v4());
-    let charge_id = format!("ch_{}", id.as_uuid().simple());
+    let mut commands = created_and_captured();
+    let charge_id = charge_of(&commands);
     let fees = FeeSchedule::new(300, Amount::ZERO).unwrap();
     let fact = |fact, s| PaymentCommand::Provider {
         fact,
@@ -95,6 +105,32 @@ fn commands() -> Vec<PaymentCommand> {
             },
             s,
         )
+    };
+    commands.extend([
+        refund(1_000, 2),
+        refunded(1_000, 3),
+        refund(500, 4),
+        refunded(1_500, 5),
+    ]);
+    commands
+}
+
+fn charge_of(commands: &[PaymentCommand]) -> String {
+    match &commands[0] {
+        PaymentCommand::Create(create) => format!("ch_{}", create.id.as_uuid().simple()),
+        other => panic!("not a creation: {other:?}"),
+    }
+}
+
+/// A payment of 100.00 USD created and captured at once.
+fn created_and_captured() -> Vec<PaymentCommand> {
+    let id = PaymentId::from_uuid(Uuid::new_v4());
+    let charge_id = format!("ch_{}", id.as_uuid().simple());
+    let fees = FeeSchedule::new(300, Amount::ZERO).unwrap();
+    let fact = |fact, s| PaymentCommand::Provider {
+        fact,
+        fees,
+        at: at(s),
     };
     vec![
         PaymentCommand::Create(CreatePayment {
@@ -117,10 +153,6 @@ fn commands() -> Vec<PaymentCommand> {
             },
             1,
         ),
-        refund(1_000, 2),
-        refunded(1_000, 3),
-        refund(500, 4),
-        refunded(1_500, 5),
     ]
 }
 
@@ -205,4 +237,169 @@ async fn versions_out_of_order_give_the_feed_in_order_would(backend: Backend) {
     assert_eq!(feed(&out_of_order).await, expected);
 }
 
-asiento_testkit::both_backends!(versions_out_of_order_give_the_feed_in_order_would);
+/// A payment with more operations than a fold keeps (`RECENT_OPERATIONS`), rebuilt in batches of
+/// three events so that its operations leave the fold for the archive between batches: a late
+/// reversal of its first refund and a settlement naming no refund read archived ones back. The
+/// feed is the one derived from the log in one pass (which archives nothing), the stored folds
+/// with their archives are the log's, and each event lists the latest operations with the total.
+async fn a_long_payment_s_archived_operations_are_read_back_where_events_need_them(
+    backend: Backend,
+) {
+    let (db, _d) = database(backend).await;
+    let store = db.event_store();
+    let mut payment = Payment::default();
+    let commands = created_and_captured();
+    let charge_id = charge_of(&commands);
+    for command in commands {
+        decide_and_append(store.as_ref(), &mut payment, command).await;
+    }
+    let fees = FeeSchedule::new(300, Amount::ZERO).unwrap();
+    let outcome = |payment: &Payment, sequence: u32, outcome: OperationOutcome, s: i64| {
+        let op = payment
+            .record
+            .as_ref()
+            .and_then(|r| r.operation(OperationKind::Refund, sequence))
+            .unwrap();
+        PaymentCommand::Provider {
+            fact: ProviderFact::Operation {
+                kind: OperationKind::Refund,
+                charge_id: charge_id.clone(),
+                psp_key: op.psp_key.clone(),
+                provider_id: Some(format!("re_{sequence}")),
+                amount: op.amount,
+                outcome,
+                request: None,
+            },
+            fees,
+            at: at(s),
+        }
+    };
+    let refund = |s: i64| PaymentCommand::RequestRefund {
+        amount: Amount::new(100),
+        at: at(s),
+    };
+    for sequence in 1..=13 {
+        let s = i64::from(sequence) * 10;
+        decide_and_append(store.as_ref(), &mut payment, refund(s)).await;
+        let settled = outcome(&payment, sequence, OperationOutcome::Succeeded, s + 1);
+        decide_and_append(store.as_ref(), &mut payment, settled).await;
+    }
+    let returned = OperationOutcome::Reversed {
+        reason: "returned".into(),
+    };
+    let reversal = outcome(&payment, 1, returned, 200);
+    decide_and_append(store.as_ref(), &mut payment, reversal).await;
+    // Two refunds asked, then a report that one more settled: the first of them (the archive's
+    // settled refunds count in what is already accounted for).
+    decide_and_append(store.as_ref(), &mut payment, refund(210)).await;
+    decide_and_append(store.as_ref(), &mut payment, refund(212)).await;
+    let cumulative = PaymentCommand::Provider {
+        fact: ProviderFact::Refunded {
+            charge_id: charge_id.clone(),
+            amount_refunded: Amount::new(1_400),
+            current: false,
+        },
+        fees,
+        at: at(213),
+    };
+    decide_and_append(store.as_ref(), &mut payment, cumulative).await;
+
+    let mut config = asiento_projector::RebuildConfig::new("feed-test");
+    config.batch_size_max = 3;
+    let report = asiento_projector::rebuild(
+        &db,
+        &store,
+        &MerchantEvents,
+        &config,
+        std::future::pending(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        asiento_merchant_events::verify(&db, store.as_ref())
+            .await
+            .unwrap(),
+        []
+    );
+    assert_eq!(
+        asiento_merchant_events::verify_states(&db, store.as_ref())
+            .await
+            .unwrap(),
+        []
+    );
+
+    let bodies: Vec<serde_json::Value> = feed(&db)
+        .await
+        .iter()
+        .map(|e| serde_json::from_str(&e.body).unwrap())
+        .collect();
+    let last = |kind: &str| bodies.iter().rev().find(|b| b["type"] == kind).unwrap();
+    let listed = |body: &serde_json::Value| -> Vec<u64> {
+        body["data"]["object"]["operations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|op| op["sequence"].as_u64().unwrap())
+            .collect()
+    };
+    let failed = last("payment.refund_failed");
+    assert_eq!(failed["data"]["operation"]["sequence"], 1, "{failed}");
+    assert_eq!(failed["data"]["operation"]["state"], "reversed", "{failed}");
+    assert_eq!(
+        failed["data"]["operation"]["provider_id"], "re_1",
+        "{failed}"
+    );
+    assert_eq!(listed(failed), (4..=13).collect::<Vec<_>>());
+    assert_eq!(failed["data"]["object"]["operations_total"], 13);
+    let settled = last("payment.refunded");
+    assert_eq!(settled["data"]["operation"]["sequence"], 14, "{settled}");
+    assert_eq!(
+        settled["data"]["operation"]["state"], "succeeded",
+        "{settled}"
+    );
+    assert_eq!(listed(settled), (6..=15).collect::<Vec<_>>());
+    assert_eq!(settled["data"]["object"]["operations_total"], 15);
+    assert_eq!(
+        settled["data"]["object"]["operations"][9]["state"],
+        "requested"
+    );
+    assert_eq!(settled["data"]["object"]["refunded_minor"], 1_300);
+
+    // The fold holds the latest ten; the archive the rest, which the checker reads.
+    let table = format!("merchant_event_operations_g{}", report.generation);
+    let count = format!("SELECT COUNT(*) FROM {table}");
+    let count: i64 = match &db {
+        Database::Postgres(pool) => sqlx::query_scalar(&count).fetch_one(pool).await.unwrap(),
+        Database::Sqlite(pool) => sqlx::query_scalar(&count).fetch_one(pool).await.unwrap(),
+    };
+    assert_eq!(count, 5);
+    let lose = format!("DELETE FROM {table} WHERE idx = 2");
+    let lost = match &db {
+        Database::Postgres(pool) => sqlx::query(&lose)
+            .execute(pool)
+            .await
+            .unwrap()
+            .rows_affected(),
+        Database::Sqlite(pool) => sqlx::query(&lose)
+            .execute(pool)
+            .await
+            .unwrap()
+            .rows_affected(),
+    };
+    assert_eq!(lost, 1);
+    let mismatches = asiento_merchant_events::verify_states(&db, store.as_ref())
+        .await
+        .unwrap();
+    assert_eq!(mismatches.len(), 1, "{mismatches:?}");
+    assert!(
+        mismatches[0]
+            .detail
+            .contains("the archive holds operations [0, 1, 3, 4]"),
+        "{mismatches:?}"
+    );
+}
+
+asiento_testkit::both_backends!(
+    versions_out_of_order_give_the_feed_in_order_would,
+    a_long_payment_s_archived_operations_are_read_back_where_events_need_them,
+);

@@ -3,7 +3,8 @@
 //! Pure (no IO), so the projection's `apply` and the checker `verify` share exactly one
 //! definition of what a row must be: the fold of the stream's contiguous prefix of versions.
 
-use asiento_domain::{evolve_payment, Payment, PaymentEvent, StreamKind};
+use asiento_domain::payment::evolve_without_operations;
+use asiento_domain::{Payment, PaymentEvent, StreamKind};
 use asiento_eventstore::RecordedEvent;
 use asiento_projector::ProjectionError;
 use chrono::{DateTime, Utc};
@@ -28,8 +29,10 @@ fn malformed(position: i64, reason: impl Into<String>) -> ProjectionError {
     }
 }
 
-/// A payment folded event by event, in version order, through the domain's `evolve`: what a row
-/// stores (`state`) and the next batch folds its new events onto.
+/// A payment folded event by event, in version order, through the domain's `evolve` without its
+/// operations (the row shows none, and nothing else `evolve` gives reads them), so that what a
+/// row stores (`state`), and the next batch folds its new events onto, does not grow with the
+/// stream.
 #[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Folder {
     payment: Payment,
@@ -63,7 +66,7 @@ impl StreamFold for Folder {
                 ),
             ));
         }
-        self.payment = evolve_payment(std::mem::take(&mut self.payment), &event);
+        self.payment = evolve_without_operations(std::mem::take(&mut self.payment), &event);
         self.position = kept.position;
         Ok(())
     }

@@ -2,7 +2,8 @@
 //!
 //! - `payments_g{n}`: one row per payment whose `PaymentIntended` has been applied: the
 //!   columns the list filters and shows (its metadata as JSON), and `state`, the payment folded
-//!   over its events 1..=version, onto which the next batch folds only its new events;
+//!   over its events 1..=version without its operations (`fold::Folder`), onto which the next
+//!   batch folds only its new events;
 //! - `payment_pending_g{n}`: events seen ahead of a gap in their stream's versions, waiting for
 //!   the missing one (PostgreSQL's gap-free order is by transaction id, not by stream version).
 //!
@@ -21,7 +22,7 @@ use crate::PaymentRow;
 pub const NAME: &str = "payments";
 /// Bump when the tables or the way they are filled change: runners then refuse the old data
 /// until `asiento projections rebuild payments`.
-pub const FINGERPRINT: &str = "payments-v3";
+pub const FINGERPRINT: &str = "payments-v4";
 
 /// The payments read model. Stateless: everything lives in the database.
 #[derive(Debug, Clone, Copy, Default)]
