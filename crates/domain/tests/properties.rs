@@ -328,6 +328,7 @@ proptest! {
                 .filter(|op| op.kind == OperationKind::Refund && matches!(op.state, OperationState::Succeeded | OperationState::Reversed))
                 .map(|op| op.amount.minor()).sum();
             prop_assert!(settled_ops <= record.refunded.minor() + record.refund_reversed.minor());
+            prop_assert_eq!(record.operations_refunded.minor(), settled_ops);
             prop_assert!(record.refunded <= record.captured);
             prop_assert!(record.fee_reversed <= record.fee && record.fee <= record.captured);
             prop_assert!(sum_per_currency(&balances).values().all(|s| *s == 0));
@@ -394,6 +395,7 @@ fn windows_and_folds_without_operations_equal_the_whole_fold(
         let mut payment = payment.clone();
         if let Some(record) = payment.record.as_mut() {
             record.operations.clear();
+            record.operations_refunded = Amount::ZERO;
         }
         payment
     };
@@ -414,9 +416,9 @@ fn windows_and_folds_without_operations_equal_the_whole_fold(
         let loaded = match window.needs(events) {
             ArchiveNeed::Nothing => Vec::new(),
             ArchiveNeed::All => rows(&archive, |_| true),
-            ArchiveNeed::Some(named) => {
-                rows(&archive, |op| named.contains(&(op.kind, op.sequence)))
-            }
+            ArchiveNeed::Some { named, open } => rows(&archive, |op| {
+                named.contains(&(op.kind, op.sequence)) || (open && op.state.is_open())
+            }),
         };
         window.load(loaded);
         for event in events {
@@ -425,6 +427,8 @@ fn windows_and_folds_without_operations_equal_the_whole_fold(
             bare = evolve_without_operations(bare, event);
             prop_assert_eq!(&bare, &without_operations(&whole));
             prop_assert_eq!(&without_operations(&window.payment), &bare);
+            let refunded = |p: &Payment| p.record.as_ref().map(|r| r.operations_refunded);
+            prop_assert_eq!(refunded(&window.payment), refunded(&whole));
             let operations = whole.record.as_ref().map_or(&[][..], |r| &r.operations[..]);
             prop_assert_eq!(window.total() as usize, operations.len());
             match event.operations_read() {
@@ -434,6 +438,20 @@ fn windows_and_folds_without_operations_equal_the_whole_fold(
                         named(&window.payment, kind, sequence),
                         named(&whole, kind, sequence)
                     );
+                }
+                OperationsRead::Open => {
+                    let open = |ops: &[Operation]| {
+                        ops.iter()
+                            .filter(|op| op.state.is_open())
+                            .cloned()
+                            .collect::<Vec<_>>()
+                    };
+                    let held = window
+                        .payment
+                        .record
+                        .as_ref()
+                        .map_or(&[][..], |r| &r.operations[..]);
+                    prop_assert_eq!(open(held), open(operations));
                 }
                 OperationsRead::All => {
                     let held = window

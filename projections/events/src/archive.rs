@@ -3,8 +3,8 @@
 //! operations however many it has.
 //!
 //! A batch loads back only what its events read (`PaymentWindow::needs`: an operation named by
-//! an event, or all of a payment's for the rare event that scans them), and writes the rows
-//! leaving its windows. `verify_states` assembles each payment from its window and its rows.
+//! an event, the open ones, or all of a payment's for a cancel's end), and writes the rows
+//! leaving its windows and the loaded ones it changed. `verify_states` assembles each payment from its window and its rows.
 
 use std::collections::HashMap;
 
@@ -19,21 +19,23 @@ pub(crate) const TABLE: &str = "merchant_event_operations_g";
 pub(crate) const VIEW: &str = "merchant_event_operations";
 
 pub(crate) fn ddl(g: i64, postgres: bool) -> Vec<String> {
-    let (int, json, rowid) = if postgres {
-        ("BIGINT", "JSONB", "")
+    let (int, json, boolean, rowid) = if postgres {
+        ("BIGINT", "JSONB", "BOOLEAN", "")
     } else {
-        ("INTEGER", "TEXT", " WITHOUT ROWID")
+        ("INTEGER", "TEXT", "INTEGER", " WITHOUT ROWID")
     };
     vec![
         format!(
             "CREATE TABLE {TABLE}{g} (
-                stream_id TEXT   NOT NULL,
-                idx       {int}  NOT NULL CHECK (idx >= 0),
-                kind      TEXT   NOT NULL,
-                op_sequence {int} NOT NULL,
-                operation {json} NOT NULL,
+                stream_id   TEXT      NOT NULL,
+                idx         {int}     NOT NULL CHECK (idx >= 0),
+                kind        TEXT      NOT NULL,
+                op_sequence {int}     NOT NULL,
+                operation   {json}    NOT NULL,
+                open        {boolean} NOT NULL,
                 PRIMARY KEY (stream_id, idx)){rowid}"
         ),
+        format!("CREATE INDEX {TABLE}{g}_open ON {TABLE}{g} (stream_id) WHERE open"),
         format!(
             "CREATE INDEX {TABLE}{g}_by_operation ON {TABLE}{g} (stream_id, kind, op_sequence)"
         ),
@@ -72,7 +74,14 @@ pub(crate) async fn load(
                 sqlx::query_as(&statement).bind(stream_id).fetch_all(conn).await?
             });
         }
-        ArchiveNeed::Some(named) => {
+        ArchiveNeed::Some { named, open } => {
+            if *open {
+                let statement =
+                    format!("SELECT idx, operation FROM {TABLE}{g} WHERE stream_id = $1 AND open");
+                rows = on_tx!(tx, conn => {
+                    sqlx::query_as(&statement).bind(stream_id).fetch_all(conn).await?
+                });
+            }
             let statement = format!(
                 "SELECT idx, operation FROM {TABLE}{g} \
                  WHERE stream_id = $1 AND kind = $2 AND op_sequence = $3"
@@ -93,7 +102,7 @@ pub(crate) async fn load(
     archived(rows)
 }
 
-/// Writes the rows that left the batch's windows, each in place of its index's row.
+/// Writes the rows that left the batch's windows or changed, each in place of its index's row.
 pub(crate) async fn store(
     tx: &mut Tx,
     g: i64,
@@ -102,14 +111,15 @@ pub(crate) async fn store(
     if rows.is_empty() {
         return Ok(());
     }
-    let columns = "(stream_id, idx, kind, op_sequence, operation)";
+    let columns = "(stream_id, idx, kind, op_sequence, operation, open)";
     let on_conflict = "ON CONFLICT (stream_id, idx) DO UPDATE SET kind = excluded.kind, \
-                       op_sequence = excluded.op_sequence, operation = excluded.operation";
+                       op_sequence = excluded.op_sequence, operation = excluded.operation, \
+                       open = excluded.open";
     match tx {
         Tx::Postgres(t) => {
             let statement = format!(
                 "INSERT INTO {TABLE}{g} {columns} SELECT * FROM UNNEST($1::text[], $2::int8[], \
-                 $3::text[], $4::int8[], $5::jsonb[]) {on_conflict}"
+                 $3::text[], $4::int8[], $5::jsonb[], $6::bool[]) {on_conflict}"
             );
             sqlx::query(&statement)
                 .bind(rows.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>())
@@ -133,12 +143,17 @@ pub(crate) async fn store(
                         .map(|(_, r)| Json(&r.operation))
                         .collect::<Vec<_>>(),
                 )
+                .bind(
+                    rows.iter()
+                        .map(|(_, r)| r.operation.state.is_open())
+                        .collect::<Vec<_>>(),
+                )
                 .execute(&mut **t)
                 .await?;
         }
         Tx::Sqlite(t) => {
             let statement = format!(
-                "INSERT INTO {TABLE}{g} {columns} VALUES ($1, $2, $3, $4, $5) {on_conflict}"
+                "INSERT INTO {TABLE}{g} {columns} VALUES ($1, $2, $3, $4, $5, $6) {on_conflict}"
             );
             for (id, row) in rows {
                 sqlx::query(&statement)
@@ -147,6 +162,7 @@ pub(crate) async fn store(
                     .bind(row.operation.kind.as_str())
                     .bind(i64::from(row.operation.sequence))
                     .bind(Json(&row.operation))
+                    .bind(row.operation.state.is_open())
                     .execute(&mut **t)
                     .await?;
             }

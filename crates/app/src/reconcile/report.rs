@@ -800,6 +800,7 @@ mod tests {
             fee: Amount::ZERO,
             fee_schedule: None,
             operations: Vec::new(),
+            operations_refunded: Amount::ZERO,
             refunded: Amount::new(refunded),
             refund_reversed: Amount::ZERO,
             fee_reversed: Amount::ZERO,

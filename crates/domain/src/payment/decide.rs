@@ -998,10 +998,7 @@ fn refund_outcome(
         (OperationState::Requested | OperationState::Pending, OperationOutcome::Succeeded) => {
             // What settled refunds account for after this one; a cumulative report may already
             // have settled it without naming it, and then only the operation is marked.
-            let accounted = draft
-                .record
-                .refund_operations_settled()?
-                .checked_add(op.amount)?;
+            let accounted = draft.record.operations_refunded.checked_add(op.amount)?;
             let already = draft.record.refund_settled_ever();
             let new_total = draft
                 .record

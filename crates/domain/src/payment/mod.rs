@@ -263,6 +263,11 @@ pub struct PaymentRecord {
     pub fee_schedule: Option<FeeSchedule>,
     /// Every capture and refund we asked the provider for, in the order asked.
     pub operations: Vec<Operation>,
+    /// The amounts of our refund operations that ever settled (reversed ones included): what
+    /// `operations` says, kept as a sum so that a read model folding a window of them
+    /// (`window::PaymentWindow`) has it too.
+    #[serde(default)]
+    pub operations_refunded: Amount,
     /// Refunds the provider has settled and not reversed, cumulative.
     pub refunded: Amount,
     /// Refunds that settled and were later reversed, cumulative: `refunded + refund_reversed`
@@ -387,20 +392,6 @@ impl PaymentRecord {
             .try_fold(self.refunded, |total, op| total.checked_add(op.amount))
     }
 
-    /// The amounts of our refund operations that ever settled (reversed ones included).
-    pub fn refund_operations_settled(&self) -> Result<Amount, AmountError> {
-        self.operations
-            .iter()
-            .filter(|op| {
-                op.kind == OperationKind::Refund
-                    && matches!(
-                        op.state,
-                        OperationState::Succeeded | OperationState::Reversed
-                    )
-            })
-            .try_fold(Amount::ZERO, |total, op| total.checked_add(op.amount))
-    }
-
     /// Every refund ever settled, including ones reversed since.
     fn refund_settled_ever(&self) -> Amount {
         self.refunded
@@ -419,7 +410,7 @@ impl PaymentRecord {
     /// for yet. So a report or webhook that arrives before the refund's own answer settles it
     /// once, and the answer arriving later finds it already succeeded.
     fn attribute_settled_refunds(&mut self, at: DateTime<Utc>) {
-        let accounted = self.refund_operations_settled().unwrap_or(SATURATED);
+        let accounted = self.operations_refunded;
         let mut unattributed = self
             .refund_settled_ever()
             .checked_sub(accounted)
@@ -429,6 +420,10 @@ impl PaymentRecord {
                 unattributed = unattributed.checked_sub(op.amount).unwrap_or(Amount::ZERO);
                 op.state = OperationState::Succeeded;
                 op.updated_at = at;
+                self.operations_refunded = self
+                    .operations_refunded
+                    .checked_add(op.amount)
+                    .unwrap_or(SATURATED);
             }
         }
     }
@@ -1092,6 +1087,7 @@ pub fn evolve(mut payment: Payment, event: &PaymentEvent) -> Payment {
             fee: Amount::ZERO,
             fee_schedule: None,
             operations: Vec::new(),
+            operations_refunded: Amount::ZERO,
             refunded: Amount::ZERO,
             refund_reversed: Amount::ZERO,
             fee_reversed: Amount::ZERO,
@@ -1116,7 +1112,26 @@ pub fn evolve(mut payment: Payment, event: &PaymentEvent) -> Payment {
 /// Applies an event to an existing record; shared by `evolve` and by the
 /// draft `decide` builds its events on.
 fn apply(record: &mut PaymentRecord, event: &PaymentEvent) {
+    // A refund operation the event names counts in `operations_refunded` while it is settled.
+    let named_refund = match event.operations_read() {
+        window::OperationsRead::One(OperationKind::Refund, sequence) => Some(sequence),
+        _ => None,
+    };
+    let counted = |record: &PaymentRecord, sequence: u32| {
+        record
+            .operation(OperationKind::Refund, sequence)
+            .filter(|op| op.settled_ever())
+            .map_or(Amount::ZERO, |op| op.amount)
+    };
+    let before = named_refund.map(|sequence| counted(record, sequence));
     apply_fields(record, event);
+    if let (Some(sequence), Some(before)) = (named_refund, before) {
+        record.operations_refunded = record
+            .operations_refunded
+            .checked_sub(before)
+            .and_then(|sum| sum.checked_add(counted(record, sequence)))
+            .unwrap_or(SATURATED);
+    }
     record.updated_at = event.at();
     // Leaving `authorized` ends the hold (its release is posted by the decision that left), and
     // an ended authorization waits for nothing any more.

@@ -99,6 +99,15 @@ pub struct ProviderRequest {
 }
 
 impl Operation {
+    /// It succeeded at some point (it may have been reversed since).
+    #[must_use]
+    pub const fn settled_ever(&self) -> bool {
+        matches!(
+            self.state,
+            OperationState::Succeeded | OperationState::Reversed
+        )
+    }
+
     /// An operation just asked for: no answer yet.
     #[must_use]
     pub fn requested(

@@ -5,8 +5,9 @@
 //! model that stored them all in its fold would read and write the whole list at every event:
 //! the 200th refund of a payment would cost 200 times its first. But `evolve` reads few of them:
 //! its amounts and status never read the list at all, an event about one operation reads that
-//! operation, and only a capture's fact and a refund settlement naming no operation scan the
-//! list ([`PaymentEvent::operations_read`]). So:
+//! operation, a capture's fact and a refund settlement naming no operation read the open ones
+//! (what settled refunds account for is a sum the record keeps), and only a cancel's end is told
+//! with a count of them all ([`PaymentEvent::operations_read`]). So:
 //!
 //! - a read model that shows no operation folds [`evolve_without_operations`];
 //! - one that shows them keeps a [`PaymentWindow`]: the payment with its recent operations, the
@@ -21,6 +22,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use super::{evolve, Operation, OperationKind, Payment, PaymentEvent};
+use crate::money::Amount;
 
 /// How many of its latest operations a window keeps; also how many a merchant event's payment
 /// object lists (docs/API.md "Events").
@@ -33,8 +35,10 @@ pub enum OperationsRead {
     None,
     /// The operation of this kind and sequence.
     One(OperationKind, u32),
-    /// Any of them: a capture's fact ends every open capture, a settlement naming no refund is
-    /// attributed to the open ones, and a cancel's end is told with the last cancel asked.
+    /// The open ones: a capture's fact ends every open capture, a settlement naming no refund is
+    /// attributed to the open refunds.
+    Open,
+    /// All of them: a cancel's end is told with the last cancel asked.
     All,
 }
 
@@ -42,12 +46,13 @@ impl PaymentEvent {
     /// Which operations `evolve` (and the merchant event it tells) reads to apply this event.
     #[must_use]
     pub fn operations_read(&self) -> OperationsRead {
-        use OperationsRead::{All, One};
+        use OperationsRead::{All, One, Open};
         match self {
-            PaymentEvent::ChargeCaptured(_) | PaymentEvent::PaymentCanceled(_) => All,
+            PaymentEvent::ChargeCaptured(_) => Open,
+            PaymentEvent::PaymentCanceled(_) => All,
             PaymentEvent::RefundSettled(e) => match e.sequence {
                 Some(sequence) => One(OperationKind::Refund, sequence),
-                None => All,
+                None => Open,
             },
             PaymentEvent::CancelSucceeded(e) => One(OperationKind::Cancel, e.sequence),
             PaymentEvent::OperationReceived(e) => One(e.kind, e.sequence),
@@ -76,12 +81,14 @@ impl PaymentEvent {
 }
 
 /// `evolve`, for a read model that shows none of a payment's operations: the payment it gives
-/// has none, and every other field is what `evolve` of the whole stream gives.
+/// has none (nor their sum, `operations_refunded`), and every other field is what `evolve` of
+/// the whole stream gives.
 #[must_use]
 pub fn evolve_without_operations(payment: Payment, event: &PaymentEvent) -> Payment {
     let mut payment = evolve(payment, event);
     if let Some(record) = payment.record.as_mut() {
         record.operations.clear();
+        record.operations_refunded = Amount::ZERO;
     }
     payment
 }
@@ -98,23 +105,28 @@ pub struct ArchivedOperation {
 pub enum ArchiveNeed {
     /// Nothing: the window holds every operation the events read.
     Nothing,
-    /// These operations, by kind and sequence (one that is not archived is simply not found).
-    Some(BTreeSet<(OperationKind, u32)>),
+    /// The archived operations named (by kind and sequence: one that is not archived is simply
+    /// not found), and the open ones if `open`.
+    Some {
+        named: BTreeSet<(OperationKind, u32)>,
+        open: bool,
+    },
     /// Every archived operation.
     All,
 }
 
 /// A payment whose operations before `archived` live in an archive: `payment`'s list holds the
 /// operations from index `archived` on, preceded, during a batch, by the archived ones loaded
-/// back for it (their indices in `loaded`). Stored between batches with nothing loaded.
+/// back for it (`loaded`: their indices and what they were). Stored between batches with
+/// nothing loaded.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PaymentWindow {
     pub payment: Payment,
     /// How many of the payment's first operations are archived.
     pub archived: u32,
-    /// The archive indices of the operations at the front of the list, loaded for this batch.
+    /// The operations at the front of the list, loaded for this batch, as loaded.
     #[serde(skip)]
-    loaded: Vec<u32>,
+    loaded: Vec<ArchivedOperation>,
 }
 
 impl PaymentWindow {
@@ -132,22 +144,23 @@ impl PaymentWindow {
                     .any(|op| op.kind == kind && op.sequence == sequence)
             })
         };
-        let mut some = BTreeSet::new();
+        let (mut named, mut open) = (BTreeSet::new(), false);
         for event in events {
             match event.operations_read() {
                 OperationsRead::None => {}
                 OperationsRead::One(kind, sequence) => {
                     if !held(kind, sequence) {
-                        some.insert((kind, sequence));
+                        named.insert((kind, sequence));
                     }
                 }
+                OperationsRead::Open => open = true,
                 OperationsRead::All => return ArchiveNeed::All,
             }
         }
-        if some.is_empty() {
+        if named.is_empty() && !open {
             ArchiveNeed::Nothing
         } else {
-            ArchiveNeed::Some(some)
+            ArchiveNeed::Some { named, open }
         }
     }
 
@@ -171,13 +184,13 @@ impl PaymentWindow {
             );
             return;
         };
-        self.loaded = operations.iter().map(|a| a.index).collect();
         let recent = std::mem::take(&mut record.operations);
         record.operations = operations
-            .into_iter()
-            .map(|archived| archived.operation)
+            .iter()
+            .map(|archived| archived.operation.clone())
             .chain(recent)
             .collect();
+        self.loaded = operations;
     }
 
     /// Folds the next event (what it reads must have been loaded).
@@ -216,7 +229,7 @@ impl PaymentWindow {
 
     /// Ends a batch: the loaded operations go back to the archive, and the oldest ones beyond the
     /// latest `keep` join them. Gives the archive rows to write (each replaces the row of its
-    /// index, if any).
+    /// index, if any): those that left the window, and the loaded ones the batch changed.
     #[must_use]
     pub fn archive(&mut self, keep: usize) -> Vec<ArchivedOperation> {
         let loaded = std::mem::take(&mut self.loaded);
@@ -225,20 +238,21 @@ impl PaymentWindow {
         };
         let beyond = record.operations.len().saturating_sub(loaded.len() + keep);
         let leaving = loaded.len() + beyond;
-        let mut rows: Vec<ArchivedOperation> = record
-            .operations
-            .drain(..leaving)
-            .enumerate()
-            .map(|(at, operation)| ArchivedOperation {
-                index: match loaded.get(at) {
-                    Some(index) => *index,
-                    None => self.archived + u32::try_from(at - loaded.len()).unwrap_or(u32::MAX),
-                },
-                operation,
-            })
-            .collect();
+        let mut rows: Vec<ArchivedOperation> = Vec::new();
+        for (at, operation) in record.operations.drain(..leaving).enumerate() {
+            match loaded.get(at) {
+                Some(was) if was.operation == operation => {}
+                Some(was) => rows.push(ArchivedOperation {
+                    index: was.index,
+                    operation,
+                }),
+                None => rows.push(ArchivedOperation {
+                    index: self.archived + u32::try_from(at - loaded.len()).unwrap_or(u32::MAX),
+                    operation,
+                }),
+            }
+        }
         self.archived += u32::try_from(beyond).unwrap_or(u32::MAX);
-        rows.sort_by_key(|row| row.index);
         rows
     }
 
