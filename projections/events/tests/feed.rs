@@ -303,6 +303,25 @@ async fn a_long_payment_s_archived_operations_are_read_back_where_events_need_th
         at: at(213),
     };
     decide_and_append(store.as_ref(), &mut payment, cumulative).await;
+    // The rebuild reads what the log shows, which a transaction open elsewhere on the cluster can
+    // hold back for a moment: wait until it shows the whole stream.
+    let stream = payment_stream(payment.record.as_ref().unwrap().id);
+    let appended = store.read_stream(&stream, 1, 1_000).await.unwrap();
+    let last = appended.last().unwrap().position;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while store
+        .read_all(asiento_eventstore::Cursor::START, 1_000)
+        .await
+        .unwrap()
+        .last()
+        .is_none_or(|event| event.position < last)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the log never showed position {last}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 
     let mut config = asiento_projector::RebuildConfig::new("feed-test");
     config.batch_size_max = 3;

@@ -164,9 +164,12 @@ async fn load_owners(
     let kind = Kind::PaymentId.as_str();
     let rows: Vec<(String, String, i64)> = match tx {
         Tx::Postgres(t) => {
+            // Each id bound as the term too: the whole key is looked up, not every term of the
+            // payment (which grows with its refunds).
             sqlx::query_as(&format!(
-                "SELECT payment_id, tenant, created_ms FROM {TABLE}{g} \
-                 WHERE payment_id = ANY($1) AND term = payment_id AND kind = $2"
+                "SELECT s.payment_id, s.tenant, s.created_ms FROM {TABLE}{g} s \
+                 JOIN UNNEST($1::text[]) AS i(id) \
+                 ON s.payment_id = i.id AND s.term = i.id AND s.kind = $2"
             ))
             .bind(ids)
             .bind(kind)

@@ -124,6 +124,10 @@ pub struct PaymentWindow {
     pub payment: Payment,
     /// How many of the payment's first operations are archived.
     pub archived: u32,
+    /// How many of the archived ones are open (when none, a fact that reads the open operations
+    /// finds them all in the window).
+    #[serde(default)]
+    pub archived_open: u32,
     /// The operations at the front of the list, loaded for this batch, as loaded.
     #[serde(skip)]
     loaded: Vec<ArchivedOperation>,
@@ -153,7 +157,7 @@ impl PaymentWindow {
                         named.insert((kind, sequence));
                     }
                 }
-                OperationsRead::Open => open = true,
+                OperationsRead::Open => open = self.archived_open > 0,
                 OperationsRead::All => return ArchiveNeed::All,
             }
         }
@@ -239,19 +243,28 @@ impl PaymentWindow {
         let beyond = record.operations.len().saturating_sub(loaded.len() + keep);
         let leaving = loaded.len() + beyond;
         let mut rows: Vec<ArchivedOperation> = Vec::new();
+        let (mut opened, mut closed) = (0u32, 0u32);
         for (at, operation) in record.operations.drain(..leaving).enumerate() {
+            opened += u32::from(operation.state.is_open());
             match loaded.get(at) {
-                Some(was) if was.operation == operation => {}
-                Some(was) => rows.push(ArchivedOperation {
-                    index: was.index,
-                    operation,
-                }),
+                Some(was) => {
+                    closed += u32::from(was.operation.state.is_open());
+                    if was.operation != operation {
+                        rows.push(ArchivedOperation {
+                            index: was.index,
+                            operation,
+                        });
+                    }
+                }
                 None => rows.push(ArchivedOperation {
                     index: self.archived + u32::try_from(at - loaded.len()).unwrap_or(u32::MAX),
                     operation,
                 }),
             }
         }
+        self.archived_open = (self.archived_open + opened)
+            .checked_sub(closed)
+            .unwrap_or_else(|| unreachable!("the loaded open operations were counted archived"));
         self.archived += u32::try_from(beyond).unwrap_or(u32::MAX);
         rows
     }
@@ -265,6 +278,16 @@ impl PaymentWindow {
             return Err(format!(
                 "the archive holds operations {indices:?}, the window starts at {}",
                 self.archived
+            ));
+        }
+        let open = archive
+            .iter()
+            .filter(|row| row.operation.state.is_open())
+            .count();
+        if open != self.archived_open as usize {
+            return Err(format!(
+                "the archive holds {open} open operations, the window counts {}",
+                self.archived_open
             ));
         }
         let mut payment = self.payment.clone();
