@@ -4,7 +4,8 @@
 //!
 //! A batch loads back only what its events read (`PaymentWindow::needs`: an operation named by
 //! an event, the open ones, or all of a payment's for a cancel's end), and writes the rows
-//! leaving its windows and the loaded ones it changed. `verify_states` assembles each payment from its window and its rows.
+//! leaving its windows and the loaded ones it changed. `verify_states` assembles each payment
+//! from its window and its rows.
 
 use std::collections::HashMap;
 
