@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use asiento_domain::payment::RECENT_OPERATIONS;
 use asiento_domain::{Event, PaymentEvent};
 use asiento_eventstore::{RecordedEvent, Tx};
-use asiento_projector::history::{take_contiguous, Kept};
+use asiento_projector::history::{take_contiguous, Kept, FOLD_TABLE_POSTGRES};
 use asiento_projector::{on_tx, Projection, ProjectionError};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -53,13 +53,7 @@ fn ddl(g: i64, postgres: bool) -> Vec<String> {
     } else {
         ("INTEGER", "TEXT", " WITHOUT ROWID")
     };
-    // A stream's fold is rewritten at every batch that touches it: room on its page keeps the
-    // new version there without a new index entry (PostgreSQL's HOT update).
-    let fillfactor = if postgres {
-        " WITH (fillfactor = 50)"
-    } else {
-        ""
-    };
+    let fold_table = if postgres { FOLD_TABLE_POSTGRES } else { "" };
     vec![
         format!(
             "CREATE TABLE {TABLE}{g} (
@@ -75,7 +69,7 @@ fn ddl(g: i64, postgres: bool) -> Vec<String> {
         format!(
             "CREATE TABLE {STREAMS_TABLE}{g} (
                 stream_id TEXT PRIMARY KEY,
-                state     {json} NOT NULL){rowid}{fillfactor}"
+                state     {json} NOT NULL){rowid} {fold_table}"
         ),
         format!(
             "CREATE TABLE {PENDING_TABLE}{g} (

@@ -13,7 +13,7 @@ use asiento_eventstore::{RecordedEvent, Tx};
 use asiento_projector::{on_tx, Projection, ProjectionError};
 use sqlx::types::Json;
 
-use asiento_projector::history::{fold_batch, Tables};
+use asiento_projector::history::{fold_batch, Tables, FOLD_TABLE_POSTGRES};
 
 use crate::fold::{payment_stream, to_ns, Folder};
 use crate::PaymentRow;
@@ -27,11 +27,6 @@ pub const FINGERPRINT: &str = "payments-v4";
 /// The payments read model. Stateless: everything lives in the database.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Payments;
-
-/// A row is rewritten at every batch that touches its payment: half of each page is left free so
-/// that PostgreSQL can keep the new version on the same page without a new index entry (a HOT
-/// update), and a long stream's row does not leave a trail of index entries to read past.
-pub(crate) const FILLFACTOR: u8 = 50;
 
 /// The stable view readers query, and the generation table behind it.
 const VIEW: &str = "payments";
@@ -84,7 +79,7 @@ fn ddl_postgres(g: i64) -> Vec<String> {
                 next_action    JSONB,
                 version        BIGINT NOT NULL CHECK (version >= 1),
                 position       BIGINT NOT NULL,
-                state          JSONB  NOT NULL) WITH (fillfactor = {FILLFACTOR})"
+                state          JSONB  NOT NULL) {FOLD_TABLE_POSTGRES}"
         ),
         format!(
             "CREATE TABLE {PENDING_TABLE}{g} (
