@@ -30,7 +30,7 @@
 //! ([`GuardMemory::load_after_writes`]; a step marks its guards while it is written,
 //! [`GuardMemory::writing`]), and then decides against what the writer left in memory.
 //!
-//! Bounded: when full, it forgets everything and starts over.
+//! Bounded: when full, remembering a new guard forgets the one remembered longest ago.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -46,7 +46,7 @@ use super::step::GuardWrite;
 use super::turns::{Turn, Turns};
 use crate::log::{self, LogError};
 
-/// Guards remembered at most; past that the memory starts over empty.
+/// Guards remembered at most; past that the one remembered longest ago is forgotten.
 pub const GUARDS_MAX: usize = 65_536;
 
 /// Guard states loaded for a decision.

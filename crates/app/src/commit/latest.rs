@@ -1,9 +1,14 @@
 //! The latest state of each of many streams, as this process's own commits left them: the shared
 //! core of [`super::guard_memory::GuardMemory`] and [`super::payment_memory::PaymentMemory`], whose
-//! docs say why a remembered state is safe to use. Bounded: at `MAX` entries it starts over; a
-//! state never replaces a later one (a late `remember` of an earlier commit is dropped).
+//! docs say why a remembered state is safe to use. A state never replaces a later one (a late
+//! `remember` of an earlier commit is dropped).
+//!
+//! Bounded: at `MAX` entries, remembering a new stream forgets the one remembered longest ago
+//! (first in, first out). Forgetting one entry at a time keeps the memory at its bound under a
+//! steady load, where forgetting all at once would swing the process's size between empty and
+//! full (and lose every state at once, each then read back from the log).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -30,7 +35,55 @@ impl Versioned for Payment {
 /// See the module docs. Cheap to clone; clones share one memory.
 #[derive(Debug)]
 pub struct Latest<K, V, const MAX: usize> {
-    states: Arc<Mutex<HashMap<K, V>>>,
+    states: Arc<Mutex<States<K, V>>>,
+}
+
+/// The entries and the order they came in. Each entry carries the number of its arrival; `order`
+/// lists arrivals oldest first, and an arrival whose entry was forgotten or replaced since (its
+/// number no longer the entry's) is skipped when it comes up.
+#[derive(Debug)]
+struct States<K, V> {
+    entries: HashMap<K, (u64, V)>,
+    order: VecDeque<(u64, K)>,
+    arrivals: u64,
+}
+
+impl<K, V> Default for States<K, V> {
+    fn default() -> Self {
+        States {
+            entries: HashMap::new(),
+            order: VecDeque::new(),
+            arrivals: 0,
+        }
+    }
+}
+
+impl<K: Eq + Hash + Clone, V> States<K, V> {
+    /// Adds `key`, new to the memory, forgetting the oldest entries beyond `max`.
+    fn insert_new(&mut self, key: &K, state: V, max: usize) {
+        while self.entries.len() >= max.max(1) {
+            let Some((arrival, oldest)) = self.order.pop_front() else {
+                break;
+            };
+            if self
+                .entries
+                .get(&oldest)
+                .is_some_and(|(a, _)| *a == arrival)
+            {
+                self.entries.remove(&oldest);
+            }
+        }
+        self.arrivals += 1;
+        self.entries.insert(key.clone(), (self.arrivals, state));
+        self.order.push_back((self.arrivals, key.clone()));
+        // Forgotten entries leave their arrivals behind; drop them before they outnumber the
+        // entries, so the order stays within twice the bound.
+        if self.order.len() > 2 * max.max(1) {
+            let entries = &self.entries;
+            self.order
+                .retain(|(arrival, key)| entries.get(key).is_some_and(|(a, _)| a == arrival));
+        }
+    }
 }
 
 impl<K, V, const MAX: usize> Clone for Latest<K, V, MAX> {
@@ -53,21 +106,16 @@ impl<K: Eq + Hash + Clone, V: Versioned + Clone, const MAX: usize> Latest<K, V, 
     /// `state` was committed: remember it, unless a later state of `key` is remembered already.
     pub fn remember(&self, key: &K, state: &V) {
         let mut states = self.lock();
-        if states
-            .get(key)
-            .is_some_and(|known| known.version() >= state.version())
-        {
-            return;
+        match states.entries.get_mut(key) {
+            Some((_, known)) if known.version() >= state.version() => {}
+            Some((_, known)) => *known = state.clone(),
+            None => states.insert_new(key, state.clone(), MAX),
         }
-        if states.len() >= MAX && !states.contains_key(key) {
-            states.clear();
-        }
-        states.insert(key.clone(), state.clone());
     }
 
     /// The latest state of `key` remembered, if any.
     pub fn recall(&self, key: &K) -> Option<V> {
-        self.lock().get(key).cloned()
+        self.lock().entries.get(key).map(|(_, state)| state.clone())
     }
 
     /// Forgets each of `read` (the states a decision read, which then lost a version race) unless
@@ -81,15 +129,16 @@ impl<K: Eq + Hash + Clone, V: Versioned + Clone, const MAX: usize> Latest<K, V, 
         let mut states = self.lock();
         for (key, seen) in read {
             if states
+                .entries
                 .get(key)
-                .is_some_and(|known| known.version() <= seen.version())
+                .is_some_and(|(_, known)| known.version() <= seen.version())
             {
-                states.remove(key);
+                states.entries.remove(key);
             }
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<K, V>> {
+    fn lock(&self) -> MutexGuard<'_, States<K, V>> {
         // Entries are inserted whole; a panic elsewhere cannot leave one half-written.
         self.states.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -117,5 +166,63 @@ mod tests {
         latest.forget_unless_later(read.iter().map(|(key, state)| (key, state)));
         assert_eq!(latest.recall(&"a"), None, "the state read is stale");
         assert_eq!(latest.recall(&"b").map(|s| s.version), Some(6));
+    }
+
+    #[test]
+    fn when_full_the_state_remembered_longest_ago_is_forgotten_first() {
+        let latest: Latest<u32, DebitGuard, 3> = Latest::default();
+        for key in 1..=3 {
+            latest.remember(&key, &at(1));
+        }
+        // A later state of 1 keeps its place: the order is the order streams came in.
+        latest.remember(&1, &at(2));
+        latest.remember(&4, &at(1));
+        assert_eq!(latest.recall(&1), None, "the oldest goes first");
+        for key in 2..=4 {
+            assert!(latest.recall(&key).is_some(), "{key} stays");
+        }
+        // A forgotten entry frees its place; its arrival is skipped when it comes up.
+        let read = [(2, at(1))];
+        latest.forget_unless_later(read.iter().map(|(key, state)| (key, state)));
+        latest.remember(&5, &at(1));
+        latest.remember(&2, &at(3));
+        assert_eq!(latest.recall(&3), None, "3 came before 4 and 5");
+        for key in [2, 4, 5] {
+            assert!(latest.recall(&key).is_some(), "{key} stays");
+        }
+    }
+
+    #[test]
+    fn a_stream_remembered_again_after_being_forgotten_keeps_its_new_place() {
+        let latest: Latest<u32, DebitGuard, 3> = Latest::default();
+        for key in 1..=3 {
+            latest.remember(&key, &at(1));
+        }
+        let read = [(1, at(1))];
+        latest.forget_unless_later(read.iter().map(|(key, state)| (key, state)));
+        latest.remember(&1, &at(2));
+        // 1's first arrival is the oldest in the order, but 1 came back after 2 and 3.
+        latest.remember(&4, &at(1));
+        assert_eq!(latest.recall(&2), None, "2 is the oldest entry");
+        for key in [1, 3, 4] {
+            assert!(latest.recall(&key).is_some(), "{key} stays");
+        }
+    }
+
+    #[test]
+    fn the_order_stays_bounded_however_often_entries_are_forgotten() {
+        let latest: Latest<u32, DebitGuard, 4> = Latest::default();
+        for round in 0..1_000u32 {
+            latest.remember(&(round % 7), &at(1));
+            let read = [(round % 7, at(1))];
+            latest.forget_unless_later(read.iter().map(|(key, state)| (key, state)));
+        }
+        let states = latest.lock();
+        assert!(
+            states.order.len() <= 8,
+            "{} arrivals kept",
+            states.order.len()
+        );
+        assert!(states.entries.is_empty());
     }
 }

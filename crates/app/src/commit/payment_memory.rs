@@ -10,14 +10,16 @@
 //! every later state does too (the rule `finalize` and the worker's batched mark already rest on,
 //! ARCHITECTURE.md). A remembered state that does not reflect an event proves nothing (it may be
 //! stale), and the worker then reads the log as it always did: a stale memory costs a read, never
-//! a wrong answer. The memory is bounded: at [`PAYMENTS_MAX`] payments it starts over.
+//! a wrong answer. The memory is bounded: at [`PAYMENTS_MAX`] payments, remembering another forgets
+//! the one remembered longest ago.
 
 use asiento_domain::{Payment, PaymentId};
 
 use super::latest::Latest;
 
-/// Payments remembered at most; then the memory starts over. A webhook usually follows its
-/// payment's commit within a second, so this covers many seconds of a busy process.
+/// Payments remembered at most; past that the one remembered longest ago is forgotten. A webhook
+/// usually follows its payment's commit within a second, so this covers many seconds of a busy
+/// process.
 pub const PAYMENTS_MAX: usize = 16_384;
 
 /// See the module docs. Cheap to clone; clones share one memory.
@@ -51,7 +53,7 @@ mod tests {
     }
 
     #[test]
-    fn keeps_the_latest_state_and_starts_over_when_full() {
+    fn keeps_the_latest_state_and_forgets_the_oldest_when_full() {
         let memory = PaymentMemory::default();
         let id = PaymentId::from_uuid(Uuid::from_u128(1));
         assert_eq!(memory.recall(id), None);
@@ -69,6 +71,12 @@ mod tests {
             "full, not over"
         );
         memory.remember(PaymentId::from_uuid(Uuid::from_u128(0)), &at(1));
-        assert_eq!(memory.recall(id), None, "over the bound: started over");
+        assert_eq!(
+            memory.recall(id),
+            None,
+            "over the bound: the oldest is forgotten"
+        );
+        let second = PaymentId::from_uuid(Uuid::from_u128(2));
+        assert_eq!(memory.recall(second).map(|p| p.version), Some(1));
     }
 }
