@@ -230,6 +230,14 @@ async fn metrics() -> impl IntoResponse {
     )
 }
 
+/// How often the recorder folds the histogram samples recorded since into their buckets. The
+/// exporter does it on its own only when it also serves the scrape endpoint; this process serves
+/// `/metrics` itself, and without this every sample would be kept until the next scrape: memory
+/// growing with every request served while nobody scrapes.
+pub const METRICS_UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+/// The thread that does it.
+pub const METRICS_UPKEEP_THREAD: &str = "metrics-upkeep";
+
 static METRICS: std::sync::OnceLock<Option<metrics_exporter_prometheus::PrometheusHandle>> =
     std::sync::OnceLock::new();
 
@@ -251,6 +259,16 @@ pub fn metrics_handle() -> Option<&'static metrics_exporter_prometheus::Promethe
                 .map_err(|error| tracing::warn!(%error, "metrics recorder not installed"))
                 .ok()?;
             metrics_catalog::describe();
+            let upkeep = handle.clone();
+            let started = std::thread::Builder::new()
+                .name(METRICS_UPKEEP_THREAD.to_owned())
+                .spawn(move || loop {
+                    std::thread::sleep(METRICS_UPKEEP_INTERVAL);
+                    upkeep.run_upkeep();
+                });
+            if let Err(error) = started {
+                tracing::warn!(%error, "metrics upkeep not started: histograms drain at each scrape only");
+            }
             Some(handle)
         })
         .as_ref()
