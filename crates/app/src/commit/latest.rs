@@ -61,7 +61,8 @@ impl<K, V> Default for States<K, V> {
 impl<K: Eq + Hash + Clone, V> States<K, V> {
     /// Adds `key`, new to the memory, forgetting the oldest entries beyond `max`.
     fn insert_new(&mut self, key: &K, state: V, max: usize) {
-        while self.entries.len() >= max.max(1) {
+        let max = max.max(1);
+        while self.entries.len() >= max {
             let Some((arrival, oldest)) = self.order.pop_front() else {
                 break;
             };
@@ -78,7 +79,7 @@ impl<K: Eq + Hash + Clone, V> States<K, V> {
         self.order.push_back((self.arrivals, key.clone()));
         // Forgotten entries leave their arrivals behind; drop them before they outnumber the
         // entries, so the order stays within twice the bound.
-        if self.order.len() > 2 * max.max(1) {
+        if self.order.len() > 2 * max {
             let entries = &self.entries;
             self.order
                 .retain(|(arrival, key)| entries.get(key).is_some_and(|(a, _)| a == arrival));
@@ -155,6 +156,20 @@ mod tests {
         }
     }
 
+    /// Streams 1, 2 and 3 remembered in that order, at version 1, in a memory of three.
+    fn full_of_three() -> Latest<u32, DebitGuard, 3> {
+        let latest = Latest::default();
+        for key in 1..=3 {
+            latest.remember(&key, &at(1));
+        }
+        latest
+    }
+
+    /// A decision that read `key` at `version` lost its race.
+    fn lost_race<const MAX: usize>(latest: &Latest<u32, DebitGuard, MAX>, key: u32, version: u64) {
+        latest.forget_unless_later([(&key, &at(version))]);
+    }
+
     #[test]
     fn a_lost_race_forgets_the_state_read_but_keeps_a_later_one() {
         let latest: Latest<&str, DebitGuard, 8> = Latest::default();
@@ -170,10 +185,7 @@ mod tests {
 
     #[test]
     fn when_full_the_state_remembered_longest_ago_is_forgotten_first() {
-        let latest: Latest<u32, DebitGuard, 3> = Latest::default();
-        for key in 1..=3 {
-            latest.remember(&key, &at(1));
-        }
+        let latest = full_of_three();
         // A later state of 1 keeps its place: the order is the order streams came in.
         latest.remember(&1, &at(2));
         latest.remember(&4, &at(1));
@@ -182,8 +194,7 @@ mod tests {
             assert!(latest.recall(&key).is_some(), "{key} stays");
         }
         // A forgotten entry frees its place; its arrival is skipped when it comes up.
-        let read = [(2, at(1))];
-        latest.forget_unless_later(read.iter().map(|(key, state)| (key, state)));
+        lost_race(&latest, 2, 1);
         latest.remember(&5, &at(1));
         latest.remember(&2, &at(3));
         assert_eq!(latest.recall(&3), None, "3 came before 4 and 5");
@@ -194,12 +205,8 @@ mod tests {
 
     #[test]
     fn a_stream_remembered_again_after_being_forgotten_keeps_its_new_place() {
-        let latest: Latest<u32, DebitGuard, 3> = Latest::default();
-        for key in 1..=3 {
-            latest.remember(&key, &at(1));
-        }
-        let read = [(1, at(1))];
-        latest.forget_unless_later(read.iter().map(|(key, state)| (key, state)));
+        let latest = full_of_three();
+        lost_race(&latest, 1, 1);
         latest.remember(&1, &at(2));
         // 1's first arrival is the oldest in the order, but 1 came back after 2 and 3.
         latest.remember(&4, &at(1));
@@ -214,8 +221,7 @@ mod tests {
         let latest: Latest<u32, DebitGuard, 4> = Latest::default();
         for round in 0..1_000u32 {
             latest.remember(&(round % 7), &at(1));
-            let read = [(round % 7, at(1))];
-            latest.forget_unless_later(read.iter().map(|(key, state)| (key, state)));
+            lost_race(&latest, round % 7, 1);
         }
         let states = latest.lock();
         assert!(
