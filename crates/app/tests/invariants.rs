@@ -591,3 +591,70 @@ async fn payouts_are_checked_sqlite() {
 async fn payouts_are_checked_postgres() {
     payouts_are_checked(Backend::Postgres).await;
 }
+
+/// How many rows of `event_seals` a plan's scans returned (`EXPLAIN (ANALYZE, FORMAT JSON)`).
+fn seal_rows_read(plan: &serde_json::Value) -> f64 {
+    let own = if plan["Relation Name"] == "event_seals" {
+        plan["Actual Rows"].as_f64().unwrap() * plan["Actual Loops"].as_f64().unwrap()
+    } else {
+        0.0
+    };
+    let children = plan["Plans"]
+        .as_array()
+        .map_or(0.0, |plans| plans.iter().map(seal_rows_read).sum::<f64>());
+    own + children
+}
+
+/// The sealer finds a stream's newest seal without reading its older ones: the customer's guard
+/// stream, sealed up to once per payment here, is read one seal at a time however many it has (a
+/// read of all of them made every sealing batch slower than the last under a long load).
+#[tokio::test]
+async fn the_sealer_reads_one_seal_per_stream_however_long_the_stream_postgres() {
+    /// Seals the stream gathers first; a pass seals only what is readable (other tests'
+    /// transactions can hold an event back to the next pass), so payments go on until then.
+    const SEALS: i64 = 100;
+    let db = start(Backend::Postgres).await;
+    let Database::Postgres(pool) = &db.database else {
+        unreachable!("a PostgreSQL test database")
+    };
+    let mut longest = (String::new(), 0_i64);
+    for n in 1..=10 * SEALS as u128 {
+        captured_payment(&db.database, n, 10_000).await;
+        db.seal().await;
+        longest = sqlx::query_as(
+            "select stream_id, count(*) from event_seals group by stream_id \
+             order by count(*) desc limit 1",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if longest.1 >= SEALS {
+            break;
+        }
+    }
+    let (longest, seals) = longest;
+    assert!(seals >= SEALS, "{longest}: {seals} seals");
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query(&format!(
+        "prepare heads(text[]) as {}",
+        asiento_app::invariants::SEAL_HEADS_SQL
+    ))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    assert!(!longest.contains('\''), "{longest}");
+    let plan: serde_json::Value = sqlx::query_scalar(&format!(
+        "explain (analyze, format json) execute heads(array['{longest}', 'payment-none'])"
+    ))
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    let read = seal_rows_read(&plan[0]["Plan"]);
+    assert!(
+        read <= 1.0,
+        "{read} seals read for one stream's head: {plan:#}"
+    );
+    drop(conn);
+    assert!(db.check(0).await.violations.is_empty(), "the chain holds");
+    db.finish().await;
+}
