@@ -1,7 +1,8 @@
 //! The invariant checker (`asiento verify`, and on a schedule inside `serve`) and the sealer that
 //! makes the log tamper-evident.
 //!
-//! [`Checker::check_once`] reads the whole log once, in the gap-free global order, and checks:
+//! [`Checker::check_once`] reads the whole log in the gap-free global order (once, or in as many
+//! passes as keep its memory bounded: `scan.rs`), and checks:
 //! - every journal entry sums to zero per currency (`entry_zero_sum`, named by entry id);
 //! - stream versions run 1, 2, 3 … without a gap or a repeat (`stream_versions`, by stream);
 //! - every captured payment has exactly one capture posting, and no other payment has one
@@ -49,10 +50,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use asiento_domain::guard;
-use asiento_domain::{
-    DebitGuard, EntryId, Event, GuardEvent, JournalEntry, PaymentEvent, StreamKind,
-};
 use asiento_eventstore::{Cursor, Database, EventStore, RecordedEvent, Tx};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -60,6 +57,7 @@ use uuid::Uuid;
 
 mod payouts;
 mod runs;
+mod scan;
 
 pub use runs::{last_run, record, RunViolation, VerifyRun, RUNS_KEPT_MAX};
 
@@ -85,6 +83,9 @@ pub const VERIFY_INTERVAL_MS_DEFAULT: u64 = 10 * 60_000;
 /// pending timeout plus a sweep interval (API.md defaults), the time the reconciler needs to
 /// finish a request whose process died.
 pub const IDEMPOTENCY_GRACE_MS_DEFAULT: i64 = 16 * 60_000;
+/// Streams one pass of the log scan keeps state for: a few hundred bytes each, so a pass holds a
+/// few tens of MB at most, and a log with more streams is read in several passes (`scan.rs`).
+pub const STREAMS_PER_PASS_MAX_DEFAULT: usize = 65_536;
 /// Violations reported per check, at most; the count says how many more there were.
 pub const VIOLATIONS_PER_CHECK_MAX: usize = 1_000;
 
@@ -213,6 +214,8 @@ pub struct Report {
     pub streams_checked: u64,
     /// Events after the sealer's cursor: not covered by the hash chain yet.
     pub unsealed: u64,
+    /// Passes the log scan took (one per [`Checker::streams_per_pass`] streams).
+    pub passes: u64,
 }
 
 impl Report {
@@ -317,89 +320,10 @@ pub struct Checker {
     pub database: Database,
     pub clock: Arc<dyn Clock>,
     pub idempotency_grace_ms: i64,
+    /// Streams one pass over the log keeps state for, on average (they are shared out among the
+    /// passes by a hash of their id: `scan.rs`).
+    pub streams_per_pass: usize,
     pub extra: Vec<Arc<dyn ExtraCheck>>,
-}
-
-/// Per payment: ChargeCaptured events seen, capture postings seen.
-/// Per client account and currency (keyed by its guard stream's name): the posted balance and
-/// the pending debits and credits its last guard event carries, and the same three summed from
-/// the legs of journal entries (a leg on a pending account counts for the account it reserves
-/// for, see [`guard::guard_changes`]).
-#[derive(Default)]
-struct GuardTally {
-    guards: HashMap<String, [i128; 3]>,
-    entries: HashMap<String, [i128; 3]>,
-}
-
-impl GuardTally {
-    fn guard(&mut self, stream_id: &str, event: &GuardEvent) {
-        let guard = DebitGuard::from_last(0, event);
-        let state = [guard.balance, guard.pending_debits, guard.pending_credits]
-            .map(|amount| i128::from(amount.minor()));
-        self.guards.insert(stream_id.to_owned(), state);
-    }
-
-    fn entry(&mut self, entry: &JournalEntry, report: &mut Report) {
-        let changes = match guard::guard_changes(entry) {
-            Ok(changes) => changes,
-            Err(error) => {
-                let subject = entry.id().to_string();
-                report.push(
-                    Check::GuardBalance,
-                    &subject,
-                    format!("its legs do not add up: {error}"),
-                );
-                return;
-            }
-        };
-        for (key, change) in changes {
-            let sums = self.entries.entry(key.stream()).or_default();
-            for (sum, amount) in
-                sums.iter_mut()
-                    .zip([change.posted, change.pending_debits, change.pending_credits])
-            {
-                *sum += i128::from(amount.minor());
-            }
-        }
-    }
-
-    fn report(self, report: &mut Report) {
-        let mut keys: Vec<&String> = self.guards.keys().chain(self.entries.keys()).collect();
-        keys.sort();
-        keys.dedup();
-        for key in keys {
-            let subject = key.strip_prefix("account-").unwrap_or(key);
-            let entries = self.entries.get(key).copied().unwrap_or_default();
-            match self.guards.get(key) {
-                Some(guard) if *guard == entries => {}
-                Some([posted, debits, credits]) => report.push(
-                    Check::GuardBalance,
-                    subject,
-                    format!(
-                        "the guard says {posted} posted, {debits} pending debits, {credits} \
-                         pending credits; the entries say {}, {}, {}",
-                        entries[0], entries[1], entries[2]
-                    ),
-                ),
-                None if entries == [0; 3] => {}
-                None => report.push(
-                    Check::GuardBalance,
-                    subject,
-                    format!(
-                        "entries sum to {} posted, {} pending debits, {} pending credits but \
-                         the account has no guard",
-                        entries[0], entries[1], entries[2]
-                    ),
-                ),
-            }
-        }
-    }
-}
-
-#[derive(Default)]
-struct CaptureCount {
-    captured: u32,
-    postings: u32,
 }
 
 impl Checker {
@@ -408,6 +332,7 @@ impl Checker {
             database,
             clock,
             idempotency_grace_ms: IDEMPOTENCY_GRACE_MS_DEFAULT,
+            streams_per_pass: STREAMS_PER_PASS_MAX_DEFAULT,
             extra: Vec::new(),
         }
     }
@@ -437,208 +362,6 @@ impl Checker {
             }
         }
         Ok(report)
-    }
-
-    async fn scan_log(&self, report: &mut Report) -> Result<(), InvariantError> {
-        // Payloads as stored: the chain covers the bytes written, not an upcast view of them.
-        let store = self.database.event_store();
-        let sealed_through = seal_cursor(&self.database).await?;
-        let mut heads: HashMap<String, (u64, [u8; 32])> = HashMap::new();
-        // Per stream, the first event the sealer passed that no seal covers yet (version,
-        // position): a later seal of its stream covers it; one left at the end has none.
-        let mut awaiting_seal: HashMap<String, (u64, i64)> = HashMap::new();
-        let mut captures: HashMap<String, CaptureCount> = HashMap::new();
-        let mut guards = GuardTally::default();
-        let mut payouts = payouts::PayoutTally::default();
-        let mut cursor = Cursor::START;
-        loop {
-            let events = store.read_all(cursor, EVENTS_PER_BATCH_MAX).await?;
-            let Some(last) = events.last() else {
-                break;
-            };
-            let next = last.cursor;
-            let positions: Vec<i64> = events.iter().map(|e| e.position).collect();
-            let seals = seals_at(&self.database, &positions).await?;
-            for event in &events {
-                report.events_checked += 1;
-                let (last_version, previous) = match heads.get(&event.stream_id) {
-                    Some((version, hash)) => (*version, Some(*hash)),
-                    None => {
-                        report.streams_checked += 1;
-                        (0, None)
-                    }
-                };
-                if event.version != last_version + 1 {
-                    report.push(
-                        Check::StreamVersions,
-                        &event.stream_id,
-                        format!(
-                            "version {} follows version {last_version} (position {})",
-                            event.version, event.position
-                        ),
-                    );
-                }
-                let hash = event_hash(previous.as_ref().map(|h| &h[..]), event);
-                heads.insert(event.stream_id.clone(), (event.version, hash));
-                match seals.get(&event.position) {
-                    Some((stream, version, sealed)) => {
-                        let seals_this_event = stream == &event.stream_id
-                            && u64::try_from(*version).ok() == Some(event.version);
-                        if !seals_this_event {
-                            report.push(
-                                Check::HashChain,
-                                &event.stream_id,
-                                format!(
-                                    "position {} holds version {} but was sealed as {stream} version {version}",
-                                    event.position, event.version
-                                ),
-                            );
-                        } else {
-                            awaiting_seal.remove(&event.stream_id);
-                            if sealed.as_slice() != hash {
-                                // Go on from the sealed hash, so that only the changed events are
-                                // named, not every event after them.
-                                if let Ok(sealed) = <[u8; 32]>::try_from(sealed.as_slice()) {
-                                    heads.insert(event.stream_id.clone(), (event.version, sealed));
-                                }
-                                report.push(
-                                    Check::HashChain,
-                                    &event.stream_id,
-                                    format!(
-                                        "version {} (position {}) does not match its seal: it or \
-                                         an event of its stream after the previous seal was changed",
-                                        event.version, event.position
-                                    ),
-                                );
-                            }
-                        }
-                    }
-                    None if event.cursor <= sealed_through => {
-                        awaiting_seal
-                            .entry(event.stream_id.clone())
-                            .or_insert((event.version, event.position));
-                    }
-                    None => report.unsealed += 1,
-                }
-                self.check_event(event, &mut captures, &mut guards, &mut payouts, report);
-            }
-            cursor = next;
-            if events.len() < EVENTS_PER_BATCH_MAX {
-                break;
-            }
-        }
-        let mut awaiting_seal: Vec<_> = awaiting_seal.into_iter().collect();
-        awaiting_seal.sort_by_key(|(_, (_, position))| *position);
-        for (stream, (version, position)) in awaiting_seal {
-            report.push(
-                Check::HashChain,
-                stream,
-                format!(
-                    "version {version} (position {position}) has no seal at or after it although \
-                     the sealer passed it"
-                ),
-            );
-        }
-        guards.report(report);
-        payouts.report(report);
-        let mut payments: Vec<_> = captures.into_iter().collect();
-        payments.sort_by(|a, b| a.0.cmp(&b.0));
-        for (payment, count) in payments {
-            let expected = u32::from(count.captured > 0);
-            if count.postings != expected || count.captured > 1 {
-                report.push(
-                    Check::CapturePosting,
-                    payment,
-                    format!(
-                        "{} capture fact(s) and {} capture posting(s); expected exactly one posting per captured payment",
-                        count.captured, count.postings
-                    ),
-                );
-            }
-        }
-        Ok(())
-    }
-
-    fn check_event(
-        &self,
-        event: &RecordedEvent,
-        captures: &mut HashMap<String, CaptureCount>,
-        guards: &mut GuardTally,
-        payouts: &mut payouts::PayoutTally,
-        report: &mut Report,
-    ) {
-        let decoded = Event::decode_raw(
-            &event.stream_id,
-            &event.event_type,
-            event.schema,
-            event.data.raw(),
-        );
-        let decoded = match decoded {
-            Ok(decoded) => decoded,
-            Err(error) => {
-                // An unbalanced entry cannot decode: name it by the id it claims.
-                if event.event_type == "EntryPosted" {
-                    let id = event.data["entry"]["id"].as_str().unwrap_or("(no id)");
-                    report.push(
-                        Check::EntryZeroSum,
-                        id,
-                        format!(
-                            "entry in {} version {} is not a valid journal entry: {error}",
-                            event.stream_id, event.version
-                        ),
-                    );
-                } else {
-                    report.push(
-                        Check::Undecodable,
-                        &event.stream_id,
-                        format!("version {}: {error}", event.version),
-                    );
-                }
-                return;
-            }
-        };
-        if let (Some(StreamKind::Guard { .. }), Event::Guard(guard_event)) =
-            (StreamKind::parse(&event.stream_id), &decoded)
-        {
-            guards.guard(&event.stream_id, guard_event);
-        }
-        if let Some(entry) = decoded.entry() {
-            guards.entry(entry, report);
-            // Checked again where it is read, though a JournalEntry cannot be built unbalanced.
-            let mut sums: BTreeMap<&str, i128> = BTreeMap::new();
-            for leg in entry.legs() {
-                *sums.entry(leg.currency.code()).or_default() += i128::from(leg.amount.minor());
-            }
-            for (currency, sum) in sums {
-                if sum != 0 {
-                    report.push(
-                        Check::EntryZeroSum,
-                        entry.id().to_string(),
-                        format!("{currency} legs sum to {sum}"),
-                    );
-                }
-            }
-        }
-        if let Event::Payout(payout_event) = &decoded {
-            payouts.payout_event(&event.stream_id, payout_event, report);
-        }
-        if let (Some(StreamKind::Payment(id)), Event::Payment(payment_event)) =
-            (StreamKind::parse(&event.stream_id), &decoded)
-        {
-            if let PaymentEvent::EntryPosted(posted) = payment_event {
-                payouts.payment_entry(id, event.version, &posted.entry);
-            }
-            let count = captures.entry(id.to_string()).or_default();
-            match payment_event {
-                PaymentEvent::ChargeCaptured(_) => count.captured += 1,
-                PaymentEvent::EntryPosted(posted)
-                    if posted.entry.id() == EntryId::derived(&format!("{id}:capture")) =>
-                {
-                    count.postings += 1
-                }
-                _ => {}
-            }
-        }
     }
 
     /// A seal whose event is gone: the event was deleted.

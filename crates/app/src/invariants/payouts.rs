@@ -1,4 +1,6 @@
-//! The payout checks of `asiento verify`, tallied while the log is read in order:
+//! The payout checks of `asiento verify`, tallied while the log is read in order (a payment's
+//! clearing legs and payout lines in the pass of its stream, a payout's own findings in its own:
+//! `scan.rs`):
 //!
 //! - `payout_share`: each payout's entries are its lines, per tenant (`psp:{provider}:clearing`
 //!   +share, `bank:{provider}:payouts` −share), its lines, unattributed part and other tenant
@@ -15,6 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use asiento_domain::payout::{PayoutEvent, PayoutLine, PayoutPaid};
 use asiento_domain::{JournalEntry, PaymentId, TenantId};
 
+use super::scan::{holds_payment, Share};
 use super::{Check, Report};
 
 #[derive(Default)]
@@ -79,14 +82,20 @@ impl PayoutTally {
         &mut self,
         stream_id: &str,
         event: &PayoutEvent,
+        share: Share,
         report: &mut Report,
     ) {
+        // The payout's own findings are named in its stream's pass; a line is tallied in its
+        // payment's (`scan.rs`).
+        let named = share.holds(stream_id);
         match event {
             PayoutEvent::PayoutPaid(paid) => {
                 let lines = net_of(&paid.lines);
                 let unattributed = i128::from(paid.unattributed_minor.minor());
                 let elsewhere = i128::from(paid.elsewhere_minor.minor());
-                if lines + unattributed + elsewhere != i128::from(paid.amount_minor.minor()) {
+                if named
+                    && lines + unattributed + elsewhere != i128::from(paid.amount_minor.minor())
+                {
                     report.push(
                         Check::PayoutShare,
                         stream_id,
@@ -97,12 +106,14 @@ impl PayoutTally {
                     );
                 }
                 for line in &paid.lines {
-                    self.line_paid_out(stream_id, line, report);
+                    if holds_payment(share, line.payment) {
+                        self.line_paid_out(stream_id, line, report);
+                    }
                 }
                 self.seen(stream_id).paid = Some(paid.clone());
             }
             PayoutEvent::PayoutShareMovedIn(moved) => {
-                if moved.lines.iter().any(|line| line.tenant != moved.tenant) {
+                if named && moved.lines.iter().any(|line| line.tenant != moved.tenant) {
                     report.push(
                         Check::PayoutShare,
                         stream_id,
@@ -115,7 +126,9 @@ impl PayoutTally {
                 // Reversed in the old cell already: no longer paid out.
                 if !moved.reversed {
                     for line in &moved.lines {
-                        self.line_paid_out(stream_id, line, report);
+                        if holds_payment(share, line.payment) {
+                            self.line_paid_out(stream_id, line, report);
+                        }
                     }
                 }
                 self.seen(stream_id)
@@ -143,6 +156,7 @@ impl PayoutTally {
                     .iter()
                     .flat_map(|paid| &paid.lines)
                     .chain(standing)
+                    .filter(|line| holds_payment(share, line.payment))
                 {
                     *self.paid_out.entry(line.payment).or_default() -=
                         i128::from(line.net_minor.minor());
@@ -190,8 +204,12 @@ impl PayoutTally {
         self.payouts.entry(stream_id.to_owned()).or_default()
     }
 
-    pub(super) fn report(self, report: &mut Report) {
+    /// The payouts of `share`, each against its own entries.
+    pub(super) fn report(self, share: Share, report: &mut Report) {
         for (stream_id, seen) in self.payouts {
+            if !share.holds(&stream_id) {
+                continue;
+            }
             let mut shares: BTreeMap<TenantId, i128> = BTreeMap::new();
             let moved_in = seen.moved_in.values().flat_map(|(lines, _)| lines);
             for line in seen
