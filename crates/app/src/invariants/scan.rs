@@ -6,7 +6,7 @@
 //! payments would hold millions of entries, every time `serve` runs its scheduled check. A pass
 //! keeps state only for the streams of its [`Share`]: a log with more streams than
 //! [`super::Checker::streams_per_pass`] is read in as many passes as it takes, each one the same
-//! stretch of the log (up to where the first pass ended), and the passes' findings together are
+//! stretch of the log (up to its head when the check began), and the passes' findings together are
 //! those of one pass over everything. A check that crosses streams is tallied under the stream
 //! its finding is named by: an entry's legs under the guard stream they change, a payout line
 //! under its payment.
@@ -17,7 +17,7 @@ use asiento_domain::guard;
 use asiento_domain::{
     payment_stream, DebitGuard, EntryId, Event, GuardEvent, JournalEntry, PaymentEvent, StreamKind,
 };
-use asiento_eventstore::{Cursor, Database, RecordedEvent};
+use asiento_eventstore::{Cursor, Database, EventStore, RecordedEvent};
 
 use super::payouts::PayoutTally;
 use super::{
@@ -158,39 +158,39 @@ struct Tallies {
 
 impl Checker {
     pub(super) async fn scan_log(&self, report: &mut Report) -> Result<(), InvariantError> {
+        // Payloads as stored: the chain covers the bytes written, not an upcast view of them.
+        let store = self.database.event_store();
         let sealed_through = seal_cursor(&self.database).await?;
+        // The log as it stands now: what is appended while the check runs waits for the next
+        // one (a check chasing a log that grows under load would never end, nor its tallies).
+        let until = store.head().await?;
         let streams = count_streams(&self.database).await?;
         let per_pass = u64::try_from(self.streams_per_pass.max(1)).unwrap_or(u64::MAX);
         let passes = streams.div_ceil(per_pass).max(1);
-        let mut until = None;
         for pass in 0..passes {
             let share = Share { pass, passes };
-            let end = self.scan_pass(share, sealed_through, until, report).await?;
-            until.get_or_insert(end);
+            self.scan_pass(store.as_ref(), share, sealed_through, until, report)
+                .await?;
         }
         report.passes = passes;
         Ok(())
     }
 
-    /// Reads the log up to `until` (all of it when `None`), checking the streams of `share`;
-    /// returns where it stopped.
+    /// Reads the log up to `until`, checking the streams of `share`.
     async fn scan_pass(
         &self,
+        store: &dyn EventStore,
         share: Share,
         sealed_through: Cursor,
-        until: Option<Cursor>,
+        until: Cursor,
         report: &mut Report,
-    ) -> Result<Cursor, InvariantError> {
-        // Payloads as stored: the chain covers the bytes written, not an upcast view of them.
-        let store = self.database.event_store();
+    ) -> Result<(), InvariantError> {
         let mut tallies = Tallies::default();
         let mut cursor = Cursor::START;
         loop {
             let batch = store.read_all(cursor, EVENTS_PER_BATCH_MAX).await?;
             let read = batch.len();
-            let kept = until.map_or(read, |until| {
-                batch.partition_point(|event| event.cursor <= until)
-            });
+            let kept = batch.partition_point(|event| event.cursor <= until);
             let events = &batch[..kept];
             let Some(last) = events.last() else {
                 break;
@@ -242,7 +242,7 @@ impl Checker {
                 );
             }
         }
-        Ok(cursor)
+        Ok(())
     }
 
     /// The checks of one event's payload. `named`: its stream is in the pass's share, so what
