@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use asiento_domain::payout::{PayoutEvent, PayoutLine, PayoutPaid};
 use asiento_domain::{JournalEntry, PaymentId, TenantId};
 
-use super::scan::{holds_payment, Share};
+use super::scan::Share;
 use super::{Check, Report};
 
 #[derive(Default)]
@@ -106,7 +106,7 @@ impl PayoutTally {
                     );
                 }
                 for line in &paid.lines {
-                    if holds_payment(share, line.payment) {
+                    if share.holds_payment(line.payment) {
                         self.line_paid_out(stream_id, line, report);
                     }
                 }
@@ -126,7 +126,7 @@ impl PayoutTally {
                 // Reversed in the old cell already: no longer paid out.
                 if !moved.reversed {
                     for line in &moved.lines {
-                        if holds_payment(share, line.payment) {
+                        if share.holds_payment(line.payment) {
                             self.line_paid_out(stream_id, line, report);
                         }
                     }
@@ -156,7 +156,7 @@ impl PayoutTally {
                     .iter()
                     .flat_map(|paid| &paid.lines)
                     .chain(standing)
-                    .filter(|line| holds_payment(share, line.payment))
+                    .filter(|line| share.holds_payment(line.payment))
                 {
                     *self.paid_out.entry(line.payment).or_default() -=
                         i128::from(line.net_minor.minor());

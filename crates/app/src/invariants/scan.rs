@@ -15,7 +15,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use asiento_domain::guard;
 use asiento_domain::{
-    payment_stream, DebitGuard, EntryId, Event, GuardEvent, JournalEntry, PaymentEvent, StreamKind,
+    payment_stream, DebitGuard, EntryId, Event, GuardEvent, JournalEntry, PaymentEvent, PaymentId,
+    StreamKind,
 };
 use asiento_eventstore::{Cursor, Database, EventStore, RecordedEvent};
 
@@ -34,6 +35,11 @@ pub(super) struct Share {
 impl Share {
     pub(super) fn holds(&self, stream_id: &str) -> bool {
         self.passes == 1 || fnv1a(stream_id.as_bytes()) % self.passes == self.pass
+    }
+
+    /// Whether `payment`'s stream is in the share (a payout line is tallied under its payment).
+    pub(super) fn holds_payment(&self, payment: PaymentId) -> bool {
+        self.passes == 1 || self.holds(&payment_stream(payment))
     }
 }
 
@@ -330,11 +336,6 @@ impl Checker {
             }
         }
     }
-}
-
-/// Whether `payment`'s stream is in `share` (a payout line is tallied under its payment).
-pub(super) fn holds_payment(share: Share, payment: asiento_domain::PaymentId) -> bool {
-    share.holds(&payment_stream(payment))
 }
 
 /// Checked again where it is read, though a JournalEntry cannot be built unbalanced.
