@@ -14,21 +14,30 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use asiento_domain::payout::{PayoutEvent, PayoutLine, PayoutPaid};
+use asiento_domain::payout::{PayoutEvent, PayoutLine};
 use asiento_domain::{JournalEntry, PaymentId, TenantId};
 
 use super::scan::Share;
 use super::{Check, Report};
 
+/// A payout's lines as a pass keeps them: their sums per tenant, and the lines of the share's
+/// payments (a failure takes them back from what was paid out). Not the lines themselves: a
+/// payout names thousands of payments, and every pass reads every payout.
+#[derive(Default)]
+struct LinesKept {
+    by_tenant: BTreeMap<TenantId, i128>,
+    in_share: Vec<(PaymentId, i128)>,
+}
+
 #[derive(Default)]
 struct PayoutSeen {
-    paid: Option<PayoutPaid>,
+    paid: Option<LinesKept>,
     failed: bool,
     /// Clearing legs of the payout's entries per tenant: shares, and reversals of shares.
     posted: BTreeMap<TenantId, i128>,
     reversed: BTreeMap<TenantId, i128>,
     /// Lines of shares moved in, per tenant, and whether each came reversed.
-    moved_in: BTreeMap<TenantId, (Vec<PayoutLine>, bool)>,
+    moved_in: BTreeMap<TenantId, (LinesKept, bool)>,
     /// Shares moved out: what each says its lines make, and whether it left before the failure.
     moved_out: BTreeMap<TenantId, (i128, bool)>,
 }
@@ -65,6 +74,8 @@ impl PayoutTally {
     pub(super) fn payment_entry(&mut self, payment: PaymentId, version: u64, entry: &JournalEntry) {
         let sums = self.clearing.entry(payment).or_default();
         let before = sums.last().map_or(0, |(_, sum)| *sum);
+        // Most payments post one or two entries: no room kept for more.
+        sums.reserve_exact(1);
         sums.push((version, before + clearing_legs(entry)));
     }
 
@@ -105,12 +116,8 @@ impl PayoutTally {
                         ),
                     );
                 }
-                for line in &paid.lines {
-                    if share.holds_payment(line.payment) {
-                        self.line_paid_out(stream_id, line, report);
-                    }
-                }
-                self.seen(stream_id).paid = Some(paid.clone());
+                let kept = self.keep_lines(stream_id, &paid.lines, true, share, report);
+                self.seen(stream_id).paid = Some(kept);
             }
             PayoutEvent::PayoutShareMovedIn(moved) => {
                 if named && moved.lines.iter().any(|line| line.tenant != moved.tenant) {
@@ -124,16 +131,10 @@ impl PayoutTally {
                     );
                 }
                 // Reversed in the old cell already: no longer paid out.
-                if !moved.reversed {
-                    for line in &moved.lines {
-                        if share.holds_payment(line.payment) {
-                            self.line_paid_out(stream_id, line, report);
-                        }
-                    }
-                }
+                let kept = self.keep_lines(stream_id, &moved.lines, !moved.reversed, share, report);
                 self.seen(stream_id)
                     .moved_in
-                    .insert(moved.tenant.clone(), (moved.lines.clone(), moved.reversed));
+                    .insert(moved.tenant.clone(), (kept, moved.reversed));
             }
             PayoutEvent::PayoutShareMovedOut(moved) => {
                 let seen = self.seen(stream_id);
@@ -150,16 +151,14 @@ impl PayoutTally {
                     .moved_in
                     .values()
                     .filter(|(_, reversed)| !reversed)
-                    .flat_map(|(lines, _)| lines);
-                for line in seen
+                    .map(|(kept, _)| kept);
+                for (payment, net) in seen
                     .paid
                     .iter()
-                    .flat_map(|paid| &paid.lines)
                     .chain(standing)
-                    .filter(|line| share.holds_payment(line.payment))
+                    .flat_map(|kept| &kept.in_share)
                 {
-                    *self.paid_out.entry(line.payment).or_default() -=
-                        i128::from(line.net_minor.minor());
+                    *self.paid_out.entry(*payment).or_default() -= net;
                 }
             }
             PayoutEvent::EntryPosted(posted) => {
@@ -173,6 +172,29 @@ impl PayoutTally {
                     clearing_legs(&posted.entry);
             }
         }
+    }
+
+    /// What a pass keeps of a payout's `lines`; the share's lines are paid out if they `stand`.
+    fn keep_lines(
+        &mut self,
+        stream_id: &str,
+        lines: &[PayoutLine],
+        stand: bool,
+        share: Share,
+        report: &mut Report,
+    ) -> LinesKept {
+        let mut kept = LinesKept::default();
+        for line in lines {
+            let net = i128::from(line.net_minor.minor());
+            *kept.by_tenant.entry(line.tenant.clone()).or_default() += net;
+            if share.holds_payment(line.payment) {
+                kept.in_share.push((line.payment, net));
+                if stand {
+                    self.line_paid_out(stream_id, line, report);
+                }
+            }
+        }
+        kept
     }
 
     /// A payout line that stands: the payment's paid-out sum grows, and once it is everything
@@ -211,15 +233,14 @@ impl PayoutTally {
                 continue;
             }
             let mut shares: BTreeMap<TenantId, i128> = BTreeMap::new();
-            let moved_in = seen.moved_in.values().flat_map(|(lines, _)| lines);
-            for line in seen
+            let moved_in = seen.moved_in.values().map(|(kept, _)| kept);
+            for (tenant, net) in seen
                 .paid
                 .iter()
-                .flat_map(|paid| &paid.lines)
                 .chain(moved_in)
+                .flat_map(|kept| &kept.by_tenant)
             {
-                *shares.entry(line.tenant.clone()).or_default() +=
-                    i128::from(line.net_minor.minor());
+                *shares.entry(tenant.clone()).or_default() += net;
             }
             for (tenant, (net, _)) in &seen.moved_out {
                 let lines = shares.get(tenant).copied().unwrap_or(0);

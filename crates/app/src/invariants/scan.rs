@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use asiento_domain::guard;
+use asiento_domain::stream::PAYMENT_PREFIX;
 use asiento_domain::{
     payment_stream, DebitGuard, EntryId, Event, GuardEvent, JournalEntry, PaymentEvent, PaymentId,
     StreamKind,
@@ -48,6 +49,49 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+/// Each stream's last version and chain hash: a payment's (most of the log's streams) keyed by
+/// its id, in 16 bytes, any other by its name. Only a payment stream spelled exactly as
+/// `payment_stream` spells it is keyed by id, so that two different names never share a key.
+#[derive(Default)]
+struct Heads {
+    payments: HashMap<PaymentId, Head>,
+    named: HashMap<String, Head>,
+}
+
+type Head = (u64, [u8; 32]);
+
+impl Heads {
+    fn get(&self, stream_id: &str) -> Option<Head> {
+        match canonical_payment(stream_id) {
+            Some(payment) => self.payments.get(&payment).copied(),
+            None => self.named.get(stream_id).copied(),
+        }
+    }
+
+    fn set(&mut self, stream_id: &str, head: Head) {
+        match canonical_payment(stream_id) {
+            Some(payment) => {
+                self.payments.insert(payment, head);
+            }
+            None => match self.named.get_mut(stream_id) {
+                Some(known) => *known = head,
+                None => {
+                    self.named.insert(stream_id.to_owned(), head);
+                }
+            },
+        }
+    }
+}
+
+/// The payment whose stream `stream_id` is, when it is spelled as `payment_stream` spells it.
+fn canonical_payment(stream_id: &str) -> Option<PaymentId> {
+    let hex = stream_id
+        .strip_prefix(PAYMENT_PREFIX)?
+        .strip_prefix(PaymentId::PREFIX)?;
+    let canonical = hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    canonical.then(|| PaymentId::parse(hex).ok()).flatten()
 }
 
 /// Streams in the log (each has exactly one first event).
@@ -149,15 +193,14 @@ struct CaptureCount {
     postings: u32,
 }
 
-/// What one pass keeps, for the streams of its share.
+/// What one pass keeps, for the streams of its share: about 200 bytes a payment.
 #[derive(Default)]
 struct Tallies {
-    /// Each stream's last version and chain hash.
-    heads: HashMap<String, (u64, [u8; 32])>,
+    heads: Heads,
     /// Per stream, the first event the sealer passed that no seal covers yet (version,
     /// position): a later seal of its stream covers it; one left at the end has none.
     awaiting_seal: HashMap<String, (u64, i64)>,
-    captures: HashMap<String, CaptureCount>,
+    captures: HashMap<PaymentId, CaptureCount>,
     guards: GuardTally,
     payouts: PayoutTally,
 }
@@ -234,13 +277,13 @@ impl Checker {
         tallies.guards.report(report);
         tallies.payouts.report(share, report);
         let mut payments: Vec<_> = tallies.captures.into_iter().collect();
-        payments.sort_by(|a, b| a.0.cmp(&b.0));
+        payments.sort_by_key(|(payment, _)| *payment);
         for (payment, count) in payments {
             let expected = u32::from(count.captured > 0);
             if count.postings != expected || count.captured > 1 {
                 report.push(
                     Check::CapturePosting,
-                    payment,
+                    payment.to_string(),
                     format!(
                         "{} capture fact(s) and {} capture posting(s); expected exactly one posting per captured payment",
                         count.captured, count.postings
@@ -324,7 +367,7 @@ impl Checker {
                     .payouts
                     .payment_entry(id, event.version, &posted.entry);
             }
-            let count = tallies.captures.entry(id.to_string()).or_default();
+            let count = tallies.captures.entry(id).or_default();
             match payment_event {
                 PaymentEvent::ChargeCaptured(_) => count.captured += 1,
                 PaymentEvent::EntryPosted(posted)
@@ -366,7 +409,7 @@ fn chain(
     report.events_checked += 1;
     let heads = &mut tallies.heads;
     let (last_version, previous) = match heads.get(&event.stream_id) {
-        Some((version, hash)) => (*version, Some(*hash)),
+        Some((version, hash)) => (version, Some(hash)),
         None => {
             report.streams_checked += 1;
             (0, None)
@@ -383,7 +426,7 @@ fn chain(
         );
     }
     let hash = event_hash(previous.as_ref().map(|h| &h[..]), event);
-    heads.insert(event.stream_id.clone(), (event.version, hash));
+    heads.set(&event.stream_id, (event.version, hash));
     match seals.get(&event.position) {
         Some((stream, version, sealed)) => {
             let seals_this_event =
@@ -403,7 +446,7 @@ fn chain(
                     // Go on from the sealed hash, so that only the changed events are named, not
                     // every event after them.
                     if let Ok(sealed) = <[u8; 32]>::try_from(sealed.as_slice()) {
-                        heads.insert(event.stream_id.clone(), (event.version, sealed));
+                        heads.set(&event.stream_id, (event.version, sealed));
                     }
                     report.push(
                         Check::HashChain,
