@@ -658,13 +658,15 @@ async fn the_sealer_reads_one_seal_per_stream_however_long_the_stream_postgres()
     for n in 1..=10 * SEALS as u128 {
         captured_payment(&db.database, n, 10_000).await;
         db.seal().await;
+        // None until a pass sealed something.
         longest = sqlx::query_as(
             "select stream_id, count(*) from event_seals group by stream_id \
              order by count(*) desc limit 1",
         )
-        .fetch_one(pool)
+        .fetch_optional(pool)
         .await
-        .unwrap();
+        .unwrap()
+        .unwrap_or_default();
         if longest.1 >= SEALS {
             break;
         }
