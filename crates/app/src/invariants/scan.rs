@@ -90,8 +90,10 @@ fn canonical_payment(stream_id: &str) -> Option<PaymentId> {
     let hex = stream_id
         .strip_prefix(PAYMENT_PREFIX)?
         .strip_prefix(PaymentId::PREFIX)?;
-    let canonical = hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    canonical.then(|| PaymentId::parse(hex).ok()).flatten()
+    // `parse` also takes other spellings of a uuid: keep only the one `Display` writes.
+    let payment = PaymentId::parse(hex).ok()?;
+    let mut spelled = [0u8; uuid::fmt::Simple::LENGTH];
+    (payment.as_uuid().simple().encode_lower(&mut spelled) == hex).then_some(payment)
 }
 
 /// Streams in the log (each has exactly one first event).
