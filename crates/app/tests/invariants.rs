@@ -77,6 +77,24 @@ impl Db {
                 (split.streams_checked, split.unsealed),
                 (whole.streams_checked, whole.unsealed)
             );
+            if split.passes > 1 {
+                // The passes read the log about twice, not once each: the guards' passes read it
+                // whole, the streams' passes each their streams and every payout event.
+                let guards = self
+                    .count("select count(*) from events where version = 1 and stream_id like 'account-%'")
+                    .await
+                    .max(1);
+                let payouts = self
+                    .count("select count(*) from events where stream_id like 'payout-%'")
+                    .await;
+                let streams = split.passes - guards;
+                assert_eq!(
+                    split.events_read,
+                    guards * whole.events_read + whole.events_read + streams * payouts,
+                    "events read by {} passes ({guards} of guards)",
+                    split.passes
+                );
+            }
             let found = |report: &Report| {
                 let mut found: Vec<_> = report
                     .violations

@@ -413,6 +413,27 @@ pub trait EventStore: Send + Sync {
         Ok(events)
     }
 
+    /// One page of many streams: up to `limit` events of `stream_ids` after `after` (a stream id
+    /// and version; `None` before every event), in (stream id, version) order, stream ids in the
+    /// backend's own order (its collation). For a reader that must not hold a stream whole.
+    async fn read_streams_page(
+        &self,
+        stream_ids: &[String],
+        after: Option<(&str, u64)>,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError>;
+
+    /// Up to `limit` ids of streams with events, each once, after `after` in the backend's own
+    /// order of stream ids (the order [`EventStore::read_streams_page`] reads them in).
+    async fn stream_ids_after(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError>;
+
+    /// The events at `positions` that exist, in the gap-free global order.
+    async fn read_positions(&self, positions: &[i64]) -> Result<Vec<RecordedEvent>, StoreError>;
+
     /// The stream's last event, if it has any (one statement: a guard's state).
     async fn last_event(&self, stream_id: &str) -> Result<Option<RecordedEvent>, StoreError>;
 

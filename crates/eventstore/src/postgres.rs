@@ -625,30 +625,74 @@ impl EventStore for PgEventStore {
     }
 
     async fn read_streams(&self, stream_ids: &[String]) -> Result<Vec<RecordedEvent>, StoreError> {
-        let mut conn = self.connections.lease(&self.pool).await?;
         let mut events: Vec<RecordedEvent> = Vec::new();
         loop {
-            // Keyset paging on the (stream_id, version) index.
-            let (after_stream, after_version) = events
+            let after = events
                 .last()
-                .map_or(("", 0), |last| (last.stream_id.as_str(), last.version));
-            let rows: Vec<EventRow> = sqlx::query_as(&format!(
-                "{SELECT_EVENT} WHERE stream_id = ANY($1) AND (stream_id, version) > ($2, $3) \
-                 ORDER BY stream_id, version LIMIT $4"
-            ))
-            .bind(stream_ids)
-            .bind(after_stream)
-            .bind(i64::try_from(after_version).unwrap_or(i64::MAX))
-            .bind(crate::clamp_limit(READ_BATCH_MAX))
-            .fetch_all(&mut *conn)
-            .await?;
-            let full = rows.len() == READ_BATCH_MAX;
-            events.extend(self.decode(rows)?);
+                .map(|last| (last.stream_id.as_str(), last.version));
+            let page = self
+                .read_streams_page(stream_ids, after, READ_BATCH_MAX)
+                .await?;
+            let full = page.len() == READ_BATCH_MAX;
+            events.extend(page);
             if !full {
-                conn.keep();
                 return Ok(events);
             }
         }
+    }
+
+    async fn read_streams_page(
+        &self,
+        stream_ids: &[String],
+        after: Option<(&str, u64)>,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let (after_stream, after_version) = after.unwrap_or(("", 0));
+        let mut conn = self.connections.lease(&self.pool).await?;
+        // Keyset paging on the (stream_id, version) index.
+        let rows: Vec<EventRow> = sqlx::query_as(&format!(
+            "{SELECT_EVENT} WHERE stream_id = ANY($1) AND (stream_id, version) > ($2, $3) \
+             ORDER BY stream_id, version LIMIT $4"
+        ))
+        .bind(stream_ids)
+        .bind(after_stream)
+        .bind(i64::try_from(after_version).unwrap_or(i64::MAX))
+        .bind(crate::clamp_limit(limit))
+        .fetch_all(&mut *conn)
+        .await?;
+        conn.keep();
+        self.decode(rows)
+    }
+
+    async fn stream_ids_after(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut conn = self.connections.lease(&self.pool).await?;
+        // Read off the (stream_id, version) index, one step per event of the streams listed.
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT stream_id FROM events WHERE stream_id > $1 \
+             ORDER BY stream_id LIMIT $2",
+        )
+        .bind(after.unwrap_or(""))
+        .bind(crate::clamp_limit(limit))
+        .fetch_all(&mut *conn)
+        .await?;
+        conn.keep();
+        Ok(ids)
+    }
+
+    async fn read_positions(&self, positions: &[i64]) -> Result<Vec<RecordedEvent>, StoreError> {
+        let mut conn = self.connections.lease(&self.pool).await?;
+        let rows: Vec<EventRow> = sqlx::query_as(&format!(
+            "{SELECT_EVENT} WHERE position = ANY($1) ORDER BY xact, position"
+        ))
+        .bind(positions)
+        .fetch_all(&mut *conn)
+        .await?;
+        conn.keep();
+        self.decode(rows)
     }
 
     async fn last_event(&self, stream_id: &str) -> Result<Option<RecordedEvent>, StoreError> {

@@ -34,6 +34,11 @@ pub const SQLITE_POLL_INTERVAL_MS: u64 = 50;
 const SELECT_EVENT: &str = "SELECT position, 0 AS xact, stream_id, version, event_id, event_type, \
                             schema, data, metadata, recorded_at FROM events";
 
+/// A list bound as one JSON array parameter, read back with `json_each`.
+fn json_list<T: serde::Serialize>(items: &[T]) -> String {
+    serde_json::to_string(items).expect("a list of strings or integers always serialises")
+}
+
 /// The event log on SQLite.
 #[derive(Clone)]
 pub struct SqliteEventStore {
@@ -262,6 +267,52 @@ impl EventStore for SqliteEventStore {
 
     async fn begin(&self) -> Result<Tx, StoreError> {
         Ok(Tx::Sqlite(crate::begin_sqlite(&self.pool).await?))
+    }
+
+    async fn read_streams_page(
+        &self,
+        stream_ids: &[String],
+        after: Option<(&str, u64)>,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let (after_stream, after_version) = after.unwrap_or(("", 0));
+        let rows: Vec<EventRow> = sqlx::query_as(&format!(
+            "{SELECT_EVENT} WHERE stream_id IN (SELECT value FROM json_each(?)) \
+             AND (stream_id, version) > (?, ?) ORDER BY stream_id, version LIMIT ?"
+        ))
+        .bind(json_list(stream_ids))
+        .bind(after_stream)
+        .bind(i64::try_from(after_version).unwrap_or(i64::MAX))
+        .bind(crate::clamp_limit(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        self.decode(rows)
+    }
+
+    async fn stream_ids_after(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT stream_id FROM events WHERE stream_id > ? \
+             ORDER BY stream_id LIMIT ?",
+        )
+        .bind(after.unwrap_or(""))
+        .bind(crate::clamp_limit(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(ids)
+    }
+
+    async fn read_positions(&self, positions: &[i64]) -> Result<Vec<RecordedEvent>, StoreError> {
+        let rows: Vec<EventRow> = sqlx::query_as(&format!(
+            "{SELECT_EVENT} WHERE position IN (SELECT value FROM json_each(?)) ORDER BY position"
+        ))
+        .bind(json_list(positions))
+        .fetch_all(&self.pool)
+        .await?;
+        self.decode(rows)
     }
 
     async fn last_event(&self, stream_id: &str) -> Result<Option<RecordedEvent>, StoreError> {

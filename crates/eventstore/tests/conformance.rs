@@ -49,6 +49,7 @@ mod suite {
         store_units_of_work_end_cleanly_and_reuse_connections,
         last_event_is_the_streams_last,
         read_streams_reads_each_stream_whole,
+        paged_reads_list_streams_page_them_and_fetch_positions,
         append_each_in_writes_requests_independently,
         append_each_in_writes_chains_on_one_stream_in_order,
         migrations_are_reported_applied,
@@ -845,6 +846,74 @@ mod suite {
             .map(|(id, n)| (id.to_owned(), (1..=n as u64).collect()))
             .collect();
         assert_eq!(streams, want, "each stream once, whole, in version order");
+    }
+
+    /// The checker's reads: stream ids listed once each in pages, several streams read page by
+    /// page in (stream id, version) order, each whole and nothing else, and events fetched by
+    /// position in the global order.
+    pub async fn paged_reads_list_streams_page_them_and_fetch_positions(h: &Harness) {
+        use ExpectedVersion::*;
+        for (stream, n) in [("b", 3), ("a", 2), ("c", 4), ("d", 1)] {
+            h.store
+                .append(&[to(stream, NoStream, events(n))])
+                .await
+                .unwrap();
+        }
+        h.store
+            .append(&[to("a", Exact(2), events(1))])
+            .await
+            .unwrap();
+
+        let mut listed: Vec<String> = Vec::new();
+        loop {
+            let page = h
+                .store
+                .stream_ids_after(listed.last().map(String::as_str), 3)
+                .await
+                .unwrap();
+            if page.is_empty() {
+                break;
+            }
+            assert!(page.len() <= 3, "a page is at most its limit");
+            listed.extend(page);
+        }
+        assert_eq!(listed, ["a", "b", "c", "d"], "each stream once, in order");
+
+        let asked = ["c", "a", "unknown"].map(String::from);
+        let mut read: Vec<(String, u64)> = Vec::new();
+        loop {
+            let after = read
+                .last()
+                .map(|(stream, version)| (stream.as_str(), *version));
+            let page = h.store.read_streams_page(&asked, after, 2).await.unwrap();
+            assert!(page.len() <= 2, "a page is at most its limit");
+            if page.is_empty() {
+                break;
+            }
+            read.extend(
+                page.into_iter()
+                    .map(|event| (event.stream_id, event.version)),
+            );
+        }
+        let want: Vec<(String, u64)> = [("a", 1), ("a", 2), ("a", 3)]
+            .into_iter()
+            .chain((1..=4).map(|version| ("c", version)))
+            .map(|(stream, version)| (stream.to_owned(), version))
+            .collect();
+        assert_eq!(
+            read, want,
+            "each stream asked for, whole, in (stream, version) order"
+        );
+
+        let all = h.store.read_all(Cursor::START, 100).await.unwrap();
+        let mut positions: Vec<i64> = all.iter().map(|event| event.position).collect();
+        positions.reverse();
+        positions.push(-1);
+        let fetched = h.store.read_positions(&positions).await.unwrap();
+        assert_eq!(
+            fetched, all,
+            "every position that exists, in the global order"
+        );
     }
 
     /// Group commit: each request of a batch is written whole or not at all (one expecting a new

@@ -1,8 +1,8 @@
 //! The invariant checker (`asiento verify`, and on a schedule inside `serve`) and the sealer that
 //! makes the log tamper-evident.
 //!
-//! [`Checker::check_once`] reads the whole log in the gap-free global order (once, or in as many
-//! passes as keep its memory bounded: `scan.rs`), and checks:
+//! [`Checker::check_once`] reads the whole log (in the gap-free global order, or in passes that
+//! keep its memory bounded: `scan.rs`), and checks:
 //! - every journal entry sums to zero per currency (`entry_zero_sum`, named by entry id);
 //! - stream versions run 1, 2, 3 … without a gap or a repeat (`stream_versions`, by stream);
 //! - every captured payment has exactly one capture posting, and no other payment has one
@@ -83,10 +83,11 @@ pub const VERIFY_INTERVAL_MS_DEFAULT: u64 = 10 * 60_000;
 /// pending timeout plus a sweep interval (API.md defaults), the time the reconciler needs to
 /// finish a request whose process died.
 pub const IDEMPOTENCY_GRACE_MS_DEFAULT: i64 = 16 * 60_000;
-/// Streams one pass of the log scan keeps state for: ≈ 0.4 KB each in `serve` (measured: a check
-/// of 150,000 streams in three passes raised the server's peak by 20 MB), so a pass holds ≈ 26 MB
-/// at most, and a log with more streams is read in several passes (`scan.rs`).
-pub const STREAMS_PER_PASS_MAX_DEFAULT: usize = 65_536;
+/// Streams one pass of the log scan keeps state for: ≈ 0.5 KB each in `serve` (their tallies and
+/// ids), so a pass holds ≈ 4 MB at most. A log with more streams is read in several passes that
+/// together read it about twice, whatever their number, and each pass reads every payout event
+/// again (`scan.rs`).
+pub const STREAMS_PER_PASS_MAX_DEFAULT: usize = 8_192;
 /// Violations reported per check, at most; the count says how many more there were.
 pub const VIOLATIONS_PER_CHECK_MAX: usize = 1_000;
 
@@ -215,8 +216,12 @@ pub struct Report {
     pub streams_checked: u64,
     /// Events after the sealer's cursor: not covered by the hash chain yet.
     pub unsealed: u64,
-    /// Passes the log scan took (one per [`Checker::streams_per_pass`] streams).
+    /// Passes the log scan took (one per [`Checker::streams_per_pass`] streams, and one or more
+    /// for the guards when there are more streams than that).
     pub passes: u64,
+    /// Events the log scan read, counted each time a pass read one: about twice the log's
+    /// length, plus its payout events once per pass, when it took more than one pass.
+    pub events_read: u64,
 }
 
 impl Report {
@@ -321,8 +326,7 @@ pub struct Checker {
     pub database: Database,
     pub clock: Arc<dyn Clock>,
     pub idempotency_grace_ms: i64,
-    /// Streams one pass over the log keeps state for, on average (they are shared out among the
-    /// passes by a hash of their id: `scan.rs`).
+    /// Streams one pass over the log keeps state for (`scan.rs`).
     pub streams_per_pass: usize,
     pub extra: Vec<Arc<dyn ExtraCheck>>,
 }

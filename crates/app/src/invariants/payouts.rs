@@ -93,7 +93,7 @@ impl PayoutTally {
         &mut self,
         stream_id: &str,
         event: &PayoutEvent,
-        share: Share,
+        share: &Share,
         report: &mut Report,
     ) {
         // The payout's own findings are named in its stream's pass; a line is tallied in its
@@ -180,7 +180,7 @@ impl PayoutTally {
         stream_id: &str,
         lines: &[PayoutLine],
         stand: bool,
-        share: Share,
+        share: &Share,
         report: &mut Report,
     ) -> LinesKept {
         let mut kept = LinesKept::default();
@@ -227,7 +227,7 @@ impl PayoutTally {
     }
 
     /// The payouts of `share`, each against its own entries.
-    pub(super) fn report(self, share: Share, report: &mut Report) {
+    pub(super) fn report(self, share: &Share, report: &mut Report) {
         for (stream_id, seen) in self.payouts {
             if !share.holds(&stream_id) {
                 continue;
