@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use asiento_eventstore::{Cursor, EventStore, RecordedEvent, StoreError, Tx};
+use asiento_eventstore::{Cursor, EventStore, RecordedEvent, StoreError, Tx, READ_BATCH_MAX};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -264,6 +264,47 @@ pub async fn fold_log<F: StreamFold, E: From<StoreError> + From<ProjectionError>
         .into_iter()
         .map(|(id, (fold, _))| (id, fold))
         .collect())
+}
+
+/// The streams `stream_ids`, each folded from the log alone up to and including `upto` and keyed
+/// by its stream id, read `page_events` at a time (at most `READ_BATCH_MAX`): what [`fold_log`]
+/// gives for these streams, holding only their folds, for a checker that pages through a read
+/// model. A stream is folded up to a gap in its versions; one with no event up to `upto` is
+/// absent.
+pub async fn fold_streams<F: StreamFold, E: From<StoreError> + From<ProjectionError>>(
+    store: &dyn EventStore,
+    stream_ids: &[String],
+    upto: Cursor,
+    page_events: usize,
+) -> Result<BTreeMap<String, F>, E> {
+    assert!(
+        (1..=READ_BATCH_MAX).contains(&page_events),
+        "a page of {page_events} events is more than one read returns"
+    );
+    let mut folds: BTreeMap<String, F> = BTreeMap::new();
+    let mut after: Option<(String, u64)> = None;
+    loop {
+        let at = after
+            .as_ref()
+            .map(|(stream, version)| (stream.as_str(), *version));
+        let page = store.read_streams_page(stream_ids, at, page_events).await?;
+        let Some(last) = page.last() else {
+            break;
+        };
+        after = Some((last.stream_id.clone(), last.version));
+        for event in page.iter().filter(|event| event.cursor <= upto) {
+            let fold = folds.entry(event.stream_id.clone()).or_default();
+            // Past a gap, `fold_log` keeps the event waiting for it, for ever in a log that ends
+            // at `upto`.
+            if event.version == fold.version() + 1 {
+                fold.push(&Kept::from_recorded(event))?;
+            }
+        }
+        if page.len() < page_events {
+            break;
+        }
+    }
+    Ok(folds)
 }
 
 /// Makes the stored waiting events of stream `id` exactly `waiting`. Rarely runs: only when a

@@ -54,7 +54,7 @@ pub use read::{
     export_page, get_payment, list_payments, wait_for_position, PaymentFilter, EXPORT_PAGE_ROWS,
     LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, METADATA_FILTERS_MAX,
 };
-pub use verify::{verify, Mismatch};
+pub use verify::{verify, verify_in_pages, Mismatch};
 
 /// The payments projection, for a [`asiento_projector::Runner`] or a rebuild.
 pub fn projection() -> Arc<dyn Projection> {

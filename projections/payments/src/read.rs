@@ -24,9 +24,10 @@ pub const METADATA_FILTERS_MAX: usize = 10;
 pub const EXPORT_PAGE_ROWS: u32 = 250;
 
 /// The view every read goes through (the active generation's table).
-const VIEW: &str = "payments";
+pub(crate) const VIEW: &str = "payments";
 /// Every column a [`PaymentRow`] needs; never `state`, which only the projector and `verify` read.
-const COLUMNS: &str = "payment_id, tenant, status, amount_minor, currency, customer, provider, \
+pub(crate) const COLUMNS: &str =
+    "payment_id, tenant, status, amount_minor, currency, customer, provider, \
      captured_minor, refunded_minor, fee_minor, created_ns, updated_ns, next_action, version, \
      position, description, metadata";
 

@@ -11,10 +11,11 @@ use asiento_projector::on_db;
 use sqlx::types::Json;
 use sqlx::{FromRow, Row as _};
 
-use asiento_projector::history::fold_log;
+use asiento_domain::stream::PAYMENT_PREFIX;
+use asiento_projector::history::fold_streams;
 
-use crate::fold::{payment_stream, Folder};
-use crate::read::Row;
+use crate::fold::Folder;
+use crate::read::{Row, COLUMNS, VIEW};
 use crate::{PaymentRow, ViewError, NAME};
 
 /// Events per log read while recomputing.
@@ -35,82 +36,151 @@ pub struct Mismatch {
 /// A row as stored: its columns, and its folded state.
 type Stored = (PaymentRow, Folder);
 
-/// Every row of the read model, with the checkpoint they are exact at, read in ONE statement
-/// so that they agree even while a batch or a rebuild swap commits.
-async fn snapshot_all(db: &Database) -> Result<(Cursor, BTreeMap<String, Stored>), ViewError> {
-    const COLUMNS: &str = "v.payment_id, v.tenant, v.status, v.amount_minor, v.currency, \
-         v.customer, v.provider, v.captured_minor, v.refunded_minor, v.fee_minor, v.created_ns, \
-         v.updated_ns, v.next_action, v.version, v.position, v.description, v.metadata, v.state";
-    let statement = format!(
-        "SELECT p.checkpoint_xact, p.checkpoint_position, {COLUMNS} \
-         FROM projections p LEFT JOIN payments v ON 1 = 1 WHERE p.name = $1"
-    );
-    let (cursor, rows) = on_db!(db, pool => {
-        let raw = sqlx::query(&statement).bind(NAME).fetch_all(pool).await?;
-        let mut cursor = None;
-        let mut rows = Vec::with_capacity(raw.len());
-        for r in &raw {
-            cursor = Some(Cursor::new(
-                r.try_get("checkpoint_xact")?,
-                r.try_get("checkpoint_position")?,
-            ));
-            // NULL: the LEFT JOIN found no rows at all.
-            if r.try_get::<Option<String>, _>("payment_id")?.is_some() {
-                let Json(state) = r.try_get::<Json<Folder>, _>("state")?;
-                rows.push((Row::from_row(r)?, state));
-            }
-        }
-        (cursor, rows)
-    });
-    let cursor = cursor.ok_or(ViewError::NotInstalled)?;
-    let mut stored = BTreeMap::new();
-    for (row, state) in rows {
-        let row = row.into_payment()?;
-        stored.insert(row.id.to_string(), (row, state));
-    }
-    Ok((cursor, stored))
+/// Payments compared at a time: the rows and folds the check holds.
+const VERIFY_PAGE_PAYMENTS: usize = 500;
+
+/// Compares every row and its folded state with its stream folded from the log up to the read
+/// model's checkpoint. Empty: the read model is right.
+///
+/// Its memory is one page of payments, however many there are: the rows are read a page at a
+/// time, in one snapshot of the database (a `REPEATABLE READ` transaction on PostgreSQL, a read
+/// transaction on SQLite) so that every page is exact at the checkpoint read first, even while
+/// batches or a rebuild's swap commit; each page's streams are folded from the log (which only
+/// grows) up to that checkpoint. Then the payments in the log up to it that have no row.
+pub async fn verify(db: &Database, store: &dyn EventStore) -> Result<Vec<Mismatch>, ViewError> {
+    verify_in_pages(db, store, VERIFY_PAGE_PAYMENTS).await
 }
 
-/// Every payment folded from the log alone, up to and including `upto`, with its row.
-async fn recompute_all(
+/// [`verify`], `page_payments` payments at a time.
+pub async fn verify_in_pages(
+    db: &Database,
     store: &dyn EventStore,
-    upto: Cursor,
-) -> Result<BTreeMap<String, Stored>, ViewError> {
-    let folds: BTreeMap<String, Folder> =
-        fold_log::<_, ViewError>(store, upto, RECOMPUTE_PAGE_EVENTS, payment_stream).await?;
-    let mut rows = BTreeMap::new();
-    for (id, folder) in folds {
-        if let Some(row) = folder.row()? {
-            rows.insert(id, (row, folder));
+    page_payments: usize,
+) -> Result<Vec<Mismatch>, ViewError> {
+    let postgres = matches!(db, Database::Postgres(_));
+    let mut mismatches = Vec::new();
+    on_db!(db, pool => {
+        let mut tx = pool.begin().await?;
+        if postgres {
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                .execute(&mut *tx)
+                .await?;
         }
+        let checkpoint: Option<(i64, i64)> = sqlx::query_as(
+            "SELECT checkpoint_xact, checkpoint_position FROM projections WHERE name = $1",
+        )
+        .bind(NAME)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let (xact, position) = checkpoint.ok_or(ViewError::NotInstalled)?;
+        let checkpoint = Cursor::new(xact, position);
+        let page_limit = i64::try_from(page_payments.max(1)).unwrap_or(i64::MAX);
+
+        let rows_statement = format!(
+            "SELECT {COLUMNS}, state FROM {VIEW} WHERE payment_id > $1 \
+             ORDER BY payment_id LIMIT $2"
+        );
+        let mut after = String::new();
+        loop {
+            let raw = sqlx::query(&rows_statement)
+                .bind(&after)
+                .bind(page_limit)
+                .fetch_all(&mut *tx)
+                .await?;
+            let Some(last) = raw.last() else {
+                break;
+            };
+            after = last.try_get("payment_id")?;
+            let mut stored: Vec<Stored> = Vec::with_capacity(raw.len());
+            for r in &raw {
+                let Json(state) = r.try_get::<Json<Folder>, _>("state")?;
+                stored.push((Row::from_row(r)?.into_payment()?, state));
+            }
+            let streams: Vec<String> = stored
+                .iter()
+                .map(|(row, _)| asiento_domain::payment_stream(row.id))
+                .collect();
+            let mut folds = recompute(store, &streams, checkpoint).await?;
+            for ((row, state), stream) in stored.into_iter().zip(&streams) {
+                let recomputed = folds.remove(stream).flatten();
+                push_mismatch(&mut mismatches, row.id.to_string(), Some((row, state)), recomputed);
+            }
+        }
+
+        // Payment streams up to the checkpoint without a row.
+        let missing_statement = format!(
+            "SELECT e.stream_id FROM events e WHERE e.version = 1 \
+             AND e.stream_id LIKE '{PAYMENT_PREFIX}%' AND e.stream_id > $1 \
+             AND ({xact}, e.position) <= ($2, $3) \
+             AND NOT EXISTS (SELECT 1 FROM {VIEW} v WHERE v.payment_id = substr(e.stream_id, {from})) \
+             ORDER BY e.stream_id LIMIT $4",
+            // SQLite's log has no transaction ids: its cursors' are 0.
+            xact = if postgres { "e.xact" } else { "0" },
+            from = PAYMENT_PREFIX.len() + 1
+        );
+        let mut after = String::new();
+        loop {
+            let streams: Vec<String> = sqlx::query_scalar(&missing_statement)
+                .bind(&after)
+                .bind(checkpoint.xact())
+                .bind(checkpoint.position())
+                .bind(page_limit)
+                .fetch_all(&mut *tx)
+                .await?;
+            let Some(last) = streams.last() else {
+                break;
+            };
+            after = last.clone();
+            let mut folds = recompute(store, &streams, checkpoint).await?;
+            for stream in &streams {
+                let Some(recomputed) = folds.remove(stream).flatten() else {
+                    continue;
+                };
+                let id = recomputed.0.id.to_string();
+                push_mismatch(&mut mismatches, id, None, Some(recomputed));
+            }
+        }
+        tx.rollback().await?;
+    });
+    mismatches.sort_by(|a, b| a.payment_id.cmp(&b.payment_id));
+    Ok(mismatches)
+}
+
+/// `streams` folded from the log alone up to and including `upto`, each with its row (`None`:
+/// the stream gives no payment).
+async fn recompute(
+    store: &dyn EventStore,
+    streams: &[String],
+    upto: Cursor,
+) -> Result<BTreeMap<String, Option<Stored>>, ViewError> {
+    let folds: BTreeMap<String, Folder> =
+        fold_streams::<_, ViewError>(store, streams, upto, RECOMPUTE_PAGE_EVENTS).await?;
+    let mut rows = BTreeMap::new();
+    for (stream, folder) in folds {
+        let row = folder.row()?.map(|row| (row, folder));
+        rows.insert(stream, row);
     }
     Ok(rows)
 }
 
-/// Compares every row and its folded state with its stream folded from the log up to the read
-/// model's checkpoint. Empty: the read model is right.
-pub async fn verify(db: &Database, store: &dyn EventStore) -> Result<Vec<Mismatch>, ViewError> {
-    let (checkpoint, mut stored) = snapshot_all(db).await?;
-    let mut recomputed = recompute_all(store, checkpoint).await?;
-    let mut ids: Vec<String> = stored.keys().chain(recomputed.keys()).cloned().collect();
-    ids.sort();
-    ids.dedup();
-    Ok(ids
-        .into_iter()
-        .filter_map(|id| {
-            let stored = stored.remove(&id);
-            let recomputed = recomputed.remove(&id);
-            let state_differs = match (&stored, &recomputed) {
-                (Some((_, ours)), Some((_, theirs))) => ours != theirs,
-                _ => false,
-            };
-            let (stored, recomputed) = (stored.map(|s| s.0), recomputed.map(|r| r.0));
-            (stored != recomputed || state_differs).then_some(Mismatch {
-                payment_id: id,
-                stored,
-                recomputed,
-                state_differs,
-            })
-        })
-        .collect())
+/// Adds a mismatch when the row or its folded state differs from the fold of its stream.
+fn push_mismatch(
+    mismatches: &mut Vec<Mismatch>,
+    payment_id: String,
+    stored: Option<Stored>,
+    recomputed: Option<Stored>,
+) {
+    let state_differs = match (&stored, &recomputed) {
+        (Some((_, ours)), Some((_, theirs))) => ours != theirs,
+        _ => false,
+    };
+    let (stored, recomputed) = (stored.map(|s| s.0), recomputed.map(|r| r.0));
+    if stored != recomputed || state_differs {
+        mismatches.push(Mismatch {
+            payment_id,
+            stored,
+            recomputed,
+            state_differs,
+        });
+    }
 }

@@ -19,8 +19,8 @@ use asiento_eventstore::{
     Appended, Database, EventStore, ExpectedVersion, Metadata, NewEvent, StreamAppend,
 };
 use asiento_payments_view::{
-    get_payment, list_payments, verify, wait_for_position, Page, PaymentFilter, PaymentRow,
-    Payments, ViewError, LIST_LIMIT_MAX,
+    get_payment, list_payments, verify, verify_in_pages, wait_for_position, Mismatch, Page,
+    PaymentFilter, PaymentRow, Payments, ViewError, LIST_LIMIT_MAX,
 };
 use asiento_projector::{on_db, rebuild, Projection, RebuildConfig, Runner, RunnerConfig};
 use chrono::{DateTime, Utc};
@@ -267,6 +267,20 @@ impl Harness {
 
     /// `PAYMENTS` payments over two tenants, two customers, every fate; two at each creation
     /// time, so that ties are ordered by id.
+    /// What `verify` finds, which must be what it finds two payments a page (its default page
+    /// holds every payment of these tests).
+    async fn verified(&self) -> Vec<Mismatch> {
+        let whole = verify(&self.db, self.store.as_ref()).await.unwrap();
+        let paged = verify_in_pages(&self.db, self.store.as_ref(), 2)
+            .await
+            .unwrap();
+        assert_eq!(
+            paged, whole,
+            "two payments a page finds what one page finds"
+        );
+        whole
+    }
+
     async fn make_many(&self) -> Vec<Made> {
         let mut made = Vec::new();
         for i in 0..PAYMENTS {
@@ -840,7 +854,7 @@ async fn a_corrupted_row_is_detected_and_a_rebuild_restores_the_same_rows(h: Har
         ))
         .await;
     assert_eq!(corrupted, 1);
-    let mismatches = verify(&h.db, h.store.as_ref()).await.unwrap();
+    let mismatches = h.verified().await;
     assert_eq!(mismatches.len(), 1, "{mismatches:?}");
     assert_eq!(mismatches[0].payment_id, victim.id().to_string());
     let stored = mismatches[0].stored.as_ref().unwrap();
@@ -856,7 +870,7 @@ async fn a_corrupted_row_is_detected_and_a_rebuild_restores_the_same_rows(h: Har
         ))
         .await;
     assert_eq!(deleted, 1);
-    let mismatches = verify(&h.db, h.store.as_ref()).await.unwrap();
+    let mismatches = h.verified().await;
     assert_eq!(mismatches.len(), 2, "{mismatches:?}");
     assert!(mismatches
         .iter()
@@ -879,7 +893,7 @@ async fn a_corrupted_row_is_detected_and_a_rebuild_restores_the_same_rows(h: Har
         ))
         .await;
     assert_eq!(edited, 1);
-    let mismatches = verify(&h.db, h.store.as_ref()).await.unwrap();
+    let mismatches = h.verified().await;
     assert_eq!(mismatches.len(), 3, "{mismatches:?}");
     assert!(mismatches
         .iter()
