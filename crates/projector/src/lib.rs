@@ -27,6 +27,7 @@
 
 pub mod history;
 pub mod keyset;
+pub mod snapshot;
 
 use asiento_eventstore::{RecordedEvent, StoreError, Tx};
 

@@ -38,7 +38,7 @@ pub use projection::{Transfers, FINGERPRINT, NAME};
 pub use read::{
     list_transfers, wait_for_position, TransferFilter, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
 };
-pub use verify::{verify, Mismatch};
+pub use verify::{verify, verify_in_pages, Mismatch};
 
 /// The transfers projection, for a [`asiento_projector::Runner`] or a rebuild.
 pub fn projection() -> Arc<dyn Projection> {

@@ -21,7 +21,7 @@ use asiento_eventstore::{
 use asiento_projector::{on_db, rebuild, Projection, RebuildConfig, Runner, RunnerConfig};
 use asiento_testkit::{Backend, TestDatabase};
 use asiento_transfer_list::{
-    list_transfers, verify, ListError, TransferFilter, TransferRow, Transfers,
+    list_transfers, verify, verify_in_pages, ListError, TransferFilter, TransferRow, Transfers,
 };
 use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
@@ -431,6 +431,11 @@ async fn a_corrupted_row_is_detected_and_a_rebuild_restores_it(backend: Backend)
         .await;
     assert_eq!(edited, 1);
     let mismatches = verify(&h.db, h.store.as_ref()).await.unwrap();
+    let paged = verify_in_pages(&h.db, h.store.as_ref(), 2).await.unwrap();
+    assert_eq!(
+        paged, mismatches,
+        "two transfers a page finds what one page finds"
+    );
     assert_eq!(mismatches.len(), 3, "{mismatches:?}");
     assert!(mismatches
         .iter()
