@@ -266,22 +266,20 @@ pub async fn fold_log<F: StreamFold, E: From<StoreError> + From<ProjectionError>
         .collect())
 }
 
-/// The streams `stream_ids`, each folded from the log alone up to and including `upto` and keyed
-/// by its stream id, read `page_events` at a time (at most `READ_BATCH_MAX`): what [`fold_log`]
-/// gives for these streams, holding only their folds, for a checker that pages through a read
-/// model. A stream is folded up to a gap in its versions; one with no event up to `upto` is
-/// absent.
-pub async fn fold_streams<F: StreamFold, E: From<StoreError> + From<ProjectionError>>(
+/// Every event of the streams `stream_ids` at or before `upto`, given to `each` in (stream id,
+/// version) order, read `page_events` at a time (at most `READ_BATCH_MAX`): a checker's read of
+/// a page of streams.
+pub async fn each_event_of<E: From<StoreError>>(
     store: &dyn EventStore,
     stream_ids: &[String],
     upto: Cursor,
     page_events: usize,
-) -> Result<BTreeMap<String, F>, E> {
+    mut each: impl FnMut(&RecordedEvent) -> Result<(), E>,
+) -> Result<(), E> {
     assert!(
         (1..=READ_BATCH_MAX).contains(&page_events),
         "a page of {page_events} events is more than one read returns"
     );
-    let mut folds: BTreeMap<String, F> = BTreeMap::new();
     let mut after: Option<(String, u64)> = None;
     loop {
         let at = after
@@ -289,21 +287,39 @@ pub async fn fold_streams<F: StreamFold, E: From<StoreError> + From<ProjectionEr
             .map(|(stream, version)| (stream.as_str(), *version));
         let page = store.read_streams_page(stream_ids, at, page_events).await?;
         let Some(last) = page.last() else {
-            break;
+            return Ok(());
         };
         after = Some((last.stream_id.clone(), last.version));
         for event in page.iter().filter(|event| event.cursor <= upto) {
-            let fold = folds.entry(event.stream_id.clone()).or_default();
-            // Past a gap, `fold_log` keeps the event waiting for it, for ever in a log that ends
-            // at `upto`.
-            if event.version == fold.version() + 1 {
-                fold.push(&Kept::from_recorded(event))?;
-            }
+            each(event)?;
         }
         if page.len() < page_events {
-            break;
+            return Ok(());
         }
     }
+}
+
+/// The streams `stream_ids`, each folded from the log alone up to and including `upto` and keyed
+/// by its stream id ([`each_event_of`]): what [`fold_log`] gives for these streams, holding only
+/// their folds, for a checker that pages through a read model. A stream is folded up to a gap in
+/// its versions; one with no event up to `upto` is absent.
+pub async fn fold_streams<F: StreamFold, E: From<StoreError> + From<ProjectionError>>(
+    store: &dyn EventStore,
+    stream_ids: &[String],
+    upto: Cursor,
+    page_events: usize,
+) -> Result<BTreeMap<String, F>, E> {
+    let mut folds: BTreeMap<String, F> = BTreeMap::new();
+    each_event_of(store, stream_ids, upto, page_events, |event| {
+        let fold = folds.entry(event.stream_id.clone()).or_default();
+        // Past a gap, `fold_log` keeps the event waiting for it, for ever in a log that ends at
+        // `upto`.
+        if event.version == fold.version() + 1 {
+            fold.push(&Kept::from_recorded(event))?;
+        }
+        Ok::<_, E>(())
+    })
+    .await?;
     Ok(folds)
 }
 

@@ -69,34 +69,36 @@ impl Snapshot {
         Ok(row.map(|(xact, position)| Cursor::new(xact, position)))
     }
 
-    /// Up to `limit` streams named `prefix` + an id, after `after` in the database's order of
-    /// stream ids, whose first event is at or before `upto` and whose id is no row's
-    /// `key_column` in `view`: the streams a read model is missing.
-    pub async fn streams_without_rows(
+    /// Up to `limit` streams named `prefix` + an id whose first event is at or before `upto`,
+    /// after `after` in the database's order of stream ids; with `without_rows`, only those whose
+    /// id is no row's key there (the streams a read model is missing).
+    pub async fn streams(
         &mut self,
-        rows: &RowsOfStreams<'_>,
+        prefix: &str,
+        without_rows: Option<&RowsOfStreams<'_>>,
         after: &str,
         upto: Cursor,
         limit: usize,
     ) -> Result<Vec<String>, sqlx::Error> {
-        let RowsOfStreams {
-            view,
-            key_column,
-            prefix,
-        } = rows;
         // SQLite's log has no transaction ids: its cursors' are 0.
         let xact = match self {
             Snapshot::Postgres(_) => "e.xact",
             Snapshot::Sqlite(_) => "0",
         };
+        let without = without_rows.map_or(String::new(), |rows| {
+            format!(
+                "AND NOT EXISTS (SELECT 1 FROM {view} v \
+                 WHERE v.{key_column} = substr(e.stream_id, {from}))",
+                view = rows.view,
+                key_column = rows.key_column,
+                from = prefix.len() + 1
+            )
+        });
         let statement = format!(
             "SELECT e.stream_id FROM events e WHERE e.version = 1 \
              AND e.stream_id LIKE '{prefix}%' AND e.stream_id > $1 \
-             AND ({xact}, e.position) <= ($2, $3) \
-             AND NOT EXISTS (SELECT 1 FROM {view} v \
-                 WHERE v.{key_column} = substr(e.stream_id, {from})) \
-             ORDER BY e.stream_id LIMIT $4",
-            from = prefix.len() + 1
+             AND ({xact}, e.position) <= ($2, $3) {without} \
+             ORDER BY e.stream_id LIMIT $4"
         );
         let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
         Ok(on_snapshot!(self, conn => {
@@ -110,8 +112,8 @@ impl Snapshot {
         }))
     }
 
-    /// Every stream [`Snapshot::streams_without_rows`] finds, folded from the log up to `upto`,
-    /// `page` streams at a time, each given to `missing` with its stream id.
+    /// Every stream of `rows`' kind without a row there, folded from the log up to `upto`, `page`
+    /// streams at a time, each given to `missing` with its stream id.
     pub async fn fold_streams_without_rows<F, E>(
         &mut self,
         store: &dyn EventStore,
@@ -126,7 +128,9 @@ impl Snapshot {
     {
         let mut after = String::new();
         loop {
-            let streams = self.streams_without_rows(rows, &after, upto, page).await?;
+            let streams = self
+                .streams(rows.prefix, Some(rows), &after, upto, page)
+                .await?;
             let Some(last) = streams.last() else {
                 return Ok(());
             };

@@ -38,7 +38,7 @@ pub use asiento_projector::READ_WAIT_MS_MAX;
 pub use projection::{PaymentSearch, FINGERPRINT, NAME};
 pub use read::{find, wait_for_position, FIND_LIMIT_MAX};
 pub use terms::{normalize, Kind, TERM_CHARS_MAX};
-pub use verify::{verify, Mismatch};
+pub use verify::{verify, verify_in_pages, Mismatch};
 
 /// The payment search projection, for a [`asiento_projector::Runner`] or a rebuild.
 pub fn projection() -> Arc<dyn Projection> {

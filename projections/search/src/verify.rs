@@ -6,9 +6,11 @@
 
 use std::collections::BTreeMap;
 
+use asiento_domain::stream::PAYMENT_PREFIX;
 use asiento_eventstore::{Cursor, Database, EventStore};
-use asiento_projector::on_db;
-use sqlx::Row as _;
+use asiento_projector::history::each_event_of;
+use asiento_projector::on_snapshot;
+use asiento_projector::snapshot::Snapshot;
 
 use crate::projection::{VIEW, WAITING_VIEW};
 use crate::terms::{Derived, Owner};
@@ -38,63 +40,142 @@ pub struct Mismatch {
     pub derived: Option<Place>,
 }
 
-/// Every stored row, with the checkpoint they are exact at, read in ONE statement so that they
-/// agree even while a batch or a rebuild swap commits.
-async fn snapshot_all(db: &Database) -> Result<(Cursor, BTreeMap<Key, Place>), SearchError> {
-    let statement = format!(
-        "SELECT p.checkpoint_xact, p.checkpoint_position, v.payment_id, v.term, v.kind, \
-         v.tenant, v.created_ms \
-         FROM projections p LEFT JOIN ( \
-             SELECT payment_id, term, kind, tenant, created_ms FROM {VIEW} \
-             UNION ALL \
-             SELECT payment_id, term, kind, NULL, NULL FROM {WAITING_VIEW} \
-         ) v ON 1 = 1 WHERE p.name = $1"
-    );
-    on_db!(db, pool => {
-        let raw = sqlx::query(&statement).bind(NAME).fetch_all(pool).await?;
-        let mut cursor = None;
-        let mut rows = BTreeMap::new();
-        for r in &raw {
-            cursor = Some(Cursor::new(
-                r.try_get("checkpoint_xact")?,
-                r.try_get("checkpoint_position")?,
-            ));
-            // NULL: the LEFT JOIN found no rows at all.
-            let Some(payment_id) = r.try_get::<Option<String>, _>("payment_id")? else {
-                continue;
-            };
-            let tenant: Option<String> = r.try_get("tenant")?;
-            let created_ms: Option<i64> = r.try_get("created_ms")?;
-            rows.insert(
-                (payment_id, r.try_get("term")?, r.try_get("kind")?),
-                tenant.zip(created_ms),
-            );
-        }
-        Ok((cursor.ok_or(SearchError::NotInstalled)?, rows))
-    })
+/// Payments compared at a time: the rows the check holds.
+const VERIFY_PAGE_PAYMENTS: usize = 500;
+
+/// Compares every stored row with the rows derived from the log up to the index's checkpoint.
+/// Empty: the index is right. Its memory is a page of payments, however many there are: in one
+/// [`Snapshot`], the payment streams up to the checkpoint a page at a time (the stored rows of
+/// their payments against the rows derived from their events), then the stored rows of payments
+/// with no stream.
+pub async fn verify(db: &Database, store: &dyn EventStore) -> Result<Vec<Mismatch>, SearchError> {
+    verify_in_pages(db, store, VERIFY_PAGE_PAYMENTS).await
 }
 
-/// The rows the log alone gives, up to and including `upto`. Memory grows with the number of
-/// terms, as the index does.
-async fn derive_all(
+/// [`verify`], `page_payments` payments at a time.
+pub async fn verify_in_pages(
+    db: &Database,
     store: &dyn EventStore,
-    upto: Cursor,
-) -> Result<BTreeMap<Key, Place>, SearchError> {
-    let mut derived = Derived::default();
-    let mut reached = Cursor::START;
-    'pages: loop {
-        let page = store.read_all(reached, DERIVE_PAGE_EVENTS).await?;
-        for event in &page {
-            if event.cursor > upto {
-                break 'pages;
-            }
-            reached = event.cursor;
-            derived.push(event)?;
-        }
-        if page.is_empty() {
+    page_payments: usize,
+) -> Result<Vec<Mismatch>, SearchError> {
+    let mut snapshot = Snapshot::begin(db).await?;
+    let checkpoint = snapshot
+        .checkpoint(NAME)
+        .await?
+        .ok_or(SearchError::NotInstalled)?;
+    let mut mismatches = Vec::new();
+    let mut after = String::new();
+    loop {
+        let streams = snapshot
+            .streams(PAYMENT_PREFIX, None, &after, checkpoint, page_payments)
+            .await?;
+        let Some(last) = streams.last() else {
             break;
-        }
+        };
+        after = last.clone();
+        let payments: Vec<String> = streams
+            .iter()
+            .map(|stream| stream[PAYMENT_PREFIX.len()..].to_owned())
+            .collect();
+        let stored = stored_rows(&mut snapshot, &payments).await?;
+        let mut derived = Derived::default();
+        each_event_of(store, &streams, checkpoint, DERIVE_PAGE_EVENTS, |event| {
+            derived.push(event).map_err(SearchError::from)
+        })
+        .await?;
+        compare(stored, rows_of(derived), &mut mismatches);
     }
+    let mut after = String::new();
+    loop {
+        let orphans =
+            payments_without_stream(&mut snapshot, &after, checkpoint, page_payments).await?;
+        let Some(last) = orphans.last() else {
+            break;
+        };
+        after = last.clone();
+        let stored = stored_rows(&mut snapshot, &orphans).await?;
+        compare(stored, BTreeMap::new(), &mut mismatches);
+    }
+    snapshot.end().await?;
+    mismatches
+        .sort_by(|a, b| (&a.payment_id, &a.term, &a.kind).cmp(&(&b.payment_id, &b.term, &b.kind)));
+    Ok(mismatches)
+}
+
+/// The stored rows of `payments`, in the index and waiting.
+async fn stored_rows(
+    snapshot: &mut Snapshot,
+    payments: &[String],
+) -> Result<BTreeMap<Key, Place>, SearchError> {
+    type Stored = (String, String, String, Option<String>, Option<i64>);
+    let select = |list: &str| {
+        format!(
+            "SELECT payment_id, term, kind, tenant, created_ms FROM {VIEW} \
+             WHERE payment_id {list} \
+             UNION ALL \
+             SELECT payment_id, term, kind, NULL, NULL FROM {WAITING_VIEW} \
+             WHERE payment_id {list}"
+        )
+    };
+    let rows: Vec<Stored> = match snapshot {
+        Snapshot::Postgres(tx) => {
+            sqlx::query_as(&select("= ANY($1)"))
+                .bind(payments)
+                .fetch_all(&mut **tx)
+                .await?
+        }
+        Snapshot::Sqlite(tx) => {
+            let list =
+                serde_json::to_string(payments).expect("a list of strings always serialises");
+            sqlx::query_as(&select("IN (SELECT value FROM json_each($1))"))
+                .bind(list)
+                .fetch_all(&mut **tx)
+                .await?
+        }
+    };
+    Ok(rows
+        .into_iter()
+        .map(|(payment_id, term, kind, tenant, created_ms)| {
+            ((payment_id, term, kind), tenant.zip(created_ms))
+        })
+        .collect())
+}
+
+/// Up to `limit` payments after `after` that have stored rows (in the index or waiting) but no
+/// stream up to `upto`.
+async fn payments_without_stream(
+    snapshot: &mut Snapshot,
+    after: &str,
+    upto: Cursor,
+    limit: usize,
+) -> Result<Vec<String>, SearchError> {
+    // SQLite's log has no transaction ids: its cursors' are 0.
+    let xact = match snapshot {
+        Snapshot::Postgres(_) => "e.xact",
+        Snapshot::Sqlite(_) => "0",
+    };
+    let statement = format!(
+        "SELECT DISTINCT v.payment_id FROM ( \
+             SELECT payment_id FROM {VIEW} UNION SELECT payment_id FROM {WAITING_VIEW} \
+         ) v WHERE v.payment_id > $1 AND NOT EXISTS ( \
+             SELECT 1 FROM events e WHERE e.stream_id = '{PAYMENT_PREFIX}' || v.payment_id \
+             AND e.version = 1 AND ({xact}, e.position) <= ($2, $3)) \
+         ORDER BY v.payment_id LIMIT $4"
+    );
+    let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+    Ok(on_snapshot!(snapshot, conn => {
+        sqlx::query_scalar(&statement)
+            .bind(after)
+            .bind(upto.xact())
+            .bind(upto.position())
+            .bind(limit)
+            .fetch_all(conn)
+            .await?
+    }))
+}
+
+/// The rows `derived` gives.
+fn rows_of(derived: Derived) -> BTreeMap<Key, Place> {
     let mut rows = BTreeMap::new();
     for (payment_id, terms) in derived.terms {
         let place = derived
@@ -106,30 +187,30 @@ async fn derive_all(
             rows.insert(key, place.clone());
         }
     }
-    Ok(rows)
+    rows
 }
 
-/// Compares every stored row with the rows derived from the log up to the index's checkpoint.
-/// Empty: the index is right.
-pub async fn verify(db: &Database, store: &dyn EventStore) -> Result<Vec<Mismatch>, SearchError> {
-    let (checkpoint, mut stored) = snapshot_all(db).await?;
-    let mut derived = derive_all(store, checkpoint).await?;
+/// Adds a mismatch for every row the two sides disagree on.
+fn compare(
+    mut stored: BTreeMap<Key, Place>,
+    mut derived: BTreeMap<Key, Place>,
+    mismatches: &mut Vec<Mismatch>,
+) {
     let mut keys: Vec<Key> = stored.keys().chain(derived.keys()).cloned().collect();
     keys.sort();
     keys.dedup();
-    Ok(keys
-        .into_iter()
-        .filter_map(|key| {
-            let stored = stored.remove(&key);
-            let derived = derived.remove(&key);
-            let (payment_id, term, kind) = key;
-            (stored != derived).then_some(Mismatch {
+    for key in keys {
+        let stored = stored.remove(&key);
+        let derived = derived.remove(&key);
+        let (payment_id, term, kind) = key;
+        if stored != derived {
+            mismatches.push(Mismatch {
                 payment_id,
                 term,
                 kind,
                 stored,
                 derived,
-            })
-        })
-        .collect())
+            });
+        }
+    }
 }

@@ -19,7 +19,8 @@ use asiento_eventstore::{
     Database, EventStore, ExpectedVersion, Metadata, NewEvent, RecordedEvent, StreamAppend,
 };
 use asiento_payment_search::{
-    find, verify, wait_for_position, Match, PaymentSearch, SearchError, FIND_LIMIT_MAX,
+    find, verify, verify_in_pages, wait_for_position, Match, PaymentSearch, SearchError,
+    FIND_LIMIT_MAX,
 };
 use asiento_projector::{on_db, rebuild, Projection, RebuildConfig, Runner, RunnerConfig};
 use chrono::{DateTime, Utc};
@@ -656,8 +657,27 @@ async fn a_rebuild_gives_the_same_rows_and_verify_finds_a_hand_edit(h: Harness) 
         .execute("DELETE FROM payment_search_g1 WHERE term = 'du_search_1'")
         .await;
     assert_eq!(deleted, 1);
+    // A waiting row of a payment the log does not have.
+    let orphan = "pay_00000000000000000000000000000000";
+    let inserted = h
+        .execute(&format!(
+            "INSERT INTO payment_search_waiting_g1 (payment_id, term, kind) \
+             VALUES ('{orphan}', 'no-such-key', 'idempotency_key')"
+        ))
+        .await;
+    assert_eq!(inserted, 1);
     let mismatches = verify(&h.db, h.store.as_ref()).await.unwrap();
-    assert_eq!(mismatches.len(), 2, "{mismatches:?}");
+    let paged = verify_in_pages(&h.db, h.store.as_ref(), 2).await.unwrap();
+    assert_eq!(
+        paged, mismatches,
+        "two payments a page finds what one page finds"
+    );
+    assert_eq!(mismatches.len(), 3, "{mismatches:?}");
+    let extra = mismatches.iter().find(|m| m.payment_id == orphan).unwrap();
+    assert_eq!(
+        (extra.stored.as_ref(), extra.derived.as_ref()),
+        (Some(&None), None)
+    );
     let moved = mismatches.iter().find(|m| m.kind == "charge_id").unwrap();
     assert_eq!(moved.term, "pi_3SearchCharge");
     assert_eq!(moved.stored.as_ref().unwrap().as_ref().unwrap().0, GLOBEX);
