@@ -15,7 +15,8 @@ use std::collections::HashMap;
 
 use asiento_domain::{Amount, Balance};
 use asiento_eventstore::{Cursor, Database, EventStore, Tx};
-use asiento_projector::on_db;
+use asiento_projector::snapshot::Snapshot;
+use asiento_projector::{on_db, on_snapshot};
 
 use crate::decode::balance as balance_of;
 use crate::projection::LegRow;
@@ -426,37 +427,29 @@ pub struct MarkMismatch {
 
 /// Legs per read while checking.
 const VERIFY_PAGE_LEGS: i64 = 10_000;
-/// How many times a check is tried for a read that no batch of the projection cut across.
-const VERIFY_ATTEMPTS: usize = 20;
 
 /// Checks every mark and run against the legs, the journal's entries against the legs (each
 /// account's count and sum of legs), and each account's legs against the log: their sum equals
 /// the sum of the account's legs in the journal entries the log holds up to the projection's
-/// checkpoint (a leg or an entry lost, doubled or edited is named). The legs are read in pages
-/// (memory: the marks and runs, not the legs), between two reads of the projection's checkpoint:
-/// a check that a batch cut across is done again.
+/// checkpoint (a leg or an entry lost, doubled or edited is named). The checkpoint, the marks,
+/// the runs and the pages of legs (memory: the marks and runs, not the legs) are read in one
+/// [`Snapshot`], so batches committing meanwhile change none of them.
 pub async fn verify_marks(
     db: &Database,
     store: &dyn EventStore,
 ) -> Result<Vec<MarkMismatch>, BalanceError> {
-    for _ in 0..VERIFY_ATTEMPTS {
-        let before = asiento_projector::checkpoint(db, ENTRIES_NAME).await?;
-        let (mut found, totals) = check_once(db).await?;
-        if asiento_projector::checkpoint(db, ENTRIES_NAME).await? != before {
-            continue;
-        }
-        let upto = before.map_or(Cursor::START, |checkpoint| checkpoint.cursor);
-        let (_, logged) = crate::recompute_all(store, Some(upto)).await?;
-        found.extend(legs_against_log(totals, logged));
-        return Ok(found);
-    }
-    Err(sqlx::Error::Protocol(format!(
-        "the {ENTRIES_NAME} projection moved during each of {VERIFY_ATTEMPTS} checks of its marks"
-    ))
-    .into())
+    let mut snapshot = Snapshot::begin(db).await?;
+    let upto = snapshot
+        .checkpoint(ENTRIES_NAME)
+        .await?
+        .unwrap_or(Cursor::START);
+    let (mut found, totals) = check_once(&mut snapshot).await?;
+    snapshot.end().await?;
+    let (_, logged) = crate::recompute_all(store, Some(upto)).await?;
+    found.extend(legs_against_log(totals, logged));
+    Ok(found)
 }
 
-/// The accounts whose legs do not sum to what the log's entries give them.
 fn legs_against_log(
     totals: HashMap<Key, Run>,
     mut logged: std::collections::BTreeMap<crate::BalanceKey, Balance>,
@@ -496,22 +489,22 @@ fn legs_against_log(
 
 type Totals = HashMap<Key, Run>;
 
-async fn check_once(db: &Database) -> Result<(Vec<MarkMismatch>, Totals), sqlx::Error> {
+async fn check_once(snapshot: &mut Snapshot) -> Result<(Vec<MarkMismatch>, Totals), sqlx::Error> {
     type Leg = (String, String, String, i64, i64, i32, i64);
     type MarkRow = (String, String, String, i64, i64, i32, i64, String);
     type RunRow = (String, String, String, i64, String);
-    let (marks, runs): (Vec<MarkRow>, Vec<RunRow>) = on_db!(db, pool => {
+    let (marks, runs): (Vec<MarkRow>, Vec<RunRow>) = on_snapshot!(&mut *snapshot, conn => {
         let marks = sqlx::query_as(
             "SELECT tenant, account, currency, xact, position, leg, legs, \
              CAST(balance_minor AS TEXT) FROM balance_marks \
              ORDER BY tenant, account, currency, xact, position, leg",
         )
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await?;
         let runs = sqlx::query_as(
             "SELECT tenant, account, currency, legs, CAST(balance_minor AS TEXT) FROM balance_runs",
         )
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await?;
         (marks, runs)
     });
@@ -527,7 +520,7 @@ async fn check_once(db: &Database) -> Result<(Vec<MarkMismatch>, Totals), sqlx::
         0,
     );
     loop {
-        let page: Vec<Leg> = on_db!(db, pool => {
+        let page: Vec<Leg> = on_snapshot!(&mut *snapshot, conn => {
             sqlx::query_as(
                 "SELECT tenant, account, currency, xact, position, leg, amount_minor \
                  FROM balance_legs \
@@ -541,7 +534,7 @@ async fn check_once(db: &Database) -> Result<(Vec<MarkMismatch>, Totals), sqlx::
             .bind(after.4)
             .bind(after.5)
             .bind(VERIFY_PAGE_LEGS)
-            .fetch_all(pool)
+            .fetch_all(&mut *conn)
             .await?
         });
         let full = page.len() as i64 == VERIFY_PAGE_LEGS;
@@ -623,7 +616,7 @@ async fn check_once(db: &Database) -> Result<(Vec<MarkMismatch>, Totals), sqlx::
             format!("run {run:?} of an account without legs"),
         ));
     }
-    let mut journal = journal_totals(db).await?;
+    let mut journal = journal_totals(snapshot).await?;
     for (key, total) in &totals {
         let listed = journal.remove(key).unwrap_or_default();
         if listed != *total {
@@ -644,12 +637,12 @@ async fn check_once(db: &Database) -> Result<(Vec<MarkMismatch>, Totals), sqlx::
 
 /// Each account's legs as the journal's entries (`journal_entries`, which the journal routes
 /// read) list them: how many, and their sum. Read in pages by key.
-async fn journal_totals(db: &Database) -> Result<Totals, sqlx::Error> {
+async fn journal_totals(snapshot: &mut Snapshot) -> Result<Totals, sqlx::Error> {
     type Row = (String, String, sqlx::types::Json<Vec<crate::LegView>>);
     let mut totals = Totals::new();
     let mut after = (String::new(), String::new());
     loop {
-        let page: Vec<Row> = on_db!(db, pool => {
+        let page: Vec<Row> = on_snapshot!(&mut *snapshot, conn => {
             sqlx::query_as(
                 "SELECT tenant, entry_id, legs FROM journal_entries \
                  WHERE (tenant, entry_id) > ($1, $2) ORDER BY tenant, entry_id LIMIT $3",
@@ -657,7 +650,7 @@ async fn journal_totals(db: &Database) -> Result<Totals, sqlx::Error> {
             .bind(&after.0)
             .bind(&after.1)
             .bind(VERIFY_PAGE_LEGS)
-            .fetch_all(pool)
+            .fetch_all(&mut *conn)
             .await?
         });
         let full = page.len() as i64 == VERIFY_PAGE_LEGS;

@@ -12,7 +12,8 @@
 //! a rebuild makes them again; `verify_spans` checks them against the log.
 
 use asiento_eventstore::{Cursor, Database, EventStore, RecordedEvent, Tx};
-use asiento_projector::on_db;
+use asiento_projector::on_snapshot;
+use asiento_projector::snapshot::Snapshot;
 
 use crate::ENTRIES_NAME;
 
@@ -109,9 +110,6 @@ pub(crate) fn xact_of(position: &str) -> String {
     )
 }
 
-/// Attempts at a check that the projection does not move across.
-const VERIFY_ATTEMPTS: usize = 20;
-
 /// A span that disagrees with the log: a bug or a hand edit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpanMismatch {
@@ -121,42 +119,33 @@ pub struct SpanMismatch {
 }
 
 /// Checks the spans against the log up to the projection's checkpoint: every event's position
-/// is held by a span of its transaction, and every span's positions are events of the log.
-/// Reads the spans and the log in pages, between two reads of the checkpoint: a check that a
-/// batch cut across is done again.
+/// is held by a span of its transaction, and every span's positions are events of the log. The
+/// checkpoint and the spans are read in one [`Snapshot`], so a batch committing meanwhile changes
+/// neither; the log is read in pages up to the checkpoint.
 pub async fn verify_spans(
     db: &Database,
     store: &dyn EventStore,
 ) -> Result<Vec<SpanMismatch>, crate::BalanceError> {
-    for _ in 0..VERIFY_ATTEMPTS {
-        let Some(before) = asiento_projector::checkpoint(db, ENTRIES_NAME).await? else {
-            return Err(crate::BalanceError::NotInstalled);
-        };
-        let found = check_once(db, store, before.cursor).await?;
-        if asiento_projector::checkpoint(db, ENTRIES_NAME)
-            .await?
-            .is_some_and(|after| after.cursor == before.cursor)
-        {
-            return Ok(found);
-        }
-    }
-    Err(crate::BalanceError::ProjectionLagging {
-        waited_ms: asiento_projector::READ_WAIT_MS_MAX,
-    })
-}
-
-async fn check_once(
-    db: &Database,
-    store: &dyn EventStore,
-    checkpoint: Cursor,
-) -> Result<Vec<SpanMismatch>, crate::BalanceError> {
-    let stored: Vec<(i64, i64, i64)> = on_db!(db, pool => {
+    let mut snapshot = Snapshot::begin(db).await?;
+    let Some(checkpoint) = snapshot.checkpoint(ENTRIES_NAME).await? else {
+        return Err(crate::BalanceError::NotInstalled);
+    };
+    let stored: Vec<(i64, i64, i64)> = on_snapshot!(&mut snapshot, conn => {
         sqlx::query_as(
             "SELECT first_position, last_position, xact FROM log_spans ORDER BY first_position",
         )
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await?
     });
+    snapshot.end().await?;
+    check_once(stored, store, checkpoint).await
+}
+
+async fn check_once(
+    stored: Vec<(i64, i64, i64)>,
+    store: &dyn EventStore,
+    checkpoint: Cursor,
+) -> Result<Vec<SpanMismatch>, crate::BalanceError> {
     let mut check =
         Check::new(
             stored
