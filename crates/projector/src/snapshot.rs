@@ -96,9 +96,12 @@ impl Snapshot {
         });
         let statement = format!(
             "SELECT e.stream_id FROM events e WHERE e.version = 1 \
-             AND e.stream_id LIKE '{prefix}%' AND e.stream_id > $1 \
+             AND e.stream_id LIKE '{prefix}%' AND substr(e.stream_id, 1, {length}) = '{prefix}' \
+             AND e.stream_id > $1 \
              AND ({xact}, e.position) <= ($2, $3) {without} \
-             ORDER BY e.stream_id LIMIT $4"
+             ORDER BY e.stream_id LIMIT $4",
+            // LIKE ignores case on SQLite: the prefix is compared exactly too.
+            length = prefix.len()
         );
         let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
         Ok(on_snapshot!(self, conn => {

@@ -6,10 +6,10 @@
 //! projections rebuild merchant_events` replaces the feed with a fresh copy, numbered the same.
 
 use asiento_eventstore::{Cursor, Database, EventStore};
-use asiento_projector::on_db;
-use sqlx::Row as _;
+use asiento_projector::snapshot::Snapshot;
+use asiento_projector::{on_db, on_snapshot};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use sqlx::types::Json;
 
@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::archive::{self, VIEW as ARCHIVE_VIEW};
 use crate::derive::Folded;
-use crate::projection::{Deriver, Row, STREAMS_VIEW, VIEW};
+use crate::projection::{Deriver, STREAMS_VIEW, VIEW};
 use crate::{FeedError, NAME};
 
 /// Events per log read while deriving again.
@@ -49,42 +49,81 @@ fn shown(row: &Shown) -> String {
     )
 }
 
-/// Every stored row with the checkpoint they are exact at, in ONE statement so that they agree
-/// even while a batch or a rebuild swap commits.
-async fn snapshot_all(db: &Database) -> Result<(Cursor, Vec<Shown>), FeedError> {
-    let statement = format!(
-        "SELECT p.checkpoint_xact, p.checkpoint_position, v.seq, v.event_id, v.tenant, \
-         v.event_type, v.position, v.body \
-         FROM projections p LEFT JOIN {VIEW} v ON 1 = 1 WHERE p.name = $1 ORDER BY v.seq"
-    );
-    on_db!(db, pool => {
-        let raw = sqlx::query(&statement).bind(NAME).fetch_all(pool).await?;
-        let mut cursor = None;
-        let mut rows = Vec::with_capacity(raw.len());
-        for r in &raw {
-            cursor = Some(Cursor::new(
-                r.try_get("checkpoint_xact")?,
-                r.try_get("checkpoint_position")?,
-            ));
-            // NULL: the LEFT JOIN found no rows at all.
-            if let Some(seq) = r.try_get::<Option<i64>, _>("seq")? {
-                rows.push((
-                    seq,
-                    r.try_get("event_id")?,
-                    r.try_get("tenant")?,
-                    r.try_get("event_type")?,
-                    r.try_get("position")?,
-                    r.try_get("body")?,
-                ));
-            }
-        }
-        Ok((cursor.ok_or(FeedError::NotInstalled)?, rows))
-    })
+/// Stored feed rows read at a time.
+const VERIFY_PAGE_ROWS: i64 = 1_000;
+
+/// The stored feed in `seq` order, read a page at a time from one snapshot.
+struct StoredFeed {
+    page_rows: i64,
+    page: VecDeque<Shown>,
+    after: i64,
+    ended: bool,
 }
 
-/// The feed derived from the log alone, up to and including `upto`.
-async fn derive_all(store: &dyn EventStore, upto: Cursor) -> Result<Vec<Row>, FeedError> {
-    Ok(derive_log(store, upto).await?.rows)
+impl StoredFeed {
+    fn new(page_rows: i64) -> StoredFeed {
+        StoredFeed {
+            page_rows: page_rows.max(1),
+            page: VecDeque::new(),
+            after: 0,
+            ended: false,
+        }
+    }
+
+    /// The next stored row, without taking it.
+    async fn peek(&mut self, snapshot: &mut Snapshot) -> Result<Option<&Shown>, FeedError> {
+        if self.page.is_empty() && !self.ended {
+            let statement = format!(
+                "SELECT seq, event_id, tenant, event_type, position, body FROM {VIEW} \
+                 WHERE seq > $1 ORDER BY seq LIMIT $2"
+            );
+            let page: Vec<Shown> = on_snapshot!(&mut *snapshot, conn => {
+                sqlx::query_as(&statement)
+                    .bind(self.after)
+                    .bind(self.page_rows)
+                    .fetch_all(&mut *conn)
+                    .await?
+            });
+            self.ended = page.len() < usize::try_from(self.page_rows).unwrap_or(usize::MAX);
+            if let Some(last) = page.last() {
+                self.after = last.0;
+            }
+            self.page = page.into();
+        }
+        Ok(self.page.front())
+    }
+
+    /// The stored row numbered `seq`, if there is one; the rows numbered before it, which the
+    /// log does not give, each go to `extra`.
+    async fn take(
+        &mut self,
+        snapshot: &mut Snapshot,
+        seq: i64,
+        mut extra: impl FnMut(Shown),
+    ) -> Result<Option<Shown>, FeedError> {
+        while let Some(next) = self.peek(snapshot).await? {
+            if next.0 > seq {
+                return Ok(None);
+            }
+            let Some(next) = self.page.pop_front() else {
+                unreachable!("a row was just peeked");
+            };
+            if next.0 == seq {
+                return Ok(Some(next));
+            }
+            extra(next);
+        }
+        Ok(None)
+    }
+}
+
+/// The mismatch of a stored and a derived row that differ.
+fn mismatch(stored: Option<Shown>, derived: Option<Shown>) -> Option<Mismatch> {
+    (stored != derived).then(|| Mismatch {
+        seq: stored.as_ref().or(derived.as_ref()).map_or(0, |row| row.0),
+        stored: stored.as_ref().map(shown),
+        derived: derived.as_ref().map(shown),
+    })
 }
 
 /// The derivation of the log alone, up to and including `upto`.
@@ -108,43 +147,63 @@ async fn derive_log(store: &dyn EventStore, upto: Cursor) -> Result<Deriver, Fee
 }
 
 /// Compares the stored feed with the feed derived from the log up to its checkpoint. Empty: the
-/// feed is right.
+/// feed is right. The stored rows are read in pages from one [`Snapshot`] (with the checkpoint),
+/// and each derived row is compared as the derivation gives it: the check holds a page of rows,
+/// and the derivation's folds (one per stream).
 pub async fn verify(db: &Database, store: &dyn EventStore) -> Result<Vec<Mismatch>, FeedError> {
-    let (checkpoint, stored) = snapshot_all(db).await?;
-    let derived: Vec<Shown> = derive_all(store, checkpoint)
+    verify_in_pages(db, store, VERIFY_PAGE_ROWS).await
+}
+
+/// [`verify`], reading `page_rows` stored rows at a time.
+pub async fn verify_in_pages(
+    db: &Database,
+    store: &dyn EventStore,
+    page_rows: i64,
+) -> Result<Vec<Mismatch>, FeedError> {
+    let mut snapshot = Snapshot::begin(db).await?;
+    let checkpoint = snapshot
+        .checkpoint(NAME)
         .await?
-        .into_iter()
-        .map(|r| {
-            (
-                r.seq,
-                r.event_id,
-                r.tenant,
-                r.event_type.to_owned(),
-                r.position,
-                r.body,
-            )
-        })
-        .collect();
+        .ok_or(FeedError::NotInstalled)?;
+    let mut stored = StoredFeed::new(page_rows);
     let mut mismatches = Vec::new();
-    let mut stored = stored.into_iter().peekable();
-    let mut derived = derived.into_iter().peekable();
+    let mut deriver = Deriver::empty();
+    let mut reached = Cursor::START;
     loop {
-        let (s, d) = match (stored.peek(), derived.peek()) {
-            (None, None) => break,
-            (Some(s), Some(d)) if s.0 == d.0 => (stored.next(), derived.next()),
-            (Some(s), Some(d)) if s.0 < d.0 => (stored.next(), None),
-            (Some(_), None) => (stored.next(), None),
-            _ => (None, derived.next()),
-        };
-        if s != d {
-            let seq = s.as_ref().or(d.as_ref()).map_or(0, |row| row.0);
-            mismatches.push(Mismatch {
-                seq,
-                stored: s.as_ref().map(shown),
-                derived: d.as_ref().map(shown),
-            });
+        let page = store.read_all(reached, DERIVE_PAGE_EVENTS).await?;
+        let mut ended = page.is_empty();
+        for event in &page {
+            if event.cursor > checkpoint {
+                ended = true;
+                break;
+            }
+            reached = event.cursor;
+            deriver.push(event)?;
+        }
+        for row in std::mem::take(&mut deriver.rows) {
+            let derived: Shown = (
+                row.seq,
+                row.event_id,
+                row.tenant,
+                row.event_type.to_owned(),
+                row.position,
+                row.body,
+            );
+            let found = stored
+                .take(&mut snapshot, derived.0, |extra| {
+                    mismatches.extend(mismatch(Some(extra), None));
+                })
+                .await?;
+            mismatches.extend(mismatch(found, Some(derived)));
+        }
+        if ended {
+            break;
         }
     }
+    while stored.peek(&mut snapshot).await?.is_some() {
+        mismatches.extend(mismatch(stored.page.pop_front(), None));
+    }
+    snapshot.end().await?;
     Ok(mismatches)
 }
 

@@ -75,7 +75,8 @@ pub async fn verify_in_pages(
         after = last.clone();
         let payments: Vec<String> = streams
             .iter()
-            .map(|stream| stream[PAYMENT_PREFIX.len()..].to_owned())
+            .filter_map(|stream| stream.strip_prefix(PAYMENT_PREFIX))
+            .map(str::to_owned)
             .collect();
         let stored = stored_rows(&mut snapshot, &payments).await?;
         let mut derived = Derived::default();

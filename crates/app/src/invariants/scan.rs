@@ -142,18 +142,25 @@ fn canonical_payment(stream_id: &str) -> Option<PaymentId> {
 
 /// Streams in the log with `prefix` (each has exactly one first event).
 async fn count_streams(database: &Database, prefix: &str) -> Result<u64, sqlx::Error> {
-    let sql = "select count(*) from events where version = 1 and stream_id like $1";
+    // LIKE ignores case on SQLite: the prefix is compared exactly too.
+    let sql = "select count(*) from events where version = 1 and stream_id like $1 \
+               and substr(stream_id, 1, $2) = $3";
     let pattern = format!("{prefix}%");
+    let length = i64::try_from(prefix.len()).unwrap_or(i64::MAX);
     let count: i64 = match database {
         Database::Postgres(pool) => {
             sqlx::query_scalar(sql)
                 .bind(pattern)
+                .bind(length)
+                .bind(prefix)
                 .fetch_one(pool)
                 .await?
         }
         Database::Sqlite(pool) => {
             sqlx::query_scalar(&super::sqlite(sql))
                 .bind(pattern)
+                .bind(length)
+                .bind(prefix)
                 .fetch_one(pool)
                 .await?
         }
