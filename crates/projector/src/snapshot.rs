@@ -91,7 +91,7 @@ impl Snapshot {
                  WHERE v.{key_column} = substr(e.stream_id, {from}))",
                 view = rows.view,
                 key_column = rows.key_column,
-                from = prefix.len() + 1
+                from = rows.prefix.len() + 1
             )
         });
         let statement = format!(
@@ -220,8 +220,8 @@ impl Snapshot {
 /// Events per log read while a checker folds a page's streams.
 pub const FOLD_PAGE_EVENTS: usize = 5_000;
 
-/// A read model with a row per stream of one kind: the row's key is the stream id after
-/// `prefix`.
+/// A read model with a row per stream: the row's key is the stream id after `prefix` (all of it
+/// when `prefix` is empty).
 pub struct RowsOfStreams<'a> {
     pub view: &'a str,
     pub key_column: &'a str,

@@ -44,7 +44,9 @@ pub use projection::{MerchantEvents, FINGERPRINT, NAME};
 pub use read::{
     read_after, read_one, FeedCursor, FeedEvent, FeedQuery, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX,
 };
-pub use verify::{verify, verify_in_pages, verify_states, Mismatch, StateMismatch};
+pub use verify::{
+    verify, verify_in_pages, verify_states, verify_states_in_pages, Mismatch, StateMismatch,
+};
 
 /// The projection, for a [`asiento_projector::Runner`] or a rebuild.
 pub fn projection() -> Arc<dyn Projection> {

@@ -123,14 +123,6 @@ pub(crate) struct Deriver {
 }
 
 impl Deriver {
-    /// The fold of every stream that has folded an event so far.
-    pub fn folds(&self) -> impl Iterator<Item = (&String, &Folded)> {
-        self.streams
-            .iter()
-            .filter(|(_, stream)| stream.folded.version() > 0)
-            .map(|(id, stream)| (id, &stream.folded))
-    }
-
     /// Before every event: no stream folded, no row.
     pub fn empty() -> Deriver {
         Deriver {

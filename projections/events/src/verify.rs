@@ -5,9 +5,12 @@
 //! position or bytes), a missing row or an extra one is a bug or a hand edit; `asiento
 //! projections rebuild merchant_events` replaces the feed with a fresh copy, numbered the same.
 
+use asiento_domain::stream::{ENDPOINT_PREFIX, EXCEPTION_PREFIX, PAYMENT_PREFIX, TRANSFER_PREFIX};
+use asiento_domain::{Event, Operation};
 use asiento_eventstore::{Cursor, Database, EventStore};
-use asiento_projector::snapshot::Snapshot;
-use asiento_projector::{on_db, on_snapshot};
+use asiento_projector::history::each_event_of;
+use asiento_projector::on_snapshot;
+use asiento_projector::snapshot::{RowsOfStreams, Snapshot};
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -126,26 +129,6 @@ fn mismatch(stored: Option<Shown>, derived: Option<Shown>) -> Option<Mismatch> {
     })
 }
 
-/// The derivation of the log alone, up to and including `upto`.
-async fn derive_log(store: &dyn EventStore, upto: Cursor) -> Result<Deriver, FeedError> {
-    let mut deriver = Deriver::empty();
-    let mut reached = Cursor::START;
-    'pages: loop {
-        let page = store.read_all(reached, DERIVE_PAGE_EVENTS).await?;
-        for event in &page {
-            if event.cursor > upto {
-                break 'pages;
-            }
-            reached = event.cursor;
-            deriver.push(event)?;
-        }
-        if page.is_empty() {
-            break;
-        }
-    }
-    Ok(deriver)
-}
-
 /// Compares the stored feed with the feed derived from the log up to its checkpoint. Empty: the
 /// feed is right. The stored rows are read in pages from one [`Snapshot`] (with the checkpoint),
 /// and each derived row is compared as the derivation gives it: the check holds a page of rows,
@@ -215,77 +198,195 @@ pub struct StateMismatch {
     pub detail: String,
 }
 
+/// Streams whose stored folds are compared at a time.
+const VERIFY_PAGE_STREAMS: usize = 500;
+
+/// The streams the feed folds: a stored fold per stream, keyed by the whole stream id.
+const FOLDED_PREFIXES: [&str; 4] = [
+    PAYMENT_PREFIX,
+    TRANSFER_PREFIX,
+    EXCEPTION_PREFIX,
+    ENDPOINT_PREFIX,
+];
+
 /// Compares every stored fold (a payment's with its archived operations) with its stream folded
-/// again from the log up to the checkpoint they were read at (in one statement with them).
-/// Empty: the folds are right.
+/// again from the log up to the checkpoint. Empty: the folds are right. The checkpoint, the
+/// folds a page of streams at a time and their archived operations are read in one [`Snapshot`];
+/// then the streams with a fold in the log and none stored, and archived operations of streams
+/// with no stored fold.
 pub async fn verify_states(
     db: &Database,
     store: &dyn EventStore,
 ) -> Result<Vec<StateMismatch>, FeedError> {
-    // One statement, so that folds, archive and checkpoint are one snapshot: the folds' rows
-    // carry the checkpoint, the archive's an index.
-    let statement = format!(
-        "SELECT p.checkpoint_xact, p.checkpoint_position, s.stream_id, s.state, \
-                CAST(NULL AS BIGINT) AS idx \
-         FROM projections p LEFT JOIN {STREAMS_VIEW} s ON 1 = 1 WHERE p.name = $1 \
-         UNION ALL \
-         SELECT CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), a.stream_id, a.operation, a.idx \
-         FROM {ARCHIVE_VIEW} a"
-    );
-    type StateRow = (
-        Option<i64>,
-        Option<i64>,
-        Option<String>,
-        Option<Json<Value>>,
-        Option<i64>,
-    );
-    let rows: Vec<StateRow> = on_db!(db, pool => {
-        sqlx::query_as(&statement).bind(NAME).fetch_all(pool).await?
-    });
-    let Some((x, p)) = rows.iter().find_map(|row| Some((row.0?, row.1?))) else {
-        return Err(FeedError::NotInstalled);
+    verify_states_in_pages(db, store, VERIFY_PAGE_STREAMS).await
+}
+
+/// [`verify_states`], `page_streams` streams at a time.
+pub async fn verify_states_in_pages(
+    db: &Database,
+    store: &dyn EventStore,
+    page_streams: usize,
+) -> Result<Vec<StateMismatch>, FeedError> {
+    let mut snapshot = Snapshot::begin(db).await?;
+    let checkpoint = snapshot
+        .checkpoint(NAME)
+        .await?
+        .ok_or(FeedError::NotInstalled)?;
+    let limit = i64::try_from(page_streams.max(1)).unwrap_or(i64::MAX);
+    let mut mismatches = Vec::new();
+    let mut mismatch = |stream_id: String, detail: String| {
+        mismatches.push(StateMismatch { stream_id, detail });
     };
-    let mut stored: BTreeMap<String, Folded> = BTreeMap::new();
-    let mut archived = Vec::new();
-    for (_, _, id, value, index) in rows {
-        let (Some(id), Some(Json(value))) = (id, value) else {
-            continue;
+    let folds_statement = format!(
+        "SELECT stream_id, state FROM {STREAMS_VIEW} WHERE stream_id > $1 \
+         ORDER BY stream_id LIMIT $2"
+    );
+    let mut after = String::new();
+    loop {
+        let page: Vec<(String, Json<Value>)> = on_snapshot!(&mut snapshot, conn => {
+            sqlx::query_as(&folds_statement)
+                .bind(&after)
+                .bind(limit)
+                .fetch_all(&mut *conn)
+                .await?
+        });
+        let Some((last, _)) = page.last() else {
+            break;
         };
-        let unreadable = |e: serde_json::Error| FeedError::Projection(malformed(e));
-        match index {
-            None => {
-                stored.insert(id, serde_json::from_value(value).map_err(unreadable)?);
+        after = last.clone();
+        let streams: Vec<String> = page.iter().map(|(id, _)| id.clone()).collect();
+        let mut archive = archive::by_stream(archived_of(&mut snapshot, &streams).await?)?;
+        let mut derived = fold_each(store, &streams, checkpoint).await?;
+        for (id, Json(value)) in page {
+            let ours: Folded = serde_json::from_value(value).map_err(unreadable)?;
+            let detail = match derived.remove(&id) {
+                Some(theirs) => differs(ours, archive.remove(&id).unwrap_or_default(), &theirs),
+                None => Some("a stored fold of a stream the log does not have".to_owned()),
+            };
+            if let Some(detail) = detail {
+                mismatch(id, detail);
             }
-            Some(index) => archived.push((
-                id,
-                index,
-                Json(serde_json::from_value(value).map_err(unreadable)?),
-            )),
         }
     }
-    let mut archive = archive::by_stream(archived)?;
-    let deriver = derive_log(store, Cursor::new(x, p)).await?;
-    let mut mismatches = Vec::new();
-    for (id, derived) in deriver.folds() {
-        let detail = match stored.remove(id) {
-            Some(ours) => differs(ours, archive.remove(id).unwrap_or_default(), derived),
-            None => Some("no stored fold".to_owned()),
-        };
-        mismatches.extend(detail.map(|detail| StateMismatch {
-            stream_id: id.clone(),
-            detail,
-        }));
+    let rows = RowsOfStreams {
+        view: STREAMS_VIEW,
+        key_column: "stream_id",
+        prefix: "",
+    };
+    for prefix in FOLDED_PREFIXES {
+        let mut after = String::new();
+        loop {
+            let streams = snapshot
+                .streams(prefix, Some(&rows), &after, checkpoint, page_streams)
+                .await?;
+            let Some(last) = streams.last() else {
+                break;
+            };
+            after = last.clone();
+            for id in fold_each(store, &streams, checkpoint).await?.into_keys() {
+                mismatch(id, "no stored fold".to_owned());
+            }
+        }
     }
-    mismatches.extend(stored.into_keys().map(|id| StateMismatch {
-        stream_id: id,
-        detail: "a stored fold of a stream the log does not have".to_owned(),
-    }));
-    mismatches.extend(archive.into_keys().map(|id| StateMismatch {
-        stream_id: id,
-        detail: "archived operations of a stream with no stored fold".to_owned(),
-    }));
+    let orphans_statement = format!(
+        "SELECT DISTINCT a.stream_id FROM {ARCHIVE_VIEW} a WHERE a.stream_id > $1 \
+         AND NOT EXISTS (SELECT 1 FROM {STREAMS_VIEW} s WHERE s.stream_id = a.stream_id) \
+         ORDER BY a.stream_id LIMIT $2"
+    );
+    let mut after = String::new();
+    loop {
+        let orphans: Vec<String> = on_snapshot!(&mut snapshot, conn => {
+            sqlx::query_scalar(&orphans_statement)
+                .bind(&after)
+                .bind(limit)
+                .fetch_all(&mut *conn)
+                .await?
+        });
+        let Some(last) = orphans.last() else {
+            break;
+        };
+        after = last.clone();
+        for id in orphans {
+            mismatch(
+                id,
+                "archived operations of a stream with no stored fold".to_owned(),
+            );
+        }
+    }
+    snapshot.end().await?;
     mismatches.sort_by(|a, b| a.stream_id.cmp(&b.stream_id));
     Ok(mismatches)
+}
+
+/// The archived operations of `streams`.
+async fn archived_of(
+    snapshot: &mut Snapshot,
+    streams: &[String],
+) -> Result<Vec<(String, i64, Json<Operation>)>, FeedError> {
+    let select = |list: &str| {
+        format!("SELECT stream_id, idx, operation FROM {ARCHIVE_VIEW} WHERE stream_id {list}")
+    };
+    Ok(match snapshot {
+        Snapshot::Postgres(tx) => {
+            sqlx::query_as(&select("= ANY($1)"))
+                .bind(streams)
+                .fetch_all(&mut **tx)
+                .await?
+        }
+        Snapshot::Sqlite(tx) => {
+            let list = serde_json::to_string(streams).expect("a list of strings always serialises");
+            sqlx::query_as(&select("IN (SELECT value FROM json_each($1))"))
+                .bind(list)
+                .fetch_all(&mut **tx)
+                .await?
+        }
+    })
+}
+
+/// Each of `streams` the feed folds, folded from the log alone up to `upto` over its contiguous
+/// versions, as the derivation folds it; a stream with nothing folded is absent.
+async fn fold_each(
+    store: &dyn EventStore,
+    streams: &[String],
+    upto: Cursor,
+) -> Result<BTreeMap<String, Folded>, FeedError> {
+    let mut folds: BTreeMap<String, Folded> = BTreeMap::new();
+    each_event_of(
+        store,
+        streams,
+        upto,
+        DERIVE_PAGE_EVENTS,
+        |event| -> Result<(), FeedError> {
+            let Some(folded) = Folded::of_stream(&event.stream_id) else {
+                return Ok(());
+            };
+            let fold = folds.entry(event.stream_id.clone()).or_insert(folded);
+            if event.version != fold.version() + 1 {
+                return Ok(());
+            }
+            let malformed = |reason: String| {
+                FeedError::Projection(asiento_projector::ProjectionError::Malformed {
+                    position: event.position,
+                    reason,
+                })
+            };
+            let decoded = Event::decode_raw(
+                &event.stream_id,
+                &event.event_type,
+                event.schema,
+                event.data.raw(),
+            )
+            .map_err(|e| malformed(e.to_string()))?;
+            *fold = fold
+                .clone()
+                .evolve(&decoded)
+                .map_err(|reason| malformed(reason.to_owned()))?;
+            Ok(())
+        },
+    )
+    .await?;
+    folds.retain(|_, fold| fold.version() > 0);
+    Ok(folds)
 }
 
 /// How a stored fold (with its archived operations) differs from the log's, if it does.
@@ -313,9 +414,9 @@ fn differs(ours: Folded, archived: Vec<ArchivedOperation>, derived: &Folded) -> 
     })
 }
 
-fn malformed(e: serde_json::Error) -> asiento_projector::ProjectionError {
-    asiento_projector::ProjectionError::Malformed {
+fn unreadable(e: serde_json::Error) -> FeedError {
+    FeedError::Projection(asiento_projector::ProjectionError::Malformed {
         position: 0,
-        reason: format!("a stored fold or archived operation: {e}"),
-    }
+        reason: format!("a stored fold: {e}"),
+    })
 }

@@ -417,6 +417,44 @@ async fn a_long_payment_s_archived_operations_are_read_back_where_events_need_th
             .contains("the archive holds operations [0, 1, 3, 4]"),
         "{mismatches:?}"
     );
+    // The stream's stored fold lost too: the log has a fold no row keeps, and the archive
+    // operations of a stream with no fold.
+    let forget = format!(
+        "DELETE FROM merchant_event_streams_g{} WHERE stream_id = '{stream}'",
+        report.generation
+    );
+    let forgotten = match &db {
+        Database::Postgres(pool) => sqlx::query(&forget)
+            .execute(pool)
+            .await
+            .map(|r| r.rows_affected()),
+        Database::Sqlite(pool) => sqlx::query(&forget)
+            .execute(pool)
+            .await
+            .map(|r| r.rows_affected()),
+    };
+    assert_eq!(forgotten.unwrap(), 1);
+    let mismatches = asiento_merchant_events::verify_states(&db, store.as_ref())
+        .await
+        .unwrap();
+    let details: Vec<(&str, &str)> = mismatches
+        .iter()
+        .map(|m| (m.stream_id.as_str(), m.detail.as_str()))
+        .collect();
+    assert_eq!(
+        details,
+        [
+            (stream.as_str(), "no stored fold"),
+            (
+                stream.as_str(),
+                "archived operations of a stream with no stored fold"
+            ),
+        ],
+    );
+    let paged = asiento_merchant_events::verify_states_in_pages(&db, store.as_ref(), 1)
+        .await
+        .unwrap();
+    assert_eq!(paged, mismatches, "one stream a page");
 
     // The feed's checker, reading the stored rows a page at a time: a row lost, one edited, and
     // one the log does not give are each named by their number.

@@ -146,7 +146,7 @@ async fn count_streams(database: &Database, prefix: &str) -> Result<u64, sqlx::E
     let sql = "select count(*) from events where version = 1 and stream_id like $1 \
                and substr(stream_id, 1, $2) = $3";
     let pattern = format!("{prefix}%");
-    let length = i64::try_from(prefix.len()).unwrap_or(i64::MAX);
+    let length = i32::try_from(prefix.len()).unwrap_or(i32::MAX);
     let count: i64 = match database {
         Database::Postgres(pool) => {
             sqlx::query_scalar(sql)
