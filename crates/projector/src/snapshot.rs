@@ -217,6 +217,20 @@ impl Snapshot {
     }
 }
 
+/// A row and its folded state as stored against the row and state of its stream's fold:
+/// `Some((stored row, recomputed row, whether the states differ))` when they disagree.
+pub fn disagreement<R: PartialEq, F: PartialEq>(
+    stored: Option<(R, F)>,
+    recomputed: Option<(R, F)>,
+) -> Option<(Option<R>, Option<R>, bool)> {
+    let states_differ = match (&stored, &recomputed) {
+        (Some((_, ours)), Some((_, theirs))) => ours != theirs,
+        _ => false,
+    };
+    let (stored, recomputed) = (stored.map(|s| s.0), recomputed.map(|r| r.0));
+    (stored != recomputed || states_differ).then_some((stored, recomputed, states_differ))
+}
+
 /// Events per log read while a checker folds a page's streams.
 pub const FOLD_PAGE_EVENTS: usize = 5_000;
 

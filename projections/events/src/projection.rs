@@ -97,6 +97,8 @@ struct Stream {
     /// Whether the batch folded events onto it (its state is stored again).
     moved: bool,
     had_pending: bool,
+    /// The deriver's count of pushes when an event of the stream was last pushed.
+    last_push: u64,
 }
 
 /// A feed row as it is stored.
@@ -120,6 +122,8 @@ pub(crate) struct Deriver {
     /// The last number given out.
     seq: i64,
     pub rows: Vec<Row>,
+    /// Events pushed so far.
+    pushes: u64,
 }
 
 impl Deriver {
@@ -130,6 +134,47 @@ impl Deriver {
             watch: Watch::default(),
             seq: 0,
             rows: Vec::new(),
+            pushes: 0,
+        }
+    }
+
+    /// Whether `event` continues a stream whose fold this deriver forgot
+    /// ([`Deriver::forget_beyond`]): a stream it folds, not held, and the event not its first
+    /// version (a forgotten stream had folded its first). The caller gives the stream's events
+    /// before it to [`Deriver::restore`] first (there are none when the event is simply the
+    /// first of its stream to arrive, ahead of a gap).
+    pub fn forgot(&self, event: &RecordedEvent) -> bool {
+        event.version > 1
+            && !self.streams.contains_key(&event.stream_id)
+            && Folded::of_stream(&event.stream_id).is_some()
+    }
+
+    /// Folds a forgotten stream again from `history`, its events pushed before, in the log's
+    /// order: the stream as it was, without deriving their rows again.
+    pub fn restore(&mut self, history: &[RecordedEvent]) -> Result<(), ProjectionError> {
+        for event in history {
+            self.push_to_stream(event, false)?;
+        }
+        Ok(())
+    }
+
+    /// Forgets the folds of the streams pushed to longest ago, down to half of `max`, once more
+    /// than `max` are held; a stream with events waiting for a gap is kept. `verify` derives the
+    /// whole log so, in bounded memory.
+    pub fn forget_beyond(&mut self, max: usize) {
+        if self.streams.len() <= max {
+            return;
+        }
+        let mut idle: Vec<(u64, String)> = self
+            .streams
+            .iter()
+            .filter(|(_, stream)| stream.waiting.is_empty())
+            .map(|(id, stream)| (stream.last_push, id.clone()))
+            .collect();
+        idle.sort_unstable();
+        let excess = self.streams.len() - max / 2;
+        for (_, id) in idle.into_iter().take(excess) {
+            self.streams.remove(&id);
         }
     }
 
@@ -137,11 +182,17 @@ impl Deriver {
     /// stream's contiguous history and tells a merchant something, then one per monitor an entry
     /// made cross) go to `rows`.
     pub fn push(&mut self, event: &RecordedEvent) -> Result<(), ProjectionError> {
-        self.push_stream(event)?;
+        self.push_to_stream(event, true)?;
         self.watch.push(event, &mut self.seq, &mut self.rows)
     }
 
-    fn push_stream(&mut self, event: &RecordedEvent) -> Result<(), ProjectionError> {
+    /// Folds `event` onto its stream, deriving its rows when `derive_rows`.
+    fn push_to_stream(
+        &mut self,
+        event: &RecordedEvent,
+        derive_rows: bool,
+    ) -> Result<(), ProjectionError> {
+        self.pushes += 1;
         if !self.streams.contains_key(&event.stream_id) {
             let Some(folded) = Folded::of_stream(&event.stream_id) else {
                 return Ok(());
@@ -152,6 +203,7 @@ impl Deriver {
         let Some(stream) = self.streams.get_mut(&event.stream_id) else {
             unreachable!("the stream was inserted above");
         };
+        stream.last_push = self.pushes;
         stream.recorded_at.insert(event.version, event.recorded_at);
         let next = take_contiguous(
             stream.folded.version(),
@@ -171,7 +223,10 @@ impl Deriver {
                 .clone()
                 .evolve(&decoded)
                 .map_err(|reason| malformed(kept.position, reason))?;
-            if let Some(derived) = derive(&stream.folded, &after, &decoded, kept.position) {
+            let derived = derive_rows
+                .then(|| derive(&stream.folded, &after, &decoded, kept.position))
+                .flatten();
+            if let Some(derived) = derived {
                 let recorded_at = stream
                     .recorded_at
                     .get(&kept.version)
@@ -196,6 +251,7 @@ impl Stream {
             recorded_at: HashMap::new(),
             moved: false,
             had_pending: false,
+            last_push: 0,
         }
     }
 }
@@ -281,6 +337,7 @@ impl Projection for MerchantEvents {
             watch,
             seq,
             rows: Vec::new(),
+            pushes: 0,
         };
         for event in events {
             deriver.push(event)?;
@@ -401,6 +458,7 @@ async fn load(
                     .collect(),
                 waiting: waits.into_iter().map(|w| w.kept).collect(),
                 moved: false,
+                last_push: 0,
             },
         );
     }

@@ -7,7 +7,7 @@
 
 use asiento_domain::stream::{ENDPOINT_PREFIX, EXCEPTION_PREFIX, PAYMENT_PREFIX, TRANSFER_PREFIX};
 use asiento_domain::{Event, Operation};
-use asiento_eventstore::{Cursor, Database, EventStore};
+use asiento_eventstore::{Cursor, Database, EventStore, RecordedEvent, READ_BATCH_MAX};
 use asiento_projector::history::each_event_of;
 use asiento_projector::on_snapshot;
 use asiento_projector::snapshot::{RowsOfStreams, Snapshot};
@@ -54,6 +54,31 @@ fn shown(row: &Shown) -> String {
 
 /// Stored feed rows read at a time.
 const VERIFY_PAGE_ROWS: i64 = 1_000;
+/// Streams whose folds the feed's check holds at most: a stream's events mostly come close
+/// together in the log, and one that goes on after it was forgotten is folded again.
+const VERIFY_STREAMS_HELD: usize = 8_192;
+
+/// The events of `event`'s stream before it in the log's order.
+async fn history_before(
+    store: &dyn EventStore,
+    event: &RecordedEvent,
+) -> Result<Vec<RecordedEvent>, FeedError> {
+    let mut history: Vec<RecordedEvent> = Vec::new();
+    let mut from = 1;
+    loop {
+        let page = store
+            .read_stream(&event.stream_id, from, READ_BATCH_MAX)
+            .await?;
+        let full = page.len() == READ_BATCH_MAX;
+        from = page.last().map_or(from, |last| last.version + 1);
+        history.extend(page.into_iter().filter(|e| e.cursor < event.cursor));
+        if !full {
+            break;
+        }
+    }
+    history.sort_by_key(|e| e.cursor);
+    Ok(history)
+}
 
 /// The stored feed in `seq` order, read a page at a time from one snapshot.
 struct StoredFeed {
@@ -134,14 +159,16 @@ fn mismatch(stored: Option<Shown>, derived: Option<Shown>) -> Option<Mismatch> {
 /// and each derived row is compared as the derivation gives it: the check holds a page of rows,
 /// and the derivation's folds (one per stream).
 pub async fn verify(db: &Database, store: &dyn EventStore) -> Result<Vec<Mismatch>, FeedError> {
-    verify_in_pages(db, store, VERIFY_PAGE_ROWS).await
+    verify_in_pages(db, store, VERIFY_PAGE_ROWS, VERIFY_STREAMS_HELD).await
 }
 
-/// [`verify`], reading `page_rows` stored rows at a time.
+/// [`verify`], reading `page_rows` stored rows at a time and holding the folds of at most
+/// `streams_held` streams (one forgotten is folded again from the log when it goes on).
 pub async fn verify_in_pages(
     db: &Database,
     store: &dyn EventStore,
     page_rows: i64,
+    streams_held: usize,
 ) -> Result<Vec<Mismatch>, FeedError> {
     let mut snapshot = Snapshot::begin(db).await?;
     let checkpoint = snapshot
@@ -161,7 +188,11 @@ pub async fn verify_in_pages(
                 break;
             }
             reached = event.cursor;
+            if deriver.forgot(event) {
+                deriver.restore(&history_before(store, event).await?)?;
+            }
             deriver.push(event)?;
+            deriver.forget_beyond(streams_held);
         }
         for row in std::mem::take(&mut deriver.rows) {
             let derived: Shown = (

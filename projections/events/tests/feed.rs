@@ -17,6 +17,7 @@ use asiento_merchant_events::{read_after, FeedCursor, FeedEvent, FeedQuery, Merc
 use asiento_projector::Projection;
 use asiento_testkit::{Backend, TestDatabase};
 use chrono::{DateTime, Utc};
+use std::sync::Arc;
 use uuid::Uuid;
 
 /// A migrated database of the test's own, with the projection installed (the directory of a
@@ -237,6 +238,87 @@ async fn versions_out_of_order_give_the_feed_in_order_would(backend: Backend) {
     assert_eq!(feed(&out_of_order).await, expected);
 }
 
+/// The projection rebuilt in batches of three events once the log shows position `last`. The
+/// rebuild reads what the log shows, which a transaction of another test on the cluster
+/// (creating its database) can hold back for a moment: read on until it shows `last`. (Each read
+/// goes on from the last: a short page is not the log's end.)
+async fn rebuilt_through(
+    db: &Database,
+    store: &Arc<dyn EventStore>,
+    last: i64,
+) -> asiento_projector::RebuildReport {
+    let (mut reached, mut shown) = (asiento_eventstore::Cursor::START, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while shown < last {
+        let page = store.read_all(reached, 1_000).await.unwrap();
+        match page.last() {
+            Some(event) => (reached, shown) = (event.cursor, event.position.max(shown)),
+            None => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the log never showed position {last}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    }
+    let mut config = asiento_projector::RebuildConfig::new("feed-test");
+    config.batch_size_max = 3;
+    asiento_projector::rebuild(db, store, &MerchantEvents, &config, std::future::pending())
+        .await
+        .unwrap()
+}
+
+/// The feed's check holding one stream's fold at a time: payments whose events interleave in
+/// the log, each forgotten between its events and folded again from the log before the next,
+/// give the findings of holding them all, on a right feed and on one with a row edited.
+async fn the_feed_check_folds_a_forgotten_stream_again(backend: Backend) {
+    let (db, _d) = database(backend).await;
+    let store = db.event_store();
+    let mut payments: Vec<(Payment, Vec<PaymentCommand>)> =
+        (0..3).map(|_| (Payment::default(), commands())).collect();
+    for step in 0..payments[0].1.len() {
+        for (payment, commands) in &mut payments {
+            decide_and_append(store.as_ref(), payment, commands[step].clone()).await;
+        }
+    }
+    let last = store.head().await.unwrap().position();
+    let report = rebuilt_through(&db, &store, last).await;
+    let held = |streams| asiento_merchant_events::verify_in_pages(&db, store.as_ref(), 2, streams);
+    assert_eq!(
+        asiento_merchant_events::verify(&db, store.as_ref())
+            .await
+            .unwrap(),
+        []
+    );
+    assert_eq!(held(1).await.unwrap(), []);
+
+    let edit = format!(
+        "UPDATE merchant_events_g{} SET body = body || ' ' WHERE seq = 7",
+        report.generation
+    );
+    let edited = match &db {
+        Database::Postgres(pool) => sqlx::query(&edit)
+            .execute(pool)
+            .await
+            .map(|r| r.rows_affected()),
+        Database::Sqlite(pool) => sqlx::query(&edit)
+            .execute(pool)
+            .await
+            .map(|r| r.rows_affected()),
+    };
+    assert_eq!(edited.unwrap(), 1);
+    let whole = asiento_merchant_events::verify(&db, store.as_ref())
+        .await
+        .unwrap();
+    assert_eq!(
+        whole.iter().map(|m| m.seq).collect::<Vec<_>>(),
+        [7],
+        "{whole:?}"
+    );
+    assert_eq!(held(1).await.unwrap(), whole);
+}
+
 /// A payment with more operations than a fold keeps (`RECENT_OPERATIONS`), rebuilt in batches of
 /// three events so that its operations leave the fold for the archive between batches: a late
 /// reversal of its first refund and a settlement naming no refund read archived ones back. The
@@ -303,38 +385,9 @@ async fn a_long_payment_s_archived_operations_are_read_back_where_events_need_th
         at: at(213),
     };
     decide_and_append(store.as_ref(), &mut payment, cumulative).await;
-    // The rebuild reads what the log shows, which a transaction of another test on the cluster
-    // (creating its database) can hold back for a moment: read on until it shows the whole
-    // stream. (Each read goes on from the last: a short page is not the log's end.)
     let stream = payment_stream(payment.record.as_ref().unwrap().id);
     let last = store.last_event(&stream).await.unwrap().unwrap().position;
-    let (mut reached, mut shown) = (asiento_eventstore::Cursor::START, 0);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while shown < last {
-        let page = store.read_all(reached, 1_000).await.unwrap();
-        match page.last() {
-            Some(event) => (reached, shown) = (event.cursor, event.position.max(shown)),
-            None => {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the log never showed position {last}"
-                );
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-        }
-    }
-
-    let mut config = asiento_projector::RebuildConfig::new("feed-test");
-    config.batch_size_max = 3;
-    let report = asiento_projector::rebuild(
-        &db,
-        &store,
-        &MerchantEvents,
-        &config,
-        std::future::pending(),
-    )
-    .await
-    .unwrap();
+    let report = rebuilt_through(&db, &store, last).await;
     assert_eq!(
         asiento_merchant_events::verify(&db, store.as_ref())
             .await
@@ -502,7 +555,7 @@ async fn a_long_payment_s_archived_operations_are_read_back_where_events_need_th
         "{found:?}"
     );
     for page_rows in [1, 2, 3] {
-        let paged = asiento_merchant_events::verify_in_pages(&db, store.as_ref(), page_rows)
+        let paged = asiento_merchant_events::verify_in_pages(&db, store.as_ref(), page_rows, 1)
             .await
             .unwrap();
         assert_eq!(paged, found, "{page_rows} rows a page");
@@ -512,4 +565,5 @@ async fn a_long_payment_s_archived_operations_are_read_back_where_events_need_th
 asiento_testkit::both_backends!(
     versions_out_of_order_give_the_feed_in_order_would,
     a_long_payment_s_archived_operations_are_read_back_where_events_need_them,
+    the_feed_check_folds_a_forgotten_stream_again,
 );

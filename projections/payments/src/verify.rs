@@ -6,7 +6,7 @@
 
 use asiento_domain::stream::PAYMENT_PREFIX;
 use asiento_eventstore::{Database, EventStore};
-use asiento_projector::snapshot::{RowsOfStreams, Snapshot};
+use asiento_projector::snapshot::{disagreement, RowsOfStreams, Snapshot};
 
 use crate::fold::Folder;
 use crate::read::{Row, COLUMNS, VIEW};
@@ -73,7 +73,15 @@ pub async fn verify_in_pages(
                     Some(folder) => with_row(folder)?,
                     None => None,
                 };
-                push_mismatch(&mut mismatches, payment_id, stored, recomputed);
+                if let Some((stored, recomputed, state_differs)) = disagreement(stored, recomputed)
+                {
+                    mismatches.push(Mismatch {
+                        payment_id,
+                        stored,
+                        recomputed,
+                        state_differs,
+                    });
+                }
                 Ok(())
             },
         )
@@ -86,26 +94,4 @@ pub async fn verify_in_pages(
 /// A stream's fold with its row; `None` when the stream gives no payment.
 fn with_row(folder: Folder) -> Result<Option<Stored>, ViewError> {
     Ok(folder.row()?.map(|row| (row, folder)))
-}
-
-/// Adds a mismatch when the row or its folded state differs from the fold of its stream.
-fn push_mismatch(
-    mismatches: &mut Vec<Mismatch>,
-    payment_id: String,
-    stored: Option<Stored>,
-    recomputed: Option<Stored>,
-) {
-    let state_differs = match (&stored, &recomputed) {
-        (Some((_, ours)), Some((_, theirs))) => ours != theirs,
-        _ => false,
-    };
-    let (stored, recomputed) = (stored.map(|s| s.0), recomputed.map(|r| r.0));
-    if stored != recomputed || state_differs {
-        mismatches.push(Mismatch {
-            payment_id,
-            stored,
-            recomputed,
-            state_differs,
-        });
-    }
 }

@@ -5,7 +5,7 @@
 
 use asiento_domain::stream::TRANSFER_PREFIX;
 use asiento_eventstore::{Database, EventStore};
-use asiento_projector::snapshot::{RowsOfStreams, Snapshot};
+use asiento_projector::snapshot::{disagreement, RowsOfStreams, Snapshot};
 
 use crate::fold::Folder;
 use crate::projection::VIEW;
@@ -67,12 +67,8 @@ pub async fn verify_in_pages(
                     None => None,
                 };
                 let recomputed = folder.and_then(|folder| Some((folder.row()?, folder)));
-                let state_differs = match (&stored, &recomputed) {
-                    (Some((_, ours)), Some((_, theirs))) => ours != theirs,
-                    _ => false,
-                };
-                let (stored, recomputed) = (stored.map(|s| s.0), recomputed.map(|r| r.0));
-                if stored != recomputed || state_differs {
+                if let Some((stored, recomputed, state_differs)) = disagreement(stored, recomputed)
+                {
                     mismatches.push(Mismatch {
                         transfer_id,
                         stored,
