@@ -80,11 +80,6 @@ impl Snapshot {
         upto: Cursor,
         limit: usize,
     ) -> Result<Vec<String>, sqlx::Error> {
-        // SQLite's log has no transaction ids: its cursors' are 0.
-        let xact = match self {
-            Snapshot::Postgres(_) => "e.xact",
-            Snapshot::Sqlite(_) => "0",
-        };
         let without = without_rows.map_or(String::new(), |rows| {
             format!(
                 "AND NOT EXISTS (SELECT 1 FROM {view} v \
@@ -94,15 +89,34 @@ impl Snapshot {
                 from = rows.prefix.len() + 1
             )
         });
-        let statement = format!(
-            "SELECT e.stream_id FROM events e WHERE e.version = 1 \
-             AND e.stream_id LIKE '{prefix}%' AND substr(e.stream_id, 1, {length}) = '{prefix}' \
-             AND e.stream_id > $1 \
-             AND ({xact}, e.position) <= ($2, $3) {without} \
-             ORDER BY e.stream_id LIMIT $4",
-            // LIKE ignores case on SQLite: the prefix is compared exactly too.
-            length = prefix.len()
-        );
+        let statement = |xact: &str| {
+            format!(
+                "SELECT e.stream_id FROM events e WHERE e.version = 1 \
+                 AND e.stream_id LIKE '{prefix}%' AND substr(e.stream_id, 1, {length}) = '{prefix}' \
+                 AND e.stream_id > $1 \
+                 AND ({xact}, e.position) <= ($2, $3) {without} \
+                 ORDER BY e.stream_id LIMIT $4",
+                // LIKE ignores case on SQLite: the prefix is compared exactly too.
+                length = prefix.len()
+            )
+        };
+        self.ids_up_to(statement, after, upto, limit).await
+    }
+
+    /// The ids `statement(xact)` selects: a query whose `$1` is the id to go on after, `$2, $3`
+    /// the cursor `upto` and `$4` the limit, given `xact`, the expression of an event `e`'s
+    /// transaction id (SQLite's log has none: its cursors' are 0).
+    pub async fn ids_up_to(
+        &mut self,
+        statement: impl FnOnce(&str) -> String,
+        after: &str,
+        upto: Cursor,
+        limit: usize,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let statement = statement(match self {
+            Snapshot::Postgres(_) => "e.xact",
+            Snapshot::Sqlite(_) => "0",
+        });
         let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
         Ok(on_snapshot!(self, conn => {
             sqlx::query_scalar(&statement)

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use asiento_domain::stream::PAYMENT_PREFIX;
 use asiento_eventstore::{Cursor, Database, EventStore};
 use asiento_projector::history::each_event_of;
-use asiento_projector::on_snapshot;
 use asiento_projector::snapshot::Snapshot;
 
 use crate::projection::{VIEW, WAITING_VIEW};
@@ -150,29 +149,17 @@ async fn payments_without_stream(
     upto: Cursor,
     limit: usize,
 ) -> Result<Vec<String>, SearchError> {
-    // SQLite's log has no transaction ids: its cursors' are 0.
-    let xact = match snapshot {
-        Snapshot::Postgres(_) => "e.xact",
-        Snapshot::Sqlite(_) => "0",
+    let statement = |xact: &str| {
+        format!(
+            "SELECT DISTINCT v.payment_id FROM ( \
+                 SELECT payment_id FROM {VIEW} UNION SELECT payment_id FROM {WAITING_VIEW} \
+             ) v WHERE v.payment_id > $1 AND NOT EXISTS ( \
+                 SELECT 1 FROM events e WHERE e.stream_id = '{PAYMENT_PREFIX}' || v.payment_id \
+                 AND e.version = 1 AND ({xact}, e.position) <= ($2, $3)) \
+             ORDER BY v.payment_id LIMIT $4"
+        )
     };
-    let statement = format!(
-        "SELECT DISTINCT v.payment_id FROM ( \
-             SELECT payment_id FROM {VIEW} UNION SELECT payment_id FROM {WAITING_VIEW} \
-         ) v WHERE v.payment_id > $1 AND NOT EXISTS ( \
-             SELECT 1 FROM events e WHERE e.stream_id = '{PAYMENT_PREFIX}' || v.payment_id \
-             AND e.version = 1 AND ({xact}, e.position) <= ($2, $3)) \
-         ORDER BY v.payment_id LIMIT $4"
-    );
-    let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-    Ok(on_snapshot!(snapshot, conn => {
-        sqlx::query_scalar(&statement)
-            .bind(after)
-            .bind(upto.xact())
-            .bind(upto.position())
-            .bind(limit)
-            .fetch_all(conn)
-            .await?
-    }))
+    Ok(snapshot.ids_up_to(statement, after, upto, limit).await?)
 }
 
 /// The rows `derived` gives.
