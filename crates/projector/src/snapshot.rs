@@ -152,7 +152,7 @@ impl Snapshot {
                 return Ok(());
             };
             after = last.clone();
-            let folds = fold_streams::<F, E>(store, &streams, upto, FOLD_PAGE_EVENTS).await?;
+            let folds = fold_streams::<F, E>(store, &streams, upto, CHECK_PAGE_EVENTS).await?;
             for (stream, fold) in folds {
                 missing(stream, fold)?;
             }
@@ -210,7 +210,7 @@ impl Snapshot {
                 .iter()
                 .map(|(key, ..)| format!("{prefix}{key}"))
                 .collect();
-            let mut folds = fold_streams::<F, E>(store, &streams, upto, FOLD_PAGE_EVENTS).await?;
+            let mut folds = fold_streams::<F, E>(store, &streams, upto, CHECK_PAGE_EVENTS).await?;
             for ((key, row, state), stream) in stored.into_iter().zip(&streams) {
                 compare(key, Some((row, state)), folds.remove(stream))?;
             }
@@ -245,8 +245,9 @@ pub fn disagreement<R: PartialEq, F: PartialEq>(
     (stored != recomputed || states_differ).then_some((stored, recomputed, states_differ))
 }
 
-/// Events per log read while a checker folds a page's streams.
-pub const FOLD_PAGE_EVENTS: usize = 5_000;
+/// Events per log read while a checker reads the log: a page of events decoded at once is what a
+/// check holds beside its rows and folds, in a server that checks while it serves.
+pub const CHECK_PAGE_EVENTS: usize = 1_000;
 
 /// A read model with a row per stream: the row's key is the stream id after `prefix` (all of it
 /// when `prefix` is empty).

@@ -48,7 +48,7 @@ pub use projection::{
     Balances, LedgerEntries, ENTRIES_FINGERPRINT, ENTRIES_NAME, FINGERPRINT, NAME,
 };
 pub use read::{entries, journal_entry, read_balance, ENTRIES_LIMIT_MAX, TAIL_EVENTS_MAX};
-pub use spans::{verify_spans, SpanMismatch};
+pub use spans::{verify_spans, verify_spans_in_pages, SpanMismatch};
 pub use verify::{recompute_all, snapshot_all, verify, BalanceMismatch};
 
 /// The balances projection, for a [`asiento_projector::Runner`] or a rebuild.

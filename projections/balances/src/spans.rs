@@ -17,8 +17,10 @@ use asiento_projector::snapshot::Snapshot;
 
 use crate::ENTRIES_NAME;
 
-/// Events per log read while checking the spans.
-const VERIFY_PAGE_EVENTS: usize = 5_000;
+/// Spans per page of the check.
+const VERIFY_PAGE_SPANS: usize = 4_096;
+/// Positions per read of the log while checking the spans.
+const VERIFY_POSITIONS_PER_READ: usize = 1_000;
 
 /// The table of spans (`WITHOUT ROWID` on SQLite: its key is the only index).
 pub(crate) fn ddl(g: i64, postgres: bool) -> String {
@@ -119,56 +121,87 @@ pub struct SpanMismatch {
 }
 
 /// Checks the spans against the log up to the projection's checkpoint: every event's position
-/// is held by a span of its transaction, and every span's positions are events of the log. The
-/// checkpoint and the spans are read in one [`Snapshot`], so a batch committing meanwhile changes
-/// neither; the log is read in pages up to the checkpoint.
+/// is held by a span of its transaction, and every span's positions are events of the log.
 pub async fn verify_spans(
     db: &Database,
     store: &dyn EventStore,
+) -> Result<Vec<SpanMismatch>, crate::BalanceError> {
+    verify_spans_in_pages(db, store, VERIFY_PAGE_SPANS).await
+}
+
+/// [`verify_spans`], `page_spans` spans at a time: each page's spans against the log's events
+/// at the positions from the page's first span (the log's first position, for the first page)
+/// to the next page's first. The checkpoint, the log's last position and the spans are read in
+/// one [`Snapshot`], so a batch committing meanwhile changes none of them; the log is read by
+/// position and cut at the checkpoint. Memory: a page of spans and a read of events.
+pub async fn verify_spans_in_pages(
+    db: &Database,
+    store: &dyn EventStore,
+    page_spans: usize,
 ) -> Result<Vec<SpanMismatch>, crate::BalanceError> {
     let mut snapshot = Snapshot::begin(db).await?;
     let Some(checkpoint) = snapshot.checkpoint(ENTRIES_NAME).await? else {
         return Err(crate::BalanceError::NotInstalled);
     };
-    let stored: Vec<(i64, i64, i64)> = on_snapshot!(&mut snapshot, conn => {
-        sqlx::query_as(
-            "SELECT first_position, last_position, xact FROM log_spans ORDER BY first_position",
-        )
-        .fetch_all(&mut *conn)
-        .await?
+    // Every event up to the checkpoint committed before the snapshot began, so it lies within
+    // the positions the snapshot sees.
+    let (first, last): (Option<i64>, Option<i64>) = on_snapshot!(&mut snapshot, conn => {
+        sqlx::query_as("SELECT MIN(position), MAX(position) FROM events")
+            .fetch_one(&mut *conn)
+            .await?
     });
-    snapshot.end().await?;
-    check_once(stored, store, checkpoint).await
-}
-
-async fn check_once(
-    stored: Vec<(i64, i64, i64)>,
-    store: &dyn EventStore,
-    checkpoint: Cursor,
-) -> Result<Vec<SpanMismatch>, crate::BalanceError> {
-    let mut check =
-        Check::new(
-            stored
-                .into_iter()
-                .map(|(first, last, xact)| Span { first, last, xact }),
-        );
-    let mut reached = Cursor::START;
-    'pages: loop {
-        let page = store.read_all(reached, VERIFY_PAGE_EVENTS).await?;
-        for event in &page {
-            if event.cursor > checkpoint {
-                break 'pages;
+    let asked = i64::try_from(page_spans.max(1)).unwrap_or(i64::MAX - 1) + 1;
+    let mut found = Vec::new();
+    let mut from = first.unwrap_or(1);
+    let mut previous: Option<Span> = None;
+    loop {
+        let mut page: Vec<Span> = on_snapshot!(&mut snapshot, conn => {
+            sqlx::query_as::<_, (i64, i64, i64)>(
+                "SELECT first_position, last_position, xact FROM log_spans \
+                 WHERE first_position > $1 ORDER BY first_position LIMIT $2",
+            )
+            .bind(previous.map_or(i64::MIN, |span| span.first))
+            .bind(asked)
+            .fetch_all(&mut *conn)
+            .await?
+        })
+        .into_iter()
+        .map(|(first, last, xact)| Span { first, last, xact })
+        .collect();
+        // The page's positions end where the next page's first span begins.
+        let next = (page.len() > page_spans.max(1)).then(|| page.remove(page.len() - 1));
+        let until = match next {
+            Some(span) => span.first,
+            None => page
+                .iter()
+                .map(|span| span.last)
+                .chain(last)
+                .max()
+                .map_or(from, |last| last + 1),
+        };
+        if let (Some(before), Some(span)) = (previous, page.first()) {
+            if span.first <= before.last {
+                found.push(overlap(*span, before));
             }
-            reached = event.cursor;
-            check.event(event.cursor);
         }
-        // Only an empty page is the end: a page the tail cache answers may be short while more
-        // follows.
-        if page.is_empty() {
+        previous = page.last().copied().or(previous);
+        let mut check = Check::new(page.into_iter());
+        while from < until {
+            let positions: Vec<i64> = (from..until).take(VERIFY_POSITIONS_PER_READ).collect();
+            for event in store.read_positions(&positions).await? {
+                if event.cursor <= checkpoint {
+                    check.event(event.cursor);
+                }
+            }
+            from += positions.len() as i64;
+        }
+        found.extend(check.finish());
+        if next.is_none() {
             break;
         }
     }
-    Ok(check.finish())
+    snapshot.end().await?;
+    Ok(found)
 }
 
 /// The spans (in position order) against the log's events, taken one at a time in any order:
@@ -180,19 +213,24 @@ struct Check {
     found: Vec<SpanMismatch>,
 }
 
+/// `span` begins within `before`, the span before it.
+fn overlap(span: Span, before: Span) -> SpanMismatch {
+    SpanMismatch {
+        position: span.first,
+        detail: format!(
+            "span {}..={} overlaps span {}..={}",
+            span.first, span.last, before.first, before.last
+        ),
+    }
+}
+
 impl Check {
     fn new(spans: impl Iterator<Item = Span>) -> Self {
         let spans: Vec<Span> = spans.collect();
         let mut found = Vec::new();
         for pair in spans.windows(2) {
             if pair[1].first <= pair[0].last {
-                found.push(SpanMismatch {
-                    position: pair[1].first,
-                    detail: format!(
-                        "span {}..={} overlaps span {}..={}",
-                        pair[1].first, pair[1].last, pair[0].first, pair[0].last
-                    ),
-                });
+                found.push(overlap(pair[1], pair[0]));
             }
         }
         Check {

@@ -7,14 +7,12 @@ use std::collections::BTreeMap;
 
 use asiento_eventstore::{Cursor, Database, EventStore};
 use asiento_projector::on_db;
+use asiento_projector::snapshot::CHECK_PAGE_EVENTS;
 
 use asiento_domain::{Amount, Balance};
 
 use crate::decode::{balance as balance_of, entry_posted};
 use crate::{BalanceError, BalanceKey, NAME};
-
-/// Events per log read while recomputing.
-const RECOMPUTE_PAGE_EVENTS: usize = 5_000;
 
 /// A balance whose snapshot disagrees with the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +32,7 @@ pub async fn recompute_all(
     let mut balances: BTreeMap<BalanceKey, Balance> = BTreeMap::new();
     let mut reached = Cursor::START;
     'pages: loop {
-        let page = store.read_all(reached, RECOMPUTE_PAGE_EVENTS).await?;
+        let page = store.read_all(reached, CHECK_PAGE_EVENTS).await?;
         for event in &page {
             if upto.is_some_and(|u| event.cursor > u) {
                 break 'pages;

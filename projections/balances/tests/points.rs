@@ -8,8 +8,8 @@
 mod common;
 
 use asiento_balances::{
-    balance_at, entries_projection, statement, verify_marks, verify_spans, Point, StatementQuery,
-    MARK_LEGS,
+    balance_at, entries_projection, statement, verify_marks, verify_spans, verify_spans_in_pages,
+    Point, StatementQuery, MARK_LEGS,
 };
 use asiento_domain::{AccountName, Event};
 use asiento_eventstore::Cursor;
@@ -449,6 +449,29 @@ async fn balances_at_any_position_follow_the_log_order(h: Harness) {
         "{found:?}"
     );
     assert!(found.iter().any(|d| d.contains("says xact")), "{found:?}");
+    let sorted = |mut found: Vec<asiento_balances::SpanMismatch>| {
+        found.sort_by(|a, b| (a.position, &a.detail).cmp(&(b.position, &b.detail)));
+        found
+    };
+    // The first span made to reach into the second: an overlap across pages of one span.
+    h.execute(&format!(
+        "UPDATE log_spans_g{g} SET last_position = \
+         (SELECT MIN(first_position) FROM log_spans_g{g} \
+          WHERE first_position > (SELECT MIN(first_position) FROM log_spans_g{g})) \
+         WHERE first_position = (SELECT MIN(first_position) FROM log_spans_g{g})"
+    ))
+    .await;
+    let whole = sorted(verify_spans(&h.db, h.store.as_ref()).await.unwrap());
+    assert!(
+        whole.iter().any(|m| m.detail.contains("overlaps")),
+        "{whole:?}"
+    );
+    for page_spans in 1..=3 {
+        let paged = verify_spans_in_pages(&h.db, h.store.as_ref(), page_spans)
+            .await
+            .unwrap();
+        assert_eq!(sorted(paged), whole, "{page_spans} spans a page");
+    }
 }
 
 /// `verify_spans` and `verify_marks` while the legs projection applies four writers' appends:
@@ -477,6 +500,10 @@ async fn spans_and_marks_are_right_while_the_projection_runs(h: Harness) {
     while std::time::Instant::now() < until {
         let spans = verify_spans(&h.db, h.store.as_ref()).await.unwrap();
         assert_eq!(spans, vec![], "check {checked}");
+        let spans = verify_spans_in_pages(&h.db, h.store.as_ref(), 2)
+            .await
+            .unwrap();
+        assert_eq!(spans, vec![], "check {checked}, two spans a page");
         let marks = verify_marks(&h.db, h.store.as_ref()).await.unwrap();
         assert_eq!(marks, vec![], "check {checked}");
         checked += 1;

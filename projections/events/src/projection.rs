@@ -116,7 +116,9 @@ pub(crate) struct Row {
 /// one derivation, which `apply` runs per batch on the stored streams and `verify` over the
 /// whole log from nothing.
 pub(crate) struct Deriver {
-    streams: HashMap<String, Stream>,
+    /// Each stream in a box of its own, so that the table's slots, empty ones included, are a few
+    /// words rather than a payment's fold each.
+    streams: HashMap<String, Box<Stream>>,
     /// Balances and monitors, for `balance.threshold_crossed`.
     watch: Watch,
     /// The last number given out.
@@ -198,7 +200,7 @@ impl Deriver {
                 return Ok(());
             };
             self.streams
-                .insert(event.stream_id.clone(), Stream::new(folded));
+                .insert(event.stream_id.clone(), Box::new(Stream::new(folded)));
         }
         let Some(stream) = self.streams.get_mut(&event.stream_id) else {
             unreachable!("the stream was inserted above");
@@ -394,7 +396,7 @@ async fn load(
     tx: &mut Tx,
     g: i64,
     ids: &[String],
-) -> Result<HashMap<String, Stream>, ProjectionError> {
+) -> Result<HashMap<String, Box<Stream>>, ProjectionError> {
     let select_state =
         format!("SELECT stream_id, state FROM {STREAMS_TABLE}{g} WHERE stream_id = $1");
     let select_pending =
@@ -449,7 +451,7 @@ async fn load(
         let waits = waiting.remove(id).unwrap_or_default();
         streams.insert(
             id.clone(),
-            Stream {
+            Box::new(Stream {
                 folded,
                 had_pending: !waits.is_empty(),
                 recorded_at: waits
@@ -459,7 +461,7 @@ async fn load(
                 waiting: waits.into_iter().map(|w| w.kept).collect(),
                 moved: false,
                 last_push: 0,
-            },
+            }),
         );
     }
     Ok(streams)
@@ -470,7 +472,7 @@ async fn load(
 async fn load_archived(
     tx: &mut Tx,
     g: i64,
-    streams: &mut HashMap<String, Stream>,
+    streams: &mut HashMap<String, Box<Stream>>,
     events: &[RecordedEvent],
 ) -> Result<(), ProjectionError> {
     for (id, stream) in streams.iter_mut() {
@@ -501,7 +503,7 @@ async fn load_archived(
 /// leaving a window for its latest [`RECENT_OPERATIONS`]). Only moved streams are stored, so
 /// only theirs are archived.
 fn archive_windows(
-    streams: &mut HashMap<String, Stream>,
+    streams: &mut HashMap<String, Box<Stream>>,
 ) -> Vec<(String, asiento_domain::payment::ArchivedOperation)> {
     let mut rows = Vec::new();
     for (id, stream) in streams.iter_mut().filter(|(_, s)| s.moved) {
@@ -561,7 +563,7 @@ async fn insert_rows(tx: &mut Tx, g: i64, rows: &[Row]) -> Result<(), Projection
 async fn store_streams(
     tx: &mut Tx,
     g: i64,
-    streams: &HashMap<String, Stream>,
+    streams: &HashMap<String, Box<Stream>>,
 ) -> Result<(), ProjectionError> {
     let upsert = format!(
         "INSERT INTO {STREAMS_TABLE}{g} (stream_id, state) VALUES ($1, $2) \
@@ -570,7 +572,11 @@ async fn store_streams(
     let delete = format!("DELETE FROM {PENDING_TABLE}{g} WHERE stream_id = $1");
     let insert =
         format!("INSERT INTO {PENDING_TABLE}{g} (stream_id, version, event) VALUES ($1, $2, $3)");
-    let moved: Vec<(&String, &Stream)> = streams.iter().filter(|(_, s)| s.moved).collect();
+    let moved: Vec<(&String, &Stream)> = streams
+        .iter()
+        .filter(|(_, s)| s.moved)
+        .map(|(id, s)| (id, &**s))
+        .collect();
     match tx {
         // One round trip for the batch's streams.
         Tx::Postgres(t) if !moved.is_empty() => {

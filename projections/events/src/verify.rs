@@ -10,7 +10,7 @@ use asiento_domain::{Event, Operation};
 use asiento_eventstore::{Cursor, Database, EventStore, RecordedEvent, READ_BATCH_MAX};
 use asiento_projector::history::each_event_of;
 use asiento_projector::on_snapshot;
-use asiento_projector::snapshot::{RowsOfStreams, Snapshot};
+use asiento_projector::snapshot::{RowsOfStreams, Snapshot, CHECK_PAGE_EVENTS};
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -23,9 +23,6 @@ use crate::archive::{self, VIEW as ARCHIVE_VIEW};
 use crate::derive::Folded;
 use crate::projection::{Deriver, STREAMS_VIEW, VIEW};
 use crate::{FeedError, NAME};
-
-/// Events per log read while deriving again.
-const DERIVE_PAGE_EVENTS: usize = 5_000;
 
 /// Where the stored feed and the derivation differ, by `seq`: `stored` None is a row missing,
 /// `derived` None a row the log does not give.
@@ -56,7 +53,7 @@ fn shown(row: &Shown) -> String {
 const VERIFY_PAGE_ROWS: i64 = 1_000;
 /// Streams whose folds the feed's check holds at most: a stream's events mostly come close
 /// together in the log, and one that goes on after it was forgotten is folded again.
-const VERIFY_STREAMS_HELD: usize = 8_192;
+const VERIFY_STREAMS_HELD: usize = 2_048;
 
 /// The events of `event`'s stream before it in the log's order.
 async fn history_before(
@@ -180,7 +177,7 @@ pub async fn verify_in_pages(
     let mut deriver = Deriver::empty();
     let mut reached = Cursor::START;
     loop {
-        let page = store.read_all(reached, DERIVE_PAGE_EVENTS).await?;
+        let page = store.read_all(reached, CHECK_PAGE_EVENTS).await?;
         let mut ended = page.is_empty();
         for event in &page {
             if event.cursor > checkpoint {
@@ -386,7 +383,7 @@ async fn fold_each(
         store,
         streams,
         upto,
-        DERIVE_PAGE_EVENTS,
+        CHECK_PAGE_EVENTS,
         |event| -> Result<(), FeedError> {
             let Some(folded) = Folded::of_stream(&event.stream_id) else {
                 return Ok(());

@@ -9,14 +9,11 @@ use std::collections::BTreeMap;
 use asiento_domain::stream::PAYMENT_PREFIX;
 use asiento_eventstore::{Cursor, Database, EventStore};
 use asiento_projector::history::each_event_of;
-use asiento_projector::snapshot::Snapshot;
+use asiento_projector::snapshot::{Snapshot, CHECK_PAGE_EVENTS};
 
 use crate::projection::{VIEW, WAITING_VIEW};
 use crate::terms::{Derived, Owner};
 use crate::{SearchError, NAME};
-
-/// Events per log read while deriving again.
-const DERIVE_PAGE_EVENTS: usize = 5_000;
 
 /// A row's key: payment id, term, kind.
 type Key = (String, String, String);
@@ -79,7 +76,7 @@ pub async fn verify_in_pages(
             .collect();
         let stored = stored_rows(&mut snapshot, &payments).await?;
         let mut derived = Derived::default();
-        each_event_of(store, &streams, checkpoint, DERIVE_PAGE_EVENTS, |event| {
+        each_event_of(store, &streams, checkpoint, CHECK_PAGE_EVENTS, |event| {
             derived.push(event).map_err(SearchError::from)
         })
         .await?;
