@@ -150,7 +150,9 @@ pub async fn verify_spans_in_pages(
             .fetch_one(&mut *conn)
             .await?
     });
-    let asked = i64::try_from(page_spans.max(1)).unwrap_or(i64::MAX - 1) + 1;
+    let page_spans = page_spans.max(1);
+    // One span more than a page: where the page's positions end.
+    let asked = i64::try_from(page_spans).unwrap_or(i64::MAX - 1) + 1;
     let mut found = Vec::new();
     let mut from = first.unwrap_or(1);
     let mut previous: Option<Span> = None;
@@ -169,7 +171,11 @@ pub async fn verify_spans_in_pages(
         .map(|(first, last, xact)| Span { first, last, xact })
         .collect();
         // The page's positions end where the next page's first span begins.
-        let next = (page.len() > page_spans.max(1)).then(|| page.remove(page.len() - 1));
+        let next = if page.len() > page_spans {
+            page.pop()
+        } else {
+            None
+        };
         let until = match next {
             Some(span) => span.first,
             None => page
